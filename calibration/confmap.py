@@ -1,0 +1,144 @@
+"""Confidence calibration maps: raw drafter confidences -> calibrated survival.
+
+A map is applied by the simulator (and the ``confidence`` policies) before
+scheduling. The identity map is the default until a fitted map is given with
+``run --calibration PATH`` or referenced from a trace's metadata.
+
+File format (TOML)::
+
+    [calibration]
+    method = "temperature"        # "identity" | "temperature" | "isotonic"
+    drafter = "dspark"            # informational; checked against the trace when set
+    gamma = 7
+    temperatures = [1.3, 1.5, ...] # per draft position (sequential temperature scaling)
+
+    # isotonic: one monotone piecewise-linear map per position
+    [[calibration.isotonic]]
+    x = [0.0, 0.5, 1.0]
+    y = [0.0, 0.4, 0.97]
+
+Temperature scaling acts on the logit of each conditional confidence:
+``c' = sigmoid(logit(c) / T_k)``; survival is the cumulative product along the block.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dspark_sim.errors import InputError
+from dspark_sim.io import write_text_atomic
+
+METHODS = ("identity", "temperature", "isotonic")
+_EPS = 1e-6
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, _EPS, 1.0 - _EPS)
+    return np.log(p) - np.log1p(-p)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+@dataclass(frozen=True, eq=False)
+class CalibrationMap:
+    method: str = "identity"
+    temperatures: np.ndarray | None = None  # [gamma]
+    iso_x: tuple[np.ndarray, ...] = field(default_factory=tuple)
+    iso_y: tuple[np.ndarray, ...] = field(default_factory=tuple)
+    drafter: str = ""
+    source: str = "<identity>"
+
+    @property
+    def is_identity(self) -> bool:
+        return self.method == "identity"
+
+    def apply(self, conf: np.ndarray) -> np.ndarray:
+        """Calibrated conditional confidences, same shape as ``conf`` ([n, gamma])."""
+        conf = np.asarray(conf, dtype=np.float64)
+        if self.method == "identity":
+            return conf
+        g = conf.shape[-1]
+        if self.method == "temperature":
+            t = self._per_position(self.temperatures, g)
+            return _sigmoid(_logit(conf) / t)
+        out = np.empty_like(conf)
+        for k in range(g):
+            j = min(k, len(self.iso_x) - 1)
+            out[..., k] = np.interp(conf[..., k], self.iso_x[j], self.iso_y[j])
+        return out
+
+    def survival(self, conf: np.ndarray) -> np.ndarray:
+        """Prefix survival a_{r,j} = prod_{i<=j} c'_{r,i}."""
+        return np.cumprod(self.apply(conf), axis=-1)
+
+    @staticmethod
+    def _per_position(t: np.ndarray, g: int) -> np.ndarray:
+        # Positions past the fitted block reuse the last temperature.
+        if len(t) >= g:
+            return t[:g]
+        return np.concatenate([t, np.full(g - len(t), t[-1])])
+
+    def to_toml(self) -> str:
+        lines = ["[calibration]", f'method = "{self.method}"', f'drafter = "{self.drafter}"']
+        if self.temperatures is not None:
+            lines.append(f"gamma = {len(self.temperatures)}")
+            lines.append("temperatures = [" + ", ".join(repr(float(x)) for x in self.temperatures) + "]")
+        for x, y in zip(self.iso_x, self.iso_y, strict=True):
+            lines += ["", "[[calibration.isotonic]]",
+                      "x = [" + ", ".join(repr(float(v)) for v in x) + "]",
+                      "y = [" + ", ".join(repr(float(v)) for v in y) + "]"]
+        return "\n".join(lines) + "\n"
+
+    def save(self, path: str | Path) -> Path:
+        return write_text_atomic(path, self.to_toml())
+
+
+IDENTITY = CalibrationMap()
+
+
+def load_calibration(path: str | Path | None) -> CalibrationMap:
+    if path is None:
+        return IDENTITY
+    source = str(path)
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(source, "calibration map not found")
+    try:
+        data = tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(source, f"invalid TOML: {exc}") from exc
+    cal = data.get("calibration")
+    if not isinstance(cal, dict):
+        raise InputError(source, "missing [calibration] table")
+    method = cal.get("method", "identity")
+    if method not in METHODS:
+        raise InputError(source, f"method must be one of {METHODS}, got {method!r}")
+    drafter = str(cal.get("drafter", ""))
+    if method == "temperature":
+        t = np.asarray(cal.get("temperatures", []), dtype=np.float64)
+        if t.ndim != 1 or t.size == 0 or not np.all(np.isfinite(t)) or np.any(t <= 0):
+            raise InputError(source, "temperatures must be a non-empty list of positive numbers")
+        return CalibrationMap("temperature", temperatures=t, drafter=drafter, source=source)
+    if method == "isotonic":
+        rows = cal.get("isotonic", [])
+        if not rows:
+            raise InputError(source, "isotonic map needs [[calibration.isotonic]] rows")
+        xs, ys = [], []
+        for i, row in enumerate(rows):
+            x = np.asarray(row.get("x", []), float)
+            y = np.asarray(row.get("y", []), float)
+            if x.size < 2 or x.shape != y.shape or np.any(np.diff(x) < 0) or np.any(np.diff(y) < 0):
+                raise InputError(source, f"isotonic row {i}: x, y must be monotone and equal length")
+            if not (np.all(np.isfinite(y)) and y.min() >= 0 and y.max() <= 1):
+                raise InputError(source, f"isotonic row {i}: y must lie in [0, 1]")
+            xs.append(x)
+            ys.append(y)
+        return CalibrationMap("isotonic", iso_x=tuple(xs), iso_y=tuple(ys), drafter=drafter,
+                              source=source)
+    return CalibrationMap(drafter=drafter, source=source)

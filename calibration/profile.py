@@ -1,0 +1,317 @@
+"""Engine throughput profiles: SPS(B) as a table, draft cost, and the TOML file format.
+
+A profile answers one question for the simulator and the schedulers: *how long
+does one engine step take?*  Following Vidur, cost is a table lookup, never a
+model evaluated per token:
+
+``step_s = draft_s(drafter, n_requests, gamma) + target_s(B) + kv_s_per_token * kv_tokens``
+
+* ``target_s(B)`` is the target forward time for ``B`` tokens in the batch (decode
+  verify tokens + prefill chunk tokens). It is stored as a table so the jagged
+  CUDA-graph staircase survives: with ``interpolation = "step"`` a batch of ``B``
+  tokens costs what the smallest tabulated size ``>= B`` costs (the graph it is
+  padded into). Past the last row the cost grows linearly with the last
+  segment's slope plus ``eager_penalty_ms`` (no graph is captured there).
+* ``kv_s_per_token`` charges the attention KV reads for context tokens in the
+  batch (memory traffic that grows with context, not with ``B``).
+* ``draft_s`` is tabulated over the number of drafted requests for each drafter
+  kind at ``gamma_ref``; ``gamma_slope`` is the extra fraction per drafted token
+  beyond ``gamma_ref`` (0 for a parallel drafter: one pass whatever ``gamma``).
+
+File format (TOML)::
+
+    [profile]
+    name = "v4flash-h200"
+    kind = "analytic"            # or "measured"
+    gpus_per_replica = 16
+    interpolation = "step"       # or "linear"
+    description = "..."
+    [profile.parameters]         # whatever produced the table (hardware sheet, device, date)
+    ...
+    [target]
+    tokens = [1, 2, 4, 8, ...]   # B, strictly increasing
+    step_ms = [...]              # same length, > 0
+    step_std_ms = [...]          # optional spread (measured profiles)
+    kv_us_per_token = 0.001      # per context token in the batch
+    eager_penalty_ms = 0.0
+    [draft.dspark]
+    batch = [1, 8, 64, 256]      # requests drafted in the step
+    time_ms = [...]
+    gamma_ref = 7
+    gamma_slope = 0.0
+    [draft.mtp1]
+    ...
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dspark_sim.errors import InputError
+
+PROFILE_KINDS = ("analytic", "measured")
+INTERPOLATIONS = ("step", "linear")
+
+
+@dataclass(frozen=True, eq=False)
+class DraftCost:
+    """Draft time for ``n`` requests at ``gamma_ref`` tokens, linear in between."""
+
+    batch: np.ndarray  # requests, increasing
+    time_s: np.ndarray
+    gamma_ref: int = 1
+    gamma_slope: float = 0.0
+
+    def time(self, n_requests: int, gamma: int) -> float:
+        if n_requests <= 0 or gamma <= 0:
+            return 0.0
+        base = float(np.interp(n_requests, self.batch, self.time_s))
+        if n_requests > self.batch[-1] and len(self.batch) > 1:
+            slope = (self.time_s[-1] - self.time_s[-2]) / (self.batch[-1] - self.batch[-2])
+            base = float(self.time_s[-1] + slope * (n_requests - self.batch[-1]))
+        return base * max(0.0, 1.0 + self.gamma_slope * (gamma - self.gamma_ref))
+
+
+@dataclass(frozen=True, eq=False)
+class EngineProfile:
+    """Step-time model of one replica. All times in seconds."""
+
+    name: str
+    kind: str
+    gpus_per_replica: int
+    tokens: np.ndarray  # int64, strictly increasing
+    step_s: np.ndarray  # float64, target forward time at ``tokens``
+    step_std_s: np.ndarray | None = None
+    kv_s_per_token: float = 0.0
+    eager_penalty_s: float = 0.0
+    interpolation: str = "step"
+    drafts: dict[str, DraftCost] = field(default_factory=dict)
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    source: str = "<memory>"
+
+    # -- lookups -------------------------------------------------------------
+    @property
+    def max_tokens(self) -> int:
+        return int(self.tokens[-1])
+
+    def target_time_s(self, batch_tokens):
+        """Target forward time for ``batch_tokens`` (scalar or array), no KV term."""
+        b = np.asarray(batch_tokens, dtype=np.int64)
+        scalar = b.ndim == 0
+        b = np.atleast_1d(b)
+        out = np.zeros(b.shape, dtype=np.float64)
+        busy = b > 0
+        inside = busy & (b <= self.tokens[-1])
+        if self.interpolation == "step":
+            idx = np.searchsorted(self.tokens, b[inside], side="left")
+            out[inside] = self.step_s[idx]
+        else:
+            out[inside] = np.interp(b[inside], self.tokens, self.step_s)
+        beyond = b > self.tokens[-1]
+        if beyond.any():
+            if len(self.tokens) > 1:
+                slope = (self.step_s[-1] - self.step_s[-2]) / (self.tokens[-1] - self.tokens[-2])
+            else:
+                slope = self.step_s[-1] / self.tokens[-1]
+            out[beyond] = (
+                self.step_s[-1] + slope * (b[beyond] - self.tokens[-1]) + self.eager_penalty_s
+            )
+        return float(out[0]) if scalar else out
+
+    def draft_time_s(self, drafter: str | None, n_requests: int, gamma: int) -> float:
+        if drafter is None or n_requests <= 0 or gamma <= 0:
+            return 0.0
+        cost = self.drafts.get(drafter)
+        if cost is None:
+            # A drafter the profile does not know: charge nothing, but never silently.
+            raise InputError(self.source, f"profile has no [draft.{drafter}] section")
+        return cost.time(n_requests, gamma)
+
+    def step_time_s(self, batch_tokens, kv_tokens: float = 0.0, draft_s: float = 0.0):
+        return self.target_time_s(batch_tokens) + self.kv_s_per_token * kv_tokens + draft_s
+
+    def sps(self, batch_tokens, kv_tokens: float = 0.0, draft_s: float = 0.0):
+        """Engine steps per second at ``batch_tokens`` (the paper's SPS(B))."""
+        t = self.step_time_s(batch_tokens, kv_tokens, draft_s)
+        return 1.0 / np.maximum(t, 1e-12)
+
+    # -- serialisation ---------------------------------------------------------
+    def to_toml(self) -> str:
+        lines = ["[profile]"]
+        lines += [
+            f"name = {_q(self.name)}",
+            f"kind = {_q(self.kind)}",
+            f"gpus_per_replica = {int(self.gpus_per_replica)}",
+            f"interpolation = {_q(self.interpolation)}",
+            f"description = {_q(self.description)}",
+            "",
+            "[profile.parameters]",
+        ]
+        for k, v in self.parameters.items():
+            lines.append(f"{k} = {_toml_value(v)}")
+        lines += [
+            "",
+            "[target]",
+            f"tokens = {_toml_value([int(x) for x in self.tokens])}",
+            f"step_ms = {_toml_value([round(float(x) * 1e3, 6) for x in self.step_s])}",
+        ]
+        if self.step_std_s is not None:
+            lines.append(
+                f"step_std_ms = {_toml_value([round(float(x) * 1e3, 6) for x in self.step_std_s])}"
+            )
+        lines += [
+            f"kv_us_per_token = {self.kv_s_per_token * 1e6!r}",
+            f"eager_penalty_ms = {self.eager_penalty_s * 1e3!r}",
+        ]
+        for name, d in self.drafts.items():
+            lines += [
+                "",
+                f"[draft.{name}]",
+                f"batch = {_toml_value([int(x) for x in d.batch])}",
+                f"time_ms = {_toml_value([round(float(x) * 1e3, 6) for x in d.time_s])}",
+                f"gamma_ref = {int(d.gamma_ref)}",
+                f"gamma_slope = {float(d.gamma_slope)!r}",
+            ]
+        return "\n".join(lines) + "\n"
+
+    def summary(self) -> str:
+        return (
+            f"{self.name} ({self.kind}, {self.gpus_per_replica} GPU/replica, "
+            f"{len(self.tokens)} table rows up to B={self.max_tokens})"
+        )
+
+
+def _q(s: str) -> str:
+    return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | np.integer):
+        return str(int(v))
+    if isinstance(v, float | np.floating):
+        f = float(v)
+        return repr(f) if math.isfinite(f) else _q(str(f))
+    if isinstance(v, list | tuple | np.ndarray):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    return _q(str(v))
+
+
+def _array(where: str, table: dict, key: str, *, positive: bool = True) -> np.ndarray:
+    if key not in table:
+        raise InputError(where, f"missing key '{key}'")
+    try:
+        arr = np.asarray(table[key], dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(where, f"'{key}' must be a list of numbers") from exc
+    if arr.ndim != 1 or arr.size == 0:
+        raise InputError(where, f"'{key}' must be a non-empty list of numbers")
+    if not np.all(np.isfinite(arr)):
+        raise InputError(where, f"'{key}' contains NaN or infinite values")
+    if positive and np.any(arr <= 0):
+        raise InputError(where, f"'{key}' must be > 0 everywhere")
+    return arr
+
+
+def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
+    """Validate a parsed profile document. Raises :class:`InputError` naming ``source``."""
+    if not isinstance(data, dict) or "profile" not in data or "target" not in data:
+        raise InputError(source, "not an engine profile: needs [profile] and [target] tables")
+    head, target = data["profile"], data["target"]
+    kind = head.get("kind", "analytic")
+    if kind not in PROFILE_KINDS:
+        raise InputError(source, f"[profile] kind must be one of {PROFILE_KINDS}, got {kind!r}")
+    interp = head.get("interpolation", "step")
+    if interp not in INTERPOLATIONS:
+        raise InputError(source, f"[profile] interpolation must be one of {INTERPOLATIONS}")
+    gpus = head.get("gpus_per_replica", 1)
+    if not isinstance(gpus, int) or gpus < 1:
+        raise InputError(source, "[profile] gpus_per_replica must be a positive integer")
+    tokens = _array(f"{source} [target]", target, "tokens")
+    step_ms = _array(f"{source} [target]", target, "step_ms")
+    if tokens.shape != step_ms.shape:
+        raise InputError(source, "[target] tokens and step_ms differ in length")
+    if np.any(np.diff(tokens) <= 0) or np.any(tokens != np.round(tokens)):
+        raise InputError(source, "[target] tokens must be strictly increasing integers")
+    std = None
+    if "step_std_ms" in target:
+        std = _array(f"{source} [target]", target, "step_std_ms", positive=False) / 1e3
+        if std.shape != tokens.shape:
+            raise InputError(source, "[target] step_std_ms differs in length from tokens")
+    kv_us = float(target.get("kv_us_per_token", 0.0))
+    eager_ms = float(target.get("eager_penalty_ms", 0.0))
+    if not (math.isfinite(kv_us) and kv_us >= 0 and math.isfinite(eager_ms) and eager_ms >= 0):
+        raise InputError(source, "[target] kv_us_per_token and eager_penalty_ms must be >= 0")
+    drafts: dict[str, DraftCost] = {}
+    for name, d in (data.get("draft") or {}).items():
+        where = f"{source} [draft.{name}]"
+        if not isinstance(d, dict):
+            raise InputError(where, "must be a table")
+        batch = _array(where, d, "batch")
+        time_ms = _array(where, d, "time_ms", positive=False)
+        if batch.shape != time_ms.shape or np.any(np.diff(batch) <= 0) or np.any(time_ms < 0):
+            raise InputError(where, "batch must increase and match time_ms (>= 0) in length")
+        drafts[name] = DraftCost(
+            batch=batch,
+            time_s=time_ms / 1e3,
+            gamma_ref=int(d.get("gamma_ref", 1)),
+            gamma_slope=float(d.get("gamma_slope", 0.0)),
+        )
+    return EngineProfile(
+        name=str(head.get("name", Path(source).stem)),
+        kind=kind,
+        gpus_per_replica=gpus,
+        tokens=tokens.astype(np.int64),
+        step_s=step_ms / 1e3,
+        step_std_s=std,
+        kv_s_per_token=kv_us / 1e6,
+        eager_penalty_s=eager_ms / 1e3,
+        interpolation=interp,
+        drafts=drafts,
+        description=str(head.get("description", "")),
+        parameters=dict(head.get("parameters", {})),
+        source=source,
+    )
+
+
+def builtin_profiles() -> list[str]:
+    root = resources.files("dspark_sim.calibration") / "data"
+    return sorted(p.name[: -len(".toml")] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+DEFAULT_PROFILE = "v4flash-h200"
+
+
+def load_profile(path_or_name: str | Path | None = None) -> EngineProfile:
+    """Load a profile from a TOML path or a built-in name (default: the V4-like H200 one)."""
+    spec = str(path_or_name) if path_or_name is not None else DEFAULT_PROFILE
+    p = Path(spec)
+    if p.suffix == ".toml" or p.exists():
+        if not p.is_file():
+            raise InputError(spec, "profile file not found")
+        text = p.read_text()
+        source = str(p)
+    else:
+        res = resources.files("dspark_sim.calibration") / "data" / f"{spec}.toml"
+        if not res.is_file():
+            raise InputError(
+                "--profile", f"unknown profile {spec!r}; built-in: {', '.join(builtin_profiles())}"
+            )
+        text = res.read_text()
+        source = f"builtin:{spec}"
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(source, f"invalid TOML: {exc}") from exc
+    return profile_from_dict(data, source)

@@ -1,0 +1,19 @@
+"""One exception type for bad user input.
+
+Every reader (traces, profiles, workloads, calibration maps, options) raises
+:class:`InputError` with the offending file or option in the message; the CLI
+turns it into a one-line error and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class InputError(ValueError):
+    """Malformed or inconsistent user input. ``str(err)`` is one line."""
+
+    def __init__(self, where: str | Path | None, problem: str) -> None:
+        self.where = None if where is None else str(where)
+        self.problem = " ".join(str(problem).split())  # keep it one line
+        super().__init__(f"{self.where}: {self.problem}" if self.where else self.problem)

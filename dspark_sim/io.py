@@ -1,0 +1,44 @@
+"""Atomic file output: write to a temporary sibling, then rename.
+
+A crash or a validation error half-way never leaves a truncated file behind and
+never clobbers a good file that was already there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; move it into place on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_atomic(path: str | Path, writer: Callable[[Path], None]) -> Path:
+    with atomic_path(path) as tmp:
+        writer(tmp)
+    return Path(path)
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    return write_atomic(path, lambda p: p.write_text(text))
+
+
+def write_json_atomic(path: str | Path, obj: object) -> Path:
+    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")

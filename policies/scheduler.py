@@ -1,0 +1,79 @@
+"""Algorithm 1 (DSpark prefix scheduler) in numpy: the reference every other
+implementation (the Triton kernel in ``kernels/``) must match exactly.
+
+Inputs for a batch of ``n`` decoding requests:
+
+* ``survival`` [n, gamma]: a_{r,j} = prod_{i<=j} c_{r,i} (calibrated), non-increasing in j.
+* ``sps`` [n * gamma + 1]: engine steps/s when ``i`` draft tokens are admitted, i.e. at
+  ``B = base + n + i`` batch tokens (the ``n`` bonus slots are always verified). Entries
+  past the step's token budget are 0, so they are never worth admitting.
+
+Candidates are ranked by survival, descending; ties keep row-major order (request,
+then position), which also keeps every request's admitted set a prefix. With
+``tau_i = n + sum of the i best survivals`` and ``Theta_i = tau_i * sps[i]``:
+
+* sync (Algorithm 1): admit while Theta strictly rises; stop at the first admission
+  that does not raise it (the early stop keeps decoding lossless, Appendix A).
+* async (§5.2): the budget ``K = argmax_i Theta_i`` over the *whole* jagged table
+  (no early stop), computed from survivals two steps old; the current step then
+  admits its own top-``K`` tokens by current survival (dynamic top-K).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def rank_candidates(survival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Flat indices of candidates sorted by survival descending (stable), and the sorted values."""
+    flat = np.ascontiguousarray(survival, dtype=np.float64).reshape(-1)
+    order = np.argsort(-flat, kind="stable")
+    return order, flat[order]
+
+
+def theta_curve(survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
+    """Theta_i = (n + cumulative sorted survival) * sps[i] for i = 0..n*gamma."""
+    n = survival.shape[0]
+    _, a = rank_candidates(survival)
+    tau = n + np.concatenate([[0.0], np.cumsum(a)])
+    return tau * np.asarray(sps, dtype=np.float64)[: tau.size]
+
+
+def _lengths_from_topk(survival: np.ndarray, k: int) -> np.ndarray:
+    n, g = survival.shape
+    order, _ = rank_candidates(survival)
+    return np.bincount(order[:k] // g, minlength=n).astype(np.int64)
+
+
+def schedule_sync(survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
+    """Algorithm 1 with early stop. Returns ell [n] (int64)."""
+    survival = np.asarray(survival, dtype=np.float64)
+    n = survival.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    theta = theta_curve(survival, sps)
+    rises = theta[1:] > theta[:-1]
+    k = int(np.argmin(rises)) if not rises.all() else rises.size
+    return _lengths_from_topk(survival, k)
+
+
+def budget_global(survival: np.ndarray, sps: np.ndarray) -> int:
+    """§5.2 budget: K = argmax_i Theta_i over the full table (first maximum)."""
+    survival = np.asarray(survival, dtype=np.float64)
+    if survival.shape[0] == 0:
+        return 0
+    return int(np.argmax(theta_curve(survival, sps)))
+
+
+def schedule_topk(survival: np.ndarray, k: int) -> np.ndarray:
+    """Admit the ``k`` most likely-to-survive draft tokens (dynamic top-K)."""
+    survival = np.asarray(survival, dtype=np.float64)
+    k = int(max(0, min(k, survival.size)))
+    return _lengths_from_topk(survival, k)
+
+
+def schedule_async(
+    survival: np.ndarray, lagged_survival: np.ndarray, lagged_sps: np.ndarray
+) -> np.ndarray:
+    """§5.2: budget from the lagged snapshot, tokens by current survival."""
+    return schedule_topk(survival, budget_global(lagged_survival, lagged_sps))

@@ -1,0 +1,328 @@
+"""Acceptance traces, schema v1: position-indexed, one row per (request, output position).
+
+Columns (parquet):
+
+==============  =======================  ==============================================
+column          type                     meaning
+==============  =======================  ==============================================
+request_id      int32                    trace request (prompt) id
+domain          string                   ``math`` / ``code`` / ``chat`` / anything
+position        int32                    output position ``t`` (0-based, contiguous)
+accept_len      int8                     ``m_t``: accepted run length of a
+                                         ``gamma_max``-token draft started at ``t``
+conf            array<float32, gamma>    raw drafter confidences ``c_t[1..gamma]``:
+                                         P(token k accepted | 1..k-1 accepted)
+tv_accept       array<float32, gamma>    optional: ``1 - 0.5 * ||p_d - p_t||_1`` per
+                                         draft position (captured traces)
+==============  =======================  ==============================================
+
+File metadata (parquet key ``dspark_sim.trace``, JSON): ``schema_version`` (1),
+``drafter``, ``target``, ``gamma_max``, ``temperature``, ``source``
+(``synthetic`` | ``captured``), ``domains``, ``generator`` (parameters) and any
+capture facts (device, kernel backend, checkpoint hash, date).
+
+Replay (see :mod:`dspark_sim.sim.engine`): verifying ``l`` tokens at position ``t``
+accepts ``min(l, m_t)`` and emits one bonus token, so the next step starts at
+``t + min(l, m_t) + 1``. For greedy decoding this is exact whatever the policy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+
+from dspark_sim.errors import InputError
+from dspark_sim.io import atomic_path
+
+SCHEMA_VERSION = 1
+META_KEY = b"dspark_sim.trace"
+SOURCES = ("synthetic", "captured")
+REQUIRED_COLUMNS = ("request_id", "domain", "position", "accept_len", "conf")
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    drafter: str
+    target: str
+    gamma_max: int
+    source: str = "synthetic"
+    temperature: float = 0.0
+    domains: tuple[str, ...] = ()
+    generator: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        d = {
+            "schema_version": SCHEMA_VERSION,
+            "drafter": self.drafter,
+            "target": self.target,
+            "gamma_max": int(self.gamma_max),
+            "source": self.source,
+            "temperature": float(self.temperature),
+            "domains": list(self.domains),
+            "generator": self.generator,
+        }
+        d.update(self.extra)
+        return json.dumps(d, sort_keys=True)
+
+    @property
+    def replay_exact(self) -> bool:
+        """Replay is exact for greedy decoding only (temperature 0 or synthetic)."""
+        return self.source == "synthetic" or self.temperature == 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class AcceptanceTrace:
+    """A schema-v1 trace held as flat numpy arrays (rows sorted by request, position)."""
+
+    meta: TraceMeta
+    accept_len: np.ndarray  # int8 [N]
+    conf: np.ndarray  # float32 [N, gamma_max]
+    req_offsets: np.ndarray  # int64 [R + 1]: rows of request r are offsets[r]:offsets[r+1]
+    req_domain: np.ndarray  # str [R]
+    req_ids: np.ndarray  # int32 [R]
+    tv_accept: np.ndarray | None = None  # float32 [N, gamma_max]
+    source_path: str = "<memory>"
+
+    @property
+    def gamma_max(self) -> int:
+        return int(self.meta.gamma_max)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.req_ids)
+
+    @property
+    def num_positions(self) -> int:
+        return len(self.accept_len)
+
+    @property
+    def req_lengths(self) -> np.ndarray:
+        return np.diff(self.req_offsets)
+
+    # -- derived statistics ------------------------------------------------------
+    def tau(self, ell: int | None = None) -> float:
+        """Mean tokens per verification step (incl. bonus) when verifying ``ell`` tokens,
+        averaged over positions (the per-position expectation, i.e. E[min(l, m)] + 1)."""
+        ell = self.gamma_max if ell is None else int(ell)
+        return float(np.minimum(self.accept_len, ell).mean() + 1.0)
+
+    def conditional_acceptance(self) -> np.ndarray:
+        """DSpark Fig. 2: P(position k accepted | 1..k-1 accepted), k = 1..gamma."""
+        m = self.accept_len.astype(np.int64)
+        reached = np.array([(m >= k - 1).sum() for k in range(1, self.gamma_max + 1)], float)
+        accepted = np.array([(m >= k).sum() for k in range(1, self.gamma_max + 1)], float)
+        return np.divide(accepted, reached, out=np.zeros_like(accepted), where=reached > 0)
+
+    def survival(self) -> np.ndarray:
+        """vLLM-style unconditional per-position acceptance P(m >= k)."""
+        m = self.accept_len.astype(np.int64)
+        return np.array([(m >= k).mean() for k in range(1, self.gamma_max + 1)])
+
+    def select_domain(self, domain: str) -> AcceptanceTrace:
+        keep = np.flatnonzero(self.req_domain == domain)
+        if keep.size == 0:
+            raise InputError(self.source_path, f"no requests of domain {domain!r}")
+        rows = np.concatenate([np.arange(self.req_offsets[r], self.req_offsets[r + 1]) for r in keep])
+        lengths = self.req_lengths[keep]
+        return replace(
+            self,
+            accept_len=self.accept_len[rows],
+            conf=self.conf[rows],
+            tv_accept=None if self.tv_accept is None else self.tv_accept[rows],
+            req_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            req_domain=self.req_domain[keep],
+            req_ids=self.req_ids[keep],
+            meta=replace(self.meta, domains=(domain,)),
+        )
+
+    # -- frames ----------------------------------------------------------------
+    def to_polars(self) -> pl.DataFrame:
+        lengths = self.req_lengths
+        rid = np.repeat(self.req_ids, lengths).astype(np.int32)
+        pos = (np.arange(self.num_positions) - np.repeat(self.req_offsets[:-1], lengths)).astype(
+            np.int32
+        )
+        g = self.gamma_max
+        cols: dict[str, Any] = {
+            "request_id": rid,
+            "domain": np.repeat(self.req_domain, lengths).astype(str),
+            "position": pos,
+            "accept_len": self.accept_len.astype(np.int8),
+            "conf": pl.Series("conf", self.conf.astype(np.float32), dtype=pl.Array(pl.Float32, g)),
+        }
+        if self.tv_accept is not None:
+            cols["tv_accept"] = pl.Series(
+                "tv_accept", self.tv_accept.astype(np.float32), dtype=pl.Array(pl.Float32, g)
+            )
+        return pl.DataFrame(cols)
+
+
+def trace_from_frame(df: pl.DataFrame, meta: TraceMeta, source: str = "<memory>") -> AcceptanceTrace:
+    """Validate a frame with the v1 columns and build the flat representation."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise InputError(source, f"not a schema-v1 trace: missing column(s) {', '.join(missing)}")
+    if df.height == 0:
+        raise InputError(source, "trace has no rows")
+    g = int(meta.gamma_max)
+    if g < 1:
+        raise InputError(source, f"gamma_max must be >= 1, got {g}")
+    df = df.sort(["request_id", "position"])
+    try:
+        rid = df["request_id"].cast(pl.Int64).to_numpy()
+        pos = df["position"].cast(pl.Int64).to_numpy()
+        m = df["accept_len"].cast(pl.Int64).to_numpy()
+    except Exception as exc:  # polars raises several types for bad casts
+        raise InputError(source, f"request_id/position/accept_len must be integers ({exc})") from exc
+    conf = _matrix(df, "conf", g, source)
+    tv = _matrix(df, "tv_accept", g, source) if "tv_accept" in df.columns else None
+    if np.any(m < 0) or np.any(m > g):
+        bad = int(np.flatnonzero((m < 0) | (m > g))[0])
+        raise InputError(source, f"accept_len out of [0, {g}] at row {bad} (value {m[bad]})")
+    if not np.all(np.isfinite(conf)) or np.any(conf < 0) or np.any(conf > 1):
+        raise InputError(source, "conf has values outside [0, 1] or NaN")
+    starts = np.flatnonzero(np.concatenate([[True], rid[1:] != rid[:-1]]))
+    offsets = np.concatenate([starts, [len(rid)]]).astype(np.int64)
+    expected = np.arange(len(rid)) - np.repeat(starts, np.diff(offsets))
+    if not np.array_equal(pos, expected):
+        bad = int(np.flatnonzero(pos != expected)[0])
+        raise InputError(
+            source, f"positions of request {rid[bad]} are not contiguous from 0 (row {bad})"
+        )
+    domain = df["domain"].cast(pl.Utf8).to_numpy()[starts].astype(str)
+    domains = tuple(sorted(set(domain.tolist())))
+    if not meta.domains:
+        meta = replace(meta, domains=domains)
+    return AcceptanceTrace(
+        meta=meta,
+        accept_len=m.astype(np.int8),
+        conf=conf,
+        req_offsets=offsets,
+        req_domain=domain,
+        req_ids=rid[starts].astype(np.int32),
+        tv_accept=tv,
+        source_path=source,
+    )
+
+
+def _matrix(df: pl.DataFrame, col: str, g: int, source: str) -> np.ndarray:
+    s = df[col]
+    try:
+        if isinstance(s.dtype, pl.List):
+            lens = s.list.len().to_numpy()
+            if np.any(lens != g):
+                raise InputError(source, f"'{col}' rows must have gamma_max={g} values")
+            s = s.cast(pl.Array(pl.Float32, g))
+        if not isinstance(s.dtype, pl.Array) or s.dtype.size != g:
+            raise InputError(source, f"'{col}' must be an array of {g} floats (gamma_max)")
+        arr = s.cast(pl.Array(pl.Float32, g)).to_numpy()
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(source, f"'{col}' is not a float array column ({exc})") from exc
+    return np.ascontiguousarray(arr, dtype=np.float32).reshape(-1, g)
+
+
+def _meta_from_json(raw: bytes, source: str) -> TraceMeta:
+    try:
+        d = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InputError(source, f"trace metadata is not valid JSON ({exc})") from exc
+    if d.get("schema_version") != SCHEMA_VERSION:
+        raise InputError(source, f"unsupported trace schema_version {d.get('schema_version')!r}")
+    for key in ("drafter", "target", "gamma_max"):
+        if key not in d:
+            raise InputError(source, f"trace metadata lacks '{key}'")
+    if d.get("source", "synthetic") not in SOURCES:
+        raise InputError(source, f"trace source must be one of {SOURCES}")
+    known = {"schema_version", "drafter", "target", "gamma_max", "source", "temperature",
+             "domains", "generator"}
+    return TraceMeta(
+        drafter=str(d["drafter"]),
+        target=str(d["target"]),
+        gamma_max=int(d["gamma_max"]),
+        source=d.get("source", "synthetic"),
+        temperature=float(d.get("temperature", 0.0)),
+        domains=tuple(d.get("domains", ())),
+        generator=dict(d.get("generator", {})),
+        extra={k: v for k, v in d.items() if k not in known},
+    )
+
+
+def read_trace(path: str | Path) -> AcceptanceTrace:
+    """Read and validate a schema-v1 parquet trace. Raises :class:`InputError`."""
+    source = str(path)
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(source, "trace file not found")
+    try:
+        pf = pq.ParquetFile(p)
+        kv = pf.schema_arrow.metadata or {}
+        table = pf.read()
+    except Exception as exc:  # pyarrow raises ArrowInvalid/OSError on garbage
+        raise InputError(source, f"not a parquet file ({exc.__class__.__name__})") from exc
+    if META_KEY not in kv:
+        raise InputError(source, "parquet file has no dspark_sim.trace metadata (not a trace)")
+    meta = _meta_from_json(kv[META_KEY], source)
+    return trace_from_frame(pl.from_arrow(table), meta, source)
+
+
+def write_trace(trace: AcceptanceTrace, path: str | Path) -> Path:
+    """Write atomically (a temporary file renamed into place)."""
+    table = trace.to_polars().to_arrow()
+    md = dict(table.schema.metadata or {})
+    md[META_KEY] = trace.meta.to_json().encode()
+    table = table.replace_schema_metadata(md)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+    return Path(path)
+
+
+def concat_traces(traces: list[AcceptanceTrace], meta: TraceMeta | None = None) -> AcceptanceTrace:
+    """Stack traces with the same gamma_max; request ids are renumbered."""
+    if not traces:
+        raise InputError(None, "no traces to concatenate")
+    g = traces[0].gamma_max
+    if any(t.gamma_max != g for t in traces):
+        raise InputError(None, "cannot concatenate traces with different gamma_max")
+    lengths = np.concatenate([t.req_lengths for t in traces])
+    has_tv = all(t.tv_accept is not None for t in traces)
+    meta = meta or replace(
+        traces[0].meta, domains=tuple(sorted({d for t in traces for d in t.meta.domains}))
+    )
+    return AcceptanceTrace(
+        meta=meta,
+        accept_len=np.concatenate([t.accept_len for t in traces]),
+        conf=np.concatenate([t.conf for t in traces]),
+        req_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        req_domain=np.concatenate([t.req_domain for t in traces]),
+        req_ids=np.arange(len(lengths), dtype=np.int32),
+        tv_accept=np.concatenate([t.tv_accept for t in traces]) if has_tv else None,
+    )
+
+
+def builtin_traces() -> list[str]:
+    root = resources.files("dspark_sim.traces") / "data"
+    return sorted(p.name[: -len(".parquet")] for p in root.iterdir() if p.name.endswith(".parquet"))
+
+
+def load_trace(path_or_name: str | Path) -> AcceptanceTrace:
+    """A schema-v1 file path, or the name of a trace shipped in the package."""
+    spec = str(path_or_name)
+    p = Path(spec)
+    if p.suffix == ".parquet" or p.exists():
+        return read_trace(p)
+    res = resources.files("dspark_sim.traces") / "data" / f"{spec}.parquet"
+    if not res.is_file():
+        raise InputError("--trace", f"unknown trace {spec!r}; built-in: {', '.join(builtin_traces())}")
+    with resources.as_file(res) as fp:
+        t = read_trace(fp)
+    return replace(t, source_path=f"builtin:{spec}")
