@@ -27,6 +27,7 @@ class Policy:
     decide: Callable[[BatchSnapshot], np.ndarray]
     draft_gamma: int | None = None  # tokens drafted per request; None = the trace's gamma_max
     description: str = ""
+    needs_survival: bool = False  # False: the snapshot's survival is zeros (cheaper)
 
     def __call__(self, snap: BatchSnapshot) -> np.ndarray:
         return self.decide(snap)
@@ -87,10 +88,11 @@ def _make(spec: str) -> Policy:
                       f"verify a fixed {k} draft tokens per request")
     if name == "confidence":
         return Policy("confidence", "dspark", True, False, _confidence, None,
-                      "Algorithm 1: survival-ranked prefix scheduling, early stop")
+                      "Algorithm 1: survival-ranked prefix scheduling, early stop", True)
     if name in ("confidence-async", "confidence_async"):
         return Policy("confidence-async", "dspark", True, True, _confidence_async, None,
-                      "§5.2: budget from 2-step-old survivals, global search, dynamic top-K")
+                      "§5.2: budget from 2-step-old survivals, global search, dynamic top-K",
+                      True)
     if name == "threshold":
         try:
             p = float(arg) if arg is not None else 0.5
@@ -99,7 +101,7 @@ def _make(spec: str) -> Policy:
         if not 0.0 <= p <= 1.0:
             raise InputError("--policy", f"{spec!r}: threshold must lie in [0, 1]")
         return Policy(f"threshold:{p:g}", "dspark", False, False, _threshold(p), None,
-                      f"verify draft tokens whose survival >= {p:g}")
+                      f"verify draft tokens whose survival >= {p:g}", True)
     raise InputError("--policy", f"unknown policy {spec!r}; known: {', '.join(POLICY_NAMES)}")
 
 
@@ -115,4 +117,5 @@ def get_policy(spec: str) -> Policy:
 
 def topk_policy(k: int) -> Policy:
     """Verify the k most likely tokens of the whole batch (used by tests and sweeps)."""
-    return Policy(f"topk:{k}", "dspark", False, False, lambda s: schedule_topk(s.survival, k))
+    return Policy(f"topk:{k}", "dspark", False, False, lambda s: schedule_topk(s.survival, k),
+                  None, f"verify the {k} most likely draft tokens of the batch", True)

@@ -1,0 +1,241 @@
+"""The Python API shared by the CLI, tests, sweeps and notebooks.
+
+>>> from dspark_sim.sim.api import simulate
+>>> from dspark_sim.sim.config import preset
+>>> res = simulate(preset("tiny"))
+>>> res.summary["completed"]
+200
+>>> res.requests.to_pandas()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from dspark_sim.calibration.confmap import load_calibration
+from dspark_sim.calibration.profile import EngineProfile, load_profile
+from dspark_sim.policies.registry import Policy, get_policy
+from dspark_sim.sim.config import SimConfig
+from dspark_sim.sim.engine import (
+    NCOLS,
+    NEED,
+    OUT,
+    PROMPT,
+    RID,
+    TLEN,
+    TOFF,
+    RequestLog,
+    Router,
+    SimContext,
+)
+from dspark_sim.sim.metrics import requests_frame, summarize
+from dspark_sim.sim.workload import build_stream
+from dspark_sim.traces.schema import AcceptanceTrace, load_trace
+
+from dspark_sim.errors import InputError
+from dspark_sim.io import atomic_path, write_json_atomic
+
+DEFAULT_TRACE = "dspark-synthetic"
+DEFAULT_MTP_TRACE = "mtp1-synthetic"
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    config: SimConfig
+    summary: dict
+    requests: pl.DataFrame
+
+    def summary_frame(self) -> pl.DataFrame:
+        flat = {k: v for k, v in self.summary.items() if not isinstance(v, list | dict)}
+        return pl.DataFrame([flat])
+
+    def to_pandas(self):
+        return self.requests.to_pandas()
+
+    def write(self, out_dir: str | Path) -> Path:
+        """``summary.json`` and ``requests.parquet``, each written atomically."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with atomic_path(out / "requests.parquet") as tmp:
+            self.requests.write_parquet(tmp)
+        write_json_atomic(out / "summary.json", self.summary)
+        return out
+
+
+def resolve_trace(cfg: SimConfig, policy: Policy) -> AcceptanceTrace | None:
+    if policy.drafter is None:
+        return None
+    if policy.drafter == "mtp1":
+        spec = cfg.mtp_trace or (cfg.trace if cfg.mtp_trace is None and cfg.trace else None)
+        spec = spec or DEFAULT_MTP_TRACE
+    else:
+        spec = cfg.trace or DEFAULT_TRACE
+    trace = load_trace(spec)
+    if cfg.workload.domain:
+        trace = trace.select_domain(cfg.workload.domain)
+    return trace
+
+
+def _deployment_text(cfg: SimConfig, profile: EngineProfile) -> str:
+    d = cfg.deployment
+    return (f"{d.replicas} replica(s) x {profile.gpus_per_replica} GPU = "
+            f"{d.replicas * profile.gpus_per_replica} GPUs, profile {profile.name} "
+            f"({profile.kind}), router {d.router}")
+
+
+def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
+             trace: AcceptanceTrace | None = None, progress=None) -> SimResult:
+    """Run one simulation. ``profile``/``trace`` override the config's (already loaded)."""
+    cfg = cfg.validate()
+    policy = get_policy(cfg.policy)
+    profile = profile or load_profile(cfg.deployment.profile)
+    if trace is None:
+        trace = resolve_trace(cfg, policy)
+    calibration = load_calibration(cfg.calibration)
+    if trace is not None and cfg.engine.max_num_batched_tokens < 1 + 0:
+        raise InputError("--max-num-batched-tokens", "must be positive")
+    rng = np.random.default_rng(cfg.seed)
+    stream = build_stream(cfg.workload, rng)
+    n = stream.size
+    log = RequestLog.empty(n)
+    log.prompt_tokens[:] = stream.prompt_tokens
+    log.output_tokens[:] = stream.output_tokens
+    if trace is not None:
+        log.trace_row[:] = rng.integers(0, trace.num_requests, size=n)
+
+    w = cfg.workload
+    closed = w.arrival == "closed"
+    issued = 0
+    ctx_holder: list[SimContext] = []
+
+    def make_row(rid: int) -> np.ndarray:
+        row = np.zeros(NCOLS, np.int64)
+        row[RID] = rid
+        row[PROMPT] = stream.prompt_tokens[rid]
+        row[NEED] = stream.prompt_tokens[rid]
+        row[OUT] = max(1, stream.output_tokens[rid])
+        if trace is not None:
+            tr = log.trace_row[rid]
+            row[TOFF] = trace.req_offsets[tr]
+            row[TLEN] = trace.req_offsets[tr + 1] - trace.req_offsets[tr]
+        else:
+            row[TLEN] = 1
+        return row
+
+    def submit(rid: int) -> None:
+        ctx = ctx_holder[0]
+        rep = router.route()
+        log.arrival_s[rid] = ctx.env.now
+        log.replica[rid] = rep.index
+        rep.submit(make_row(rid))
+
+    def on_finish(k: int) -> None:
+        nonlocal issued
+        if closed:
+            for _ in range(k):
+                if issued < n:
+                    submit(issued)
+                    issued += 1
+
+    ctx = SimContext(cfg, profile, policy, trace, calibration, log, on_finish)
+    ctx_holder.append(ctx)
+    router = Router(ctx.replicas, cfg.deployment.router)
+    env = ctx.env
+    for rep in ctx.replicas:
+        env.process(rep.run())
+
+    samples: list[tuple[float, int]] = []
+    arrival_end = float(stream.arrival_s[-1]) if (n and not closed) else 0.0
+
+    def arrivals():
+        nonlocal issued
+        if closed:
+            for _ in range(min(w.max_concurrency, n)):
+                submit(issued)
+                issued += 1
+            return
+        t_prev = 0.0
+        for rid in range(n):
+            t = float(stream.arrival_s[rid])
+            if t > t_prev:
+                yield env.timeout(t - t_prev)
+                t_prev = t
+            submit(rid)
+            issued += 1
+
+    def monitor(dt: float):
+        while env.now <= arrival_end:
+            samples.append((env.now, sum(len(r.waiting) for r in ctx.replicas)))
+            yield env.timeout(dt)
+
+    if closed:
+        arrivals()
+        horizon = 1e9
+    else:
+        env.process(arrivals())
+        env.process(monitor(max(arrival_end / 200.0, 0.01)))
+        horizon = arrival_end + cfg.drain_timeout_s
+    env.run(until=horizon)
+
+    growth = _queue_growth(samples)
+    unfinished = int(np.isnan(log.finish_s).sum())
+    # Unstable: requests left at the horizon, or a waiting queue that grows steadily
+    # through the second half of the arrival window.
+    stable = unfinished == 0 and not (
+        growth * max(arrival_end, 1e-9) / 2 > 10 + 0.05 * n / 2 and arrival_end > 0
+    )
+    gpus = cfg.deployment.replicas * profile.gpus_per_replica
+    summary = summarize(log, ctx.stats, gpus=gpus, slo_ttft_ms=cfg.slo_ttft_ms,
+                        slo_tpot_ms=cfg.slo_tpot_ms, stable=stable, queue_growth_per_s=growth)
+    summary = {
+        "policy": policy.name,
+        "policy_description": policy.description,
+        "deployment": _deployment_text(cfg, profile),
+        "replicas": cfg.deployment.replicas,
+        "gpus_per_replica": profile.gpus_per_replica,
+        "profile": profile.name,
+        "profile_kind": profile.kind,
+        "workload": stream.description,
+        "trace": None if trace is None else trace.source_path,
+        "trace_drafter": None if trace is None else trace.meta.drafter,
+        "trace_source": None if trace is None else trace.meta.source,
+        "trace_gamma_max": None if trace is None else trace.gamma_max,
+        "calibration": calibration.source,
+        "seed": cfg.seed,
+        **summary,
+    }
+    return SimResult(cfg, _jsonable(summary), requests_frame(log))
+
+
+def _queue_growth(samples: list[tuple[float, int]]) -> float:
+    """Least-squares slope (requests/s) of the waiting queue over the window's 2nd half."""
+    if len(samples) < 8:
+        return 0.0
+    a = np.asarray(samples[len(samples) // 2 :], dtype=np.float64)
+    t, q = a[:, 0], a[:, 1]
+    if np.ptp(t) <= 0:
+        return 0.0
+    return float(np.polyfit(t, q, 1)[0])
+
+
+def _jsonable(d):
+    if isinstance(d, dict):
+        return {k: _jsonable(v) for k, v in d.items()}
+    if isinstance(d, list | tuple):
+        return [_jsonable(v) for v in d]
+    if isinstance(d, np.generic):
+        return d.item()
+    if isinstance(d, float) and not np.isfinite(d):
+        return None
+    return d
+
+
+def summary_json(result: SimResult) -> str:
+    return json.dumps(result.summary, indent=2, sort_keys=True)
+
+
+__all__ = ["SimResult", "simulate", "replace"]

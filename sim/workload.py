@@ -1,0 +1,194 @@
+"""Request streams: arrival times and (prompt, output) lengths.
+
+Arrival kinds: ``poisson``; ``gamma`` with burstiness (vLLM: gaps ~ Gamma(shape=b,
+scale=1/(qps*b)), b = 1 is Poisson); ``closed`` (a fixed number of clients, each
+sends its next request when the previous one finishes; handled by the engine);
+``replay`` of an Azure LLM inference CSV (TIMESTAMP, ContextTokens,
+GeneratedTokens) or a Mooncake JSONL (timestamp ms, input_length, output_length),
+optionally rescaled in time to a target rate.
+
+Lengths: from the workload file, a named empirical distribution shipped with the
+package (``azure-conv``, ``azure-code``, ``mooncake``: samples of the public traces,
+CC-BY 4.0 / Apache-2.0), ``fixed:IN:OUT`` or ``lognormal:IN_MEDIAN:OUT_MEDIAN[:SIGMA]``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from dspark_sim.sim.config import WorkloadConfig
+
+from dspark_sim.errors import InputError
+
+NAMED_LENGTHS = ("azure-conv", "azure-code", "mooncake")
+DEFAULT_LENGTHS = "azure-conv"
+
+
+@dataclass(frozen=True, eq=False)
+class RequestStream:
+    arrival_s: np.ndarray  # float64 [N], non-decreasing (closed loop: zeros, unused)
+    prompt_tokens: np.ndarray  # int64 [N]
+    output_tokens: np.ndarray  # int64 [N]
+    description: str
+
+    @property
+    def size(self) -> int:
+        return len(self.prompt_tokens)
+
+
+# -- workload files ---------------------------------------------------------------
+def read_workload(path: str | Path) -> pl.DataFrame:
+    """Return columns arrival_s (from 0), prompt_tokens, output_tokens."""
+    source = str(path)
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(source, "workload file not found")
+    try:
+        if p.suffix.lower() in (".jsonl", ".json"):
+            df = _read_mooncake(p, source)
+        else:
+            df = _read_azure(p, source)
+    except InputError:
+        raise
+    except Exception as exc:  # polars raises a zoo of parse errors
+        raise InputError(source, f"cannot parse workload ({exc.__class__.__name__}: {exc})") from exc
+    if df.height == 0:
+        raise InputError(source, "workload has no requests")
+    arr = df["arrival_s"].to_numpy()
+    if not np.all(np.isfinite(arr)):
+        raise InputError(source, "workload has unparseable timestamps")
+    for col in ("prompt_tokens", "output_tokens"):
+        v = df[col].to_numpy()
+        if np.any(v < 0):
+            raise InputError(source, f"negative token count in {col}")
+    df = df.sort("arrival_s", maintain_order=True)
+    return df.with_columns(pl.col("arrival_s") - pl.col("arrival_s").min())
+
+
+def _read_azure(p: Path, source: str) -> pl.DataFrame:
+    df = pl.read_csv(p, infer_schema_length=0)  # all strings: we parse ourselves
+    need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+    if not need <= set(df.columns):
+        raise InputError(source, f"Azure CSV needs columns {', '.join(sorted(need))}")
+    ts = pl.col("TIMESTAMP").str.strip_chars()
+    # 7 fractional digits (100 ns): trim to microseconds so chrono can parse it.
+    ts = ts.str.replace(r"(\.\d{6})\d+$", "$1").str.to_datetime(
+        "%Y-%m-%d %H:%M:%S%.f", strict=False
+    )
+    out = df.select(
+        (ts.dt.epoch("us").cast(pl.Float64) / 1e6).alias("arrival_s"),
+        pl.col("ContextTokens").cast(pl.Int64, strict=False).alias("prompt_tokens"),
+        pl.col("GeneratedTokens").cast(pl.Int64, strict=False).alias("output_tokens"),
+    )
+    if out.null_count().sum_horizontal().item() > 0:
+        bad = out.with_row_index().filter(pl.any_horizontal(pl.all().is_null()))["index"][0]
+        raise InputError(source, f"unparseable value in data row {bad + 1}")
+    return out
+
+
+def _read_mooncake(p: Path, source: str) -> pl.DataFrame:
+    rows = []
+    with p.open() as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                rows.append((float(d["timestamp"]) / 1e3, int(d["input_length"]),
+                             int(d["output_length"])))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise InputError(source, f"line {i}: not a Mooncake record ({exc.__class__.__name__})") from exc
+    return pl.DataFrame(rows, schema=["arrival_s", "prompt_tokens", "output_tokens"], orient="row")
+
+
+# -- length distributions -------------------------------------------------------
+def _named_lengths(name: str) -> tuple[np.ndarray, np.ndarray]:
+    res = resources.files("dspark_sim.sim") / "data" / "lengths.parquet"
+    with resources.as_file(res) as fp:
+        df = pl.read_parquet(fp).filter(pl.col("dataset") == name)
+    return df["prompt_tokens"].to_numpy(), df["output_tokens"].to_numpy()
+
+
+def sample_lengths(spec: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, str]:
+    kind, _, rest = spec.partition(":")
+    args = [a for a in rest.split(":") if a] if rest else []
+    try:
+        nums = [float(a) for a in args]
+    except ValueError:
+        raise InputError("--lengths", f"bad length spec {spec!r}") from None
+    if kind in NAMED_LENGTHS and not args:
+        p, o = _named_lengths(kind)
+        idx = rng.integers(0, len(p), size=n)
+        return p[idx].astype(np.int64), o[idx].astype(np.int64), f"{kind} empirical lengths"
+    if kind == "fixed" and len(nums) == 2 and min(nums) >= 1:
+        return (np.full(n, int(nums[0]), np.int64), np.full(n, int(nums[1]), np.int64),
+                f"fixed {int(nums[0])} in / {int(nums[1])} out")
+    if kind == "lognormal" and len(nums) in (2, 3) and min(nums) > 0:
+        sigma = nums[2] if len(nums) == 3 else 0.8
+        p = np.maximum(1, np.round(nums[0] * np.exp(sigma * rng.standard_normal(n))))
+        o = np.maximum(1, np.round(nums[1] * np.exp(sigma * rng.standard_normal(n))))
+        return p.astype(np.int64), o.astype(np.int64), f"lognormal medians {nums[0]:g}/{nums[1]:g}"
+    raise InputError(
+        "--lengths",
+        f"bad length spec {spec!r}; use one of {', '.join(NAMED_LENGTHS)}, fixed:IN:OUT, "
+        "lognormal:IN:OUT[:SIGMA]",
+    )
+
+
+# -- streams --------------------------------------------------------------------
+def _gaps(w: WorkloadConfig, n: int, rng: np.random.Generator) -> np.ndarray:
+    shape = 1.0 if w.arrival == "poisson" else float(w.burstiness)
+    return rng.gamma(shape, 1.0 / (w.qps * shape), size=n)
+
+
+def build_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
+    """Arrival times and lengths for an open-loop run (closed loop: lengths only)."""
+    if w.arrival == "replay":
+        df = read_workload(w.workload_path)
+        arr = df["arrival_s"].to_numpy().astype(np.float64)
+        native_qps = (len(arr) - 1) / arr[-1] if arr[-1] > 0 else float("inf")
+        desc = f"replay of {Path(w.workload_path).name} ({native_qps:.2f} req/s native"
+        if w.replay_qps is not None and np.isfinite(native_qps):
+            arr = arr * (native_qps / w.replay_qps)
+            desc += f", time-scaled to {w.replay_qps:g} req/s"
+        desc += ")"
+        keep = np.ones(len(arr), bool)
+        if w.duration_s is not None:
+            keep &= arr < w.duration_s
+        idx = np.flatnonzero(keep)
+        if w.num_requests is not None:
+            idx = idx[: w.num_requests]
+        if idx.size == 0:
+            raise InputError(w.workload_path, "no requests inside the requested window")
+        p = df["prompt_tokens"].to_numpy()[idx].astype(np.int64)
+        o = df["output_tokens"].to_numpy()[idx].astype(np.int64)
+        if w.lengths is not None:  # explicit lengths override the file's
+            p, o, _ = sample_lengths(w.lengths, idx.size, rng)
+        return RequestStream(arr[idx], np.maximum(p, 1), np.maximum(o, 1), desc)
+
+    if w.arrival == "closed":
+        n = int(w.num_requests)
+        p, o, ldesc = sample_lengths(w.lengths or DEFAULT_LENGTHS, n, rng)
+        return RequestStream(np.zeros(n), p, o,
+                             f"closed loop, {w.max_concurrency} clients, {ldesc}")
+
+    # Open loop: Poisson or gamma gaps, bounded by count and/or duration.
+    if w.num_requests is not None:
+        arr = np.cumsum(_gaps(w, int(w.num_requests), rng))
+        if w.duration_s is not None:
+            arr = arr[arr < w.duration_s]
+    else:
+        expect = int(w.qps * w.duration_s * 1.2 + 10 * np.sqrt(w.qps * w.duration_s) + 10)
+        arr = np.cumsum(_gaps(w, expect, rng))
+        while arr[-1] < w.duration_s:
+            arr = np.concatenate([arr, arr[-1] + np.cumsum(_gaps(w, expect, rng))])
+        arr = arr[arr < w.duration_s]
+    arr = arr - arr[0] if arr.size else arr  # the first request arrives at t = 0
+    p, o, ldesc = sample_lengths(w.lengths or DEFAULT_LENGTHS, arr.size, rng)
+    kind = "Poisson" if w.arrival == "poisson" or w.burstiness == 1.0 else f"gamma(burstiness={w.burstiness:g})"
+    return RequestStream(arr, p, o, f"{kind} arrivals at {w.qps:g} req/s, {ldesc}")
