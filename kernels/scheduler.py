@@ -1,0 +1,140 @@
+"""DSpark prefix scheduler (Algorithm 1) on device; mirrors :mod:`dspark_sim.policies.scheduler`
+name for name and must return the *same* ``l_r`` as that numpy reference.
+
+Inputs: ``survival`` [n, gamma] (any float; ranked in float64 like numpy) and ``sps``
+[>= n * gamma + 1] steps/s when ``i`` draft tokens are admitted (tensor or array; only
+the first ``n * gamma + 1`` entries are used). Outputs ``l`` [n] int64 on the survival's
+device, never synchronising with the host (the async budget stays a device scalar).
+
+What runs where (Triton backend): the ranking is ``torch.sort(descending, stable)`` in
+float64 (ties keep row-major flat order ``r * gamma + j``, as numpy's stable argsort of
+``-a``); one single-program Triton kernel then does the float64 prefix sum, Theta, the
+early stop / global argmax and the per-request admission count (atomic adds), so
+``n * gamma + 1 <= MAX_CANDIDATES`` (16384). The top-K admission of the async variant is
+a separate multi-program kernel reading K from device memory.
+
+Exactness: Theta is compared between neighbours, so ``l`` depends on float64 rounding of
+the prefix sums. The torch reference (CPU cumsum is sequential) and the Triton
+interpreter (numpy cumsum) reproduce numpy bit for bit. On CUDA the scan is a tree, so
+``l`` can differ only when two consecutive Theta values lie within a few ulps of each
+other with non-dyadic survivals (dyadic values such as k/2^m sum exactly in any order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ._backend import resolve_backend
+
+MAX_CANDIDATES = 16384  # single-program Triton limit on n * gamma + 1
+
+
+def _as_f64(x, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x).to(
+        device=device, dtype=torch.float64
+    )
+
+
+def _prep(survival, sps=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    s = survival if torch.is_tensor(survival) else torch.as_tensor(np.asarray(survival))
+    if s.dim() != 2:
+        raise ValueError(f"survival must be [n, gamma], got {tuple(s.shape)}")
+    s = s.to(torch.float64)
+    if sps is None:
+        return s, None
+    table = _as_f64(sps, s.device).reshape(-1)
+    if table.numel() < s.numel() + 1:
+        raise ValueError(f"sps has {table.numel()} entries, needs n*gamma+1 = {s.numel() + 1}")
+    return s, table[: s.numel() + 1].contiguous()
+
+
+def rank_torch(survival: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat candidate order by survival descending, ties by flat index; and sorted values."""
+    vals, order = torch.sort(survival.reshape(-1), descending=True, stable=True)
+    return order, vals
+
+
+# ---------------------------------------------------------------------------------------
+# Plain-torch references (float64 throughout).
+
+
+def theta_curve_torch(survival: torch.Tensor, sps: torch.Tensor) -> torch.Tensor:
+    """Theta_i = (n + sum of the i best survivals) * sps[i], i = 0..n*gamma."""
+    _, vals = rank_torch(survival)
+    csum = torch.cat([vals.new_zeros(1), vals.cumsum(0)])
+    return (survival.shape[0] + csum) * sps
+
+
+def _k_torch(theta: torch.Tensor, early_stop: bool) -> torch.Tensor:
+    if not early_stop:
+        return theta.argmax()  # first maximum
+    rises = theta[1:] > theta[:-1]
+    return torch.where(rises.all(), rises.numel(), rises.to(torch.int8).argmin())
+
+
+def _admit_torch(survival: torch.Tensor, k: torch.Tensor | int) -> torch.Tensor:
+    n, gamma = survival.shape
+    order, _ = rank_torch(survival)
+    taken = (torch.arange(order.numel(), device=order.device) < k).to(torch.int64)
+    return torch.zeros(n, dtype=torch.int64, device=order.device).index_add_(
+        0, order // gamma, taken
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Public wrappers.
+
+
+def schedule_sync(survival, sps, *, backend: str = "auto") -> torch.Tensor:
+    """Algorithm 1 with early stop: admit while Theta strictly rises. Returns l [n] int64."""
+    s, table = _prep(survival, sps)
+    if s.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.int64, device=s.device)
+    if resolve_backend(backend, s) == "torch":
+        return _admit_torch(s, _k_torch(theta_curve_torch(s, table), early_stop=True))
+    from . import scheduler_triton
+
+    return scheduler_triton.schedule_triton(s, table, early_stop=True, admit=True)[0]
+
+
+def budget_global(survival, sps, *, backend: str = "auto") -> torch.Tensor:
+    """§5.2 budget K = first argmax of Theta over the whole table; 0-d int64 device tensor."""
+    s, table = _prep(survival, sps)
+    if s.shape[0] == 0:
+        return torch.zeros((), dtype=torch.int64, device=s.device)
+    if resolve_backend(backend, s) == "torch":
+        return _k_torch(theta_curve_torch(s, table), early_stop=False)
+    from . import scheduler_triton
+
+    return scheduler_triton.schedule_triton(s, table, early_stop=False, admit=False)[1]
+
+
+def schedule_topk(survival, k, *, backend: str = "auto") -> torch.Tensor:
+    """Admit the ``k`` (int or 0-d device tensor) highest-survival draft tokens."""
+    s, _ = _prep(survival)
+    if s.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.int64, device=s.device)
+    k_dev = torch.as_tensor(k, dtype=torch.int64, device=s.device).reshape(())
+    if resolve_backend(backend, s) == "torch":
+        return _admit_torch(s, k_dev)
+    from . import scheduler_triton
+
+    return scheduler_triton.admit_topk_triton(s, k_dev)
+
+
+def schedule_async(survival, lagged_survival, lagged_sps, *, backend: str = "auto") -> torch.Tensor:
+    """§5.2: budget from the lagged snapshot, tokens by current survival (no host sync)."""
+    k = budget_global(lagged_survival, lagged_sps, backend=backend)
+    return schedule_topk(survival, k, backend=backend)
+
+
+__all__ = [
+    "MAX_CANDIDATES",
+    "budget_global",
+    "rank_torch",
+    "schedule_async",
+    "schedule_sync",
+    "schedule_topk",
+    "theta_curve_torch",
+]

@@ -1,0 +1,297 @@
+"""Varlen speculative-decoding verification: wrappers and plain-torch references.
+
+Layout (cu_seqlens style, DSpark §5.3: a variable number ``l_r`` of draft tokens per
+request, no padding):
+
+* ``cu_seqlens`` [R+1] int: request ``r`` owns draft tokens ``cu_seqlens[r] : cu_seqlens[r+1]``.
+* ``draft_tokens`` [T] int64, ``draft_probs`` [T, V]: one row per draft token.
+* ``target_logits`` / ``target_probs`` [T + R, V]: request ``r`` owns target rows
+  ``cu_seqlens[r] + r : cu_seqlens[r+1] + r + 1`` -- ``l_r + 1`` rows, exactly what one
+  target forward over ``[last token, d_1 .. d_l]`` produces. Row ``cu_seqlens[r] + r + k``
+  judges draft token ``k`` (``k < l_r``); the last row (``k = l_r``) is the bonus position.
+
+Rows must be contiguous along V (``stride(-1) == 1``); any float dtype (bf16/fp16/fp32),
+math is fp32 (fp64 for the residual sampling prefix sums).
+
+Each wrapper checks inputs, allocates outputs and launches either the Triton kernels
+(:mod:`.verify_triton`, imported lazily) or the torch reference below (see
+:func:`dspark_sim.kernels._backend.resolve_backend`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._backend import resolve_backend, same_device
+
+
+class GreedyVerify(NamedTuple):
+    accepted_len: torch.Tensor  # [R] int64: leading draft tokens equal to the target argmax
+    next_token: torch.Tensor  # [R] int64: target argmax at the first mismatch / bonus row
+    target_argmax: torch.Tensor  # [T + R] int64: argmax of every target row
+
+
+class StochasticVerify(NamedTuple):
+    accepted_len: torch.Tensor  # [R] int64
+    next_token: torch.Tensor  # [R] int64: residual sample at the rejection, else bonus sample
+    tv_accept: torch.Tensor  # [T] float32: 1 - 0.5 * ||p_d - p_t||_1 per draft position
+
+
+class Uniforms(NamedTuple):
+    accept: torch.Tensor  # [T] float32: one uniform per draft token (accept test)
+    sample: torch.Tensor  # [R] float64: one uniform per request (inverse-CDF sample)
+
+
+# ---------------------------------------------------------------------------------------
+# Input checks shared by the wrappers.
+
+
+def _check_varlen(cu_seqlens: torch.Tensor, num_draft: int) -> int:
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+        raise ValueError("cu_seqlens must be 1-D [R+1]")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cu_seqlens must be int32/int64, got {cu_seqlens.dtype}")
+    return cu_seqlens.numel() - 1
+
+
+def _check_rows(name: str, x: torch.Tensor, rows: int, vocab: int | None) -> int:
+    if x.dim() != 2 or x.shape[0] != rows:
+        raise ValueError(f"{name} must be [{rows}, V], got {tuple(x.shape)}")
+    if vocab is not None and x.shape[1] != vocab:
+        raise ValueError(f"{name} has V={x.shape[1]}, expected {vocab}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be floating point, got {x.dtype}")
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        raise ValueError(f"{name} must be contiguous along V")
+    return x.shape[1]
+
+
+def _max_seqlen(cu_seqlens: torch.Tensor, max_seqlen: int | None) -> int:
+    # Passing max_seqlen avoids a device->host sync (same contract as flash-attn varlen).
+    if max_seqlen is not None:
+        return int(max_seqlen)
+    if cu_seqlens.numel() < 2:
+        return 0
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
+
+
+def _request_ids(cu_seqlens: torch.Tensor, num_draft: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per draft token: owning request and position k inside it (torch reference helper)."""
+    cu = cu_seqlens.to(torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    req = torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=cu.device), lengths, output_size=num_draft
+    )
+    pos = torch.arange(num_draft, device=cu.device) - cu[req]
+    return req, pos
+
+
+def _first_false(ok: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, lengths: torch.Tensor):
+    """Accepted length per request: first position where ``ok`` is False, else l_r (no sync)."""
+    big = torch.where(ok, lengths[req], pos)
+    out = lengths.clone()
+    return out.scatter_reduce_(0, req, big, reduce="amin", include_self=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Greedy verification.
+
+
+def verify_greedy_torch(
+    draft_tokens: torch.Tensor, target_logits: torch.Tensor, cu_seqlens: torch.Tensor
+) -> GreedyVerify:
+    """Reference: argmax every target row, compare, first mismatch per request."""
+    cu = cu_seqlens.to(torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    req, pos = _request_ids(cu, draft_tokens.numel())
+    am = target_logits.argmax(dim=-1)  # first maximum on ties, like the kernel
+    ok = am[torch.arange(draft_tokens.numel(), device=am.device) + req] == draft_tokens
+    acc = _first_false(ok, req, pos, lengths)
+    nxt = am[cu[:-1] + torch.arange(lengths.numel(), device=am.device) + acc]
+    return GreedyVerify(acc, nxt, am)
+
+
+def verify_greedy(
+    draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    max_seqlen: int | None = None,
+    backend: str = "auto",
+) -> GreedyVerify:
+    """Greedy verification of varlen draft blocks (target argmax vs draft token).
+
+    ``target_logits`` may equally be probabilities: only the argmax is used. Reads every
+    target row once (``(T + R) * V`` elements) and writes ``O(T + R)`` integers.
+    """
+    num_draft = draft_tokens.numel()
+    num_req = _check_varlen(cu_seqlens, num_draft)
+    _check_rows("target_logits", target_logits, num_draft + num_req, None)
+    same_device(draft_tokens, target_logits, cu_seqlens)
+    if resolve_backend(backend, target_logits) == "torch":
+        return verify_greedy_torch(draft_tokens, target_logits, cu_seqlens)
+    from . import verify_triton
+
+    return verify_triton.verify_greedy_triton(
+        draft_tokens.contiguous(),
+        target_logits,
+        cu_seqlens.contiguous(),
+        _max_seqlen(cu_seqlens, max_seqlen),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Stochastic verification (Leviathan et al. 2023 / Chen et al. 2023 rejection sampling).
+
+
+def draw_uniforms(
+    num_draft: int,
+    num_requests: int,
+    device: torch.device | str,
+    *,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Uniforms:
+    """The only randomness of stochastic verification, drawn once so both backends agree."""
+    if generator is None:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(0 if seed is None else int(seed))
+    u_acc = torch.rand(num_draft, generator=generator, device=device, dtype=torch.float32)
+    u_smp = torch.rand(num_requests, generator=generator, device=device, dtype=torch.float64)
+    return Uniforms(u_acc, u_smp)
+
+
+def _tv_torch(draft_probs: torch.Tensor, target_probs: torch.Tensor, req: torch.Tensor):
+    rows = torch.arange(draft_probs.shape[0], device=draft_probs.device) + req
+    pt = target_probs.index_select(0, rows).float()
+    pd = draft_probs.float()
+    return pt, pd, 1.0 - 0.5 * (pd - pt).abs().sum(dim=-1)
+
+
+def verify_stochastic_torch(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    uniforms: Uniforms,
+) -> StochasticVerify:
+    """Reference. Accept ``x`` iff ``u * p_d(x) < p_t(x)``; on the first rejection sample
+    the residual ``max(0, p_t - p_d)`` by inverse CDF with one uniform; if all accepted,
+    sample the bonus row ``p_t`` the same way. Allocates a few ``[T, V]`` temporaries."""
+    cu = cu_seqlens.to(torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    num_req = lengths.numel()
+    req, pos = _request_ids(cu, draft_tokens.numel())
+    pt, pd, tv = _tv_torch(draft_probs, target_probs, req)
+    x = draft_tokens.unsqueeze(1)
+    ok = uniforms.accept * pd.gather(1, x).squeeze(1) < pt.gather(1, x).squeeze(1)
+    acc = _first_false(ok, req, pos, lengths)
+
+    rejected = acc < lengths
+    stop_t = cu[:-1] + torch.arange(num_req, device=cu.device) + acc
+    stop_d = (cu[:-1] + acc).clamp(max=max(draft_probs.shape[0] - 1, 0))
+    row_t = target_probs.index_select(0, stop_t).float()
+    if draft_probs.shape[0] > 0:
+        row_d = draft_probs.index_select(0, stop_d).float() * rejected.unsqueeze(1)
+    else:
+        row_d = torch.zeros_like(row_t)
+    res = (row_t - row_d).clamp_(min=0.0)
+    nxt = _inverse_cdf_torch(res, row_t, uniforms.sample)
+    return StochasticVerify(acc, nxt, tv)
+
+
+def _inverse_cdf_torch(res: torch.Tensor, row_t: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """First index whose fp64 running mass exceeds ``u * total`` (fallbacks as the kernel)."""
+    res64 = res.double()
+    cum = res64.cumsum(dim=1)
+    total = res64.sum(dim=1)
+    cross = cum > (u * total).unsqueeze(1)
+    vocab = res.shape[1]
+    first = torch.where(cross.any(dim=1), cross.to(torch.int8).argmax(dim=1), vocab)
+    pos = res > 0
+    last = torch.where(pos.any(dim=1), vocab - 1 - pos.flip(1).to(torch.int8).argmax(dim=1), -1)
+    # Degenerate guards (zero residual mass only arises from rounding): last positive
+    # entry, else the target argmax.
+    return torch.where(first < vocab, first, torch.where(last >= 0, last, row_t.argmax(dim=1)))
+
+
+def verify_stochastic(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    uniforms: Uniforms | None = None,
+    max_seqlen: int | None = None,
+    backend: str = "auto",
+) -> StochasticVerify:
+    """Lossless rejection-sampling verification of varlen draft blocks.
+
+    Randomness: ``uniforms`` if given, else :func:`draw_uniforms` with ``seed`` /
+    ``generator``; the same uniforms give the same tokens on both backends (up to
+    fp64 rounding of the sampling prefix sums). Triton traffic: ``2 T + R`` rows read in
+    pass 1 (TV, accept test, residual mass), at most ``2 R`` rows in pass 2 (sampling).
+    """
+    num_draft = draft_tokens.numel()
+    num_req = _check_varlen(cu_seqlens, num_draft)
+    vocab = _check_rows("target_probs", target_probs, num_draft + num_req, None)
+    _check_rows("draft_probs", draft_probs, num_draft, vocab)
+    device = same_device(draft_tokens, draft_probs, target_probs, cu_seqlens)
+    if uniforms is None:
+        uniforms = draw_uniforms(num_draft, num_req, device, seed=seed, generator=generator)
+    if uniforms.accept.numel() != num_draft or uniforms.sample.numel() != num_req:
+        raise ValueError("uniforms must be ([T] float32, [R] float64)")
+    uniforms = Uniforms(uniforms.accept.float(), uniforms.sample.double())
+    if resolve_backend(backend, target_probs) == "torch":
+        return verify_stochastic_torch(draft_tokens, draft_probs, target_probs, cu_seqlens, uniforms)
+    from . import verify_triton
+
+    return verify_triton.verify_stochastic_triton(
+        draft_tokens.contiguous(),
+        draft_probs,
+        target_probs,
+        cu_seqlens.contiguous(),
+        uniforms,
+        _max_seqlen(cu_seqlens, max_seqlen),
+    )
+
+
+def tv_acceptance(
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    max_seqlen: int | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Per draft position ``1 - 0.5 * ||p_d - p_t||_1`` [T] float32 (same layout as verify)."""
+    num_draft = draft_probs.shape[0]
+    num_req = _check_varlen(cu_seqlens, num_draft)
+    vocab = _check_rows("target_probs", target_probs, num_draft + num_req, None)
+    _check_rows("draft_probs", draft_probs, num_draft, vocab)
+    same_device(draft_probs, target_probs, cu_seqlens)
+    if resolve_backend(backend, target_probs) == "torch":
+        req, _ = _request_ids(cu_seqlens, num_draft)
+        return _tv_torch(draft_probs, target_probs, req)[2]
+    from . import verify_triton
+
+    return verify_triton.tv_acceptance_triton(
+        draft_probs, target_probs, cu_seqlens.contiguous(), _max_seqlen(cu_seqlens, max_seqlen)
+    )
+
+
+__all__ = [
+    "GreedyVerify",
+    "StochasticVerify",
+    "Uniforms",
+    "draw_uniforms",
+    "tv_acceptance",
+    "verify_greedy",
+    "verify_greedy_torch",
+    "verify_stochastic",
+    "verify_stochastic_torch",
+]
