@@ -1,0 +1,444 @@
+"""Parameter sweeps: a grid of loads x policies x profiles x traces x seeds.
+
+Every grid point is one :func:`dspark_sim.sim.api.simulate` run, independent of the
+others and deterministic given its seed, so points run in parallel (processes by
+default, Ray tasks with ``executor="ray"``) and in any order.
+
+On disk (``out/``)::
+
+    points/<point_id>.parquet   one row per finished point, written atomically
+    results.parquet             all points combined (rewritten at the end of a run)
+
+``point_id`` is a stable hash of the point's full :class:`SimConfig` (plus the
+package version and the row-format version), so a killed sweep resumes without
+redoing finished points, and a point shared by two sweeps into the same folder is
+computed once. Delete ``points/`` (or the folder) after changing the simulator.
+
+Each row holds every scalar summary metric under its vLLM ``bench serve`` name,
+the list-valued ones (``acceptance_per_position``, ``verified_per_position``) as
+list columns, and the point's parameters: ``point_id``, ``policy_spec``,
+``profile_spec``, ``trace_spec``, ``seed``, ``load_kind`` (``qps`` | ``concurrency``
+| ``base``), ``load`` (the number swept), ``qps``, ``concurrency``, ``arrival``,
+``num_requests_cfg``; and ``mean_concurrency`` (Little's law: request throughput x
+mean E2E latency) and ``wall_s`` (run time of the point, seconds; the one column that
+differs between two runs of the same point).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import polars as pl
+from dspark_sim.policies.registry import get_policy
+from dspark_sim.sim.config import SimConfig
+
+from dspark_sim import __version__
+from dspark_sim.errors import InputError
+from dspark_sim.io import atomic_path
+
+ROW_FORMAT = 1
+EXECUTORS = ("process", "ray", "serial")
+LIST_METRICS = ("acceptance_per_position", "verified_per_position")
+STRING_COLUMNS = ("policy_spec", "profile_spec", "trace_spec", "load_kind", "arrival", "trace",
+                  "trace_drafter", "trace_source", "point_id", "policy", "profile")
+INT_COLUMNS = ("seed", "concurrency", "num_requests_cfg", "trace_gamma_max")
+PARAM_COLUMNS = ("point_id", "policy_spec", "profile_spec", "trace_spec", "seed", "load_kind",
+                 "load", "qps", "concurrency", "arrival", "num_requests_cfg")
+
+
+# -- option parsing -------------------------------------------------------------
+def parse_numbers(spec: str | Sequence[float] | None, *, integer: bool = False,
+                  option: str = "--qps") -> list[float] | list[int] | None:
+    """Parse ``"10:400:20"`` (start:stop:step, stop inclusive when it lands),
+    ``"1:256:x2"`` (geometric: multiply by 2), ``"1,2,4,8"`` or a mix
+    (``"1,2,4:64:x2,100"``). Order is kept, duplicates dropped. ``None``/``""`` -> None.
+    """
+    if spec is None:
+        return None
+    if not isinstance(spec, str):
+        items = [str(v) for v in spec]
+    else:
+        if not spec.strip():
+            return None
+        items = [s for s in spec.replace(" ", "").split(",") if s]
+    out: list[float] = []
+    for item in items:
+        out.extend(_parse_item(item, option))
+    if not out:
+        raise InputError(option, f"no values in {spec!r}")
+    if any(not math.isfinite(v) or v <= 0 for v in out):
+        raise InputError(option, f"values must be positive numbers, got {spec!r}")
+    if integer:
+        if any(abs(v - round(v)) > 1e-9 for v in out):
+            raise InputError(option, f"values must be integers, got {spec!r}")
+        return list(dict.fromkeys(int(round(v)) for v in out))
+    return list(dict.fromkeys(round(v, 9) for v in out))
+
+
+def _parse_item(item: str, option: str) -> list[float]:
+    parts = item.split(":")
+    try:
+        if len(parts) == 1:
+            return [float(parts[0])]
+        if len(parts) != 3:
+            raise ValueError
+        start, stop = float(parts[0]), float(parts[1])
+        step = parts[2]
+        geometric = step[:1] in ("x", "*")
+        f = float(step[1:] if geometric else step)
+    except ValueError:
+        raise InputError(option, f"bad value {item!r}: use N, START:STOP:STEP or "
+                                 "START:STOP:xFACTOR") from None
+    if stop < start:
+        raise InputError(option, f"bad range {item!r}: stop < start")
+    if geometric:
+        if f <= 1:
+            raise InputError(option, f"bad range {item!r}: factor must be > 1")
+        vals, v = [], start
+        while v <= stop * (1 + 1e-9):
+            vals.append(v)
+            v *= f
+        return vals
+    if f <= 0:
+        raise InputError(option, f"bad range {item!r}: step must be > 0")
+    n = int(math.floor((stop - start) / f + 1e-9))
+    return [start + i * f for i in range(n + 1)]
+
+
+def parse_list(spec: str | Sequence[str] | None) -> list[str] | None:
+    """``"mtp1,confidence-async"`` -> list; ``None``/``""`` -> None."""
+    if spec is None:
+        return None
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    items = [s.strip() for s in items if s and s.strip()]
+    return list(dict.fromkeys(items)) or None
+
+
+# -- points ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class SweepPoint:
+    config: SimConfig
+    policy_spec: str
+    profile_spec: str
+    trace_spec: str | None
+    load_kind: str  # "qps" | "concurrency" | "base"
+    load: float
+
+    @property
+    def point_id(self) -> str:
+        return point_hash(self.config)
+
+    def params(self) -> dict:
+        w = self.config.workload
+        return {
+            "point_id": self.point_id,
+            "policy_spec": self.policy_spec,
+            "profile_spec": self.profile_spec,
+            "trace_spec": self.trace_spec,
+            "seed": self.config.seed,
+            "load_kind": self.load_kind,
+            "load": float(self.load),
+            "qps": float(w.qps) if w.arrival != "closed" else None,
+            "concurrency": int(w.max_concurrency) if w.arrival == "closed" else None,
+            "arrival": w.arrival,
+            "num_requests_cfg": w.num_requests,
+        }
+
+
+def point_hash(cfg: SimConfig) -> str:
+    """Stable 16-hex-digit id of a configuration (independent of dict order and process)."""
+    payload = {"row_format": ROW_FORMAT, "version": __version__, "config": asdict(cfg)}
+    text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
+                 concurrency: Sequence[int] | None = None, policies: Sequence[str],
+                 profiles: Sequence[str] | None = None,
+                 traces: Sequence[str | None] | None = None,
+                 seeds: Sequence[int] | None = None) -> list[SweepPoint]:
+    """Expand the grid (validated up front, so a bad option fails before any work)."""
+    if not policies:
+        raise InputError("--policies", "give at least one policy")
+    profiles = list(profiles) if profiles else [base.deployment.profile]
+    traces = list(traces) if traces else [None]
+    seeds = list(seeds) if seeds else [base.seed]
+    for p in policies:
+        get_policy(p)  # raises InputError on an unknown spec
+    loads: list[tuple[str, float]] = []
+    loads += [("qps", float(q)) for q in (qps or [])]
+    loads += [("concurrency", int(c)) for c in (concurrency or [])]
+    if not loads:
+        w = base.workload
+        loads = [("base", float(w.max_concurrency if w.arrival == "closed" else w.qps))]
+    points: list[SweepPoint] = []
+    for kind, load in loads:
+        w = base.workload
+        if kind == "qps":
+            arrival = w.arrival if w.arrival in ("poisson", "gamma") else "poisson"
+            w = replace(w, arrival=arrival, qps=float(load))
+        elif kind == "concurrency":
+            w = replace(w, arrival="closed", max_concurrency=int(load))
+            if w.num_requests is None:
+                raise InputError("--num-requests", "closed-loop sweeps need --num-requests")
+        for profile in profiles:
+            for trace in traces:
+                for policy in policies:
+                    for seed in seeds:
+                        cfg = replace(base, workload=w, policy=policy, seed=int(seed),
+                                      deployment=replace(base.deployment, profile=profile),
+                                      trace=trace if trace is not None else base.trace)
+                        cfg.validate()
+                        points.append(SweepPoint(cfg, policy, profile, trace, kind, load))
+    unique = {p.point_id: p for p in points}
+    return list(unique.values())
+
+
+def run_point(point: SweepPoint) -> dict:
+    """Simulate one point; return its row (parameters + metrics). Runs in a worker."""
+    from dspark_sim.sim.api import simulate
+
+    t0 = time.perf_counter()
+    res = simulate(point.config)
+    row = dict(point.params())
+    for k, v in res.summary.items():
+        if k in row:
+            continue
+        if isinstance(v, dict):
+            continue
+        row[k] = v
+    # Little's law: mean requests in the system (Fig. 8's x axis for open-loop points)
+    thr, e2e = row.get("request_throughput"), row.get("mean_e2el_ms")
+    row["mean_concurrency"] = thr * e2e / 1e3 if thr and e2e else None
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
+def row_frame(row: dict) -> pl.DataFrame:
+    cols = {}
+    for k, v in row.items():
+        if k in LIST_METRICS or isinstance(v, list):
+            cols[k] = pl.Series(k, [[float(x) for x in (v or [])]], dtype=pl.List(pl.Float64))
+        elif k in STRING_COLUMNS:
+            cols[k] = pl.Series(k, [v], dtype=pl.Utf8)
+        elif k in INT_COLUMNS:
+            cols[k] = pl.Series(k, [v], dtype=pl.Int64)
+        elif isinstance(v, bool):
+            cols[k] = pl.Series(k, [v], dtype=pl.Boolean)
+        elif isinstance(v, str):
+            cols[k] = pl.Series(k, [v], dtype=pl.Utf8)
+        elif isinstance(v, int):
+            cols[k] = pl.Series(k, [v], dtype=pl.Int64)
+        else:  # float or None: metrics that may be missing are numeric
+            cols[k] = pl.Series(k, [None if v is None else float(v)], dtype=pl.Float64)
+    return pl.DataFrame(cols)
+
+
+def write_part(out: Path, row: dict) -> Path:
+    path = Path(out) / "points" / f"{row['point_id']}.parquet"
+    with atomic_path(path) as tmp:
+        row_frame(row).write_parquet(tmp)
+    return path
+
+
+def combine(out: str | Path, point_ids: Iterable[str] | None = None) -> pl.DataFrame:
+    """Stack ``out/points/*.parquet`` (optionally only ``point_ids``) into
+    ``out/results.parquet`` (written atomically) and return the frame."""
+    out = Path(out)
+    parts = sorted((out / "points").glob("*.parquet"))
+    if point_ids is not None:
+        keep = set(point_ids)
+        parts = [p for p in parts if p.stem in keep]
+    frames = []
+    for p in parts:
+        try:
+            frames.append(pl.read_parquet(p))
+        except Exception:  # a foreign or damaged file: skip it, it will be recomputed
+            continue
+    df = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame(
+        {c: [] for c in PARAM_COLUMNS})
+    sort_cols = [c for c in ("profile_spec", "trace_spec", "policy_spec", "load_kind", "load",
+                             "seed") if c in df.columns]
+    if df.height:
+        df = df.sort(sort_cols, nulls_last=True)
+    with atomic_path(out / "results.parquet") as tmp:
+        df.write_parquet(tmp)
+    return df
+
+
+def finished_ids(out: str | Path) -> set[str]:
+    """Point ids with a readable part on disk."""
+    done = set()
+    for p in (Path(out) / "points").glob("*.parquet"):
+        try:
+            if pl.read_parquet_schema(p):
+                done.add(p.stem)
+        except Exception:
+            continue
+    return done
+
+
+# -- executors --------------------------------------------------------------------
+# Each takes the points and returns an iterator of finished rows (any order). The
+# work is submitted before the function returns, so worker processes are forked
+# before the progress bar starts its refresh thread.
+def _run_serial(points: list[SweepPoint], workers: int | None) -> Iterator[dict]:
+    return (run_point(pt) for pt in points)
+
+
+def _run_process(points: list[SweepPoint], workers: int | None) -> Iterator[dict]:
+    import multiprocessing as mp
+
+    workers = min(workers or os.cpu_count() or 1, len(points))
+    if workers <= 1:
+        return _run_serial(points, workers)
+    # fork on Linux (works from scripts and notebooks without a __main__ guard)
+    method = "fork" if sys.platform == "linux" else None
+    ex = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(method))
+    pending: set[Future] = {ex.submit(run_point, pt) for pt in points}
+
+    def rows() -> Iterator[dict]:
+        nonlocal pending
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    yield fut.result()
+        finally:
+            ex.shutdown(wait=True, cancel_futures=True)
+
+    return rows()
+
+
+def _run_ray(points: list[SweepPoint], workers: int | None) -> Iterator[dict]:
+    try:
+        import ray
+    except ImportError:
+        raise InputError("--executor", "ray is not installed; pip install 'dspark-sim[ray]' "
+                                       "or use --executor process") from None
+    if not ray.is_initialized():
+        kwargs = {"num_cpus": workers} if workers else {}
+        ray.init(ignore_reinit_error=True, log_to_driver=False, **kwargs)
+    remote = ray.remote(run_point)
+    pending = [remote.remote(pt) for pt in points]
+
+    def rows() -> Iterator[dict]:
+        nonlocal pending
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:
+                    yield ray.get(ref)
+        finally:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+
+    return rows()
+
+
+_EXECUTORS: dict[str, Callable[[list[SweepPoint], int | None], Iterator[dict]]] = {
+    "serial": _run_serial, "process": _run_process, "ray": _run_ray}
+
+
+def run_sweep(
+    base: SimConfig,
+    *,
+    qps: Sequence[float] | None = None,
+    concurrency: Sequence[int] | None = None,
+    policies: Sequence[str],
+    profiles: Sequence[str] | None = None,
+    traces: Sequence[str | None] | None = None,
+    seeds: Sequence[int] | None = None,
+    out: str | Path,
+    executor: str = "process",
+    workers: int | None = None,
+    progress: bool = True,
+) -> pl.DataFrame:
+    """Run the grid ``(qps | concurrency) x policies x profiles x traces x seeds``.
+
+    ``qps`` points use open-loop arrivals (the base's ``gamma`` burstiness is kept,
+    otherwise Poisson); ``concurrency`` points use a closed loop of that many
+    clients. With neither, the base workload's own load is the single load.
+    ``profiles`` defaults to the base's profile, ``traces`` to ``[None]`` (the
+    base's/built-in trace), ``seeds`` to the base's seed. Finished points already in
+    ``out/points/`` are not rerun. Returns the rows of *this* grid (also written,
+    with any other points in the folder, to ``out/results.parquet``).
+    """
+    if executor not in EXECUTORS:
+        raise InputError("--executor", f"must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise InputError("--workers", f"must be a positive integer, got {workers!r}")
+    out = Path(out)
+    points = build_points(base, qps=qps, concurrency=concurrency, policies=policies,
+                          profiles=profiles, traces=traces, seeds=seeds)
+    out.mkdir(parents=True, exist_ok=True)
+    done = finished_ids(out)
+    todo = [p for p in points if p.point_id not in done]
+
+    rows = _EXECUTORS[executor](todo, workers) if todo else iter(())
+    bar = None
+    task = None
+    if progress:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), TimeRemainingColumn(),
+                       TextColumn("{task.description}"), transient=False)
+        task = bar.add_task(f"{len(points) - len(todo)} reused", total=len(points),
+                            completed=len(points) - len(todo))
+        bar.start()
+
+    try:
+        for row in rows:
+            write_part(out, row)
+            if bar is not None:
+                bar.update(task, advance=1, description=(
+                    f"{row['policy_spec']} {row['load_kind']}={row['load']:g}"))
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
+        if bar is not None:
+            bar.stop()
+    combine(out)
+    ids = [p.point_id for p in points]
+    df = pl.read_parquet(out / "results.parquet")
+    return df.filter(pl.col("point_id").is_in(ids))
+
+
+def load_results(path: str | Path) -> pl.DataFrame:
+    """A sweep folder (its ``results.parquet``, rebuilt from the parts if missing) or a
+    ``results.parquet`` file."""
+    p = Path(path)
+    if p.is_dir():
+        if not (p / "results.parquet").is_file():
+            if not (p / "points").is_dir():
+                raise InputError(str(p), "not a sweep folder (no results.parquet, no points/)")
+            return combine(p)
+        p = p / "results.parquet"
+    if not p.is_file():
+        raise InputError(str(p), "sweep results not found")
+    try:
+        return pl.read_parquet(p)
+    except Exception as exc:
+        raise InputError(str(p), f"not a parquet file ({exc.__class__.__name__})") from exc
+
+
+__all__ = ["SweepPoint", "build_points", "combine", "load_results", "parse_list",
+           "parse_numbers", "point_hash", "run_point", "run_sweep"]
