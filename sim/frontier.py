@@ -1,0 +1,356 @@
+"""Throughput-vs-interactivity frontiers from sweep results (DSpark Fig. 7 / Fig. 8).
+
+Axes (InferenceX): x = median interactivity (tok/s/user = 1000 / TPOT_ms), y = output
+throughput per GPU (tok/s/GPU). More of both is better, so a policy's *front* is its
+set of non-dominated points (upper-right dominance; InferenceX draws the same set as
+its "upper-left" front with the axes swapped). Between two front points the front is
+the straight segment joining them (the operating points in between are reachable by
+a load in between); outside its first and last point it is not extrapolated.
+
+Headline numbers, policy A (candidate) against B (baseline):
+
+* **matched-throughput TPS gain**: over the throughput range both fronts cover,
+  ``x_A(y) / x_B(y) - 1`` (per-user speed at equal tok/s/GPU); min / max / mean over
+  that range, the range itself.
+* **throughput at an SLA tier** ``T`` (tok/s/user): the largest throughput on a front
+  with interactivity >= ``T``, i.e. the front interpolated at ``x = T``. A front that
+  never reaches ``T`` is *infeasible* at that tier; a tier below the front's lowest
+  interactivity gets the front's maximum throughput, flagged ``below-sweep`` (the sweep
+  did not load the engine enough to fall to ``T``, so the number is a lower bound).
+* **verification budget** (Fig. 8): ``mean_verify_tokens_per_request_step`` against
+  concurrency (closed loop: the clients; open loop: Little's-law mean concurrency),
+  and **verification waste** against load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+from dspark_sim.policies.registry import get_policy
+
+from dspark_sim.errors import InputError
+
+X = "median_interactivity"
+Y = "output_throughput_per_gpu"
+CONTEXT = ("profile_spec", "trace_spec")
+DEFAULT_TIERS = (80.0, 120.0)
+
+
+def pareto_front(x: Sequence[float], y: Sequence[float]) -> np.ndarray:
+    """Indices of the non-dominated points (more x and more y are better), ordered by
+    increasing x (so y decreases). Non-finite points are ignored; of duplicates one is
+    kept."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    ok = np.flatnonzero(np.isfinite(x) & np.isfinite(y))
+    if ok.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = ok[np.lexsort((-y[ok], -x[ok]))]  # x descending, then y descending
+    keep = []
+    best_y = -np.inf
+    for i in order:
+        if y[i] > best_y:
+            keep.append(i)
+            best_y = y[i]
+    return np.asarray(keep[::-1], dtype=np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class Front:
+    """A piecewise-linear front: ``x`` increasing, ``y`` strictly decreasing."""
+
+    label: str
+    x: np.ndarray
+    y: np.ndarray
+    points: pl.DataFrame = field(default_factory=pl.DataFrame)  # the front's rows
+
+    @classmethod
+    def from_points(cls, label: str, x, y, rows: pl.DataFrame | None = None) -> Front:
+        idx = pareto_front(x, y)
+        xs = np.asarray(x, dtype=np.float64)[idx]
+        ys = np.asarray(y, dtype=np.float64)[idx]
+        pts = rows[idx.tolist()] if rows is not None and rows.height else pl.DataFrame()
+        return cls(label, xs, ys, pts)
+
+    @property
+    def empty(self) -> bool:
+        return self.x.size == 0
+
+    @property
+    def x_range(self) -> tuple[float, float]:
+        return float(self.x[0]), float(self.x[-1])
+
+    @property
+    def y_range(self) -> tuple[float, float]:
+        return float(self.y[-1]), float(self.y[0])
+
+    def throughput_at(self, interactivity: float) -> float | None:
+        """Max throughput with interactivity >= ``interactivity``; None if infeasible."""
+        if self.empty or interactivity > self.x[-1] + 1e-12:
+            return None
+        if interactivity <= self.x[0]:
+            return float(self.y[0])
+        return float(np.interp(interactivity, self.x, self.y))
+
+    def interactivity_at(self, throughput: float) -> float | None:
+        """Interactivity on the front at ``throughput``; None outside its range."""
+        if self.empty:
+            return None
+        lo, hi = self.y_range
+        if throughput < lo - 1e-12 or throughput > hi + 1e-12:
+            return None
+        return float(np.interp(throughput, self.y[::-1], self.x[::-1]))
+
+
+# -- from sweep results ---------------------------------------------------------------
+def canonical_policy(spec: str) -> str:
+    try:
+        return get_policy(spec).name
+    except InputError:
+        return spec
+
+
+def _context_cols(df: pl.DataFrame) -> list[str]:
+    return [c for c in CONTEXT if c in df.columns and df[c].n_unique() > 1]
+
+
+def aggregate_seeds(df: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
+    """Mean of every numeric column over seeds of the same point (policy, context, load)."""
+    keys = [c for c in ("policy", *CONTEXT, "load_kind", "load", *by) if c in df.columns]
+    keys = list(dict.fromkeys(keys))
+    if "seed" not in df.columns or df.height == 0:
+        return df
+    num = [c for c, t in df.schema.items()
+           if c not in keys and c != "seed" and t.is_numeric()]
+    aggs = [pl.col(c).mean() for c in num]
+    if "stable" in df.columns:
+        aggs.append(pl.col("stable").all())
+    aggs.append(pl.len().alias("seeds"))
+    return df.group_by(keys, maintain_order=True).agg(aggs)
+
+
+def usable(df: pl.DataFrame, *, stable_only: bool = True, x: str = X, y: str = Y) -> pl.DataFrame:
+    """Rows with finite x and y (and, by default, a stable run)."""
+    out = df.filter(pl.col(x).is_not_null() & pl.col(y).is_not_null()
+                    & pl.col(x).is_finite() & pl.col(y).is_finite())
+    if stable_only and "stable" in out.columns:
+        out = out.filter(pl.col("stable").fill_null(False))
+    return out
+
+
+def label_of(row: dict, context: Sequence[str]) -> str:
+    parts = [str(row["policy"])]
+    parts += [str(row[c]) if row[c] is not None else "default" for c in context]
+    return " | ".join(parts)
+
+
+def compute_fronts(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
+                   x: str = X, y: str = Y, stable_only: bool = True,
+                   seeds: str = "mean") -> dict[str, Front]:
+    """One front per policy (and per profile/trace when the sweep varies them).
+
+    ``seeds="mean"`` averages seeds of a point first; ``"all"`` keeps each seed's point.
+    Keys are labels ``policy`` or ``policy | profile | trace``.
+    """
+    if df.height == 0:
+        return {}
+    if "policy" not in df.columns:
+        raise InputError("results", "no 'policy' column (not sweep results)")
+    context = _context_cols(df)
+    d = aggregate_seeds(df) if seeds == "mean" else df
+    d = usable(d, stable_only=stable_only, x=x, y=y)
+    if policies:
+        wanted = [canonical_policy(p) for p in policies]
+        d = d.filter(pl.col("policy").is_in(wanted))
+        order = {p: i for i, p in enumerate(wanted)}
+    else:
+        order = {p: i for i, p in enumerate(dict.fromkeys(df["policy"].to_list()))}
+    out: dict[str, Front] = {}
+    if d.height == 0:
+        return out
+    groups = d.partition_by(["policy", *context], maintain_order=True, as_dict=False)
+    groups.sort(key=lambda g: (order.get(g["policy"][0], 1 << 30),
+                               [str(g[c][0]) for c in context]))
+    for g in groups:
+        label = label_of(g.row(0, named=True), context)
+        out[label] = Front.from_points(label, g[x].to_numpy(), g[y].to_numpy(), g)
+    return out
+
+
+# -- comparisons ----------------------------------------------------------------------
+def matched_throughput_gain(a: Front, b: Front, *, samples: int = 401) -> dict:
+    """Per-user TPS gain of ``a`` over ``b`` at equal throughput, over the overlap of
+    their throughput ranges. Keys: ``feasible``, ``y_lo``, ``y_hi`` (tok/s/GPU),
+    ``gain_min``, ``gain_max``, ``gain_mean`` (fractions, 0.6 = +60%), ``gain_at_lo``,
+    ``gain_at_hi``, ``reason`` (when not feasible)."""
+    res = {"feasible": False, "y_lo": None, "y_hi": None, "gain_min": None, "gain_max": None,
+           "gain_mean": None, "gain_at_lo": None, "gain_at_hi": None, "reason": None}
+    if a.empty or b.empty:
+        res["reason"] = "a front is empty"
+        return res
+    lo = max(a.y_range[0], b.y_range[0])
+    hi = min(a.y_range[1], b.y_range[1])
+    if hi < lo:
+        res["reason"] = (f"throughput ranges do not overlap ({a.label}: "
+                         f"{a.y_range[0]:.0f}-{a.y_range[1]:.0f}, {b.label}: "
+                         f"{b.y_range[0]:.0f}-{b.y_range[1]:.0f} tok/s/GPU)")
+        return res
+    grid = np.linspace(lo, hi, samples) if hi > lo else np.array([lo])
+    xa = np.interp(grid, a.y[::-1], a.x[::-1])
+    xb = np.interp(grid, b.y[::-1], b.x[::-1])
+    gain = xa / xb - 1.0
+    res.update(feasible=True, y_lo=float(lo), y_hi=float(hi), gain_min=float(gain.min()),
+               gain_max=float(gain.max()), gain_mean=float(gain.mean()),
+               gain_at_lo=float(gain[0]), gain_at_hi=float(gain[-1]))
+    return res
+
+
+@dataclass(frozen=True)
+class TierResult:
+    tier: float
+    throughput: float | None  # tok/s/GPU; None: infeasible
+    status: str  # "ok" | "infeasible" | "below-sweep"
+    max_interactivity: float | None
+
+    def text(self) -> str:
+        if self.status == "infeasible":
+            mx = "no points" if self.max_interactivity is None else (
+                f"max {self.max_interactivity:.0f} tok/s/user")
+            return f"infeasible ({mx})"
+        s = f"{self.throughput:,.0f} tok/s/GPU"
+        return s + (" (>=, below sweep)" if self.status == "below-sweep" else "")
+
+
+def tier_throughput(front: Front, tier: float) -> TierResult:
+    if front.empty:
+        return TierResult(float(tier), None, "infeasible", None)
+    thr = front.throughput_at(tier)
+    mx = front.x_range[1]
+    if thr is None:
+        return TierResult(float(tier), None, "infeasible", mx)
+    status = "below-sweep" if tier < front.x_range[0] else "ok"
+    return TierResult(float(tier), thr, status, mx)
+
+
+def tier_gain(a: Front, b: Front, tiers: Sequence[float] = DEFAULT_TIERS) -> list[dict]:
+    """Throughput of ``a`` and ``b`` at each SLA tier and the gain ``a/b - 1``."""
+    rows = []
+    for t in tiers:
+        ra, rb = tier_throughput(a, t), tier_throughput(b, t)
+        gain = None
+        if ra.throughput is not None and rb.throughput is not None and rb.throughput > 0:
+            gain = ra.throughput / rb.throughput - 1.0
+        if gain is not None:
+            text = f"{gain:+.0%}"
+            if "below-sweep" in (ra.status, rb.status):
+                text += " (a front does not fall to this tier: extend the load range)"
+        elif ra.throughput is None and rb.throughput is None:
+            text = "infeasible for both"
+        elif rb.throughput is None:
+            text = f"infeasible for {b.label} ({rb.text()}); {a.label}: {ra.text()}"
+        else:
+            text = f"infeasible for {a.label} ({ra.text()})"
+        rows.append({"tier": float(t), "candidate": ra, "baseline": rb, "gain": gain,
+                     "text": text})
+    return rows
+
+
+# -- Fig. 8 and waste tables --------------------------------------------------------------
+def _concurrency_expr() -> pl.Expr:
+    return (pl.when(pl.col("load_kind") == "concurrency").then(pl.col("concurrency").cast(
+        pl.Float64)).otherwise(pl.col("mean_concurrency")))
+
+
+def budget_table(df: pl.DataFrame) -> pl.DataFrame:
+    """Fig. 8 view: verification budget per request (tokens verified per request-step,
+    bonus slot included, so MTP-1 = 2) and throughput against concurrency."""
+    d = aggregate_seeds(df)
+    if "mean_concurrency" not in d.columns:
+        d = d.with_columns(pl.lit(None, pl.Float64).alias("mean_concurrency"))
+    cols = ["policy", *_context_cols(df), "load_kind", "load", "concurrency_x",
+            "mean_verify_tokens_per_request_step", "spec_decode_acceptance_length",
+            "output_throughput_per_gpu", X, "mean_decode_batch", "stable"]
+    d = d.with_columns(_concurrency_expr().alias("concurrency_x"))
+    return d.select([c for c in cols if c in d.columns]).sort(
+        ["policy", "load_kind", "concurrency_x"], nulls_last=True)
+
+
+def waste_table(df: pl.DataFrame) -> pl.DataFrame:
+    """Verification waste (rejected / verified draft tokens) and budget against load."""
+    d = aggregate_seeds(df)
+    cols = ["policy", *_context_cols(df), "load_kind", "load", "verification_waste",
+            "mean_draft_tokens_per_request_step", "mean_verify_tokens_per_request_step",
+            "spec_decode_acceptance_length", "output_throughput_per_gpu", X, "stable"]
+    return d.select([c for c in cols if c in d.columns]).sort(["policy", "load_kind", "load"])
+
+
+# -- headline -------------------------------------------------------------------------
+def headline(df: pl.DataFrame, *, candidate: str = "confidence-async", baseline: str = "mtp1",
+             tiers: Sequence[float] = DEFAULT_TIERS, stable_only: bool = True) -> list[dict]:
+    """Candidate vs baseline for each profile/trace context of the sweep.
+
+    Each entry: ``context`` (label suffix), ``candidate``, ``baseline`` (front labels),
+    ``matched`` (:func:`matched_throughput_gain`), ``tiers`` (:func:`tier_gain`),
+    ``candidate_front`` / ``baseline_front`` (:class:`Front`).
+    """
+    cand, base = canonical_policy(candidate), canonical_policy(baseline)
+    fronts = compute_fronts(df, policies=[cand, base], stable_only=stable_only)
+    out = []
+    by_ctx: dict[str, dict[str, Front]] = {}
+    for label, fr in fronts.items():
+        pol, _, ctx = label.partition(" | ")
+        by_ctx.setdefault(ctx, {})[pol] = fr
+    for ctx, fr in by_ctx.items():
+        a = fr.get(cand, Front(cand, np.zeros(0), np.zeros(0)))
+        b = fr.get(base, Front(base, np.zeros(0), np.zeros(0)))
+        out.append({"context": ctx, "candidate": cand, "baseline": base,
+                    "matched": matched_throughput_gain(a, b), "tiers": tier_gain(a, b, tiers),
+                    "candidate_front": a, "baseline_front": b})
+    if not out:
+        out.append({"context": "", "candidate": cand, "baseline": base,
+                    "matched": matched_throughput_gain(Front(cand, np.zeros(0), np.zeros(0)),
+                                                       Front(base, np.zeros(0), np.zeros(0))),
+                    "tiers": [], "candidate_front": None, "baseline_front": None})
+    return out
+
+
+def headline_rows(h: list[dict]) -> list[dict[str, str]]:
+    """Flat ``{context, metric, value}`` rows for tables (report, docs, CLI)."""
+    rows = []
+    for e in h:
+        ctx, m = e["context"], e["matched"]
+        vs = f"{e['candidate']} vs {e['baseline']}"
+        if m["feasible"]:
+            val = (f"{m['gain_min']:+.0%} to {m['gain_max']:+.0%} (mean {m['gain_mean']:+.0%}) "
+                   f"over {m['y_lo']:,.0f}-{m['y_hi']:,.0f} tok/s/GPU")
+        else:
+            val = f"no matched range: {m['reason']}"
+        rows.append({"context": ctx, "metric": f"per-user TPS gain at matched throughput, {vs}",
+                     "value": val})
+        for t in e["tiers"]:
+            rows.append({"context": ctx,
+                         "metric": f"throughput gain at {t['tier']:g} tok/s/user, {vs}",
+                         "value": f"{t['text']} [{e['candidate']}: {t['candidate'].text()}; "
+                                  f"{e['baseline']}: {t['baseline'].text()}]"})
+    return rows
+
+
+def format_headline(h: list[dict]) -> str:
+    """A markdown table of :func:`headline_rows`."""
+    rows = headline_rows(h)
+    ctx = any(r["context"] for r in rows)
+    head = "| context | metric | value |\n|---|---|---|" if ctx else "| metric | value |\n|---|---|"
+    lines = [head]
+    for r in rows:
+        cells = ([r["context"]] if ctx else []) + [r["metric"], r["value"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+__all__ = ["DEFAULT_TIERS", "Front", "TierResult", "X", "Y", "aggregate_seeds", "budget_table",
+           "compute_fronts", "format_headline", "headline", "headline_rows",
+           "matched_throughput_gain", "pareto_front", "tier_gain", "tier_throughput",
+           "waste_table"]
