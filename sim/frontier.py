@@ -141,10 +141,13 @@ def usable(df: pl.DataFrame, *, stable_only: bool = True, x: str = X, y: str = Y
     return out
 
 
-def label_of(row: dict, context: Sequence[str]) -> str:
-    parts = [str(row["policy"])]
-    parts += [str(row[c]) if row[c] is not None else "default" for c in context]
-    return " | ".join(parts)
+def with_labels(df: pl.DataFrame, context: Sequence[str] | None = None) -> pl.DataFrame:
+    """Add ``front_label``: ``policy``, or ``policy | profile | trace`` when the sweep
+    varies the profile or trace."""
+    context = _context_cols(df) if context is None else list(context)
+    parts = [pl.col("policy").cast(pl.Utf8)]
+    parts += [pl.col(c).cast(pl.Utf8).fill_null("default") for c in context]
+    return df.with_columns(pl.concat_str(parts, separator=" | ").alias("front_label"))
 
 
 def compute_fronts(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
@@ -171,11 +174,11 @@ def compute_fronts(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
     out: dict[str, Front] = {}
     if d.height == 0:
         return out
-    groups = d.partition_by(["policy", *context], maintain_order=True, as_dict=False)
-    groups.sort(key=lambda g: (order.get(g["policy"][0], 1 << 30),
-                               [str(g[c][0]) for c in context]))
+    d = with_labels(d, context)
+    groups = d.partition_by("front_label", maintain_order=True, as_dict=False)
+    groups.sort(key=lambda g: (order.get(g["policy"][0], 1 << 30), g["front_label"][0]))
     for g in groups:
-        label = label_of(g.row(0, named=True), context)
+        label = g["front_label"][0]
         out[label] = Front.from_points(label, g[x].to_numpy(), g[y].to_numpy(), g)
     return out
 
@@ -353,4 +356,4 @@ def format_headline(h: list[dict]) -> str:
 __all__ = ["DEFAULT_TIERS", "Front", "TierResult", "X", "Y", "aggregate_seeds", "budget_table",
            "compute_fronts", "format_headline", "headline", "headline_rows",
            "matched_throughput_gain", "pareto_front", "tier_gain", "tier_throughput",
-           "waste_table"]
+           "waste_table", "with_labels"]

@@ -1,0 +1,351 @@
+"""A self-contained HTML report of a sweep (plotly.js inlined: it opens offline).
+
+Sections: the throughput-vs-interactivity fronts (markers = sweep points with hover
+details, lines = Pareto fronts, one legend group per policy so a click toggles a
+policy), SLA tiers as dashed lines, the Fig. 8 view (throughput and verification
+budget against concurrency), verification waste against load, and the headline
+numbers. Measured vLLM ``bench serve`` results can be overlaid (:func:`read_vllm_results`).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+import polars as pl
+from dspark_sim.sim.frontier import (
+    DEFAULT_TIERS,
+    X,
+    Y,
+    budget_table,
+    canonical_policy,
+    compute_fronts,
+    format_headline,
+    headline,
+    headline_rows,
+    waste_table,
+    with_labels,
+)
+from dspark_sim.sim.sweep import load_results
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from dspark_sim.errors import InputError
+from dspark_sim.io import write_text_atomic
+
+PALETTE = qualitative.Plotly + qualitative.D3
+HOVER_COLS = (("load_kind", "load", "{}"), ("spec_decode_acceptance_length", "tau", "{:.2f}"),
+              ("mean_verify_tokens_per_request_step", "verify/request-step", "{:.2f}"),
+              ("verification_waste", "waste", "{:.1%}"), ("median_tpot_ms", "median TPOT ms",
+                                                          "{:.2f}"),
+              ("median_ttft_ms", "median TTFT ms", "{:.0f}"), ("mean_decode_batch",
+                                                              "decode batch", "{:.1f}"),
+              ("stable", "stable", "{}"), ("seed", "seed", "{}"), ("point_id", "point", "{}"))
+
+
+# -- vLLM bench serve results ------------------------------------------------------------
+def read_vllm_results(path: str | Path, gpus: int | None = None) -> pl.DataFrame:
+    """Read vLLM ``bench serve --save-result`` JSON files (a folder, searched
+    recursively, or one file) into rows ``label, file, interactivity, throughput_per_gpu,
+    output_throughput, num_gpus, max_concurrency, request_rate``.
+
+    Interactivity = 1000 / ``median_tpot_ms`` (else ``median_itl_ms``). Per-GPU
+    throughput divides ``output_throughput`` by the file's ``num_gpus`` field, else by
+    ``gpus``; neither is an error. The label is the file's ``label``/``policy`` field
+    (``--metadata policy=...``), else its folder name.
+    """
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.rglob("*.json"))
+    elif p.is_file():
+        files = [p]
+    else:
+        raise InputError("--vllm-results", f"{p}: not found")
+    if not files:
+        raise InputError("--vllm-results", f"{p}: no .json result files")
+    rows = []
+    for f in files:
+        try:
+            d = json.loads(f.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(str(f), f"not a JSON file ({exc})") from exc
+        if not isinstance(d, dict) or "output_throughput" not in d:
+            raise InputError(str(f), "not a vLLM bench serve result (no output_throughput)")
+        tpot = d.get("median_tpot_ms") or d.get("median_itl_ms")
+        if not tpot or float(tpot) <= 0:
+            raise InputError(str(f), "needs median_tpot_ms or median_itl_ms > 0")
+        n = d.get("num_gpus") or gpus
+        if not n or int(n) < 1:
+            raise InputError("--gpus", f"{f}: per-GPU throughput needs --gpus N or a "
+                                       "'num_gpus' field in the result file")
+        rate = d.get("request_rate")
+        rows.append({
+            "label": str(d.get("label") or d.get("policy") or f.parent.name or "vLLM"),
+            "file": str(f),
+            "interactivity": 1000.0 / float(tpot),
+            "throughput_per_gpu": float(d["output_throughput"]) / int(n),
+            "output_throughput": float(d["output_throughput"]),
+            "num_gpus": int(n),
+            "max_concurrency": None if d.get("max_concurrency") is None else int(
+                d["max_concurrency"]),
+            "request_rate": None if rate in (None, "inf") or isinstance(rate, str) else float(
+                rate),
+        })
+    return pl.DataFrame(rows, schema={"label": pl.Utf8, "file": pl.Utf8,
+                                      "interactivity": pl.Float64,
+                                      "throughput_per_gpu": pl.Float64,
+                                      "output_throughput": pl.Float64, "num_gpus": pl.Int64,
+                                      "max_concurrency": pl.Int64, "request_rate": pl.Float64})
+
+
+# -- figures -----------------------------------------------------------------------------
+def _fmt(v, f: str) -> str:
+    if v is None or (isinstance(v, float) and not np.isfinite(v)):
+        return "-"
+    try:
+        return f.format(v)
+    except (ValueError, TypeError):
+        return str(v)
+
+
+def _hover(row: dict) -> str:
+    lines = [f"<b>{html.escape(str(row.get('policy')))}</b>",
+             f"interactivity {_fmt(row.get(X), '{:.1f}')} tok/s/user",
+             f"throughput {_fmt(row.get(Y), '{:,.0f}')} tok/s/GPU"]
+    for col, name, f in HOVER_COLS:
+        if col in row:
+            lines.append(f"{name}: {_fmt(row[col], f)}")
+    return "<br>".join(lines)
+
+
+def _colors(labels: Sequence[str]) -> dict[str, str]:
+    pols = list(dict.fromkeys(label.split(" | ")[0] for label in labels))
+    by_pol = {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(pols)}
+    out = {}
+    for i, label in enumerate(labels):
+        pol = label.split(" | ")[0]
+        out[label] = by_pol[pol] if len(labels) == len(pols) else PALETTE[i % len(PALETTE)]
+    return out
+
+
+def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
+                  tiers: Sequence[float] = DEFAULT_TIERS, stable_only: bool = True,
+                  vllm: pl.DataFrame | None = None, title: str = "") -> go.Figure:
+    """Sweep points (markers) and Pareto fronts (lines), one legend group per policy."""
+    fronts = compute_fronts(df, policies=policies, stable_only=stable_only, seeds="all")
+    colors = _colors(list(fronts))
+    labelled = with_labels(df)
+    fig = go.Figure()
+    for label, fr in fronts.items():
+        c = colors[label]
+        pts = labelled.filter((pl.col("front_label") == label) & pl.col(X).is_not_null()
+                              & pl.col(Y).is_not_null())
+        rows = pts.to_dicts()
+        stable = [bool(r.get("stable", True)) for r in rows]
+        fig.add_trace(go.Scatter(
+            x=pts[X].to_list(), y=pts[Y].to_list(), mode="markers", name=f"{label} points",
+            legendgroup=label, showlegend=False,
+            marker={"color": c, "size": 8, "opacity": 0.75,
+                    "symbol": ["circle" if s else "x-open" for s in stable]},
+            hovertext=[_hover(r) for r in rows], hoverinfo="text"))
+        fig.add_trace(go.Scatter(
+            x=fr.x.tolist(), y=fr.y.tolist(), mode="lines", name=label, legendgroup=label,
+            line={"color": c, "width": 2.5}, hoverinfo="skip"))
+    if vllm is not None and vllm.height:
+        for i, (lab, g) in enumerate(vllm.group_by("label", maintain_order=True)):
+            lab = lab[0] if isinstance(lab, tuple) else lab
+            name = f"vLLM measured: {lab}"
+            fig.add_trace(go.Scatter(
+                x=g["interactivity"].to_list(), y=g["throughput_per_gpu"].to_list(),
+                mode="markers", name=name, legendgroup=name,
+                marker={"symbol": "diamond", "size": 11, "color": "white",
+                        "line": {"width": 2, "color": qualitative.Dark24[i % 24]}},
+                hovertext=[f"<b>{html.escape(name)}</b><br>{html.escape(Path(f).name)}<br>"
+                           f"interactivity {x:.1f} tok/s/user<br>throughput {y:,.0f} tok/s/GPU"
+                           f"<br>concurrency {mc} rate {rr}"
+                           for f, x, y, mc, rr in g.select("file", "interactivity",
+                                                           "throughput_per_gpu",
+                                                           "max_concurrency",
+                                                           "request_rate").iter_rows()],
+                hoverinfo="text"))
+    for t in tiers:
+        fig.add_vline(x=float(t), line_dash="dash", line_color="grey",
+                      annotation_text=f"SLA {t:g} tok/s/user", annotation_position="top")
+    fig.update_layout(
+        title=title or "Throughput vs interactivity (markers: sweep points, x: unstable; "
+                       "lines: Pareto fronts)",
+        xaxis_title="median interactivity (tok/s/user = 1000 / TPOT ms)",
+        yaxis_title="output throughput (tok/s/GPU)", hovermode="closest", height=600,
+        legend={"groupclick": "togglegroup"}, template="plotly_white")
+    return fig
+
+
+def budget_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None) -> go.Figure:
+    """Fig. 8: throughput (top) and verification budget per request (bottom) vs
+    concurrency."""
+    t = budget_table(df)
+    if policies:
+        t = t.filter(pl.col("policy").is_in([canonical_policy(p) for p in policies]))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("throughput vs concurrency",
+                                        "verification budget per request (tokens verified per "
+                                        "request-step, bonus included; MTP-1 = 2)"))
+    pols = list(dict.fromkeys(t["policy"].to_list()))
+    for i, pol in enumerate(pols):
+        g = t.filter((pl.col("policy") == pol) & pl.col("concurrency_x").is_not_null()).sort(
+            "concurrency_x")
+        c = PALETTE[i % len(PALETTE)]
+        fig.add_trace(go.Scatter(x=g["concurrency_x"].to_list(),
+                                 y=g["output_throughput_per_gpu"].to_list(),
+                                 mode="lines+markers", name=pol, legendgroup=pol,
+                                 line={"color": c}), row=1, col=1)
+        fig.add_trace(go.Scatter(x=g["concurrency_x"].to_list(),
+                                 y=g["mean_verify_tokens_per_request_step"].to_list(),
+                                 mode="lines+markers", name=pol, legendgroup=pol,
+                                 showlegend=False, line={"color": c}), row=2, col=1)
+    fig.update_yaxes(title_text="tok/s/GPU", row=1, col=1)
+    fig.update_yaxes(title_text="tokens / request-step", row=2, col=1)
+    fig.update_xaxes(title_text="concurrent requests (closed loop: clients; open loop: "
+                                "Little's-law mean)", row=2, col=1)
+    fig.update_layout(height=700, template="plotly_white", title="Load-adaptive verification "
+                      "budget (DSpark Fig. 8 view)", legend={"groupclick": "togglegroup"})
+    return fig
+
+
+def waste_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None) -> go.Figure:
+    """Verification waste (rejected / verified draft tokens) against load."""
+    t = waste_table(df)
+    if policies:
+        t = t.filter(pl.col("policy").is_in([canonical_policy(p) for p in policies]))
+    kinds = list(dict.fromkeys(t["load_kind"].to_list())) or ["qps"]
+    fig = make_subplots(rows=1, cols=len(kinds), subplot_titles=[
+        {"qps": "open loop (req/s)", "concurrency": "closed loop (clients)"}.get(k, k)
+        for k in kinds])
+    pols = list(dict.fromkeys(t["policy"].to_list()))
+    for j, kind in enumerate(kinds):
+        for i, pol in enumerate(pols):
+            g = t.filter((pl.col("policy") == pol) & (pl.col("load_kind") == kind)).sort("load")
+            fig.add_trace(go.Scatter(
+                x=g["load"].to_list(), y=g["verification_waste"].to_list(),
+                mode="lines+markers", name=pol, legendgroup=pol, showlegend=j == 0,
+                line={"color": PALETTE[i % len(PALETTE)]},
+                customdata=g["mean_verify_tokens_per_request_step"].to_list(),
+                hovertemplate=f"{pol}<br>load %{{x}}<br>waste %{{y:.1%}}<br>verify/request-step "
+                              "%{customdata:.2f}<extra></extra>"), row=1, col=j + 1)
+        fig.update_xaxes(title_text=kind, row=1, col=j + 1)
+    fig.update_yaxes(title_text="rejected / verified draft tokens", tickformat=".0%")
+    fig.update_layout(height=450, template="plotly_white", title="Verification waste vs load",
+                      legend={"groupclick": "togglegroup"})
+    return fig
+
+
+def _table_html(rows: list[dict], cols: Sequence[str] | None = None) -> str:
+    if not rows:
+        return "<p>(none)</p>"
+    cols = list(cols or rows[0].keys())
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols)
+                   + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fronts_rows(df: pl.DataFrame, policies, stable_only) -> list[dict]:
+    rows = []
+    for label, fr in compute_fronts(df, policies=policies, stable_only=stable_only).items():
+        for x, y in zip(fr.x, fr.y, strict=True):
+            rows.append({"front": label, "interactivity (tok/s/user)": f"{x:.1f}",
+                         "throughput (tok/s/GPU)": f"{y:,.0f}"})
+    return rows
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
+max-width:1200px;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:0.9em}
+td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f3f3f3} .note{color:#555;font-size:0.9em}
+"""
+
+
+def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
+                 policies: Sequence[str] | None = None, candidate: str = "confidence-async",
+                 baseline: str = "mtp1", tiers: Sequence[float] = DEFAULT_TIERS,
+                 vllm_results: str | Path | None = None, gpus: int | None = None,
+                 stable_only: bool = True, title: str = "dspark-sim frontiers") -> Path:
+    """Write the HTML report to ``out`` (a ``.html`` file, or a folder: ``out/report.html``).
+
+    ``results``: a frame from :func:`run_sweep`, a sweep folder or a results.parquet.
+    ``policies`` restricts (and orders) the policies shown; ``candidate``/``baseline``
+    are compared in the headline table (skipped when either is absent).
+    """
+    df = results if isinstance(results, pl.DataFrame) else load_results(results)
+    if df.height == 0:
+        raise InputError("results", "no sweep points to report")
+    out = Path(out)
+    if out.suffix.lower() not in (".html", ".htm"):
+        out = out / "report.html"
+    vllm = read_vllm_results(vllm_results, gpus) if vllm_results else None
+    present = set(df["policy"].to_list())
+    figs = [fronts_figure(df, policies=policies, tiers=tiers, stable_only=stable_only,
+                          vllm=vllm),
+            budget_figure(df, policies=policies), waste_figure(df, policies=policies)]
+    cand, base = canonical_policy(candidate), canonical_policy(baseline)
+    if cand in present and base in present:
+        h = headline(df, candidate=cand, baseline=base, tiers=tiers, stable_only=stable_only)
+        head_html = _table_html(headline_rows(h))
+        head_md = format_headline(h)
+    else:
+        head_html = (f"<p>Headline comparison needs both {html.escape(cand)} and "
+                     f"{html.escape(base)} in the sweep (present: "
+                     f"{html.escape(', '.join(sorted(present)))}).</p>")
+        head_md = ""
+    n_unstable = int((~df["stable"].fill_null(False)).sum()) if "stable" in df.columns else 0
+    divs = [pio.to_html(f, include_plotlyjs=(i == 0), full_html=False,
+                        config={"displaylogo": False}) for i, f in enumerate(figs)]
+    ctx = []
+    for col in ("deployment", "workload", "profile", "trace"):
+        if col in df.columns:
+            vals = [str(v) for v in dict.fromkeys(df[col].to_list()) if v is not None]
+            ctx.append({"field": col, "values": "; ".join(vals)})
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    doc = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>{CSS}</style></head><body>
+<h1>{html.escape(title)}</h1>
+<p class="note">{df.height} sweep points ({n_unstable} unstable, drawn as x and left out of
+the fronts), generated {stamp}. Click a legend entry to hide or show a policy (points and
+front together).</p>
+<h2>Headline numbers</h2>
+{head_html}
+<p class="note">Matched-throughput gain: candidate's / baseline's interactivity at equal
+tok/s/GPU, over the throughput range both fronts cover. Tier throughput: the front
+interpolated at the tier; "infeasible" when a front never reaches it; "below sweep" when the
+front's lowest interactivity is still above the tier (a lower bound: extend the load range).
+</p>
+<h2>Throughput vs interactivity</h2>
+{divs[0]}
+<h2>Verification budget vs concurrency (Fig. 8)</h2>
+{divs[1]}
+<h2>Verification waste vs load</h2>
+{divs[2]}
+<h2>Front points</h2>
+{_table_html(_fronts_rows(df, policies, stable_only))}
+<h2>Configuration</h2>
+{_table_html(ctx)}
+<!-- headline (markdown)
+{html.escape(head_md)}
+-->
+</body></html>
+"""
+    write_text_atomic(out, doc)
+    return out
+
+
+__all__ = ["budget_figure", "build_report", "fronts_figure", "read_vllm_results",
+           "waste_figure"]
