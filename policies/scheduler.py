@@ -31,35 +31,38 @@ def rank_candidates(survival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, flat[order]
 
 
-def theta_curve(survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
-    """Theta_i = (n + cumulative sorted survival) * sps[i] for i = 0..n*gamma."""
-    n = survival.shape[0]
-    _, a = rank_candidates(survival)
-    tau = n + np.concatenate([[0.0], np.cumsum(a)])
+def _theta(n: int, sorted_survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
+    tau = np.empty(sorted_survival.size + 1)
+    tau[0] = 0.0
+    np.cumsum(sorted_survival, out=tau[1:])
+    tau += n
     return tau * np.asarray(sps, dtype=np.float64)[: tau.size]
 
 
-def _lengths_from_topk(survival: np.ndarray, k: int) -> np.ndarray:
-    n, g = survival.shape
-    order, _ = rank_candidates(survival)
-    return np.bincount(order[:k] // g, minlength=n).astype(np.int64)
+def theta_curve(survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
+    """Theta_i = (n + cumulative sorted survival) * sps[i] for i = 0..n*gamma."""
+    _, a = rank_candidates(survival)
+    return _theta(survival.shape[0], a, sps)
+
+
+def _lengths(order: np.ndarray, k: int, n: int, g: int) -> np.ndarray:
+    return np.bincount(order[:k] // g, minlength=n).astype(np.int64, copy=False)
 
 
 def schedule_sync(survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
     """Algorithm 1 with early stop. Returns ell [n] (int64)."""
-    survival = np.asarray(survival, dtype=np.float64)
-    n = survival.shape[0]
+    n, g = survival.shape
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    theta = theta_curve(survival, sps)
+    order, a = rank_candidates(survival)
+    theta = _theta(n, a, sps)
     rises = theta[1:] > theta[:-1]
     k = int(np.argmin(rises)) if not rises.all() else rises.size
-    return _lengths_from_topk(survival, k)
+    return _lengths(order, k, n, g)
 
 
 def budget_global(survival: np.ndarray, sps: np.ndarray) -> int:
     """§5.2 budget: K = argmax_i Theta_i over the full table (first maximum)."""
-    survival = np.asarray(survival, dtype=np.float64)
     if survival.shape[0] == 0:
         return 0
     return int(np.argmax(theta_curve(survival, sps)))
@@ -67,9 +70,10 @@ def budget_global(survival: np.ndarray, sps: np.ndarray) -> int:
 
 def schedule_topk(survival: np.ndarray, k: int) -> np.ndarray:
     """Admit the ``k`` most likely-to-survive draft tokens (dynamic top-K)."""
-    survival = np.asarray(survival, dtype=np.float64)
-    k = int(max(0, min(k, survival.size)))
-    return _lengths_from_topk(survival, k)
+    n, g = survival.shape
+    k = int(max(0, min(k, n * g)))
+    order, _ = rank_candidates(survival)
+    return _lengths(order, k, n, g)
 
 
 def schedule_async(

@@ -151,13 +151,14 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
     samples: list[tuple[float, int]] = []
     arrival_end = float(stream.arrival_s[-1]) if (n and not closed) else 0.0
 
+    def start_clients() -> None:
+        nonlocal issued
+        for _ in range(min(w.max_concurrency, n)):
+            submit(issued)
+            issued += 1
+
     def arrivals():
         nonlocal issued
-        if closed:
-            for _ in range(min(w.max_concurrency, n)):
-                submit(issued)
-                issued += 1
-            return
         t_prev = 0.0
         for rid in range(n):
             t = float(stream.arrival_s[rid])
@@ -173,7 +174,7 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
             yield env.timeout(dt)
 
     if closed:
-        arrivals()
+        start_clients()
         horizon = 1e9
     else:
         env.process(arrivals())

@@ -33,9 +33,11 @@ from dspark_sim.policies.registry import Policy
 from dspark_sim.sim.config import SimConfig
 from dspark_sim.traces.schema import AcceptanceTrace
 
-# Columns of the running-batch matrix.
-RID, PROMPT, NEED, FILLED, GEN, GEN0, OUT, TOFF, TLEN = range(9)
-NCOLS = 9
+# Columns of the running-batch matrix. STEPS/VERIFIED/ACCEPTED are per-request
+# counters kept in the batch (cheap column updates) and flushed to the log when the
+# request leaves the batch.
+RID, PROMPT, NEED, FILLED, GEN, GEN0, OUT, TOFF, TLEN, STEPS, VERIFIED, ACCEPTED = range(12)
+NCOLS = 12
 
 # Inter-token-latency histogram: log-spaced bins from 10 us to 1000 s.
 ITL_EDGES_S = np.logspace(-5, 3, 801)
@@ -87,18 +89,25 @@ class StepStats:
 
 
 class Replica:
-    """One engine replica (N GPUs) stepping its whole batch per SimPy event."""
+    """One engine replica (N GPUs) stepping its whole batch per SimPy event.
+
+    Aggregates the step needs every time (KV tokens held, prefill tokens pending,
+    rows still prefilling) are kept as Python ints and updated incrementally, so the
+    common all-decoding step costs ~25 small numpy operations and no full-batch sums.
+    """
 
     def __init__(self, index: int, ctx: SimContext) -> None:
         self.index = index
         self.ctx = ctx
         self.waiting: deque[np.ndarray] = deque()
         self.batch = np.empty((0, NCOLS), np.int64)
-        self.last_token_s = np.empty(0, np.float64)
         self.wake: simpy.Event | None = None
         self.lag: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=2)
         self.steps = 0
         self.preemptions = 0
+        self.kv_tokens = 0  # sum(FILLED + GEN - GEN0): KV held by the batch
+        self.pending_prefill = 0  # sum(NEED - FILLED)
+        self.n_prefilling = 0  # rows with FILLED < NEED
 
     @property
     def outstanding(self) -> int:
@@ -109,22 +118,32 @@ class Replica:
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed()
 
+    def check_invariants(self) -> None:
+        """The incremental aggregates equal their definitions (used by tests)."""
+        b = self.batch
+        assert self.kv_tokens == int((b[:, FILLED] + b[:, GEN] - b[:, GEN0]).sum())
+        assert self.pending_prefill == int((b[:, NEED] - b[:, FILLED]).sum())
+        assert self.n_prefilling == int((b[:, FILLED] < b[:, NEED]).sum())
+
     # -- admission and KV --------------------------------------------------------------
-    def _committed_kv(self, b: np.ndarray) -> int:
-        if self.ctx.reserve:
-            return int((b[:, PROMPT] + b[:, OUT]).sum())
-        return int((b[:, NEED] + b[:, GEN] - b[:, GEN0]).sum())
+    def _committed_kv(self) -> int:
+        # Preempt mode: prompt (being) prefilled + generated + verify slots.
+        return self.kv_tokens + self.pending_prefill + len(self.batch) * self.ctx.verify_slots
 
     def _admit(self) -> None:
         c = self.ctx
         room = c.max_num_seqs - len(self.batch)
         if room <= 0 or not self.waiting:
             return
-        used = self._committed_kv(self.batch) + len(self.batch) * c.verify_slots
+        if c.reserve:
+            b = self.batch
+            used = int((b[:, PROMPT] + b[:, OUT]).sum())
+        else:
+            used = self._committed_kv()
         rows = []
         while self.waiting and room > 0:
             r = self.waiting[0]
-            need = (r[PROMPT] + r[OUT]) if c.reserve else (r[NEED] + c.verify_slots)
+            need = int(r[PROMPT] + r[OUT]) if c.reserve else int(r[NEED]) + c.verify_slots
             if used + need > c.kv_capacity and (len(self.batch) or rows):
                 break  # head-of-line blocks (FCFS), as in vLLM
             self.waiting.popleft()
@@ -132,25 +151,40 @@ class Replica:
             used += need
             room -= 1
         if rows:
-            self.batch = np.vstack([self.batch, np.stack(rows)])
-            self.last_token_s = np.concatenate([self.last_token_s, np.full(len(rows), np.nan)])
+            new = np.stack(rows)
+            self.batch = np.concatenate([self.batch, new])
+            self.pending_prefill += int((new[:, NEED] - new[:, FILLED]).sum())
+            self.kv_tokens += int((new[:, FILLED] + new[:, GEN] - new[:, GEN0]).sum())
+            self.n_prefilling += int((new[:, FILLED] < new[:, NEED]).sum())
+
+    def _remove(self, keep: np.ndarray) -> np.ndarray:
+        """Drop rows where ``keep`` is False; returns them, aggregates updated."""
+        b = self.batch
+        gone = b[~keep]
+        self.batch = b[keep]
+        self.kv_tokens -= int((gone[:, FILLED] + gone[:, GEN] - gone[:, GEN0]).sum())
+        self.pending_prefill -= int((gone[:, NEED] - gone[:, FILLED]).sum())
+        self.n_prefilling -= int((gone[:, FILLED] < gone[:, NEED]).sum())
+        log = self.ctx.log
+        rids = gone[:, RID]
+        log.steps[rids] += gone[:, STEPS]
+        log.draft_tokens_verified[rids] += gone[:, VERIFIED]
+        log.accepted_tokens[rids] += gone[:, ACCEPTED]
+        return gone
 
     def _preempt_if_full(self) -> None:
         c = self.ctx
-        if c.reserve or len(self.batch) <= 1:
+        if c.reserve or len(self.batch) <= 1 or self._committed_kv() <= c.kv_capacity:
             return
         b = self.batch
         kv = b[:, NEED] + b[:, GEN] - b[:, GEN0] + c.verify_slots
-        total = int(kv.sum())
-        if total <= c.kv_capacity:
-            return
         # Free the newest requests first (vLLM recompute preemption), keep at least one.
-        excess = total - c.kv_capacity
         freed = np.cumsum(kv[::-1])
-        k = min(int(np.searchsorted(freed, excess)) + 1, len(b) - 1)
-        victims = b[len(b) - k:].copy()
-        self.batch = b[: len(b) - k]
-        self.last_token_s = self.last_token_s[: len(b) - k]
+        k = min(int(np.searchsorted(freed, self._committed_kv() - c.kv_capacity)) + 1, len(b) - 1)
+        keep = np.ones(len(b), bool)
+        keep[len(b) - k:] = False
+        victims = self._remove(keep)
+        victims[:, STEPS:] = 0
         for r in victims[::-1]:  # newest first -> ends up in admission order at the front
             r[GEN0] = r[GEN]
             r[NEED] = r[PROMPT] + r[GEN]  # recompute prompt and generated tokens
@@ -163,13 +197,14 @@ class Replica:
     def run(self):
         c = self.ctx
         env = c.env
-        prof = c.profile
-        policy = c.policy
+        kv_s_per_token = c.profile.kv_s_per_token
         trace_m = c.trace.accept_len if c.trace is not None else None
         gamma = c.gamma
         budget = c.max_num_batched_tokens
         log = c.log
         st = c.stats
+        itl_edges = ITL_EDGES_S.tolist()
+        n_hist = st.accept_hist.size
         while True:
             if not len(self.batch) and not self.waiting:
                 self.wake = env.event()
@@ -178,45 +213,46 @@ class Replica:
             self._admit()
             self._preempt_if_full()
             b = self.batch
-            decoding = b[:, FILLED] >= b[:, NEED]
-            di = np.flatnonzero(decoding)
-            pi = np.flatnonzero(~decoding)
-            n_dec = di.size
+            # Fast path: when every row decodes, column slices (views) replace fancy indexing.
+            if self.n_prefilling == 0:
+                di, pi, n_dec = slice(None), None, len(b)
+            else:
+                decoding = b[:, FILLED] >= b[:, NEED]
+                di = np.flatnonzero(decoding)
+                pi = np.flatnonzero(~decoding)
+                n_dec = di.size
 
             # 3. verification lengths
             if n_dec and gamma:
                 idx = b[di, TOFF] + (b[di, GEN] - 1) % b[di, TLEN]
-                m = trace_m[idx].astype(np.int64)
-                ell = self._decide(idx, n_dec, pi, b)
-                ell = np.minimum(ell, gamma)
-                over = n_dec + int(ell.sum()) - budget
-                if over > 0:  # never exceed the token budget: trim uniformly
-                    ell = np.minimum(ell, max(0, (budget - n_dec) // n_dec))
+                m = trace_m[idx]
+                ell = self._decide(idx, n_dec, b)
+                np.minimum(ell, gamma, out=ell)
+                ell_sum = int(ell.sum())
+                if n_dec + ell_sum > budget:  # never exceed the token budget: trim uniformly
+                    np.minimum(ell, max(0, (budget - n_dec) // n_dec), out=ell)
+                    ell_sum = int(ell.sum())
                     st.budget_limited_steps += 1
             else:
                 m = ell = np.zeros(n_dec, np.int64)
-            verify_tokens = n_dec + int(ell.sum())
+                ell_sum = 0
+            verify_tokens = n_dec + ell_sum
 
             # 4. chunked prefill takes what verification left of the budget
-            if pi.size:
+            prefill_tokens = 0
+            if pi is not None:
                 rem = b[pi, NEED] - b[pi, FILLED]
                 left = max(0, budget - verify_tokens)
                 before = np.cumsum(rem) - rem
                 chunk = np.clip(np.minimum(rem, left - before), 0, None)
                 prefill_tokens = int(chunk.sum())
-            else:
-                chunk = None
-                prefill_tokens = 0
             batch_tokens = verify_tokens + prefill_tokens
-            if batch_tokens == 0:
-                # Nothing fits (a prompt larger than the budget cannot happen: chunks
-                # always make progress). Defensive: never spin at zero time.
+            if batch_tokens == 0:  # cannot happen: a prefill chunk always makes progress
                 raise RuntimeError("engine step with no work")
 
-            # 5. step time
-            kv_tokens = int((b[:, FILLED] + b[:, GEN] - b[:, GEN0]).sum())
-            draft_s = c.draft_time(n_dec) if n_dec else 0.0
-            dt = draft_s + c.target_time(batch_tokens) + prof.kv_s_per_token * kv_tokens
+            # 5. step time: draft + target at B tokens + KV reads of the batch
+            dt = (c.draft_time(n_dec) if n_dec else 0.0) + c.target_time(batch_tokens) \
+                + kv_s_per_token * self.kv_tokens
             yield env.timeout(dt)
             now = env.now
 
@@ -228,57 +264,56 @@ class Replica:
             st.prefill_tokens += prefill_tokens
             if n_dec:
                 acc = np.minimum(ell, m)
-                adv = np.minimum(acc + 1, b[di, OUT] - b[di, GEN])
-                b[di, GEN] += adv
-                rids = b[di, RID]
-                log.steps[rids] += 1
-                log.draft_tokens_verified[rids] += ell
-                log.accepted_tokens[rids] += acc
-                gaps = now - self.last_token_s[di]
-                self.last_token_s[di] = now
-                st.itl_sum_s += float(gaps.sum())
-                st.itl_hist += np.bincount(np.searchsorted(ITL_EDGES_S, gaps),
-                                           minlength=st.itl_hist.size)
-                st.accept_hist += np.bincount(acc, minlength=st.accept_hist.size)
-                st.ell_hist += np.bincount(ell, minlength=st.ell_hist.size)
+                gen = b[di, GEN]
+                adv = np.minimum(acc + 1, b[di, OUT] - gen)
+                b[di, GEN] = gen + adv
+                b[di, STEPS] += 1
+                b[di, VERIFIED] += ell
+                b[di, ACCEPTED] += acc
+                self.kv_tokens += int(adv.sum())
+                # Every decoding request gets a token every step, and its previous token
+                # came at the end of the previous step: its inter-token gap is this dt.
+                st.itl_hist[bisect.bisect_left(itl_edges, dt)] += n_dec
+                st.itl_sum_s += dt * n_dec
+                st.accept_hist += np.bincount(acc, minlength=n_hist)
+                st.ell_hist += np.bincount(ell, minlength=n_hist)
                 st.request_steps += n_dec
                 st.verify_tokens += verify_tokens
-            if chunk is not None:
+            if prefill_tokens:
                 b[pi, FILLED] += chunk
+                self.kv_tokens += prefill_tokens
+                self.pending_prefill -= prefill_tokens
                 done = pi[b[pi, FILLED] >= b[pi, NEED]]
                 if done.size:
                     b[done, GEN] += 1  # the step that completes prefill samples a token
+                    self.kv_tokens += done.size
+                    self.n_prefilling -= done.size
                     rids = b[done, RID]
                     first = log.first_token_s[rids]
                     log.first_token_s[rids] = np.where(np.isnan(first), now, first)
-                    self.last_token_s[done] = now
             fin = b[:, GEN] >= b[:, OUT]
             if fin.any():
-                rids = b[fin, RID]
+                gone = self._remove(~fin)
+                rids = gone[:, RID]
                 log.finish_s[rids] = now
-                log.generated[rids] = b[fin, GEN]
-                keep = ~fin
-                self.batch = b[keep]
-                self.last_token_s = self.last_token_s[keep]
+                log.generated[rids] = gone[:, GEN]
                 c.on_finish(len(rids))
 
-    def _decide(self, idx: np.ndarray, n_dec: int, pi: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def _decide(self, idx: np.ndarray, n_dec: int, b: np.ndarray) -> np.ndarray:
         c = self.ctx
         policy = c.policy
         if not c.needs_survival:
             return policy(BatchSnapshot(c.empty_survival(n_dec), c.gamma, c.max_num_batched_tokens))
-        survival = c.calibration.survival(c.trace.conf[idx])
+        survival = c.trace_survival[idx]
         sps = None
         if policy.needs_sps:
             # B for i admitted draft tokens: n + i verify tokens plus whatever prefill
             # still fits in the budget (verification displaces prefill).
-            pending = int((b[pi, NEED] - b[pi, FILLED]).sum()) if pi.size else 0
-            i = np.arange(n_dec * c.gamma + 1)
-            verify = n_dec + i
-            total = np.minimum(verify + pending, c.max_num_batched_tokens)
-            kv = int((b[:, FILLED] + b[:, GEN] - b[:, GEN0]).sum())
-            t = c.draft_time(n_dec) + c.profile.target_time_s(total) + c.profile.kv_s_per_token * kv
-            sps = np.where(verify <= c.max_num_batched_tokens, 1.0 / t, 0.0)
+            verify = n_dec + c.arange(n_dec * c.gamma + 1)
+            total = np.minimum(verify + self.pending_prefill, c.max_num_batched_tokens)
+            t = c.draft_time(n_dec) + c.target_times(total) + c.profile.kv_s_per_token * self.kv_tokens
+            sps = 1.0 / t
+            sps[verify > c.max_num_batched_tokens] = 0.0
         lag_s = lag_sps = None
         if policy.needs_lag and len(self.lag) == 2:
             lag_s, lag_sps = self.lag[0]
@@ -290,7 +325,7 @@ class Replica:
             lagged_survival=lag_s,
             lagged_sps=lag_sps,
         )
-        ell = np.asarray(policy(snap), dtype=np.int64)
+        ell = np.array(policy(snap), dtype=np.int64)  # a private, writable copy
         if policy.needs_lag:
             self.lag.append((snap.survival, snap.sps))
         return ell
@@ -320,6 +355,10 @@ class SimContext:
         self.draft_gamma = min(self.draft_gamma, self.gamma)
         self.verify_slots = 1 + self.draft_gamma
         self.needs_survival = policy.needs_survival
+        # Survival depends only on a trace row and the calibration map: compute it once
+        # for the whole trace (N x gamma float64) instead of per step.
+        self.trace_survival = (calibration.survival(trace.conf)
+                               if self.needs_survival and trace is not None else None)
         self._draft_key = None
         if policy.drafter is not None and self.draft_gamma > 0:
             key = trace.meta.drafter if trace.meta.drafter in profile.drafts else policy.drafter
@@ -331,6 +370,20 @@ class SimContext:
         self.stats = StepStats(self.gamma)
         self.replicas = [Replica(i, self) for i in range(cfg.deployment.replicas)]
         self._empty: dict[int, np.ndarray] = {}
+        self._arange = np.arange(4096, dtype=np.int64)
+
+    def arange(self, n: int) -> np.ndarray:
+        a = self._arange
+        if a.size < n:
+            a = self._arange = np.arange(max(n, 2 * a.size), dtype=np.int64)
+        return a[:n]
+
+    def target_times(self, b: np.ndarray) -> np.ndarray:
+        """Vectorised target time; fast path for step tables inside the table."""
+        p = self.profile
+        if p.interpolation == "step" and b.size and int(b.max()) <= self._tokens[-1]:
+            return p.step_s[p.tokens.searchsorted(b)]
+        return p.target_time_s(b)
 
     def empty_survival(self, n: int) -> np.ndarray:
         s = self._empty.get(n)

@@ -57,10 +57,12 @@ PARAM_COLUMNS = ("point_id", "policy_spec", "profile_spec", "trace_spec", "seed"
 
 # -- option parsing -------------------------------------------------------------
 def parse_numbers(spec: str | Sequence[float] | None, *, integer: bool = False,
-                  option: str = "--qps") -> list[float] | list[int] | None:
+                  option: str = "--qps", allow_zero: bool = False
+                  ) -> list[float] | list[int] | None:
     """Parse ``"10:400:20"`` (start:stop:step, stop inclusive when it lands),
     ``"1:256:x2"`` (geometric: multiply by 2), ``"1,2,4,8"`` or a mix
     (``"1,2,4:64:x2,100"``). Order is kept, duplicates dropped. ``None``/``""`` -> None.
+    Values must be > 0 (``allow_zero``: >= 0, e.g. seeds).
     """
     if spec is None:
         return None
@@ -75,8 +77,9 @@ def parse_numbers(spec: str | Sequence[float] | None, *, integer: bool = False,
         out.extend(_parse_item(item, option))
     if not out:
         raise InputError(option, f"no values in {spec!r}")
-    if any(not math.isfinite(v) or v <= 0 for v in out):
-        raise InputError(option, f"values must be positive numbers, got {spec!r}")
+    if any(not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero) for v in out):
+        kind = "non-negative" if allow_zero else "positive"
+        raise InputError(option, f"values must be {kind} numbers, got {spec!r}")
     if integer:
         if any(abs(v - round(v)) > 1e-9 for v in out):
             raise InputError(option, f"values must be integers, got {spec!r}")
@@ -101,8 +104,9 @@ def _parse_item(item: str, option: str) -> list[float]:
     if stop < start:
         raise InputError(option, f"bad range {item!r}: stop < start")
     if geometric:
-        if f <= 1:
-            raise InputError(option, f"bad range {item!r}: factor must be > 1")
+        if f <= 1 or start <= 0:
+            raise InputError(option, f"bad range {item!r}: geometric ranges need "
+                                     "start > 0 and factor > 1")
         vals, v = [], start
         while v <= stop * (1 + 1e-9):
             vals.append(v)

@@ -1,0 +1,350 @@
+"""The ``dspark-sim`` command line: a thin typer layer over the Python API.
+
+Every command turns :class:`~dspark_sim.errors.InputError` into one line on stderr
+and exit code 2 (no traceback); nothing is written until inputs validate, and
+files are written atomically.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dspark_sim.errors import InputError
+
+app = typer.Typer(
+    name="dspark-sim",
+    help="Simulate speculative-decoding verification policies on an LLM serving deployment.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+traces_app = typer.Typer(help="Write and inspect acceptance traces (schema v1).",
+                         no_args_is_help=True)
+profiles_app = typer.Typer(help="List and show engine profiles.", no_args_is_help=True)
+app.add_typer(traces_app, name="traces")
+app.add_typer(profiles_app, name="profiles")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def guarded(fn):
+    """One-line errors with exit code 2 for bad input; never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InputError as exc:
+            err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted", markup=False)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def parse_slo(spec: str | None) -> tuple[float | None, float | None]:
+    if not spec:
+        return None, None
+    out: dict[str, float] = {}
+    for part in spec.split(","):
+        key, _, val = part.partition(":")
+        key = key.strip().lower()
+        if key not in ("ttft", "tpot"):
+            raise InputError("--slo", f"expected ttft:MS,tpot:MS, got {spec!r}")
+        try:
+            v = float(val)
+        except ValueError:
+            raise InputError("--slo", f"{key} needs a number of milliseconds, got {val!r}") from None
+        if not v > 0:
+            raise InputError("--slo", f"{key} must be > 0 ms")
+        out[key] = v
+    return out.get("ttft"), out.get("tpot")
+
+
+def _fmt(v, nd: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{nd}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def print_summary(s: dict, wall_s: float | None = None) -> None:
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold cyan")
+    head.add_column()
+    head.add_row("policy", f"{s['policy']}  ({s['policy_description']})")
+    head.add_row("deployment", s["deployment"])
+    head.add_row("workload", s["workload"])
+    if s.get("trace"):
+        head.add_row("trace", f"{s['trace']}  [{s['trace_source']}, drafter {s['trace_drafter']}, "
+                     f"gamma_max {s['trace_gamma_max']}]")
+    head.add_row("calibration", s["calibration"])
+    console.print(head)
+
+    t = Table(title="dspark-sim run", show_header=True, header_style="bold")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [
+        ("completed / unfinished", f"{s['completed']:,} / {s['unfinished']:,}"),
+        ("preempted requests", _fmt(s["preempted"])),
+        ("benchmark duration (s)", _fmt(s["duration"], 2)),
+        ("request throughput (req/s)", _fmt(s["request_throughput"], 2)),
+        ("output throughput (tok/s)", _fmt(s["output_throughput"])),
+        ("output throughput per GPU (tok/s/GPU)", _fmt(s["output_throughput_per_gpu"])),
+        ("median / p90 interactivity (tok/s/user)",
+         f"{_fmt(s['median_interactivity'])} / {_fmt(s['p90_interactivity'])}"),
+        ("mean / median / p99 TTFT (ms)",
+         f"{_fmt(s['mean_ttft_ms'])} / {_fmt(s['median_ttft_ms'])} / {_fmt(s['p99_ttft_ms'])}"),
+        ("mean / median / p99 TPOT (ms)",
+         f"{_fmt(s['mean_tpot_ms'], 2)} / {_fmt(s['median_tpot_ms'], 2)} / {_fmt(s['p99_tpot_ms'], 2)}"),
+        ("mean / p99 ITL (ms)", f"{_fmt(s['mean_itl_ms'], 2)} / {_fmt(s['p99_itl_ms'], 2)}"),
+        ("median E2E latency (ms)", _fmt(s["median_e2el_ms"])),
+        ("acceptance length tau (incl. bonus)", _fmt(s["spec_decode_acceptance_length"], 2)),
+        ("verify tokens per request-step (incl. bonus)",
+         _fmt(s["mean_verify_tokens_per_request_step"], 2)),
+        ("verification waste (rejected / verified)", _fmt(s["verification_waste"], 3)),
+        ("acceptance per position, P(m >= k)",
+         " ".join(f"{x:.2f}" for x in s["acceptance_per_position"]) or "-"),
+        ("engine steps / mean step (ms) / mean decode batch",
+         f"{s['engine_steps']:,} / {_fmt(s['mean_step_ms'], 2)} / {_fmt(s['mean_decode_batch'])}"),
+    ]
+    if s.get("goodput") is not None:
+        rows.append((f"goodput (req/s, SLO ttft {s['slo_ttft_ms']} ms, tpot {s['slo_tpot_ms']} ms)",
+                     _fmt(s["goodput"], 2)))
+    rows.append(("stable", "yes" if s["stable"] else
+                 f"NO: queue grows {s['queue_growth_per_s']:.1f} req/s or requests unfinished"))
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+    if wall_s is not None:
+        steps = s["engine_steps"]
+        console.print(f"simulated {s['num_requests']:,} requests in {wall_s:.2f} s wall "
+                      f"({s['num_requests'] / wall_s:,.0f} req/s, {steps / wall_s:,.0f} steps/s)",
+                      style="dim")
+
+
+@app.command()
+@guarded
+def run(
+    policy: Annotated[str, typer.Option(help="NAME[:ARG]: none, mtp1, fixed:K, confidence, "
+                                        "confidence-async, threshold:P")] = "confidence",
+    qps: Annotated[float | None, typer.Option(help="Open-loop request rate (req/s).")] = None,
+    burstiness: Annotated[float | None, typer.Option(
+        help="Gamma arrivals with this shape (1 = Poisson, vLLM semantics).")] = None,
+    max_concurrency: Annotated[int | None, typer.Option(
+        help="Closed loop: this many clients, each sends its next request on completion.")] = None,
+    num_requests: Annotated[int | None, typer.Option(help="Requests to simulate.")] = None,
+    duration_s: Annotated[float | None, typer.Option(help="Arrival window in seconds.")] = None,
+    workload: Annotated[Path | None, typer.Option(
+        help="Replay an Azure CSV or Mooncake JSONL workload file.")] = None,
+    replay_qps: Annotated[float | None, typer.Option(
+        help="Time-scale a replayed workload to this rate.")] = None,
+    lengths: Annotated[str | None, typer.Option(
+        help="azure-conv | azure-code | mooncake | fixed:IN:OUT | lognormal:IN:OUT[:SIGMA]")] = None,
+    trace: Annotated[str | None, typer.Option(help="Schema-v1 trace (path or built-in name).")] = None,
+    mtp_trace: Annotated[str | None, typer.Option(help="Trace for the mtp1 policy.")] = None,
+    domain: Annotated[str | None, typer.Option(help="Use only this domain of the trace.")] = None,
+    profile: Annotated[str | None, typer.Option(help="Engine profile: TOML path or built-in name.")] = None,
+    calibration: Annotated[Path | None, typer.Option(help="Confidence calibration map (TOML).")] = None,
+    replicas: Annotated[int | None, typer.Option(help="Replicas behind the router.")] = None,
+    router: Annotated[str | None, typer.Option(help="round-robin | least-outstanding")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Per replica.")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Per step, per replica.")] = None,
+    kv_capacity_tokens: Annotated[int | None, typer.Option(help="KV cache per replica.")] = None,
+    kv_mode: Annotated[str | None, typer.Option(help="preempt | reserve")] = None,
+    seed: Annotated[int, typer.Option(help="One seed for everything random.")] = 0,
+    slo: Annotated[str | None, typer.Option(help="Goodput SLO, e.g. ttft:2000,tpot:20")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML config file (see docs).")] = None,
+    preset_name: Annotated[str | None, typer.Option("--preset", help="default | single-replica | tiny")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write summary.json and requests.parquet here.")] = None,
+    quiet: Annotated[bool, typer.Option(help="Print nothing but errors.")] = False,
+) -> None:
+    """Simulate one deployment under load and print a summary."""
+    from dspark_sim.sim.api import simulate
+    from dspark_sim.sim.config import load_config, preset
+
+    cfg = preset(preset_name or "default")
+    if config is not None:
+        cfg = load_config(config, base=cfg if preset_name else None)
+    w = cfg.workload
+    if workload is not None:
+        w = replace(w, arrival="replay", workload_path=str(workload))
+    if max_concurrency is not None:
+        w = replace(w, arrival="closed", max_concurrency=max_concurrency)
+    if burstiness is not None:
+        w = replace(w, arrival="gamma" if w.arrival in ("poisson", "gamma") else w.arrival,
+                    burstiness=burstiness)
+    if qps is not None:
+        if w.arrival == "replay":
+            w = replace(w, replay_qps=qps)
+        else:
+            w = replace(w, qps=qps)
+    if replay_qps is not None:
+        w = replace(w, replay_qps=replay_qps)
+    if duration_s is not None:
+        w = replace(w, duration_s=duration_s, num_requests=num_requests)
+    elif num_requests is not None:
+        w = replace(w, num_requests=num_requests)
+    if lengths is not None:
+        w = replace(w, lengths=lengths)
+    if domain is not None:
+        w = replace(w, domain=domain)
+    e = cfg.engine
+    for name, val in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                      ("kv_capacity_tokens", kv_capacity_tokens), ("kv_mode", kv_mode)):
+        if val is not None:
+            e = replace(e, **{name: val})
+    d = cfg.deployment
+    for name, val in (("replicas", replicas), ("router", router), ("profile", profile)):
+        if val is not None:
+            d = replace(d, **{name: val})
+    ttft, tpot = parse_slo(slo)
+    cfg = replace(
+        cfg, workload=w, engine=e, deployment=d, policy=policy, seed=seed,
+        trace=trace if trace is not None else cfg.trace,
+        mtp_trace=mtp_trace if mtp_trace is not None else cfg.mtp_trace,
+        calibration=str(calibration) if calibration is not None else cfg.calibration,
+        slo_ttft_ms=ttft if ttft is not None else cfg.slo_ttft_ms,
+        slo_tpot_ms=tpot if tpot is not None else cfg.slo_tpot_ms,
+    )
+    t0 = time.perf_counter()
+    result = simulate(cfg)
+    wall = time.perf_counter() - t0
+    if out is not None:
+        result.write(out)
+    if not quiet:
+        print_summary(result.summary, wall)
+        if out is not None:
+            console.print(f"wrote {out / 'summary.json'} and {out / 'requests.parquet'}", style="dim")
+
+
+@traces_app.command("synth")
+@guarded
+def traces_synth(
+    out: Annotated[Path, typer.Option(help="Output parquet path.")],
+    kind: Annotated[str, typer.Option(help="iid | dspark | mtp1")] = "iid",
+    alpha: Annotated[float, typer.Option(help="iid: per-token acceptance probability.")] = 0.8,
+    gamma: Annotated[int, typer.Option(help="Draft block length gamma_max.")] = 7,
+    requests: Annotated[int, typer.Option(help="Requests (per domain for dspark/mtp1).")] = 64,
+    positions: Annotated[int, typer.Option(help="Output positions per request.")] = 512,
+    overconfidence: Annotated[float, typer.Option(help="dspark/mtp1: raw-confidence sharpening.")] = 1.6,
+    noise: Annotated[float, typer.Option(help="dspark/mtp1: confidence noise (lowers AUC).")] = 0.6,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Write a synthetic schema-v1 trace."""
+    from dspark_sim.traces.schema import write_trace
+    from dspark_sim.traces.synth import (
+        DSPARK_CURVES,
+        MTP1_CURVES,
+        SignalModel,
+        synth_drafter,
+        synth_iid,
+    )
+
+    if kind == "iid":
+        t = synth_iid(alpha, gamma, num_requests=requests, positions=positions, seed=seed)
+    elif kind in ("dspark", "mtp1"):
+        if gamma < 1:
+            raise InputError("--gamma", "must be >= 1")
+        curves = DSPARK_CURVES if kind == "dspark" else MTP1_CURVES
+        t = synth_drafter(curves, gamma=gamma if kind == "dspark" else 1,
+                          requests_per_domain=requests, positions=positions,
+                          signal=SignalModel(noise=noise, overconfidence=overconfidence),
+                          drafter=f"{kind}-synthetic", seed=seed)
+    else:
+        raise InputError("--kind", f"must be iid, dspark or mtp1, got {kind!r}")
+    write_trace(t, out)
+    console.print(f"wrote {out}: {t.num_requests} requests, {t.num_positions:,} positions, "
+                  f"gamma_max {t.gamma_max}, tau(gamma_max) = {t.tau():.3f}")
+
+
+@traces_app.command("inspect")
+@guarded
+def traces_inspect(
+    trace: Annotated[str, typer.Argument(help="Trace path or built-in name.")],
+) -> None:
+    """Print tau by verify length and the per-position acceptance of a trace."""
+    from dspark_sim.traces.schema import load_trace
+
+    t = load_trace(trace)
+    m = t.meta
+    console.print(f"[bold]{t.source_path}[/]  drafter {m.drafter}, target {m.target}, "
+                  f"source {m.source}, gamma_max {m.gamma_max}, temperature {m.temperature:g}"
+                  f"{'' if m.replay_exact else ' (replay approximate: sampled decoding)'}")
+    console.print(f"{t.num_requests} requests, {t.num_positions:,} positions, "
+                  f"domains {', '.join(m.domains)}")
+    tab = Table(title="tau (tokens per verification step, incl. bonus) by verify length l")
+    tab.add_column("domain")
+    for ell in range(t.gamma_max + 1):
+        tab.add_column(f"l={ell}", justify="right")
+    parts = [("all", t)] + ([(d, t.select_domain(d)) for d in m.domains] if len(m.domains) > 1 else [])
+    for name, sub in parts:
+        tab.add_row(name, *[f"{sub.tau(ell):.2f}" for ell in range(t.gamma_max + 1)])
+    console.print(tab)
+    pos = Table(title="per-position acceptance")
+    pos.add_column("domain")
+    pos.add_column("kind")
+    for k in range(1, t.gamma_max + 1):
+        pos.add_column(f"k={k}", justify="right")
+    for name, sub in parts:
+        pos.add_row(name, "P(k | 1..k-1) (DSpark Fig. 2)",
+                    *[f"{x:.3f}" for x in sub.conditional_acceptance()])
+        pos.add_row(name, "P(m >= k) (vLLM per-pos)", *[f"{x:.3f}" for x in sub.survival()])
+        pos.add_row(name, "mean raw confidence",
+                    *[f"{x:.3f}" for x in sub.conf.mean(axis=0)])
+    console.print(pos)
+
+
+@profiles_app.command("list")
+@guarded
+def profiles_list() -> None:
+    """Built-in engine profiles."""
+    from dspark_sim.calibration.profile import builtin_profiles, load_profile
+
+    tab = Table(title="built-in engine profiles")
+    for col in ("name", "kind", "GPU/replica", "description"):
+        tab.add_column(col)
+    for name in builtin_profiles():
+        p = load_profile(name)
+        tab.add_row(name, p.kind, str(p.gpus_per_replica), p.description)
+    console.print(tab)
+
+
+@profiles_app.command("show")
+@guarded
+def profiles_show(name: Annotated[str, typer.Argument(help="Built-in name or TOML path.")]) -> None:
+    """SPS(B) table and draft costs of a profile."""
+    from dspark_sim.calibration.profile import load_profile
+
+    p = load_profile(name)
+    console.print(f"[bold]{p.summary()}[/]\n{p.description}")
+    tab = Table(title="target step time and steps/s")
+    for col in ("tokens B", "step (ms)", "SPS (1/s)", "B x SPS (tok/s)"):
+        tab.add_column(col, justify="right")
+    for b, s in zip(p.tokens, p.step_s, strict=True):
+        tab.add_row(str(b), f"{s * 1e3:.2f}", f"{1 / s:.1f}", f"{b / s:,.0f}")
+    console.print(tab)
+    for dname, d in p.drafts.items():
+        costs = ", ".join(f"n={int(n)}: {t * 1e3:.2f} ms" for n, t in zip(d.batch, d.time_s, strict=True))
+        console.print(f"draft [{dname}] gamma_ref {d.gamma_ref}: {costs}", markup=False)
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The CLI through typer's CliRunner: real runs, written outputs, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from dspark_sim.sim.cli import app
+
+runner = CliRunner()
+SMALL = ["--num-requests", "120", "--replicas", "1", "--qps", "20"]
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_run_prints_summary_and_writes_outputs(tmp_path):
+    out = tmp_path / "run"
+    r = invoke("run", "--policy", "confidence", *SMALL, "--out", str(out))
+    assert r.exit_code == 0, r.output
+    assert "output throughput per GPU" in r.output
+    assert "1 replica(s) x 16 GPU" in r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["policy"] == "confidence" and s["completed"] == 120
+    assert pl.read_parquet(out / "requests.parquet").height == 120
+
+
+@pytest.mark.parametrize("policy", ["fixed:5", "mtp1", "none", "confidence-async", "threshold:0.6"])
+def test_run_policies(policy):
+    r = invoke("run", "--policy", policy, *SMALL, "--quiet")
+    assert r.exit_code == 0, r.output
+    assert r.output == ""
+
+
+def test_run_options(tmp_path):
+    out = tmp_path / "o"
+    r = invoke("run", "--max-concurrency", "8", "--num-requests", "40", "--replicas", "2",
+               "--router", "round-robin", "--slo", "ttft:500,tpot:20", "--seed", "3",
+               "--domain", "math", "--lengths", "fixed:128:64", "--out", str(out), "--quiet")
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["slo_tpot_ms"] == 20 and s["goodput"] is not None
+    assert "closed loop, 8 clients" in s["workload"]
+    r = invoke("run", "--qps", "30", "--burstiness", "0.5", *SMALL[:4], "--quiet")
+    assert r.exit_code == 0, r.output
+
+
+def test_workload_replay_cli(shared_dir, tmp_path):
+    wl = shared_dir / "data/workloads/AzureLLMInferenceTrace_conv.csv"
+    out = tmp_path / "w"
+    r = invoke("run", "--workload", str(wl), "--qps", "40", "--num-requests", "150",
+               "--replicas", "1", "--out", str(out), "--quiet")
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert "time-scaled to 40 req/s" in s["workload"]
+
+
+def _one_line_error(r, *needles):
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, r.output
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in r.output
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def test_bad_inputs_give_one_line_errors(tmp_path):
+    _one_line_error(invoke("run", "--policy", "bogus"), "--policy", "bogus")
+    _one_line_error(invoke("run", "--qps", "-5"), "--qps")
+    _one_line_error(invoke("run", "--policy", "fixed:x"), "--policy")
+    _one_line_error(invoke("run", "--slo", "ttft:abc"), "--slo")
+    bad_trace = tmp_path / "bad.parquet"
+    bad_trace.write_bytes(b"not parquet at all")
+    _one_line_error(invoke("run", "--trace", str(bad_trace)), str(bad_trace))
+    bad_prof = tmp_path / "bad.toml"
+    bad_prof.write_text("[profile]\nname='x'\n[target]\ntokens=[1,2]\nstep_ms=[1.0]\n")
+    _one_line_error(invoke("run", "--profile", str(bad_prof)), str(bad_prof), "length")
+    bad_wl = tmp_path / "bad.csv"
+    bad_wl.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,12,x\n")
+    _one_line_error(invoke("run", "--workload", str(bad_wl)), str(bad_wl))
+    bad_jsonl = tmp_path / "bad.jsonl"
+    bad_jsonl.write_text('{"timestamp": 0, "input_length": 5}\n')
+    _one_line_error(invoke("run", "--workload", str(bad_jsonl)), str(bad_jsonl), "line 1")
+    _one_line_error(invoke("run", "--profile", "no-such-profile"), "--profile")
+
+
+def test_bad_input_keeps_existing_outputs(tmp_path):
+    out = tmp_path / "keep"
+    assert invoke("run", *SMALL, "--out", str(out), "--quiet").exit_code == 0
+    before = (out / "summary.json").read_bytes()
+    r = invoke("run", *SMALL, "--policy", "nope", "--out", str(out))
+    assert r.exit_code == 2
+    assert (out / "summary.json").read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == ["requests.parquet", "summary.json"]
+
+
+def test_traces_synth_and_inspect(tmp_path):
+    p = tmp_path / "iid.parquet"
+    r = invoke("traces", "synth", "--kind", "iid", "--alpha", "0.7", "--gamma", "4",
+               "--requests", "8", "--positions", "200", "--out", str(p))
+    assert r.exit_code == 0, r.output
+    r = invoke("traces", "inspect", str(p))
+    assert r.exit_code == 0, r.output
+    # tau(l=4) for iid alpha=0.7: (1 - 0.7^5) / 0.3 = 2.77
+    assert "2.7" in r.output and "P(k | 1..k-1)" in r.output
+    r = invoke("run", "--trace", str(p), "--policy", "fixed:2", *SMALL, "--quiet")
+    assert r.exit_code == 0, r.output
+    r = invoke("traces", "inspect", "dspark-synthetic")
+    assert r.exit_code == 0 and "math" in r.output
+    _one_line_error(invoke("traces", "synth", "--kind", "iid", "--alpha", "1.5",
+                           "--out", str(tmp_path / "x.parquet")), "--alpha")
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_profiles_commands():
+    r = invoke("profiles", "list")
+    assert r.exit_code == 0 and "v4flash-h200" in r.output
+    r = invoke("profiles", "show", "v4flash-h200")
+    assert r.exit_code == 0 and "draft [dspark]" in r.output

@@ -1,0 +1,124 @@
+"""Trace schema v1: round trip, derived statistics, validation of malformed files."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from dspark_sim.errors import InputError
+from dspark_sim.traces.schema import (
+    META_KEY,
+    TraceMeta,
+    load_trace,
+    read_trace,
+    trace_from_frame,
+    write_trace,
+)
+from dspark_sim.traces.synth import DSPARK_CURVES, synth_drafter, synth_iid
+
+
+def test_round_trip(tmp_path):
+    t = synth_iid(0.75, 5, num_requests=4, positions=50, seed=3)
+    p = write_trace(t, tmp_path / "t.parquet")
+    u = read_trace(p)
+    assert u.meta.gamma_max == 5 and u.meta.source == "synthetic"
+    assert np.array_equal(u.accept_len, t.accept_len)
+    assert np.array_equal(u.conf, t.conf)
+    assert np.array_equal(u.req_offsets, t.req_offsets)
+    assert u.meta.generator["alpha"] == 0.75
+
+
+def test_iid_statistics():
+    t = synth_iid(0.8, 6, num_requests=50, positions=400, seed=0)
+    assert t.tau(3) == pytest.approx((1 - 0.8**4) / 0.2, rel=0.02)
+    assert np.allclose(t.conditional_acceptance(), 0.8, atol=0.02)
+    assert np.allclose(t.survival(), 0.8 ** np.arange(1, 7), atol=0.02)
+
+
+def test_synthetic_drafter_matches_published_domain_tau():
+    t = synth_drafter(DSPARK_CURVES, requests_per_domain=48, positions=256, seed=2)
+    for curve in DSPARK_CURVES:
+        sub = t.select_domain(curve.domain)
+        assert sub.tau(7) == pytest.approx(curve.tau7, rel=0.04), curve.domain
+        cond = sub.conditional_acceptance()
+        assert cond[0] == pytest.approx(curve.p1, abs=0.02)
+        assert cond[-1] < cond[0]  # suffix decay of a parallel drafter
+    # raw confidences are informative but over-confident
+    conf1 = t.conf[:, 0]
+    acc1 = t.accept_len >= 1
+    assert conf1[acc1].mean() > conf1[~acc1].mean() + 0.1
+
+
+def test_builtin_traces_load():
+    d = load_trace("dspark-synthetic")
+    m = load_trace("mtp1-synthetic")
+    assert d.gamma_max == 7 and m.gamma_max == 1
+    assert 1.85 < m.tau() < 1.95  # InferenceX golden AL 1.92 for MTP-1
+    assert set(d.meta.domains) == {"math", "code", "chat"}
+
+
+def _frame(g=3):
+    return pl.DataFrame({
+        "request_id": [0, 0, 1],
+        "domain": ["math"] * 3,
+        "position": [0, 1, 0],
+        "accept_len": [1, 3, 0],
+        "conf": pl.Series([[0.9, 0.8, 0.5]] * 3, dtype=pl.Array(pl.Float32, g)),
+    })
+
+
+META = TraceMeta(drafter="d", target="t", gamma_max=3)
+
+
+def test_validation_errors(tmp_path):
+    trace_from_frame(_frame(), META)  # valid
+    with pytest.raises(InputError, match="missing column"):
+        trace_from_frame(_frame().drop("conf"), META, "x.parquet")
+    with pytest.raises(InputError, match="accept_len out of"):
+        trace_from_frame(_frame().with_columns(pl.lit(9).alias("accept_len")), META, "x")
+    with pytest.raises(InputError, match="not contiguous"):
+        trace_from_frame(_frame().with_columns(pl.Series("position", [0, 2, 0])), META, "x")
+    with pytest.raises(InputError, match="outside"):
+        bad = _frame().with_columns(
+            pl.Series("conf", [[0.9, float("nan"), 0.5]] * 3, dtype=pl.Array(pl.Float32, 3)))
+        trace_from_frame(bad, META, "x")
+    with pytest.raises(InputError, match="no rows"):
+        trace_from_frame(_frame().clear(), META, "x")
+    with pytest.raises(InputError, match="gamma_max"):
+        trace_from_frame(_frame(), replace(META, gamma_max=4), "x")
+
+
+def test_read_errors_name_the_file(tmp_path):
+    p = tmp_path / "plain.parquet"
+    _frame().write_parquet(p)  # a parquet file without trace metadata
+    with pytest.raises(InputError, match=str(p)):
+        read_trace(p)
+    table = _frame().to_arrow()
+    table = table.replace_schema_metadata({META_KEY: b'{"schema_version": 7}'})
+    q = tmp_path / "v7.parquet"
+    pq.write_table(table, q)
+    with pytest.raises(InputError, match="schema_version"):
+        read_trace(q)
+    with pytest.raises(InputError, match="not found"):
+        read_trace(tmp_path / "missing.parquet")
+    with pytest.raises(InputError, match="unknown trace"):
+        load_trace("no-such-trace")
+
+
+def test_write_is_atomic(tmp_path, monkeypatch):
+    t = synth_iid(0.5, 2, num_requests=2, positions=10)
+    p = write_trace(t, tmp_path / "t.parquet")
+    before = p.read_bytes()
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pq, "write_table", boom)
+    with pytest.raises(OSError):
+        write_trace(synth_iid(0.9, 2, num_requests=2, positions=10), p)
+    assert p.read_bytes() == before
+    assert [x.name for x in tmp_path.iterdir()] == ["t.parquet"]
