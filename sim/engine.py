@@ -311,9 +311,12 @@ class Replica:
             # still fits in the budget (verification displaces prefill).
             verify = n_dec + c.arange(n_dec * c.gamma + 1)
             total = np.minimum(verify + self.pending_prefill, c.max_num_batched_tokens)
-            t = c.draft_time(n_dec) + c.target_times(total) + c.profile.kv_s_per_token * self.kv_tokens
-            sps = 1.0 / t
-            sps[verify > c.max_num_batched_tokens] = 0.0
+            t = c.dense_step_s[total]
+            t += c.draft_time(n_dec) + c.profile.kv_s_per_token * self.kv_tokens
+            sps = np.reciprocal(t, out=t)
+            over = n_dec * (1 + c.gamma) - c.max_num_batched_tokens
+            if over > 0:
+                sps[-over:] = 0.0
         lag_s = lag_sps = None
         if policy.needs_lag and len(self.lag) == 2:
             lag_s, lag_sps = self.lag[0]
@@ -364,8 +367,11 @@ class SimContext:
             key = trace.meta.drafter if trace.meta.drafter in profile.drafts else policy.drafter
             self._draft_key = key
             profile.draft_time_s(key, 1, self.draft_gamma)  # fail early on a missing section
-        self._tokens = [int(x) for x in profile.tokens]
-        self._steps = [float(x) for x in profile.step_s]
+        # Target time for every B in 0..max_num_batched_tokens, looked up once: the hot
+        # loop then indexes instead of searching (8k floats, 64 KiB).
+        self.dense_step_s = np.asarray(
+            profile.target_time_s(np.arange(self.max_num_batched_tokens + 1)), dtype=np.float64)
+        self._dense_list = self.dense_step_s.tolist()
         self._draft_cache: dict[int, float] = {}
         self.stats = StepStats(self.gamma)
         self.replicas = [Replica(i, self) for i in range(cfg.deployment.replicas)]
@@ -378,13 +384,6 @@ class SimContext:
             a = self._arange = np.arange(max(n, 2 * a.size), dtype=np.int64)
         return a[:n]
 
-    def target_times(self, b: np.ndarray) -> np.ndarray:
-        """Vectorised target time; fast path for step tables inside the table."""
-        p = self.profile
-        if p.interpolation == "step" and b.size and int(b.max()) <= self._tokens[-1]:
-            return p.step_s[p.tokens.searchsorted(b)]
-        return p.target_time_s(b)
-
     def empty_survival(self, n: int) -> np.ndarray:
         s = self._empty.get(n)
         if s is None:
@@ -393,10 +392,8 @@ class SimContext:
         return s
 
     def target_time(self, b: int) -> float:
-        # Scalar fast path of EngineProfile.target_time_s (the hot loop calls it per step).
-        if self.profile.interpolation == "step" and b <= self._tokens[-1]:
-            return self._steps[bisect.bisect_left(self._tokens, b)]
-        return float(self.profile.target_time_s(b))
+        # A step never exceeds the token budget, so the dense table covers every B.
+        return self._dense_list[b]
 
     def draft_time(self, n: int) -> float:
         if self._draft_key is None:
