@@ -1,0 +1,94 @@
+"""Policies: registry, purity, Algorithm 1 behaviour (incl. the Appendix A example)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dspark_sim.errors import InputError
+from dspark_sim.policies.base import BatchSnapshot, readonly
+from dspark_sim.policies.registry import get_policy
+from dspark_sim.policies.scheduler import (
+    budget_global,
+    schedule_async,
+    schedule_sync,
+    schedule_topk,
+    theta_curve,
+)
+
+
+def _survival(rng, n, g):
+    c = rng.uniform(0.3, 1.0, size=(n, g))
+    return np.cumprod(c, axis=1)
+
+
+def test_appendix_a_counterexample():
+    """SPS(1,2,3) = 1, 0.5, 0.45: the early stop admits nothing, the global search two."""
+    a = np.array([[0.9, 0.9 * 0.95]])
+    sps = np.array([1.0, 0.5, 0.45])
+    assert schedule_sync(a, sps).tolist() == [0]
+    assert budget_global(a, sps) == 2
+    theta = theta_curve(a, sps)
+    assert theta[1] < theta[0] < theta[2]
+
+
+def test_sync_admits_while_theta_rises():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n, g = rng.integers(1, 12), rng.integers(1, 8)
+        a = _survival(rng, n, g)
+        sps = 1.0 / (1.0 + 0.02 * np.arange(n * g + 1) ** 1.3)
+        ell = schedule_sync(a, sps)
+        k = int(ell.sum())
+        theta = theta_curve(a, sps)
+        assert np.all(np.diff(theta[: k + 1]) > 0)
+        assert k == n * g or theta[k + 1] <= theta[k]
+        # admitted tokens are the k best by survival, and form prefixes
+        chosen = np.concatenate([a[r, : ell[r]] for r in range(n)])
+        rest = np.concatenate([a[r, ell[r]:] for r in range(n)])
+        if chosen.size and rest.size:
+            assert chosen.min() >= rest.max()
+
+
+def test_topk_and_async():
+    rng = np.random.default_rng(1)
+    a = _survival(rng, 6, 5)
+    for k in (0, 3, 11, 30, 99):
+        ell = schedule_topk(a, k)
+        assert ell.sum() == min(k, 30) and np.all(ell <= 5)
+    lag = _survival(rng, 4, 5)
+    sps = np.linspace(1.0, 0.6, 21)
+    assert schedule_async(a, lag, sps).sum() == budget_global(lag, sps)
+
+
+def test_ties_are_broken_row_major():
+    a = np.full((3, 2), 0.5)
+    assert schedule_topk(a, 3).tolist() == [2, 1, 0]
+
+
+@pytest.mark.parametrize("spec,drafter", [("none", None), ("mtp1", "mtp1"), ("fixed:4", "dspark"),
+                                          ("confidence", "dspark"), ("confidence-async", "dspark"),
+                                          ("threshold:0.3", "dspark")])
+def test_registry_policies_are_pure(spec, drafter):
+    pol = get_policy(spec)
+    assert pol.drafter == drafter
+    rng = np.random.default_rng(2)
+    a = readonly(_survival(rng, 8, 7))
+    sps = readonly(1.0 / (1.0 + 0.01 * np.arange(57)))
+    snap = BatchSnapshot(survival=a, gamma_max=7, token_budget=8192, sps=sps,
+                         lagged_survival=a, lagged_sps=sps)
+    before = a.copy()
+    first = pol(snap)
+    again = pol(snap)
+    assert np.array_equal(first, again)  # no hidden state
+    assert np.array_equal(a, before)
+    assert first.shape == (8,) and np.all((first >= 0) & (first <= 7))
+    with pytest.raises(ValueError):
+        a[0, 0] = 1.0  # snapshots are read-only
+
+
+@pytest.mark.parametrize("bad", ["", "nope", "fixed", "fixed:-1", "fixed:x", "threshold:2",
+                                 "threshold:abc"])
+def test_bad_policy_specs(bad):
+    with pytest.raises(InputError, match="--policy"):
+        get_policy(bad)
