@@ -8,6 +8,7 @@ imported lazily so ``import dspark_sim.kernels`` works without it.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -16,6 +17,7 @@ import torch
 BACKENDS = ("auto", "triton", "torch")
 
 
+@functools.cache  # find_spec walks sys.path: ~50 us, too slow for every kernel call
 def triton_importable() -> bool:
     """True when the ``triton`` package can be imported (not imported here)."""
     return importlib.util.find_spec("triton") is not None

@@ -59,11 +59,11 @@ def rank_torch(survival: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # Plain-torch references (float64 throughout).
 
 
-def theta_curve_torch(survival: torch.Tensor, sps: torch.Tensor) -> torch.Tensor:
-    """Theta_i = (n + sum of the i best survivals) * sps[i], i = 0..n*gamma."""
-    _, vals = rank_torch(survival)
-    csum = torch.cat([vals.new_zeros(1), vals.cumsum(0)])
-    return (survival.shape[0] + csum) * sps
+def theta_curve_torch(survival: torch.Tensor, sps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Theta_i = (n + sum of the i best survivals) * sps[i] for i = 0..n*gamma, order)."""
+    order, vals = rank_torch(survival)
+    csum = torch.cat([vals.new_zeros(1), vals.cumsum(0)])  # CPU cumsum: sequential, as numpy
+    return (survival.shape[0] + csum) * sps, order
 
 
 def _k_torch(theta: torch.Tensor, early_stop: bool) -> torch.Tensor:
@@ -73,9 +73,12 @@ def _k_torch(theta: torch.Tensor, early_stop: bool) -> torch.Tensor:
     return torch.where(rises.all(), rises.numel(), rises.to(torch.int8).argmin())
 
 
-def _admit_torch(survival: torch.Tensor, k: torch.Tensor | int) -> torch.Tensor:
+def _admit_torch(
+    survival: torch.Tensor, k: torch.Tensor | int, order: torch.Tensor | None = None
+) -> torch.Tensor:
     n, gamma = survival.shape
-    order, _ = rank_torch(survival)
+    if order is None:
+        order, _ = rank_torch(survival)
     taken = (torch.arange(order.numel(), device=order.device) < k).to(torch.int64)
     return torch.zeros(n, dtype=torch.int64, device=order.device).index_add_(
         0, order // gamma, taken
@@ -92,7 +95,8 @@ def schedule_sync(survival, sps, *, backend: str = "auto") -> torch.Tensor:
     if s.shape[0] == 0:
         return torch.zeros(0, dtype=torch.int64, device=s.device)
     if resolve_backend(backend, s) == "torch":
-        return _admit_torch(s, _k_torch(theta_curve_torch(s, table), early_stop=True))
+        theta, order = theta_curve_torch(s, table)
+        return _admit_torch(s, _k_torch(theta, early_stop=True), order)
     from . import scheduler_triton
 
     return scheduler_triton.schedule_triton(s, table, early_stop=True, admit=True)[0]
@@ -104,7 +108,7 @@ def budget_global(survival, sps, *, backend: str = "auto") -> torch.Tensor:
     if s.shape[0] == 0:
         return torch.zeros((), dtype=torch.int64, device=s.device)
     if resolve_backend(backend, s) == "torch":
-        return _k_torch(theta_curve_torch(s, table), early_stop=False)
+        return _k_torch(theta_curve_torch(s, table)[0], early_stop=False)
     from . import scheduler_triton
 
     return scheduler_triton.schedule_triton(s, table, early_stop=False, admit=False)[1]

@@ -22,17 +22,20 @@ from .verify import _check_varlen, _max_seqlen, _request_ids
 
 
 def survival_torch(
-    conf_logits: torch.Tensor, cu_seqlens: torch.Tensor, temperature: torch.Tensor
+    conf_logits: torch.Tensor, cu_seqlens: torch.Tensor, temperature: torch.Tensor, max_seqlen: int
 ) -> torch.Tensor:
-    """Reference: scale, sigmoid, pad to [R, max_len] with ones, cumprod, unpad."""
+    """Reference: scale, sigmoid, pad to [R, max_seqlen] with ones, cumprod, unpad.
+    Equal-length blocks skip the padding (3 ops instead of ~20 launch-bound ones)."""
     num_tok = conf_logits.numel()
     cu = cu_seqlens.to(torch.int64)
     num_req = cu.numel() - 1
-    req, pos = _request_ids(cu, num_tok)
     temp = temperature.to(device=conf_logits.device, dtype=torch.float32)
+    if num_tok == num_req * max_seqlen and max_seqlen > 0:
+        dense = conf_logits.float().view(num_req, max_seqlen) / temp[:max_seqlen]
+        return torch.sigmoid(dense).cumprod(dim=1).view(-1)
+    req, pos = _request_ids(cu, num_tok)
     conf = torch.sigmoid(conf_logits.float() / temp[pos])
-    width = int(pos.max().item()) + 1 if num_tok else 1
-    dense = torch.ones(num_req, width, dtype=torch.float32, device=conf.device)
+    dense = torch.ones(num_req, max(max_seqlen, 1), dtype=torch.float32, device=conf.device)
     dense[req, pos] = conf
     return dense.cumprod(dim=1)[req, pos]
 
@@ -56,7 +59,7 @@ def survival_varlen(
     if width > temperature.numel():
         raise ValueError(f"temperature has {temperature.numel()} entries, blocks reach {width}")
     if resolve_backend(backend, conf_logits) == "torch":
-        return survival_torch(conf_logits, cu_seqlens, temperature)
+        return survival_torch(conf_logits, cu_seqlens, temperature, width)
     from . import survival_triton
 
     return survival_triton.survival_triton(
