@@ -213,23 +213,26 @@ def _sync(torch, device) -> None:
 
 
 def _time_interleaved(torch, device, items, warmup: int, repeats: int,
-                      seed: int = 0) -> list[list[float]]:
+                      seed: int = 0, clock: str = "wall") -> list[list[float]]:
     """Time many ``(run, reset)`` pairs round-robin, in a fresh random order each round.
 
     On a shared machine the load drifts over seconds; interleaving spreads every shape's
     passes over the whole measurement, so a busy spell inflates one pass of many shapes
-    instead of all passes of a few (the median then drops it)."""
+    instead of all passes of a few (the median then drops it). ``clock="thread"`` reads
+    the calling thread's CPU time (``time.thread_time``): with one intra-op thread on
+    CPU that is the forward's compute time, immune to preemption by other processes."""
     rng = np.random.default_rng(seed)
+    now = time.thread_time if clock == "thread" else time.perf_counter
     times: list[list[float]] = [[] for _ in items]
     with torch.inference_mode():
         for rnd in range(warmup + repeats):
             for i in rng.permutation(len(items)):
                 run, reset = items[i]
                 _sync(torch, device)
-                t0 = time.perf_counter()
+                t0 = now()
                 run()
                 _sync(torch, device)
-                dt = time.perf_counter() - t0
+                dt = now() - t0
                 reset()
                 if rnd >= warmup:
                     times[i].append(dt)
@@ -474,6 +477,20 @@ def measure_drafts(runner: _Runner, drafter, batch_requests, gammas, context,
 # -- entry point -----------------------------------------------------------------------------
 
 
+def _cpu_name() -> str:
+    import os
+
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} logical CPUs"
+
+
 def _loadavg() -> float:
     try:
         import os
@@ -513,6 +530,7 @@ def measure_engine(
     name: str | None = None,
     dtype: str | None = None,
     num_threads: int | None = None,
+    clock: str = "auto",
     log: Callable[[str], None] | None = print,
 ) -> EngineProfile:
     """Time the target on this machine and return a ``kind = "measured"`` profile.
@@ -522,6 +540,11 @@ def measure_engine(
     are padded up to the next bucket. ``drafter``: see the module docstring; with
     ``measure_drafters=False`` no draft sections are written.
     ``dtype``: ``"float32"``/``"bfloat16"``/``"float16"`` (default fp32 on CPU, bf16 on CUDA).
+    ``num_threads``: torch intra-op threads while measuring (default: 1 on CPU, restored
+    afterwards; unchanged on CUDA). ``clock``: ``"wall"``, ``"thread"`` (thread CPU time,
+    only meaningful on CPU with one thread) or ``"auto"`` (thread CPU time on CPU with one
+    thread, which makes the table robust to other processes on a shared machine; wall
+    clock otherwise).
     The held-out relative error is printed via ``log`` and stored in
     ``profile.parameters`` (``heldout_mean_rel_error``, ``heldout_max_rel_error``, ...).
     """
@@ -539,9 +562,31 @@ def measure_engine(
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InputError("device", "CUDA requested but torch.cuda.is_available() is False")
+    if clock not in ("auto", "wall", "thread"):
+        raise InputError("clock", f"must be auto, wall or thread, got {clock!r}")
+    saved_threads = torch.get_num_threads()
+    if num_threads is None and dev.type == "cpu":
+        num_threads = 1
     if num_threads is not None:
+        if int(num_threads) < 1:
+            raise InputError("num_threads", "must be >= 1")
         torch.set_num_threads(int(num_threads))
-    torch_dtype = getattr(torch, dtype) if dtype else (
+    try:
+        return _measure_engine(
+            torch, dev, model_source, batch_requests, verify_lengths, context_lengths, warmup,
+            repeats, cuda_graphs, buckets, drafter, measure_drafters, draft_gammas, holdout, seed,
+            name, dtype, clock, log)
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, context_lengths,
+                    warmup, repeats, cuda_graphs, buckets, drafter, measure_drafters,
+                    draft_gammas, holdout, seed, name, dtype, clock, log) -> EngineProfile:
+    device = str(dev)
+    if clock == "auto":
+        clock = "thread" if dev.type == "cpu" and torch.get_num_threads() == 1 else "wall"
+    torch_dtype = getattr(torch, str(dtype), None) if dtype else (
         torch.bfloat16 if dev.type == "cuda" else torch.float32)
     if not isinstance(torch_dtype, torch.dtype):
         raise InputError("dtype", f"unknown torch dtype {dtype!r}")
@@ -587,7 +632,7 @@ def measure_engine(
             shapes = [Shape(r, v, c) for c in context_lengths for v in verify_lengths
                       for r in batch_requests]
         items = [runner.step_fn(s) for s in shapes]
-        times = _time_interleaved(torch, dev, items, warmup, repeats, seed)
+        times = _time_interleaved(torch, dev, items, warmup, repeats, seed, clock)
         del items
     samples = _samples(shapes, times, log)
     interpolation = "step" if use_graphs else "linear"
@@ -602,7 +647,7 @@ def measure_engine(
         ctx = context_lengths[len(context_lengths) // 2]
 
         def timer_many(items):
-            return _time_interleaved(torch, dev, items, warmup, repeats, seed)
+            return _time_interleaved(torch, dev, items, warmup, repeats, seed, clock)
 
         drafts, draft_label = measure_drafts(runner, drafter, batch_requests, draft_gammas, ctx,
                                              timer_many, log)
@@ -614,12 +659,14 @@ def measure_engine(
         "weights": "random (timing only)",
         "device": device,
         "device_name": (torch.cuda.get_device_name(dev) if dev.type == "cuda"
-                        else platform.processor() or platform.machine()),
+                        else _cpu_name()),
         "torch": torch.__version__,
         "threads": int(torch.get_num_threads()),
         "dtype": str(torch_dtype).replace("torch.", ""),
         "date": _dt.date.today().isoformat(),
         "cuda_graphs": bool(use_graphs),
+        "clock": ("CUDA events" if use_graphs else
+                  "thread CPU time" if clock == "thread" else "wall clock"),
         "warmup": int(warmup),
         "repeats": int(repeats),
         "batch_requests": list(batch_requests),

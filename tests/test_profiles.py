@@ -1,0 +1,277 @@
+"""Engine profiles: TOML round trip, shipped files, bad files, sheets, measurement."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dspark_sim.calibration.profile import (
+    builtin_profiles,
+    load_profile,
+    profile_from_dict,
+)
+from dspark_sim.calibration.roofline import (
+    builtin_analytic_specs,
+    default_profile,
+    model_sheet_from_hf_config,
+    profile_from_sheets,
+    write_builtin_profiles,
+)
+
+from dspark_sim.errors import InputError
+
+DATA = Path(__file__).resolve().parents[1] / "calibration" / "data"
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 1024,
+}
+
+
+def _same(a, b) -> None:
+    assert a.name == b.name and a.kind == b.kind and a.gpus_per_replica == b.gpus_per_replica
+    assert a.interpolation == b.interpolation
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.step_s, b.step_s, rtol=1e-6, atol=1e-9)
+    assert a.kv_s_per_token == pytest.approx(b.kv_s_per_token, rel=1e-9)
+    assert a.eager_penalty_s == pytest.approx(b.eager_penalty_s)
+    assert set(a.drafts) == set(b.drafts)
+    for k, d in a.drafts.items():
+        np.testing.assert_allclose(d.time_s, b.drafts[k].time_s, rtol=1e-6, atol=1e-9)
+        assert d.gamma_ref == b.drafts[k].gamma_ref
+        assert d.gamma_slope == pytest.approx(b.drafts[k].gamma_slope)
+
+
+# -- round trip and shipped files ------------------------------------------------------------
+
+
+def test_toml_round_trip():
+    p = default_profile()
+    back = profile_from_dict(tomllib.loads(p.to_toml()), "roundtrip")
+    _same(p, back)
+    assert back.to_toml() == p.to_toml()
+
+
+def test_default_profile_file_unchanged():
+    assert (DATA / "v4flash-h200.toml").read_text() == default_profile().to_toml()
+
+
+def test_shipped_analytic_files_are_current(tmp_path):
+    write_builtin_profiles(tmp_path)
+    for name in builtin_analytic_specs():
+        if name == "v4flash-h200":
+            continue
+        assert (tmp_path / f"{name}.toml").read_text() == (DATA / f"{name}.toml").read_text(), name
+
+
+@pytest.mark.parametrize("name", builtin_profiles())
+def test_every_shipped_profile_loads(name):
+    p = load_profile(name)
+    assert p.kind in ("analytic", "measured")
+    assert np.all(np.isfinite(p.step_s)) and np.all(p.step_s > 0)
+    b = np.array([1, 2, 8, 64, p.max_tokens, 2 * p.max_tokens])
+    t = p.step_time_s(b, kv_tokens=1000.0)
+    assert np.all(np.isfinite(t)) and np.all(t > 0)
+    # Monotone-ish: measured tables may wobble by noise, never by a lot.
+    tol = 0.0 if p.kind == "analytic" else 0.25
+    running_max = np.maximum.accumulate(p.step_s)
+    assert np.all(p.step_s >= (1 - tol) * running_max), name
+    assert p.step_s[-1] > p.step_s[0]
+    for d in p.drafts.values():
+        assert d.time(1, d.gamma_ref) > 0
+    if name in builtin_analytic_specs():
+        assert p.kind == "analytic"
+
+
+def test_shipped_names():
+    names = set(builtin_profiles())
+    for hw in ("h100", "h200", "b200"):
+        for model in ("v4flash", "qwen3-8b"):
+            assert f"{model}-{hw}" in names
+    assert "smollm2-cpu" in names
+    cpu = load_profile("smollm2-cpu")
+    assert cpu.kind == "measured" and cpu.step_std_s is not None
+    assert {"dspark", "parallel", "mtp1"} <= set(cpu.drafts)
+    assert "heldout_mean_rel_error" in cpu.parameters
+
+
+# -- bad files -------------------------------------------------------------------------------
+
+
+GOOD = default_profile().to_toml()
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda s: s.replace("step_ms = [", "step_msx = ["), "step_ms"),
+        (lambda s: s.replace("[target]", "[targetx]"), "target"),
+        (lambda s: s.replace("step_ms = [9.226262", "step_ms = [nan"), "NaN"),
+        (lambda s: s.replace("tokens = [1, 2, 4", "tokens = [1, 4, 2"), "increasing"),
+        (lambda s: s.replace('kind = "analytic"', 'kind = "guessed"'), "kind"),
+        (lambda s: s.replace("step_ms = [9.226262, ", "step_ms = ["), "length"),
+        (lambda s: s.replace("gpus_per_replica = 16", "gpus_per_replica = 0"), "gpus"),
+        (lambda s: s.replace("[draft.mtp1]\nbatch = [1, 8", "[draft.mtp1]\nbatch = [8, 1"),
+         "draft.mtp1"),
+        (lambda s: s + "\n[[[broken", "TOML"),
+    ],
+)
+def test_bad_profile_files(tmp_path, edit, message):
+    bad = edit(GOOD)
+    assert bad != GOOD
+    path = tmp_path / "broken-profile.toml"
+    path.write_text(bad)
+    with pytest.raises(InputError) as err:
+        load_profile(path)
+    assert "broken-profile.toml" in str(err.value)
+    assert message.lower() in str(err.value).lower()
+
+
+def test_missing_profile_file(tmp_path):
+    with pytest.raises(InputError, match="nope.toml"):
+        load_profile(tmp_path / "nope.toml")
+    with pytest.raises(InputError, match="unknown profile"):
+        load_profile("no-such-builtin")
+
+
+# -- sheets ----------------------------------------------------------------------------------
+
+
+def test_profile_from_sheets_presets_and_tables(tmp_path):
+    sheet = tmp_path / "custom.toml"
+    sheet.write_text(
+        'name = "qwen-like-h100"\nhardware = "H100-bf16"\nmodel = "qwen3-8b"\n'
+        "[deployment]\ngpus_per_replica = 1\noverhead_ms = 1.5\nper_token_overhead_us = 2.0\n"
+        "eager_penalty_ms = 2.0\ndraft_layers = 5\n"
+    )
+    p = profile_from_sheets(sheet)
+    assert p.name == "qwen-like-h100" and p.kind == "analytic"
+    _same(p, replace(load_profile("qwen3-8b-h100"), name="qwen-like-h100"))
+    sheet.write_text(
+        "[hardware]\nname = \"X\"\nhbm_bytes_per_s = 2e12\npeak_flops = 5e14\n"
+        "[model]\nname = \"m\"\nactive_params = 1e9\ndense_params = 1e9\nrouted_params = 0\n"
+        "bytes_per_param = 2\n[deployment]\ngpus_per_replica = 1\noverhead_ms = 1.0\n"
+    )
+    p = profile_from_sheets(sheet)
+    # Memory-bound at B=1: 2 GB / (2 TB/s * 0.75) + 1 ms.
+    assert p.step_s[0] == pytest.approx(2e9 / (2e12 * 0.75) + 1e-3, rel=1e-6)
+
+
+def test_profile_from_hf_config(tmp_path):
+    cfg = {
+        "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    m = model_sheet_from_hf_config(cfg)
+    assert 7.5e9 < m.active_params < 8.5e9  # Qwen3-8B: 8.2B
+    assert m.kv_bytes_per_token == pytest.approx(36 * 2 * 8 * 128 * 2)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    sheet = tmp_path / "hf.toml"
+    sheet.write_text('hardware = "H200-bf16"\n[model]\nhf_config = "config.json"\n'
+                     "[deployment]\ngpus_per_replica = 1\noverhead_ms = 1.5\n")
+    p = profile_from_sheets(sheet)
+    assert p.step_s[0] > 3e-3 and p.gpus_per_replica == 1
+
+
+def test_bad_sheets(tmp_path):
+    sheet = tmp_path / "bad-sheet.toml"
+    sheet.write_text('hardware = "H999"\nmodel = "v3"\n')
+    with pytest.raises(InputError, match="bad-sheet.toml.*H999"):
+        profile_from_sheets(sheet)
+    sheet.write_text('hardware = "H100"\nmodel = "v3"\n[deployment]\noverhead_ms = 1\n')
+    with pytest.raises(InputError, match="bad-sheet.toml.*gpus_per_replica"):
+        profile_from_sheets(sheet)
+    sheet.write_text('hardware = "H100"\nmodel = "v3"\n[deployment]\ngpus_per_replica = 8\n'
+                     "overhead_ms = 1\nwarp_factor = 9\n")
+    with pytest.raises(InputError, match="warp_factor"):
+        profile_from_sheets(sheet)
+    sheet.write_text('hardware = "H100"\nmodel = "v3"\n[deployment]\ngpus_per_replica = 8\n'
+                     "overhead_ms = nan\n")
+    with pytest.raises(InputError, match="overhead_ms"):
+        profile_from_sheets(sheet)
+
+
+# -- measurement -----------------------------------------------------------------------------
+
+
+def test_measure_engine_tiny_llama(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from dspark_sim.calibration.measure import measure_engine
+
+    cfg_path = tmp_path / "config.json"
+    cfg_path.write_text(json.dumps(TINY_LLAMA))
+    lines: list[str] = []
+    prof = measure_engine(
+        cfg_path, batch_requests=(1, 2, 3, 4), verify_lengths=(0, 1, 3),
+        context_lengths=(16, 64), warmup=1, repeats=3, draft_gammas=(3, 7),
+        num_threads=1, name="tiny", log=lines.append,
+    )
+    print("\n".join(lines[-3:]))
+    assert prof.kind == "measured" and prof.name == "tiny"
+    assert prof.interpolation == "linear"
+    assert np.all(np.diff(prof.tokens) > 0) and np.all(prof.step_s > 0)
+    assert prof.step_std_s is not None and prof.step_std_s.shape == prof.step_s.shape
+    assert prof.kv_s_per_token >= 0
+    assert {"dspark", "parallel", "mtp1"} == set(prof.drafts)
+    assert "stand-in" in prof.parameters["draft_source"]
+    err = prof.parameters["heldout_mean_rel_error"]
+    assert np.isfinite(err) and err >= 0
+    print(f"tiny llama held-out relative error: mean {err:.1%}, "
+          f"max {prof.parameters['heldout_max_rel_error']:.1%}")
+    assert any("held-out" in line for line in lines)
+    # The result is a valid profile file.
+    path = tmp_path / "tiny.toml"
+    path.write_text(prof.to_toml())
+    back = load_profile(path)
+    _same(prof, back)
+    assert back.parameters["heldout_shapes"] == prof.parameters["heldout_shapes"]
+
+
+def test_measure_engine_bad_inputs(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from dspark_sim.calibration.measure import load_model_config, measure_engine
+
+    with pytest.raises(InputError, match="missing-dir"):
+        load_model_config(tmp_path / "missing-dir")
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match="config.json"):
+        load_model_config(bad)
+    with pytest.raises(InputError, match="model_type"):
+        load_model_config({"hidden_size": 4})
+    with pytest.raises(InputError, match="verify_lengths"):
+        measure_engine(TINY_LLAMA, verify_lengths=(), log=None)
+    with pytest.raises(InputError, match="batch_requests"):
+        measure_engine(TINY_LLAMA, batch_requests=(0, 1), log=None)
+
+
+def test_fit_table_recovers_kv_term():
+    from dspark_sim.calibration.measure import Sample, Shape, fit_table, heldout_error
+
+    f = {1: 10e-3, 2: 11e-3, 4: 12e-3, 8: 15e-3, 16: 21e-3, 32: 33e-3}
+    kv = 2e-8
+    samples = []
+    for L in (0, 256, 1024):
+        for r in (1, 2, 4, 8):
+            for v in (0, 1, 3):
+                s = Shape(r, v, L)
+                if s.tokens in f:
+                    samples.append(Sample(s, f[s.tokens] + kv * s.kv_tokens, 0.0))
+    tokens, step, std, kv_s = fit_table(samples)
+    assert kv_s == pytest.approx(kv, rel=1e-6)
+    np.testing.assert_allclose(step, [f[int(b)] for b in tokens], rtol=1e-6)
+    check = heldout_error(samples, "step", 0.3, 0)
+    assert check["heldout_shapes"] > 0 and check["heldout_max_rel_error"] < 1e-6
