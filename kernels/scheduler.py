@@ -14,10 +14,10 @@ early stop / global argmax and the per-request admission count (atomic adds), so
 a separate multi-program kernel reading K from device memory.
 
 Exactness: Theta is compared between neighbours, so ``l`` depends on float64 rounding of
-the prefix sums. The torch reference (CPU cumsum is sequential) and the Triton
-interpreter (numpy cumsum) reproduce numpy bit for bit. On CUDA the scan is a tree, so
-``l`` can differ only when two consecutive Theta values lie within a few ulps of each
-other with non-dyadic survivals (dyadic values such as k/2^m sum exactly in any order).
+the prefix sums. Every path sums in numpy's sequential order -- the Triton kernel with a
+scalar loop (``n * gamma`` dependent adds), the torch reference with CPU ``cumsum``
+(a CUDA tensor is summed on the host: one sync) -- so ``l`` and K equal numpy's bit for
+bit, exact ties included.
 """
 
 from __future__ import annotations
@@ -62,7 +62,10 @@ def rank_torch(survival: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def theta_curve_torch(survival: torch.Tensor, sps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(Theta_i = (n + sum of the i best survivals) * sps[i] for i = 0..n*gamma, order)."""
     order, vals = rank_torch(survival)
-    csum = torch.cat([vals.new_zeros(1), vals.cumsum(0)])  # CPU cumsum: sequential, as numpy
+    # numpy's summation order: CPU cumsum is sequential; CUDA's is a tree scan, so a CUDA
+    # reference sums on the host (one sync; the Triton path sums sequentially on device).
+    seq = vals.cumsum(0) if vals.device.type == "cpu" else vals.cpu().cumsum(0).to(vals.device)
+    csum = torch.cat([vals.new_zeros(1), seq])
     return (survival.shape[0] + csum) * sps, order
 
 

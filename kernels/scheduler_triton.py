@@ -1,10 +1,11 @@
 """Triton kernels for :mod:`.scheduler` (ranking is done by ``torch.sort`` beforehand).
 
 ``_theta_kernel``: ONE program holds all ``N + 1 <= 16384`` Theta entries in registers:
-float64 prefix sum of the sorted survivals, Theta, then either the early stop (first
-``i`` with Theta_i <= Theta_{i-1}) or the first global argmax, and optionally the
-admission count. Theta is staged through a global scratch row so each comparison
-reads the same stored neighbour value (a register vector cannot be shifted).
+a sequential float64 prefix sum of the sorted survivals (numpy's summation order, so
+ties resolve bit for bit as in numpy), Theta, then either the early stop (first ``i``
+with Theta_i <= Theta_{i-1}) or the first global argmax, and optionally the admission
+count. Prefix sums and Theta are staged through a global scratch row (a register
+vector can neither be indexed by a loop counter nor shifted by one lane).
 
 ``_admit_kernel``: multi-program; K is read from device memory, so the async path
 never synchronises with the host.
@@ -22,15 +23,25 @@ from .scheduler import MAX_CANDIDATES, rank_torch
 
 @triton.jit
 def _theta_kernel(
-    vals_ptr, order_ptr, sps_ptr, theta_ptr, k_ptr, ell_ptr, n, N, gamma,
+    vals_ptr, order_ptr, sps_ptr, work_ptr, k_ptr, ell_ptr, n, N, gamma,
     EARLY_STOP: tl.constexpr, ADMIT: tl.constexpr, BLOCK: tl.constexpr,
 ):
     i = tl.arange(0, BLOCK)  # Theta index: i draft tokens admitted, 0..N
     live = i <= N
-    # Lane i carries the i-th best survival (lane 0 carries 0): the inclusive scan then
-    # equals numpy's concat([0], cumsum(a)) term by term.
-    a = tl.load(vals_ptr + i - 1, mask=(i >= 1) & live, other=0.0)
-    tau = n + tl.cumsum(a, 0)  # int n promotes to float64 exactly, as in numpy
+    csum_ptr = work_ptr  # [N + 1] prefix sums, then [N + 1] Theta
+    theta_ptr = work_ptr + N + 1
+    # Sequential float64 prefix sum, in numpy's order (s_j = s_{j-1} + a_j): a tree scan
+    # (tl.cumsum on GPU) rounds differently and can flip an exact-tie decision. Costs
+    # N dependent adds; the vector load first pulls the row into L1 for the scalar loads.
+    tl.load(vals_ptr + i, mask=i < N, other=0.0)
+    s = tl.zeros([1], tl.float64)
+    one = tl.arange(0, 1)
+    tl.store(csum_ptr + one, s)
+    for j in tl.range(0, N, loop_unroll_factor=8):
+        s = s + tl.load(vals_ptr + j + one)
+        tl.store(csum_ptr + j + 1 + one, s)
+    tl.debug_barrier()
+    tau = n + tl.load(csum_ptr + i, mask=live, other=0.0)  # int n -> float64, as numpy
     theta = tau * tl.load(sps_ptr + i, mask=live, other=0.0)
     tl.store(theta_ptr + i, theta, mask=live)
     tl.debug_barrier()  # make every lane's Theta visible before reading neighbours
@@ -70,12 +81,12 @@ def schedule_triton(
         raise ValueError(f"n*gamma+1 = {num_cand + 1} > {MAX_CANDIDATES}; use backend='torch'")
     dev = survival.device
     order, vals = rank_torch(survival)
-    theta = torch.empty(num_cand + 1, dtype=torch.float64, device=dev)
+    work = torch.empty(2 * (num_cand + 1), dtype=torch.float64, device=dev)
     k = torch.empty((), dtype=torch.int64, device=dev)
     ell = torch.zeros(n, dtype=torch.int64, device=dev)
     block = next_pow2(num_cand + 1)
     _theta_kernel[(1,)](
-        vals, order, sps, theta, k, ell, n, num_cand, gamma,
+        vals, order, sps, work, k, ell, n, num_cand, gamma,
         EARLY_STOP=early_stop, ADMIT=admit, BLOCK=block, num_warps=_warps(block),
     )
     return ell, k

@@ -19,12 +19,14 @@ from ._backend import interpreter_on, next_pow2
 from .verify import GreedyVerify, StochasticVerify, Uniforms
 
 
-def _block_v(vocab: int) -> tuple[int, int]:
-    """(BLOCK_V, num_warps). 1024 lanes x 4 warps keeps 8 loads/thread in flight on GPU;
-    the interpreter prefers fewer, larger numpy blocks."""
+def _block_v(vocab: int, elem_bytes: int) -> tuple[int, int]:
+    """(BLOCK_V, num_warps). On GPU: 8 warps, 16 bytes per lane-load and 2 loads per thread
+    per row per iteration -- 16 KB (fp32) / 8 KB (bf16) in flight per program, enough
+    for ~8 resident programs per SM to cover HBM latency. Not yet tuned on hardware.
+    The interpreter prefers fewer, larger numpy blocks."""
     if interpreter_on():
         return min(next_pow2(vocab), 8192), 4
-    return min(next_pow2(vocab), 1024), 4
+    return min(next_pow2(vocab), 4096 if elem_bytes <= 2 else 2048), 8
 
 
 # ---------------------------------------------------------------------------------------
@@ -84,7 +86,7 @@ def verify_greedy_triton(
     nxt = torch.empty(num_req, dtype=torch.int64, device=dev)
     if num_req == 0:
         return GreedyVerify(acc, nxt, am)
-    block_v, warps = _block_v(vocab)
+    block_v, warps = _block_v(vocab, target_logits.element_size())
     _row_argmax_kernel[(num_req, max_seqlen + 1)](
         target_logits, target_logits.stride(0), cu_seqlens, am, vocab,
         BLOCK_V=block_v, num_warps=warps,
@@ -216,7 +218,7 @@ def verify_stochastic_triton(
     nxt = torch.empty(num_req, dtype=torch.int64, device=dev)
     if num_req == 0:
         return StochasticVerify(acc, nxt, tv)
-    block_v, warps = _block_v(vocab)
+    block_v, warps = _block_v(vocab, target_probs.element_size())
     # An empty draft_probs still needs a valid pointer for the (never taken) pd loads.
     pd = draft_probs if num_draft > 0 else target_probs
     _stoch_rows_kernel[(num_req, max_seqlen + 1)](
@@ -241,7 +243,7 @@ def tv_acceptance_triton(
     tv = torch.empty(num_draft, dtype=torch.float32, device=dev)
     if num_req == 0 or num_draft == 0:
         return tv
-    block_v, warps = _block_v(vocab)
+    block_v, warps = _block_v(vocab, target_probs.element_size())
     # Pointers the WITH_ACCEPT=False specialisation never touches.
     dummy = torch.empty(1, dtype=torch.int64, device=dev)
     _stoch_rows_kernel[(num_req, max(max_seqlen, 1))](
