@@ -1,0 +1,226 @@
+"""Self-distillation training of the learned drafters (``mtp1``, ``parallel``, ``dspark``).
+
+The target greedily answers the *training split* of the prompt sets (deterministic hash
+split, :func:`dspark_sim.traces.targets.select_prompts`); generations and the target's
+hidden states are cached on disk (``$DSPARK_SIM_CACHE/gen``) and shared by all drafters.
+Each step samples ``batch_size`` output positions and trains the drafter to reproduce the
+target's next ``gamma`` greedy tokens from the target features available there
+(``mtp1``/``parallel``: position-weighted CE; ``dspark``: 0.1 CE + 0.9 TV + 1.0 BCE on the
+confidence head). Checkpoints: ``<out_dir>/drafter.safetensors`` (bf16, the drafter's own
+weights only) + ``drafter.json`` (training prompts, steps, loss curve, sha256).
+
+Entry point (what ``dspark-sim train-drafter`` wraps)::
+
+    train_drafter(kind, target="smollm2", prompts=None, steps=300, out_dir=None,
+                  gamma=7, batch_size=32, lr=6e-4, per_domain=32, max_new_tokens=128,
+                  device="cpu", seed=0, split_seed=SPLIT_SEED, prompt_dir=PROMPT_DIR,
+                  progress=True) -> dict   # the sidecar written next to the weights
+
+``kind``: mtp1 | parallel | dspark. ``prompts=None`` takes ``per_domain`` training-split
+prompts of each of math/code/chat. ``out_dir=None`` writes to the shipped location
+``traces/data/drafters/<kind>/``. CUDA: pass ``device="cuda"`` (the target runs in bf16).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from dspark_sim.traces.drafters import (
+    LEARNED_KINDS,
+    SequenceStore,
+    Shared,
+    build_drafter,
+    num_params,
+    save_drafter,
+)
+from dspark_sim.traces.targets import (
+    PROMPT_DIR,
+    SPLIT_SEED,
+    TRAIN_FRACTION,
+    Prompt,
+    Target,
+    generate_cached,
+    load_prompts,
+    load_target,
+    select_prompts,
+)
+
+from dspark_sim.errors import InputError
+
+SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "drafters"
+
+
+def training_prompts(per_domain: int = 32, split_seed: int = SPLIT_SEED,
+                     prompt_dir: str | Path = PROMPT_DIR) -> list[Prompt]:
+    return select_prompts(load_prompts(prompt_dir), "train", per_domain, seed=split_seed)
+
+
+def training_data(target: Target, prompts: list[Prompt], max_new_tokens: int = 128,
+                  batch_size: int = 16, progress: bool = True) -> SequenceStore:
+    """Greedy generations + hidden states of ``prompts`` (cached), as a flat store."""
+    layers = target.feature_layers(3) + [target.num_layers]
+    recs = _generate_with_progress(target, prompts, max_new_tokens, layers, batch_size,
+                                   progress, "generating (train split)")
+    return SequenceStore.from_records(recs)
+
+
+def _generate_with_progress(target, prompts, max_new_tokens, layers, batch_size, progress, label):
+    if not progress:
+        return generate_cached(target, prompts, max_new_tokens, layers, batch_size)
+    from rich.progress import Progress
+
+    with Progress(transient=False) as bar:
+        task = bar.add_task(label, total=len(prompts))
+        return generate_cached(target, prompts, max_new_tokens, layers, batch_size,
+                               progress=lambda n: bar.advance(task, n))
+
+
+def train_drafter(
+    kind: str,
+    target: str | Path | Target = "smollm2",
+    prompts: list[Prompt] | None = None,
+    steps: int = 300,
+    out_dir: str | Path | None = None,
+    gamma: int = 7,
+    batch_size: int = 32,
+    lr: float = 6e-4,
+    per_domain: int = 32,
+    max_new_tokens: int = 128,
+    device: str = "cpu",
+    seed: int = 0,
+    split_seed: int = SPLIT_SEED,
+    prompt_dir: str | Path = PROMPT_DIR,
+    progress: bool = True,
+    store: SequenceStore | None = None,
+    log_every: int = 10,
+) -> dict[str, Any]:
+    """Train one drafter by self-distillation; returns the sidecar dict it wrote."""
+    if kind not in LEARNED_KINDS:
+        raise InputError("--drafter", f"only {', '.join(LEARNED_KINDS)} are trained (got {kind!r})")
+    if steps < 1:
+        raise InputError("--steps", f"steps must be >= 1, got {steps}")
+    tgt = target if isinstance(target, Target) else load_target(target, device=device)
+    if prompts is None:
+        prompts = training_prompts(per_domain, split_seed, prompt_dir)
+    if store is None:
+        store = training_data(tgt, prompts, max_new_tokens, progress=progress)
+    anchors = store.anchors(gamma, full_lookahead=True)
+    if anchors.size == 0:
+        raise InputError("--prompts", "generations too short to train on (need > gamma tokens)")
+    seq_of = np.searchsorted(store.starts, anchors, side="right") - 1
+
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = build_drafter(kind, tgt, gamma=gamma)
+    model.train()
+    shared = Shared.of(tgt)
+    if shared.embed_weight.dtype != torch.float32:
+        shared = Shared(shared.embed_weight.float(), shared.head_weight.float())
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
+                            weight_decay=0.01, betas=(0.9, 0.98))
+    warm = max(1, min(20, steps // 10))
+
+    def lr_at(s: int) -> float:
+        if s < warm:
+            return lr * (s + 1) / warm
+        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
+
+    curve: list[dict[str, float]] = []
+    t0 = time.time()
+    window = model.cfg.window
+    need_tl = kind == "dspark"
+    bar = None
+    if progress:
+        from rich.progress import Progress
+
+        bar = Progress(transient=False)
+        bar.start()
+        task = bar.add_task(f"training {kind}", total=steps)
+    try:
+        ema = None
+        for s in range(steps):
+            pick = rng.integers(0, anchors.size, size=batch_size)
+            b = store.batch(anchors[pick], window, gamma, shared if need_tl else None,
+                            seq_of=seq_of[pick], device=tgt.device)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(s)
+            loss, logs = model.loss(b, shared)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            lv = float(loss.detach())
+            ema = lv if ema is None else 0.9 * ema + 0.1 * lv
+            if s % log_every == 0 or s == steps - 1:
+                curve.append({"step": s, "loss": round(lv, 5), "loss_ema": round(ema, 5),
+                              **{k: round(v, 5) for k, v in logs.items()}})
+            if bar is not None:
+                bar.update(task, advance=1, description=f"training {kind} loss {ema:.3f}")
+    finally:
+        if bar is not None:
+            bar.stop()
+    model.eval()
+    secs = time.time() - t0
+    by_ds = Counter(p.dataset for p in prompts)
+    sidecar = {
+        "target": tgt.name,
+        "target_source": tgt.source,
+        "gamma": gamma,
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "seed": seed,
+        "objective": ("0.1*CE + 0.9*TV + 1.0*BCE(conf), positions weighted exp(-(k-1)/gamma)"
+                      if kind == "dspark" else "CE on target greedy tokens, positions weighted exp(-(k-1)/gamma)"),
+        "init": "block from the target's last decoder layer; embedding + LM head shared, frozen",
+        "train_prompts": {
+            "split": "train",
+            "split_seed": split_seed,
+            "train_fraction": TRAIN_FRACTION,
+            "rule": "sha256(f'{seed}|{dataset}|{index}|{turn0}')[:8]/2^64 < train_fraction",
+            "datasets": dict(sorted(by_ds.items())),
+            "keys": [p.key for p in prompts],
+        },
+        "max_new_tokens": max_new_tokens,
+        "train_positions": int(anchors.size),
+        "train_seconds": round(secs, 1),
+        "device": str(tgt.device),
+        "trainable_params": num_params(model),
+        "loss_curve": curve,
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+    out = Path(out_dir) if out_dir is not None else SHIPPED_DIR / kind
+    save_drafter(model, out, sidecar)
+    sidecar["path"] = str(out)
+    return sidecar
+
+
+def train_all(
+    kinds: tuple[str, ...] = LEARNED_KINDS,
+    target: str | Path | Target = "smollm2",
+    steps: int = 300,
+    out_root: str | Path | None = None,
+    device: str = "cpu",
+    **kw: Any,
+) -> dict[str, dict[str, Any]]:
+    """Train every learned drafter on one shared generation cache."""
+    tgt = target if isinstance(target, Target) else load_target(target, device=device)
+    per_domain = kw.pop("per_domain", 32)
+    split_seed = kw.pop("split_seed", SPLIT_SEED)
+    prompt_dir = kw.pop("prompt_dir", PROMPT_DIR)
+    max_new_tokens = kw.pop("max_new_tokens", 128)
+    prompts = training_prompts(per_domain, split_seed, prompt_dir)
+    store = training_data(tgt, prompts, max_new_tokens, progress=kw.get("progress", True))
+    root = Path(out_root) if out_root is not None else SHIPPED_DIR
+    return {
+        k: train_drafter(k, tgt, prompts, steps=steps, out_dir=root / k, store=store,
+                         split_seed=split_seed, max_new_tokens=max_new_tokens, **kw)
+        for k in kinds
+    }
