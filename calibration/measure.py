@@ -24,8 +24,11 @@ so the measured table is the staircase (``interpolation = "step"``). On CPU (eag
 the table is interpolated linearly.
 
 Draft cost: pass ``drafter`` (a callable ``fn(n_requests, gamma)`` that runs one draft
-pass, a ``torch.nn.Module`` called as ``module(input_ids=LongTensor[R, gamma])``, or a
-mapping of drafter name to either). Without one, stand-ins are timed and labelled as
+pass, a drafter of ``traces/drafters.py`` (anything with ``.draft(batch, shared, gamma)``
+and ``.cfg``: fed random features/tokens and a random embedding/LM head), a
+``torch.nn.Module`` called as ``module(input_ids=LongTensor[R, gamma])``, or a mapping
+of drafter name to any of these; a single one is named ``dspark``). A drafter named
+``mtp1`` is timed at gamma 1 and 2 (``gamma_ref = 1``), the others at ``draft_gammas``. Without one, stand-ins are timed and labelled as
 such in the profile: a 1-layer block of the target's own config (random weights, with
 its embedding and LM head) run as
 
@@ -46,15 +49,17 @@ import json
 import platform
 import statistics
 import time
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from dspark_sim.calibration.profile import DraftCost, EngineProfile
+from dspark_sim.calibration.profile import DraftCost, EngineProfile, profile_from_dict
 
 from dspark_sim.errors import InputError
+from dspark_sim.io import write_text_atomic
 
 DEFAULT_BATCH_REQUESTS = (1, 2, 3, 6)
 DEFAULT_VERIFY_LENGTHS = (0, 1, 3, 7)
@@ -409,12 +414,56 @@ def _standin_drafters(runner: _Runner, context: int):
     return make
 
 
+class _SharedShim:
+    """Random stand-ins for the target's embedding and LM head (``Shared`` protocol of
+    ``traces/drafters.py``: ``embed(ids)``, ``head(h)``)."""
+
+    def __init__(self, torch, vocab: int, hidden: int, device, dtype) -> None:
+        self.embed_weight = torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02
+        self.head_weight = self.embed_weight
+        self._f = torch.nn.functional
+
+    def embed(self, ids):
+        return self._f.embedding(ids, self.embed_weight)
+
+    def head(self, h):
+        return self._f.linear(h, self.head_weight)
+
+
+def _learned_drafter_fn(d, runner: _Runner):
+    """Timing closure for a ``traces/drafters.py``-style drafter: ``d.draft(batch, shared,
+    gamma)`` with ``batch.feats [n, window, n_feat, hidden]``, ``batch.h_last [n, hidden]``,
+    ``batch.last_tok [n]`` (random inputs; duck-typed, no import of that module)."""
+    from types import SimpleNamespace
+
+    torch = runner.torch
+    cfg = d.cfg
+    hidden, vocab = int(cfg.hidden), int(cfg.vocab)
+    window, n_feat = int(getattr(cfg, "window", 1)), int(getattr(cfg, "n_feat", 1))
+    dtype = next(d.parameters()).dtype
+    shared = _SharedShim(torch, vocab, hidden, runner.device, dtype)
+
+    def fn(n, gamma):
+        b = SimpleNamespace(
+            feats=torch.randn(n, window, n_feat, hidden, device=runner.device, dtype=dtype),
+            h_last=torch.randn(n, hidden, device=runner.device, dtype=dtype),
+            last_tok=torch.randint(0, vocab, (n,), device=runner.device),
+            future=None, target_logits=None)
+        return d.draft(b, shared, gamma)
+
+    return fn
+
+
 def _user_drafters(drafter, runner: _Runner):
+    """Name -> ``fn(n_requests, gamma)`` for a callable, an ``nn.Module`` taking
+    ``input_ids``, or a drafter with ``.draft(batch, shared, gamma)`` and ``.cfg``."""
     torch = runner.torch
     items = drafter.items() if isinstance(drafter, Mapping) else [("dspark", drafter)]
     fns = {}
     for name, d in items:
-        if isinstance(d, torch.nn.Module):
+        if callable(getattr(d, "draft", None)) and hasattr(d, "cfg") and hasattr(d, "parameters"):
+            fn = _learned_drafter_fn(d, runner)
+        elif isinstance(d, torch.nn.Module):
             def fn(n, gamma, _m=d):
                 ids = torch.randint(0, runner.vocab, (n, gamma), device=runner.device)
                 return _m(input_ids=ids)
@@ -454,8 +503,9 @@ def measure_drafts(runner: _Runner, drafter, batch_requests, gammas, context,
         label = "user-supplied drafter module(s)"
         plan = {}
         for name, fn in _user_drafters(drafter, runner).items():
-            plan[name] = tuple(gammas)
-            for g in gammas:
+            # MTP-1 drafts one token (gamma_ref 1); extra tokens are extra passes.
+            plan[name] = (1, 2) if name == "mtp1" else tuple(gammas)
+            for g in plan[name]:
                 for n in batches:
                     items.append((lambda fn=fn, n=n, g=g: fn(n, g), lambda: None))
                     keys.append((name, g, n))
@@ -468,6 +518,9 @@ def measure_drafts(runner: _Runner, drafter, batch_requests, gammas, context,
                 f"n={n} {t * 1e3:.3f} ms" for n, t in zip(batches, times[g], strict=True)))
         if name == "mtp1" and drafter is None:
             costs[name] = DraftCost(np.asarray(batches, float), times[1], 1, 1.0)
+        elif name == "mtp1":
+            costs[name] = DraftCost(np.asarray(batches, float), times[1], 1,
+                                    _fit_gamma_slope(times, 1))
         else:
             costs[name] = DraftCost(np.asarray(batches, float), times[gref], gref,
                                     _fit_gamma_slope(times, gref))
@@ -651,6 +704,10 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
 
         drafts, draft_label = measure_drafts(runner, drafter, batch_requests, draft_gammas, ctx,
                                              timer_many, log)
+        if drafter is not None:
+            draft_label += ": " + ", ".join(
+                f"{k}={type(v).__name__}" for k, v in
+                (drafter.items() if isinstance(drafter, Mapping) else [("dspark", drafter)]))
 
     elapsed = time.perf_counter() - t_start
     params: dict[str, Any] = {
@@ -703,3 +760,10 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
                      f"table f(B) at zero context, KV term per context token"),
         parameters=params,
     )
+
+
+def write_profile(profile: EngineProfile, path: str | Path) -> Path:
+    """Write ``profile`` as TOML atomically (re-validated by reading it back)."""
+    text = profile.to_toml()
+    profile_from_dict(tomllib.loads(text), str(path))
+    return write_text_atomic(path, text)

@@ -82,7 +82,7 @@ def test_every_shipped_profile_loads(name):
     t = p.step_time_s(b, kv_tokens=1000.0)
     assert np.all(np.isfinite(t)) and np.all(t > 0)
     # Monotone-ish: measured tables may wobble by noise, never by a lot.
-    tol = 0.0 if p.kind == "analytic" else 0.25
+    tol = 0.0 if p.kind == "analytic" else 0.3
     running_max = np.maximum.accumulate(p.step_s)
     assert np.all(p.step_s >= (1 - tol) * running_max), name
     assert p.step_s[-1] > p.step_s[0]
@@ -275,3 +275,35 @@ def test_fit_table_recovers_kv_term():
     np.testing.assert_allclose(step, [f[int(b)] for b in tokens], rtol=1e-6)
     check = heldout_error(samples, "step", 0.3, 0)
     assert check["heldout_shapes"] > 0 and check["heldout_max_rel_error"] < 1e-6
+
+
+def test_measure_engine_user_drafters():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from dspark_sim.calibration.measure import measure_engine
+
+    class FakeDrafter(torch.nn.Module):
+        """The traces/drafters.py protocol: .cfg and .draft(batch, shared, gamma)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.cfg = SimpleNamespace(hidden=16, vocab=64, window=2, n_feat=3)
+            self.lin = torch.nn.Linear(16, 16)
+
+        def draft(self, b, shared, gamma):
+            h = self.lin(b.h_last) + shared.embed(b.last_tok)
+            return shared.head(h.unsqueeze(1).expand(-1, gamma, -1)).argmax(-1)
+
+    calls = []
+    prof = measure_engine(
+        TINY_LLAMA, batch_requests=(1, 2), verify_lengths=(0, 1), context_lengths=(8, 16),
+        warmup=0, repeats=1, holdout=0.0, log=None,
+        drafter={"dspark": FakeDrafter(), "mtp1": lambda n, g: calls.append((n, g))},
+    )
+    assert set(prof.drafts) == {"dspark", "mtp1"}
+    assert prof.drafts["dspark"].gamma_ref == 7 and prof.drafts["mtp1"].gamma_ref == 1
+    assert sorted(set(calls)) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert "user-supplied" in prof.parameters["draft_source"]
+    assert "heldout_mean_rel_error" not in prof.parameters
