@@ -222,18 +222,21 @@ def verify_stochastic_torch(
 
 
 def _inverse_cdf_torch(res: torch.Tensor, row_t: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """First index whose fp64 running mass exceeds ``u * total`` (fallbacks as the kernel)."""
-    res64 = res.double()
-    cum = res64.cumsum(dim=1)
-    total = res64.sum(dim=1)
-    cross = cum > (u * total).unsqueeze(1)
+    """First index whose fp64 running mass exceeds ``u * total`` (fallbacks as the kernel).
+
+    Four [R, V] passes: fp64 cast, cumsum, compare, count (cum is non-decreasing, so the
+    number of entries <= target is the first index above it)."""
+    cum = res.double().cumsum(dim=1)
+    target = (u * cum[:, -1]).unsqueeze(1)
+    first = (cum <= target).sum(dim=1)
     vocab = res.shape[1]
-    first = torch.where(cross.any(dim=1), cross.to(torch.int8).argmax(dim=1), vocab)
-    pos = res > 0
-    last = torch.where(pos.any(dim=1), vocab - 1 - pos.flip(1).to(torch.int8).argmax(dim=1), -1)
-    # Degenerate guards (zero residual mass only arises from rounding): last positive
-    # entry, else the target argmax.
-    return torch.where(first < vocab, first, torch.where(last >= 0, last, row_t.argmax(dim=1)))
+    if bool((first >= vocab).any()):  # host check; only rounding/zero mass gets here
+        # Degenerate guards: last positive entry, else the target argmax.
+        pos = res > 0
+        last = torch.where(pos.any(dim=1), vocab - 1 - pos.flip(1).to(torch.int8).argmax(dim=1), -1)
+        fallback = torch.where(last >= 0, last, row_t.argmax(dim=1))
+        first = torch.where(first < vocab, first, fallback)
+    return first
 
 
 def verify_stochastic(
