@@ -1,0 +1,653 @@
+"""``validate``: hold the simulator against a real speculative-decoding serving run.
+
+For every (policy, request rate) point:
+
+1. **real run** -- :class:`dspark_sim.traces.server.SpecServer` serves a Poisson workload
+   (held-out prompts of the project's prompt sets, ``max_new_tokens`` output tokens each,
+   EOS ignored) on the target (default: SmolLM2-135M on CPU) with a drafter (``auto``: the
+   shipped trained ``dspark`` checkpoint when present, else the training-free ``lookup``
+   drafter). Its per-request log and step statistics are summarised by
+   :func:`dspark_sim.sim.metrics.summarize`, the simulator's own code;
+2. **simulation** of the *same* workload: the arrival times and lengths are written as a
+   Mooncake JSONL file and replayed (``WorkloadConfig(arrival="replay")``), with the
+   engine profile calibrated on this machine and the acceptance trace of the same target
+   and drafter. Two variants:
+
+   * ``sim``: :func:`dspark_sim.sim.api.simulate` itself (trace rows drawn at random per
+     request, as in every simulation), averaged over ``sim_seeds`` seeds;
+   * ``paired``: the same engine with request ``i`` replaying trace row ``i`` (its own
+     acceptance sequence), which removes acceptance sampling noise and isolates the
+     step-time model;
+
+3. a table of measured vs simulated output throughput, median/p90 TPOT, median TTFT,
+   tau and mean verify tokens per request step, with relative errors, plus a per-step
+   check of the cost model (measured step time vs ``draft + target(B) + kv * KV`` of the
+   profile, split into decode-only and prefill steps).
+
+Profiles (``profile=``): ``"auto"`` uses the built-in ``smollm2-cpu`` when shipped, else
+measures one *engine-in-the-loop*: the server's own forward + verification timed on a
+grid of ``(requests, verify length, context)`` shapes (plus prefill chunks) and fitted
+with :func:`dspark_sim.calibration.measure.fit_table`, immediately before the runs (a
+shared CPU drifts); ``"measure"`` forces that; anything else is a profile name/path.
+
+Traces: ``lookup`` -- exact, from the served sequences themselves (the lookup draft at
+every output position depends only on the tokens); learned drafters -- the captured
+``traces/data/captured-<target>-<kind>.parquet``.
+
+Everything torch-side is imported lazily: ``import dspark_sim.sim.validate`` needs no torch.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import platform
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from dspark_sim.calibration.confmap import CalibrationMap, load_calibration
+from dspark_sim.calibration.profile import DraftCost, EngineProfile, builtin_profiles, load_profile
+from dspark_sim.policies.registry import get_policy
+from dspark_sim.sim.api import _jsonable, simulate
+from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
+from dspark_sim.sim.engine import NCOLS, NEED, OUT, PROMPT, RID, TLEN, TOFF, RequestLog, SimContext
+from dspark_sim.sim.metrics import requests_frame, summarize
+from dspark_sim.sim.workload import build_stream
+from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, trace_from_frame
+
+from dspark_sim.errors import InputError
+from dspark_sim.io import atomic_path, write_json_atomic, write_text_atomic
+
+METRICS = (
+    ("output_throughput", "output tok/s"),
+    ("median_tpot_ms", "median TPOT ms"),
+    ("p90_tpot_ms", "p90 TPOT ms"),
+    ("median_ttft_ms", "median TTFT ms"),
+    ("spec_decode_acceptance_length", "tau"),
+    ("mean_verify_tokens_per_request_step", "verify tok/req/step"),
+)
+DEFAULT_POLICIES = ("mtp1", "fixed:3", "confidence")
+DEFAULT_RATES = (0.25, 0.6)
+SHIPPED_PROFILE = "smollm2-cpu"
+VALIDATE_PROFILE = Path(__file__).resolve().parent.parent / "calibration" / "data" / \
+    "smollm2-cpu-validate.toml"
+
+
+@dataclass(frozen=True)
+class Workload:
+    arrival_s: np.ndarray
+    prompts: list[list[int]]
+    output_tokens: np.ndarray
+    domains: list[str]
+    rate: float
+
+    @property
+    def prompt_tokens(self) -> np.ndarray:
+        return np.array([len(p) for p in self.prompts], dtype=np.int64)
+
+
+# -- workloads ------------------------------------------------------------------------------
+
+
+def prompt_pool(target: Any, num: int, max_prompt_tokens: int = 128, seed: int = 0,
+                vocab: int | None = None) -> tuple[list[list[int]], list[str]]:
+    """``num`` held-out prompts (math/code/chat round-robin) tokenised with the target's
+    chat template; without a prompt set (or tokenizer) random token prompts."""
+    try:
+        from dspark_sim.traces.targets import load_prompts, select_prompts
+
+        if getattr(target, "tokenizer", None) is None:
+            raise InputError("prompts", "target has no tokenizer")
+        per = max(1, math.ceil(num / 3))
+        chosen = select_prompts(load_prompts(), "heldout", per)
+        by_dom: dict[str, list] = {}
+        for p in chosen:
+            by_dom.setdefault(p.domain, []).append(p)
+        mixed = [q for group in zip(*by_dom.values(), strict=False) for q in group][:num]
+        if len(mixed) < num:
+            raise InputError("prompts", "not enough held-out prompts")
+        return ([target.encode_prompt(list(p.turns), max_prompt_tokens) for p in mixed],
+                [p.domain for p in mixed])
+    except InputError:
+        rng = np.random.default_rng(seed)
+        v = int(vocab or 256)
+        out = []
+        for _ in range(num):  # a repeated motif, so that n-gram lookup finds something
+            motif = rng.integers(0, v, size=int(rng.integers(4, 12))).tolist()
+            out.append((motif * (max_prompt_tokens // len(motif) + 1))[: int(
+                rng.integers(max_prompt_tokens // 2, max_prompt_tokens + 1))])
+        return out, ["random"] * num
+
+
+def poisson_workload(prompts: list[list[int]], domains: list[str], rate: float,
+                     max_new_tokens: int, seed: int = 0) -> Workload:
+    rng = np.random.default_rng(seed)
+    n = len(prompts)
+    arr = np.cumsum(rng.exponential(1.0 / rate, size=n))
+    arr -= arr[0]
+    return Workload(arr, prompts, np.full(n, int(max_new_tokens), np.int64), domains, rate)
+
+
+def write_mooncake(path: str | Path, w: Workload) -> Path:
+    """The workload as Mooncake JSONL (timestamp ms, input_length, output_length)."""
+    lines = [json.dumps({"timestamp": float(t) * 1e3, "input_length": int(p),
+                         "output_length": int(o)})
+             for t, p, o in zip(w.arrival_s, w.prompt_tokens, w.output_tokens, strict=True)]
+    return write_text_atomic(path, "\n".join(lines) + "\n")
+
+
+# -- traces ------------------------------------------------------------------------------------
+
+
+def lookup_trace(prompts: list[list[int]], outputs: list[list[int]], domains: list[str],
+                 gamma: int, target_name: str, max_ngram: int = 3) -> AcceptanceTrace:
+    """The lookup drafter's exact trace on the served sequences (row ``i`` = request ``i``)."""
+    from dspark_sim.traces.server import lookup_accept_lengths
+
+    rows = []
+    for i, (p, o) in enumerate(zip(prompts, outputs, strict=True)):
+        m, conf = lookup_accept_lengths(list(p) + list(o), len(p), gamma, max_ngram)
+        rows.append(pl.DataFrame({
+            "request_id": np.full(len(m), i, np.int32),
+            "domain": [domains[i]] * len(m),
+            "position": np.arange(len(m), dtype=np.int32),
+            "accept_len": m.astype(np.int8),
+            "conf": pl.Series("conf", conf.astype(np.float32), dtype=pl.Array(pl.Float32, gamma)),
+        }))
+    meta = TraceMeta(drafter="lookup", target=target_name, gamma_max=gamma, source="captured",
+                     temperature=0.0,
+                     generator={"tool": "dspark_sim.sim.validate", "from": "served sequences"})
+    return trace_from_frame(pl.concat(rows), meta, "validate-lookup")
+
+
+# -- profiles ------------------------------------------------------------------------------------
+
+
+def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8),
+                           verify_lengths: Sequence[int] = (0, 1, 3, 7),
+                           contexts: Sequence[int] = (64, 256),
+                           prefill_chunks: Sequence[int] = (32, 64, 128, 256),
+                           draft_gammas: Sequence[int] = (1, 3, 7), repeats: int = 3,
+                           clock: str = "cpu", name: str = "smollm2-cpu-validate",
+                           log=print) -> EngineProfile:
+    """Engine-in-the-loop profile: the server's own forward + greedy verification timed on
+    ``R x (1 + l)`` verify shapes at contexts ``L`` (all rows produce logits) and on single
+    prefill chunks (one logit row, as the server runs them), fitted as
+    ``t = f(B) + kv * R * L`` (:func:`dspark_sim.calibration.measure.fit_table`); the
+    drafter's batched cost is tabulated under its own kind."""
+    import torch
+    from dspark_sim.calibration.measure import Sample, Shape, fit_table
+    from dspark_sim.traces.server import ServeRequest, time_server_shapes
+
+    eng = server.engine
+    max_b = server.cfg.max_num_batched_tokens
+    shapes = [Shape(r, v, c) for c in contexts for v in verify_lengths for r in requests
+              if r <= eng.max_slots and c + 1 + v <= eng.max_len and r * (1 + v) <= max_b]
+    t0 = time.perf_counter()
+    times = time_server_shapes(server, shapes, warmup=1, repeats=repeats, clock=clock)
+    samples = [Sample(s, float(np.median(t)), float(np.std(t))) for s, t in zip(shapes, times,
+                                                                                  strict=True)]
+    # prefill chunks: B tokens of one request from position 0, one logit row
+    now = time.thread_time if clock == "cpu" else time.perf_counter
+    for b in sorted({int(x) for x in prefill_chunks if 1 < x <= min(max_b, eng.max_len)}):
+        ts = []
+        toks = np.random.default_rng(b).integers(0, eng.vocab, size=b).tolist()
+        for k in range(1 + repeats):
+            t1 = now()
+            logits, _ = eng.forward([0], [0], [toks], [b - 1], want_features=server.drafter.learned)
+            float(logits[0, 0])
+            if k:
+                ts.append(now() - t1)
+        samples.append(Sample(Shape(1, b - 1, 0), float(np.median(ts)), float(np.std(ts))))
+    tokens, step, std, kv_s = fit_table(samples)
+    # the drafter: batched drafting of n requests of ~200 context tokens
+    drafts: dict[str, DraftCost] = {}
+    dr = server.drafter
+    rng = np.random.default_rng(1)
+    batch = sorted({int(r) for r in requests})
+    gammas = sorted({min(int(g), dr.gamma_max) for g in draft_gammas})
+    med: dict[int, list[float]] = {g: [] for g in gammas}
+    for g in gammas:
+        for nreq in batch:
+            reqs = []
+            for i in range(nreq):
+                motif = rng.integers(0, eng.vocab, size=16).tolist()
+                r = ServeRequest(i, 0.0, (motif * 10)[:150], 64)
+                r.generated = (motif * 4)[:50]
+                dr.new_request(r)
+                if dr.learned:
+                    nf = len(dr.feature_layers) + 1
+                    r.feats = torch.randn(eng.max_len, nf, int(eng.model.config.hidden_size))
+                reqs.append(r)
+            ts = []
+            for k in range(1 + repeats):
+                for r in reqs:  # lookup: time the steady-state incremental draft
+                    if r.lookup is not None:
+                        r.lookup.added = max(0, r.lookup.added - 1)
+                t1 = now()
+                dr.draft(reqs, g)
+                if k:
+                    ts.append(now() - t1)
+            med[g].append(float(np.median(ts)))
+    gref = max(gammas)
+    ref = np.asarray(med[gref])
+    slope = 0.0
+    if len(gammas) > 1:
+        est = [float(np.median(np.asarray(med[g]) / np.maximum(ref, 1e-9) - 1.0)) / (g - gref)
+               for g in gammas if g != gref]
+        slope = max(0.0, float(np.mean(est)))
+    drafts[dr.kind] = DraftCost(np.asarray(batch, float), ref, gref, slope)
+    elapsed = time.perf_counter() - t0
+    log(f"engine-in-the-loop profile: {len(samples)} shapes, kv {kv_s * 1e6:.4f} us/token, "
+        f"f(1) {step[0] * 1e3:.1f} ms, f({tokens[-1]}) {step[-1] * 1e3:.1f} ms, "
+        f"draft {dr.kind} n=1 {ref[0] * 1e3:.2f} ms ({elapsed:.0f} s)")
+    params = {
+        "model": getattr(eng.model.config, "_name_or_path", "") or "target",
+        "device": str(eng.device),
+        "device_name": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": int(torch.get_num_threads()),
+        "dtype": str(eng.dtype).replace("torch.", ""),
+        "date": _dt.date.today().isoformat(),
+        "clock": "thread CPU time" if clock == "cpu" else "wall clock",
+        "method": "engine-in-the-loop: dspark_sim.traces.server forward + verify_greedy",
+        "fit": "weighted least squares t = f(B) + kv * R * L, weights 1/t",
+        "prefill_chunks": [int(x) for x in prefill_chunks],
+        "draft_source": f"{dr.kind} drafter of the validation server",
+        "elapsed_s": round(elapsed, 1),
+        "shape_requests": [s.shape.requests for s in samples],
+        "shape_verify": [s.shape.verify for s in samples],
+        "shape_context": [s.shape.context for s in samples],
+        "shape_median_ms": [round(s.median_s * 1e3, 4) for s in samples],
+    }
+    return EngineProfile(name=name, kind="measured", gpus_per_replica=1,
+                         tokens=tokens.astype(np.int64), step_s=step, step_std_s=std,
+                         kv_s_per_token=kv_s, interpolation="linear", drafts=drafts,
+                         description="Engine-in-the-loop profile of the validation server "
+                                     "(sim/validate.py): its own forward + verification",
+                         parameters=params)
+
+
+def with_draft(profile: EngineProfile, kind: str, measured: EngineProfile | None) -> EngineProfile:
+    """``profile`` plus a ``[draft.<kind>]`` section (from ``measured``) when it lacks one."""
+    if kind in profile.drafts or measured is None or kind not in measured.drafts:
+        return profile
+    return replace(profile, drafts={**profile.drafts, kind: measured.drafts[kind]})
+
+
+# -- simulation -----------------------------------------------------------------------------------
+
+
+def sim_config(workload_path: Path, policy: str, engine: EngineConfig, profile_path: str,
+               n: int, seed: int = 0) -> SimConfig:
+    return SimConfig(
+        engine=engine,
+        deployment=DeploymentConfig(replicas=1, router="round-robin", profile=profile_path),
+        workload=WorkloadConfig(arrival="replay", workload_path=str(workload_path),
+                                num_requests=n),
+        policy=policy, seed=seed, drain_timeout_s=1e6,
+    )
+
+
+def simulate_paired(cfg: SimConfig, profile: EngineProfile, trace: AcceptanceTrace,
+                    calibration: CalibrationMap | None = None) -> dict:
+    """The simulator's engine on a replayed workload with request ``i`` replaying trace row
+    ``i`` (no random row assignment). Same engine code as :func:`simulate`."""
+    cfg = cfg.validate()
+    policy = get_policy(cfg.policy)
+    calibration = calibration or load_calibration(cfg.calibration)
+    stream = build_stream(cfg.workload, np.random.default_rng(cfg.seed))
+    n = stream.size
+    log = RequestLog.empty(n)
+    log.prompt_tokens[:] = stream.prompt_tokens
+    log.output_tokens[:] = stream.output_tokens
+    log.trace_row[:] = np.arange(n) % trace.num_requests
+    ctx = SimContext(cfg, profile, policy, trace, calibration, log, lambda k: None)
+    rep = ctx.replicas[0]
+    env = ctx.env
+    env.process(rep.run())
+
+    def arrivals():
+        t_prev = 0.0
+        for rid in range(n):
+            t = float(stream.arrival_s[rid])
+            if t > t_prev:
+                yield env.timeout(t - t_prev)
+                t_prev = t
+            row = np.zeros(NCOLS, np.int64)
+            row[RID] = rid
+            row[PROMPT] = row[NEED] = stream.prompt_tokens[rid]
+            row[OUT] = max(1, stream.output_tokens[rid])
+            tr = log.trace_row[rid]
+            row[TOFF] = trace.req_offsets[tr]
+            row[TLEN] = trace.req_offsets[tr + 1] - trace.req_offsets[tr]
+            log.arrival_s[rid] = env.now
+            log.replica[rid] = 0
+            rep.submit(row)
+
+    env.process(arrivals())
+    env.run(until=float(stream.arrival_s[-1]) + cfg.drain_timeout_s)
+    s = summarize(log, ctx.stats, gpus=1, slo_ttft_ms=None, slo_tpot_ms=None,
+                  stable=not np.isnan(log.finish_s).any(), queue_growth_per_s=0.0)
+    return _jsonable(s)
+
+
+def _mean_summaries(summaries: list[dict]) -> dict:
+    out = dict(summaries[0])
+    for key, _ in METRICS + (("mean_step_ms", ""), ("engine_steps", ""), ("duration", "")):
+        vals = [s.get(key) for s in summaries]
+        vals = [float(v) for v in vals if v is not None]
+        out[key] = float(np.mean(vals)) if vals else None
+    return out
+
+
+def step_model_check(records: list[tuple], profile: EngineProfile, draft_key: str | None,
+                     draft_gamma: int) -> dict:
+    """Measured step time vs the profile's ``draft + target(B) + kv * KV``, per step kind."""
+    if not records:
+        return {}
+    a = np.asarray(records, dtype=np.float64)
+    dt, fwd, n_dec, ver, pre, kv = (a[:, i] for i in range(6))
+    b = (ver + pre).astype(np.int64)
+    pred_t = np.asarray(profile.target_time_s(b)) + profile.kv_s_per_token * kv
+    pred_d = np.array([profile.draft_time_s(draft_key, int(k), draft_gamma) if draft_key else 0.0
+                       for k in n_dec])
+    pred = pred_t + pred_d
+    out = {}
+    for name, m in (("decode", pre == 0), ("prefill", pre > 0), ("all", np.ones_like(pre, bool))):
+        if m.any():
+            out[f"{name}_steps"] = int(m.sum())
+            out[f"{name}_measured_ms"] = float(dt[m].mean() * 1e3)
+            out[f"{name}_predicted_ms"] = float(pred[m].mean() * 1e3)
+            out[f"{name}_forward_ms"] = float(fwd[m].mean() * 1e3)
+            out[f"{name}_overhead_ms"] = float((dt[m] - fwd[m]).mean() * 1e3)
+            out[f"{name}_rel_error"] = float(pred[m].sum() / dt[m].sum() - 1.0)
+    return out
+
+
+# -- the comparison ------------------------------------------------------------------------------------
+
+
+def _rel(sim: float | None, real: float | None) -> float | None:
+    if sim is None or real is None or not math.isfinite(real) or real == 0:
+        return None
+    return float(sim) / float(real) - 1.0
+
+
+def _resolve_drafter(spec: str) -> str:
+    if spec != "auto":
+        return spec
+    from dspark_sim.traces.capture import SHIPPED_DRAFTERS
+
+    for kind in ("dspark", "mtp1"):
+        if (SHIPPED_DRAFTERS / kind / "drafter.safetensors").is_file():
+            return kind
+    return "lookup"
+
+
+def validate(
+    policies: Sequence[str] = DEFAULT_POLICIES,
+    rates: Sequence[float] = DEFAULT_RATES,
+    num_requests: int = 16,
+    max_new_tokens: int = 128,
+    out_dir: str | Path = "runs/validate",
+    device: str = "cpu",
+    *,
+    target: Any = "smollm2",
+    drafter: str = "auto",
+    profile: str | EngineProfile = "auto",
+    calibration: str | None = None,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 256,
+    max_prompt_tokens: int = 128,
+    gamma_max: int = 7,
+    clock: str = "auto",
+    num_threads: int | None = 1,
+    sim_seeds: int = 5,
+    seed: int = 0,
+    save_profile: str | Path | None = None,
+    log=print,
+) -> pl.DataFrame:
+    """Real serving runs vs simulations of the same workloads; returns the comparison.
+
+    One row per (policy, rate, metric): ``real``, ``sim`` (mean of ``sim_seeds``
+    :func:`simulate` runs), ``rel_error`` (sim / real - 1), ``paired`` and
+    ``paired_rel_error`` (request ``i`` replays its own trace row). Writes under
+    ``out_dir``: ``<policy>-r<rate>/{real,sim,paired}/summary.json`` (+
+    ``requests.parquet`` for real/sim), ``workload-r<rate>.jsonl``, the profile used,
+    ``comparison.parquet`` / ``comparison.csv`` and ``validation.json``.
+
+    ``target``: ``"smollm2"``, a path, a :class:`~dspark_sim.traces.targets.Target` or a
+    ``(model, tokenizer)`` pair (tokenizer may be None: random prompts). ``drafter``:
+    ``auto`` | ``lookup`` | a shipped kind | a checkpoint directory.
+    """
+    import torch
+    from dspark_sim.traces.drafters import Lookup, Shared, load_drafter
+    from dspark_sim.traces.server import DraftRunner, ServerConfig, SpecServer, resolve_clock
+    from dspark_sim.traces.targets import Target, load_target
+
+    log = log or (lambda _m: None)
+    if not policies or not rates:
+        raise InputError("validate", "need at least one policy and one rate")
+    pols = [get_policy(p) for p in policies]
+    for r in rates:
+        if not (float(r) > 0 and math.isfinite(float(r))):
+            raise InputError("--rates", f"rates must be positive, got {r!r}")
+    if num_requests < 1 or max_new_tokens < 2:
+        raise InputError("validate", "need num_requests >= 1 and max_new_tokens >= 2")
+    saved_threads = torch.get_num_threads()
+    if num_threads is not None and torch.device(device).type == "cpu":
+        torch.set_num_threads(int(num_threads))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_begin = time.perf_counter()
+    try:
+        if isinstance(target, tuple):
+            model, tok = target
+            model = model.to(device).eval()
+            tgt = Target(name=getattr(model.config, "_name_or_path", "") or "custom",
+                         model=model, tokenizer=tok, device=torch.device(device),
+                         source="in-memory")
+        else:
+            tgt = load_target(target, device=device)
+        drafter_spec = _resolve_drafter(drafter)
+        if drafter_spec == "lookup":
+            dmodel: Any = Lookup(max_ngram=3)
+            shared = None
+            kind = "lookup"
+        else:
+            from dspark_sim.traces.capture import SHIPPED_DRAFTERS
+
+            p = Path(drafter_spec)
+            if not p.exists() and (SHIPPED_DRAFTERS / drafter_spec).is_dir():
+                p = SHIPPED_DRAFTERS / drafter_spec
+            dmodel, info = load_drafter(p, tgt)
+            dmodel.cfg.gamma = max(dmodel.cfg.gamma, gamma_max)
+            shared = Shared.of(tgt)
+            kind = info.get("kind", p.name)
+        runner = DraftRunner(dmodel, shared, kind)
+        runner.gamma_max = gamma_max
+        prompts, domains = prompt_pool(tgt, num_requests, max_prompt_tokens, seed,
+                                       vocab=tgt.vocab_size)
+        max_len = max(len(p) for p in prompts) + max_new_tokens + gamma_max + 2
+        kv_cap = max_num_seqs * max_len
+        scfg = ServerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                            kv_capacity_tokens=kv_cap, kv_mode="reserve", clock=clock)
+        calib = load_calibration(calibration)
+        server = SpecServer(tgt.model, runner, scfg,
+                            max_len=max(max_len, 256 + gamma_max + 2, max_num_batched_tokens + 1),
+                            calibration=None if calib.is_identity else calib)
+        clock_kind = resolve_clock(clock, server.engine.device)
+        # -- profile
+        measured = None
+        if isinstance(profile, EngineProfile):
+            prof = profile
+        elif profile == "auto" and SHIPPED_PROFILE in builtin_profiles():
+            prof = load_profile(SHIPPED_PROFILE)
+        elif profile in ("auto", "measure"):
+            measured = measure_server_profile(server, clock=clock_kind, log=log)
+            prof = measured
+        else:
+            prof = load_profile(profile)
+        if kind not in prof.drafts:
+            measured = measured or measure_server_profile(server, clock=clock_kind, log=log)
+            prof = with_draft(prof, kind, measured)
+        server.profile = prof
+        prof_path = out / "profile.toml"
+        write_text_atomic(prof_path, prof.to_toml())
+        if save_profile is not None:
+            write_text_atomic(save_profile, prof.to_toml())
+        engine_cfg = EngineConfig(max_num_seqs=max_num_seqs,
+                                  max_num_batched_tokens=max_num_batched_tokens,
+                                  kv_capacity_tokens=kv_cap, kv_mode="reserve")
+        rows: list[dict] = []
+        points: list[dict] = []
+        for rate in rates:
+            w = poisson_workload(prompts, domains, float(rate), max_new_tokens, seed)
+            wpath = write_mooncake(out / f"workload-r{rate:g}.jsonl", w)
+            for pol in pols:
+                tag = f"{pol.name.replace(':', '')}-r{rate:g}"
+                t0 = time.perf_counter()
+                res = server.serve(w.prompts, list(w.output_tokens), list(w.arrival_s), pol)
+                real = summarize(res.log, res.stats, gpus=1, slo_ttft_ms=None, slo_tpot_ms=None,
+                                 stable=True, queue_growth_per_s=0.0)
+                real = _jsonable({"policy": pol.name, "source": "real server",
+                                  "clock": res.clock, "drafter": kind, "rate": float(rate),
+                                  "wall_s": res.wall_s, "cpu_s": res.cpu_s, **real})
+                _write_run(out / tag / "real", real, requests_frame(res.log))
+                # the trace of the same models
+                if kind == "lookup":
+                    trace = lookup_trace(w.prompts, res.outputs, w.domains, gamma_max, tgt.name,
+                                         runner.max_ngram)
+                else:
+                    from dspark_sim.traces.capture import DATA_DIR
+                    from dspark_sim.traces.schema import read_trace
+
+                    tp = DATA_DIR / f"captured-smollm2-{kind}.parquet"
+                    if not tp.is_file():
+                        raise InputError(str(tp), f"no captured trace for drafter {kind!r}")
+                    trace = read_trace(tp)
+                cfg = sim_config(wpath, pol.name, engine_cfg, str(prof_path), len(w.prompts))
+                sims = [simulate(replace(cfg, seed=seed + k), profile=prof, trace=trace)
+                        for k in range(max(1, sim_seeds))]
+                sim = _mean_summaries([s.summary for s in sims])
+                _write_run(out / tag / "sim", sim, sims[0].requests)
+                paired = simulate_paired(cfg, prof, trace, calib)
+                _write_run(out / tag / "paired", paired, None)
+                dkey = kind if kind in prof.drafts else None
+                dgam = pol.draft_gamma if pol.draft_gamma is not None else gamma_max
+                check = step_model_check(res.step_records, prof, dkey, min(dgam, gamma_max))
+                for key, label in METRICS:
+                    rows.append({
+                        "policy": pol.name, "rate": float(rate), "metric": key, "label": label,
+                        "real": _f(real.get(key)), "sim": _f(sim.get(key)),
+                        "rel_error": _rel(sim.get(key), real.get(key)),
+                        "paired": _f(paired.get(key)),
+                        "paired_rel_error": _rel(paired.get(key), real.get(key)),
+                    })
+                points.append({"policy": pol.name, "rate": float(rate), "tag": tag,
+                               "real_steps": real.get("engine_steps"),
+                               "sim_steps": sim.get("engine_steps"),
+                               "real_mean_step_ms": real.get("mean_step_ms"),
+                               "sim_mean_step_ms": sim.get("mean_step_ms"),
+                               "real_duration_s": real.get("duration"),
+                               "run_wall_s": time.perf_counter() - t0, "step_check": check})
+                log(_point_line(pol.name, rate, rows[-len(METRICS):], check,
+                                time.perf_counter() - t0))
+        df = pl.DataFrame(rows, schema={
+            "policy": pl.Utf8, "rate": pl.Float64, "metric": pl.Utf8, "label": pl.Utf8,
+            "real": pl.Float64, "sim": pl.Float64, "rel_error": pl.Float64,
+            "paired": pl.Float64, "paired_rel_error": pl.Float64})
+        with atomic_path(out / "comparison.parquet") as tmp:
+            df.write_parquet(tmp)
+        with atomic_path(out / "comparison.csv") as tmp:
+            df.write_csv(tmp)
+        write_json_atomic(out / "validation.json", _jsonable({
+            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "machine": f"{platform.machine()} {platform.processor()} ({platform.node()})",
+            "device": device, "threads": int(torch.get_num_threads()), "clock": clock_kind,
+            "target": tgt.name, "drafter": kind, "profile": prof.name,
+            "profile_kind": prof.kind, "policies": [p.name for p in pols],
+            "rates": [float(r) for r in rates], "num_requests": num_requests,
+            "max_new_tokens": max_new_tokens, "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_num_batched_tokens, "sim_seeds": sim_seeds,
+            "elapsed_s": time.perf_counter() - t_begin, "points": points}))
+        return df
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def _f(v) -> float | None:
+    return None if v is None else float(v)
+
+
+def _write_run(d: Path, summary: dict, requests: pl.DataFrame | None) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    if requests is not None:
+        with atomic_path(d / "requests.parquet") as tmp:
+            requests.write_parquet(tmp)
+    write_json_atomic(d / "summary.json", _jsonable(summary))
+
+
+def _fmt(v: float | None, err: bool = False) -> str:
+    if v is None or not math.isfinite(v):
+        return "-"
+    return f"{v:+.1%}" if err else (f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}")
+
+
+def _point_line(policy: str, rate: float, rows: list[dict], check: dict, elapsed: float) -> str:
+    parts = [f"{r['label']} {_fmt(r['real'])}/{_fmt(r['sim'])} ({_fmt(r['rel_error'], True)})"
+             for r in rows]
+    step = (f"; step model {_fmt(check.get('all_rel_error'), True)}" if check else "")
+    return f"[{policy} @ {rate:g} req/s, {elapsed:.0f} s] real/sim: " + ", ".join(parts) + step
+
+
+def format_table(df: pl.DataFrame) -> str:
+    """A Markdown table: one row per (policy, rate), real / sim (error) per metric."""
+    head = "| policy | rate | " + " | ".join(lbl for _, lbl in METRICS) + " |"
+    lines = [head, "|" + "---|" * (2 + len(METRICS))]
+    for (pol, rate), g in df.group_by(["policy", "rate"], maintain_order=True):
+        cells = []
+        by = {r["metric"]: r for r in g.iter_rows(named=True)}
+        for key, _ in METRICS:
+            r = by.get(key)
+            cells.append("-" if r is None else
+                         f"{_fmt(r['real'])} / {_fmt(r['sim'])} ({_fmt(r['rel_error'], True)}; "
+                         f"paired {_fmt(r['paired_rel_error'], True)})")
+        lines.append(f"| {pol} | {rate:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(
+    policies: Sequence[str] = DEFAULT_POLICIES,
+    rates: Sequence[float] = DEFAULT_RATES,
+    num_requests: int = 16,
+    max_new_tokens: int = 128,
+    out_dir: str | Path = "runs/validate",
+    device: str = "cpu",
+    drafter: str = "auto",
+    profile: str = "auto",
+    clock: str = "auto",
+    sim_seeds: int = 5,
+    seed: int = 0,
+) -> int:
+    """CLI helper: run :func:`validate`, print the table; exit code 0 when every point is
+    within 10 % on output throughput and median TPOT, 1 otherwise."""
+    df = validate(policies, rates, num_requests, max_new_tokens, out_dir, device,
+                  drafter=drafter, profile=profile, clock=clock, sim_seeds=sim_seeds, seed=seed)
+    print(format_table(df))
+    key = df.filter(pl.col("metric").is_in(["output_throughput", "median_tpot_ms"]))
+    worst = key["rel_error"].abs().max()
+    print(f"worst |error| on output throughput / median TPOT: {_fmt(worst, True)} "
+          f"(target 10%); results in {out_dir}")
+    return 0 if worst is not None and worst <= 0.10 else 1
+
+
+__all__ = ["validate", "main", "format_table", "measure_server_profile", "simulate_paired",
+           "lookup_trace", "poisson_workload", "write_mooncake", "step_model_check"]

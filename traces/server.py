@@ -1,0 +1,700 @@
+"""A real continuous-batching speculative-decoding server (torch), for validation.
+
+This is the engine :mod:`dspark_sim.sim.validate` holds the simulator against. It runs
+an actual target model and drafter; nothing in it replays the simulator:
+
+* **arrivals**: requests become visible when the server clock passes their arrival time;
+* **admission** (FCFS, head-of-line blocking): under ``max_num_seqs`` and a KV capacity in
+  tokens (``kv_mode = "reserve"``: prompt + full output must fit, so nothing is ever
+  preempted; ``"preempt"`` admits on prompt + verify slots and refuses to overcommit);
+* **one batched target forward per step** over the *flattened* new tokens of every
+  scheduled request (vLLM style): verify tokens ``[last token, d_1 .. d_l]`` of decoding
+  requests first, then chunked prefill in what is left of ``max_num_batched_tokens``.
+  Linear layers see ``[1, T, d]``; attention is one padded SDPA call per layer over a
+  slot KV cache ``[max_num_seqs, kv_heads, max_len, head_dim]`` (a request owns one slot,
+  slots stay compact ``0..R-1``) with a per-request causal mask; logits only for the rows
+  that need them (verify rows, last prefill row);
+* **batched drafting** before the forward: a learned drafter (``mtp1`` / ``parallel`` /
+  ``dspark`` checkpoints of :mod:`dspark_sim.traces.drafters`, fed the target features it
+  was trained on) or the training-free ``lookup`` drafter (incremental n-gram index);
+* **policy** (``mtp1`` / ``fixed:k`` / ``confidence`` ...) from the project's registry, on
+  a :class:`~dspark_sim.policies.base.BatchSnapshot` (survival = calibrated cumulative
+  confidence of the drafts, SPS curve from an :class:`EngineProfile`);
+* **verification** with :func:`dspark_sim.kernels.verify_greedy` (greedy, lossless): a
+  request accepts its leading drafts equal to the target argmax and takes the target
+  token at the first mismatch (or the bonus row);
+* **per-request timestamps** (arrival, first token, finish) and step statistics written
+  into the simulator's own :class:`RequestLog` / :class:`StepStats`, so
+  :func:`dspark_sim.sim.metrics.summarize` reads real and simulated runs alike.
+
+Clocks: ``"wall"`` (``time.perf_counter``; idle waits sleep) or ``"cpu"`` -- a virtual
+clock that advances by the serving thread's CPU time (``time.thread_time``) and jumps
+over idle gaps to the next arrival. On a CPU shared with other jobs the ``cpu`` clock is
+what a dedicated machine would show (it is also how the CPU profile is measured); on
+CUDA only ``wall`` is meaningful. ``"auto"``: ``cpu`` on CPU with one torch thread,
+``wall`` otherwise. Requests generate exactly ``output_tokens`` tokens (EOS ignored, as
+``vllm bench serve --ignore-eos``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dspark_sim.errors import InputError
+
+CLOCKS = ("auto", "wall", "cpu")
+
+
+# -- configuration and results ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 256
+    kv_capacity_tokens: int = 8192
+    kv_mode: str = "reserve"
+    clock: str = "auto"
+    chunked_prefill: bool = True
+
+    def check(self) -> ServerConfig:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < self.max_num_seqs:
+            raise InputError("server", "need 1 <= max_num_seqs <= max_num_batched_tokens")
+        if self.kv_mode not in ("reserve", "preempt"):
+            raise InputError("server", f"kv_mode must be reserve or preempt, got {self.kv_mode!r}")
+        if self.clock not in CLOCKS:
+            raise InputError("server", f"clock must be one of {CLOCKS}, got {self.clock!r}")
+        return self
+
+
+@dataclass
+class ServeRequest:
+    rid: int
+    arrival_s: float
+    prompt: list[int]
+    output_tokens: int
+    # state
+    slot: int = -1
+    filled: int = 0  # prompt tokens whose KV is in the cache
+    generated: list[int] = field(default_factory=list)
+    first_token_s: float = float("nan")
+    finish_s: float = float("nan")
+    last_emit_s: float = float("nan")
+    steps: int = 0
+    verified: int = 0
+    accepted: int = 0
+    lookup: Any = None
+    feats: Any = None  # [max_len, n_feat + 1, d] target features (learned drafters)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def decoding(self) -> bool:
+        return self.filled >= self.prompt_len
+
+    @property
+    def seq(self) -> list[int]:
+        return self.prompt + self.generated
+
+
+@dataclass
+class ServeResult:
+    log: Any  # dspark_sim.sim.engine.RequestLog
+    stats: Any  # dspark_sim.sim.engine.StepStats
+    outputs: list[list[int]]
+    clock: str
+    wall_s: float
+    cpu_s: float
+    # per step: (step s, forward+verify s, decoding requests, verify tokens, prefill tokens,
+    # KV tokens held)
+    step_records: list[tuple] = field(default_factory=list)
+
+
+# -- clocks -----------------------------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._t0 = time.perf_counter()
+        self._c0 = time.thread_time()
+        self._offset = 0.0  # cpu clock: idle time jumped over
+
+    def now(self) -> float:
+        if self.kind == "wall":
+            return time.perf_counter() - self._t0
+        return time.thread_time() - self._c0 + self._offset
+
+    def wait_until(self, t: float) -> None:
+        now = self.now()
+        if t <= now:
+            return
+        if self.kind == "wall":
+            time.sleep(t - now)
+        else:
+            self._offset += t - now
+
+
+def resolve_clock(clock: str, device: torch.device) -> str:
+    if clock == "auto":
+        return "cpu" if device.type == "cpu" and torch.get_num_threads() == 1 else "wall"
+    return clock
+
+
+# -- the target engine: flattened varlen forward over a slot KV cache -------------------------
+
+
+class TargetEngine:
+    """Llama-family causal LM (q/k/v/o projections, RoPE, RMSNorm, gated MLP) run token-flat
+    over a slot KV cache. Uses the Hugging Face modules' own weights and sub-modules."""
+
+    def __init__(self, model, max_slots: int, max_len: int, feature_layers: list[int] | None = None):
+        self.model = model
+        core = model.model
+        self.core = core
+        cfg = model.config
+        self.layers = list(core.layers[: cfg.num_hidden_layers])
+        attn = self.layers[0].self_attn
+        self.heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(attn, "head_dim", None) or cfg.hidden_size // self.heads)
+        self.scaling = float(getattr(attn, "scaling", self.head_dim ** -0.5))
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.max_slots, self.max_len = int(max_slots), int(max_len)
+        shape = (self.max_slots, self.kv_heads, self.max_len, self.head_dim)
+        self.k = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.v = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.feature_layers = list(feature_layers or [])
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        self._rope = apply_rotary_pos_emb
+        self.vocab = int(model.get_output_embeddings().weight.shape[0])
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        if src == dst or length <= 0:
+            return
+        for kk, vv in zip(self.k, self.v, strict=True):
+            kk[dst, :, :length] = kk[src, :, :length]
+            vv[dst, :, :length] = vv[src, :, :length]
+
+    @torch.inference_mode()
+    def forward(self, slots: list[int], starts: list[int], tokens: list[list[int]],
+                logit_rows: list[int], want_features: bool = False):
+        """One step. Request ``i`` feeds ``tokens[i]`` at positions ``starts[i]..`` into slot
+        ``slots[i]``. Returns (logits [len(logit_rows), V] for the given flat rows,
+        features [T, n_feat + 1, d] or None)."""
+        dev = self.device
+        lens = [len(t) for t in tokens]
+        T = sum(lens)
+        flat = torch.tensor([x for t in tokens for x in t], dtype=torch.long, device=dev)
+        req = np.repeat(np.arange(len(tokens)), lens)
+        col = np.concatenate([np.arange(n) for n in lens])
+        st = np.asarray(starts, dtype=np.int64)
+        pos_np = st[req] + col
+        slot_np = np.asarray(slots, dtype=np.int64)[req]
+        pos = torch.from_numpy(pos_np).to(dev)
+        slot_t = torch.from_numpy(slot_np).to(dev)
+        col_t = torch.from_numpy(col).to(dev)
+        R = int(max(slots)) + 1
+        tmax = int(max(lens))
+        lmax = int((st + np.asarray(lens)).max())
+        qpos = np.zeros((R, tmax), dtype=np.int64)  # padded queries see key 0 (discarded)
+        qpos[slot_np, col] = pos_np
+        key = torch.arange(lmax, device=dev)
+        mask = (key[None, None, :] <= torch.from_numpy(qpos).to(dev)[:, :, None])[:, None]
+
+        x = self.core.embed_tokens(flat)[None]  # [1, T, d]
+        cos, sin = self.core.rotary_emb(x, pos[None])
+        feats = []
+        if want_features and 0 in self.feature_layers:
+            feats.append((0, x[0]))
+        H, KV, Dh = self.heads, self.kv_heads, self.head_dim
+        for li, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(1, T, H, Dh).transpose(1, 2)
+            k = attn.k_proj(h).view(1, T, KV, Dh).transpose(1, 2)
+            v = attn.v_proj(h).view(1, T, KV, Dh).transpose(1, 2)
+            if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = self._rope(q, k, cos, sin)
+            kc, vc = self.k[li], self.v[li]
+            kc[slot_t, :, pos] = k[0].transpose(0, 1)
+            vc[slot_t, :, pos] = v[0].transpose(0, 1)
+            qp = q.new_zeros((R, tmax, H, Dh))
+            qp[slot_t, col_t] = q[0].transpose(0, 1)
+            o = F.scaled_dot_product_attention(
+                qp.transpose(1, 2), kc[:R, :, :lmax], vc[:R, :, :lmax], attn_mask=mask,
+                scale=self.scaling, enable_gqa=H != KV)
+            o = o.transpose(1, 2)[slot_t, col_t].reshape(1, T, H * Dh)
+            x = x + attn.o_proj(o)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if want_features and (li + 1) in self.feature_layers:
+                feats.append((li + 1, x[0]))
+        rows = torch.as_tensor(logit_rows, dtype=torch.long, device=dev)
+        if want_features:
+            normed = self.core.norm(x[0])
+            logits = self.model.lm_head(normed[rows])
+            f = torch.stack([t for _, t in feats] + [normed], 1).float()
+            return logits, f
+        logits = self.model.lm_head(self.core.norm(x[0, rows]))
+        return logits, None
+
+
+# -- drafters ----------------------------------------------------------------------------------
+
+
+class OnlineLookup:
+    """Incremental version of :class:`dspark_sim.traces.drafters.Lookup` (same drafts, same
+    confidences) for one request: the n-gram index grows as tokens are committed."""
+
+    def __init__(self, max_ngram: int = 3) -> None:
+        self.n_max = max_ngram
+        self.index: dict[tuple[int, ...], list[int]] = {}
+        self.added = 0  # ends 0..added-1 are indexed
+
+    def draft(self, seq: list[int], gamma: int) -> tuple[np.ndarray, np.ndarray]:
+        a = len(seq) - 1
+        while self.added < a:  # index every end strictly before the anchor
+            e = self.added
+            for n in range(1, self.n_max + 1):
+                if e - n + 1 >= 0:
+                    self.index.setdefault(tuple(seq[e - n + 1 : e + 1]), []).append(e)
+            self.added += 1
+        toks = np.full(gamma, -1, dtype=np.int64)
+        conf = np.zeros(gamma, dtype=np.float64)
+        for n in range(self.n_max, 0, -1):
+            if a - n + 1 < 0:
+                continue
+            ends = self.index.get(tuple(seq[a - n + 1 : a + 1]))
+            if not ends:
+                continue
+            e = ends[-1]
+            cont = seq[e + 1 : min(e + 1 + gamma, a + 1)]
+            toks[: len(cont)] = cont
+            prev = len(ends)
+            alive = list(ends)
+            for k in range(len(cont)):
+                alive = [x for x in alive if x + 1 + k <= a and seq[x + 1 + k] == cont[k]]
+                conf[k] = len(alive) / (prev + 1.0)
+                prev = len(alive)
+            break
+        return toks, conf
+
+
+class DraftRunner:
+    """Batched drafting for a set of decoding requests: ``lookup`` or a learned drafter."""
+
+    def __init__(self, drafter: Any, shared: Any = None, name: str | None = None) -> None:
+        from dspark_sim.traces.drafters import LearnedDrafter, Lookup
+
+        self.drafter = drafter
+        self.learned = isinstance(drafter, LearnedDrafter)
+        if not self.learned and not isinstance(drafter, Lookup):
+            raise InputError("drafter", "expected a learned drafter module or a Lookup")
+        self.shared = shared
+        self.kind = name or getattr(drafter, "kind", "lookup")
+        cfg = getattr(drafter, "cfg", None)
+        self.gamma_max = int(cfg.gamma) if cfg is not None else 7
+        self.max_ngram = int(cfg.max_ngram) if cfg is not None else 3
+        self.window = int(cfg.window) if self.learned else 0
+        self.feature_layers = list(cfg.feature_layers) if self.learned else []
+
+    def new_request(self, r: ServeRequest) -> None:
+        if not self.learned:
+            r.lookup = OnlineLookup(self.max_ngram)
+
+    def draft(self, reqs: list[ServeRequest], gamma: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """tokens [n, gamma] (-1 = none), conf [n, gamma], have [n] (usable leading drafts)."""
+        n = len(reqs)
+        if n == 0 or gamma == 0:
+            return np.zeros((n, gamma), np.int64), np.zeros((n, gamma)), np.zeros(n, np.int64)
+        if not self.learned:
+            toks = np.empty((n, gamma), np.int64)
+            conf = np.empty((n, gamma))
+            for i, r in enumerate(reqs):
+                toks[i], conf[i] = r.lookup.draft(r.seq, gamma)
+            have = (toks >= 0).cumprod(1).sum(1)
+            return toks, conf, have
+        from dspark_sim.traces.drafters import DraftBatch
+
+        W = self.window
+        feats, h_last, last = [], [], []
+        for r in reqs:
+            a = r.prompt_len + len(r.generated) - 1  # anchor: index of the last token
+            ctx = torch.clamp(torch.arange(a - W, a), min=0)
+            f = r.feats
+            feats.append(f[ctx, :-1])
+            h_last.append(f[max(a - 1, 0), -1])
+            last.append(r.generated[-1])
+        dev = self.shared.head_weight.device
+        b = DraftBatch(feats=torch.stack(feats).to(dev), h_last=torch.stack(h_last).to(dev),
+                       last_tok=torch.tensor(last, dtype=torch.long, device=dev))
+        with torch.inference_mode():
+            d = self.drafter.draft(b, self.shared, gamma)
+        toks = d["tokens"].cpu().numpy().astype(np.int64)
+        conf = d["conf"].float().clamp(0, 1).cpu().numpy().astype(np.float64)
+        return toks, conf, np.full(n, gamma, np.int64)
+
+
+# -- the server loop ---------------------------------------------------------------------------
+
+
+class SpecServer:
+    """Continuous-batching speculative-decoding server over one :class:`TargetEngine`."""
+
+    def __init__(self, model, drafter: DraftRunner, config: ServerConfig, max_len: int,
+                 profile: Any = None, calibration: Any = None) -> None:
+        self.cfg = config.check()
+        self.drafter = drafter
+        self.engine = TargetEngine(model, config.max_num_seqs, max_len,
+                                   drafter.feature_layers + [int(model.config.num_hidden_layers)]
+                                   if drafter.learned else None)
+        self.max_len = int(max_len)
+        self.profile = profile
+        self.calibration = calibration
+
+    # -- policy inputs ---------------------------------------------------------------------
+    def _sps(self, n_dec: int, gamma: int, pending_prefill: int, kv_tokens: int) -> np.ndarray:
+        """Steps/s with i admitted draft tokens, as the simulator computes it from the profile."""
+        prof = self.profile
+        budget = self.cfg.max_num_batched_tokens
+        verify = n_dec + np.arange(n_dec * gamma + 1)
+        total = np.minimum(verify + pending_prefill, budget)
+        t = np.asarray(prof.target_time_s(total), dtype=np.float64)
+        t = t + prof.kv_s_per_token * kv_tokens + self._draft_time(n_dec, gamma)
+        sps = 1.0 / t
+        over = n_dec * (1 + gamma) - budget
+        if over > 0:
+            sps[-over:] = 0.0
+        return sps
+
+    def _draft_time(self, n: int, gamma: int) -> float:
+        prof = self.profile
+        key = self.drafter.kind if self.drafter.kind in prof.drafts else None
+        if key is None and prof.drafts:
+            key = next(iter(prof.drafts))
+        return prof.draft_time_s(key, n, gamma) if key else 0.0
+
+    # -- run -------------------------------------------------------------------------------
+    def serve(self, prompts: list[list[int]], output_tokens: list[int], arrival_s: list[float],
+              policy: Any) -> ServeResult:
+        """Serve the workload under ``policy`` (a :class:`~dspark_sim.policies.registry.Policy`)."""
+        from dspark_sim.policies.base import BatchSnapshot, readonly
+        from dspark_sim.sim.engine import ITL_EDGES_S, RequestLog, StepStats
+
+        cfg = self.cfg
+        eng = self.engine
+        n = len(prompts)
+        order = np.argsort(np.asarray(arrival_s, dtype=np.float64), kind="stable")
+        reqs = [ServeRequest(i, float(arrival_s[i]), [int(t) for t in prompts[i]],
+                             int(max(1, output_tokens[i]))) for i in range(n)]
+        for r in reqs:
+            if r.prompt_len + r.output_tokens + self.drafter.gamma_max + 1 > self.max_len:
+                raise InputError("server", f"request {r.rid} does not fit max_len {self.max_len}")
+        gamma_max = self.drafter.gamma_max
+        speculate = policy.drafter is not None
+        gamma = 0 if not speculate else (
+            policy.draft_gamma if policy.draft_gamma is not None else gamma_max)
+        gamma = min(gamma, gamma_max)
+        verify_slots = 1 + gamma
+        log = RequestLog.empty(n)
+        log.prompt_tokens[:] = [r.prompt_len for r in reqs]
+        log.output_tokens[:] = [r.output_tokens for r in reqs]
+        log.trace_row[:] = np.arange(n)
+        log.replica[:] = 0
+        stats = StepStats(gamma_max if speculate else 0)
+        itl_edges = ITL_EDGES_S.tolist()
+        import bisect
+
+        clock_kind = resolve_clock(cfg.clock, eng.device)
+        clock = _Clock(clock_kind)
+        wall0, cpu0 = time.perf_counter(), time.thread_time()
+        pending = deque(reqs[i] for i in order)
+        waiting: deque[ServeRequest] = deque()
+        running: list[ServeRequest] = []  # admission order
+        free_slots = list(range(cfg.max_num_seqs))
+        lag: deque = deque(maxlen=2)
+        records = []
+        done = 0
+        while done < n:
+            now = clock.now()
+            while pending and pending[0].arrival_s <= now:
+                r = pending.popleft()
+                log.arrival_s[r.rid] = r.arrival_s
+                waiting.append(r)
+            if not running and not waiting:
+                clock.wait_until(pending[0].arrival_s)
+                continue
+            # 1. admission
+            self._admit(waiting, running, free_slots, verify_slots)
+            dec = [r for r in running if r.decoding]
+            pre = [r for r in running if not r.decoding]
+            n_dec = len(dec)
+            kv_tokens = sum(r.filled + len(r.generated) for r in running)
+            pending_prefill = sum(r.prompt_len - r.filled for r in pre)
+            # 2. draft + policy
+            ell = np.zeros(n_dec, np.int64)
+            toks = np.zeros((n_dec, gamma), np.int64)
+            have = np.zeros(n_dec, np.int64)
+            if n_dec and gamma:
+                toks, conf, have = self.drafter.draft(dec, gamma)
+                if policy.needs_survival:
+                    surv = self.calibration.survival(conf) if self.calibration is not None \
+                        else np.cumprod(conf, axis=1)
+                    if gamma < gamma_max:
+                        surv = np.pad(surv, ((0, 0), (0, gamma_max - gamma)))
+                else:
+                    surv = np.zeros((n_dec, gamma_max))
+                sps = (self._sps(n_dec, gamma_max, pending_prefill, kv_tokens)
+                       if policy.needs_sps else None)
+                lag_s = lag_sps = None
+                if policy.needs_lag and len(lag) == 2:
+                    lag_s, lag_sps = lag[0]
+                snap = BatchSnapshot(readonly(surv), gamma_max, cfg.max_num_batched_tokens,
+                                     None if sps is None else readonly(sps), lag_s, lag_sps)
+                ell = np.minimum(np.array(policy(snap), dtype=np.int64), gamma)
+                if policy.needs_lag:
+                    lag.append((snap.survival, snap.sps))
+                if n_dec + int(ell.sum()) > cfg.max_num_batched_tokens:
+                    ell = np.minimum(ell, max(0, (cfg.max_num_batched_tokens - n_dec) // n_dec))
+                    stats.budget_limited_steps += 1
+            verify_tokens = n_dec + int(ell.sum())
+            # 3. chunked prefill in what verification left
+            left = cfg.max_num_batched_tokens - verify_tokens
+            chunks = []
+            for r in pre:
+                rem = r.prompt_len - r.filled
+                c = min(rem, max(0, left)) if cfg.chunked_prefill else (rem if rem <= left else 0)
+                chunks.append(c)
+                left -= c
+            prefill_tokens = int(sum(chunks))
+            # 4. one target forward over the flattened batch
+            slots, starts, feed, rows = [], [], [], []
+            row = 0
+            for i, r in enumerate(dec):
+                d = [int(x) if x >= 0 else 0 for x in toks[i, : ell[i]]]
+                seq_len = r.prompt_len + len(r.generated)
+                slots.append(r.slot)
+                starts.append(seq_len - 1)
+                feed.append([r.generated[-1]] + d)
+                rows.extend(range(row, row + 1 + int(ell[i])))
+                row += 1 + int(ell[i])
+            pre_last = []
+            for r, c in zip(pre, chunks, strict=True):
+                if c == 0:
+                    continue
+                slots.append(r.slot)
+                starts.append(r.filled)
+                feed.append(r.prompt[r.filled : r.filled + c])
+                row += c
+                if r.filled + c >= r.prompt_len:
+                    pre_last.append((r, len(rows)))
+                    rows.append(row - 1)
+            if not feed:
+                raise RuntimeError("server step with no work")
+            t_start = clock.now()
+            logits, feats = eng.forward(slots, starts, feed, rows,
+                                        want_features=self.drafter.learned)
+            # 5. verification (greedy, lossless) with the project's kernel
+            emitted: list[tuple[ServeRequest, list[int], int]] = []
+            acc = np.zeros(n_dec, np.int64)
+            if n_dec:
+                from dspark_sim.kernels import verify_greedy
+
+                nv = int(ell.sum()) + n_dec
+                cu = torch.zeros(n_dec + 1, dtype=torch.long, device=eng.device)
+                cu[1:] = torch.as_tensor(np.cumsum(ell), device=eng.device)
+                dt_flat = torch.as_tensor(
+                    np.concatenate([toks[i, : ell[i]] for i in range(n_dec)]) if n_dec else [],
+                    dtype=torch.long, device=eng.device).clamp(min=0)
+                res = verify_greedy(dt_flat, logits[:nv].contiguous(), cu)
+                acc_t = res.accepted_len.cpu().numpy().astype(np.int64)
+                am = res.target_argmax.cpu().numpy()
+                acc = np.minimum(acc_t, np.minimum(have, ell))
+                off = np.concatenate([[0], np.cumsum(ell + 1)[:-1]])
+                for i, r in enumerate(dec):
+                    a = int(acc[i])
+                    new = [int(x) for x in toks[i, :a]] + [int(am[off[i] + a])]
+                    if feats is not None:
+                        base = r.prompt_len + len(r.generated) - 1
+                        r.feats[base : base + a + 1] = feats[off[i] : off[i] + a + 1]
+                    emitted.append((r, new, i))
+            fi = 0
+            prefill_row0 = sum(len(f) for f in feed[:n_dec])
+            for r, c in zip(pre, chunks, strict=True):
+                if c == 0:
+                    continue
+                if feats is not None:
+                    r.feats[r.filled : r.filled + c] = feats[prefill_row0 + fi : prefill_row0 + fi + c]
+                fi += c
+                r.filled += c
+            for r, li in pre_last:
+                emitted.append((r, [int(logits[li].argmax())], -1))
+            t_end = clock.now()
+            dt_step = t_end - now  # the whole step: scheduling, drafting, forward, verify
+            # 6. bookkeeping
+            stats.steps += 1
+            stats.busy_s += dt_step
+            stats.batch_tokens += verify_tokens + prefill_tokens
+            stats.prefill_tokens += prefill_tokens
+            if n_dec:
+                stats.request_steps += n_dec
+                stats.verify_tokens += verify_tokens
+                nh = stats.accept_hist.size
+                stats.accept_hist += np.bincount(acc, minlength=nh)[:nh]
+                stats.ell_hist += np.bincount(ell, minlength=nh)[:nh]
+            records.append((dt_step, t_end - t_start, n_dec, verify_tokens, prefill_tokens,
+                            kv_tokens))
+            finished = []
+            for r, new, i in emitted:
+                room = r.output_tokens - len(r.generated)
+                new = new[:room]
+                if i >= 0:  # a verification step
+                    r.steps += 1
+                    r.verified += int(ell[i])
+                    r.accepted += int(acc[i])
+                    gap = t_end - r.last_emit_s
+                    stats.itl_hist[bisect.bisect_left(itl_edges, gap)] += 1
+                    stats.itl_sum_s += gap
+                else:
+                    r.first_token_s = t_end
+                r.generated.extend(new)
+                r.last_emit_s = t_end
+                if len(r.generated) >= r.output_tokens:
+                    finished.append(r)
+            for r in finished:
+                r.finish_s = t_end
+                self._release(r, running, free_slots)
+                done += 1
+        for r in reqs:
+            log.first_token_s[r.rid] = r.first_token_s
+            log.finish_s[r.rid] = r.finish_s
+            log.generated[r.rid] = len(r.generated)
+            log.steps[r.rid] = r.steps
+            log.draft_tokens_verified[r.rid] = r.verified
+            log.accepted_tokens[r.rid] = r.accepted
+        return ServeResult(log, stats, [r.generated for r in reqs], clock_kind,
+                           time.perf_counter() - wall0, time.thread_time() - cpu0, records)
+
+    def _admit(self, waiting: deque, running: list, free_slots: list, verify_slots: int) -> None:
+        cfg = self.cfg
+        if cfg.kv_mode == "reserve":
+            used = sum(r.prompt_len + r.output_tokens for r in running)
+        else:
+            used = sum(r.prompt_len + len(r.generated) + verify_slots for r in running)
+        while waiting and len(running) < cfg.max_num_seqs:
+            r = waiting[0]
+            need = (r.prompt_len + r.output_tokens if cfg.kv_mode == "reserve"
+                    else r.prompt_len + verify_slots)
+            if used + need > cfg.kv_capacity_tokens and running:
+                break  # head-of-line blocking (FCFS)
+            waiting.popleft()
+            r.slot = min(free_slots)
+            free_slots.remove(r.slot)
+            self.drafter.new_request(r)
+            if self.drafter.learned:
+                d = self.engine.model.config.hidden_size
+                nf = len(self.drafter.feature_layers) + 1
+                r.feats = torch.zeros(self.max_len, nf, d)
+            running.append(r)
+            used += need
+
+    def _release(self, r: ServeRequest, running: list, free_slots: list) -> None:
+        """Free the request's slot; keep slots compact by moving the highest one down."""
+        running.remove(r)
+        hole = r.slot
+        top = max((q.slot for q in running), default=-1)
+        if top > hole:
+            q = next(q for q in running if q.slot == top)
+            self.engine.move_slot(top, hole, q.filled + len(q.generated) + 1)
+            q.slot = hole
+            free_slots.append(top)
+        else:
+            free_slots.append(hole)
+        r.slot = -1
+        r.lookup = None
+        r.feats = None
+
+
+# -- references and helpers ----------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
+    """The target's greedy continuation (EOS ignored) with the plain Hugging Face forward."""
+    import inspect
+
+    from transformers import DynamicCache
+
+    dev = next(model.parameters()).device
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    ids = torch.tensor([prompt], dtype=torch.long, device=dev)
+    cache = DynamicCache()
+    out = model(input_ids=ids, use_cache=True, **{kw: cache})
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
+    nxt = int(out.logits[0, -1].argmax())
+    res = [nxt]
+    for _ in range(n - 1):
+        out = model(input_ids=torch.tensor([[nxt]], device=dev), use_cache=True, **{kw: cache})
+        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
+        nxt = int(out.logits[0, -1].argmax())
+        res.append(nxt)
+    return res
+
+
+def lookup_accept_lengths(seq: list[int], prompt_len: int, gamma: int,
+                          max_ngram: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Trace rows of the lookup drafter on a finished sequence: ``m_t`` and ``conf`` at
+    every output position (what :mod:`dspark_sim.traces.capture` records for ``lookup``)."""
+    from dspark_sim.traces.drafters import Lookup
+
+    toks, conf = Lookup(max_ngram=max_ngram).draft_sequence(seq, prompt_len, gamma)
+    n_out = len(seq) - prompt_len
+    m = np.zeros(n_out, np.int64)
+    for i in range(n_out):
+        a = prompt_len + i
+        left = len(seq) - 1 - a
+        k = 0
+        while k < min(gamma, left) and toks[i, k] >= 0 and toks[i, k] == seq[a + 1 + k]:
+            k += 1
+        m[i] = k
+    return m, conf
+
+
+def time_server_shapes(server: SpecServer, shapes, warmup: int = 1, repeats: int = 3,
+                       clock: str = "cpu", seed: int = 0) -> list[list[float]]:
+    """Time the server's own forward (+ greedy verification) on ``(R, l, L)`` shapes, for a
+    profile measured engine-in-the-loop (see :func:`dspark_sim.sim.validate.measure_server_profile`)."""
+    from dspark_sim.kernels import verify_greedy
+
+    eng = server.engine
+    now = time.thread_time if clock == "cpu" else time.perf_counter
+    rng = np.random.default_rng(seed)
+    times: list[list[float]] = [[] for _ in shapes]
+    for rnd in range(warmup + repeats):
+        for i in rng.permutation(len(shapes)):
+            s = shapes[i]
+            t = 1 + s.verify
+            toks = rng.integers(0, eng.vocab, size=(s.requests, t)).tolist()
+            rows = list(range(s.requests * t))
+            t0 = now()
+            logits, _ = eng.forward(list(range(s.requests)), [s.context] * s.requests, toks, rows,
+                                    want_features=server.drafter.learned)
+            cu = torch.arange(s.requests + 1, dtype=torch.long) * s.verify
+            d = torch.as_tensor([x for row in toks for x in row[1:]], dtype=torch.long)
+            verify_greedy(d, logits.contiguous(), cu)
+            dt = now() - t0
+            if rnd >= warmup:
+                times[i].append(dt)
+    return times
