@@ -19,8 +19,11 @@ BACKENDS = ("auto", "triton", "torch")
 
 @functools.cache  # find_spec walks sys.path: ~50 us, too slow for every kernel call
 def triton_importable() -> bool:
-    """True when the ``triton`` package can be imported (not imported here)."""
-    return importlib.util.find_spec("triton") is not None
+    """True when the ``triton`` package can be found (not imported here)."""
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # broken install / stubbed module
+        return False
 
 
 def interpreter_on() -> bool:
@@ -32,7 +35,7 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     on_cuda = any(t.is_cuda for t in tensors)
-    can_triton = triton_importable() and (on_cuda or interpreter_on())
+    can_triton = (on_cuda or interpreter_on()) and triton_importable()
     if backend == "auto":
         return "triton" if can_triton else "torch"
     if backend == "triton" and not can_triton:
