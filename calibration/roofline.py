@@ -165,12 +165,12 @@ def analytic_profile(
     )
 
 
-V4_FLASH_H200_DEPLOYMENT = DeploymentSheet(gpus_per_replica=16, overhead_ms=9.0,
+V4_FLASH_H200_DEPLOYMENT = DeploymentSheet(gpus_per_replica=32, overhead_ms=9.0,
                                            per_token_overhead_us=0.5)
 
 
 def default_profile() -> EngineProfile:
-    """The embedded default: V4-Flash-like MoE on 16x H200 per replica."""
+    """The embedded default: V4-Flash-like MoE on 32x H200 per replica (EP32)."""
     return analytic_profile(H200, V4_FLASH_LIKE, V4_FLASH_H200_DEPLOYMENT, name="v4flash-h200")
 
 

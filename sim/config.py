@@ -34,7 +34,7 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class DeploymentConfig:
-    replicas: int = 4
+    replicas: int = 2
     router: str = "least-outstanding"
     profile: str = "v4flash-h200"  # built-in name or TOML path
 
@@ -128,7 +128,7 @@ def _choice(name: str, v: str, options: tuple[str, ...]) -> None:
 
 
 PRESETS: dict[str, SimConfig] = {
-    # The embedded default: V4-Flash-like MoE, 4 replicas x 16 H200, 200 req/s chat.
+    # The embedded default: V4-Flash-like MoE, 2 replicas x 32 H200, 200 req/s chat.
     "default": SimConfig(),
     # One replica, closed loop: the shape of an InferenceX point.
     "single-replica": SimConfig(

@@ -23,7 +23,7 @@ def test_run_prints_summary_and_writes_outputs(tmp_path):
     r = invoke("run", "--policy", "confidence", *SMALL, "--out", str(out))
     assert r.exit_code == 0, r.output
     assert "output throughput per GPU" in r.output
-    assert "1 replica(s) x 16 GPU" in r.output
+    assert "1 replica(s) x 32 GPU" in r.output
     s = json.loads((out / "summary.json").read_text())
     assert s["policy"] == "confidence" and s["completed"] == 120
     assert pl.read_parquet(out / "requests.parquet").height == 120
