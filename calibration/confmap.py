@@ -136,15 +136,37 @@ def _check_iso_row(source: str, i: int, x: np.ndarray, y: np.ndarray) -> None:
         raise InputError(source, f"isotonic row {i}: y must lie in [0, 1] (finite x, y)")
 
 
+def builtin_calibrations() -> list[str]:
+    from importlib import resources
+
+    root = resources.files("dspark_sim.calibration") / "data" / "calibration"
+    if not root.is_dir():
+        return []
+    return sorted(p.name[: -len(".toml")] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
 def load_calibration(path: str | Path | None) -> CalibrationMap:
-    if path is None:
+    """A map from a TOML path, a built-in name (``calibration/data/calibration/``), or
+    ``None`` / ``"identity"`` / ``"none"`` for the identity map."""
+    if path is None or str(path) in ("identity", "none"):
         return IDENTITY
     source = str(path)
     p = Path(path)
-    if not p.is_file():
+    if not p.is_file() and p.suffix != ".toml" and source in builtin_calibrations():
+        from importlib import resources
+
+        res = resources.files("dspark_sim.calibration") / "data" / "calibration" / f"{source}.toml"
+        text = res.read_text()
+        source = f"builtin:{source}"
+    elif not p.is_file():
         raise InputError(source, "calibration map not found")
+    else:
+        try:
+            text = p.read_text()
+        except UnicodeDecodeError as exc:
+            raise InputError(source, "not a text file") from exc
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(source, f"invalid TOML: {exc}") from exc
     cal = data.get("calibration")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from dspark_sim.calibration.confmap import load_calibration
+from dspark_sim.calibration.confmap import CalibrationMap, load_calibration
 from dspark_sim.calibration.profile import EngineProfile, load_profile
 from dspark_sim.policies.registry import Policy, get_policy
 from dspark_sim.sim.config import SimConfig
@@ -36,7 +36,6 @@ from dspark_sim.sim.metrics import requests_frame, summarize
 from dspark_sim.sim.workload import build_stream
 from dspark_sim.traces.schema import AcceptanceTrace, load_trace
 
-from dspark_sim.errors import InputError
 from dspark_sim.io import atomic_path, write_json_atomic
 
 DEFAULT_TRACE = "dspark-synthetic"
@@ -80,6 +79,16 @@ def resolve_trace(cfg: SimConfig, policy: Policy) -> AcceptanceTrace | None:
     return trace
 
 
+def resolve_calibration(cfg: SimConfig, trace: AcceptanceTrace | None) -> CalibrationMap:
+    """``--calibration`` wins; otherwise the map the trace's metadata names (a built-in
+    name), as a deployed drafter ships with its fitted map; otherwise the identity."""
+    if cfg.calibration is not None:
+        return load_calibration(cfg.calibration)
+    if trace is not None and trace.meta.extra.get("calibration"):
+        return load_calibration(str(trace.meta.extra["calibration"]))
+    return load_calibration(None)
+
+
 def _deployment_text(cfg: SimConfig, profile: EngineProfile) -> str:
     d = cfg.deployment
     return (f"{d.replicas} replica(s) x {profile.gpus_per_replica} GPU = "
@@ -95,9 +104,7 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
     profile = profile or load_profile(cfg.deployment.profile)
     if trace is None:
         trace = resolve_trace(cfg, policy)
-    calibration = load_calibration(cfg.calibration)
-    if trace is not None and cfg.engine.max_num_batched_tokens < 1 + 0:
-        raise InputError("--max-num-batched-tokens", "must be positive")
+    calibration = resolve_calibration(cfg, trace)
     rng = np.random.default_rng(cfg.seed)
     stream = build_stream(cfg.workload, rng)
     n = stream.size

@@ -30,8 +30,11 @@ app = typer.Typer(
 traces_app = typer.Typer(help="Write and inspect acceptance traces (schema v1).",
                          no_args_is_help=True)
 profiles_app = typer.Typer(help="List and show engine profiles.", no_args_is_help=True)
+calibrate_app = typer.Typer(help="Measure engine profiles and calibrate drafter confidences.",
+                            no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
 app.add_typer(profiles_app, name="profiles")
+app.add_typer(calibrate_app, name="calibrate")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -158,7 +161,9 @@ def run(
     mtp_trace: Annotated[str | None, typer.Option(help="Trace for the mtp1 policy.")] = None,
     domain: Annotated[str | None, typer.Option(help="Use only this domain of the trace.")] = None,
     profile: Annotated[str | None, typer.Option(help="Engine profile: TOML path or built-in name.")] = None,
-    calibration: Annotated[Path | None, typer.Option(help="Confidence calibration map (TOML).")] = None,
+    calibration: Annotated[str | None, typer.Option(
+        help="Confidence calibration map: TOML path, built-in name, or 'identity' "
+             "(default: the map the trace names, else identity).")] = None,
     replicas: Annotated[int | None, typer.Option(help="Replicas behind the router.")] = None,
     router: Annotated[str | None, typer.Option(help="round-robin | least-outstanding")] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Per replica.")] = None,
@@ -216,7 +221,7 @@ def run(
         cfg, workload=w, engine=e, deployment=d, policy=policy, seed=seed,
         trace=trace if trace is not None else cfg.trace,
         mtp_trace=mtp_trace if mtp_trace is not None else cfg.mtp_trace,
-        calibration=str(calibration) if calibration is not None else cfg.calibration,
+        calibration=calibration if calibration is not None else cfg.calibration,
         slo_ttft_ms=ttft if ttft is not None else cfg.slo_ttft_ms,
         slo_tpot_ms=tpot if tpot is not None else cfg.slo_tpot_ms,
     )
@@ -240,8 +245,8 @@ def traces_synth(
     gamma: Annotated[int, typer.Option(help="Draft block length gamma_max.")] = 7,
     requests: Annotated[int, typer.Option(help="Requests (per domain for dspark/mtp1).")] = 64,
     positions: Annotated[int, typer.Option(help="Output positions per request.")] = 512,
-    overconfidence: Annotated[float, typer.Option(help="dspark/mtp1: raw-confidence sharpening.")] = 1.6,
-    noise: Annotated[float, typer.Option(help="dspark/mtp1: confidence noise (lowers AUC).")] = 0.6,
+    overconfidence: Annotated[float, typer.Option(help="dspark/mtp1: raw-confidence sharpening.")] = 1.3,
+    noise: Annotated[float, typer.Option(help="dspark/mtp1: confidence noise (lowers AUC).")] = 0.35,
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Write a synthetic schema-v1 trace."""
@@ -340,6 +345,93 @@ def profiles_show(name: Annotated[str, typer.Argument(help="Built-in name or TOM
     for dname, d in p.drafts.items():
         costs = ", ".join(f"n={int(n)}: {t * 1e3:.2f} ms" for n, t in zip(d.batch, d.time_s, strict=True))
         console.print(f"draft [{dname}] gamma_ref {d.gamma_ref}: {costs}", markup=False)
+
+
+def _ints(option: str, spec: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        raise InputError(option, f"expected comma-separated integers, got {spec!r}") from None
+    if not vals:
+        raise InputError(option, "needs at least one value")
+    return vals
+
+
+@calibrate_app.command("engine")
+@guarded
+def calibrate_engine(
+    out: Annotated[Path, typer.Option(help="Profile TOML to write.")],
+    model: Annotated[str | None, typer.Option(
+        help="HF config.json, model dir or .gguf (default: the SmolLM2 CPU target). "
+             "Weights are random: only the architecture is timed.")] = None,
+    sheet: Annotated[Path | None, typer.Option(
+        help="Instead of measuring: an analytic profile from a hardware+model sheet TOML.")] = None,
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    batch_requests: Annotated[str, typer.Option(help="Requests per timed batch.")] = "1,2,3,6",
+    verify_lengths: Annotated[str, typer.Option(help="Draft tokens verified per request.")] = "0,1,3,7",
+    context_lengths: Annotated[str, typer.Option(help="KV context lengths.")] = "128,512",
+    warmup: Annotated[int, typer.Option()] = 2,
+    repeats: Annotated[int, typer.Option()] = 5,
+    cuda_graphs: Annotated[bool, typer.Option(help="Capture CUDA graphs per bucket.")] = False,
+    name: Annotated[str | None, typer.Option(help="Profile name.")] = None,
+) -> None:
+    """Measure SPS(B) and draft cost on this device (or build an analytic profile)."""
+    if sheet is not None:
+        from dspark_sim.calibration.profile import load_profile
+        from dspark_sim.calibration.roofline import profile_from_sheets
+
+        prof = profile_from_sheets(sheet, name=name)
+        from dspark_sim.io import write_text_atomic
+
+        write_text_atomic(out, prof.to_toml())
+        load_profile(out)  # what we wrote must read back
+        console.print(f"wrote {out}: {prof.summary()}")
+        return
+    from dspark_sim.calibration.measure import measure_engine, write_profile
+
+    prof = measure_engine(
+        model, device=device, batch_requests=_ints("--batch-requests", batch_requests),
+        verify_lengths=_ints("--verify-lengths", verify_lengths),
+        context_lengths=_ints("--context-lengths", context_lengths), warmup=warmup,
+        repeats=repeats, cuda_graphs=cuda_graphs, name=name,
+        log=lambda msg: console.print(msg, style="dim", markup=False),
+    )
+    write_profile(prof, out)
+    err = prof.parameters.get("heldout_mean_rel_error")
+    console.print(f"wrote {out}: {prof.summary()}")
+    if err is not None:
+        console.print(f"held-out step-time error: mean {100 * err:.1f} %, max "
+                      f"{100 * prof.parameters.get('heldout_max_rel_error', float('nan')):.1f} %")
+
+
+@calibrate_app.command("confidence")
+@guarded
+def calibrate_confidence_cmd(
+    trace: Annotated[str, typer.Option(help="Trace path or built-in name.")],
+    out: Annotated[Path, typer.Option(help="Calibration map TOML to write.")],
+    method: Annotated[str, typer.Option(help="temperature (sequential) | isotonic")] = "temperature",
+    holdout: Annotated[float, typer.Option(help="Fraction of requests held out for the report.")] = 0.3,
+    html: Annotated[Path | None, typer.Option(help="Also write a reliability diagram (HTML).")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Fit sequential temperature scaling (or isotonic) on a trace; report ECE/AUC."""
+    from dspark_sim.calibration.fit import (
+        calibrate_confidence,
+        format_report,
+        write_reliability_html,
+    )
+    from dspark_sim.traces.schema import load_trace
+
+    t = load_trace(trace)
+    fitted, report = calibrate_confidence(t, method=method, holdout=holdout, seed=seed)
+    console.print(format_report(report), markup=False, highlight=False)
+    # The shipped map uses every request; the report above is on held-out requests.
+    full, _ = calibrate_confidence(t, method=method, holdout=0.0, seed=seed)
+    full.save(out)
+    console.print(f"wrote {out} (fitted on all {t.num_requests} requests)")
+    if html is not None:
+        write_reliability_html(html, t, fitted, report=report)
+        console.print(f"wrote {html}")
 
 
 def main() -> None:  # pragma: no cover - console entry

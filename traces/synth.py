@@ -56,12 +56,14 @@ MTP1_CURVES = (
 
 @dataclass(frozen=True)
 class SignalModel:
+    # Defaults reproduce the paper's confidence quality: raw ECE 3-7 %, AUC 0.83-0.87,
+    # ~1 % ECE after sequential temperature scaling.
     sigma_request: float = 0.3
-    sigma_position: float = 0.6
+    sigma_position: float = 1.0
     rho: float = 0.8
-    sigma_token: float = 0.5
-    noise: float = 0.6
-    overconfidence: float = 1.6
+    sigma_token: float = 1.2
+    noise: float = 0.35
+    overconfidence: float = 1.3
 
 
 def _sigmoid(x):
