@@ -30,10 +30,10 @@ import hashlib
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -305,9 +305,10 @@ def _run_process(points: list[SweepPoint], workers: int | None) -> Iterator[dict
     workers = min(workers or os.cpu_count() or 1, len(points))
     if workers <= 1:
         return _run_serial(points, workers)
-    # fork on Linux (works from scripts and notebooks without a __main__ guard)
-    method = "fork" if sys.platform == "linux" else None
-    ex = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(method))
+    # spawn, not fork: forking a process whose polars/rayon thread pools are live can
+    # deadlock the child. Scripts calling run_sweep need an ``if __name__ == "__main__"``
+    # guard (notebooks and the CLI do not).
+    ex = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
     pending: set[Future] = {ex.submit(run_point, pt) for pt in points}
 
     def rows() -> Iterator[dict]:
@@ -317,6 +318,10 @@ def _run_process(points: list[SweepPoint], workers: int | None) -> Iterator[dict
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     yield fut.result()
+        except BrokenProcessPool as exc:
+            raise RuntimeError(
+                "a sweep worker process died (out of memory, killed, or a script without an "
+                "`if __name__ == '__main__':` guard; or use executor='serial')") from exc
         finally:
             ex.shutdown(wait=True, cancel_futures=True)
 

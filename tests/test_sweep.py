@@ -1,0 +1,198 @@
+"""Sweeps: option parsing, grid expansion, parquet parts, resume, determinism."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+
+import polars as pl
+import pytest
+from dspark_sim.sim import sweep
+from dspark_sim.sim.config import WorkloadConfig, preset
+from dspark_sim.sim.sweep import (
+    build_points,
+    combine,
+    parse_list,
+    parse_numbers,
+    point_hash,
+    run_sweep,
+)
+
+from dspark_sim.errors import InputError
+
+HAS_RAY = importlib.util.find_spec("ray") is not None
+
+
+@pytest.fixture(scope="module")
+def base():
+    cfg = preset("tiny")
+    return replace(cfg, workload=replace(cfg.workload, num_requests=40))
+
+
+def _metrics(df: pl.DataFrame) -> pl.DataFrame:
+    return df.drop("wall_s").sort("point_id")
+
+
+# -- parsing -------------------------------------------------------------------------------
+def test_parse_range_inclusive_and_step():
+    assert parse_numbers("10:400:20") == [10.0 + 20 * i for i in range(20)]  # 390 last
+    assert parse_numbers("10:50:20") == [10.0, 30.0, 50.0]  # stop included when it lands
+    assert parse_numbers("0.5:1.5:0.5") == [0.5, 1.0, 1.5]
+
+
+def test_parse_lists_geometric_and_mixed():
+    assert parse_numbers("1,2,4", integer=True) == [1, 2, 4]
+    assert parse_numbers("1:256:x2", integer=True) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert parse_numbers("1,2,4:16:x2,100,2", integer=True) == [1, 2, 4, 8, 16, 100]
+    assert parse_numbers([5, 10.0]) == [5.0, 10.0]
+    assert parse_numbers(None) is None and parse_numbers(" ") is None
+    assert parse_numbers("0,1", integer=True, allow_zero=True) == [0, 1]
+    assert parse_list("mtp1, confidence-async,,mtp1") == ["mtp1", "confidence-async"]
+    assert parse_list("") is None
+
+
+@pytest.mark.parametrize("spec", ["a", "1:2", "10:5:1", "1:10:0", "1:10:x1", "0:10:x2", "0",
+                                  "-3", "1.5"])
+def test_parse_rejects_bad_specs(spec):
+    with pytest.raises(InputError):
+        parse_numbers(spec, integer=True, option="--concurrency")
+
+
+# -- grid ----------------------------------------------------------------------------------
+def test_build_points_grid_and_loads(base):
+    pts = build_points(base, qps=[5, 10], concurrency=[4], policies=["mtp1", "confidence"],
+                       seeds=[0, 1])
+    assert len(pts) == 3 * 2 * 2
+    closed = [p for p in pts if p.load_kind == "concurrency"]
+    assert len(closed) == 4
+    assert all(p.config.workload.arrival == "closed" and p.config.workload.max_concurrency == 4
+               for p in closed)
+    open_ = [p for p in pts if p.load_kind == "qps"]
+    assert {p.config.workload.qps for p in open_} == {5.0, 10.0}
+    assert all(p.config.workload.arrival == "poisson" for p in open_)
+    assert len({p.point_id for p in pts}) == len(pts)
+    # a gamma (bursty) base keeps its arrival process for qps points
+    bursty = replace(base, workload=replace(base.workload, arrival="gamma", burstiness=0.5))
+    assert build_points(bursty, qps=[5], policies=["mtp1"])[0].config.workload.arrival == "gamma"
+    # neither qps nor concurrency: the base's own load
+    (only,) = build_points(base, policies=["none"])
+    assert only.load_kind == "base" and only.load == base.workload.qps
+
+
+def test_point_hash_is_stable_and_config_sensitive(base):
+    a = replace(base, policy="mtp1")
+    assert point_hash(a) == point_hash(replace(base, policy="mtp1"))
+    assert len(point_hash(a)) == 16 and int(point_hash(a), 16) >= 0
+    assert point_hash(a) != point_hash(replace(a, seed=1))
+    assert point_hash(a) != point_hash(replace(a, workload=replace(a.workload, qps=21.0)))
+
+
+def test_bad_inputs_fail_before_any_work(base, tmp_path):
+    with pytest.raises(InputError, match="policy"):
+        run_sweep(base, qps=[5], policies=["mtp1", "bogus"], out=tmp_path, progress=False)
+    with pytest.raises(InputError, match="executor"):
+        run_sweep(base, qps=[5], policies=["mtp1"], out=tmp_path, executor="threads",
+                  progress=False)
+    assert not list(tmp_path.glob("points/*.parquet"))
+
+
+# -- running -------------------------------------------------------------------------------
+def test_sweep_rows_parts_and_resume(base, tmp_path, monkeypatch):
+    out = tmp_path / "sw"
+    df = run_sweep(base, qps=[5, 20], policies=["mtp1", "confidence-async"], out=out,
+                   executor="serial", progress=False)
+    assert df.height == 4
+    parts = sorted((out / "points").glob("*.parquet"))
+    assert {p.stem for p in parts} == set(df["point_id"])
+    assert (out / "results.parquet").is_file()
+    for col in ("policy_spec", "load", "qps", "seed", "output_throughput_per_gpu",
+                "median_interactivity", "verification_waste", "stable", "mean_concurrency"):
+        assert col in df.columns, col
+    assert df.schema["acceptance_per_position"] == pl.List(pl.Float64)
+    conf = df.filter(pl.col("policy") == "confidence-async")
+    assert conf["acceptance_per_position"].list.len().to_list() == [7, 7]
+    assert (df["completed"] == 40).all()
+    # throughput rises with offered load
+    for pol in ("mtp1", "confidence-async"):
+        g = df.filter(pl.col("policy") == pol).sort("load")
+        assert g["output_throughput_per_gpu"][1] > g["output_throughput_per_gpu"][0]
+
+    # kill one point: a rerun recomputes exactly that one
+    mtimes = {p.stem: p.stat().st_mtime_ns for p in parts}
+    victim = parts[1]
+    victim.unlink()
+    calls = []
+    real = sweep.run_point
+
+    def counting(point):
+        calls.append(point.point_id)
+        return real(point)
+
+    monkeypatch.setattr(sweep, "run_point", counting)
+    df2 = run_sweep(base, qps=[5, 20], policies=["mtp1", "confidence-async"], out=out,
+                    executor="serial", progress=False)
+    assert calls == [victim.stem]
+    assert victim.is_file()
+    for p in (out / "points").glob("*.parquet"):
+        if p.stem != victim.stem:
+            assert p.stat().st_mtime_ns == mtimes[p.stem]
+    assert _metrics(df2).equals(_metrics(df))
+    # a third run does nothing at all
+    calls.clear()
+    run_sweep(base, qps=[5, 20], policies=["mtp1", "confidence-async"], out=out,
+              executor="serial", progress=False)
+    assert calls == []
+
+
+def test_same_seed_identical_rows_and_parallel_matches_serial(base, tmp_path):
+    kw = dict(qps=[10], policies=["mtp1", "confidence"], seeds=[0, 1], progress=False)
+    a = run_sweep(base, out=tmp_path / "a", executor="serial", **kw)
+    b = run_sweep(base, out=tmp_path / "b", executor="process", workers=2, **kw)
+    assert a.height == 4
+    assert _metrics(a).equals(_metrics(b))
+    s0 = a.filter((pl.col("policy") == "confidence") & (pl.col("seed") == 0))
+    s1 = a.filter((pl.col("policy") == "confidence") & (pl.col("seed") == 1))
+    assert s0["output_throughput"][0] != s1["output_throughput"][0]
+
+
+def test_closed_loop_points_complete(base, tmp_path):
+    df = run_sweep(base, concurrency=[2, 8], policies=["mtp1"], out=tmp_path,
+                   executor="serial", progress=False)
+    assert df["load_kind"].to_list() == ["concurrency", "concurrency"]
+    assert sorted(df["concurrency"].to_list()) == [2, 8]
+    assert (df["completed"] == 40).all()
+    g = df.sort("concurrency")
+    assert g["output_throughput_per_gpu"][1] > g["output_throughput_per_gpu"][0]
+
+
+def test_combine_merges_sweeps_and_skips_damaged_parts(base, tmp_path):
+    run_sweep(base, qps=[5], policies=["none"], out=tmp_path, executor="serial", progress=False)
+    run_sweep(base, qps=[5], policies=["mtp1"], out=tmp_path, executor="serial", progress=False)
+    (tmp_path / "points" / "garbage.parquet").write_bytes(b"not parquet")
+    df = combine(tmp_path)
+    assert sorted(df["policy"].to_list()) == ["mtp1", "none"]
+    assert pl.read_parquet(tmp_path / "results.parquet").height == 2
+
+
+@pytest.mark.skipif(HAS_RAY, reason="ray is installed")
+def test_ray_missing_is_one_line_error(base, tmp_path):
+    with pytest.raises(InputError, match="ray is not installed") as exc:
+        run_sweep(base, qps=[5], policies=["none"], out=tmp_path, executor="ray",
+                  progress=False)
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.skipif(not HAS_RAY, reason="ray not installed (optional extra)")
+def test_ray_executor_matches_serial(base, tmp_path):
+    kw = dict(qps=[5], policies=["none", "mtp1"], progress=False)
+    a = run_sweep(base, out=tmp_path / "a", executor="serial", **kw)
+    b = run_sweep(base, out=tmp_path / "b", executor="ray", workers=2, **kw)
+    assert _metrics(a).equals(_metrics(b))
+
+
+def test_open_loop_workload_keeps_lengths(tmp_path):
+    cfg = replace(preset("tiny"), workload=WorkloadConfig(qps=10.0, num_requests=30,
+                                                          lengths="fixed:64:32"))
+    df = run_sweep(cfg, qps=[10], policies=["none"], out=tmp_path, executor="serial",
+                   progress=False)
+    assert df["total_output_tokens"][0] == 30 * 32
