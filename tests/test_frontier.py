@@ -1,0 +1,192 @@
+"""Frontier maths on hand-made points with known answers, and the HTML report."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+from dspark_sim.sim import frontier as fr
+from dspark_sim.sim.frontier import (
+    Front,
+    compute_fronts,
+    matched_throughput_gain,
+    pareto_front,
+    tier_gain,
+    tier_throughput,
+)
+from dspark_sim.sim.report import build_report, read_vllm_results
+
+from dspark_sim.errors import InputError
+
+
+# -- Pareto front --------------------------------------------------------------------------
+def test_pareto_front_hand_made_points():
+    pts = [(1.0, 10.0), (2.0, 8.0), (1.5, 7.0), (3.0, 3.0), (2.0, 8.0), (0.5, 9.0),
+           (3.0, 2.0), (float("nan"), 99.0), (2.5, 3.0)]
+    x, y = zip(*pts, strict=True)
+    idx = pareto_front(x, y)
+    assert [pts[i] for i in idx] == [(1.0, 10.0), (2.0, 8.0), (3.0, 3.0)]
+    assert len(set(idx.tolist()) & {1, 4}) == 1  # one of the duplicates
+    assert pareto_front([], []).size == 0
+    assert pareto_front([5.0], [5.0]).tolist() == [0]
+
+
+def test_front_interpolates_and_never_extrapolates():
+    f = Front.from_points("a", [10, 20, 40], [300, 200, 100])
+    assert f.throughput_at(15) == pytest.approx(250.0)
+    assert f.throughput_at(30) == pytest.approx(150.0)
+    assert f.throughput_at(5) == pytest.approx(300.0)  # below the front: its best
+    assert f.throughput_at(40.5) is None
+    assert f.interactivity_at(250) == pytest.approx(15.0)
+    assert f.interactivity_at(350) is None and f.interactivity_at(50) is None
+    assert f.x_range == (10.0, 40.0) and f.y_range == (100.0, 300.0)
+
+
+def _line(a: float, b: float, xs) -> tuple[list[float], list[float]]:
+    xs = list(map(float, xs))
+    return xs, [a + b * x for x in xs]
+
+
+# Front A: y = 1000 - 10 x on x in [20, 80] (y 800..200)
+# Front B: y =  900 - 20 x on x in [ 5, 40] (y 800..100)
+# At equal y: x_A / x_B = 2 (1000 - y) / (900 - y), gain(y) = 1 + 200 / (900 - y),
+# over the overlap y in [200, 800]: min 1 + 2/7 at y = 200, max 3 at y = 800,
+# mean 1 + ln(7) / 3.
+A = Front.from_points("A", *_line(1000, -10, range(20, 81, 10)))
+B = Front.from_points("B", *_line(900, -20, range(5, 41, 5)))
+
+
+def test_matched_throughput_gain_on_linear_fronts():
+    g = matched_throughput_gain(A, B, samples=4001)
+    assert g["feasible"]
+    assert g["y_lo"] == pytest.approx(200.0) and g["y_hi"] == pytest.approx(800.0)
+    assert g["gain_min"] == pytest.approx(1 + 2 / 7)
+    assert g["gain_max"] == pytest.approx(3.0)
+    assert g["gain_at_lo"] == pytest.approx(1 + 2 / 7) and g["gain_at_hi"] == pytest.approx(3.0)
+    assert g["gain_mean"] == pytest.approx(1 + math.log(7) / 3, rel=2e-3)
+    back = matched_throughput_gain(B, A)
+    assert back["gain_max"] == pytest.approx(1 / (2 + 2 / 7) - 1)  # ratio 16/7 inverted
+
+
+def test_matched_gain_without_overlap_says_why():
+    lo = Front.from_points("lo", [10, 20], [100, 50])
+    hi = Front.from_points("hi", [10, 20], [900, 800])
+    g = matched_throughput_gain(lo, hi)
+    assert not g["feasible"] and "do not overlap" in g["reason"]
+
+
+def test_tiers_feasible_infeasible_and_below_sweep():
+    r = tier_throughput(A, 50)
+    assert r.status == "ok" and r.throughput == pytest.approx(500.0)
+    r = tier_throughput(B, 50)
+    assert r.status == "infeasible" and r.throughput is None
+    assert r.max_interactivity == pytest.approx(40.0)
+    assert "infeasible" in r.text()
+    r = tier_throughput(A, 10)
+    assert r.status == "below-sweep" and r.throughput == pytest.approx(800.0)
+    rows = tier_gain(A, B, [30, 50, 100])
+    assert rows[0]["gain"] == pytest.approx(700 / 300 - 1)
+    assert rows[1]["gain"] is None and rows[1]["text"].startswith("infeasible for B")
+    assert rows[2]["text"] == "infeasible for both"
+
+
+# -- from sweep-shaped frames ------------------------------------------------------------------
+def _frame() -> pl.DataFrame:
+    rows = []
+    for pol, (a, b), xs in (("confidence-async", (1000, -10), range(20, 81, 10)),
+                            ("mtp1", (900, -20), range(5, 41, 5))):
+        for i, x in enumerate(xs):
+            for seed, jitter in ((0, -1.0), (1, 1.0)):
+                rows.append({
+                    "policy": pol, "policy_spec": pol, "profile_spec": "v4flash-h200",
+                    "trace_spec": None, "seed": seed, "load_kind": "concurrency",
+                    "load": float(256 >> i), "concurrency": 256 >> i, "qps": None,
+                    "mean_concurrency": float(256 >> i) * 0.9,
+                    fr.X: float(x) + jitter, fr.Y: a + b * float(x) - b * jitter,
+                    "stable": True, "mean_verify_tokens_per_request_step": 2.0 if pol == "mtp1"
+                    else 4.0 + i * 0.3, "spec_decode_acceptance_length": 1.9,
+                    "verification_waste": 0.1 if pol == "mtp1" else 0.3,
+                    "mean_draft_tokens_per_request_step": 1.0, "mean_decode_batch": 10.0,
+                    "point_id": f"{pol}-{i}-{seed}",
+                })
+    # an unstable point that would dominate everything: excluded from the fronts
+    rows.append(dict(rows[0], **{fr.X: 500.0, fr.Y: 5000.0, "stable": False, "seed": 2,
+                                 "load": 999.0, "point_id": "bad"}))
+    return pl.DataFrame(rows)
+
+
+def test_compute_fronts_averages_seeds_and_drops_unstable():
+    fronts = compute_fronts(_frame())
+    assert list(fronts) == ["confidence-async", "mtp1"]
+    a = fronts["confidence-async"]
+    # seed jitter cancels in the mean: exactly the line again
+    np.testing.assert_allclose(a.x, np.arange(20, 81, 10))
+    np.testing.assert_allclose(a.y, 1000 - 10 * a.x)
+    assert 500.0 not in a.x
+    with_unstable = compute_fronts(_frame(), stable_only=False, seeds="all")
+    assert with_unstable["confidence-async"].x.tolist() == [500.0]
+    only = compute_fronts(_frame(), policies=["mtp1"])
+    assert list(only) == ["mtp1"]
+
+
+def test_headline_and_tables():
+    h = fr.headline(_frame(), tiers=[30, 50])
+    (e,) = h
+    assert e["matched"]["gain_min"] == pytest.approx(1 + 2 / 7, rel=1e-3)
+    assert e["matched"]["gain_max"] == pytest.approx(3.0, rel=1e-3)
+    t30, t50 = e["tiers"]
+    assert t30["gain"] == pytest.approx(700 / 300 - 1)
+    assert t50["gain"] is None and "infeasible for mtp1" in t50["text"]
+    md = fr.format_headline(h)
+    assert "+129% to +300%" in md and "infeasible" in md
+    budget = fr.budget_table(_frame())
+    closed = budget.filter(pl.col("policy") == "mtp1")
+    assert closed["concurrency_x"].to_list() == sorted(float(256 >> i) for i in range(8))
+    assert (closed["mean_verify_tokens_per_request_step"] == 2.0).all()
+    open_ = fr.budget_table(_frame().with_columns(pl.lit("qps").alias("load_kind")))
+    assert open_["concurrency_x"].max() == pytest.approx(256 * 0.9)
+    waste = fr.waste_table(_frame())
+    assert set(waste["verification_waste"].to_list()) == {0.1, 0.3}
+
+
+# -- report ------------------------------------------------------------------------------------
+def _vllm_dir(tmp_path):
+    d = tmp_path / "vllm"
+    d.mkdir()
+    (d / "c16.json").write_text(json.dumps({"output_throughput": 3200.0, "median_tpot_ms": 12.5,
+                                            "max_concurrency": 16, "request_rate": "inf",
+                                            "num_gpus": 8, "policy": "mtp1"}))
+    (d / "c32.json").write_text(json.dumps({"output_throughput": 4800.0, "median_itl_ms": 20.0,
+                                            "max_concurrency": 32, "request_rate": "inf"}))
+    return d
+
+
+def test_read_vllm_results(tmp_path):
+    d = _vllm_dir(tmp_path)
+    with pytest.raises(InputError, match="gpus"):
+        read_vllm_results(d)
+    v = read_vllm_results(d, gpus=16).sort("max_concurrency")
+    assert v["interactivity"].to_list() == pytest.approx([80.0, 50.0])
+    assert v["throughput_per_gpu"].to_list() == pytest.approx([400.0, 300.0])  # num_gpus wins
+    assert v["label"].to_list() == ["mtp1", "vllm"]
+    (d / "bad.json").write_text(json.dumps({"foo": 1}))
+    with pytest.raises(InputError, match="bench serve"):
+        read_vllm_results(d, gpus=16)
+
+
+def test_report_is_self_contained_html(tmp_path):
+    d = _vllm_dir(tmp_path)
+    out = build_report(_frame(), tmp_path / "rep", tiers=[30, 50], vllm_results=d, gpus=16)
+    assert out == tmp_path / "rep" / "report.html"
+    text = out.read_text()
+    assert text.startswith("<!DOCTYPE html>")
+    assert '<script src="http' not in text  # plotly.js inlined, no CDN
+    assert len(text) > 1_000_000 and text.count("Plotly.newPlot") == 3
+    for s in ("confidence-async", "mtp1", "vLLM measured: mtp1", "infeasible for mtp1",
+              "+129% to +300%", "Verification budget", "legendgroup"):
+        assert s in text, s
+    with pytest.raises(InputError):
+        build_report(_frame().head(0), tmp_path / "empty.html")
