@@ -1,11 +1,16 @@
 """DSpark §5.4 case study: confidence-async vs MTP-1 on the V4-Flash-like profile.
 
-Closed-loop concurrency sweep on one replica (16 H200, profile ``v4flash-h200``) with
+Closed-loop concurrency sweep (1..256 clients, plus 384..1024 with ``--extend``, the
+default) on one replica (16 H200, profile ``v4flash-h200``) with
 the shipped synthetic traces (``dspark-synthetic`` for the block drafter,
 ``mtp1-synthetic`` for the MTP head), then the paper's headline numbers: per-user
 TPS gain at matched throughput and the throughput gain at the 80 and 120 tok/s/user
 SLA tiers, plus the Fig. 8 verification-budget table. Resumable: rerunning reuses
-finished points in ``--out``.
+finished points in ``--out``. Each point runs ``max(--num-requests,
+--requests-per-client x concurrency)`` requests so high-concurrency points reach a steady
+state; ``max_num_seqs`` is raised to 1024 so the extended points are not capped at 256
+running requests (it never binds at <= 256 clients, so those points are the default
+engine's).
 
     python benchmarks/case_study.py                      # ~1-2 min on 2 cores
     python benchmarks/case_study.py --num-requests 300 --concurrency 1,8,64  # smoke run
@@ -30,6 +35,7 @@ from dspark_sim.sim.sweep import parse_list, parse_numbers, run_sweep
 from dspark_sim.io import write_json_atomic
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,24,32,48,64,96,128,192,256"
+EXTENDED_CONCURRENCY = "384,512,768,1024"
 
 
 def _git_rev() -> str:
@@ -46,6 +52,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--concurrency", default=DEFAULT_CONCURRENCY)
     ap.add_argument("--policies", default="confidence-async,mtp1")
     ap.add_argument("--num-requests", type=int, default=1000)
+    ap.add_argument("--requests-per-client", type=int, default=8)
+    ap.add_argument("--extend", default=EXTENDED_CONCURRENCY,
+                    help="extra concurrencies beyond 256 ('' for none)")
+    ap.add_argument("--max-num-seqs", type=int, default=1024)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--tiers", default="80,120")
     ap.add_argument("--workers", type=int, default=None)
@@ -53,19 +63,32 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     base = preset("single-replica")
-    base = replace(base, workload=replace(WorkloadConfig(), arrival="closed",
-                                          num_requests=args.num_requests))
+    base = replace(base, engine=replace(base.engine, max_num_seqs=args.max_num_seqs),
+                   workload=replace(WorkloadConfig(), arrival="closed",
+                                    num_requests=args.num_requests))
     conc = parse_numbers(args.concurrency, integer=True, option="--concurrency")
+    ext = parse_numbers(args.extend, integer=True, option="--extend") or []
     policies = parse_list(args.policies)
     seeds = parse_numbers(args.seeds, integer=True, option="--seeds", allow_zero=True)
     tiers = parse_numbers(args.tiers, option="--tiers")
     out = Path(args.out)
+    # one sweep per request count (points with the same count share a base config)
+    by_n: dict[int, list[int]] = {}
+    for c in [*conc, *ext]:
+        by_n.setdefault(max(args.num_requests, args.requests_per_client * c), []).append(c)
     t0 = time.perf_counter()
-    df = run_sweep(base, concurrency=conc, policies=policies, seeds=seeds, out=out,
-                   executor=args.executor, workers=args.workers)
+    frames = []
+    for n, cs in by_n.items():
+        b = replace(base, workload=replace(base.workload, num_requests=n))
+        frames.append(run_sweep(b, concurrency=cs, policies=policies, seeds=seeds, out=out,
+                                executor=args.executor, workers=args.workers))
     wall = time.perf_counter() - t0
+    df = pl.concat(frames, how="diagonal_relaxed")
+    main_df = df.filter(pl.col("concurrency") <= max(conc))
+    h_main = headline(main_df, candidate=policies[0], baseline=policies[-1], tiers=tiers)
     h = headline(df, candidate=policies[0], baseline=policies[-1], tiers=tiers)
-    md = format_headline(h)
+    md = (f"### concurrency 1..{max(conc)}\n\n{format_headline(h_main)}\n\n"
+          f"### concurrency 1..{max([*conc, *ext])}\n\n{format_headline(h)}")
     budget = budget_table(df).select("policy", "concurrency_x",
                                      "mean_verify_tokens_per_request_step",
                                      "spec_decode_acceptance_length",
@@ -75,7 +98,21 @@ def main(argv: list[str] | None = None) -> dict:
     report = build_report(df, out / "report.html", policies=policies, candidate=policies[0],
                           baseline=policies[-1], tiers=tiers,
                           title="DSpark §5.4 case study (simulated)")
-    e = h[0]
+
+    def pack(e: dict) -> dict:
+        return {
+            "matched": e["matched"],
+            "tiers": [{"tier": t["tier"], "gain": t["gain"], "text": t["text"],
+                       "candidate": t["candidate"].throughput,
+                       "candidate_status": t["candidate"].status,
+                       "baseline": t["baseline"].throughput,
+                       "baseline_status": t["baseline"].status,
+                       "baseline_max_interactivity": t["baseline"].max_interactivity}
+                      for t in e["tiers"]],
+            "fronts": {f.label: {"x": f.x.round(1).tolist(), "y": f.y.round(1).tolist()}
+                       for f in (e["candidate_front"], e["baseline_front"]) if f is not None},
+        }
+
     summary = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "git": _git_rev(),
@@ -84,17 +121,11 @@ def main(argv: list[str] | None = None) -> dict:
         "sweep_wall_s": round(wall, 1),
         "cpu_s_points": round(float(df["wall_s"].sum()), 1),
         "config": {"profile": base.deployment.profile, "replicas": base.deployment.replicas,
-                   "num_requests": args.num_requests, "concurrency": conc,
+                   "num_requests": {str(c): n for n, cs in by_n.items() for c in cs},
+                   "max_num_seqs": args.max_num_seqs, "concurrency": [*conc, *ext],
                    "policies": policies, "seeds": seeds},
-        "matched": e["matched"],
-        "tiers": [{"tier": t["tier"], "gain": t["gain"], "text": t["text"],
-                   "candidate": t["candidate"].throughput, "candidate_status":
-                   t["candidate"].status, "baseline": t["baseline"].throughput,
-                   "baseline_status": t["baseline"].status,
-                   "baseline_max_interactivity": t["baseline"].max_interactivity}
-                  for t in e["tiers"]],
-        "fronts": {f.label: {"x": f.x.round(1).tolist(), "y": f.y.round(1).tolist()}
-                   for f in (e["candidate_front"], e["baseline_front"]) if f is not None},
+        "headline_main": pack(h_main[0]),
+        "headline_extended": pack(h[0]),
         "budget": budget.to_dicts(),
         "waste": waste.to_dicts(),
     }
