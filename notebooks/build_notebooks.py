@@ -1,0 +1,292 @@
+"""Write the example notebooks (without outputs) from the cell sources below.
+
+    python notebooks/build_notebooks.py          # rewrites notebooks/*.ipynb
+
+Each notebook reads parquet only (no network) and takes its input from an
+environment variable (``DSPARK_RESULTS``, ``DSPARK_TRACE``) or its first code cell,
+so ``tests/test_notebooks.py`` can run them on small inputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+
+FRONTIER = [
+    ("md", """# Frontier explorer
+
+Throughput-vs-interactivity fronts of a sweep (`dspark-sim sweep` or
+`dspark_sim.sim.sweep.run_sweep`): x = median interactivity (tok/s/user), y = output
+throughput (tok/s/GPU), as in DSpark Fig. 7 and InferenceX. Pick the policies,
+profiles and SLA tiers in the next cell. `DSPARK_RESULTS` (environment) overrides the
+input: a `results.parquet` or a sweep folder."""),
+    ("code", """import os
+
+RESULTS = os.environ.get("DSPARK_RESULTS", "../runs/case-study/results.parquet")
+POLICIES = None  # e.g. ["confidence-async", "mtp1"]; None: every policy in the sweep
+PROFILES = None  # e.g. ["v4flash-h200"]; None: every profile
+CANDIDATE, BASELINE = "confidence-async", "mtp1"
+SLA_TIERS = [80, 120]  # tok/s/user
+STABLE_ONLY = True  # leave unstable (overloaded) points out of the fronts"""),
+    ("code", """import plotly.graph_objects as go
+import polars as pl
+from dspark_sim.sim import frontier as fr
+from dspark_sim.sim.report import budget_figure, fronts_figure, waste_figure
+from dspark_sim.sim.sweep import load_results
+
+df = load_results(RESULTS)
+if PROFILES:
+    df = df.filter(pl.col("profile_spec").is_in(PROFILES))
+if POLICIES:
+    df = df.filter(pl.col("policy").is_in([fr.canonical_policy(p) for p in POLICIES]))
+print(f"{df.height} points; policies: {sorted(set(df['policy']))}")
+df.select("policy", "profile_spec", "load_kind", "load", fr.X, fr.Y,
+          "spec_decode_acceptance_length", "mean_verify_tokens_per_request_step", "stable")"""),
+    ("md", "## Fronts\nMarkers are sweep points (hover for details, x = unstable), lines the "
+           "Pareto fronts; click a legend entry to toggle a policy."),
+    ("code", """fig = fronts_figure(df, policies=POLICIES, tiers=SLA_TIERS, stable_only=STABLE_ONLY)
+fig.show()"""),
+    ("md", "## Fronts by hand\nThe same fronts from `compute_fronts`, drawn with plain Plotly."),
+    ("code", """fronts = fr.compute_fronts(df, policies=POLICIES, stable_only=STABLE_ONLY)
+fig = go.Figure()
+for label, f in fronts.items():
+    fig.add_trace(go.Scatter(x=f.x, y=f.y, mode="lines+markers", name=label))
+for t in SLA_TIERS:
+    fig.add_vline(x=t, line_dash="dot")
+fig.update_layout(xaxis_title="tok/s/user", yaxis_title="tok/s/GPU", template="plotly_white")
+fig.show()
+pl.DataFrame([{"front": k, "points": len(f.x), "interactivity range": f"{f.x_range[0]:.0f}-{f.x_range[1]:.0f}",
+               "throughput range": f"{f.y_range[0]:.0f}-{f.y_range[1]:.0f}"} for k, f in fronts.items()])"""),
+    ("md", "## Throughput at the SLA tiers"),
+    ("code", """pl.DataFrame([{"front": k, "tier": t, "throughput": r.throughput, "status": r.status}
+              for k, f in fronts.items() for t in SLA_TIERS
+              for r in [fr.tier_throughput(f, t)]])"""),
+    ("md", "## Headline: candidate vs baseline"),
+    ("code", """present = set(df["policy"])
+if fr.canonical_policy(CANDIDATE) in present and fr.canonical_policy(BASELINE) in present:
+    h = fr.headline(df, candidate=CANDIDATE, baseline=BASELINE, tiers=SLA_TIERS,
+                    stable_only=STABLE_ONLY)
+    print(fr.format_headline(h))
+else:
+    print(f"need both {CANDIDATE} and {BASELINE} in the sweep; present: {sorted(present)}")"""),
+    ("md", "## Verification budget vs concurrency (Fig. 8) and waste vs load"),
+    ("code", """budget_figure(df, policies=POLICIES).show()
+waste_figure(df, policies=POLICIES).show()
+fr.budget_table(df)"""),
+]
+
+TRACE = [
+    ("md", """# Trace explorer
+
+A schema-v1 acceptance trace: tokens per verification step (τ) against the verify
+length ℓ, per-position conditional acceptance (DSpark Fig. 2), and the drafter's
+confidences against what happened. `DSPARK_TRACE` (environment) overrides the input: a
+trace parquet path or the name of a trace shipped in the package."""),
+    ("code", """import os
+
+TRACE = os.environ.get("DSPARK_TRACE", "dspark-synthetic")"""),
+    ("code", """import numpy as np
+import plotly.graph_objects as go
+import polars as pl
+from dspark_sim.traces.schema import load_trace
+
+trace = load_trace(TRACE)
+g = trace.gamma_max
+print(f"{trace.source_path}: drafter {trace.meta.drafter}, target {trace.meta.target}, "
+      f"gamma_max {g}, {trace.num_requests} requests, {trace.num_positions} positions, "
+      f"domains {trace.meta.domains}, source {trace.meta.source}")
+trace.to_polars().head()"""),
+    ("md", "## τ by verify length ℓ\nτ(ℓ) = E[min(ℓ, m)] + 1 (bonus token included), "
+           "per domain and overall."),
+    ("code", """domains = list(trace.meta.domains) or ["all"]
+rows = []
+for d in ["all", *[d for d in domains if d != "all"]]:
+    t = trace if d == "all" else trace.select_domain(d)
+    rows += [{"domain": d, "ell": ell, "tau": t.tau(ell)} for ell in range(g + 1)]
+tau = pl.DataFrame(rows)
+fig = go.Figure()
+for d in tau["domain"].unique(maintain_order=True):
+    s = tau.filter(pl.col("domain") == d)
+    fig.add_trace(go.Scatter(x=s["ell"], y=s["tau"], mode="lines+markers", name=d))
+fig.update_layout(xaxis_title="verify length ℓ (draft tokens)", yaxis_title="τ (tokens / step)",
+                  template="plotly_white")
+fig.show()
+tau.pivot(on="domain", index="ell", values="tau")"""),
+    ("md", "## Per-position acceptance\nConditional P(k accepted | 1..k-1 accepted) "
+           "(DSpark Fig. 2) and unconditional survival P(m ≥ k) (vLLM's per-position "
+           "figure)."),
+    ("code", """k = np.arange(1, g + 1)
+fig = go.Figure()
+for d in domains:
+    t = trace if d == "all" else trace.select_domain(d)
+    fig.add_trace(go.Scatter(x=k, y=t.conditional_acceptance(), mode="lines+markers",
+                             name=f"{d} conditional"))
+fig.add_trace(go.Scatter(x=k, y=trace.survival(), mode="lines+markers", name="all survival",
+                         line={"dash": "dash"}))
+fig.update_layout(xaxis_title="draft position k", yaxis_title="acceptance",
+                  yaxis_range=[0, 1], template="plotly_white")
+fig.show()
+fig = go.Figure(go.Histogram(x=trace.accept_len, xbins={"start": -0.5, "end": g + 0.5, "size": 1}))
+fig.update_layout(xaxis_title="accepted run length m", yaxis_title="positions",
+                  template="plotly_white")
+fig.show()"""),
+    ("md", "## Confidences vs outcomes\nAt each position k, among the drafts that reached k: "
+           "the raw confidence c_k when token k was accepted vs rejected, and the mean "
+           "confidence against the observed conditional acceptance."),
+    ("code", """m = trace.accept_len.astype(np.int64)
+c = trace.conf.astype(np.float64)
+rows = []
+fig = go.Figure()
+for j in range(g):
+    reached = m >= j
+    acc = m[reached] > j
+    cj = c[reached, j]
+    rows.append({"k": j + 1, "reached": int(reached.sum()), "mean_conf": float(cj.mean()),
+                 "observed": float(acc.mean()),
+                 "conf_if_accepted": float(cj[acc].mean()) if acc.any() else None,
+                 "conf_if_rejected": float(cj[~acc].mean()) if (~acc).any() else None})
+    fig.add_trace(go.Box(y=cj[acc][:5000], x=[f"k={j + 1}"] * min(int(acc.sum()), 5000),
+                         name="accepted", marker_color="seagreen", showlegend=j == 0,
+                         legendgroup="a"))
+    fig.add_trace(go.Box(y=cj[~acc][:5000], x=[f"k={j + 1}"] * min(int((~acc).sum()), 5000),
+                         name="rejected", marker_color="indianred", showlegend=j == 0,
+                         legendgroup="r"))
+fig.update_layout(boxmode="group", yaxis_title="raw confidence c_k", template="plotly_white")
+fig.show()
+pl.DataFrame(rows)"""),
+]
+
+CALIBRATION = [
+    ("md", """# Confidence calibration
+
+Reliability diagram and expected calibration error (ECE, 15 equal-width bins,
+count-weighted) of a trace's raw confidences, computed here in numpy. Judged as the
+scheduler uses them: the prefix survival a_k = ∏_{i≤k} c_i against the event
+"the first k draft tokens were accepted" (accept_len ≥ k), over all positions; and
+conditionally, c_k among drafts that reached k. If `dspark_sim.calibration.fit` is
+installed, the sequential temperature scaling fit (DSpark §3.2.1) is shown after it.
+`DSPARK_TRACE` (environment) overrides the input."""),
+    ("code", """import os
+
+TRACE = os.environ.get("DSPARK_TRACE", "dspark-synthetic")
+BINS = 15
+METHOD = "temperature"  # or "isotonic" (used only when calibration.fit is available)"""),
+    ("code", """import numpy as np
+import plotly.graph_objects as go
+import polars as pl
+from plotly.subplots import make_subplots
+from dspark_sim.traces.schema import load_trace
+
+trace = load_trace(TRACE)
+c = trace.conf.astype(np.float64)
+m = trace.accept_len.astype(np.int64)
+g = trace.gamma_max
+events = m[:, None] >= np.arange(1, g + 1)[None, :]
+surv = np.cumprod(c, axis=1)
+
+
+def ece(p, y, bins=BINS):
+    p = np.asarray(p, float)
+    y = np.asarray(y, float)
+    idx = np.clip((p * bins).astype(int), 0, bins - 1)
+    sp = np.bincount(idx, weights=p, minlength=bins)
+    sy = np.bincount(idx, weights=y, minlength=bins)
+    return float(np.abs(sp - sy).sum() / max(p.size, 1))
+
+
+def reliability(p, y, bins=BINS):
+    idx = np.clip((np.asarray(p) * bins).astype(int), 0, bins - 1)
+    n = np.bincount(idx, minlength=bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mp = np.bincount(idx, weights=p, minlength=bins) / n
+        fy = np.bincount(idx, weights=y, minlength=bins) / n
+    keep = n > 0
+    return mp[keep], fy[keep], n[keep]
+
+
+raw = []
+for j in range(g):
+    reached = m >= j
+    raw.append({"k": j + 1, "observed": float(events[:, j].mean()),
+                "predicted": float(surv[:, j].mean()), "ece_survival": ece(surv[:, j], events[:, j]),
+                "ece_conditional": ece(c[reached, j], events[reached, j])})
+raw = pl.DataFrame(raw)
+print(f"mean ECE of raw survivals: {raw['ece_survival'].mean():.2%}")
+raw"""),
+    ("md", "## Reliability diagram (raw)"),
+    ("code", """def diagram(prob, title):
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("survival a_k vs accept_len ≥ k",
+                                                        "conditional c_k (reached k)"))
+    for j in range(g):
+        reached = m >= j
+        for col, (p, y) in enumerate([(np.cumprod(prob, axis=1)[:, j], events[:, j]),
+                                      (prob[reached, j], events[reached, j])], start=1):
+            x, f, n = reliability(p, y)
+            fig.add_trace(go.Scatter(x=x, y=f, mode="lines+markers", name=f"k={j + 1}",
+                                     legendgroup=f"k{j}", showlegend=col == 1,
+                                     customdata=n, hovertemplate="pred %{x:.2f} obs %{y:.2f} n %{customdata}"),
+                          row=1, col=col)
+    for col in (1, 2):
+        fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line={"dash": "dot", "color": "grey"},
+                                 showlegend=False), row=1, col=col)
+    fig.update_xaxes(title_text="predicted", range=[0, 1])
+    fig.update_yaxes(title_text="observed", range=[0, 1])
+    fig.update_layout(title=title, template="plotly_white", height=450)
+    return fig
+
+
+diagram(c, "raw confidences").show()"""),
+    ("md", "## After calibration (if `calibration.fit` is available)"),
+    ("code", """try:
+    from dspark_sim.calibration.fit import calibrate_confidence
+except ImportError:
+    calibrate_confidence = None
+    print("dspark_sim.calibration.fit is not available: raw ECE only")
+if calibrate_confidence is not None:
+    cmap, rep = calibrate_confidence(trace, method=METHOD, holdout=0.3, seed=0, bins=BINS)
+    print(f"{METHOD}: mean ECE {rep['ece_before_mean']:.2%} -> {rep['ece_after_mean']:.2%} "
+          f"on {rep['split']['evaluated_on']}")
+    diagram(np.asarray(cmap.apply(c), dtype=np.float64), f"after {METHOD} scaling (all rows)").show()
+    display(pl.DataFrame(rep["positions"]).select("k", "observed", "ece_before", "ece_after",
+                                                  "auc_before", "auc_after"))"""),
+]
+
+
+def _notebook(cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
+    nb = new_notebook()
+    nb.cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src)
+                for kind, src in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    return nb
+
+
+NOTEBOOKS = {
+    "frontier_explorer.ipynb": FRONTIER,
+    "trace_explorer.ipynb": TRACE,
+    "calibration.ipynb": CALIBRATION,
+}
+
+
+def build(out_dir: Path = HERE) -> list[Path]:
+    paths = []
+    for name, cells in NOTEBOOKS.items():
+        nb = _notebook(cells)
+        # stable cell ids keep the files byte-identical across rebuilds
+        for i, cell in enumerate(nb.cells):
+            cell["id"] = f"{Path(name).stem}-{i}"
+        nbformat.validate(nb)
+        path = Path(out_dir) / name
+        path.write_text(nbformat.writes(nb) + "\n")
+        paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    for p in build():
+        print(p)
