@@ -347,6 +347,67 @@ def profiles_show(name: Annotated[str, typer.Argument(help="Built-in name or TOM
         console.print(f"draft [{dname}] gamma_ref {d.gamma_ref}: {costs}", markup=False)
 
 
+@app.command()
+@guarded
+def sweep(
+    out: Annotated[Path, typer.Option(help="Folder for points/, results.parquet, report.html.")],
+    policies: Annotated[str, typer.Option(help="Comma-separated policy specs.")] =
+        "mtp1,fixed:3,fixed:5,confidence,confidence-async,none",
+    qps: Annotated[str | None, typer.Option(
+        help="Open-loop rates: 10:400:20 (inclusive), 1:256:x2 (geometric) or 1,2,4.")] = None,
+    concurrency: Annotated[str | None, typer.Option(
+        help="Closed-loop client counts, e.g. 1,2,4,8,16,32,64,128,256.")] = None,
+    profiles: Annotated[str | None, typer.Option(help="Comma-separated profiles.")] = None,
+    traces: Annotated[str | None, typer.Option(help="Comma-separated traces.")] = None,
+    seeds: Annotated[str, typer.Option(help="Seeds to repeat each point with (error bars).")] = "0",
+    num_requests: Annotated[int | None, typer.Option(help="Requests per point.")] = None,
+    replicas: Annotated[int | None, typer.Option(help="Replicas per point.")] = None,
+    executor: Annotated[str, typer.Option(help="process | serial | ray")] = "process",
+    workers: Annotated[int | None, typer.Option(help="Parallel workers (default: cores).")] = None,
+    sla: Annotated[str, typer.Option(help="Interactivity tiers (tok/s/user) for the headline.")] =
+        "80,120",
+    candidate: Annotated[str, typer.Option(help="Policy compared in the headline.")] =
+        "confidence-async",
+    baseline: Annotated[str, typer.Option(help="Baseline policy of the headline.")] = "mtp1",
+    vllm_results: Annotated[Path | None, typer.Option(
+        help="Folder of vLLM `bench serve` result JSON files to overlay.")] = None,
+    gpus: Annotated[int | None, typer.Option(help="GPUs behind the vLLM results (per-GPU).")] = None,
+    config: Annotated[Path | None, typer.Option(help="Base TOML config.")] = None,
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Sweep loads x policies (x profiles x traces x seeds); write results and a report."""
+    from dspark_sim.sim.config import load_config, preset
+    from dspark_sim.sim.frontier import format_headline, headline
+    from dspark_sim.sim.report import build_report
+    from dspark_sim.sim.sweep import parse_list, parse_numbers, run_sweep
+
+    base = load_config(config) if config is not None else preset("default")
+    if num_requests is not None:
+        base = replace(base, workload=replace(base.workload, num_requests=num_requests,
+                                              duration_s=None))
+    if replicas is not None:
+        base = replace(base, deployment=replace(base.deployment, replicas=replicas))
+    tiers = parse_numbers(sla, option="--sla")
+    df = run_sweep(
+        base,
+        qps=parse_numbers(qps) if qps else None,
+        concurrency=parse_numbers(concurrency, integer=True, option="--concurrency")
+        if concurrency else None,
+        policies=parse_list(policies),
+        profiles=parse_list(profiles),
+        traces=parse_list(traces),
+        seeds=parse_numbers(seeds, integer=True, allow_zero=True, option="--seeds"),
+        out=out, executor=executor, workers=workers, progress=not quiet,
+    )
+    report = build_report(df, out / "report.html", candidate=candidate, baseline=baseline,
+                          tiers=tiers, vllm_results=vllm_results, gpus=gpus)
+    console.print(f"{df.height} points -> {out / 'results.parquet'}; report {report}")
+    pols = set(df["policy_spec"].to_list())
+    if candidate in pols and baseline in pols:
+        console.print(format_headline(headline(df, candidate=candidate, baseline=baseline,
+                                               tiers=tiers)), markup=False, highlight=False)
+
+
 def _ints(option: str, spec: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(x) for x in spec.split(",") if x.strip())

@@ -122,3 +122,17 @@ def test_profiles_commands():
     assert r.exit_code == 0 and "v4flash-h200" in r.output
     r = invoke("profiles", "show", "v4flash-h200")
     assert r.exit_code == 0 and "draft [dspark]" in r.output
+
+
+def test_sweep_cli_writes_results_report_and_headline(tmp_path):
+    out = tmp_path / "sw"
+    args = ["sweep", "--out", str(out), "--policies", "mtp1,confidence-async",
+            "--concurrency", "4,32", "--num-requests", "80", "--replicas", "1",
+            "--executor", "serial", "--quiet"]
+    r = invoke(*args)
+    assert r.exit_code == 0, r.output
+    df = pl.read_parquet(out / "results.parquet")
+    assert df.height == 4 and set(df["policy_spec"]) == {"mtp1", "confidence-async"}
+    assert (out / "report.html").stat().st_size > 100_000
+    assert "matched throughput" in r.output
+    _one_line_error(invoke("sweep", "--out", str(tmp_path / "x"), "--qps", "5:1:0"), "--qps")
