@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+
 from dspark_sim.kernels import scheduler as ks
 from dspark_sim.kernels import survival as ksurv
 from dspark_sim.kernels import verify as kv

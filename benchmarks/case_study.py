@@ -27,12 +27,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
+
+from dspark_sim.io import write_json_atomic
 from dspark_sim.sim.config import WorkloadConfig, preset
 from dspark_sim.sim.frontier import budget_table, format_headline, headline, waste_table
 from dspark_sim.sim.report import build_report
 from dspark_sim.sim.sweep import parse_list, parse_numbers, run_sweep
-
-from dspark_sim.io import write_json_atomic
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,24,32,48,64,96,128,192,256"
 EXTENDED_CONCURRENCY = "384,512,768,1024"

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from dspark_sim.calibration.confmap import (
     IDENTITY,
     CalibrationMap,
@@ -37,7 +38,6 @@ from dspark_sim.calibration.confmap import (
     sigmoid,
     temperature_map,
 )
-
 from dspark_sim.errors import InputError
 from dspark_sim.io import write_text_atomic
 

@@ -56,8 +56,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from dspark_sim.calibration.profile import DraftCost, EngineProfile, profile_from_dict
 
+from dspark_sim.calibration.profile import DraftCost, EngineProfile, profile_from_dict
 from dspark_sim.errors import InputError
 from dspark_sim.io import write_text_atomic
 

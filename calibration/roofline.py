@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from dspark_sim.calibration.profile import DraftCost, EngineProfile
 
+from dspark_sim.calibration.profile import DraftCost, EngineProfile
 from dspark_sim.errors import InputError
 
 

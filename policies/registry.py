@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from dspark_sim.policies.base import BatchSnapshot
-from dspark_sim.policies.scheduler import schedule_async, schedule_sync, schedule_topk
 
 from dspark_sim.errors import InputError
+from dspark_sim.policies.base import BatchSnapshot
+from dspark_sim.policies.scheduler import schedule_async, schedule_sync, schedule_topk
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+
 from dspark_sim.calibration.confmap import CalibrationMap, load_calibration
 from dspark_sim.calibration.profile import EngineProfile, load_profile
+from dspark_sim.io import atomic_path, write_json_atomic
 from dspark_sim.policies.registry import Policy, get_policy
 from dspark_sim.sim.config import SimConfig
 from dspark_sim.sim.engine import (
@@ -35,8 +37,6 @@ from dspark_sim.sim.engine import (
 from dspark_sim.sim.metrics import requests_frame, summarize
 from dspark_sim.sim.workload import build_stream
 from dspark_sim.traces.schema import AcceptanceTrace, load_trace
-
-from dspark_sim.io import atomic_path, write_json_atomic
 
 DEFAULT_TRACE = "dspark-synthetic"
 DEFAULT_MTP_TRACE = "mtp1-synthetic"
@@ -69,8 +69,8 @@ def resolve_trace(cfg: SimConfig, policy: Policy) -> AcceptanceTrace | None:
     if policy.drafter is None:
         return None
     if policy.drafter == "mtp1":
-        spec = cfg.mtp_trace or (cfg.trace if cfg.mtp_trace is None and cfg.trace else None)
-        spec = spec or DEFAULT_MTP_TRACE
+        # MTP-1 replays the MTP head's own trace, never the block drafter's.
+        spec = cfg.mtp_trace or DEFAULT_MTP_TRACE
     else:
         spec = cfg.trace or DEFAULT_TRACE
     trace = load_trace(spec)

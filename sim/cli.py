@@ -217,6 +217,8 @@ def run(
         if val is not None:
             d = replace(d, **{name: val})
     ttft, tpot = parse_slo(slo)
+    if trace is not None and mtp_trace is None and policy.strip().lower() == "mtp1":
+        mtp_trace = trace  # `run --policy mtp1 --trace X` means: replay X
     cfg = replace(
         cfg, workload=w, engine=e, deployment=d, policy=policy, seed=seed,
         trace=trace if trace is not None else cfg.trace,

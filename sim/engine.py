@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import simpy
+
 from dspark_sim.calibration.confmap import CalibrationMap
 from dspark_sim.calibration.profile import EngineProfile
 from dspark_sim.policies.base import BatchSnapshot, readonly

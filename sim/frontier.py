@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
-from dspark_sim.policies.registry import get_policy
 
 from dspark_sim.errors import InputError
+from dspark_sim.policies.registry import get_policy
 
 X = "median_interactivity"
 Y = "output_throughput_per_gpu"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+
 from dspark_sim.sim.engine import ITL_EDGES_S, RequestLog, StepStats
 
 

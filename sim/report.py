@@ -19,6 +19,11 @@ import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 import polars as pl
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from dspark_sim.errors import InputError
+from dspark_sim.io import write_text_atomic
 from dspark_sim.sim.frontier import (
     DEFAULT_TIERS,
     X,
@@ -33,11 +38,6 @@ from dspark_sim.sim.frontier import (
     with_labels,
 )
 from dspark_sim.sim.sweep import load_results
-from plotly.colors import qualitative
-from plotly.subplots import make_subplots
-
-from dspark_sim.errors import InputError
-from dspark_sim.io import write_text_atomic
 
 PALETTE = qualitative.Plotly + qualitative.D3
 HOVER_COLS = (("load_kind", "load", "{}"), ("spec_decode_acceptance_length", "tau", "{:.2f}"),

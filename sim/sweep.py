@@ -38,12 +38,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import polars as pl
-from dspark_sim.policies.registry import get_policy
-from dspark_sim.sim.config import SimConfig
 
 from dspark_sim import __version__
 from dspark_sim.errors import InputError
 from dspark_sim.io import atomic_path
+from dspark_sim.policies.registry import get_policy
+from dspark_sim.sim.config import SimConfig
 
 ROW_FORMAT = 1
 EXECUTORS = ("process", "ray", "serial")

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from dspark_sim.sim.config import WorkloadConfig
 
 from dspark_sim.errors import InputError
+from dspark_sim.sim.config import WorkloadConfig
 
 NAMED_LENGTHS = ("azure-conv", "azure-code", "mooncake")
 DEFAULT_LENGTHS = "azure-conv"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+
 from dspark_sim.calibration.confmap import (
     IDENTITY,
     CalibrationMap,
@@ -23,9 +24,8 @@ from dspark_sim.calibration.fit import (
     format_report,
     write_reliability_html,
 )
-from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, trace_from_frame
-
 from dspark_sim.errors import InputError
+from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, trace_from_frame
 
 
 def synth_trace(n_req: int = 240, length: int = 50, gamma: int = 7, sharp: float = 2.0,

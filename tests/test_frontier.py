@@ -8,6 +8,8 @@ import math
 import numpy as np
 import polars as pl
 import pytest
+
+from dspark_sim.errors import InputError
 from dspark_sim.sim import frontier as fr
 from dspark_sim.sim.frontier import (
     Front,
@@ -18,8 +20,6 @@ from dspark_sim.sim.frontier import (
     tier_throughput,
 )
 from dspark_sim.sim.report import build_report, read_vllm_results
-
-from dspark_sim.errors import InputError
 
 
 # -- Pareto front --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from dspark_sim.calibration.profile import (
     builtin_profiles,
     load_profile,
@@ -22,7 +23,6 @@ from dspark_sim.calibration.roofline import (
     profile_from_sheets,
     write_builtin_profiles,
 )
-
 from dspark_sim.errors import InputError
 
 DATA = Path(__file__).resolve().parents[1] / "calibration" / "data"

@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import polars as pl
 import pytest
+
+from dspark_sim.errors import InputError
 from dspark_sim.sim import sweep
 from dspark_sim.sim.config import WorkloadConfig, preset
 from dspark_sim.sim.sweep import (
@@ -17,8 +19,6 @@ from dspark_sim.sim.sweep import (
     point_hash,
     run_sweep,
 )
-
-from dspark_sim.errors import InputError
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 
