@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, concat_traces
 
 from dspark_sim.errors import InputError
+from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, concat_traces
 
 
 @dataclass(frozen=True)
