@@ -51,8 +51,11 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+
 from dspark_sim.calibration.confmap import CalibrationMap, load_calibration
 from dspark_sim.calibration.profile import DraftCost, EngineProfile, builtin_profiles, load_profile
+from dspark_sim.errors import InputError
+from dspark_sim.io import atomic_path, write_json_atomic, write_text_atomic
 from dspark_sim.policies.registry import get_policy
 from dspark_sim.sim.api import _jsonable, simulate
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
@@ -60,9 +63,6 @@ from dspark_sim.sim.engine import NCOLS, NEED, OUT, PROMPT, RID, TLEN, TOFF, Req
 from dspark_sim.sim.metrics import requests_frame, summarize
 from dspark_sim.sim.workload import build_stream
 from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, trace_from_frame
-
-from dspark_sim.errors import InputError
-from dspark_sim.io import atomic_path, write_json_atomic, write_text_atomic
 
 METRICS = (
     ("output_throughput", "output tok/s"),
@@ -73,8 +73,11 @@ METRICS = (
     ("mean_verify_tokens_per_request_step", "verify tok/req/step"),
 )
 DEFAULT_POLICIES = ("mtp1", "fixed:3", "confidence")
-DEFAULT_RATES = (0.25, 0.6)
+DEFAULT_RATES = (0.2, 0.5)
 SHIPPED_PROFILE = "smollm2-cpu"
+INSITU = "insitu"  # profile spec: fitted on the real run's own steps (leave-one-point-out)
+STEP_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
+             1024, 2048, 4096, 8192)
 VALIDATE_PROFILE = Path(__file__).resolve().parent.parent / "calibration" / "data" / \
     "smollm2-cpu-validate.toml"
 
@@ -182,6 +185,7 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
     ``t = f(B) + kv * R * L`` (:func:`dspark_sim.calibration.measure.fit_table`); the
     drafter's batched cost is tabulated under its own kind."""
     import torch
+
     from dspark_sim.calibration.measure import Sample, Shape, fit_table
     from dspark_sim.traces.server import ServeRequest, time_server_shapes
 
@@ -272,6 +276,55 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
                          description="Engine-in-the-loop profile of the validation server "
                                      "(sim/validate.py): its own forward + verification",
                          parameters=params)
+
+
+def fit_step_profile(records: Sequence[Sequence[tuple]], base: EngineProfile, max_tokens: int,
+                     name: str = "insitu") -> EngineProfile:
+    """A profile fitted on real serving steps: ``dt = f(B) + kv * KV + draft(n)`` with ``f``
+    piecewise linear on :data:`STEP_GRID` (hat-function least squares, weights ``1/dt``),
+    ``draft`` taken from ``base``. ``dt`` is the whole step (scheduling, drafting, forward,
+    verification, bookkeeping), so per-step overheads land in ``f``."""
+    a = np.asarray([r for recs in records for r in recs], dtype=np.float64)
+    if a.size == 0:
+        raise InputError("insitu", "no serving steps to fit")
+    dt, n_dec, ver, pre, kv = a[:, 0], a[:, 2], a[:, 3], a[:, 4], a[:, 5]
+    b = ver + pre
+    dkey = next(iter(base.drafts), None)
+    draft = np.array([base.draft_time_s(dkey, int(k), base.drafts[dkey].gamma_ref)
+                      if dkey else 0.0 for k in n_dec])
+    y = dt - draft
+    top = max(float(b.max()), float(max_tokens))
+    grid = np.array([g for g in STEP_GRID if g < top] + [top], dtype=np.float64)
+    grid = np.unique(grid)
+    j = np.clip(np.searchsorted(grid, b, side="right") - 1, 0, len(grid) - 2)
+    lo, hi = grid[j], grid[j + 1]
+    frac = np.clip((b - lo) / (hi - lo), 0.0, 1.0)
+    A = np.zeros((len(b), len(grid) + 1))
+    A[np.arange(len(b)), j] = 1.0 - frac
+    A[np.arange(len(b)), j + 1] += frac
+    A[:, -1] = kv
+    support = A[:, :-1].sum(0) > 0.05
+    cols = np.flatnonzero(np.concatenate([support, [np.ptp(kv) > 0]]))
+    w = 1.0 / np.maximum(dt, 1e-9)
+    sol = np.zeros(A.shape[1])
+    sol[cols] = np.linalg.lstsq(A[:, cols] * w[:, None], y * w, rcond=None)[0]
+    kv_s = float(sol[-1])
+    if kv_s < 0:
+        cols = cols[cols < len(grid)]
+        sol[:] = 0.0
+        sol[cols] = np.linalg.lstsq(A[:, cols] * w[:, None], y * w, rcond=None)[0]
+        kv_s = 0.0
+    keep = support & (sol[:-1] > 0)
+    tokens = grid[keep].astype(np.int64)
+    step = sol[:-1][keep]
+    if tokens.size == 1:
+        tokens, step = np.array([tokens[0], tokens[0] + 1]), np.array([step[0], step[0]])
+    return EngineProfile(
+        name=name, kind="measured", gpus_per_replica=1, tokens=tokens, step_s=step,
+        kv_s_per_token=kv_s, interpolation="linear", drafts=dict(base.drafts),
+        description="fitted on the validation server's own steps (leave-one-point-out)",
+        parameters={"steps": int(len(b)), "fit": "hat-function WLS on STEP_GRID, weights 1/dt",
+                    "draft_from": base.name})
 
 
 def with_draft(profile: EngineProfile, kind: str, measured: EngineProfile | None) -> EngineProfile:
@@ -394,14 +447,14 @@ def _resolve_drafter(spec: str) -> str:
 def validate(
     policies: Sequence[str] = DEFAULT_POLICIES,
     rates: Sequence[float] = DEFAULT_RATES,
-    num_requests: int = 16,
+    num_requests: int = 12,
     max_new_tokens: int = 128,
     out_dir: str | Path = "runs/validate",
     device: str = "cpu",
     *,
     target: Any = "smollm2",
     drafter: str = "auto",
-    profile: str | EngineProfile = "auto",
+    profile: str | EngineProfile | Sequence[str | EngineProfile] = ("auto", "measure", INSITU),
     calibration: str | None = None,
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 256,
@@ -423,11 +476,19 @@ def validate(
     ``requests.parquet`` for real/sim), ``workload-r<rate>.jsonl``, the profile used,
     ``comparison.parquet`` / ``comparison.csv`` and ``validation.json``.
 
+    ``profile``: one spec or several (each simulated; the first also gives the server's
+    SPS curve and the headline): ``"auto"`` (built-in ``smollm2-cpu`` if shipped, else
+    measured), ``"measure"`` (engine-in-the-loop, see :func:`measure_server_profile`;
+    ``save_profile`` writes it), ``"insitu"`` (fitted on the *other* points' real steps,
+    :func:`fit_step_profile`: the step-cost table the runs actually had, so what is left
+    is the simulator's structure), a profile name/path or an :class:`EngineProfile`; rows
+    carry a ``profile`` column.
     ``target``: ``"smollm2"``, a path, a :class:`~dspark_sim.traces.targets.Target` or a
     ``(model, tokenizer)`` pair (tokenizer may be None: random prompts). ``drafter``:
     ``auto`` | ``lookup`` | a shipped kind | a checkpoint directory.
     """
     import torch
+
     from dspark_sim.traces.drafters import Lookup, Shared, load_drafter
     from dspark_sim.traces.server import DraftRunner, ServerConfig, SpecServer, resolve_clock
     from dspark_sim.traces.targets import Target, load_target
@@ -484,30 +545,53 @@ def validate(
                             max_len=max(max_len, 256 + gamma_max + 2, max_num_batched_tokens + 1),
                             calibration=None if calib.is_identity else calib)
         clock_kind = resolve_clock(clock, server.engine.device)
-        # -- profile
-        measured = None
-        if isinstance(profile, EngineProfile):
-            prof = profile
-        elif profile == "auto" and SHIPPED_PROFILE in builtin_profiles():
-            prof = load_profile(SHIPPED_PROFILE)
-        elif profile in ("auto", "measure"):
-            measured = measure_server_profile(server, clock=clock_kind, log=log)
-            prof = measured
-        else:
-            prof = load_profile(profile)
-        if kind not in prof.drafts:
-            measured = measured or measure_server_profile(server, clock=clock_kind, log=log)
-            prof = with_draft(prof, kind, measured)
+        # -- profiles: the first drives the server's SPS curve and is the headline
+        specs = [profile] if isinstance(profile, str | EngineProfile) else list(profile)
+        measured: EngineProfile | None = None
+
+        def resolve(spec) -> EngineProfile:
+            nonlocal measured
+            if isinstance(spec, EngineProfile):
+                return spec
+            if spec == "auto" and SHIPPED_PROFILE in builtin_profiles():
+                return load_profile(SHIPPED_PROFILE)
+            if spec in ("auto", "measure"):
+                measured = measured or measure_server_profile(server, clock=clock_kind, log=log)
+                return measured
+            return load_profile(spec)
+
+        profs: list[Any] = []
+        for spec in specs:
+            if spec == INSITU:
+                if INSITU not in profs:
+                    profs.append(INSITU)
+                continue
+            p = resolve(spec)
+            if kind not in p.drafts:
+                measured = measured or measure_server_profile(server, clock=clock_kind, log=log)
+                p = with_draft(p, kind, measured)
+            if all(q == INSITU or q.name != p.name for q in profs):
+                profs.append(p)
+        real_profs = [p for p in profs if p != INSITU]
+        if not real_profs:
+            raise InputError("--profile", "'insitu' needs another profile for the server's SPS")
+        prof = real_profs[0]
         server.profile = prof
-        prof_path = out / "profile.toml"
-        write_text_atomic(prof_path, prof.to_toml())
-        if save_profile is not None:
-            write_text_atomic(save_profile, prof.to_toml())
+        prof_paths = []
+        for i, p in enumerate(profs):
+            if p == INSITU:
+                prof_paths.append(None)
+                continue
+            prof_paths.append(out / f"profile-{i}-{p.name}.toml")
+            write_text_atomic(prof_paths[-1], p.to_toml())
+        if save_profile is not None and measured is not None:
+            write_text_atomic(save_profile, measured.to_toml())
         engine_cfg = EngineConfig(max_num_seqs=max_num_seqs,
                                   max_num_batched_tokens=max_num_batched_tokens,
                                   kv_capacity_tokens=kv_cap, kv_mode="reserve")
         rows: list[dict] = []
         points: list[dict] = []
+        runs = []  # phase 1: every real run
         for rate in rates:
             w = poisson_workload(prompts, domains, float(rate), max_new_tokens, seed)
             wpath = write_mooncake(out / f"workload-r{rate:g}.jsonl", w)
@@ -533,35 +617,62 @@ def validate(
                     if not tp.is_file():
                         raise InputError(str(tp), f"no captured trace for drafter {kind!r}")
                     trace = read_trace(tp)
-                cfg = sim_config(wpath, pol.name, engine_cfg, str(prof_path), len(w.prompts))
-                sims = [simulate(replace(cfg, seed=seed + k), profile=prof, trace=trace)
+                runs.append((rate, w, wpath, pol, tag, res, real, trace,
+                             time.perf_counter() - t0))
+                log(f"[{pol.name} @ {rate:g} req/s] real run: {real['engine_steps']} steps, "
+                    f"{real['output_throughput']:.1f} tok/s, median TPOT "
+                    f"{real['median_tpot_ms']:.1f} ms ({res.wall_s:.0f} s wall)")
+        # phase 2: simulate every point under every profile
+        for ri, (rate, w, wpath, pol, tag, res, real, trace, t_real) in enumerate(runs):
+            t0 = time.perf_counter()
+            point = {"policy": pol.name, "rate": float(rate), "tag": tag,
+                     "real_steps": real.get("engine_steps"),
+                     "real_mean_step_ms": real.get("mean_step_ms"),
+                     "real_duration_s": real.get("duration"), "real_wall_s": res.wall_s,
+                     "real_cpu_s": res.cpu_s, "profiles": {}}
+            for pi, spec in enumerate(profs):
+                if spec == INSITU:  # leave-one-out: fitted on the other points' steps
+                    others = [r for j, r in enumerate(runs) if j != ri] or [runs[ri]]
+                    p = fit_step_profile([r[5].step_records for r in others], prof,
+                                         max_num_batched_tokens, name="insitu-loo")
+                    ppath = out / tag / "profile-insitu-loo.toml"
+                    ppath.parent.mkdir(parents=True, exist_ok=True)
+                    write_text_atomic(ppath, p.to_toml())
+                else:
+                    p, ppath = spec, prof_paths[pi]
+                cfg = sim_config(wpath, pol.name, engine_cfg, str(ppath), len(w.prompts))
+                sims = [simulate(replace(cfg, seed=seed + k), profile=p, trace=trace)
                         for k in range(max(1, sim_seeds))]
-                sim = _mean_summaries([s.summary for s in sims])
-                _write_run(out / tag / "sim", sim, sims[0].requests)
-                paired = simulate_paired(cfg, prof, trace, calib)
-                _write_run(out / tag / "paired", paired, None)
-                dkey = kind if kind in prof.drafts else None
+                sim = _mean_summaries([x.summary for x in sims])
+                sub = "" if pi == 0 else f"-{p.name}"
+                _write_run(out / tag / f"sim{sub}", sim, sims[0].requests)
+                paired = simulate_paired(cfg, p, trace, calib)
+                _write_run(out / tag / f"paired{sub}", paired, None)
+                dkey = kind if kind in p.drafts else None
                 dgam = pol.draft_gamma if pol.draft_gamma is not None else gamma_max
-                check = step_model_check(res.step_records, prof, dkey, min(dgam, gamma_max))
+                check = step_model_check(res.step_records, p, dkey, min(dgam, gamma_max))
                 for key, label in METRICS:
                     rows.append({
-                        "policy": pol.name, "rate": float(rate), "metric": key, "label": label,
+                        "profile": p.name, "policy": pol.name, "rate": float(rate),
+                        "metric": key, "label": label,
                         "real": _f(real.get(key)), "sim": _f(sim.get(key)),
                         "rel_error": _rel(sim.get(key), real.get(key)),
                         "paired": _f(paired.get(key)),
                         "paired_rel_error": _rel(paired.get(key), real.get(key)),
                     })
-                points.append({"policy": pol.name, "rate": float(rate), "tag": tag,
-                               "real_steps": real.get("engine_steps"),
-                               "sim_steps": sim.get("engine_steps"),
-                               "real_mean_step_ms": real.get("mean_step_ms"),
-                               "sim_mean_step_ms": sim.get("mean_step_ms"),
-                               "real_duration_s": real.get("duration"),
-                               "run_wall_s": time.perf_counter() - t0, "step_check": check})
-                log(_point_line(pol.name, rate, rows[-len(METRICS):], check,
-                                time.perf_counter() - t0))
+                point["profiles"][p.name] = {
+                    "sim_steps": sim.get("engine_steps"),
+                    "sim_mean_step_ms": sim.get("mean_step_ms"),
+                    "paired_steps": paired.get("engine_steps"),
+                    "paired_mean_step_ms": paired.get("mean_step_ms"),
+                    "step_check": check}
+                if pi == 0:
+                    head_rows, head_check = rows[-len(METRICS):], check
+            point["sim_wall_s"] = time.perf_counter() - t0
+            points.append(point)
+            log(_point_line(pol.name, rate, head_rows, head_check, t_real))
         df = pl.DataFrame(rows, schema={
-            "policy": pl.Utf8, "rate": pl.Float64, "metric": pl.Utf8, "label": pl.Utf8,
+            "profile": pl.Utf8, "policy": pl.Utf8, "rate": pl.Float64, "metric": pl.Utf8, "label": pl.Utf8,
             "real": pl.Float64, "sim": pl.Float64, "rel_error": pl.Float64,
             "paired": pl.Float64, "paired_rel_error": pl.Float64})
         with atomic_path(out / "comparison.parquet") as tmp:
@@ -573,6 +684,7 @@ def validate(
             "machine": f"{platform.machine()} {platform.processor()} ({platform.node()})",
             "device": device, "threads": int(torch.get_num_threads()), "clock": clock_kind,
             "target": tgt.name, "drafter": kind, "profile": prof.name,
+            "profiles": [p if p == INSITU else p.name for p in profs],
             "profile_kind": prof.kind, "policies": [p.name for p in pols],
             "rates": [float(r) for r in rates], "num_requests": num_requests,
             "max_new_tokens": max_new_tokens, "max_num_seqs": max_num_seqs,
@@ -610,9 +722,9 @@ def _point_line(policy: str, rate: float, rows: list[dict], check: dict, elapsed
 
 def format_table(df: pl.DataFrame) -> str:
     """A Markdown table: one row per (policy, rate), real / sim (error) per metric."""
-    head = "| policy | rate | " + " | ".join(lbl for _, lbl in METRICS) + " |"
-    lines = [head, "|" + "---|" * (2 + len(METRICS))]
-    for (pol, rate), g in df.group_by(["policy", "rate"], maintain_order=True):
+    head = "| profile | policy | rate | " + " | ".join(lbl for _, lbl in METRICS) + " |"
+    lines = [head, "|" + "---|" * (3 + len(METRICS))]
+    for (prof, pol, rate), g in df.group_by(["profile", "policy", "rate"], maintain_order=True):
         cells = []
         by = {r["metric"]: r for r in g.iter_rows(named=True)}
         for key, _ in METRICS:
@@ -620,29 +732,35 @@ def format_table(df: pl.DataFrame) -> str:
             cells.append("-" if r is None else
                          f"{_fmt(r['real'])} / {_fmt(r['sim'])} ({_fmt(r['rel_error'], True)}; "
                          f"paired {_fmt(r['paired_rel_error'], True)})")
-        lines.append(f"| {pol} | {rate:g} | " + " | ".join(cells) + " |")
+        lines.append(f"| {prof} | {pol} | {rate:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main(
     policies: Sequence[str] = DEFAULT_POLICIES,
     rates: Sequence[float] = DEFAULT_RATES,
-    num_requests: int = 16,
+    num_requests: int = 12,
     max_new_tokens: int = 128,
     out_dir: str | Path = "runs/validate",
     device: str = "cpu",
     drafter: str = "auto",
-    profile: str = "auto",
+    profile: str = "auto,measure,insitu",
     clock: str = "auto",
     sim_seeds: int = 5,
     seed: int = 0,
+    save_profile: str | None = None,
 ) -> int:
     """CLI helper: run :func:`validate`, print the table; exit code 0 when every point is
-    within 10 % on output throughput and median TPOT, 1 otherwise."""
+    within 10 % on output throughput and median TPOT (first profile), 1 otherwise.
+    ``profile``: comma-separated specs (see :func:`validate`)."""
+    specs = [p.strip() for p in str(profile).split(",") if p.strip()]
     df = validate(policies, rates, num_requests, max_new_tokens, out_dir, device,
-                  drafter=drafter, profile=profile, clock=clock, sim_seeds=sim_seeds, seed=seed)
+                  drafter=drafter, profile=specs, clock=clock, sim_seeds=sim_seeds, seed=seed,
+                  save_profile=save_profile)
     print(format_table(df))
-    key = df.filter(pl.col("metric").is_in(["output_throughput", "median_tpot_ms"]))
+    first = df["profile"][0]
+    key = df.filter(pl.col("metric").is_in(["output_throughput", "median_tpot_ms"])
+                    & (pl.col("profile") == first))
     worst = key["rel_error"].abs().max()
     print(f"worst |error| on output throughput / median TPOT: {_fmt(worst, True)} "
           f"(target 10%); results in {out_dir}")

@@ -95,18 +95,20 @@ def test_lookup_online_matches_offline():
 
 def test_validate_table(tiny, tmp_path):
     import polars as pl
+
     from dspark_sim.sim.validate import METRICS, format_table, validate
 
     df = validate(policies=("mtp1", "confidence"), rates=(100.0,), num_requests=6,
                   max_new_tokens=12, out_dir=tmp_path, target=(tiny, None), drafter="lookup",
-                  profile=_profile(), max_num_seqs=4, max_num_batched_tokens=64,
+                  profile=(_profile(), "insitu"), max_num_seqs=4, max_num_batched_tokens=64,
                   max_prompt_tokens=24, sim_seeds=2, log=None)
     assert isinstance(df, pl.DataFrame)
-    assert df.height == 2 * len(METRICS)
+    assert df.height == 2 * 2 * len(METRICS)
+    assert set(df["profile"]) == {"tiny", "insitu-loo"}
     for col in ("real", "sim", "rel_error", "paired", "paired_rel_error"):
         assert all(v is not None and math.isfinite(v) for v in df[col].to_list()), col
     tau = df.filter((pl.col("metric") == "spec_decode_acceptance_length")
-                    & (pl.col("policy") == "mtp1"))
+                    & (pl.col("policy") == "mtp1") & (pl.col("profile") == "tiny"))
     # with a fixed verify length, replaying each request's own trace row reproduces its
     # acceptance exactly (confidence's lengths depend on the batch, which timing shifts)
     assert tau["paired_rel_error"].abs().max() < 1e-9

@@ -157,7 +157,8 @@ class TargetEngine:
     """Llama-family causal LM (q/k/v/o projections, RoPE, RMSNorm, gated MLP) run token-flat
     over a slot KV cache. Uses the Hugging Face modules' own weights and sub-modules."""
 
-    def __init__(self, model, max_slots: int, max_len: int, feature_layers: list[int] | None = None):
+    def __init__(self, model, max_slots: int, max_len: int, feature_layers: list[int] | None = None,
+                 attention: str = "auto", pad_max: int = 16):
         self.model = model
         core = model.model
         self.core = core
@@ -179,6 +180,12 @@ class TargetEngine:
 
         self._rope = apply_rotary_pos_emb
         self.vocab = int(model.get_output_embeddings().weight.shape[0])
+        if attention not in ("auto", "loop", "padded"):
+            raise InputError("attention", f"must be auto, loop or padded, got {attention!r}")
+        # CPU: per-request calls cost what a padded call does and match a varlen kernel
+        self.attention = ("loop" if self.device.type == "cpu" else "padded") \
+            if attention == "auto" else attention
+        self.pad_max = int(pad_max)
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         if src == dst or length <= 0:
@@ -204,14 +211,38 @@ class TargetEngine:
         slot_np = np.asarray(slots, dtype=np.int64)[req]
         pos = torch.from_numpy(pos_np).to(dev)
         slot_t = torch.from_numpy(slot_np).to(dev)
-        col_t = torch.from_numpy(col).to(dev)
-        R = int(max(slots)) + 1
-        tmax = int(max(lens))
-        lmax = int((st + np.asarray(lens)).max())
-        qpos = np.zeros((R, tmax), dtype=np.int64)  # padded queries see key 0 (discarded)
-        qpos[slot_np, col] = pos_np
-        key = torch.arange(lmax, device=dev)
-        mask = (key[None, None, :] <= torch.from_numpy(qpos).to(dev)[:, :, None])[:, None]
+        # Varlen attention: request i's queries attend keys 0 .. starts[i] + j of its slot.
+        # "loop": one SDPA call per request (cost ~ sum of contexts, as a varlen kernel);
+        # "padded": short blocks share one padded call, long (prefill) chunks get their own.
+        offs = np.concatenate([[0], np.cumsum(lens)])
+        groups = []  # (slot list, flat row slices, q positions [n, t], L)
+        short = [i for i, n in enumerate(lens) if n <= self.pad_max]
+        if self.attention == "loop":
+            short = []
+        singles = [i for i in range(len(lens)) if i not in set(short)]
+        for i in singles:
+            L = int(st[i] + lens[i])
+            m = None
+            if lens[i] > 1:
+                qp_ = torch.arange(int(st[i]), L, device=dev)
+                m = torch.arange(L, device=dev)[None, :] <= qp_[:, None]
+            groups.append(("one", i, L, m))
+        if short:
+            tmax = int(max(lens[i] for i in short))
+            lmax = int(max(st[i] + lens[i] for i in short))
+            qpos = np.zeros((len(short), tmax), dtype=np.int64)  # padding sees key 0
+            prow, pcol, frow = [], [], []
+            for k, i in enumerate(short):
+                qpos[k, : lens[i]] = st[i] + np.arange(lens[i])
+                prow += [k] * lens[i]
+                pcol += list(range(lens[i]))
+                frow += list(range(offs[i], offs[i + 1]))
+            key = torch.arange(lmax, device=dev)
+            m = (key[None, None, :] <= torch.from_numpy(qpos).to(dev)[:, :, None])[:, None]
+            sl = torch.as_tensor([slots[i] for i in short], dtype=torch.long, device=dev)
+            groups.append(("pad", (sl, torch.as_tensor(prow, device=dev),
+                                   torch.as_tensor(pcol, device=dev),
+                                   torch.as_tensor(frow, device=dev), tmax), lmax, m))
 
         x = self.core.embed_tokens(flat)[None]  # [1, T, d]
         cos, sin = self.core.rotary_emb(x, pos[None])
@@ -231,12 +262,24 @@ class TargetEngine:
             kc, vc = self.k[li], self.v[li]
             kc[slot_t, :, pos] = k[0].transpose(0, 1)
             vc[slot_t, :, pos] = v[0].transpose(0, 1)
-            qp = q.new_zeros((R, tmax, H, Dh))
-            qp[slot_t, col_t] = q[0].transpose(0, 1)
-            o = F.scaled_dot_product_attention(
-                qp.transpose(1, 2), kc[:R, :, :lmax], vc[:R, :, :lmax], attn_mask=mask,
-                scale=self.scaling, enable_gqa=H != KV)
-            o = o.transpose(1, 2)[slot_t, col_t].reshape(1, T, H * Dh)
+            o = q.new_empty((T, H, Dh))
+            for kind, a, L, m in groups:
+                if kind == "one":
+                    s_ = slots[a]
+                    lo, hi = int(offs[a]), int(offs[a + 1])
+                    r = F.scaled_dot_product_attention(
+                        q[:, :, lo:hi], kc[s_ : s_ + 1, :, :L], vc[s_ : s_ + 1, :, :L],
+                        attn_mask=m, scale=self.scaling, enable_gqa=H != KV)
+                    o[lo:hi] = r[0].transpose(0, 1)
+                else:
+                    sl, prow, pcol, frow, tmax = a
+                    qp = q.new_zeros((len(sl), tmax, H, Dh))
+                    qp[prow, pcol] = q[0].transpose(0, 1)[frow]
+                    r = F.scaled_dot_product_attention(
+                        qp.transpose(1, 2), kc[sl, :, :L], vc[sl, :, :L], attn_mask=m,
+                        scale=self.scaling, enable_gqa=H != KV)
+                    o[frow] = r.transpose(1, 2)[prow, pcol]
+            o = o.reshape(1, T, H * Dh)
             x = x + attn.o_proj(o)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             if want_features and (li + 1) in self.feature_layers:
@@ -541,11 +584,9 @@ class SpecServer:
                 r.filled += c
             for r, li in pre_last:
                 emitted.append((r, [int(logits[li].argmax())], -1))
-            t_end = clock.now()
-            dt_step = t_end - now  # the whole step: scheduling, drafting, forward, verify
+            t_end = clock.now()  # tokens of this step are out
             # 6. bookkeeping
             stats.steps += 1
-            stats.busy_s += dt_step
             stats.batch_tokens += verify_tokens + prefill_tokens
             stats.prefill_tokens += prefill_tokens
             if n_dec:
@@ -554,8 +595,6 @@ class SpecServer:
                 nh = stats.accept_hist.size
                 stats.accept_hist += np.bincount(acc, minlength=nh)[:nh]
                 stats.ell_hist += np.bincount(ell, minlength=nh)[:nh]
-            records.append((dt_step, t_end - t_start, n_dec, verify_tokens, prefill_tokens,
-                            kv_tokens))
             finished = []
             for r, new, i in emitted:
                 room = r.output_tokens - len(r.generated)
@@ -577,6 +616,11 @@ class SpecServer:
                 r.finish_s = t_end
                 self._release(r, running, free_slots)
                 done += 1
+            # the whole step: admission, drafting, policy, forward, verification, bookkeeping
+            dt_step = clock.now() - now
+            stats.busy_s += dt_step
+            records.append((dt_step, t_end - t_start, n_dec, verify_tokens, prefill_tokens,
+                            kv_tokens))
         for r in reqs:
             log.first_token_s[r.rid] = r.first_token_s
             log.finish_s[r.rid] = r.finish_s
