@@ -41,24 +41,43 @@ def _theta(n: int, sorted_survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
 
 def theta_curve(survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
     """Theta_i = (n + cumulative sorted survival) * sps[i] for i = 0..n*gamma."""
-    _, a = rank_candidates(survival)
-    return _theta(survival.shape[0], a, sps)
+    return _theta(survival.shape[0], _sorted_desc(survival), sps)
 
 
-def _lengths(order: np.ndarray, k: int, n: int, g: int) -> np.ndarray:
-    return np.bincount(order[:k] // g, minlength=n).astype(np.int64, copy=False)
+def _sorted_desc(survival: np.ndarray) -> np.ndarray:
+    """Survival values sorted descending (values only: ~4x cheaper than an argsort)."""
+    return -np.sort(-np.ascontiguousarray(survival, dtype=np.float64).reshape(-1))
+
+
+def _topk_lengths(survival: np.ndarray, a_sorted: np.ndarray, k: int) -> np.ndarray:
+    """Per-request counts of the k best candidates under the stable row-major order,
+    without an argsort: everything above the k-th value ``t`` is in, and the ties at ``t``
+    are taken in flat (row-major) order until k is reached."""
+    n, g = survival.shape
+    if k <= 0:
+        return np.zeros(n, dtype=np.int64)
+    t = a_sorted[k - 1]
+    above = survival > t
+    ell = above.sum(axis=1)
+    need = k - int(ell.sum())
+    if need:
+        tied = (survival == t).reshape(-1)
+        take = tied & (np.cumsum(tied) <= need)
+        ell = ell + take.reshape(n, g).sum(axis=1)
+    return ell.astype(np.int64, copy=False)
 
 
 def schedule_sync(survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
     """Algorithm 1 with early stop. Returns ell [n] (int64)."""
-    n, g = survival.shape
+    survival = np.asarray(survival, dtype=np.float64)
+    n = survival.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    order, a = rank_candidates(survival)
+    a = _sorted_desc(survival)
     theta = _theta(n, a, sps)
     rises = theta[1:] > theta[:-1]
     k = int(np.argmin(rises)) if not rises.all() else rises.size
-    return _lengths(order, k, n, g)
+    return _topk_lengths(survival, a, k)
 
 
 def budget_global(survival: np.ndarray, sps: np.ndarray) -> int:
@@ -70,10 +89,10 @@ def budget_global(survival: np.ndarray, sps: np.ndarray) -> int:
 
 def schedule_topk(survival: np.ndarray, k: int) -> np.ndarray:
     """Admit the ``k`` most likely-to-survive draft tokens (dynamic top-K)."""
+    survival = np.asarray(survival, dtype=np.float64)
     n, g = survival.shape
     k = int(max(0, min(k, n * g)))
-    order, _ = rank_candidates(survival)
-    return _lengths(order, k, n, g)
+    return _topk_lengths(survival, _sorted_desc(survival), k)
 
 
 def schedule_async(
