@@ -169,6 +169,43 @@ def lookup_trace(prompts: list[list[int]], outputs: list[list[int]], domains: li
     return trace_from_frame(pl.concat(rows), meta, "validate-lookup")
 
 
+def learned_trace(target: Any, drafter: Any, prompts: list[list[int]], outputs: list[list[int]],
+                  domains: list[str], gamma: int, kind: str, chunk: int = 4) -> AcceptanceTrace:
+    """A learned drafter's trace on the served sequences, the way
+    :mod:`dspark_sim.traces.capture` records one: a clean target forward over
+    prompt + output gives the features, the drafter drafts ``gamma`` tokens at every
+    output position, :func:`dspark_sim.traces.capture.draft_rows` verifies them."""
+    import torch
+
+    from dspark_sim.traces.capture import draft_rows
+    from dspark_sim.traces.drafters import SequenceStore, Shared
+
+    layers = list(drafter.cfg.feature_layers) + [target.num_layers]
+    shared = Shared.of(target)
+    frames = []
+    for lo in range(0, len(prompts), chunk):
+        recs = [{"prompt": torch.tensor(p), "tokens": torch.tensor(o)}
+                for p, o in zip(prompts[lo : lo + chunk], outputs[lo : lo + chunk], strict=True)]
+        with torch.inference_mode():
+            target._hidden_for(recs, layers)
+        store = SequenceStore.from_records(recs)
+        with torch.inference_mode():
+            rows = draft_rows(drafter, store, shared, gamma, max(len(o) for o in outputs))
+        n = rows["per_seq"]
+        frames.append(pl.DataFrame({
+            "request_id": np.repeat(np.arange(lo, lo + len(recs)), n).astype(np.int32),
+            "domain": np.repeat(np.asarray(domains[lo : lo + len(recs)]), n).astype(str),
+            "position": np.concatenate([np.arange(k) for k in n]).astype(np.int32),
+            "accept_len": rows["accept_len"].astype(np.int8),
+            "conf": pl.Series("conf", rows["conf"].astype(np.float32),
+                              dtype=pl.Array(pl.Float32, gamma)),
+        }))
+    meta = TraceMeta(drafter=kind, target=target.name, gamma_max=gamma, source="captured",
+                     temperature=0.0,
+                     generator={"tool": "dspark_sim.sim.validate", "from": "served sequences"})
+    return trace_from_frame(pl.concat(frames), meta, f"validate-{kind}")
+
+
 # -- profiles ------------------------------------------------------------------------------------
 
 
@@ -279,19 +316,23 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
 
 
 def fit_step_profile(records: Sequence[Sequence[tuple]], base: EngineProfile, max_tokens: int,
-                     name: str = "insitu") -> EngineProfile:
+                     name: str = "insitu", draft_key: str | None = None,
+                     draft_gammas: Sequence[int] | None = None) -> EngineProfile:
     """A profile fitted on real serving steps: ``dt = f(B) + kv * KV + draft(n)`` with ``f``
     piecewise linear on :data:`STEP_GRID` (hat-function least squares, weights ``1/dt``),
-    ``draft`` taken from ``base``. ``dt`` is the whole step (scheduling, drafting, forward,
+    ``draft`` taken from ``base[draft_key]`` at ``draft_gammas[i]`` for ``records[i]``
+    (none without a key). ``dt`` is the whole step (scheduling, drafting, forward,
     verification, bookkeeping), so per-step overheads land in ``f``."""
     a = np.asarray([r for recs in records for r in recs], dtype=np.float64)
     if a.size == 0:
         raise InputError("insitu", "no serving steps to fit")
+    gam = np.concatenate([np.full(len(recs), g) for recs, g in zip(
+        records, draft_gammas or [1] * len(records), strict=True)])
     dt, n_dec, ver, pre, kv = a[:, 0], a[:, 2], a[:, 3], a[:, 4], a[:, 5]
     b = ver + pre
-    dkey = next(iter(base.drafts), None)
-    draft = np.array([base.draft_time_s(dkey, int(k), base.drafts[dkey].gamma_ref)
-                      if dkey else 0.0 for k in n_dec])
+    dkey = draft_key if draft_key in base.drafts else None
+    draft = np.array([base.draft_time_s(dkey, int(k), int(g)) if dkey else 0.0
+                      for k, g in zip(n_dec, gam, strict=True)])
     y = dt - draft
     top = max(float(b.max()), float(max_tokens))
     grid = np.array([g for g in STEP_GRID if g < top] + [top], dtype=np.float64)
@@ -592,6 +633,7 @@ def validate(
         rows: list[dict] = []
         points: list[dict] = []
         runs = []  # phase 1: every real run
+        traces: dict[tuple, AcceptanceTrace] = {}
         for rate in rates:
             w = poisson_workload(prompts, domains, float(rate), max_new_tokens, seed)
             wpath = write_mooncake(out / f"workload-r{rate:g}.jsonl", w)
@@ -605,18 +647,22 @@ def validate(
                                   "clock": res.clock, "drafter": kind, "rate": float(rate),
                                   "wall_s": res.wall_s, "cpu_s": res.cpu_s, **real})
                 _write_run(out / tag / "real", real, requests_frame(res.log))
-                # the trace of the same models
-                if kind == "lookup":
-                    trace = lookup_trace(w.prompts, res.outputs, w.domains, gamma_max, tgt.name,
-                                         runner.max_ngram)
-                else:
-                    from dspark_sim.traces.capture import DATA_DIR
-                    from dspark_sim.traces.schema import read_trace
-
-                    tp = DATA_DIR / f"captured-smollm2-{kind}.parquet"
-                    if not tp.is_file():
-                        raise InputError(str(tp), f"no captured trace for drafter {kind!r}")
-                    trace = read_trace(tp)
+                with atomic_path(out / tag / "real" / "steps.parquet") as tmp:
+                    pl.DataFrame(np.asarray(res.step_records, dtype=np.float64).reshape(-1, 6),
+                                 schema=["step_s", "forward_s", "decoding", "verify_tokens",
+                                         "prefill_tokens", "kv_tokens"],
+                                 orient="row").write_parquet(tmp)
+                # the trace of the same models on the same sequences (greedy decoding is
+                # lossless, so every policy and rate serves the same tokens: build it once)
+                key = tuple(tuple(o) for o in res.outputs)
+                if key not in traces:
+                    if kind == "lookup":
+                        traces[key] = lookup_trace(w.prompts, res.outputs, w.domains, gamma_max,
+                                                   tgt.name, runner.max_ngram)
+                    else:
+                        traces[key] = learned_trace(tgt, dmodel, w.prompts, res.outputs,
+                                                    w.domains, gamma_max, kind)
+                trace = traces[key]
                 runs.append((rate, w, wpath, pol, tag, res, real, trace,
                              time.perf_counter() - t0))
                 log(f"[{pol.name} @ {rate:g} req/s] real run: {real['engine_steps']} steps, "
@@ -633,8 +679,11 @@ def validate(
             for pi, spec in enumerate(profs):
                 if spec == INSITU:  # leave-one-out: fitted on the other points' steps
                     others = [r for j, r in enumerate(runs) if j != ri] or [runs[ri]]
-                    p = fit_step_profile([r[5].step_records for r in others], prof,
-                                         max_num_batched_tokens, name="insitu-loo")
+                    p = fit_step_profile(
+                        [r[5].step_records for r in others], prof, max_num_batched_tokens,
+                        name="insitu-loo", draft_key=kind,
+                        draft_gammas=[min(gamma_max, r[3].draft_gamma if r[3].draft_gamma
+                                          is not None else gamma_max) for r in others])
                     ppath = out / tag / "profile-insitu-loo.toml"
                     ppath.parent.mkdir(parents=True, exist_ok=True)
                     write_text_atomic(ppath, p.to_toml())

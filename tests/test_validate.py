@@ -117,3 +117,22 @@ def test_validate_table(tiny, tmp_path):
     assert (tmp_path / "confidence-r100" / "sim" / "summary.json").is_file()
     assert (tmp_path / "comparison.parquet").is_file()
     assert "mtp1" in format_table(df)
+
+
+def test_server_learned_drafter_lossless(tiny, workload):
+    """A (random-weight) DSpark drafter fed the server's own target features."""
+    from dspark_sim.traces.drafters import Shared, build_drafter
+    from dspark_sim.traces.server import DraftRunner, ServerConfig, SpecServer, greedy_reference
+    from dspark_sim.traces.targets import Target
+
+    torch.manual_seed(1)
+    tgt = Target(name="tiny", model=tiny, tokenizer=None, device=torch.device("cpu"))
+    drafter = build_drafter("dspark", tgt, gamma=4).eval()
+    srv = SpecServer(tiny, DraftRunner(drafter, Shared.of(tgt)), ServerConfig(
+        max_num_seqs=4, max_num_batched_tokens=40, kv_capacity_tokens=4096, clock="cpu"),
+        max_len=128, profile=_profile())
+    prompts = workload.prompts[:4]
+    res = srv.serve(prompts, [N_OUT] * 4, list(workload.arrival_s[:4]), get_policy("confidence"))
+    for i, p in enumerate(prompts):
+        assert res.outputs[i] == greedy_reference(tiny, p, N_OUT)
+    assert res.stats.request_steps > 0

@@ -246,9 +246,10 @@ class TargetEngine:
 
         x = self.core.embed_tokens(flat)[None]  # [1, T, d]
         cos, sin = self.core.rotary_emb(x, pos[None])
-        feats = []
+        feats = {}  # hidden_states indices: 0 = embeddings, i = output of layer i, L = normed
+        n_layers = len(self.layers)
         if want_features and 0 in self.feature_layers:
-            feats.append((0, x[0]))
+            feats[0] = x[0]
         H, KV, Dh = self.heads, self.kv_heads, self.head_dim
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -282,13 +283,14 @@ class TargetEngine:
             o = o.reshape(1, T, H * Dh)
             x = x + attn.o_proj(o)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-            if want_features and (li + 1) in self.feature_layers:
-                feats.append((li + 1, x[0]))
+            if want_features and (li + 1) in self.feature_layers and li + 1 < n_layers:
+                feats[li + 1] = x[0]
         rows = torch.as_tensor(logit_rows, dtype=torch.long, device=dev)
         if want_features:
             normed = self.core.norm(x[0])
             logits = self.model.lm_head(normed[rows])
-            f = torch.stack([t for _, t in feats] + [normed], 1).float()
+            feats[n_layers] = normed
+            f = torch.stack([feats[i] for i in self.feature_layers] + [normed], 1).float()
             return logits, f
         logits = self.model.lm_head(self.core.norm(x[0, rows]))
         return logits, None
@@ -401,8 +403,7 @@ class SpecServer:
         self.cfg = config.check()
         self.drafter = drafter
         self.engine = TargetEngine(model, config.max_num_seqs, max_len,
-                                   drafter.feature_layers + [int(model.config.num_hidden_layers)]
-                                   if drafter.learned else None)
+                                   drafter.feature_layers if drafter.learned else None)
         self.max_len = int(max_len)
         self.profile = profile
         self.calibration = calibration
