@@ -124,7 +124,10 @@ class Replica:
         b = self.batch
         assert self.kv_tokens == int((b[:, FILLED] + b[:, GEN] - b[:, GEN0]).sum())
         assert self.pending_prefill == int((b[:, NEED] - b[:, FILLED]).sum())
-        assert self.n_prefilling == int((b[:, FILLED] < b[:, NEED]).sum())
+        prefilling = b[:, FILLED] < b[:, NEED]
+        assert self.n_prefilling == int(prefilling.sum())
+        # decoding rows first, then prefilling rows (what makes both groups slices)
+        assert not prefilling[: len(b) - self.n_prefilling].any()
 
     # -- admission and KV --------------------------------------------------------------
     def _committed_kv(self) -> int:
@@ -214,14 +217,12 @@ class Replica:
             self._admit()
             self._preempt_if_full()
             b = self.batch
-            # Fast path: when every row decodes, column slices (views) replace fancy indexing.
-            if self.n_prefilling == 0:
-                di, pi, n_dec = slice(None), None, len(b)
-            else:
-                decoding = b[:, FILLED] >= b[:, NEED]
-                di = np.flatnonzero(decoding)
-                pi = np.flatnonzero(~decoding)
-                n_dec = di.size
+            # Rows are ordered [decoding | prefilling]: admission appends, prefill chunks
+            # are handed out FCFS so prefills complete in row order, and removal keeps
+            # order. Both groups are therefore slices (views), never fancy indexes.
+            n_dec = len(b) - self.n_prefilling
+            di = slice(0, n_dec)
+            pi = slice(n_dec, None) if self.n_prefilling else None
 
             # 3. verification lengths
             if n_dec and gamma:
@@ -284,11 +285,12 @@ class Replica:
                 b[pi, FILLED] += chunk
                 self.kv_tokens += prefill_tokens
                 self.pending_prefill -= prefill_tokens
-                done = pi[b[pi, FILLED] >= b[pi, NEED]]
-                if done.size:
+                n_done = int(np.count_nonzero(b[pi, FILLED] >= b[pi, NEED]))
+                if n_done:
+                    done = slice(n_dec, n_dec + n_done)  # prefills complete in row order
                     b[done, GEN] += 1  # the step that completes prefill samples a token
-                    self.kv_tokens += done.size
-                    self.n_prefilling -= done.size
+                    self.kv_tokens += n_done
+                    self.n_prefilling -= n_done
                     rids = b[done, RID]
                     first = log.first_token_s[rids]
                     log.first_token_s[rids] = np.where(np.isnan(first), now, first)
