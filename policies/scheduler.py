@@ -57,14 +57,14 @@ def _topk_lengths(survival: np.ndarray, a_sorted: np.ndarray, k: int) -> np.ndar
     if k <= 0:
         return np.zeros(n, dtype=np.int64)
     t = a_sorted[k - 1]
+    at_least = survival >= t
+    if np.count_nonzero(at_least) == k:  # no tie straddles the cut: the common case
+        return at_least.sum(axis=1, dtype=np.int64)
     above = survival > t
-    ell = above.sum(axis=1)
-    need = k - int(ell.sum())
-    if need:
-        tied = (survival == t).reshape(-1)
-        take = tied & (np.cumsum(tied) <= need)
-        ell = ell + take.reshape(n, g).sum(axis=1)
-    return ell.astype(np.int64, copy=False)
+    need = k - np.count_nonzero(above)
+    tied = (survival == t).reshape(-1)
+    take = tied & (np.cumsum(tied) <= need)
+    return above.sum(axis=1, dtype=np.int64) + take.reshape(n, g).sum(axis=1, dtype=np.int64)
 
 
 def schedule_sync(survival: np.ndarray, sps: np.ndarray) -> np.ndarray:

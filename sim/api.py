@@ -119,26 +119,24 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
     issued = 0
     ctx_holder: list[SimContext] = []
 
-    def make_row(rid: int) -> np.ndarray:
-        row = np.zeros(NCOLS, np.int64)
-        row[RID] = rid
-        row[PROMPT] = stream.prompt_tokens[rid]
-        row[NEED] = stream.prompt_tokens[rid]
-        row[OUT] = max(1, stream.output_tokens[rid])
-        if trace is not None:
-            tr = log.trace_row[rid]
-            row[TOFF] = trace.req_offsets[tr]
-            row[TLEN] = trace.req_offsets[tr + 1] - trace.req_offsets[tr]
-        else:
-            row[TLEN] = 1
-        return row
+    # Every request's batch row, built at once (vectorised); replicas index into it.
+    rows = np.zeros((n, NCOLS), np.int64)
+    rows[:, RID] = np.arange(n)
+    rows[:, PROMPT] = stream.prompt_tokens
+    rows[:, NEED] = stream.prompt_tokens
+    rows[:, OUT] = np.maximum(1, stream.output_tokens)
+    if trace is not None:
+        rows[:, TOFF] = trace.req_offsets[log.trace_row]
+        rows[:, TLEN] = trace.req_lengths[log.trace_row]
+    else:
+        rows[:, TLEN] = 1
 
     def submit(rid: int) -> None:
         ctx = ctx_holder[0]
         rep = router.route()
         log.arrival_s[rid] = ctx.env.now
         log.replica[rid] = rep.index
-        rep.submit(make_row(rid))
+        rep.submit(rid)
 
     def on_finish(k: int) -> None:
         nonlocal issued
@@ -149,6 +147,7 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
                     issued += 1
 
     ctx = SimContext(cfg, profile, policy, trace, calibration, log, on_finish)
+    ctx.set_rows(rows)
     ctx_holder.append(ctx)
     router = Router(ctx.replicas, cfg.deployment.router)
     env = ctx.env

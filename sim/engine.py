@@ -100,7 +100,9 @@ class Replica:
     def __init__(self, index: int, ctx: SimContext) -> None:
         self.index = index
         self.ctx = ctx
-        self.waiting: deque[np.ndarray] = deque()
+        # Waiting request ids; their rows live in ctx.rows (preempted rows are written
+        # back there), so admission is one fancy index, not a stack of small arrays.
+        self.waiting: deque[int] = deque()
         self.batch = np.empty((0, NCOLS), np.int64)
         self.wake: simpy.Event | None = None
         self.lag: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=2)
@@ -114,8 +116,8 @@ class Replica:
     def outstanding(self) -> int:
         return len(self.waiting) + len(self.batch)
 
-    def submit(self, row: np.ndarray) -> None:
-        self.waiting.append(row)
+    def submit(self, rid: int) -> None:
+        self.waiting.append(rid)
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed()
 
@@ -144,31 +146,35 @@ class Replica:
             used = int((b[:, PROMPT] + b[:, OUT]).sum())
         else:
             used = self._committed_kv()
-        rows = []
+        rows = c.rows
+        need_col = c.admit_need
+        taken: list[int] = []
         while self.waiting and room > 0:
-            r = self.waiting[0]
-            need = int(r[PROMPT] + r[OUT]) if c.reserve else int(r[NEED]) + c.verify_slots
-            if used + need > c.kv_capacity and (len(self.batch) or rows):
+            rid = self.waiting[0]
+            need = int(need_col[rid]) if c.reserve else int(rows[rid, NEED]) + c.verify_slots
+            if used + need > c.kv_capacity and (len(self.batch) or taken):
                 break  # head-of-line blocks (FCFS), as in vLLM
             self.waiting.popleft()
-            rows.append(r)
+            taken.append(rid)
             used += need
             room -= 1
-        if rows:
-            new = np.stack(rows)
+        if taken:
+            new = rows[taken]
             self.batch = np.concatenate([self.batch, new])
-            self.pending_prefill += int((new[:, NEED] - new[:, FILLED]).sum())
-            self.kv_tokens += int((new[:, FILLED] + new[:, GEN] - new[:, GEN0]).sum())
-            self.n_prefilling += int((new[:, FILLED] < new[:, NEED]).sum())
+            # admitted rows have FILLED = 0 and GEN = GEN0 (new or recompute-preempted)
+            self.pending_prefill += int(new[:, NEED].sum())
+            self.n_prefilling += len(taken)
 
-    def _remove(self, keep: np.ndarray) -> np.ndarray:
-        """Drop rows where ``keep`` is False; returns them, aggregates updated."""
+    def _remove(self, keep: np.ndarray, *, finished: bool = False) -> np.ndarray:
+        """Drop rows where ``keep`` is False; returns them, aggregates updated.
+        ``finished`` rows are fully prefilled, so only the KV count changes."""
         b = self.batch
         gone = b[~keep]
         self.batch = b[keep]
-        self.kv_tokens -= int((gone[:, FILLED] + gone[:, GEN] - gone[:, GEN0]).sum())
-        self.pending_prefill -= int((gone[:, NEED] - gone[:, FILLED]).sum())
-        self.n_prefilling -= int((gone[:, FILLED] < gone[:, NEED]).sum())
+        self.kv_tokens -= int(gone[:, FILLED].sum() + gone[:, GEN].sum() - gone[:, GEN0].sum())
+        if not finished:
+            self.pending_prefill -= int((gone[:, NEED] - gone[:, FILLED]).sum())
+            self.n_prefilling -= int(np.count_nonzero(gone[:, FILLED] < gone[:, NEED]))
         log = self.ctx.log
         rids = gone[:, RID]
         log.steps[rids] += gone[:, STEPS]
@@ -189,11 +195,12 @@ class Replica:
         keep[len(b) - k:] = False
         victims = self._remove(keep)
         victims[:, STEPS:] = 0
-        for r in victims[::-1]:  # newest first -> ends up in admission order at the front
-            r[GEN0] = r[GEN]
-            r[NEED] = r[PROMPT] + r[GEN]  # recompute prompt and generated tokens
-            r[FILLED] = 0
-            self.waiting.appendleft(r)
+        victims[:, GEN0] = victims[:, GEN]
+        victims[:, NEED] = victims[:, PROMPT] + victims[:, GEN]  # recompute prompt + output
+        victims[:, FILLED] = 0
+        c.rows[victims[:, RID]] = victims
+        # newest first -> the victims end up at the queue front in admission order
+        self.waiting.extendleft(victims[::-1, RID].tolist())
         c.log.preemptions[victims[:, RID]] += 1
         self.preemptions += k
 
@@ -296,7 +303,7 @@ class Replica:
                     log.first_token_s[rids] = np.where(np.isnan(first), now, first)
             fin = b[:, GEN] >= b[:, OUT]
             if fin.any():
-                gone = self._remove(~fin)
+                gone = self._remove(~fin, finished=True)
                 rids = gone[:, RID]
                 log.finish_s[rids] = now
                 log.generated[rids] = gone[:, GEN]
@@ -378,6 +385,12 @@ class SimContext:
         self._draft_cache: dict[int, float] = {}
         self.stats = StepStats(self.gamma)
         self.replicas = [Replica(i, self) for i in range(cfg.deployment.replicas)]
+        self.rows = np.empty((0, NCOLS), np.int64)  # every request's row, set by the runner
+        self.admit_need = np.empty(0, np.int64)  # reserve mode: prompt + output per request
+
+    def set_rows(self, rows: np.ndarray) -> None:
+        self.rows = rows
+        self.admit_need = rows[:, PROMPT] + rows[:, OUT]
         self._empty: dict[int, np.ndarray] = {}
         self._arange = np.arange(4096, dtype=np.int64)
 
