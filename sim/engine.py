@@ -253,7 +253,7 @@ class Replica:
                 rem = b[pi, NEED] - b[pi, FILLED]
                 left = max(0, budget - verify_tokens)
                 before = np.cumsum(rem) - rem
-                chunk = np.clip(np.minimum(rem, left - before), 0, None)
+                chunk = np.maximum(np.minimum(rem, left - before), 0)
                 prefill_tokens = int(chunk.sum())
             batch_tokens = verify_tokens + prefill_tokens
             if batch_tokens == 0:  # cannot happen: a prefill chunk always makes progress
@@ -330,15 +330,21 @@ class Replica:
         lag_s = lag_sps = None
         if policy.needs_lag and len(self.lag) == 2:
             lag_s, lag_sps = self.lag[0]
+        # Both arrays are fresh (gathered / computed this step): freeze them in place.
+        survival.flags.writeable = False
+        if sps is not None:
+            sps.flags.writeable = False
         snap = BatchSnapshot(
-            survival=readonly(survival),
+            survival=survival,
             gamma_max=c.gamma,
             token_budget=c.max_num_batched_tokens,
-            sps=None if sps is None else readonly(sps),
+            sps=sps,
             lagged_survival=lag_s,
             lagged_sps=lag_sps,
         )
-        ell = np.array(policy(snap), dtype=np.int64)  # a private, writable copy
+        ell = policy(snap)
+        if ell.dtype != np.int64 or not ell.flags.writeable:
+            ell = np.array(ell, dtype=np.int64)  # the engine trims it in place
         if policy.needs_lag:
             self.lag.append((snap.survival, snap.sps))
         return ell
