@@ -73,7 +73,7 @@ METRICS = (
     ("mean_verify_tokens_per_request_step", "verify tok/req/step"),
 )
 DEFAULT_POLICIES = ("mtp1", "fixed:3", "confidence")
-DEFAULT_RATES = (0.2, 0.5)
+DEFAULT_RATES = (0.25, 0.6)
 SHIPPED_PROFILE = "smollm2-cpu"
 INSITU = "insitu"  # profile spec: fitted on the real run's own steps (leave-one-point-out)
 STEP_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
@@ -379,13 +379,13 @@ def with_draft(profile: EngineProfile, kind: str, measured: EngineProfile | None
 
 
 def sim_config(workload_path: Path, policy: str, engine: EngineConfig, profile_path: str,
-               n: int, seed: int = 0) -> SimConfig:
+               n: int, seed: int = 0, calibration: str | None = None) -> SimConfig:
     return SimConfig(
         engine=engine,
         deployment=DeploymentConfig(replicas=1, router="round-robin", profile=profile_path),
         workload=WorkloadConfig(arrival="replay", workload_path=str(workload_path),
                                 num_requests=n),
-        policy=policy, seed=seed, drain_timeout_s=1e6,
+        policy=policy, seed=seed, drain_timeout_s=1e6, calibration=calibration,
     )
 
 
@@ -402,7 +402,17 @@ def simulate_paired(cfg: SimConfig, profile: EngineProfile, trace: AcceptanceTra
     log.prompt_tokens[:] = stream.prompt_tokens
     log.output_tokens[:] = stream.output_tokens
     log.trace_row[:] = np.arange(n) % trace.num_requests
+    rows = np.zeros((n, NCOLS), np.int64)
+    rows[:, RID] = np.arange(n)
+    rows[:, PROMPT] = stream.prompt_tokens
+    rows[:, NEED] = stream.prompt_tokens
+    rows[:, OUT] = np.maximum(1, stream.output_tokens)
+    rows[:, TOFF] = trace.req_offsets[log.trace_row]
+    rows[:, TLEN] = trace.req_offsets[log.trace_row + 1] - trace.req_offsets[log.trace_row]
     ctx = SimContext(cfg, profile, policy, trace, calibration, log, lambda k: None)
+    by_id = hasattr(ctx, "set_rows")  # the engine keeps every row and queues request ids
+    if by_id:
+        ctx.set_rows(rows)
     rep = ctx.replicas[0]
     env = ctx.env
     env.process(rep.run())
@@ -414,16 +424,9 @@ def simulate_paired(cfg: SimConfig, profile: EngineProfile, trace: AcceptanceTra
             if t > t_prev:
                 yield env.timeout(t - t_prev)
                 t_prev = t
-            row = np.zeros(NCOLS, np.int64)
-            row[RID] = rid
-            row[PROMPT] = row[NEED] = stream.prompt_tokens[rid]
-            row[OUT] = max(1, stream.output_tokens[rid])
-            tr = log.trace_row[rid]
-            row[TOFF] = trace.req_offsets[tr]
-            row[TLEN] = trace.req_offsets[tr + 1] - trace.req_offsets[tr]
             log.arrival_s[rid] = env.now
             log.replica[rid] = 0
-            rep.submit(row)
+            rep.submit(rid if by_id else rows[rid].copy())
 
     env.process(arrivals())
     env.run(until=float(stream.arrival_s[-1]) + cfg.drain_timeout_s)
@@ -488,7 +491,7 @@ def _resolve_drafter(spec: str) -> str:
 def validate(
     policies: Sequence[str] = DEFAULT_POLICIES,
     rates: Sequence[float] = DEFAULT_RATES,
-    num_requests: int = 12,
+    num_requests: int = 10,
     max_new_tokens: int = 128,
     out_dir: str | Path = "runs/validate",
     device: str = "cpu",
@@ -689,7 +692,8 @@ def validate(
                     write_text_atomic(ppath, p.to_toml())
                 else:
                     p, ppath = spec, prof_paths[pi]
-                cfg = sim_config(wpath, pol.name, engine_cfg, str(ppath), len(w.prompts))
+                cfg = sim_config(wpath, pol.name, engine_cfg, str(ppath), len(w.prompts),
+                                 calibration=calibration)
                 sims = [simulate(replace(cfg, seed=seed + k), profile=p, trace=trace)
                         for k in range(max(1, sim_seeds))]
                 sim = _mean_summaries([x.summary for x in sims])
@@ -788,7 +792,7 @@ def format_table(df: pl.DataFrame) -> str:
 def main(
     policies: Sequence[str] = DEFAULT_POLICIES,
     rates: Sequence[float] = DEFAULT_RATES,
-    num_requests: int = 12,
+    num_requests: int = 10,
     max_new_tokens: int = 128,
     out_dir: str | Path = "runs/validate",
     device: str = "cpu",
