@@ -45,6 +45,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 import torch
+
+from dspark_sim.errors import InputError
+from dspark_sim.io import write_json_atomic
 from dspark_sim.traces.drafters import (
     LearnedDrafter,
     Lookup,
@@ -71,9 +74,6 @@ from dspark_sim.traces.targets import (
     load_target,
     select_prompts,
 )
-
-from dspark_sim.errors import InputError
-from dspark_sim.io import write_json_atomic
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SHIPPED_DRAFTERS = DATA_DIR / "drafters"
@@ -115,8 +115,37 @@ def _tv_ref(pd: torch.Tensor, pt: torch.Tensor, cu: torch.Tensor) -> torch.Tenso
     return 1.0 - 0.5 * (pd.float() - pt[rows].float()).abs().sum(-1)
 
 
+def target_probs(store: SequenceStore, idx: torch.Tensor, shared: Shared) -> torch.Tensor:
+    """Target next-token distributions (temperature 1) at sequence indices ``idx``."""
+    nf = store.hidden.shape[1] - 1
+    dev = shared.head_weight.device
+    h = store.hidden[idx.cpu(), nf].to(dev, shared.head_weight.dtype)
+    return torch.softmax(shared.head(h).float(), -1)
+
+
+class TargetRows:
+    """Target distributions at every generated index of a store, computed once and shared
+    by all drafters of a chunk."""
+
+    def __init__(self, store: SequenceStore, shared: Shared, rows_per_pass: int = 512) -> None:
+        gen = [np.arange(s + p - 1, s + n) for s, n, p in
+               zip(store.starts, store.lens, store.prompt_lens, strict=True)]
+        self.idx = torch.as_tensor(np.concatenate(gen), dtype=torch.long)
+        self.pos = torch.full((int(store.starts[-1] + store.lens[-1]),), -1, dtype=torch.long)
+        self.pos[self.idx] = torch.arange(self.idx.numel())
+        V = shared.head_weight.shape[0]
+        self.probs = torch.empty(self.idx.numel(), V, device=shared.head_weight.device)
+        for lo in range(0, self.idx.numel(), rows_per_pass):
+            self.probs[lo : lo + rows_per_pass] = target_probs(
+                store, self.idx[lo : lo + rows_per_pass], shared)
+
+    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.probs[self.pos[idx.cpu()].to(self.probs.device)]
+
+
 def verify_block(draft_tokens: torch.Tensor, valid: torch.Tensor, draft_probs_fn: Any,
-                 store: SequenceStore, anchors: np.ndarray, shared: Shared) -> dict[str, Any]:
+                 store: SequenceStore, anchors: np.ndarray, shared: Shared,
+                 target_rows: TargetRows | None = None) -> dict[str, Any]:
     """Verify drafted blocks at ``anchors`` against the recorded target.
 
     ``draft_tokens`` [N, g]; ``valid`` [N] number of usable leading tokens (<= tokens
@@ -132,16 +161,24 @@ def verify_block(draft_tokens: torch.Tensor, valid: torch.Tensor, draft_probs_fn
     # target rows: for each request r, S indices a .. a + l_r (l_r + 1 rows)
     a_t = torch.as_tensor(anchors, dtype=torch.long)
     idx = torch.cat([a_t[r] + torch.arange(int(lengths[r]) + 1) for r in range(N)])
-    nf = store.hidden.shape[1] - 1
-    t_logits = shared.head(store.hidden[idx, nf].to(dev, shared.head_weight.dtype))
+    t_probs = target_probs(store, idx, shared) if target_rows is None else target_rows(idx)
+    # Greedy verification against the target's own continuation: the target rows are the
+    # one-hot greedy tokens it emitted (identical to argmax of t_logits up to ties and
+    # bf16 noise, but replay must follow the recorded continuation exactly).
+    seq_end = torch.as_tensor(np.searchsorted(store.starts, anchors, side="right") - 1)
+    last = torch.as_tensor(store.starts + store.lens - 1)[seq_end]
+    nxt_idx = torch.minimum(idx + 1, torch.repeat_interleave(last, lengths.cpu() + 1))
+    V = t_probs.shape[-1]
+    onehot = torch.zeros(idx.numel(), V, device=dev).scatter_(
+        1, store.tokens[nxt_idx].to(dev)[:, None], 1.0)
     flat = draft_tokens[keep]
     if verify_greedy is not None:
-        acc = verify_greedy(flat, t_logits, cu).accepted_len
-        backend = resolve("auto", t_logits)
+        acc = verify_greedy(flat, onehot, cu).accepted_len
+        backend = resolve("auto", onehot)
     else:
-        acc = _verify_greedy_ref(flat, t_logits, cu)
+        acc = _verify_greedy_ref(flat, onehot, cu)
         backend = "torch-reference (dspark_sim.kernels unavailable)"
-    t_probs = torch.softmax(t_logits.float(), -1)
+    del onehot
     d_probs = draft_probs_fn(keep)
     if flat.numel():
         tv_flat = (tv_acceptance(d_probs.contiguous(), t_probs, cu) if tv_acceptance is not None
@@ -161,7 +198,8 @@ def _positions(store: SequenceStore, i: int, max_new_tokens: int) -> int:
 
 
 def draft_rows(drafter: Any, store: SequenceStore, shared: Shared, gamma: int,
-               max_new_tokens: int, sub_batch: int = 96) -> dict[str, Any]:
+               max_new_tokens: int, sub_batch: int = 96,
+               target_rows: TargetRows | None = None) -> dict[str, Any]:
     """accept_len / conf / tv_accept for every recorded position of every sequence."""
     dev = shared.head_weight.device
     per_seq = [_positions(store, i, max_new_tokens) for i in range(len(store.lens))]
@@ -208,12 +246,20 @@ def draft_rows(drafter: Any, store: SequenceStore, shared: Shared, gamma: int,
 
             def probs(keep, logits=logits):
                 return torch.softmax(logits[keep].float(), -1)
-        res = verify_block(toks, valid, probs, store, a, shared)
+        res = verify_block(toks, valid, probs, store, a, shared, target_rows)
         m_all[sl] = res["accept_len"]
         tv_all[sl] = res["tv"]
         backend = res["backend"]
     return {"accept_len": m_all, "conf": conf_all, "tv_accept": tv_all, "per_seq": per_seq,
             "backend": backend}
+
+
+def _rel(path: str) -> str:
+    """Checkpoint paths inside the package are recorded relative to the repository."""
+    try:
+        return str(Path(path).resolve().relative_to(DATA_DIR.parent.parent))
+    except (ValueError, OSError):
+        return path
 
 
 def _slug(target: Target, given: str | None) -> str:
@@ -257,6 +303,8 @@ def capture(
     if not prompts:
         raise InputError("--prompts", "no prompts to capture")
     shared = Shared.of(tgt)
+    if shared.head_weight.dtype != torch.float32:  # drafters run in fp32
+        shared = Shared(shared.embed_weight.float(), shared.head_weight.float())
     loaded: dict[str, tuple[Any, dict[str, Any]]] = {}
     for spec in drafters:
         p = Path(spec)
@@ -318,8 +366,10 @@ def capture(
                                    batch_size=len(cp), max_prompt_tokens=max_prompt_tokens)
             agree.extend(float(r.get("greedy_agree", 1.0)) for r in recs)
             store = SequenceStore.from_records(recs)
+            trows = TargetRows(store, shared)
             for name, (model, _info) in loaded.items():
-                rows = draft_rows(model, store, shared, gamma_max, max_new_tokens)
+                rows = draft_rows(model, store, shared, gamma_max, max_new_tokens,
+                                  target_rows=trows)
                 backend = rows["backend"] or backend
                 n = rows["per_seq"]
                 rid = np.repeat([chunk[j] for j in range(len(cp))], n).astype(np.int32)
@@ -337,6 +387,7 @@ def capture(
                 meta = TraceMeta(drafter=name, target=tgt.name, gamma_max=gamma_max,
                                  source="captured")
                 write_trace(trace_from_frame(df, meta, "<capture>"), work / f"{name}-{ci:04d}.parquet")
+            del trows
             manifest["done"][str(ci)] = {"prompts": [p.key for p in cp], "backend": backend,
                                          "greedy_agree": float(np.mean(agree[-len(cp):]))}
             write_json_atomic(mpath, manifest)
@@ -377,7 +428,7 @@ def capture(
                 "chat_template": True,
             },
             extra={
-                "drafter_checkpoint": info.get("path", ""),
+                "drafter_checkpoint": _rel(info.get("path", "")),
                 "drafter_checkpoint_sha256": info.get("sha256", ""),
                 "drafter_train_steps": info.get("steps"),
                 "target_source": tgt.source,

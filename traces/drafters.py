@@ -483,8 +483,9 @@ def save_drafter(model: LearnedDrafter, out_dir: str | Path, sidecar: dict[str, 
 def load_drafter(spec: str | Path, target: Any):
     """A drafter from a checkpoint directory (``drafter.safetensors`` + ``drafter.json``),
     or ``"lookup"``. Returns ``(model, info)`` where info holds the sidecar + sha256."""
-    from dspark_sim.traces.targets import file_sha256
     from safetensors.torch import load_file
+
+    from dspark_sim.traces.targets import file_sha256
 
     if str(spec) == "lookup":
         return Lookup(DrafterConfig.for_target("lookup", target)), {"kind": "lookup", "sha256": ""}
@@ -515,6 +516,12 @@ def num_params(model: nn.Module) -> int:
 # -- batching from recorded target states -------------------------------------------------
 
 
+def _hidden_of(rec: dict[str, Any]) -> torch.Tensor:
+    if "final" in rec:
+        return torch.cat([rec["feats"].float(), rec["final"].float()[:, None]], 1)
+    return rec["hidden"].float()
+
+
 @dataclass
 class SequenceStore:
     """Prompt+generation token ids and target hidden states of many sequences, flat.
@@ -534,7 +541,7 @@ class SequenceStore:
         toks = [torch.cat([r["prompt"], r["tokens"]]) for r in recs]
         lens = np.array([len(t) for t in toks], dtype=np.int64)
         return cls(
-            hidden=torch.cat([r["hidden"] for r in recs]),
+            hidden=torch.cat([_hidden_of(r) for r in recs]),
             tokens=torch.cat(toks),
             starts=np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64),
             lens=lens,

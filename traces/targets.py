@@ -444,8 +444,9 @@ def generate_cached(
                 recs = None
         if recs is None:
             recs = target.greedy([enc[i] for i in idx], max_new_tokens, layers)
-            for r in recs:
-                r["hidden"] = r["hidden"].to(torch.bfloat16)
+            for r in recs:  # features in bf16; the last layer stays fp32 (exact argmax)
+                h = r.pop("hidden")
+                r["feats"], r["final"] = h[:, :-1].to(torch.bfloat16), h[:, -1].float()
             if cache:
                 root.mkdir(parents=True, exist_ok=True)
                 tmp = f.with_name(f.name + f".tmp{os.getpid()}")

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from dspark_sim.errors import InputError
 from dspark_sim.traces.drafters import (
     LEARNED_KINDS,
     SequenceStore,
@@ -51,8 +53,6 @@ from dspark_sim.traces.targets import (
     load_target,
     select_prompts,
 )
-
-from dspark_sim.errors import InputError
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "drafters"
 
