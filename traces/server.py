@@ -737,8 +737,10 @@ def time_server_shapes(server: SpecServer, shapes, warmup: int = 1, repeats: int
             logits, _ = eng.forward(list(range(s.requests)), [s.context] * s.requests, toks, rows,
                                     want_features=server.drafter.learned)
             cu = torch.arange(s.requests + 1, dtype=torch.long) * s.verify
-            d = torch.as_tensor([x for row in toks for x in row[1:]], dtype=torch.long)
-            verify_greedy(d, logits.contiguous(), cu)
+            d = torch.as_tensor([x for row in toks for x in row[1:]], dtype=torch.long,
+                                device=eng.device)
+            res = verify_greedy(d, logits.contiguous(), cu.to(eng.device))
+            res.accepted_len.cpu()  # waits for the device, as the serving loop does
             dt = now() - t0
             if rnd >= warmup:
                 times[i].append(dt)
