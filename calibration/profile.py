@@ -4,7 +4,8 @@ A profile answers one question for the simulator and the schedulers: *how long
 does one engine step take?*  Following Vidur, cost is a table lookup, never a
 model evaluated per token:
 
-``step_s = draft_s(drafter, n_requests, gamma) + target_s(B) + kv_s_per_token * kv_tokens``
+``step_s = draft_s(drafter, n_requests, gamma) + target_s(B) + kv_s_per_token * kv_tokens
++ logits_s_per_row * logit_rows``
 
 * ``target_s(B)`` is the target forward time for ``B`` tokens in the batch (decode
   verify tokens + prefill chunk tokens). It is stored as a table so the jagged
@@ -12,6 +13,11 @@ model evaluated per token:
   tokens costs what the smallest tabulated size ``>= B`` costs (the graph it is
   padded into). Past the last row the cost grows linearly with the last
   segment's slope plus ``eager_penalty_ms`` (no graph is captured there).
+* ``logits_s_per_row`` (optional, default 0) charges the LM-head projection per row
+  whose logits the engine computes: every verify token, and the last token of a
+  prefill that completes in the step. A table measured with logits on *every* row
+  leaves it at 0; a table measured with one logit row per request sets it, so prefill
+  chunks are not charged for vocabulary projections real engines skip.
 * ``kv_s_per_token`` charges the attention KV reads for context tokens in the
   batch (memory traffic that grows with context, not with ``B``).
 * ``draft_s`` is tabulated over the number of drafted requests for each drafter
@@ -33,6 +39,7 @@ File format (TOML)::
     step_ms = [...]              # same length, > 0
     step_std_ms = [...]          # optional spread (measured profiles)
     kv_us_per_token = 0.001      # per context token in the batch
+    logits_us_per_row = 0.0      # per row whose logits are computed (optional)
     eager_penalty_ms = 0.0
     [draft.dspark]
     batch = [1, 8, 64, 256]      # requests drafted in the step
@@ -90,6 +97,7 @@ class EngineProfile:
     step_s: np.ndarray  # float64, target forward time at ``tokens``
     step_std_s: np.ndarray | None = None
     kv_s_per_token: float = 0.0
+    logits_s_per_row: float = 0.0
     eager_penalty_s: float = 0.0
     interpolation: str = "step"
     drafts: dict[str, DraftCost] = field(default_factory=dict)
@@ -169,6 +177,8 @@ class EngineProfile:
             )
         lines += [
             f"kv_us_per_token = {self.kv_s_per_token * 1e6!r}",
+            *([f"logits_us_per_row = {self.logits_s_per_row * 1e6!r}"]
+              if self.logits_s_per_row else []),
             f"eager_penalty_ms = {self.eager_penalty_s * 1e3!r}",
         ]
         for name, d in self.drafts.items():
@@ -250,6 +260,9 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
         if std.shape != tokens.shape:
             raise InputError(source, "[target] step_std_ms differs in length from tokens")
     kv_us = float(target.get("kv_us_per_token", 0.0))
+    logits_us = float(target.get("logits_us_per_row", 0.0))
+    if not (math.isfinite(logits_us) and logits_us >= 0):
+        raise InputError(source, "[target] logits_us_per_row must be >= 0")
     eager_ms = float(target.get("eager_penalty_ms", 0.0))
     if not (math.isfinite(kv_us) and kv_us >= 0 and math.isfinite(eager_ms) and eager_ms >= 0):
         raise InputError(source, "[target] kv_us_per_token and eager_penalty_ms must be >= 0")
@@ -276,6 +289,7 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
         step_s=step_ms / 1e3,
         step_std_s=std,
         kv_s_per_token=kv_us / 1e6,
+        logits_s_per_row=logits_us / 1e6,
         eager_penalty_s=eager_ms / 1e3,
         interpolation=interp,
         drafts=drafts,

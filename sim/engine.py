@@ -209,6 +209,7 @@ class Replica:
         c = self.ctx
         env = c.env
         kv_s_per_token = c.profile.kv_s_per_token
+        logits_s_per_row = c.profile.logits_s_per_row
         trace_m = c.trace.accept_len if c.trace is not None else None
         gamma = c.gamma
         budget = c.max_num_batched_tokens
@@ -259,9 +260,15 @@ class Replica:
             if batch_tokens == 0:  # cannot happen: a prefill chunk always makes progress
                 raise RuntimeError("engine step with no work")
 
-            # 5. step time: draft + target at B tokens + KV reads of the batch
+            # 5. step time: draft + target at B tokens + KV reads of the batch + the LM
+            # head for rows whose logits are needed (verify rows, finishing prefills)
             dt = (c.draft_time(n_dec) if n_dec else 0.0) + c.target_time(batch_tokens) \
                 + kv_s_per_token * self.kv_tokens
+            if logits_s_per_row:
+                finishing = 0
+                if prefill_tokens:
+                    finishing = int(np.count_nonzero(chunk == rem))
+                dt += logits_s_per_row * (verify_tokens + finishing)
             yield env.timeout(dt)
             now = env.now
 
@@ -323,6 +330,8 @@ class Replica:
             total = np.minimum(verify + self.pending_prefill, c.max_num_batched_tokens)
             t = c.dense_step_s[total]
             t += c.draft_time(n_dec) + c.profile.kv_s_per_token * self.kv_tokens
+            if c.profile.logits_s_per_row:  # one LM-head row per verify token
+                t += c.profile.logits_s_per_row * verify
             sps = np.reciprocal(t, out=t)
             over = n_dec * (1 + c.gamma) - c.max_num_batched_tokens
             if over > 0:

@@ -205,3 +205,25 @@ def test_incremental_aggregates_stay_exact():
     finally:
         engine.Replica._admit = orig
     assert len(checked) > 100 and s["preemptions"] > 0 and s["completed"] == 80
+
+
+def test_step_cost_is_exact_table_lookup_plus_logit_rows():
+    """One request, a flat 10 ms table, 1 ms per logit row, no draft cost: the prefill
+    step computes 1 logit row, each of the 10 decode steps verifies 1 + 3 rows."""
+    from dspark_sim.calibration.profile import DraftCost, EngineProfile
+
+    prof = EngineProfile(
+        name="flat", kind="measured", gpus_per_replica=1,
+        tokens=np.array([1, 8192]), step_s=np.array([0.010, 0.010]), interpolation="step",
+        logits_s_per_row=0.001,
+        drafts={"dspark": DraftCost(np.array([1.0, 2.0]), np.array([0.0, 0.0]), 7)},
+    )
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)  # nothing is ever accepted
+    cfg = SimConfig(policy="fixed:3", deployment=DeploymentConfig(replicas=1),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=1, num_requests=1,
+                                            lengths="fixed:10:11"))
+    r = simulate(cfg, profile=prof, trace=trace)
+    s = r.summary
+    assert s["engine_steps"] == 11
+    assert r.requests["ttft_ms"][0] == pytest.approx(10 + 1)
+    assert r.requests["e2e_ms"][0] == pytest.approx(11 * 10 + 1 + 10 * 4)
