@@ -410,6 +410,39 @@ def sweep(
                                                tiers=tiers)), markup=False, highlight=False)
 
 
+@app.command()
+@guarded
+def validate(
+    out: Annotated[Path, typer.Option(help="Folder for real and simulated results.")] =
+        Path("runs/validate"),
+    policies: Annotated[str, typer.Option(help="Comma-separated policies.")] =
+        "mtp1,fixed:3,confidence",
+    rates: Annotated[str, typer.Option(help="Poisson request rates (req/s).")] = "0.25,0.6",
+    num_requests: Annotated[int, typer.Option(help="Requests per point.")] = 10,
+    max_new_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    drafter: Annotated[str, typer.Option(help="auto | dspark | mtp1 | parallel | lookup")] = "auto",
+    profile: Annotated[str, typer.Option(
+        help="Cost tables to compare: built-in/TOML, 'measure' (re-measure now), 'insitu'.")] =
+        "auto,measure,insitu",
+    sim_seeds: Annotated[int, typer.Option(help="Simulator seeds averaged per point.")] = 5,
+    seed: Annotated[int, typer.Option()] = 0,
+    strict: Annotated[bool, typer.Option(
+        help="Exit 1 when a point misses 10 % on throughput or median TPOT.")] = False,
+) -> None:
+    """Run a real spec-decoding server on the CPU target and compare it with the simulator."""
+    from dspark_sim.sim.sweep import parse_list, parse_numbers
+    from dspark_sim.sim.validate import main as validate_main
+
+    rc = validate_main(policies=tuple(parse_list(policies)),
+                       rates=tuple(parse_numbers(rates, option="--rates")),
+                       num_requests=num_requests, max_new_tokens=max_new_tokens,
+                       out_dir=out, device=device, drafter=drafter, profile=profile,
+                       sim_seeds=sim_seeds, seed=seed)
+    if strict and rc:
+        raise typer.Exit(1)
+
+
 def _ints(option: str, spec: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(x) for x in spec.split(",") if x.strip())

@@ -136,3 +136,8 @@ def test_sweep_cli_writes_results_report_and_headline(tmp_path):
     assert (out / "report.html").stat().st_size > 100_000
     assert "matched throughput" in r.output
     _one_line_error(invoke("sweep", "--out", str(tmp_path / "x"), "--qps", "5:1:0"), "--qps")
+
+
+def test_validate_cli_rejects_bad_options():
+    _one_line_error(invoke("validate", "--rates", "-1"), "--rates")
+    _one_line_error(invoke("validate", "--policies", "bogus", "--rates", "0.5"), "--policy")
