@@ -410,6 +410,61 @@ def sweep(
                                                tiers=tiers)), markup=False, highlight=False)
 
 
+@app.command("train-drafter")
+@guarded
+def train_drafter_cmd(
+    drafter: Annotated[str, typer.Option(help="mtp1 | parallel | dspark | all")] = "all",
+    target: Annotated[str, typer.Option(
+        help="smollm2 (the CPU default), an HF model directory, or a .gguf file.")] = "smollm2",
+    steps: Annotated[int, typer.Option(help="Optimizer steps per drafter.")] = 300,
+    out: Annotated[Path | None, typer.Option(
+        help="Checkpoint root (default: the package's traces/data/drafters).")] = None,
+    prompts: Annotated[Path | None, typer.Option(help="Folder of {turns: [...]} JSONL prompts.")] = None,
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Self-distil drafters on the target's own greedy generations (training prompts only)."""
+    from dspark_sim.traces.train import LEARNED_KINDS, train_all
+
+    kinds = LEARNED_KINDS if drafter == "all" else (drafter,)
+    if any(k not in LEARNED_KINDS for k in kinds):
+        raise InputError("--drafter", f"must be one of {', '.join(LEARNED_KINDS)} or all")
+    kw = {"prompt_dir": prompts} if prompts is not None else {}
+    info = train_all(kinds, target=target, steps=steps, out_root=out, device=device, seed=seed, **kw)
+    for kind, side in info.items():
+        curve = side.get("loss_curve") or []
+        last = curve[-1].get("loss") if curve else None
+        console.print(f"trained {kind}: {side.get('steps', steps)} steps"
+                      + (f", final loss {last}" if last is not None else ""), markup=False)
+
+
+@app.command()
+@guarded
+def capture(
+    out: Annotated[Path, typer.Option(help="Folder for the traces (one parquet per drafter).")],
+    drafters: Annotated[str, typer.Option(help="Comma-separated drafters.")] =
+        "mtp1,parallel,dspark,lookup",
+    target: Annotated[str, typer.Option(help="smollm2, an HF model directory, or a .gguf.")] =
+        "smollm2",
+    gamma_max: Annotated[int, typer.Option(help="Draft block length recorded per position.")] = 7,
+    max_new_tokens: Annotated[int, typer.Option(help="Greedy output tokens per prompt.")] = 160,
+    per_domain: Annotated[int, typer.Option(help="Held-out prompts per domain.")] = 20,
+    prompts: Annotated[Path | None, typer.Option(help="Folder of {turns: [...]} JSONL prompts.")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue a killed capture from its shards.")] = False,
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+) -> None:
+    """Decode the target greedily and record every drafter's acceptance at every position."""
+    from dspark_sim.sim.sweep import parse_list
+    from dspark_sim.traces.capture import capture as run_capture
+
+    kw = {"prompt_dir": prompts} if prompts is not None else {}
+    paths = run_capture(target=target, drafters=tuple(parse_list(drafters)), gamma_max=gamma_max,
+                        max_new_tokens=max_new_tokens, out=out, resume=resume,
+                        per_domain=per_domain, device=device, **kw)
+    for name, path in paths.items():
+        console.print(f"{name}: {path}", markup=False)
+
+
 @app.command()
 @guarded
 def validate(
