@@ -10,11 +10,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from test_drafters import tiny_prompts, tiny_target  # noqa: E402
+
 from dspark_sim.traces.capture import capture  # noqa: E402
 from dspark_sim.traces.drafters import Lookup, SequenceStore, Shared, load_drafter  # noqa: E402
 from dspark_sim.traces.schema import read_trace  # noqa: E402
 from dspark_sim.traces.train import train_drafter  # noqa: E402
-from test_drafters import tiny_prompts, tiny_target  # noqa: E402
 
 GAMMA = 4
 NEW = 20
@@ -145,3 +146,12 @@ def test_real_smollm2_decodes(tmp_path, monkeypatch):
     assert len(out["tokens"]) >= 1 and "5" in text
     assert float(out["greedy_agree"]) == 1.0
     assert tgt.hidden_size == 576 and tgt.vocab_size == 49152
+
+
+def test_block_drafter_gamma_max_beyond_training_is_refused(env, tmp_path):
+    from dspark_sim.errors import InputError
+
+    target, root = env
+    with pytest.raises(InputError, match="trained for gamma"):
+        capture(target, [str(root / "dspark")], prompts=tiny_prompts(3), gamma_max=GAMMA + 1,
+                max_new_tokens=NEW, out=tmp_path, progress=False)

@@ -314,7 +314,10 @@ def capture(
         name = info.get("kind", str(spec)) if spec in ("lookup", "mtp1", "parallel", "dspark") \
             else p.name
         if isinstance(model, LearnedDrafter) and model.cfg.gamma < gamma_max:
-            model.cfg.gamma = gamma_max  # parallel slots beyond training gamma are untrained
+            if model.kind != "mtp1":  # mtp1 is recursive; block drafters have gamma slots
+                raise InputError("--gamma-max", f"drafter {spec!r} was trained for gamma "
+                                 f"{model.cfg.gamma} < gamma_max {gamma_max}")
+            model.cfg.gamma = gamma_max
         loaded[name] = (model, info)
     slug = _slug(tgt, target_slug)
     out_dir = Path(out) if out is not None else DATA_DIR
