@@ -325,7 +325,12 @@ def load_target(
 
 # -- prompt sets ---------------------------------------------------------------------
 
-PROMPT_DIR = Path("/work/shared/data/prompts")
+# The DSpark evaluation prompts sit in ../shared beside a checkout (training and capture
+# read them; the simulator never does). DSPARK_SIM_PROMPTS points elsewhere.
+PROMPT_DIR = Path(os.environ.get(
+    "DSPARK_SIM_PROMPTS",
+    Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts",
+))
 DOMAINS: dict[str, tuple[str, ...]] = {
     "math": ("gsm8k", "math500", "aime25"),
     "code": ("humaneval", "mbpp", "lbpp", "livecodebench", "swe-bench"),
