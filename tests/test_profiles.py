@@ -217,7 +217,7 @@ def test_measure_engine_tiny_llama(tmp_path):
     prof = measure_engine(
         cfg_path, batch_requests=(1, 2, 3, 4), verify_lengths=(0, 1, 3),
         context_lengths=(16, 64), warmup=1, repeats=3, draft_gammas=(3, 7),
-        num_threads=1, name="tiny", log=lines.append,
+        num_threads=1, name="tiny", log=lines.append, max_prefill_tokens=96,
     )
     print("\n".join(lines[-3:]))
     assert prof.kind == "measured" and prof.name == "tiny"
@@ -227,6 +227,11 @@ def test_measure_engine_tiny_llama(tmp_path):
     assert prof.kv_s_per_token >= 0
     assert {"dspark", "parallel", "mtp1"} == set(prof.drafts)
     assert "stand-in" in prof.parameters["draft_source"]
+    # prefill chunks are measured (looked up, not extrapolated) up to max_prefill_tokens,
+    # and the LM head is a separate per-row term
+    assert int(prof.tokens[-1]) == 96 and 64 in prof.tokens.tolist()
+    assert prof.parameters["prefill_chunks"] == [64, 96]
+    assert prof.logits_s_per_row >= 0 and len(prof.parameters["logit_rows_median_ms"]) == 7
     err = prof.parameters["heldout_mean_rel_error"]
     assert np.isfinite(err) and err >= 0
     print(f"tiny llama held-out relative error: mean {err:.1%}, "
@@ -257,6 +262,37 @@ def test_measure_engine_bad_inputs(tmp_path):
         measure_engine(TINY_LLAMA, verify_lengths=(), log=None)
     with pytest.raises(InputError, match="batch_requests"):
         measure_engine(TINY_LLAMA, batch_requests=(0, 1), log=None)
+
+
+def test_fit_logits_and_prefill_chunks():
+    from dspark_sim.calibration.measure import default_prefill_chunks, fit_logits
+
+    rows = [1, 2, 4, 8, 16, 32, 64]
+    fixed, per_row = fit_logits(rows, [3e-3 + 2e-4 * k for k in rows])
+    assert fixed == pytest.approx(3e-3, rel=1e-6) and per_row == pytest.approx(2e-4, rel=1e-6)
+    assert fit_logits(rows, [5e-3 - 1e-6 * k for k in rows])[1] == 0.0
+    assert fit_logits([4], [1e-3]) == (1e-3, 0.0)
+    assert default_prefill_chunks(256) == (64, 96, 128, 192, 256)
+    assert default_prefill_chunks(256, 100) == (128, 192, 256)
+    assert default_prefill_chunks(40) == (40,) and default_prefill_chunks(0) == ()
+
+
+def test_measure_engine_head_split_shapes():
+    """``logits="last"``: base model + LM head on the last row of each request only."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from dspark_sim.calibration.measure import Shape, _Runner, load_model_config
+
+    runner = _Runner(load_model_config(TINY_LLAMA), "cpu", torch.float32)
+    torch.manual_seed(3)
+    run_last, reset_last = runner.step_fn(Shape(2, 3, 8), logits="last")
+    with torch.inference_mode():
+        last = run_last()
+        reset_last()
+    assert tuple(last.shape) == (2, runner.vocab)
+    run_head, _ = runner.head_fn(5)
+    with torch.inference_mode():
+        assert tuple(run_head().shape) == (5, runner.vocab)
 
 
 def test_fit_table_recovers_kv_term():

@@ -119,6 +119,59 @@ def test_validate_table(tiny, tmp_path):
     assert "mtp1" in format_table(df)
 
 
+def test_step_model_check_charges_logit_rows():
+    """Records carry the prefills finishing in a step; the check adds the profile's LM-head
+    term for verify rows + finishing prefills, and the server's SPS curve charges verify rows
+    exactly as the simulator's engine does."""
+    from dataclasses import replace
+
+    from dspark_sim.sim.validate import step_model_check
+
+    base = _profile()
+    prof = replace(base, logits_s_per_row=1e-4)
+    # (step s, forward s, decoding, verify tokens, prefill tokens, kv tokens, finishing)
+    recs = [(5e-3, 4e-3, 2, 8, 0, 100, 0), (9e-3, 8e-3, 1, 4, 60, 50, 1)]
+    a = step_model_check(recs, base, None, 3)
+    b = step_model_check(recs, prof, None, 3)
+    assert b["decode_predicted_ms"] == pytest.approx(a["decode_predicted_ms"] + 8 * 0.1)
+    assert b["prefill_predicted_ms"] == pytest.approx(a["prefill_predicted_ms"] + 5 * 0.1)
+    # old 6-column records still work (no finishing column: verify rows only)
+    c = step_model_check([r[:6] for r in recs], prof, None, 3)
+    assert c["prefill_predicted_ms"] == pytest.approx(a["prefill_predicted_ms"] + 4 * 0.1)
+
+
+def test_server_sps_includes_logits(tiny):
+    from dataclasses import replace
+
+    from dspark_sim.traces.drafters import Lookup
+    from dspark_sim.traces.server import DraftRunner, ServerConfig, SpecServer
+
+    srv = SpecServer(tiny, DraftRunner(Lookup()), ServerConfig(
+        max_num_seqs=4, max_num_batched_tokens=40, kv_capacity_tokens=4096, clock="cpu"),
+        max_len=128, profile=_profile())
+    s0 = srv._sps(2, 3, 10, 64)
+    srv.profile = replace(_profile(), logits_s_per_row=2e-4)
+    s1 = srv._sps(2, 3, 10, 64)
+    verify = 2 + np.arange(2 * 3 + 1)
+    np.testing.assert_allclose(1.0 / s1, 1.0 / s0 + 2e-4 * verify)
+
+
+def test_server_records_finishing_prefills(tiny, workload):
+    from dspark_sim.traces.drafters import Lookup
+    from dspark_sim.traces.server import DraftRunner, ServerConfig, SpecServer
+
+    torch.set_num_threads(1)
+    srv = SpecServer(tiny, DraftRunner(Lookup()), ServerConfig(
+        max_num_seqs=4, max_num_batched_tokens=40, kv_capacity_tokens=4096, clock="cpu"),
+        max_len=128, profile=_profile())
+    prompts = workload.prompts[:3]
+    res = srv.serve(prompts, [4] * 3, list(workload.arrival_s[:3]), get_policy("mtp1"))
+    a = np.asarray(res.step_records)
+    assert a.shape[1] == 7
+    assert int(a[:, 6].sum()) == len(prompts)  # every prompt finishes its prefill once
+    assert np.all(a[a[:, 6] > 0, 4] > 0)  # only in steps carrying prefill tokens
+
+
 def test_server_learned_drafter_lossless(tiny, workload):
     """A (random-weight) DSpark drafter fed the server's own target features."""
     from dspark_sim.traces.drafters import Shared, build_drafter

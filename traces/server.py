@@ -115,7 +115,7 @@ class ServeResult:
     wall_s: float
     cpu_s: float
     # per step: (step s, forward+verify s, decoding requests, verify tokens, prefill tokens,
-    # KV tokens held)
+    # KV tokens held, prefills finishing in the step -- their last row gets logits)
     step_records: list[tuple] = field(default_factory=list)
 
 
@@ -417,6 +417,9 @@ class SpecServer:
         total = np.minimum(verify + pending_prefill, budget)
         t = np.asarray(prof.target_time_s(total), dtype=np.float64)
         t = t + prof.kv_s_per_token * kv_tokens + self._draft_time(n_dec, gamma)
+        logits_s = float(getattr(prof, "logits_s_per_row", 0.0) or 0.0)
+        if logits_s:  # one LM-head row per verify token, as the simulator's engine
+            t = t + logits_s * verify
         sps = 1.0 / t
         over = n_dec * (1 + gamma) - budget
         if over > 0:
@@ -621,7 +624,7 @@ class SpecServer:
             dt_step = clock.now() - now
             stats.busy_s += dt_step
             records.append((dt_step, t_end - t_start, n_dec, verify_tokens, prefill_tokens,
-                            kv_tokens))
+                            kv_tokens, len(pre_last)))
         for r in reqs:
             log.first_token_s[r.rid] = r.first_token_s
             log.finish_s[r.rid] = r.finish_s
