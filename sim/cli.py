@@ -102,7 +102,8 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
     t.add_column("value", justify="right")
     rows = [
         ("completed / unfinished", f"{s['completed']:,} / {s['unfinished']:,}"),
-        ("preempted requests", _fmt(s["preempted"])),
+        ("preempted requests / steps held back by KV",
+         f"{s['preempted']:,} / {s['kv_blocked_steps']:,}"),
         ("benchmark duration (s)", _fmt(s["duration"], 2)),
         ("request throughput (req/s)", _fmt(s["request_throughput"], 2)),
         ("output throughput (tok/s)", _fmt(s["output_throughput"])),

@@ -81,6 +81,7 @@ class StepStats:
     prefill_tokens: int = 0
     batch_tokens: int = 0
     budget_limited_steps: int = 0
+    kv_blocked_steps: int = 0  # steps whose admission stopped at the KV capacity
 
     def __post_init__(self) -> None:
         self.accept_hist = np.zeros(self.gamma + 2, np.int64)  # index = accepted count
@@ -153,6 +154,7 @@ class Replica:
             rid = self.waiting[0]
             need = int(need_col[rid]) if c.reserve else int(rows[rid, NEED]) + c.verify_slots
             if used + need > c.kv_capacity and (len(self.batch) or taken):
+                c.stats.kv_blocked_steps += 1  # held back for KV: counted, never silent
                 break  # head-of-line blocks (FCFS), as in vLLM
             self.waiting.popleft()
             taken.append(rid)

@@ -151,6 +151,7 @@ def summarize(
     s["mean_batch_tokens"] = stats.batch_tokens / stats.steps if stats.steps else None
     s["mean_decode_batch"] = drafts / stats.steps if stats.steps else None
     s["budget_limited_steps"] = stats.budget_limited_steps
+    s["kv_blocked_steps"] = stats.kv_blocked_steps
 
     ok = np.ones(n_done, bool)
     if slo_ttft_ms is not None:

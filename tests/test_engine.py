@@ -126,6 +126,7 @@ def test_kv_pressure_preempts_and_reserve_holds_back():
     assert pre["preemptions"] > 0 and pre["completed"] == 96
     held = simulate(replace(cfg, engine=replace(cfg.engine, kv_mode="reserve"))).summary
     assert held["preemptions"] == 0 and held["completed"] == 96
+    assert held["kv_blocked_steps"] > 0  # holding back is counted too
     # holding back admits fewer at a time: lower decode batch than optimistic admission
     assert held["mean_decode_batch"] < 11
 
