@@ -73,7 +73,7 @@ from dspark_sim.calibration.profile import DraftCost, EngineProfile, profile_fro
 from dspark_sim.errors import InputError
 from dspark_sim.io import write_text_atomic
 
-DEFAULT_BATCH_REQUESTS = (1, 2, 3, 6)
+DEFAULT_BATCH_REQUESTS = (1, 2, 4, 6, 8)
 DEFAULT_VERIFY_LENGTHS = (0, 1, 3, 7)
 DEFAULT_CONTEXT_LENGTHS = (128, 512)
 DEFAULT_DRAFT_GAMMAS = (3, 7)
