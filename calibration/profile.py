@@ -5,7 +5,7 @@ does one engine step take?*  Following Vidur, cost is a table lookup, never a
 model evaluated per token:
 
 ``step_s = draft_s(drafter, n_requests, gamma) + target_s(B) + kv_s_per_token * kv_tokens
-+ logits_s_per_row * logit_rows``
++ logits_s_per_row * logit_rows + attn_s_per_query_ctx * sum(query_tokens * context)``
 
 * ``target_s(B)`` is the target forward time for ``B`` tokens in the batch (decode
   verify tokens + prefill chunk tokens). It is stored as a table so the jagged
@@ -18,6 +18,11 @@ model evaluated per token:
   prefill that completes in the step. A table measured with logits on *every* row
   leaves it at 0; a table measured with one logit row per request sets it, so prefill
   chunks are not charged for vocabulary projections real engines skip.
+* ``attn_s_per_query_ctx`` (optional, default 0) charges attention work that grows with
+  query tokens x the context they attend to: a verify block of ``1 + l`` tokens over a
+  context of ``L`` costs ``(1 + l) * L`` units, a prefill chunk of ``c`` tokens after ``f``
+  filled ones ``c * (f + c / 2)``. ``kv_s_per_token`` alone (one read of each request's
+  KV) cannot express that verify cost grows with context.
 * ``kv_s_per_token`` charges the attention KV reads for context tokens in the
   batch (memory traffic that grows with context, not with ``B``).
 * ``draft_s`` is tabulated over the number of drafted requests for each drafter
@@ -40,6 +45,7 @@ File format (TOML)::
     step_std_ms = [...]          # optional spread (measured profiles)
     kv_us_per_token = 0.001      # per context token in the batch
     logits_us_per_row = 0.0      # per row whose logits are computed (optional)
+    attn_ns_per_query_ctx = 0.0  # per query token x context token (optional)
     eager_penalty_ms = 0.0
     [draft.dspark]
     batch = [1, 8, 64, 256]      # requests drafted in the step
@@ -98,6 +104,7 @@ class EngineProfile:
     step_std_s: np.ndarray | None = None
     kv_s_per_token: float = 0.0
     logits_s_per_row: float = 0.0
+    attn_s_per_query_ctx: float = 0.0
     eager_penalty_s: float = 0.0
     interpolation: str = "step"
     drafts: dict[str, DraftCost] = field(default_factory=dict)
@@ -179,6 +186,8 @@ class EngineProfile:
             f"kv_us_per_token = {self.kv_s_per_token * 1e6!r}",
             *([f"logits_us_per_row = {self.logits_s_per_row * 1e6!r}"]
               if self.logits_s_per_row else []),
+            *([f"attn_ns_per_query_ctx = {self.attn_s_per_query_ctx * 1e9!r}"]
+              if self.attn_s_per_query_ctx else []),
             f"eager_penalty_ms = {self.eager_penalty_s * 1e3!r}",
         ]
         for name, d in self.drafts.items():
@@ -263,6 +272,9 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
     logits_us = float(target.get("logits_us_per_row", 0.0))
     if not (math.isfinite(logits_us) and logits_us >= 0):
         raise InputError(source, "[target] logits_us_per_row must be >= 0")
+    attn_ns = float(target.get("attn_ns_per_query_ctx", 0.0))
+    if not (math.isfinite(attn_ns) and attn_ns >= 0):
+        raise InputError(source, "[target] attn_ns_per_query_ctx must be >= 0")
     eager_ms = float(target.get("eager_penalty_ms", 0.0))
     if not (math.isfinite(kv_us) and kv_us >= 0 and math.isfinite(eager_ms) and eager_ms >= 0):
         raise InputError(source, "[target] kv_us_per_token and eager_penalty_ms must be >= 0")
@@ -290,6 +302,7 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
         step_std_s=std,
         kv_s_per_token=kv_us / 1e6,
         logits_s_per_row=logits_us / 1e6,
+        attn_s_per_query_ctx=attn_ns / 1e9,
         eager_penalty_s=eager_ms / 1e3,
         interpolation=interp,
         drafts=drafts,

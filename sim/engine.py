@@ -212,6 +212,7 @@ class Replica:
         env = c.env
         kv_s_per_token = c.profile.kv_s_per_token
         logits_s_per_row = c.profile.logits_s_per_row
+        attn_s = c.profile.attn_s_per_query_ctx
         trace_m = c.trace.accept_len if c.trace is not None else None
         gamma = c.gamma
         budget = c.max_num_batched_tokens
@@ -271,6 +272,8 @@ class Replica:
                 if prefill_tokens:
                     finishing = int(np.count_nonzero(chunk == rem))
                 dt += logits_s_per_row * (verify_tokens + finishing)
+            if attn_s:
+                dt += attn_s * self._query_ctx(b, di, ell, n_dec, pi, chunk if prefill_tokens else None)
             yield env.timeout(dt)
             now = env.now
 
@@ -318,6 +321,17 @@ class Replica:
                 log.generated[rids] = gone[:, GEN]
                 c.on_finish(len(rids))
 
+    @staticmethod
+    def _query_ctx(b, di, ell, n_dec, pi, chunk) -> float:
+        """Sum over rows of query tokens x attended context (the attention-work unit)."""
+        total = 0.0
+        if n_dec:
+            ctx = b[di, FILLED] + b[di, GEN] - b[di, GEN0]
+            total += float(((1 + ell) * ctx).sum()) if len(ell) == n_dec else float(ctx.sum())
+        if chunk is not None:
+            total += float((chunk * (b[pi, FILLED] + chunk / 2.0)).sum())
+        return total
+
     def _decide(self, idx: np.ndarray, n_dec: int, b: np.ndarray) -> np.ndarray:
         c = self.ctx
         policy = c.policy
@@ -334,6 +348,10 @@ class Replica:
             t += c.draft_time(n_dec) + c.profile.kv_s_per_token * self.kv_tokens
             if c.profile.logits_s_per_row:  # one LM-head row per verify token
                 t += c.profile.logits_s_per_row * verify
+            if c.profile.attn_s_per_query_ctx and n_dec:
+                # each verify token attends over its request's context (batch mean here)
+                mean_ctx = self.kv_tokens / max(1, len(b))
+                t += c.profile.attn_s_per_query_ctx * verify * mean_ctx
             sps = np.reciprocal(t, out=t)
             over = n_dec * (1 + c.gamma) - c.max_num_batched_tokens
             if over > 0:

@@ -228,3 +228,9 @@ def test_step_cost_is_exact_table_lookup_plus_logit_rows():
     assert s["engine_steps"] == 11
     assert r.requests["ttft_ms"][0] == pytest.approx(10 + 1)
     assert r.requests["e2e_ms"][0] == pytest.approx(11 * 10 + 1 + 10 * 4)
+    # attention work: the 10-token prefill chunk is 10 x (0 + 10/2) = 50 units, decode
+    # step k verifies 4 tokens over a context of 10 + k: sum 4 (10 + k) = 620 units
+    prof2 = replace(prof, attn_s_per_query_ctx=1e-5)
+    r2 = simulate(cfg, profile=prof2, trace=trace)
+    assert r2.requests["ttft_ms"][0] == pytest.approx(11 + 0.5)
+    assert r2.requests["e2e_ms"][0] == pytest.approx(151 + 6.7)
