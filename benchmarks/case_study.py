@@ -1,7 +1,7 @@
 """DSpark §5.4 case study: confidence-async vs MTP-1 on the V4-Flash-like profile.
 
 Closed-loop concurrency sweep (1..256 clients, plus 384..1024 with ``--extend``, the
-default) on one replica (16 H200, profile ``v4flash-h200``) with
+default) on one replica (32 H200, profile ``v4flash-h200``) with
 the shipped synthetic traces (``dspark-synthetic`` for the block drafter,
 ``mtp1-synthetic`` for the MTP head), then the paper's headline numbers: per-user
 TPS gain at matched throughput and the throughput gain at the 80 and 120 tok/s/user
