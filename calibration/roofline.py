@@ -39,7 +39,6 @@ built from a sheet file with :func:`profile_from_sheets` (format in docs/profile
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import MISSING, asdict, dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -49,6 +48,7 @@ import numpy as np
 
 from dspark_sim.calibration.profile import DraftCost, EngineProfile
 from dspark_sim.errors import InputError
+from dspark_sim.io import read_toml
 
 
 @dataclass(frozen=True)
@@ -389,12 +389,7 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
     if isinstance(spec, str | Path):
         p = Path(spec)
         source, base = str(p), p.parent
-        if not p.is_file():
-            raise InputError(source, "sheet file not found")
-        try:
-            data = tomllib.loads(p.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(source, f"invalid TOML: {exc}") from exc
+        data = read_toml(p, "sheet file")
     elif isinstance(spec, dict):
         data = spec
     else:

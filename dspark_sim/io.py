@@ -46,3 +46,19 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 
 def write_json_atomic(path: str | Path, obj: object) -> Path:
     return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_toml(path: str | Path, what: str = "file") -> dict:
+    """Parse a TOML file; a missing, unreadable or malformed file is an ``InputError``
+    naming it (one line), never a traceback."""
+    import tomllib
+
+    from dspark_sim.errors import InputError
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(str(p), f"{what} not found")
+    try:
+        return tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(str(p), f"invalid TOML: {exc}") from exc

@@ -8,11 +8,11 @@ component (``[engine]``, ``[deployment]``, ``[workload]``, ``[run]``), see
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from dspark_sim.errors import InputError
+from dspark_sim.io import read_toml
 
 ARRIVALS = ("poisson", "gamma", "closed", "replay")
 ROUTERS = ("round-robin", "least-outstanding")
@@ -161,13 +161,7 @@ def _merge(cls, base, table: dict, where: str):
 def load_config(path: str | Path, base: SimConfig | None = None) -> SimConfig:
     """Read a TOML config; missing keys keep ``base`` (default: the default preset)."""
     source = str(path)
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(source, "config file not found")
-    try:
-        data = tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(source, f"invalid TOML: {exc}") from exc
+    data = read_toml(path, "config file")
     cfg = base or preset(data.pop("preset", "default"))
     cfg = replace(
         cfg,
