@@ -482,13 +482,18 @@ def save_drafter(model: LearnedDrafter, out_dir: str | Path, sidecar: dict[str, 
 
 def load_drafter(spec: str | Path, target: Any):
     """A drafter from a checkpoint directory (``drafter.safetensors`` + ``drafter.json``),
-    or ``"lookup"``. Returns ``(model, info)`` where info holds the sidecar + sha256."""
+    ``"lookup"``, or ``"deepspec:<dir>"`` (see :mod:`dspark_sim.traces.deepspec`).
+    Returns ``(model, info)`` where info holds the sidecar + sha256."""
     from safetensors.torch import load_file
 
     from dspark_sim.traces.targets import file_sha256
 
     if str(spec) == "lookup":
         return Lookup(DrafterConfig.for_target("lookup", target)), {"kind": "lookup", "sha256": ""}
+    if str(spec).startswith("deepspec:"):  # a DeepSpec DSpark/DFlash checkpoint directory
+        from dspark_sim.traces.deepspec import load_deepspec_drafter
+
+        return load_deepspec_drafter(str(spec)[len("deepspec:"):], target, for_capture=True)
     p = Path(spec)
     if p.is_file():
         p = p.parent
