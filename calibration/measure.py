@@ -57,6 +57,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.util
 import inspect
+import itertools
 import json
 import platform
 import statistics
@@ -65,7 +66,7 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -94,6 +95,17 @@ class Shape:
     @property
     def kv_tokens(self) -> int:
         return self.requests * self.context
+
+    @property
+    def query_ctx(self) -> float:
+        """Attention work in the engine's unit, sum over rows of query tokens x attended
+        context (``sim/engine.py``): a verify block of ``1 + l`` tokens over ``L`` context
+        tokens is ``(1 + l) * L``; a shape at context 0 is a prefill chunk of ``c = 1 + l``
+        tokens from position 0, ``c * (0 + c / 2)``."""
+        t = 1 + self.verify
+        if self.context > 0:
+            return float(self.requests * t * self.context)
+        return float(self.requests * t * t / 2.0)
 
 
 @dataclass(frozen=True)
@@ -370,42 +382,82 @@ def _samples(shapes: Sequence[Shape], times: Sequence[Sequence[float]], log) -> 
 # -- fitting ---------------------------------------------------------------------------------
 
 
-def fit_table(samples: Sequence[Sample], *, fit_kv: bool = True):
-    """Weighted least squares of ``t = f(B) + kv * R * L``.
+class TableFit(NamedTuple):
+    """Result of :func:`fit_terms`: the table ``f(B)`` at ``tokens`` (seconds), its spread,
+    the per-context-token KV slope and the per (query token x context token) attention
+    coefficient."""
 
-    Returns ``(tokens, step_s, std_s, kv_s_per_token)``; ``std_s`` is the median spread
-    of the shapes with that ``B``.
-    """
+    tokens: np.ndarray
+    step_s: np.ndarray
+    std_s: np.ndarray
+    kv_s_per_token: float
+    attn_s_per_query_ctx: float
+
+
+def fit_terms(samples: Sequence[Sample], *, fit_kv: bool = True,
+              fit_attn: bool = True) -> TableFit:
+    """Weighted least squares (weights ``1/t``) of
+    ``t = f(B) + kv * R * L + attn * query_ctx`` over all samples jointly: one free
+    ``f(B)`` per distinct ``B``, one KV slope, one attention coefficient
+    (:attr:`Shape.query_ctx`, the engine's unit). Both slopes are constrained to ``>= 0``:
+    when the unconstrained solution has a negative one, every subset of the slopes is
+    fitted and the feasible fit with the smallest weighted residual is kept."""
     tokens = np.array(sorted({s.shape.tokens for s in samples}), dtype=np.int64)
     col = {int(b): i for i, b in enumerate(tokens)}
     n, nb = len(samples), len(tokens)
     y = np.array([s.median_s for s in samples])
     kv = np.array([s.shape.kv_tokens for s in samples], dtype=np.float64)
-    a = np.zeros((n, nb + 1))
+    qc = np.array([s.shape.query_ctx for s in samples], dtype=np.float64)
+    a = np.zeros((n, nb + 2))
     for i, s in enumerate(samples):
         a[i, col[s.shape.tokens]] = 1.0
     a[:, nb] = kv
+    a[:, nb + 1] = qc
     w = 1.0 / np.maximum(y, 1e-9)
-    use_kv = fit_kv and np.ptp(kv) > 0
-    cols = nb + 1 if use_kv else nb
-    sol, *_ = np.linalg.lstsq(a[:, :cols] * w[:, None], y * w, rcond=None)
-    kv_s = float(sol[nb]) if use_kv else 0.0
-    if kv_s < 0:  # noise: no measurable context term, refit without it
-        sol, *_ = np.linalg.lstsq(a[:, :nb] * w[:, None], y * w, rcond=None)
-        kv_s = 0.0
-    step = np.asarray(sol[:nb], dtype=np.float64)
+    aw, yw = a * w[:, None], y * w
+    extra = [j for j, on in ((nb, fit_kv and np.ptp(kv) > 0), (nb + 1, fit_attn and np.ptp(qc) > 0))
+             if on]
+    best = None
+    for k in range(len(extra), -1, -1):
+        for subset in itertools.combinations(extra, k):
+            cols = list(range(nb)) + list(subset)
+            sol, *_ = np.linalg.lstsq(aw[:, cols], yw, rcond=None)
+            if any(v < 0 for v in sol[nb:]):
+                continue
+            full = np.zeros(nb + 2)
+            full[cols] = sol
+            res = float(np.sum((aw @ full - yw) ** 2))
+            if best is None or res < best[0] - 1e-15:
+                best = (res, full)
+        if best is not None and k == len(extra):
+            break  # the unconstrained solution is feasible
+    full = best[1]
+    step = np.asarray(full[:nb], dtype=np.float64)
     floor = 0.05 * float(y.min())
     step = np.maximum(step, floor)
     std = np.array(
         [statistics.median([s.std_s for s in samples if s.shape.tokens == b]) for b in tokens]
     )
-    return tokens, step, std, kv_s
+    return TableFit(tokens, step, std, float(full[nb]), float(full[nb + 1]))
 
 
-def _predict(tokens, step, kv_s, interpolation: str, shape: Shape) -> float:
+def fit_table(samples: Sequence[Sample], *, fit_kv: bool = True):
+    """Weighted least squares of ``t = f(B) + kv * R * L`` (no attention term; see
+    :func:`fit_terms` for the joint fit with it).
+
+    Returns ``(tokens, step_s, std_s, kv_s_per_token)``; ``std_s`` is the median spread
+    of the shapes with that ``B``.
+    """
+    f = fit_terms(samples, fit_kv=fit_kv, fit_attn=False)
+    return f.tokens, f.step_s, f.std_s, f.kv_s_per_token
+
+
+def _predict(tokens, step, kv_s, interpolation: str, shape: Shape, attn_s: float = 0.0) -> float:
     prof = EngineProfile(name="fit", kind="measured", gpus_per_replica=1, tokens=tokens,
-                         step_s=step, kv_s_per_token=kv_s, interpolation=interpolation)
-    return float(prof.step_time_s(shape.tokens, shape.kv_tokens))
+                         step_s=step, kv_s_per_token=kv_s, attn_s_per_query_ctx=attn_s,
+                         interpolation=interpolation)
+    return float(prof.step_time_s(shape.tokens, shape.kv_tokens)
+                 + prof.attn_s_per_query_ctx * shape.query_ctx)
 
 
 def heldout_split(shapes: Sequence[Shape], fraction: float, seed: int,
@@ -429,18 +481,20 @@ def heldout_split(shapes: Sequence[Shape], fraction: float, seed: int,
 
 
 def heldout_error(samples: Sequence[Sample], interpolation: str, fraction: float = 0.25,
-                  seed: int = 0) -> dict[str, Any]:
-    """Fit on the kept shapes, predict the held-out ones; relative errors."""
+                  seed: int = 0, *, fit_attn: bool = True) -> dict[str, Any]:
+    """Fit on the kept shapes (:func:`fit_terms`, with the attention term unless
+    ``fit_attn=False``), predict the held-out ones; relative errors."""
     mask = heldout_split([s.shape for s in samples], fraction, seed,
                          keep_rows=interpolation == "step")
     if not mask.any():
         return {"heldout_shapes": 0, "heldout_mean_rel_error": float("nan"),
                 "heldout_max_rel_error": float("nan")}
     kept = [s for s, m in zip(samples, mask, strict=True) if not m]
-    tokens, step, _, kv_s = fit_table(kept)
+    fit = fit_terms(kept, fit_attn=fit_attn)
     errs = []
     for s in (s for s, m in zip(samples, mask, strict=True) if m):
-        pred = _predict(tokens, step, kv_s, interpolation, s.shape)
+        pred = _predict(fit.tokens, fit.step_s, fit.kv_s_per_token, interpolation, s.shape,
+                        fit.attn_s_per_query_ctx)
         errs.append(abs(pred - s.median_s) / s.median_s)
     e = np.asarray(errs)
     return {
@@ -827,7 +881,9 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
     if check:
         log(f"held-out check: {check['heldout_shapes']} shapes, relative error mean "
             f"{check['heldout_mean_rel_error']:.1%}, max {check['heldout_max_rel_error']:.1%}")
-    tokens, step, std, kv_s = fit_table(samples)
+    fit = fit_terms(samples)
+    tokens, step, std, kv_s = fit.tokens, fit.step_s, fit.std_s, fit.kv_s_per_token
+    attn_s = fit.attn_s_per_query_ctx
     drafts: dict[str, DraftCost] = {}
     draft_label = "not measured"
     if measure_drafters:
@@ -863,7 +919,8 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
         "batch_requests": list(batch_requests),
         "verify_lengths": list(verify_lengths),
         "context_lengths": list(context_lengths),
-        "fit": "weighted least squares t = f(B) + kv * R * L, weights 1/t",
+        "fit": ("weighted least squares t = f(B) + kv * R * L + attn * query_ctx, weights 1/t; "
+                "query_ctx = R * (1 + l) * L (verify), c * c / 2 (prefill chunk of c at 0)"),
         "logits": ("shapes timed with the LM head on the last row of each request; "
                    "table = measured - logits_per_row * R"),
         "logit_rows": list(logit_rows),
@@ -887,7 +944,7 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
         params["cuda_graphs_note"] = graph_note
     params |= {k: (round(v, 5) if isinstance(v, float) else v) for k, v in check.items()}
     log(f"done in {elapsed:.0f} s; kv_us_per_token = {kv_s * 1e6:.5f}, "
-        f"logits_us_per_row = {logits_s * 1e6:.2f}")
+        f"attn_ns_per_query_ctx = {attn_s * 1e9:.4f}, logits_us_per_row = {logits_s * 1e6:.2f}")
     return EngineProfile(
         name=name or f"{Path(str(label)).stem.lower()}-{dev.type}",
         kind="measured",
@@ -897,12 +954,14 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
         step_std_s=std,
         kv_s_per_token=kv_s,
         logits_s_per_row=logits_s,
+        attn_s_per_query_ctx=attn_s,
         eager_penalty_s=0.0,
         interpolation=interpolation,
         drafts=drafts,
         description=(f"Measured forward time of {label} (random weights) on {device}; "
                      f"table f(B) at zero context with the LM head's fixed cost, KV term per "
-                     f"context token, LM-head term per logit row"),
+                     f"context token, attention term per query token x context token, "
+                     f"LM-head term per logit row"),
         parameters=params,
     )
 

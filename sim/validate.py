@@ -21,13 +21,14 @@ For every (policy, request rate) point:
 
 3. a table of measured vs simulated output throughput, median/p90 TPOT, median TTFT,
    tau and mean verify tokens per request step, with relative errors, plus a per-step
-   check of the cost model (measured step time vs ``draft + target(B) + kv * KV`` of the
-   profile, split into decode-only and prefill steps).
+   check of the cost model (measured step time vs ``draft + target(B) + kv * KV +
+   logits * rows + attn * query_ctx`` of the profile, split into decode-only and prefill
+   steps).
 
 Profiles (``profile=``): ``"auto"`` uses the built-in ``smollm2-cpu`` when shipped, else
 measures one *engine-in-the-loop*: the server's own forward + verification timed on a
 grid of ``(requests, verify length, context)`` shapes (plus prefill chunks) and fitted
-with :func:`dspark_sim.calibration.measure.fit_table`, immediately before the runs (a
+with :func:`dspark_sim.calibration.measure.fit_terms`, immediately before the runs (a
 shared CPU drifts); ``"measure"`` forces that; anything else is a profile name/path.
 
 Traces: ``lookup`` -- exact, from the served sequences themselves (the lookup draft at
@@ -219,14 +220,17 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
                            log=print) -> EngineProfile:
     """Engine-in-the-loop profile: the server's own forward + greedy verification timed on
     ``R x (1 + l)`` verify shapes at contexts ``L`` (all rows produce logits) and on single
-    prefill chunks (one logit row, as the server runs them), fitted as
-    ``t = f(B) + kv * R * L + logits * rows`` (:func:`dspark_sim.calibration.measure.fit_table`
-    on the times less ``logits * rows``); ``logits`` (``logits_s_per_row``) is the LM head's
-    per-row slope timed on ``logit_rows`` rows, its fixed cost stays in ``f(B)``. The
-    drafter's batched cost is tabulated under its own kind."""
+    prefill chunks (one logit row, as the server runs them), fitted jointly as
+    ``t = f(B) + kv * R * L + attn * query_ctx + logits * rows``
+    (:func:`dspark_sim.calibration.measure.fit_terms` on the times less ``logits * rows``;
+    ``query_ctx`` is the engine's attention unit, ``R * (1 + l) * L`` for a verify shape and
+    ``c * c / 2`` for a prefill chunk of ``c`` tokens from position 0); ``logits``
+    (``logits_s_per_row``) is the LM head's per-row slope timed on ``logit_rows`` rows, its
+    fixed cost stays in ``f(B)``. The drafter's batched cost is tabulated under its own
+    kind."""
     import torch
 
-    from dspark_sim.calibration.measure import Sample, Shape, fit_logits, fit_table
+    from dspark_sim.calibration.measure import Sample, Shape, fit_logits, fit_terms, heldout_error
     from dspark_sim.traces.server import ServeRequest, time_server_shapes
 
     eng = server.engine
@@ -270,7 +274,12 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
                 ts.append(now() - t1)
         samples.append(Sample(Shape(1, b - 1, 0), max(float(np.median(ts)) - logits_s, 1e-9),
                               float(np.std(ts))))
-    tokens, step, std, kv_s = fit_table(samples)
+    fit = fit_terms(samples)
+    tokens, step, std, kv_s = fit.tokens, fit.step_s, fit.std_s, fit.kv_s_per_token
+    attn_s = fit.attn_s_per_query_ctx
+    # the same held-out check as calibration.measure: a quarter of the interior shapes
+    # left out of the fit and predicted
+    check = heldout_error(samples, "linear", 0.25, 0)
     # the drafter: batched drafting of n requests of ~200 context tokens
     drafts: dict[str, DraftCost] = {}
     dr = server.drafter
@@ -310,9 +319,12 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
     drafts[dr.kind] = DraftCost(np.asarray(batch, float), ref, gref, slope)
     elapsed = time.perf_counter() - t0
     log(f"engine-in-the-loop profile: {len(samples)} shapes, kv {kv_s * 1e6:.4f} us/token, "
+        f"attn {attn_s * 1e9:.1f} ns/(query x ctx), "
         f"f(1) {step[0] * 1e3:.1f} ms, f({tokens[-1]}) {step[-1] * 1e3:.1f} ms, "
         f"logits {logits_s * 1e6:.1f} us/row (+{logits_fixed_s * 1e3:.2f} ms fixed), "
-        f"draft {dr.kind} n=1 {ref[0] * 1e3:.2f} ms ({elapsed:.0f} s)")
+        f"draft {dr.kind} n=1 {ref[0] * 1e3:.2f} ms ({elapsed:.0f} s); held-out "
+        f"{check['heldout_shapes']} shapes, relative error mean "
+        f"{check['heldout_mean_rel_error']:.1%}, max {check['heldout_max_rel_error']:.1%}")
     params = {
         "model": getattr(eng.model.config, "_name_or_path", "") or "target",
         "device": str(eng.device),
@@ -323,7 +335,8 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
         "date": _dt.date.today().isoformat(),
         "clock": "thread CPU time" if clock == "cpu" else "wall clock",
         "method": "engine-in-the-loop: dspark_sim.traces.server forward + verify_greedy",
-        "fit": "weighted least squares t = f(B) + kv * R * L, weights 1/t",
+        "fit": ("weighted least squares t = f(B) + kv * R * L + attn * query_ctx, weights 1/t; "
+                "query_ctx = R * (1 + l) * L (verify), c * c / 2 (prefill chunk of c at 0)"),
         "prefill_chunks": [int(x) for x in prefill_chunks],
         "logits": "LM head timed alone; table = measured - logits_per_row * logit rows",
         "logit_rows": [int(k) for k in rows_k],
@@ -336,10 +349,11 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
         "shape_context": [s.shape.context for s in samples],
         "shape_median_ms": [round(s.median_s * 1e3, 4) for s in samples],
     }
+    params |= {k: (round(v, 5) if isinstance(v, float) else v) for k, v in check.items()}
     return EngineProfile(name=name, kind="measured", gpus_per_replica=1,
                          tokens=tokens.astype(np.int64), step_s=step, step_std_s=std,
                          kv_s_per_token=kv_s, logits_s_per_row=logits_s,
-                         interpolation="linear", drafts=drafts,
+                         attn_s_per_query_ctx=attn_s, interpolation="linear", drafts=drafts,
                          description="Engine-in-the-loop profile of the validation server "
                                      "(sim/validate.py): its own forward + verification",
                          parameters=params)
@@ -476,16 +490,19 @@ def _mean_summaries(summaries: list[dict]) -> dict:
 
 def step_model_check(records: list[tuple], profile: EngineProfile, draft_key: str | None,
                      draft_gamma: int) -> dict:
-    """Measured step time vs the profile's ``draft + target(B) + kv * KV + logits * rows``
-    (rows: verify tokens + prefills finishing in the step), per step kind."""
+    """Measured step time vs the profile's ``draft + target(B) + kv * KV + logits * rows
+    + attn * query_ctx`` (rows: verify tokens + prefills finishing in the step; query_ctx:
+    the step's sum of query tokens x attended context, the record's 8th field, 0 for
+    older 7-field records), per step kind."""
     if not records:
         return {}
     a = np.asarray(records, dtype=np.float64)
     dt, fwd, n_dec, ver, pre, kv = (a[:, i] for i in range(6))
     fin = a[:, 6] if a.shape[1] > 6 else np.zeros_like(pre)
+    qc = a[:, 7] if a.shape[1] > 7 else np.zeros_like(pre)
     b = (ver + pre).astype(np.int64)
     pred_t = np.asarray(profile.target_time_s(b)) + profile.kv_s_per_token * kv \
-        + profile.logits_s_per_row * (ver + fin)
+        + profile.logits_s_per_row * (ver + fin) + profile.attn_s_per_query_ctx * qc
     pred_d = np.array([profile.draft_time_s(draft_key, int(k), draft_gamma) if draft_key else 0.0
                        for k in n_dec])
     pred = pred_t + pred_d
@@ -684,9 +701,10 @@ def validate(
                                   "wall_s": res.wall_s, "cpu_s": res.cpu_s, **real})
                 _write_run(out / tag / "real", real, requests_frame(res.log))
                 with atomic_path(out / tag / "real" / "steps.parquet") as tmp:
-                    pl.DataFrame(np.asarray(res.step_records, dtype=np.float64).reshape(-1, 7),
+                    pl.DataFrame(np.asarray(res.step_records, dtype=np.float64).reshape(-1, 8),
                                  schema=["step_s", "forward_s", "decoding", "verify_tokens",
-                                         "prefill_tokens", "kv_tokens", "finishing_prefills"],
+                                         "prefill_tokens", "kv_tokens", "finishing_prefills",
+                                         "query_ctx"],
                                  orient="row").write_parquet(tmp)
                 # the trace of the same models on the same sequences (greedy decoding is
                 # lossless, so every policy and rate serves the same tokens: build it once)

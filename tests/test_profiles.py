@@ -314,6 +314,44 @@ def test_fit_table_recovers_kv_term():
     assert check["heldout_shapes"] > 0 and check["heldout_max_rel_error"] < 1e-6
 
 
+def test_fit_terms_recovers_attention_coefficient():
+    """Synthetic times f(B) + kv * R * L + attn * query_ctx (the engine's unit: (1 + l) * L
+    per verify block, c * c / 2 per prefill chunk from position 0): the joint fit recovers
+    the table, the KV slope and the attention coefficient; the held-out check predicts
+    the left-out shapes exactly, and without the attention term it cannot."""
+    from dspark_sim.calibration.measure import Sample, Shape, fit_table, fit_terms, heldout_error
+
+    f = {1: 10e-3, 2: 11e-3, 4: 12e-3, 8: 15e-3, 16: 21e-3, 32: 33e-3, 64: 60e-3, 128: 110e-3}
+    kv, attn = 2e-8, 5e-9
+    samples = []
+    for L in (128, 512):
+        for r in (1, 2, 4, 8):
+            for v in (0, 1, 3, 7):
+                s = Shape(r, v, L)
+                samples.append(Sample(s, f[s.tokens] + kv * s.kv_tokens + attn * s.query_ctx,
+                                      0.0))
+    for c in (64, 128):  # prefill chunks share rows with verify shapes
+        s = Shape(1, c - 1, 0)
+        assert s.query_ctx == c * c / 2
+        samples.append(Sample(s, f[c] + attn * s.query_ctx, 0.0))
+    assert Shape(8, 7, 128).query_ctx == 8 * 8 * 128
+    fit = fit_terms(samples)
+    assert fit.attn_s_per_query_ctx == pytest.approx(attn, rel=1e-6)
+    assert fit.kv_s_per_token == pytest.approx(kv, rel=1e-6)
+    np.testing.assert_allclose(fit.step_s, [f[int(b)] for b in fit.tokens], rtol=1e-6)
+    check = heldout_error(samples, "linear", 0.25, 0)
+    assert check["heldout_shapes"] > 0 and check["heldout_max_rel_error"] < 1e-6
+    assert heldout_error(samples, "linear", 0.25, 0, fit_attn=False)[
+        "heldout_max_rel_error"] > 1e-3
+    # the legacy 4-tuple fit has no attention term
+    assert len(fit_table(samples)) == 4
+    # negative attention (noise) is clamped at 0: the fit falls back to the KV slope alone
+    neg = [Sample(x.shape, f[x.shape.tokens] + kv * x.shape.kv_tokens
+                  - 1e-9 * x.shape.query_ctx, 0.0) for x in samples if x.shape.context]
+    fit0 = fit_terms(neg)
+    assert fit0.attn_s_per_query_ctx == 0.0 and fit0.kv_s_per_token >= 0.0
+
+
 def test_measure_engine_user_drafters():
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")

@@ -140,6 +140,24 @@ def test_step_model_check_charges_logit_rows():
     assert c["prefill_predicted_ms"] == pytest.approx(a["prefill_predicted_ms"] + 4 * 0.1)
 
 
+def test_step_model_check_charges_attention():
+    """The 8th record field is the step's query tokens x attended context; the check adds
+    the profile's attention term for it (older 7-field records: none)."""
+    from dataclasses import replace
+
+    from dspark_sim.sim.validate import step_model_check
+
+    base = _profile()
+    prof = replace(base, attn_s_per_query_ctx=1e-8)
+    recs = [(5e-3, 4e-3, 2, 8, 0, 100, 0, 400.0), (9e-3, 8e-3, 1, 4, 60, 50, 1, 2000.0)]
+    a = step_model_check(recs, base, None, 3)
+    b = step_model_check(recs, prof, None, 3)
+    assert b["decode_predicted_ms"] == pytest.approx(a["decode_predicted_ms"] + 400 * 1e-5)
+    assert b["prefill_predicted_ms"] == pytest.approx(a["prefill_predicted_ms"] + 2000 * 1e-5)
+    c = step_model_check([r[:7] for r in recs], prof, None, 3)
+    assert c["decode_predicted_ms"] == pytest.approx(a["decode_predicted_ms"])
+
+
 def test_server_sps_includes_logits(tiny):
     from dataclasses import replace
 
@@ -154,6 +172,10 @@ def test_server_sps_includes_logits(tiny):
     s1 = srv._sps(2, 3, 10, 64)
     verify = 2 + np.arange(2 * 3 + 1)
     np.testing.assert_allclose(1.0 / s1, 1.0 / s0 + 2e-4 * verify)
+    # attention: each verify token over the batch's mean context (kv tokens / rows)
+    srv.profile = replace(_profile(), attn_s_per_query_ctx=1e-7)
+    s2 = srv._sps(2, 3, 10, 64, 4)
+    np.testing.assert_allclose(1.0 / s2, 1.0 / s0 + 1e-7 * verify * 64 / 4)
 
 
 def test_server_records_finishing_prefills(tiny, workload):
@@ -167,9 +189,11 @@ def test_server_records_finishing_prefills(tiny, workload):
     prompts = workload.prompts[:3]
     res = srv.serve(prompts, [4] * 3, list(workload.arrival_s[:3]), get_policy("mtp1"))
     a = np.asarray(res.step_records)
-    assert a.shape[1] == 7
+    assert a.shape[1] == 8
     assert int(a[:, 6].sum()) == len(prompts)  # every prompt finishes its prefill once
     assert np.all(a[a[:, 6] > 0, 4] > 0)  # only in steps carrying prefill tokens
+    # query x context: at least every query token over its own context
+    assert np.all(a[:, 7] > 0) and np.all(a[:, 7] >= a[:, 3] + a[:, 4] - 1)
 
 
 def test_server_learned_drafter_lossless(tiny, workload):

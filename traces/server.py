@@ -115,7 +115,8 @@ class ServeResult:
     wall_s: float
     cpu_s: float
     # per step: (step s, forward+verify s, decoding requests, verify tokens, prefill tokens,
-    # KV tokens held, prefills finishing in the step -- their last row gets logits)
+    # KV tokens held, prefills finishing in the step -- their last row gets logits,
+    # query tokens x attended context summed over rows -- the engine's attention unit)
     step_records: list[tuple] = field(default_factory=list)
 
 
@@ -409,7 +410,8 @@ class SpecServer:
         self.calibration = calibration
 
     # -- policy inputs ---------------------------------------------------------------------
-    def _sps(self, n_dec: int, gamma: int, pending_prefill: int, kv_tokens: int) -> np.ndarray:
+    def _sps(self, n_dec: int, gamma: int, pending_prefill: int, kv_tokens: int,
+             n_rows: int = 0) -> np.ndarray:
         """Steps/s with i admitted draft tokens, as the simulator computes it from the profile."""
         prof = self.profile
         budget = self.cfg.max_num_batched_tokens
@@ -420,6 +422,9 @@ class SpecServer:
         logits_s = float(getattr(prof, "logits_s_per_row", 0.0) or 0.0)
         if logits_s:  # one LM-head row per verify token, as the simulator's engine
             t = t + logits_s * verify
+        attn_s = float(getattr(prof, "attn_s_per_query_ctx", 0.0) or 0.0)
+        if attn_s and n_dec:  # each verify token over the batch's mean context, as the engine
+            t = t + attn_s * verify * (kv_tokens / max(1, n_rows or n_dec))
         sps = 1.0 / t
         over = n_dec * (1 + gamma) - budget
         if over > 0:
@@ -503,7 +508,7 @@ class SpecServer:
                         surv = np.pad(surv, ((0, 0), (0, gamma_max - gamma)))
                 else:
                     surv = np.zeros((n_dec, gamma_max))
-                sps = (self._sps(n_dec, gamma_max, pending_prefill, kv_tokens)
+                sps = (self._sps(n_dec, gamma_max, pending_prefill, kv_tokens, len(running))
                        if policy.needs_sps else None)
                 lag_s = lag_sps = None
                 if policy.needs_lag and len(lag) == 2:
@@ -526,6 +531,12 @@ class SpecServer:
                 chunks.append(c)
                 left -= c
             prefill_tokens = int(sum(chunks))
+            # attention work in the simulator's unit: a verify block of 1 + l tokens over
+            # the request's context, a prefill chunk of c after f filled c * (f + c / 2)
+            query_ctx = float(sum((1 + int(ell[i])) * (r.filled + len(r.generated))
+                                  for i, r in enumerate(dec)))
+            query_ctx += float(sum(c * (r.filled + c / 2.0)
+                                   for r, c in zip(pre, chunks, strict=True) if c))
             # 4. one target forward over the flattened batch
             slots, starts, feed, rows = [], [], [], []
             row = 0
@@ -624,7 +635,7 @@ class SpecServer:
             dt_step = clock.now() - now
             stats.busy_s += dt_step
             records.append((dt_step, t_end - t_start, n_dec, verify_tokens, prefill_tokens,
-                            kv_tokens, len(pre_last)))
+                            kv_tokens, len(pre_last), query_ctx))
         for r in reqs:
             log.first_token_s[r.rid] = r.first_token_s
             log.finish_s[r.rid] = r.finish_s
