@@ -12,7 +12,7 @@ model evaluated per token:
   CUDA-graph staircase survives: with ``interpolation = "step"`` a batch of ``B``
   tokens costs what the smallest tabulated size ``>= B`` costs (the graph it is
   padded into). Past the last row the cost grows linearly with the last
-  segment's slope plus ``eager_penalty_ms`` (no graph is captured there).
+  segment's slope (never negative) plus ``eager_penalty_ms`` (no graph is captured there).
 * ``logits_s_per_row`` (optional, default 0) charges the LM-head projection per row
   whose logits the engine computes: every verify token, and the last token of a
   prefill that completes in the step. A table measured with logits on *every* row
@@ -136,6 +136,9 @@ class EngineProfile:
                 slope = (self.step_s[-1] - self.step_s[-2]) / (self.tokens[-1] - self.tokens[-2])
             else:
                 slope = self.step_s[-1] / self.tokens[-1]
+            # A measured table can end on a noisy downward segment; more tokens never
+            # make a step cheaper (and a negative extrapolation would be a negative time).
+            slope = max(float(slope), 0.0)
             out[beyond] = (
                 self.step_s[-1] + slope * (b[beyond] - self.tokens[-1]) + self.eager_penalty_s
             )

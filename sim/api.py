@@ -19,6 +19,7 @@ import polars as pl
 
 from dspark_sim.calibration.confmap import CalibrationMap, load_calibration
 from dspark_sim.calibration.profile import EngineProfile, load_profile
+from dspark_sim.errors import InputError
 from dspark_sim.io import atomic_path, write_json_atomic
 from dspark_sim.policies.registry import Policy, get_policy
 from dspark_sim.sim.config import SimConfig
@@ -97,14 +98,20 @@ def _deployment_text(cfg: SimConfig, profile: EngineProfile) -> str:
 
 
 def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
-             trace: AcceptanceTrace | None = None, progress=None) -> SimResult:
-    """Run one simulation. ``profile``/``trace`` override the config's (already loaded)."""
+             trace: AcceptanceTrace | None = None,
+             calibration: CalibrationMap | None = None,
+             trace_rows: np.ndarray | None = None) -> SimResult:
+    """Run one simulation. ``profile``/``trace``/``calibration`` override the config's
+    (already loaded). ``trace_rows`` pins request ``i`` to trace row ``trace_rows[i]``
+    (validation replays each served request's own row); by default rows are drawn from
+    the seeded generator."""
     cfg = cfg.validate()
     policy = get_policy(cfg.policy)
     profile = profile or load_profile(cfg.deployment.profile)
     if trace is None:
         trace = resolve_trace(cfg, policy)
-    calibration = resolve_calibration(cfg, trace)
+    if calibration is None:
+        calibration = resolve_calibration(cfg, trace)
     rng = np.random.default_rng(cfg.seed)
     stream = build_stream(cfg.workload, rng)
     n = stream.size
@@ -113,6 +120,12 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
     log.output_tokens[:] = stream.output_tokens
     if trace is not None:
         log.trace_row[:] = rng.integers(0, trace.num_requests, size=n)
+        if trace_rows is not None:
+            rows_in = np.asarray(trace_rows, dtype=np.int64)
+            if rows_in.shape != (n,) or rows_in.min(initial=0) < 0 \
+                    or rows_in.max(initial=0) >= trace.num_requests:
+                raise InputError("trace_rows", f"need {n} row indices in [0, {trace.num_requests})")
+            log.trace_row[:] = rows_in
 
     w = cfg.workload
     closed = w.arrival == "closed"

@@ -60,7 +60,6 @@ from dspark_sim.io import atomic_path, write_json_atomic, write_text_atomic
 from dspark_sim.policies.registry import get_policy
 from dspark_sim.sim.api import _jsonable, simulate
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
-from dspark_sim.sim.engine import NCOLS, NEED, OUT, PROMPT, RID, TLEN, TOFF, RequestLog, SimContext
 from dspark_sim.sim.metrics import requests_frame, summarize
 from dspark_sim.sim.workload import build_stream
 from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, trace_from_frame
@@ -437,46 +436,11 @@ def simulate_paired(cfg: SimConfig, profile: EngineProfile, trace: AcceptanceTra
                     calibration: CalibrationMap | None = None) -> dict:
     """The simulator's engine on a replayed workload with request ``i`` replaying trace row
     ``i`` (no random row assignment). Same engine code as :func:`simulate`."""
-    cfg = cfg.validate()
-    policy = get_policy(cfg.policy)
-    calibration = calibration or load_calibration(cfg.calibration)
-    stream = build_stream(cfg.workload, np.random.default_rng(cfg.seed))
-    n = stream.size
-    log = RequestLog.empty(n)
-    log.prompt_tokens[:] = stream.prompt_tokens
-    log.output_tokens[:] = stream.output_tokens
-    log.trace_row[:] = np.arange(n) % trace.num_requests
-    rows = np.zeros((n, NCOLS), np.int64)
-    rows[:, RID] = np.arange(n)
-    rows[:, PROMPT] = stream.prompt_tokens
-    rows[:, NEED] = stream.prompt_tokens
-    rows[:, OUT] = np.maximum(1, stream.output_tokens)
-    rows[:, TOFF] = trace.req_offsets[log.trace_row]
-    rows[:, TLEN] = trace.req_offsets[log.trace_row + 1] - trace.req_offsets[log.trace_row]
-    ctx = SimContext(cfg, profile, policy, trace, calibration, log, lambda k: None)
-    by_id = hasattr(ctx, "set_rows")  # the engine keeps every row and queues request ids
-    if by_id:
-        ctx.set_rows(rows)
-    rep = ctx.replicas[0]
-    env = ctx.env
-    env.process(rep.run())
-
-    def arrivals():
-        t_prev = 0.0
-        for rid in range(n):
-            t = float(stream.arrival_s[rid])
-            if t > t_prev:
-                yield env.timeout(t - t_prev)
-                t_prev = t
-            log.arrival_s[rid] = env.now
-            log.replica[rid] = 0
-            rep.submit(rid if by_id else rows[rid].copy())
-
-    env.process(arrivals())
-    env.run(until=float(stream.arrival_s[-1]) + cfg.drain_timeout_s)
-    s = summarize(log, ctx.stats, gpus=1, slo_ttft_ms=None, slo_tpot_ms=None,
-                  stable=not np.isnan(log.finish_s).any(), queue_growth_per_s=0.0)
-    return _jsonable(s)
+    n = build_stream(cfg.workload, np.random.default_rng(cfg.seed)).size
+    res = simulate(cfg, profile=profile, trace=trace,
+                   calibration=calibration or load_calibration(cfg.calibration),
+                   trace_rows=np.arange(n) % trace.num_requests)
+    return res.summary
 
 
 def _mean_summaries(summaries: list[dict]) -> dict:

@@ -234,3 +234,17 @@ def test_step_cost_is_exact_table_lookup_plus_logit_rows():
     r2 = simulate(cfg, profile=prof2, trace=trace)
     assert r2.requests["ttft_ms"][0] == pytest.approx(11 + 0.5)
     assert r2.requests["e2e_ms"][0] == pytest.approx(151 + 6.7)
+
+
+def test_extrapolation_past_a_noisy_table_never_goes_negative():
+    from dspark_sim.calibration.profile import EngineProfile
+
+    prof = EngineProfile(name="noisy", kind="measured", gpus_per_replica=1,
+                         tokens=np.array([1, 32, 64]), step_s=np.array([0.010, 0.030, 0.020]))
+    t = prof.target_time_s(np.array([64, 1000, 8192]))
+    assert np.all(t >= 0.020 - 1e-12)
+    s = simulate(SimConfig(policy="none", deployment=DeploymentConfig(replicas=1),
+                           workload=WorkloadConfig(qps=5.0, num_requests=20,
+                                                   lengths="fixed:3000:8")),
+                 profile=prof).summary
+    assert s["completed"] == 20 and s["mean_step_ms"] > 0
