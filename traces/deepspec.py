@@ -279,11 +279,15 @@ class DeepSpecDrafter(LearnedDrafter):
             width = d + (c.markov_rank if c.confidence_with_markov else 0)
             self.confidence_head.proj = nn.Linear(width, 1)
 
-    def init_from_target(self, target: Any) -> None:  # weights come from the checkpoint
-        raise NotImplementedError
+    def init_from_target(self, target: Any) -> None:
+        # Part of the drafter interface for training from scratch; a DeepSpec drafter's
+        # weights come from its checkpoint, so asking for this is a usage error.
+        raise InputError("deepspec", "DeepSpec drafters load their weights from the "
+                         "checkpoint; they are not initialised from the target")
 
     def teacher_forced_logits(self, b: DraftBatch, shared: Shared) -> torch.Tensor:
-        raise NotImplementedError("DeepSpec drafters are inference-only here")
+        raise InputError("deepspec", "DeepSpec drafters are inference-only here "
+                         "(train-drafter trains the project's own drafters)")
 
     # -- DSpark / DFlash -------------------------------------------------------------
 
