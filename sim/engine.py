@@ -107,8 +107,6 @@ class Replica:
         self.batch = np.empty((0, NCOLS), np.int64)
         self.wake: simpy.Event | None = None
         self.lag: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=2)
-        self.steps = 0
-        self.preemptions = 0
         self.kv_tokens = 0  # sum(FILLED + GEN - GEN0): KV held by the batch
         self.pending_prefill = 0  # sum(NEED - FILLED)
         self.n_prefilling = 0  # rows with FILLED < NEED
@@ -204,7 +202,6 @@ class Replica:
         # newest first -> the victims end up at the queue front in admission order
         self.waiting.extendleft(victims[::-1, RID].tolist())
         c.log.preemptions[victims[:, RID]] += 1
-        self.preemptions += k
 
     # -- the step ------------------------------------------------------------------
     def run(self):
@@ -278,7 +275,6 @@ class Replica:
             now = env.now
 
             # 6. replay
-            self.steps += 1
             st.steps += 1
             st.busy_s += dt
             st.batch_tokens += batch_tokens
@@ -327,7 +323,7 @@ class Replica:
         total = 0.0
         if n_dec:
             ctx = b[di, FILLED] + b[di, GEN] - b[di, GEN0]
-            total += float(((1 + ell) * ctx).sum()) if len(ell) == n_dec else float(ctx.sum())
+            total += float(((1 + ell) * ctx).sum())
         if chunk is not None:
             total += float((chunk * (b[pi, FILLED] + chunk / 2.0)).sum())
         return total
