@@ -8,7 +8,9 @@ already holding ``L`` context tokens. ``B = R * (1 + l)`` is the step's batch to
 Single-request prefill chunks ``Shape(1, b - 1, 0)`` of ``b`` tokens are timed as well,
 up to ``max_prefill_tokens`` (default 256, the CPU validation's token budget), so steps
 carrying a prefill are looked up in the table, not extrapolated past the largest verify
-shape.
+shape. Eagerly (CPU) every chunk size 2..64 is timed, then every 16 tokens: a CPU GEMM's
+cost is jagged in its row count (the SmolLM2 forward at B = 15 costs ~1.5x B = 16), so
+a table measured at powers of two and interpolated would misprice most decode steps.
 
 Logits: every shape runs the base model and applies the LM head to the *last row of
 each request* only (a serving engine projects only verify rows and the last token of a
@@ -25,8 +27,9 @@ weighted least squares (weights ``1 / t``, i.e. relative error)::
     t(R, l, L) = f(B) + kv_s_per_token * R * L
 
 with one free value ``f(B)`` per distinct ``B`` (the table) and one shared
-per-context-token KV slope. A random quarter of the interior shapes is held out of
-the fit and predicted with the fitted profile; the relative error is printed and
+per-context-token KV slope. A random quarter of the interior shapes (only shapes whose
+``B`` another shape still measures) is held out of the fit and predicted with the
+fitted profile; the relative error is printed and
 stored in the profile's ``[profile.parameters]`` (``heldout_*`` keys). The final
 table is refitted on all shapes.
 
@@ -74,6 +77,11 @@ from dspark_sim.calibration.profile import DraftCost, EngineProfile, profile_fro
 from dspark_sim.errors import InputError
 from dspark_sim.io import write_text_atomic
 
+FIT_NOTE = ("weighted least squares t = f(B) + kv * R * L + attn * query_ctx "
+            "+ multi_kv * multi_kv_tokens + request * ctx_requests, weights 1/t, slopes >= 0; "
+            "query_ctx = R * (1 + l) * L (verify), c * c / 2 (prefill chunk of c at 0); "
+            "multi_kv_tokens = R * L for verify blocks with l >= 1; ctx_requests = R (verify), "
+            "0 (prefill chunk at 0)")
 DEFAULT_BATCH_REQUESTS = (1, 2, 4, 6, 8)
 DEFAULT_VERIFY_LENGTHS = (0, 1, 3, 7)
 DEFAULT_CONTEXT_LENGTHS = (128, 512)
@@ -95,6 +103,19 @@ class Shape:
     @property
     def kv_tokens(self) -> int:
         return self.requests * self.context
+
+    @property
+    def multi_kv_tokens(self) -> int:
+        """Context tokens attended by multi-token query blocks (the profile's
+        ``multi_kv_s_per_token`` unit): ``R * L`` for a verify shape with ``l >= 1``, 0 for
+        single-token decode blocks and for prefill chunks from position 0."""
+        return self.requests * self.context if self.verify > 0 else 0
+
+    @property
+    def ctx_requests(self) -> int:
+        """Requests attending to a KV cache (the profile's ``request_s`` unit): ``R`` for a
+        verify shape, 0 for a prefill chunk from position 0."""
+        return self.requests if self.context > 0 else 0
 
     @property
     def query_ctx(self) -> float:
@@ -292,13 +313,31 @@ def fit_logits(rows: Sequence[int], times_s: Sequence[float]) -> tuple[float, fl
     return float(fixed), float(per_row)
 
 
-def default_prefill_chunks(max_prefill_tokens: int, above: int = 0) -> tuple[int, ...]:
-    """Single-request prefill chunk sizes timed for the table: 64, 96, 128, 192, 256, 384,
-    ... (x1.5 / x1.33 steps) above ``above`` and up to ``max_prefill_tokens`` (always
-    included)."""
+def default_prefill_chunks(max_prefill_tokens: int, above: int = 0,
+                           dense_to: int = 0, dense_step: int = 16) -> tuple[int, ...]:
+    """Single-request prefill chunk sizes timed for the table.
+
+    Without ``dense_to``: 64, 96, 128, 192, 256, 384, ... (x1.5 / x1.33 steps) above
+    ``above`` and up to ``max_prefill_tokens`` (always included). With ``dense_to = D``
+    (eager CPU tables): *every* size 2..D, then every ``dense_step`` tokens up to
+    ``max_prefill_tokens``. Why dense: a CPU GEMM's cost is jagged in its row count M
+    (oneDNN/MKL switch kernels; SmolLM2's forward at B = 15 costs ~1.5x B = 16), so a
+    table measured at powers of two and interpolated misprices most batch sizes by
+    10-35 %. It costs ``D`` more shapes per pass (~10 s on the CPU default target).
+    """
     m = int(max_prefill_tokens)
     if m <= 0:
         return ()
+    if dense_to > 0:
+        d = min(int(dense_to), m)
+        out = list(range(2, d + 1))
+        b = d + int(dense_step)
+        while b < m:
+            out.append(b)
+            b += int(dense_step)
+        if m > d:
+            out.append(m)
+        return tuple(x for x in out if x > above)
     out, b = [], 64
     while b < m:
         out.append(b)
@@ -384,39 +423,52 @@ def _samples(shapes: Sequence[Shape], times: Sequence[Sequence[float]], log) -> 
 
 class TableFit(NamedTuple):
     """Result of :func:`fit_terms`: the table ``f(B)`` at ``tokens`` (seconds), its spread,
-    the per-context-token KV slope and the per (query token x context token) attention
-    coefficient."""
+    the per-context-token KV slope, the per (query token x context token) attention
+    coefficient, the extra per-context-token cost of multi-token query blocks and the
+    per-request cost of requests with a KV context."""
 
     tokens: np.ndarray
     step_s: np.ndarray
     std_s: np.ndarray
     kv_s_per_token: float
     attn_s_per_query_ctx: float
+    multi_kv_s_per_token: float = 0.0
+    request_s: float = 0.0
 
 
 def fit_terms(samples: Sequence[Sample], *, fit_kv: bool = True,
-              fit_attn: bool = True) -> TableFit:
+              fit_attn: bool = True, fit_multi_kv: bool = True,
+              fit_request: bool = True) -> TableFit:
     """Weighted least squares (weights ``1/t``) of
-    ``t = f(B) + kv * R * L + attn * query_ctx`` over all samples jointly: one free
-    ``f(B)`` per distinct ``B``, one KV slope, one attention coefficient
-    (:attr:`Shape.query_ctx`, the engine's unit). Both slopes are constrained to ``>= 0``:
-    when the unconstrained solution has a negative one, every subset of the slopes is
-    fitted and the feasible fit with the smallest weighted residual is kept."""
+    ``t = f(B) + kv * R * L + attn * query_ctx + multi_kv * multi_kv_tokens
+    + request * ctx_requests`` over all samples jointly: one free ``f(B)`` per distinct
+    ``B``, one KV slope, one attention coefficient (:attr:`Shape.query_ctx`, the engine's
+    unit), one extra KV slope for multi-token blocks (:attr:`Shape.multi_kv_tokens`) and
+    one cost per request with a context (:attr:`Shape.ctx_requests`). The slopes are constrained to
+    ``>= 0``: when the unconstrained solution has a negative one, every subset of the
+    slopes is fitted and the feasible fit with the smallest weighted residual is kept."""
     tokens = np.array(sorted({s.shape.tokens for s in samples}), dtype=np.int64)
     col = {int(b): i for i, b in enumerate(tokens)}
     n, nb = len(samples), len(tokens)
     y = np.array([s.median_s for s in samples])
     kv = np.array([s.shape.kv_tokens for s in samples], dtype=np.float64)
     qc = np.array([s.shape.query_ctx for s in samples], dtype=np.float64)
-    a = np.zeros((n, nb + 2))
+    mkv = np.array([s.shape.multi_kv_tokens for s in samples], dtype=np.float64)
+    nrq = np.array([s.shape.ctx_requests for s in samples], dtype=np.float64)
+    a = np.zeros((n, nb + 4))
     for i, s in enumerate(samples):
         a[i, col[s.shape.tokens]] = 1.0
     a[:, nb] = kv
     a[:, nb + 1] = qc
+    a[:, nb + 2] = mkv
+    a[:, nb + 3] = nrq
     w = 1.0 / np.maximum(y, 1e-9)
     aw, yw = a * w[:, None], y * w
-    extra = [j for j, on in ((nb, fit_kv and np.ptp(kv) > 0), (nb + 1, fit_attn and np.ptp(qc) > 0))
-             if on]
+    # multi_kv is identifiable only when some context has both single- and multi-token
+    # blocks (otherwise it is the KV slope again)
+    mkv_on = fit_multi_kv and np.ptp(mkv) > 0 and bool(np.any((kv > 0) & (mkv == 0)))
+    extra = [j for j, on in ((nb, fit_kv and np.ptp(kv) > 0), (nb + 1, fit_attn and np.ptp(qc) > 0),
+                             (nb + 2, mkv_on), (nb + 3, fit_request and np.ptp(nrq) > 0)) if on]
     best = None
     for k in range(len(extra), -1, -1):
         for subset in itertools.combinations(extra, k):
@@ -424,7 +476,7 @@ def fit_terms(samples: Sequence[Sample], *, fit_kv: bool = True,
             sol, *_ = np.linalg.lstsq(aw[:, cols], yw, rcond=None)
             if any(v < 0 for v in sol[nb:]):
                 continue
-            full = np.zeros(nb + 2)
+            full = np.zeros(nb + 4)
             full[cols] = sol
             res = float(np.sum((aw @ full - yw) ** 2))
             if best is None or res < best[0] - 1e-15:
@@ -438,7 +490,8 @@ def fit_terms(samples: Sequence[Sample], *, fit_kv: bool = True,
     std = np.array(
         [statistics.median([s.std_s for s in samples if s.shape.tokens == b]) for b in tokens]
     )
-    return TableFit(tokens, step, std, float(full[nb]), float(full[nb + 1]))
+    return TableFit(tokens, step, std, float(full[nb]), float(full[nb + 1]), float(full[nb + 2]),
+                    float(full[nb + 3]))
 
 
 def fit_table(samples: Sequence[Sample], *, fit_kv: bool = True):
@@ -448,16 +501,20 @@ def fit_table(samples: Sequence[Sample], *, fit_kv: bool = True):
     Returns ``(tokens, step_s, std_s, kv_s_per_token)``; ``std_s`` is the median spread
     of the shapes with that ``B``.
     """
-    f = fit_terms(samples, fit_kv=fit_kv, fit_attn=False)
+    f = fit_terms(samples, fit_kv=fit_kv, fit_attn=False, fit_multi_kv=False, fit_request=False)
     return f.tokens, f.step_s, f.std_s, f.kv_s_per_token
 
 
-def _predict(tokens, step, kv_s, interpolation: str, shape: Shape, attn_s: float = 0.0) -> float:
+def _predict(tokens, step, kv_s, interpolation: str, shape: Shape, attn_s: float = 0.0,
+             multi_kv_s: float = 0.0, request_s: float = 0.0) -> float:
     prof = EngineProfile(name="fit", kind="measured", gpus_per_replica=1, tokens=tokens,
                          step_s=step, kv_s_per_token=kv_s, attn_s_per_query_ctx=attn_s,
+                         multi_kv_s_per_token=multi_kv_s, request_s=request_s,
                          interpolation=interpolation)
     return float(prof.step_time_s(shape.tokens, shape.kv_tokens)
-                 + prof.attn_s_per_query_ctx * shape.query_ctx)
+                 + prof.attn_s_per_query_ctx * shape.query_ctx
+                 + prof.multi_kv_s_per_token * shape.multi_kv_tokens
+                 + prof.request_s * shape.ctx_requests)
 
 
 def heldout_split(shapes: Sequence[Shape], fraction: float, seed: int,
@@ -481,20 +538,24 @@ def heldout_split(shapes: Sequence[Shape], fraction: float, seed: int,
 
 
 def heldout_error(samples: Sequence[Sample], interpolation: str, fraction: float = 0.25,
-                  seed: int = 0, *, fit_attn: bool = True) -> dict[str, Any]:
-    """Fit on the kept shapes (:func:`fit_terms`, with the attention term unless
-    ``fit_attn=False``), predict the held-out ones; relative errors."""
-    mask = heldout_split([s.shape for s in samples], fraction, seed,
-                         keep_rows=interpolation == "step")
+                  seed: int = 0, *, fit_attn: bool = True,
+                  fit_multi_kv: bool = True, fit_request: bool = True) -> dict[str, Any]:
+    """Fit on the kept shapes (:func:`fit_terms`, with the attention, multi-token KV and
+    per-request terms unless turned off), predict the held-out ones; relative errors."""
+    # Hold out only shapes whose B another kept shape still measures: the check tests the
+    # fitted terms (KV, attention, logits) on unseen shapes, not interpolation between
+    # table rows, which on a jagged table (CUDA-graph buckets, CPU GEMM kernels) is
+    # exactly what dense measurement is for.
+    mask = heldout_split([s.shape for s in samples], fraction, seed, keep_rows=True)
     if not mask.any():
         return {"heldout_shapes": 0, "heldout_mean_rel_error": float("nan"),
                 "heldout_max_rel_error": float("nan")}
     kept = [s for s, m in zip(samples, mask, strict=True) if not m]
-    fit = fit_terms(kept, fit_attn=fit_attn)
+    fit = fit_terms(kept, fit_attn=fit_attn, fit_multi_kv=fit_multi_kv, fit_request=fit_request)
     errs = []
     for s in (s for s, m in zip(samples, mask, strict=True) if m):
         pred = _predict(fit.tokens, fit.step_s, fit.kv_s_per_token, interpolation, s.shape,
-                        fit.attn_s_per_query_ctx)
+                        fit.attn_s_per_query_ctx, fit.multi_kv_s_per_token, fit.request_s)
         errs.append(abs(pred - s.median_s) / s.median_s)
     e = np.asarray(errs)
     return {
@@ -814,15 +875,22 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
         return [Shape(r, v, c) for c in context_lengths for v in verify_lengths
                 for r in batch_requests]
 
+    chunk_shapes: list[Shape] = []  # the prefill-chunk shapes of the grid actually timed
+
     def prefill_grid(top_verify: int, sizes=None):
         cap = max_prefill_tokens
         if runner.max_positions:
             cap = min(cap, runner.max_positions)
         if sizes is None:
-            sizes = prefill_chunks if prefill_chunks is not None else \
-                default_prefill_chunks(cap, top_verify)
-        return [Shape(1, int(b) - 1, 0) for b in sorted(set(sizes))
-                if top_verify < int(b) <= cap]
+            if prefill_chunks is not None:
+                sizes = prefill_chunks
+            else:  # eager: dense below 64 (jagged GEMM cost), sparse above the verify grid
+                sizes = default_prefill_chunks(cap, dense_to=64)
+                top_verify = 0
+        out = [Shape(1, int(b) - 1, 0) for b in sorted(set(sizes))
+               if top_verify < int(b) <= cap]
+        chunk_shapes[:] = out
+        return out
 
     if use_graphs:
         # One captured graph per (bucket, verify length) whose shape fills the bucket
@@ -884,6 +952,8 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
     fit = fit_terms(samples)
     tokens, step, std, kv_s = fit.tokens, fit.step_s, fit.std_s, fit.kv_s_per_token
     attn_s = fit.attn_s_per_query_ctx
+    multi_kv_s = fit.multi_kv_s_per_token
+    request_s = fit.request_s
     drafts: dict[str, DraftCost] = {}
     draft_label = "not measured"
     if measure_drafters:
@@ -919,16 +989,14 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
         "batch_requests": list(batch_requests),
         "verify_lengths": list(verify_lengths),
         "context_lengths": list(context_lengths),
-        "fit": ("weighted least squares t = f(B) + kv * R * L + attn * query_ctx, weights 1/t; "
-                "query_ctx = R * (1 + l) * L (verify), c * c / 2 (prefill chunk of c at 0)"),
+        "fit": FIT_NOTE,
         "logits": ("shapes timed with the LM head on the last row of each request; "
                    "table = measured - logits_per_row * R"),
         "logit_rows": list(logit_rows),
         "logit_rows_median_ms": [round(t * 1e3, 4) for t in head_med],
         "logits_fixed_ms": round(logits_fixed_s * 1e3, 4),
         "max_prefill_tokens": int(max_prefill_tokens),
-        "prefill_chunks": sorted(s.tokens for s in shapes if s.requests == 1 and s.context == 0
-                                 and s.verify + 1 > max(verify_lengths) + 1),
+        "prefill_chunks": sorted(s.tokens for s in chunk_shapes),
         "draft_source": draft_label,
         "elapsed_s": round(elapsed, 1),
         "load_average_1min": round(_loadavg(), 2),
@@ -944,6 +1012,7 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
         params["cuda_graphs_note"] = graph_note
     params |= {k: (round(v, 5) if isinstance(v, float) else v) for k, v in check.items()}
     log(f"done in {elapsed:.0f} s; kv_us_per_token = {kv_s * 1e6:.5f}, "
+        f"multi_kv_us_per_token = {multi_kv_s * 1e6:.5f}, request_us = {request_s * 1e6:.1f}, "
         f"attn_ns_per_query_ctx = {attn_s * 1e9:.4f}, logits_us_per_row = {logits_s * 1e6:.2f}")
     return EngineProfile(
         name=name or f"{Path(str(label)).stem.lower()}-{dev.type}",
@@ -955,13 +1024,15 @@ def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, co
         kv_s_per_token=kv_s,
         logits_s_per_row=logits_s,
         attn_s_per_query_ctx=attn_s,
+        multi_kv_s_per_token=multi_kv_s,
+        request_s=request_s,
         eager_penalty_s=0.0,
         interpolation=interpolation,
         drafts=drafts,
         description=(f"Measured forward time of {label} (random weights) on {device}; "
                      f"table f(B) at zero context with the LM head's fixed cost, KV term per "
-                     f"context token, attention term per query token x context token, "
-                     f"LM-head term per logit row"),
+                     f"context token (+ a multi-token-block KV term), attention term per query "
+                     f"token x context token, LM-head term per logit row"),
         parameters=params,
     )
 

@@ -5,7 +5,8 @@ does one engine step take?*  Following Vidur, cost is a table lookup, never a
 model evaluated per token:
 
 ``step_s = draft_s(drafter, n_requests, gamma) + target_s(B) + kv_s_per_token * kv_tokens
-+ logits_s_per_row * logit_rows + attn_s_per_query_ctx * sum(query_tokens * context)``
++ logits_s_per_row * logit_rows + attn_s_per_query_ctx * sum(query_tokens * context)
++ multi_kv_s_per_token * multi_kv_tokens + request_s * ctx_requests``
 
 * ``target_s(B)`` is the target forward time for ``B`` tokens in the batch (decode
   verify tokens + prefill chunk tokens). It is stored as a table so the jagged
@@ -25,6 +26,18 @@ model evaluated per token:
   KV) cannot express that verify cost grows with context.
 * ``kv_s_per_token`` charges the attention KV reads for context tokens in the
   batch (memory traffic that grows with context, not with ``B``).
+* ``multi_kv_s_per_token`` (optional, default 0) is the *extra* cost per context token
+  attended by a multi-token query block (a verify block with ``l >= 1``, or a prefill
+  chunk continuing after ``f > 0`` filled tokens). Single-token decode attention takes a
+  different kernel path than multi-query attention (on CPU SDPA needs no mask for one
+  query; on GPUs decode and prefill/verify attention are different kernels), so a
+  request verifying ``l = 0`` drafts pays ``kv_s_per_token`` per context token and one
+  verifying ``l >= 1`` pays ``kv_s_per_token + multi_kv_s_per_token``.
+* ``request_s`` (optional, default 0) is a fixed cost per request that attends to a KV
+  cache in the step (every decoding request, and a prefill chunk continuing after
+  filled tokens): per-sequence attention set-up, cache indexing and masks. On the CPU
+  default target it is ~4 ms per request per step, which a table in ``B`` alone charges
+  to the wrong shapes (8 requests x 1 token and 1 request x 8 tokens share ``B = 8``).
 * ``draft_s`` is tabulated over the number of drafted requests for each drafter
   kind at ``gamma_ref``; ``gamma_slope`` is the extra fraction per drafted token
   beyond ``gamma_ref`` (0 for a parallel drafter: one pass whatever ``gamma``).
@@ -46,6 +59,8 @@ File format (TOML)::
     kv_us_per_token = 0.001      # per context token in the batch
     logits_us_per_row = 0.0      # per row whose logits are computed (optional)
     attn_ns_per_query_ctx = 0.0  # per query token x context token (optional)
+    multi_kv_us_per_token = 0.0  # extra per context token of multi-token blocks (optional)
+    request_us = 0.0             # per request with a KV context in the step (optional)
     eager_penalty_ms = 0.0
     [draft.dspark]
     batch = [1, 8, 64, 256]      # requests drafted in the step
@@ -105,6 +120,8 @@ class EngineProfile:
     kv_s_per_token: float = 0.0
     logits_s_per_row: float = 0.0
     attn_s_per_query_ctx: float = 0.0
+    multi_kv_s_per_token: float = 0.0
+    request_s: float = 0.0
     eager_penalty_s: float = 0.0
     interpolation: str = "step"
     drafts: dict[str, DraftCost] = field(default_factory=dict)
@@ -191,6 +208,9 @@ class EngineProfile:
               if self.logits_s_per_row else []),
             *([f"attn_ns_per_query_ctx = {self.attn_s_per_query_ctx * 1e9!r}"]
               if self.attn_s_per_query_ctx else []),
+            *([f"multi_kv_us_per_token = {self.multi_kv_s_per_token * 1e6!r}"]
+              if self.multi_kv_s_per_token else []),
+            *([f"request_us = {self.request_s * 1e6!r}"] if self.request_s else []),
             f"eager_penalty_ms = {self.eager_penalty_s * 1e3!r}",
         ]
         for name, d in self.drafts.items():
@@ -278,6 +298,12 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
     attn_ns = float(target.get("attn_ns_per_query_ctx", 0.0))
     if not (math.isfinite(attn_ns) and attn_ns >= 0):
         raise InputError(source, "[target] attn_ns_per_query_ctx must be >= 0")
+    multi_kv_us = float(target.get("multi_kv_us_per_token", 0.0))
+    if not (math.isfinite(multi_kv_us) and multi_kv_us >= 0):
+        raise InputError(source, "[target] multi_kv_us_per_token must be >= 0")
+    request_us = float(target.get("request_us", 0.0))
+    if not (math.isfinite(request_us) and request_us >= 0):
+        raise InputError(source, "[target] request_us must be >= 0")
     eager_ms = float(target.get("eager_penalty_ms", 0.0))
     if not (math.isfinite(kv_us) and kv_us >= 0 and math.isfinite(eager_ms) and eager_ms >= 0):
         raise InputError(source, "[target] kv_us_per_token and eager_penalty_ms must be >= 0")
@@ -306,6 +332,8 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
         kv_s_per_token=kv_us / 1e6,
         logits_s_per_row=logits_us / 1e6,
         attn_s_per_query_ctx=attn_ns / 1e9,
+        multi_kv_s_per_token=multi_kv_us / 1e6,
+        request_s=request_us / 1e6,
         eager_penalty_s=eager_ms / 1e3,
         interpolation=interp,
         drafts=drafts,

@@ -480,7 +480,7 @@ def validate(
     drafter: Annotated[str, typer.Option(help="auto | dspark | mtp1 | parallel | lookup")] = "auto",
     profile: Annotated[str, typer.Option(
         help="Cost tables to compare: built-in/TOML, 'measure' (re-measure now), 'insitu'.")] =
-        "auto,measure,insitu",
+        "measure,auto,insitu",
     sim_seeds: Annotated[int, typer.Option(help="Simulator seeds averaged per point.")] = 5,
     seed: Annotated[int, typer.Option()] = 0,
     strict: Annotated[bool, typer.Option(

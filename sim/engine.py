@@ -210,6 +210,8 @@ class Replica:
         kv_s_per_token = c.profile.kv_s_per_token
         logits_s_per_row = c.profile.logits_s_per_row
         attn_s = c.profile.attn_s_per_query_ctx
+        multi_kv_s = c.profile.multi_kv_s_per_token
+        request_s = c.profile.request_s
         trace_m = c.trace.accept_len if c.trace is not None else None
         gamma = c.gamma
         budget = c.max_num_batched_tokens
@@ -271,6 +273,10 @@ class Replica:
                 dt += logits_s_per_row * (verify_tokens + finishing)
             if attn_s:
                 dt += attn_s * self._query_ctx(b, di, ell, n_dec, pi, chunk if prefill_tokens else None)
+            if multi_kv_s or request_s:
+                mkv, nrq = self._multi_kv_requests(b, di, ell, n_dec, pi,
+                                                   chunk if prefill_tokens else None)
+                dt += multi_kv_s * mkv + request_s * nrq
             yield env.timeout(dt)
             now = env.now
 
@@ -328,6 +334,23 @@ class Replica:
             total += float((chunk * (b[pi, FILLED] + chunk / 2.0)).sum())
         return total
 
+    @staticmethod
+    def _multi_kv_requests(b, di, ell, n_dec, pi, chunk) -> tuple[float, int]:
+        """(context tokens attended by multi-token query blocks, requests with a KV
+        context): the units of the profile's ``multi_kv_s_per_token`` and ``request_s``.
+        A decoding row is a multi-token block when it verifies ``l >= 1`` drafts; a
+        prefill chunk is one when it continues after filled tokens."""
+        mkv, nrq = 0.0, n_dec
+        if n_dec:
+            ctx = b[di, FILLED] + b[di, GEN] - b[di, GEN0]
+            mkv += float(ctx[ell > 0].sum())
+        if chunk is not None:
+            filled = b[pi, FILLED]
+            cont = (chunk > 0) & (filled > 0)
+            mkv += float(filled[cont].sum())
+            nrq += int(np.count_nonzero(cont))
+        return mkv, nrq
+
     def _decide(self, idx: np.ndarray, n_dec: int, b: np.ndarray) -> np.ndarray:
         c = self.ctx
         policy = c.policy
@@ -348,6 +371,12 @@ class Replica:
                 # each verify token attends over its request's context (batch mean here)
                 mean_ctx = self.kv_tokens / max(1, len(b))
                 t += c.profile.attn_s_per_query_ctx * verify * mean_ctx
+            if n_dec and (c.profile.multi_kv_s_per_token or c.profile.request_s):
+                # i admitted drafts make ~min(i, n) requests multi-token blocks (Algorithm 1
+                # admits first drafts first: they have the highest survival)
+                mean_ctx = self.kv_tokens / max(1, len(b))
+                t += c.profile.request_s * n_dec + c.profile.multi_kv_s_per_token * mean_ctx \
+                    * np.minimum(c.arange(n_dec * c.gamma + 1), n_dec)
             sps = np.reciprocal(t, out=t)
             over = n_dec * (1 + c.gamma) - c.max_num_batched_tokens
             if over > 0:

@@ -212,10 +212,11 @@ def learned_trace(target: Any, drafter: Any, prompts: list[list[int]], outputs: 
 def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8),
                            verify_lengths: Sequence[int] = (0, 1, 3, 7),
                            contexts: Sequence[int] = (64, 256),
-                           prefill_chunks: Sequence[int] = (32, 64, 128, 256),
+                           prefill_chunks: Sequence[int] | None = None,
                            draft_gammas: Sequence[int] = (1, 3, 7), repeats: int = 3,
                            clock: str = "cpu", name: str = "smollm2-cpu-validate",
                            logit_rows: Sequence[int] = (1, 4, 16, 64),
+                           drafter_between: bool = True,
                            log=print) -> EngineProfile:
     """Engine-in-the-loop profile: the server's own forward + greedy verification timed on
     ``R x (1 + l)`` verify shapes at contexts ``L`` (all rows produce logits) and on single
@@ -226,21 +227,61 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
     ``c * c / 2`` for a prefill chunk of ``c`` tokens from position 0); ``logits``
     (``logits_s_per_row``) is the LM head's per-row slope timed on ``logit_rows`` rows, its
     fixed cost stays in ``f(B)``. The drafter's batched cost is tabulated under its own
-    kind."""
+    kind.
+
+    ``prefill_chunks`` defaults to every size 2..64 and every 16 tokens above, up to
+    ``max_num_batched_tokens`` (:func:`~dspark_sim.calibration.measure.default_prefill_chunks`
+    with ``dense_to=64``): the CPU forward's cost is jagged in B, so the table is measured
+    at every B a decode step can have rather than interpolated. All shapes are interleaved
+    in one random order per pass; with ``drafter_between`` the server's drafter runs
+    (untimed) before every timed pass, reproducing the cache state of a serving step."""
     import torch
 
-    from dspark_sim.calibration.measure import Sample, Shape, fit_logits, fit_terms, heldout_error
+    from dspark_sim.calibration.measure import (
+        FIT_NOTE,
+        Sample,
+        Shape,
+        default_prefill_chunks,
+        fit_logits,
+        fit_terms,
+        heldout_error,
+    )
     from dspark_sim.traces.server import ServeRequest, time_server_shapes
 
+    log = log or (lambda _m: None)
     eng = server.engine
+    dr = server.drafter
     max_b = server.cfg.max_num_batched_tokens
+    cap = min(max_b, eng.max_len)
+    if prefill_chunks is None:
+        prefill_chunks = default_prefill_chunks(cap, dense_to=64)
+    chunks = sorted({int(x) for x in prefill_chunks if 1 < int(x) <= cap})
     shapes = [Shape(r, v, c) for c in contexts for v in verify_lengths for r in requests
               if r <= eng.max_slots and c + 1 + v <= eng.max_len and r * (1 + v) <= max_b]
+    shapes += [Shape(1, b - 1, 0) for b in chunks]
     t0 = time.perf_counter()
-    times = time_server_shapes(server, shapes, warmup=1, repeats=repeats, clock=clock)
-    samples = [Sample(s, float(np.median(t)), float(np.std(t))) for s, t in zip(shapes, times,
-                                                                                  strict=True)]
-    # prefill chunks: B tokens of one request from position 0, one logit row
+    # dummy decoding requests (~200 context tokens) for the drafter: run between timed
+    # passes and timed on their own for the draft cost
+    rng = np.random.default_rng(1)
+    pool = []
+    for i in range(max(max(requests), 1)):
+        motif = rng.integers(0, eng.vocab, size=16).tolist()
+        r = ServeRequest(i, 0.0, (motif * 10)[:150], 64)
+        r.generated = (motif * 4)[:50]
+        dr.new_request(r)
+        if dr.learned:
+            nf = len(dr.feature_layers) + 1
+            r.feats = torch.randn(eng.max_len, nf, int(eng.model.config.hidden_size))
+        pool.append(r)
+
+    def between(n: int) -> None:
+        for r in pool:  # lookup: keep the incremental index at steady state
+            if r.lookup is not None:
+                r.lookup.added = max(0, r.lookup.added - 1)
+        dr.draft(pool[:n], dr.gamma_max)
+
+    times = time_server_shapes(server, shapes, warmup=1, repeats=repeats, clock=clock,
+                               between=between if drafter_between else None)
     now = time.thread_time if clock == "cpu" else time.perf_counter
     # the LM head alone on k rows: its per-row slope is the profile's logits term
     head = eng.model.lm_head
@@ -258,46 +299,26 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
     rows_k = sorted(head_t)
     head_med = [float(np.median(head_t[k])) for k in rows_k]
     logits_fixed_s, logits_s = fit_logits(rows_k, head_med)
-    # verify shapes project every row onto the vocabulary: keep the LM head's fixed cost
-    # in f(B), move the per-row part into the logits term
-    samples = [Sample(x.shape, max(x.median_s - logits_s * x.shape.tokens, 1e-9), x.std_s)
-               for x in samples]
-    for b in sorted({int(x) for x in prefill_chunks if 1 < x <= min(max_b, eng.max_len)}):
-        ts = []
-        toks = np.random.default_rng(b).integers(0, eng.vocab, size=b).tolist()
-        for k in range(1 + repeats):
-            t1 = now()
-            logits, _ = eng.forward([0], [0], [toks], [b - 1], want_features=server.drafter.learned)
-            float(logits[0, 0])
-            if k:
-                ts.append(now() - t1)
-        samples.append(Sample(Shape(1, b - 1, 0), max(float(np.median(ts)) - logits_s, 1e-9),
-                              float(np.std(ts))))
+    # verify shapes project every row onto the vocabulary, prefill chunks their last row:
+    # keep the LM head's fixed cost in f(B), move the per-row part into the logits term
+    samples = [Sample(s, max(float(np.median(t)) - logits_s * (s.tokens if s.context else 1),
+                             1e-9), float(np.std(t)))
+               for s, t in zip(shapes, times, strict=True)]
     fit = fit_terms(samples)
     tokens, step, std, kv_s = fit.tokens, fit.step_s, fit.std_s, fit.kv_s_per_token
     attn_s = fit.attn_s_per_query_ctx
+    multi_kv_s, request_s = fit.multi_kv_s_per_token, fit.request_s
     # the same held-out check as calibration.measure: a quarter of the interior shapes
     # left out of the fit and predicted
     check = heldout_error(samples, "linear", 0.25, 0)
-    # the drafter: batched drafting of n requests of ~200 context tokens
+    # the drafter: batched drafting of n of the dummy requests
     drafts: dict[str, DraftCost] = {}
-    dr = server.drafter
-    rng = np.random.default_rng(1)
     batch = sorted({int(r) for r in requests})
     gammas = sorted({min(int(g), dr.gamma_max) for g in draft_gammas})
     med: dict[int, list[float]] = {g: [] for g in gammas}
     for g in gammas:
         for nreq in batch:
-            reqs = []
-            for i in range(nreq):
-                motif = rng.integers(0, eng.vocab, size=16).tolist()
-                r = ServeRequest(i, 0.0, (motif * 10)[:150], 64)
-                r.generated = (motif * 4)[:50]
-                dr.new_request(r)
-                if dr.learned:
-                    nf = len(dr.feature_layers) + 1
-                    r.feats = torch.randn(eng.max_len, nf, int(eng.model.config.hidden_size))
-                reqs.append(r)
+            reqs = pool[:nreq]
             ts = []
             for k in range(1 + repeats):
                 for r in reqs:  # lookup: time the steady-state incremental draft
@@ -318,7 +339,8 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
     drafts[dr.kind] = DraftCost(np.asarray(batch, float), ref, gref, slope)
     elapsed = time.perf_counter() - t0
     log(f"engine-in-the-loop profile: {len(samples)} shapes, kv {kv_s * 1e6:.4f} us/token, "
-        f"attn {attn_s * 1e9:.1f} ns/(query x ctx), "
+        f"attn {attn_s * 1e9:.1f} ns/(query x ctx), multi-token kv {multi_kv_s * 1e6:.2f} "
+        f"us/token, {request_s * 1e3:.2f} ms/request, "
         f"f(1) {step[0] * 1e3:.1f} ms, f({tokens[-1]}) {step[-1] * 1e3:.1f} ms, "
         f"logits {logits_s * 1e6:.1f} us/row (+{logits_fixed_s * 1e3:.2f} ms fixed), "
         f"draft {dr.kind} n=1 {ref[0] * 1e3:.2f} ms ({elapsed:.0f} s); held-out "
@@ -334,9 +356,10 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
         "date": _dt.date.today().isoformat(),
         "clock": "thread CPU time" if clock == "cpu" else "wall clock",
         "method": "engine-in-the-loop: dspark_sim.traces.server forward + verify_greedy",
-        "fit": ("weighted least squares t = f(B) + kv * R * L + attn * query_ctx, weights 1/t; "
-                "query_ctx = R * (1 + l) * L (verify), c * c / 2 (prefill chunk of c at 0)"),
-        "prefill_chunks": [int(x) for x in prefill_chunks],
+        "fit": FIT_NOTE,
+        "prefill_chunks": chunks,
+        "between_passes": "the server's drafter (untimed)" if drafter_between else "nothing",
+        "repeats": int(repeats),
         "logits": "LM head timed alone; table = measured - logits_per_row * logit rows",
         "logit_rows": [int(k) for k in rows_k],
         "logit_rows_median_ms": [round(t * 1e3, 4) for t in head_med],
@@ -352,7 +375,8 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
     return EngineProfile(name=name, kind="measured", gpus_per_replica=1,
                          tokens=tokens.astype(np.int64), step_s=step, step_std_s=std,
                          kv_s_per_token=kv_s, logits_s_per_row=logits_s,
-                         attn_s_per_query_ctx=attn_s, interpolation="linear", drafts=drafts,
+                         attn_s_per_query_ctx=attn_s, multi_kv_s_per_token=multi_kv_s,
+                         request_s=request_s, interpolation="linear", drafts=drafts,
                          description="Engine-in-the-loop profile of the validation server "
                                      "(sim/validate.py): its own forward + verification",
                          parameters=params)
@@ -455,18 +479,23 @@ def _mean_summaries(summaries: list[dict]) -> dict:
 def step_model_check(records: list[tuple], profile: EngineProfile, draft_key: str | None,
                      draft_gamma: int) -> dict:
     """Measured step time vs the profile's ``draft + target(B) + kv * KV + logits * rows
-    + attn * query_ctx`` (rows: verify tokens + prefills finishing in the step; query_ctx:
-    the step's sum of query tokens x attended context, the record's 8th field, 0 for
-    older 7-field records), per step kind."""
+    + attn * query_ctx + multi_kv * multi_ctx + request * ctx_requests`` (rows: verify
+    tokens + prefills finishing in the step; query_ctx: the step's sum of query tokens x
+    attended context, the record's 8th field; multi_ctx / ctx_requests: context of
+    multi-token blocks and requests with a context, 9th / 10th; missing fields of older
+    records count 0), per step kind."""
     if not records:
         return {}
     a = np.asarray(records, dtype=np.float64)
     dt, fwd, n_dec, ver, pre, kv = (a[:, i] for i in range(6))
     fin = a[:, 6] if a.shape[1] > 6 else np.zeros_like(pre)
     qc = a[:, 7] if a.shape[1] > 7 else np.zeros_like(pre)
+    mkv = a[:, 8] if a.shape[1] > 8 else np.zeros_like(pre)
+    nrq = a[:, 9] if a.shape[1] > 9 else np.zeros_like(pre)
     b = (ver + pre).astype(np.int64)
     pred_t = np.asarray(profile.target_time_s(b)) + profile.kv_s_per_token * kv \
-        + profile.logits_s_per_row * (ver + fin) + profile.attn_s_per_query_ctx * qc
+        + profile.logits_s_per_row * (ver + fin) + profile.attn_s_per_query_ctx * qc \
+        + profile.multi_kv_s_per_token * mkv + profile.request_s * nrq
     pred_d = np.array([profile.draft_time_s(draft_key, int(k), draft_gamma) if draft_key else 0.0
                        for k in n_dec])
     pred = pred_t + pred_d
@@ -512,7 +541,7 @@ def validate(
     *,
     target: Any = "smollm2",
     drafter: str = "auto",
-    profile: str | EngineProfile | Sequence[str | EngineProfile] = ("auto", "measure", INSITU),
+    profile: str | EngineProfile | Sequence[str | EngineProfile] = ("measure", "auto", INSITU),
     calibration: str | None = None,
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 256,
@@ -665,10 +694,10 @@ def validate(
                                   "wall_s": res.wall_s, "cpu_s": res.cpu_s, **real})
                 _write_run(out / tag / "real", real, requests_frame(res.log))
                 with atomic_path(out / tag / "real" / "steps.parquet") as tmp:
-                    pl.DataFrame(np.asarray(res.step_records, dtype=np.float64).reshape(-1, 8),
+                    pl.DataFrame(np.asarray(res.step_records, dtype=np.float64).reshape(-1, 10),
                                  schema=["step_s", "forward_s", "decoding", "verify_tokens",
                                          "prefill_tokens", "kv_tokens", "finishing_prefills",
-                                         "query_ctx"],
+                                         "query_ctx", "multi_ctx", "ctx_requests"],
                                  orient="row").write_parquet(tmp)
                 # the trace of the same models on the same sequences (greedy decoding is
                 # lossless, so every policy and rate serves the same tokens: build it once)
@@ -812,7 +841,7 @@ def main(
     out_dir: str | Path = "runs/validate",
     device: str = "cpu",
     drafter: str = "auto",
-    profile: str = "auto,measure,insitu",
+    profile: str = "measure,auto,insitu",
     clock: str = "auto",
     sim_seeds: int = 5,
     seed: int = 0,

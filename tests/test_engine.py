@@ -234,6 +234,18 @@ def test_step_cost_is_exact_table_lookup_plus_logit_rows():
     r2 = simulate(cfg, profile=prof2, trace=trace)
     assert r2.requests["ttft_ms"][0] == pytest.approx(11 + 0.5)
     assert r2.requests["e2e_ms"][0] == pytest.approx(151 + 6.7)
+    # per-request cost: each of the 10 decode steps has one request with a context (the
+    # prefill from position 0 has none); multi-token KV: each decode step verifies 3
+    # drafts over a context of 10 + k, k = 1..10: 155 tokens in all (the prefill: 0)
+    prof3 = replace(prof, request_s=2e-3, multi_kv_s_per_token=1e-4)
+    r3 = simulate(cfg, profile=prof3, trace=trace)
+    assert r3.requests["ttft_ms"][0] == pytest.approx(11)
+    assert r3.requests["e2e_ms"][0] == pytest.approx(151 + 10 * 2 + 15.5)
+    # a request verifying no drafts (policy none) is not a multi-token block
+    cfg0 = replace(cfg, policy="none")
+    r0 = simulate(cfg0, profile=prof3, trace=trace)
+    base0 = simulate(cfg0, profile=prof, trace=trace)
+    assert r0.requests["e2e_ms"][0] == pytest.approx(base0.requests["e2e_ms"][0] + 10 * 2)
 
 
 def test_extrapolation_past_a_noisy_table_never_goes_negative():

@@ -230,7 +230,9 @@ def test_measure_engine_tiny_llama(tmp_path):
     # prefill chunks are measured (looked up, not extrapolated) up to max_prefill_tokens,
     # and the LM head is a separate per-row term
     assert int(prof.tokens[-1]) == 96 and 64 in prof.tokens.tolist()
-    assert prof.parameters["prefill_chunks"] == [64, 96]
+    # eager default: every chunk size up to 64 (CPU GEMM cost is jagged in B), then every 16
+    assert prof.parameters["prefill_chunks"] == list(range(2, 65)) + [80, 96]
+    assert set(range(2, 65)) <= set(prof.tokens.tolist())
     assert prof.logits_s_per_row >= 0 and len(prof.parameters["logit_rows_median_ms"]) == 7
     err = prof.parameters["heldout_mean_rel_error"]
     assert np.isfinite(err) and err >= 0
@@ -275,6 +277,9 @@ def test_fit_logits_and_prefill_chunks():
     assert default_prefill_chunks(256) == (64, 96, 128, 192, 256)
     assert default_prefill_chunks(256, 100) == (128, 192, 256)
     assert default_prefill_chunks(40) == (40,) and default_prefill_chunks(0) == ()
+    assert default_prefill_chunks(100, dense_to=8) == (2, 3, 4, 5, 6, 7, 8, 24, 40, 56, 72, 88, 100)
+    assert default_prefill_chunks(6, dense_to=8) == (2, 3, 4, 5, 6)
+    assert default_prefill_chunks(100, 5, dense_to=8, dense_step=50) == (6, 7, 8, 58, 100)
 
 
 def test_measure_engine_head_split_shapes():
@@ -350,6 +355,45 @@ def test_fit_terms_recovers_attention_coefficient():
                   - 1e-9 * x.shape.query_ctx, 0.0) for x in samples if x.shape.context]
     fit0 = fit_terms(neg)
     assert fit0.attn_s_per_query_ctx == 0.0 and fit0.kv_s_per_token >= 0.0
+
+
+def test_fit_terms_multi_kv_and_request():
+    """Single-token decode blocks pay the KV slope only; multi-token blocks pay an extra
+    KV slope; every request with a context pays a fixed cost. The joint fit recovers all
+    four terms, and the held-out check predicts left-out shapes exactly with them."""
+    from dspark_sim.calibration.measure import Sample, Shape, fit_terms, heldout_error
+
+    f = {b: 8e-3 + 1e-3 * b ** 0.8 for b in range(1, 65)}
+    kv, attn, mkv, req = 1e-8, 3e-9, 4e-8, 2e-3
+    samples = []
+    for L in (128, 512):
+        for r in (1, 2, 3, 4, 6, 8):
+            for v in (0, 1, 3, 7):
+                s = Shape(r, v, L)
+                samples.append(Sample(s, f[s.tokens] + kv * s.kv_tokens + attn * s.query_ctx
+                                      + mkv * s.multi_kv_tokens + req * s.ctx_requests, 0.0))
+    for c in range(2, 65):
+        s = Shape(1, c - 1, 0)
+        assert s.multi_kv_tokens == 0 and s.ctx_requests == 0
+        samples.append(Sample(s, f[c] + attn * s.query_ctx, 0.0))
+    assert Shape(4, 0, 100).multi_kv_tokens == 0 and Shape(4, 2, 100).multi_kv_tokens == 400
+    fit = fit_terms(samples)
+    assert fit.multi_kv_s_per_token == pytest.approx(mkv, rel=1e-6)
+    assert fit.request_s == pytest.approx(req, rel=1e-6)
+    assert fit.kv_s_per_token == pytest.approx(kv, rel=1e-6)
+    assert fit.attn_s_per_query_ctx == pytest.approx(attn, rel=1e-6)
+    assert heldout_error(samples, "linear", 0.25, 0)["heldout_max_rel_error"] < 1e-6
+    off = heldout_error(samples, "linear", 0.25, 0, fit_multi_kv=False, fit_request=False)
+    assert off["heldout_max_rel_error"] > 1e-2
+    # the profile file carries both terms
+    import tomllib
+
+    from dspark_sim.calibration.profile import EngineProfile, profile_from_dict
+
+    prof = EngineProfile("t", "measured", 1, fit.tokens, fit.step_s, kv_s_per_token=kv,
+                         multi_kv_s_per_token=mkv, request_s=req)
+    back = profile_from_dict(tomllib.loads(prof.to_toml()))
+    assert back.multi_kv_s_per_token == pytest.approx(mkv) and back.request_s == pytest.approx(req)
 
 
 def test_measure_engine_user_drafters():

@@ -156,6 +156,11 @@ def test_step_model_check_charges_attention():
     assert b["prefill_predicted_ms"] == pytest.approx(a["prefill_predicted_ms"] + 2000 * 1e-5)
     c = step_model_check([r[:7] for r in recs], prof, None, 3)
     assert c["decode_predicted_ms"] == pytest.approx(a["decode_predicted_ms"])
+    # 9th / 10th fields: context of multi-token blocks and requests with a context
+    prof2 = replace(base, multi_kv_s_per_token=1e-6, request_s=2e-3)
+    recs2 = [r + (90.0, 2) for r in recs]
+    d = step_model_check(recs2, prof2, None, 3)
+    assert d["decode_predicted_ms"] == pytest.approx(a["decode_predicted_ms"] + 0.09 + 4.0)
 
 
 def test_server_sps_includes_logits(tiny):
@@ -176,6 +181,10 @@ def test_server_sps_includes_logits(tiny):
     srv.profile = replace(_profile(), attn_s_per_query_ctx=1e-7)
     s2 = srv._sps(2, 3, 10, 64, 4)
     np.testing.assert_allclose(1.0 / s2, 1.0 / s0 + 1e-7 * verify * 64 / 4)
+    # per-request cost (level) and multi-token KV: ~min(i, n) requests verify drafts
+    srv.profile = replace(_profile(), request_s=1e-3, multi_kv_s_per_token=1e-6)
+    s3 = srv._sps(2, 3, 10, 64, 4)
+    np.testing.assert_allclose(1.0 / s3, 1.0 / s0 + 2e-3 + 1e-6 * 16 * np.minimum(verify - 2, 2))
 
 
 def test_server_records_finishing_prefills(tiny, workload):
@@ -189,11 +198,16 @@ def test_server_records_finishing_prefills(tiny, workload):
     prompts = workload.prompts[:3]
     res = srv.serve(prompts, [4] * 3, list(workload.arrival_s[:3]), get_policy("mtp1"))
     a = np.asarray(res.step_records)
-    assert a.shape[1] == 8
+    assert a.shape[1] == 10
     assert int(a[:, 6].sum()) == len(prompts)  # every prompt finishes its prefill once
     assert np.all(a[a[:, 6] > 0, 4] > 0)  # only in steps carrying prefill tokens
     # query x context: at least every query token over its own context
     assert np.all(a[:, 7] > 0) and np.all(a[:, 7] >= a[:, 3] + a[:, 4] - 1)
+    # mtp1 verifies 1 draft per decoding request: every decoding request is a multi-token
+    # block over its whole context (the KV tokens of decoding rows), and each has a context
+    dec_only = (a[:, 4] == 0) & (a[:, 2] > 0)
+    np.testing.assert_allclose(a[dec_only, 8], a[dec_only, 5])
+    np.testing.assert_array_equal(a[dec_only, 9], a[dec_only, 2])
 
 
 def test_server_learned_drafter_lossless(tiny, workload):
@@ -213,3 +227,38 @@ def test_server_learned_drafter_lossless(tiny, workload):
     for i, p in enumerate(prompts):
         assert res.outputs[i] == greedy_reference(tiny, p, N_OUT)
     assert res.stats.request_steps > 0
+
+
+def test_server_profile_dense_chunks_and_drafter_between(tiny):
+    """The engine-in-the-loop profile times every prefill chunk size up to 64 (the CPU
+    forward is jagged in B), runs the drafter before every timed pass (the cache state of
+    a serving step), and times context-0 shapes as prefill chunks with one logit row."""
+    from dspark_sim.calibration.measure import Shape
+    from dspark_sim.sim.validate import measure_server_profile
+    from dspark_sim.traces.drafters import Lookup
+    from dspark_sim.traces.server import DraftRunner, ServerConfig, SpecServer, time_server_shapes
+
+    srv = SpecServer(tiny, DraftRunner(Lookup()), ServerConfig(
+        max_num_seqs=4, max_num_batched_tokens=80, kv_capacity_tokens=4096, clock="cpu"),
+        max_len=128, profile=_profile())
+    calls: list[int] = []
+    shapes = [Shape(2, 1, 8), Shape(1, 5, 0), Shape(3, 0, 16)]
+    times = time_server_shapes(srv, shapes, warmup=1, repeats=2, between=calls.append)
+    assert [len(t) for t in times] == [2, 2, 2] and all(x > 0 for t in times for x in t)
+    assert sorted(calls) == sorted([2, 1, 3] * 3)  # warm-up + 2 timed passes
+    drafted: list[int] = []
+    orig = srv.drafter.draft
+    srv.drafter.draft = lambda reqs, g: (drafted.append(len(reqs)), orig(reqs, g))[1]
+    prof = measure_server_profile(srv, requests=(1, 2), verify_lengths=(0, 1), contexts=(8,),
+                                  draft_gammas=(1, 3), repeats=1, logit_rows=(1, 4), log=None)
+    chunks = prof.parameters["prefill_chunks"]
+    assert chunks == list(range(2, 65)) + [80]
+    assert set(chunks) <= set(prof.tokens.tolist())
+    # 4 verify shapes + 64 chunks, warm-up + 1 pass, each preceded by a draft; then the
+    # draft-cost timing itself (2 gammas x 2 batch sizes x 2 passes)
+    assert len(drafted) == 2 * (4 + len(chunks)) + 2 * 2 * 2
+    assert prof.parameters["between_passes"].startswith("the server's drafter")
+    assert measure_server_profile(srv, requests=(1,), verify_lengths=(0,), contexts=(8,),
+                                  prefill_chunks=(4, 8), draft_gammas=(1,), repeats=1,
+                                  logit_rows=(1, 4), drafter_between=False,
+                                  log=None).parameters["between_passes"] == "nothing"
