@@ -770,7 +770,7 @@ def measure_engine(
     verify_lengths: Sequence[int] = DEFAULT_VERIFY_LENGTHS,
     context_lengths: Sequence[int] = DEFAULT_CONTEXT_LENGTHS,
     warmup: int = 2,
-    repeats: int = 5,
+    repeats: int = 12,
     cuda_graphs: bool = False,
     buckets: Sequence[int] | None = None,
     drafter: Any = None,

@@ -345,6 +345,14 @@ def profiles_show(name: Annotated[str, typer.Argument(help="Built-in name or TOM
     for b, s in zip(p.tokens, p.step_s, strict=True):
         tab.add_row(str(b), f"{s * 1e3:.2f}", f"{1 / s:.1f}", f"{b / s:,.0f}")
     console.print(tab)
+    terms = [(f"kv {p.kv_s_per_token * 1e6:.4g} us/context token", True),
+             (f"multi-token blocks +{p.multi_kv_s_per_token * 1e6:.4g} us/context token",
+              p.multi_kv_s_per_token),
+             (f"attention {p.attn_s_per_query_ctx * 1e9:.4g} ns/(query x context)",
+              p.attn_s_per_query_ctx),
+             (f"LM head {p.logits_s_per_row * 1e6:.4g} us/logit row", p.logits_s_per_row),
+             (f"{p.request_s * 1e3:.4g} ms/request with a context", p.request_s)]
+    console.print("per-step terms: " + ", ".join(t for t, on in terms if on), markup=False)
     for dname, d in p.drafts.items():
         costs = ", ".join(f"n={int(n)}: {t * 1e3:.2f} ms" for n, t in zip(d.batch, d.time_s, strict=True))
         console.print(f"draft [{dname}] gamma_ref {d.gamma_ref}: {costs}", markup=False)
@@ -523,7 +531,7 @@ def calibrate_engine(
     verify_lengths: Annotated[str, typer.Option(help="Draft tokens verified per request.")] = "0,1,3,7",
     context_lengths: Annotated[str, typer.Option(help="KV context lengths.")] = "128,512",
     warmup: Annotated[int, typer.Option()] = 2,
-    repeats: Annotated[int, typer.Option()] = 5,
+    repeats: Annotated[int, typer.Option(help="Timed passes per shape (median); 12 keeps a shared CPU within ~10 %.")] = 12,
     cuda_graphs: Annotated[bool, typer.Option(help="Capture CUDA graphs per bucket.")] = False,
     name: Annotated[str | None, typer.Option(help="Profile name.")] = None,
 ) -> None:

@@ -122,6 +122,9 @@ def test_profiles_commands():
     assert r.exit_code == 0 and "v4flash-h200" in r.output
     r = invoke("profiles", "show", "v4flash-h200")
     assert r.exit_code == 0 and "draft [dspark]" in r.output
+    assert "per-step terms: kv" in r.output and "ms/request" not in r.output  # analytic: no term
+    r = invoke("profiles", "show", "smollm2-cpu")  # measured: the fitted terms are listed
+    assert r.exit_code == 0 and "LM head" in r.output and "attention" in r.output
 
 
 def test_sweep_cli_writes_results_report_and_headline(tmp_path):
