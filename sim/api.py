@@ -100,11 +100,14 @@ def _deployment_text(cfg: SimConfig, profile: EngineProfile) -> str:
 def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
              trace: AcceptanceTrace | None = None,
              calibration: CalibrationMap | None = None,
-             trace_rows: np.ndarray | None = None) -> SimResult:
+             trace_rows: np.ndarray | None = None,
+             policy_profile: EngineProfile | None = None) -> SimResult:
     """Run one simulation. ``profile``/``trace``/``calibration`` override the config's
     (already loaded). ``trace_rows`` pins request ``i`` to trace row ``trace_rows[i]``
     (validation replays each served request's own row); by default rows are drawn from
-    the seeded generator."""
+    the seeded generator. ``policy_profile`` is the table the scheduler's SPS curve comes
+    from when it differs from the one the steps cost (``profile``): a real server's
+    configured table, or a what-if on a stale one."""
     cfg = cfg.validate()
     policy = get_policy(cfg.policy)
     profile = profile or load_profile(cfg.deployment.profile)
@@ -159,7 +162,8 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
                     submit(issued)
                     issued += 1
 
-    ctx = SimContext(cfg, profile, policy, trace, calibration, log, on_finish)
+    ctx = SimContext(cfg, profile, policy, trace, calibration, log, on_finish,
+                     policy_profile=policy_profile)
     ctx.set_rows(rows)
     ctx_holder.append(ctx)
     router = Router(ctx.replicas, cfg.deployment.router)

@@ -162,6 +162,9 @@ def run(
     mtp_trace: Annotated[str | None, typer.Option(help="Trace for the mtp1 policy.")] = None,
     domain: Annotated[str | None, typer.Option(help="Use only this domain of the trace.")] = None,
     profile: Annotated[str | None, typer.Option(help="Engine profile: TOML path or built-in name.")] = None,
+    policy_profile: Annotated[str | None, typer.Option(
+        help="Profile the scheduler's SPS curve comes from (default: --profile); steps "
+             "still cost --profile. A what-if on a stale or mis-calibrated table.")] = None,
     calibration: Annotated[str | None, typer.Option(
         help="Confidence calibration map: TOML path, built-in name, or 'identity' "
              "(default: the map the trace names, else identity).")] = None,
@@ -179,9 +182,11 @@ def run(
     quiet: Annotated[bool, typer.Option(help="Print nothing but errors.")] = False,
 ) -> None:
     """Simulate one deployment under load and print a summary."""
+    from dspark_sim.calibration.profile import load_profile
     from dspark_sim.sim.api import simulate
     from dspark_sim.sim.config import load_config, preset
 
+    sched_profile = load_profile(policy_profile) if policy_profile is not None else None
     cfg = preset(preset_name or "default")
     if config is not None:
         cfg = load_config(config, base=cfg if preset_name else None)
@@ -229,7 +234,7 @@ def run(
         slo_tpot_ms=tpot if tpot is not None else cfg.slo_tpot_ms,
     )
     t0 = time.perf_counter()
-    result = simulate(cfg)
+    result = simulate(cfg, policy_profile=sched_profile)
     wall = time.perf_counter() - t0
     if out is not None:
         result.write(out)
@@ -488,7 +493,7 @@ def validate(
     drafter: Annotated[str, typer.Option(help="auto | dspark | mtp1 | parallel | lookup")] = "auto",
     profile: Annotated[str, typer.Option(
         help="Cost tables to compare: built-in/TOML, 'measure' (re-measure now), 'insitu'.")] =
-        "measure,auto,insitu",
+        "insitu,measure,auto",
     sim_seeds: Annotated[int, typer.Option(help="Simulator seeds averaged per point.")] = 5,
     seed: Annotated[int, typer.Option()] = 0,
     strict: Annotated[bool, typer.Option(

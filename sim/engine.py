@@ -29,6 +29,7 @@ import simpy
 
 from dspark_sim.calibration.confmap import CalibrationMap
 from dspark_sim.calibration.profile import EngineProfile
+from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot, readonly
 from dspark_sim.policies.registry import Policy
 from dspark_sim.sim.config import SimConfig
@@ -361,21 +362,23 @@ class Replica:
         if policy.needs_sps:
             # B for i admitted draft tokens: n + i verify tokens plus whatever prefill
             # still fits in the budget (verification displaces prefill).
+            # The scheduler's own table (``policy_profile``; by default the cost profile).
+            sp = c.sps_profile
             verify = n_dec + c.arange(n_dec * c.gamma + 1)
             total = np.minimum(verify + self.pending_prefill, c.max_num_batched_tokens)
-            t = c.dense_step_s[total]
-            t += c.draft_time(n_dec) + c.profile.kv_s_per_token * self.kv_tokens
-            if c.profile.logits_s_per_row:  # one LM-head row per verify token
-                t += c.profile.logits_s_per_row * verify
-            if c.profile.attn_s_per_query_ctx and n_dec:
+            t = c.sps_dense_step_s[total]
+            t += c.sps_draft_time(n_dec) + sp.kv_s_per_token * self.kv_tokens
+            if sp.logits_s_per_row:  # one LM-head row per verify token
+                t += sp.logits_s_per_row * verify
+            if sp.attn_s_per_query_ctx and n_dec:
                 # each verify token attends over its request's context (batch mean here)
                 mean_ctx = self.kv_tokens / max(1, len(b))
-                t += c.profile.attn_s_per_query_ctx * verify * mean_ctx
-            if n_dec and (c.profile.multi_kv_s_per_token or c.profile.request_s):
+                t += sp.attn_s_per_query_ctx * verify * mean_ctx
+            if n_dec and (sp.multi_kv_s_per_token or sp.request_s):
                 # i admitted drafts make ~min(i, n) requests multi-token blocks (Algorithm 1
                 # admits first drafts first: they have the highest survival)
                 mean_ctx = self.kv_tokens / max(1, len(b))
-                t += c.profile.request_s * n_dec + c.profile.multi_kv_s_per_token * mean_ctx \
+                t += sp.request_s * n_dec + sp.multi_kv_s_per_token * mean_ctx \
                     * np.minimum(c.arange(n_dec * c.gamma + 1), n_dec)
             sps = np.reciprocal(t, out=t)
             over = n_dec * (1 + c.gamma) - c.max_num_batched_tokens
@@ -409,7 +412,8 @@ class SimContext:
 
     def __init__(self, cfg: SimConfig, profile: EngineProfile, policy: Policy,
                  trace: AcceptanceTrace | None, calibration: CalibrationMap,
-                 log: RequestLog, on_finish: Callable[[int], None]) -> None:
+                 log: RequestLog, on_finish: Callable[[int], None],
+                 policy_profile: EngineProfile | None = None) -> None:
         self.env = simpy.Environment()
         self.cfg = cfg
         self.profile = profile
@@ -443,6 +447,31 @@ class SimContext:
             profile.target_time_s(np.arange(self.max_num_batched_tokens + 1)), dtype=np.float64)
         self._dense_list = self.dense_step_s.tolist()
         self._draft_cache: dict[int, float] = {}
+        # The table the *scheduler* believes (SPS curve of the confidence policies): the
+        # cost profile unless a separate one is given, e.g. the profile a real server's
+        # scheduler was configured with while the step costs come from another source,
+        # or a what-if on a stale / mis-calibrated SPS table.
+        self.sps_profile = policy_profile if policy_profile is not None else profile
+        if self.sps_profile is profile:
+            self.sps_dense_step_s = self.dense_step_s
+            self.sps_draft_time = self.draft_time
+        else:
+            sp = self.sps_profile
+            self.sps_dense_step_s = np.asarray(
+                sp.target_time_s(np.arange(self.max_num_batched_tokens + 1)), dtype=np.float64)
+            key = self._draft_key
+            if key is not None and key not in sp.drafts:
+                raise InputError(sp.source, f"policy profile has no [draft.{key}] section")
+            cache: dict[int, float] = {}
+
+            def sps_draft_time(n: int) -> float:
+                if key is None:
+                    return 0.0
+                if n not in cache:
+                    cache[n] = sp.draft_time_s(key, n, self.draft_gamma)
+                return cache[n]
+
+            self.sps_draft_time = sps_draft_time
         self.stats = StepStats(self.gamma)
         self.replicas = [Replica(i, self) for i in range(cfg.deployment.replicas)]
         self.rows = np.empty((0, NCOLS), np.int64)  # every request's row, set by the runner

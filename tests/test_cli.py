@@ -144,3 +144,12 @@ def test_sweep_cli_writes_results_report_and_headline(tmp_path):
 def test_validate_cli_rejects_bad_options():
     _one_line_error(invoke("validate", "--rates", "-1"), "--rates")
     _one_line_error(invoke("validate", "--policies", "bogus", "--rates", "0.5"), "--policy")
+
+
+def test_run_policy_profile(tmp_path):
+    r = invoke("run", "--policy", "confidence", *SMALL, "--policy-profile", "v4flash-h200")
+    assert r.exit_code == 0, r.output
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[profile]\nname = 'x'\n")
+    _one_line_error(invoke("run", "--policy", "confidence", *SMALL, "--policy-profile", str(bad)),
+                    "bad.toml")

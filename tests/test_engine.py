@@ -260,3 +260,23 @@ def test_extrapolation_past_a_noisy_table_never_goes_negative():
                                                    lengths="fixed:3000:8")),
                  profile=prof).summary
     assert s["completed"] == 20 and s["mean_step_ms"] > 0
+
+
+def test_policy_profile_drives_the_scheduler_not_the_step_cost():
+    """``policy_profile``: the confidence scheduler's SPS curve comes from it, the steps
+    cost ``profile``. Same profile given twice = byte-identical to the default; a
+    scheduler that believes verification is free verifies more and, on a profile where
+    it is not, the steps get longer."""
+    from dspark_sim.calibration.profile import load_profile
+
+    cfg = SimConfig(policy="confidence", deployment=DeploymentConfig(replicas=1),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=32,
+                                            num_requests=120, lengths="fixed:200:64"))
+    prof = load_profile("v4flash-h200")
+    a = simulate(cfg, profile=prof).summary
+    b = simulate(cfg, profile=prof, policy_profile=prof).summary
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    flat = replace(prof, step_s=np.full_like(prof.step_s, prof.step_s[0]))  # B costs nothing
+    c = simulate(cfg, profile=prof, policy_profile=flat).summary
+    assert c["mean_verify_tokens_per_request_step"] > a["mean_verify_tokens_per_request_step"]
+    assert c["mean_step_ms"] > a["mean_step_ms"]

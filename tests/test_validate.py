@@ -262,3 +262,36 @@ def test_server_profile_dense_chunks_and_drafter_between(tiny):
                                   prefill_chunks=(4, 8), draft_gammas=(1,), repeats=1,
                                   logit_rows=(1, 4), drafter_between=False,
                                   log=None).parameters["between_passes"] == "nothing"
+
+
+def test_rescale_to_steps_recovers_scale_and_draft_cost():
+    """Synthetic serving steps costing 1.15 x the base profile's forward terms plus a
+    draft of 20 ms + 5 ms per request (gamma 7) and 4 ms + 1 ms/request (gamma 1):
+    the fit recovers the scale and the point's own gamma's draft line."""
+    from dspark_sim.calibration.profile import DraftCost
+    from dspark_sim.sim.validate import rescale_to_steps
+
+    base = EngineProfile("b", "measured", 1, np.array([1, 64, 256]),
+                         np.array([0.05, 0.2, 0.5]), kv_s_per_token=1e-5, request_s=2e-3,
+                         multi_kv_s_per_token=2e-5,
+                         drafts={"dspark": DraftCost(np.array([1.0, 8.0]),
+                                                     np.array([0.01, 0.02]), 7)})
+    rng = np.random.default_rng(0)
+
+    def steps(g, a0, a1, k=60):
+        out = []
+        for _ in range(k):
+            n = int(rng.integers(1, 9))
+            ver = n * (1 + int(rng.integers(0, g + 1)))
+            kv = n * int(rng.integers(50, 300))
+            fwd = float(base.target_time_s(ver)) + 1e-5 * kv + 2e-3 * n + 2e-5 * kv
+            out.append((1.15 * fwd + a0 + a1 * n, 1.15 * fwd, n, ver, 0, kv, 0, 0.0, kv, n))
+        return out
+
+    recs = [steps(7, 0.020, 0.005), steps(1, 0.004, 0.001)]
+    p = rescale_to_steps(recs, base, "dspark", [7, 1], 7)
+    assert p.parameters["forward_scale"] == pytest.approx(1.15, rel=1e-3)
+    assert p.request_s == pytest.approx(1.15 * 2e-3, rel=1e-3)
+    assert p.draft_time_s("dspark", 4, 7) == pytest.approx(0.020 + 0.005 * 4, rel=1e-3)
+    q = rescale_to_steps(recs, base, "dspark", [7, 1], 1)
+    assert q.draft_time_s("dspark", 4, 1) == pytest.approx(0.004 + 0.001 * 4, rel=1e-3)
