@@ -75,7 +75,9 @@ METRICS = (
 DEFAULT_POLICIES = ("mtp1", "fixed:3", "confidence")
 DEFAULT_RATES = (0.25, 0.6)
 SHIPPED_PROFILE = "smollm2-cpu"
-INSITU = "insitu"  # profile spec: fitted on the real run's own steps (leave-one-point-out)
+INSITU = "insitu"  # profile spec: rescaled on the other points' real steps (leave-one-point-out)
+INSITU_SELF = "insitu-self"  # diagnostic: rescaled on the point's *own* steps (level known)
+_INSITU = (INSITU, INSITU_SELF)
 STEP_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
              1024, 2048, 4096, 8192)
 VALIDATE_PROFILE = Path(__file__).resolve().parent.parent / "calibration" / "data" / \
@@ -732,24 +734,24 @@ def validate(
 
         profs: list[Any] = []
         for spec in specs:
-            if spec == INSITU:
-                if INSITU not in profs:
-                    profs.append(INSITU)
+            if spec in _INSITU:
+                if spec not in profs:
+                    profs.append(spec)
                 continue
             p = resolve(spec)
             if kind not in p.drafts:
                 measured = measured or measure_server_profile(server, clock=clock_kind, log=log)
                 p = with_draft(p, kind, measured)
-            if all(q == INSITU or q.name != p.name for q in profs):
+            if all(isinstance(q, str) or q.name != p.name for q in profs):
                 profs.append(p)
-        real_profs = [p for p in profs if p != INSITU]
+        real_profs = [p for p in profs if not isinstance(p, str)]
         if not real_profs:
             raise InputError("--profile", "'insitu' needs another profile for the server's SPS")
         prof = real_profs[0]
         server.profile = prof
         prof_paths = []
         for i, p in enumerate(profs):
-            if p == INSITU:
+            if isinstance(p, str):
                 prof_paths.append(None)
                 continue
             prof_paths.append(out / f"profile-{i}-{p.name}.toml")
@@ -807,16 +809,21 @@ def validate(
                      "real_duration_s": real.get("duration"), "real_wall_s": res.wall_s,
                      "real_cpu_s": res.cpu_s, "profiles": {}}
             for pi, spec in enumerate(profs):
-                if spec == INSITU:  # leave-one-out: fitted on the other points' steps
-                    others = [r for j, r in enumerate(runs) if j != ri] or [runs[ri]]
+                if spec in _INSITU:
+                    # insitu: the other points' steps (leave-one-out); insitu-self: the
+                    # point's own steps, a diagnostic of the structure once the level is known
+                    others = ([r for j, r in enumerate(runs) if j != ri] or [runs[ri]]) \
+                        if spec == INSITU else [runs[ri]]
+
                     def _g(pol_):
                         return min(gamma_max, pol_.draft_gamma if pol_.draft_gamma is not None
                                    else gamma_max)
 
+                    pname = "insitu-loo" if spec == INSITU else "insitu-self"
                     p = rescale_to_steps([r[5].step_records for r in others], prof,
                                          kind if kind in prof.drafts else None,
-                                         [_g(r[3]) for r in others], _g(pol))
-                    ppath = out / tag / "profile-insitu-loo.toml"
+                                         [_g(r[3]) for r in others], _g(pol), name=pname)
+                    ppath = out / tag / f"profile-{pname}.toml"
                     ppath.parent.mkdir(parents=True, exist_ok=True)
                     write_text_atomic(ppath, p.to_toml())
                 else:
@@ -870,7 +877,7 @@ def validate(
             "machine": f"{platform.machine()} {platform.processor()} ({platform.node()})",
             "device": device, "threads": int(torch.get_num_threads()), "clock": clock_kind,
             "target": tgt.name, "drafter": kind, "profile": prof.name,
-            "profiles": [p if p == INSITU else p.name for p in profs],
+            "profiles": [p if isinstance(p, str) else p.name for p in profs],
             "profile_kind": prof.kind, "policies": [p.name for p in pols],
             "rates": [float(r) for r in rates], "num_requests": num_requests,
             "max_new_tokens": max_new_tokens, "max_num_seqs": max_num_seqs,

@@ -100,11 +100,12 @@ def test_validate_table(tiny, tmp_path):
 
     df = validate(policies=("mtp1", "confidence"), rates=(100.0,), num_requests=6,
                   max_new_tokens=12, out_dir=tmp_path, target=(tiny, None), drafter="lookup",
-                  profile=(_profile(), "insitu"), max_num_seqs=4, max_num_batched_tokens=64,
+                  profile=(_profile(), "insitu", "insitu-self"), max_num_seqs=4,
+                  max_num_batched_tokens=64,
                   max_prompt_tokens=24, sim_seeds=2, log=None)
     assert isinstance(df, pl.DataFrame)
-    assert df.height == 2 * 2 * len(METRICS)
-    assert set(df["profile"]) == {"tiny", "insitu-loo"}
+    assert df.height == 2 * 3 * len(METRICS)
+    assert set(df["profile"]) == {"tiny", "insitu-loo", "insitu-self"}
     for col in ("real", "sim", "rel_error", "paired", "paired_rel_error"):
         assert all(v is not None and math.isfinite(v) for v in df[col].to_list()), col
     tau = df.filter((pl.col("metric") == "spec_decode_acceptance_length")
