@@ -78,8 +78,6 @@ SHIPPED_PROFILE = "smollm2-cpu"
 INSITU = "insitu"  # profile spec: rescaled on the other points' real steps (leave-one-point-out)
 INSITU_SELF = "insitu-self"  # diagnostic: rescaled on the point's *own* steps (level known)
 _INSITU = (INSITU, INSITU_SELF)
-STEP_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
-             1024, 2048, 4096, 8192)
 VALIDATE_PROFILE = Path(__file__).resolve().parent.parent / "calibration" / "data" / \
     "smollm2-cpu-validate.toml"
 
@@ -382,59 +380,6 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
                          description="Engine-in-the-loop profile of the validation server "
                                      "(sim/validate.py): its own forward + verification",
                          parameters=params)
-
-
-def fit_step_profile(records: Sequence[Sequence[tuple]], base: EngineProfile, max_tokens: int,
-                     name: str = "insitu", draft_key: str | None = None,
-                     draft_gammas: Sequence[int] | None = None) -> EngineProfile:
-    """A profile fitted on real serving steps: ``dt = f(B) + kv * KV + draft(n)`` with ``f``
-    piecewise linear on :data:`STEP_GRID` (hat-function least squares, weights ``1/dt``),
-    ``draft`` taken from ``base[draft_key]`` at ``draft_gammas[i]`` for ``records[i]``
-    (none without a key). ``dt`` is the whole step (scheduling, drafting, forward,
-    verification, bookkeeping), so per-step overheads land in ``f``."""
-    a = np.asarray([r for recs in records for r in recs], dtype=np.float64)
-    if a.size == 0:
-        raise InputError("insitu", "no serving steps to fit")
-    gam = np.concatenate([np.full(len(recs), g) for recs, g in zip(
-        records, draft_gammas or [1] * len(records), strict=True)])
-    dt, n_dec, ver, pre, kv = a[:, 0], a[:, 2], a[:, 3], a[:, 4], a[:, 5]
-    b = ver + pre
-    dkey = draft_key if draft_key in base.drafts else None
-    draft = np.array([base.draft_time_s(dkey, int(k), int(g)) if dkey else 0.0
-                      for k, g in zip(n_dec, gam, strict=True)])
-    y = dt - draft
-    top = max(float(b.max()), float(max_tokens))
-    grid = np.array([g for g in STEP_GRID if g < top] + [top], dtype=np.float64)
-    grid = np.unique(grid)
-    j = np.clip(np.searchsorted(grid, b, side="right") - 1, 0, len(grid) - 2)
-    lo, hi = grid[j], grid[j + 1]
-    frac = np.clip((b - lo) / (hi - lo), 0.0, 1.0)
-    A = np.zeros((len(b), len(grid) + 1))
-    A[np.arange(len(b)), j] = 1.0 - frac
-    A[np.arange(len(b)), j + 1] += frac
-    A[:, -1] = kv
-    support = A[:, :-1].sum(0) > 0.05
-    cols = np.flatnonzero(np.concatenate([support, [np.ptp(kv) > 0]]))
-    w = 1.0 / np.maximum(dt, 1e-9)
-    sol = np.zeros(A.shape[1])
-    sol[cols] = np.linalg.lstsq(A[:, cols] * w[:, None], y * w, rcond=None)[0]
-    kv_s = float(sol[-1])
-    if kv_s < 0:
-        cols = cols[cols < len(grid)]
-        sol[:] = 0.0
-        sol[cols] = np.linalg.lstsq(A[:, cols] * w[:, None], y * w, rcond=None)[0]
-        kv_s = 0.0
-    keep = support & (sol[:-1] > 0)
-    tokens = grid[keep].astype(np.int64)
-    step = sol[:-1][keep]
-    if tokens.size == 1:
-        tokens, step = np.array([tokens[0], tokens[0] + 1]), np.array([step[0], step[0]])
-    return EngineProfile(
-        name=name, kind="measured", gpus_per_replica=1, tokens=tokens, step_s=step,
-        kv_s_per_token=kv_s, interpolation="linear", drafts=dict(base.drafts),
-        description="fitted on the validation server's own steps (leave-one-point-out)",
-        parameters={"steps": int(len(b)), "fit": "hat-function WLS on STEP_GRID, weights 1/dt",
-                    "draft_from": base.name})
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -961,4 +906,5 @@ def main(
 
 
 __all__ = ["validate", "main", "format_table", "measure_server_profile", "simulate_paired",
-           "lookup_trace", "poisson_workload", "write_mooncake", "step_model_check"]
+           "lookup_trace", "poisson_workload", "write_mooncake", "step_model_check",
+           "rescale_to_steps"]
