@@ -82,10 +82,13 @@ def test_every_shipped_profile_loads(name):
     b = np.array([1, 2, 8, 64, p.max_tokens, 2 * p.max_tokens])
     t = p.step_time_s(b, kv_tokens=1000.0)
     assert np.all(np.isfinite(t)) and np.all(t > 0)
-    # Monotone-ish: measured tables may wobble by noise, never by a lot.
-    tol = 0.0 if p.kind == "analytic" else 0.3
+    # Monotone-ish: analytic tables exactly; measured CPU tables dip where a GEMM kernel
+    # switches (B = 16 runs ~30 % under B = 15 on the shipped CPU profiles), never by half,
+    # and they grow overall.
+    tol = 0.0 if p.kind == "analytic" else 0.45
     running_max = np.maximum.accumulate(p.step_s)
     assert np.all(p.step_s >= (1 - tol) * running_max), name
+    assert p.step_s[-1] >= p.step_s.max() * (1 - tol) and p.step_s[-1] > 2 * p.step_s[0]
     assert p.step_s[-1] > p.step_s[0]
     for d in p.drafts.values():
         assert d.time(1, d.gamma_ref) > 0
