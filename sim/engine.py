@@ -272,12 +272,10 @@ class Replica:
                 if prefill_tokens:
                     finishing = int(np.count_nonzero(chunk == rem))
                 dt += logits_s_per_row * (verify_tokens + finishing)
-            if attn_s:
-                dt += attn_s * self._query_ctx(b, di, ell, n_dec, pi, chunk if prefill_tokens else None)
-            if multi_kv_s or request_s:
-                mkv, nrq = self._multi_kv_requests(b, di, ell, n_dec, pi,
-                                                   chunk if prefill_tokens else None)
-                dt += multi_kv_s * mkv + request_s * nrq
+            if attn_s or multi_kv_s or request_s:
+                qc, mkv, nrq = self._attention_units(b, di, ell, n_dec, pi,
+                                                     chunk if prefill_tokens else None)
+                dt += attn_s * qc + multi_kv_s * mkv + request_s * nrq
             yield env.timeout(dt)
             now = env.now
 
@@ -325,32 +323,26 @@ class Replica:
                 c.on_finish(len(rids))
 
     @staticmethod
-    def _query_ctx(b, di, ell, n_dec, pi, chunk) -> float:
-        """Sum over rows of query tokens x attended context (the attention-work unit)."""
-        total = 0.0
+    def _attention_units(b, di, ell, n_dec, pi, chunk) -> tuple[float, float, int]:
+        """The step's units of the profile's context-dependent terms, in one pass over the
+        batch slices: (sum over rows of query tokens x attended context, context tokens
+        attended by multi-token query blocks, requests with a KV context). A decoding row
+        is a multi-token block when it verifies ``l >= 1`` drafts; a prefill chunk of
+        ``c`` after ``f`` filled tokens attends ``c * (f + c / 2)`` and is a multi-token
+        block with a context when ``f > 0``."""
+        qc = mkv = 0.0
+        nrq = n_dec
         if n_dec:
             ctx = b[di, FILLED] + b[di, GEN] - b[di, GEN0]
-            total += float(((1 + ell) * ctx).sum())
-        if chunk is not None:
-            total += float((chunk * (b[pi, FILLED] + chunk / 2.0)).sum())
-        return total
-
-    @staticmethod
-    def _multi_kv_requests(b, di, ell, n_dec, pi, chunk) -> tuple[float, int]:
-        """(context tokens attended by multi-token query blocks, requests with a KV
-        context): the units of the profile's ``multi_kv_s_per_token`` and ``request_s``.
-        A decoding row is a multi-token block when it verifies ``l >= 1`` drafts; a
-        prefill chunk is one when it continues after filled tokens."""
-        mkv, nrq = 0.0, n_dec
-        if n_dec:
-            ctx = b[di, FILLED] + b[di, GEN] - b[di, GEN0]
+            qc += float(((1 + ell) * ctx).sum())
             mkv += float(ctx[ell > 0].sum())
         if chunk is not None:
             filled = b[pi, FILLED]
+            qc += float((chunk * (filled + chunk / 2.0)).sum())
             cont = (chunk > 0) & (filled > 0)
             mkv += float(filled[cont].sum())
             nrq += int(np.count_nonzero(cont))
-        return mkv, nrq
+        return qc, mkv, nrq
 
     def _decide(self, idx: np.ndarray, n_dec: int, b: np.ndarray) -> np.ndarray:
         c = self.ctx
