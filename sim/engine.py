@@ -360,18 +360,7 @@ class Replica:
             total = np.minimum(verify + self.pending_prefill, c.max_num_batched_tokens)
             t = c.sps_dense_step_s[total]
             t += c.sps_draft_time(n_dec) + sp.kv_s_per_token * self.kv_tokens
-            if sp.logits_s_per_row:  # one LM-head row per verify token
-                t += sp.logits_s_per_row * verify
-            if sp.attn_s_per_query_ctx and n_dec:
-                # each verify token attends over its request's context (batch mean here)
-                mean_ctx = self.kv_tokens / max(1, len(b))
-                t += sp.attn_s_per_query_ctx * verify * mean_ctx
-            if n_dec and (sp.multi_kv_s_per_token or sp.request_s):
-                # i admitted drafts make ~min(i, n) requests multi-token blocks (Algorithm 1
-                # admits first drafts first: they have the highest survival)
-                mean_ctx = self.kv_tokens / max(1, len(b))
-                t += sp.request_s * n_dec + sp.multi_kv_s_per_token * mean_ctx \
-                    * np.minimum(c.arange(n_dec * c.gamma + 1), n_dec)
+            t += sp.verify_terms_s(verify, n_dec, self.kv_tokens / max(1, len(b)))
             sps = np.reciprocal(t, out=t)
             over = n_dec * (1 + c.gamma) - c.max_num_batched_tokens
             if over > 0:

@@ -382,6 +382,25 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
                          parameters=params)
 
 
+def _records(records) -> np.ndarray:
+    """Step records as a float matrix of 10 columns; fields older records lack count 0."""
+    a = np.asarray(records, dtype=np.float64).reshape(len(records), -1)
+    if a.shape[1] < 10:
+        a = np.pad(a, ((0, 0), (0, 10 - a.shape[1])))
+    return a
+
+
+def _forward_s(a: np.ndarray, profile: EngineProfile) -> np.ndarray:
+    """The profile's target-forward time of each recorded step (no draft): ``f(B) + kv * KV
+    + logits * (verify rows + finishing prefills) + attn * query_ctx + multi_kv * multi_ctx
+    + request * ctx_requests``."""
+    ver, pre, kv, fin, qc, mkv, nrq = (a[:, i] for i in (3, 4, 5, 6, 7, 8, 9))
+    return (np.asarray(profile.target_time_s((ver + pre).astype(np.int64)))
+            + profile.kv_s_per_token * kv + profile.logits_s_per_row * (ver + fin)
+            + profile.attn_s_per_query_ctx * qc + profile.multi_kv_s_per_token * mkv
+            + profile.request_s * nrq)
+
+
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares with coefficients >= 0 (small problems): drop the most negative
     coefficient and refit until none is negative."""
@@ -416,18 +435,14 @@ def rescale_to_steps(records: Sequence[Sequence[tuple]], base: EngineProfile, dr
     ``[draft.<draft_key>]`` by ``a + b * n`` for the point's own ``gamma`` (fitted on the
     other points' steps with that gamma; all steps when none has it).
     """
-    a = np.asarray([r for recs in records for r in recs], dtype=np.float64)
-    if a.size == 0:
+    flat = [r for recs in records for r in recs]
+    if not flat:
         raise InputError("insitu", "no serving steps to fit")
-    if a.shape[1] < 10:
-        a = np.pad(a, ((0, 0), (0, 10 - a.shape[1])))
+    a = _records(flat)
     gam = np.concatenate([np.full(len(recs), int(g)) for recs, g in zip(
         records, record_gammas, strict=True)])
-    dt, n_dec, ver, pre, kv, fin, qc, mkv, nrq = (a[:, i] for i in (0, 2, 3, 4, 5, 6, 7, 8, 9))
-    b = (ver + pre).astype(np.int64)
-    fwd = (np.asarray(base.target_time_s(b)) + base.kv_s_per_token * kv
-           + base.logits_s_per_row * (ver + fin) + base.attn_s_per_query_ctx * qc
-           + base.multi_kv_s_per_token * mkv + base.request_s * nrq)
+    dt, n_dec = a[:, 0], a[:, 2]
+    fwd = _forward_s(a, base)
     gs = sorted(set(gam.tolist()))
     cols = [fwd]
     for g in gs:
@@ -515,16 +530,9 @@ def step_model_check(records: list[tuple], profile: EngineProfile, draft_key: st
     records count 0), per step kind."""
     if not records:
         return {}
-    a = np.asarray(records, dtype=np.float64)
-    dt, fwd, n_dec, ver, pre, kv = (a[:, i] for i in range(6))
-    fin = a[:, 6] if a.shape[1] > 6 else np.zeros_like(pre)
-    qc = a[:, 7] if a.shape[1] > 7 else np.zeros_like(pre)
-    mkv = a[:, 8] if a.shape[1] > 8 else np.zeros_like(pre)
-    nrq = a[:, 9] if a.shape[1] > 9 else np.zeros_like(pre)
-    b = (ver + pre).astype(np.int64)
-    pred_t = np.asarray(profile.target_time_s(b)) + profile.kv_s_per_token * kv \
-        + profile.logits_s_per_row * (ver + fin) + profile.attn_s_per_query_ctx * qc \
-        + profile.multi_kv_s_per_token * mkv + profile.request_s * nrq
+    a = _records(records)
+    dt, fwd, n_dec, pre = a[:, 0], a[:, 1], a[:, 2], a[:, 4]
+    pred_t = _forward_s(a, profile)
     pred_d = np.array([profile.draft_time_s(draft_key, int(k), draft_gamma) if draft_key else 0.0
                        for k in n_dec])
     pred = pred_t + pred_d

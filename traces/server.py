@@ -420,17 +420,8 @@ class SpecServer:
         total = np.minimum(verify + pending_prefill, budget)
         t = np.asarray(prof.target_time_s(total), dtype=np.float64)
         t = t + prof.kv_s_per_token * kv_tokens + self._draft_time(n_dec, gamma)
-        logits_s = float(getattr(prof, "logits_s_per_row", 0.0) or 0.0)
-        if logits_s:  # one LM-head row per verify token, as the simulator's engine
-            t = t + logits_s * verify
-        attn_s = float(getattr(prof, "attn_s_per_query_ctx", 0.0) or 0.0)
-        if attn_s and n_dec:  # each verify token over the batch's mean context, as the engine
-            t = t + attn_s * verify * (kv_tokens / max(1, n_rows or n_dec))
-        multi_kv_s = float(getattr(prof, "multi_kv_s_per_token", 0.0) or 0.0)
-        request_s = float(getattr(prof, "request_s", 0.0) or 0.0)
-        if n_dec and (multi_kv_s or request_s):  # as the engine: ~min(i, n) multi-token blocks
-            t = t + request_s * n_dec + multi_kv_s * (kv_tokens / max(1, n_rows or n_dec)) \
-                * np.minimum(verify - n_dec, n_dec)
+        # the same terms as the simulator's engine (EngineProfile.verify_terms_s)
+        t = t + prof.verify_terms_s(verify, n_dec, kv_tokens / max(1, n_rows or n_dec))
         sps = 1.0 / t
         over = n_dec * (1 + gamma) - budget
         if over > 0:
