@@ -1,7 +1,607 @@
-"""Console entry point; the typer app lives in ``dspark_sim.sim.cli``."""
+"""The ``dspark-sim`` command line: a thin typer layer over the Python API.
+
+Every command turns :class:`~dspark_sim.errors.InputError` into one line on stderr
+and exit code 2 (no traceback); nothing is written until inputs validate, and
+files are written atomically.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dspark_sim.errors import InputError
+
+app = typer.Typer(
+    name="dspark-sim",
+    help="Simulate speculative-decoding verification policies on an LLM serving deployment.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+traces_app = typer.Typer(help="Write and inspect acceptance traces (schema v1).",
+                         no_args_is_help=True)
+profiles_app = typer.Typer(help="List and show engine profiles.", no_args_is_help=True)
+calibrate_app = typer.Typer(help="Measure engine profiles and calibrate drafter confidences.",
+                            no_args_is_help=True)
+app.add_typer(traces_app, name="traces")
+app.add_typer(profiles_app, name="profiles")
+app.add_typer(calibrate_app, name="calibrate")
+
+console = Console()
+err_console = Console(stderr=True)
 
 
-def main() -> None:
-    from dspark_sim.sim.cli import app
+def guarded(fn):
+    """One-line errors with exit code 2 for bad input; never a traceback."""
 
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InputError as exc:
+            err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted", markup=False)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def parse_slo(spec: str | None) -> tuple[float | None, float | None]:
+    if not spec:
+        return None, None
+    out: dict[str, float] = {}
+    for part in spec.split(","):
+        key, _, val = part.partition(":")
+        key = key.strip().lower()
+        if key not in ("ttft", "tpot"):
+            raise InputError("--slo", f"expected ttft:MS,tpot:MS, got {spec!r}")
+        try:
+            v = float(val)
+        except ValueError:
+            raise InputError("--slo", f"{key} needs a number of milliseconds, got {val!r}") from None
+        if not v > 0:
+            raise InputError("--slo", f"{key} must be > 0 ms")
+        out[key] = v
+    return out.get("ttft"), out.get("tpot")
+
+
+def _fmt(v, nd: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{nd}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def print_summary(s: dict, wall_s: float | None = None) -> None:
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold cyan")
+    head.add_column()
+    head.add_row("policy", f"{s['policy']}  ({s['policy_description']})")
+    head.add_row("deployment", s["deployment"])
+    head.add_row("workload", s["workload"])
+    if s.get("trace"):
+        head.add_row("trace", f"{s['trace']}  [{s['trace_source']}, drafter {s['trace_drafter']}, "
+                     f"gamma_max {s['trace_gamma_max']}]")
+    head.add_row("calibration", s["calibration"])
+    console.print(head)
+
+    t = Table(title="dspark-sim run", show_header=True, header_style="bold")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [
+        ("completed / unfinished", f"{s['completed']:,} / {s['unfinished']:,}"),
+        ("preempted requests / steps held back by KV",
+         f"{s['preempted']:,} / {s['kv_blocked_steps']:,}"),
+        ("benchmark duration (s)", _fmt(s["duration"], 2)),
+        ("request throughput (req/s)", _fmt(s["request_throughput"], 2)),
+        ("output throughput (tok/s)", _fmt(s["output_throughput"])),
+        ("output throughput per GPU (tok/s/GPU)", _fmt(s["output_throughput_per_gpu"])),
+        ("median / p90 interactivity (tok/s/user)",
+         f"{_fmt(s['median_interactivity'])} / {_fmt(s['p90_interactivity'])}"),
+        ("mean / median / p99 TTFT (ms)",
+         f"{_fmt(s['mean_ttft_ms'])} / {_fmt(s['median_ttft_ms'])} / {_fmt(s['p99_ttft_ms'])}"),
+        ("mean / median / p99 TPOT (ms)",
+         f"{_fmt(s['mean_tpot_ms'], 2)} / {_fmt(s['median_tpot_ms'], 2)} / {_fmt(s['p99_tpot_ms'], 2)}"),
+        ("mean / p99 ITL (ms)", f"{_fmt(s['mean_itl_ms'], 2)} / {_fmt(s['p99_itl_ms'], 2)}"),
+        ("median E2E latency (ms)", _fmt(s["median_e2el_ms"])),
+        ("acceptance length tau (incl. bonus)", _fmt(s["spec_decode_acceptance_length"], 2)),
+        ("verify tokens per request-step (incl. bonus)",
+         _fmt(s["mean_verify_tokens_per_request_step"], 2)),
+        ("verification waste (rejected / verified)", _fmt(s["verification_waste"], 3)),
+        ("acceptance per position, P(m >= k)",
+         " ".join(f"{x:.2f}" for x in s["acceptance_per_position"]) or "-"),
+        ("engine steps / mean step (ms) / mean decode batch",
+         f"{s['engine_steps']:,} / {_fmt(s['mean_step_ms'], 2)} / {_fmt(s['mean_decode_batch'])}"),
+    ]
+    if s.get("goodput") is not None:
+        rows.append((f"goodput (req/s, SLO ttft {s['slo_ttft_ms']} ms, tpot {s['slo_tpot_ms']} ms)",
+                     _fmt(s["goodput"], 2)))
+    rows.append(("stable", "yes" if s["stable"] else
+                 f"NO: queue grows {s['queue_growth_per_s']:.1f} req/s or requests unfinished"))
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+    if wall_s is not None:
+        steps = s["engine_steps"]
+        console.print(f"simulated {s['num_requests']:,} requests in {wall_s:.2f} s wall "
+                      f"({s['num_requests'] / wall_s:,.0f} req/s, {steps / wall_s:,.0f} steps/s)",
+                      style="dim")
+
+
+@app.command()
+@guarded
+def run(
+    policy: Annotated[str, typer.Option(help="NAME[:ARG]: none, mtp1, fixed:K, confidence, "
+                                        "confidence-async, threshold:P")] = "confidence",
+    qps: Annotated[float | None, typer.Option(help="Open-loop request rate (req/s).")] = None,
+    burstiness: Annotated[float | None, typer.Option(
+        help="Gamma arrivals with this shape (1 = Poisson, vLLM semantics).")] = None,
+    max_concurrency: Annotated[int | None, typer.Option(
+        help="Closed loop: this many clients, each sends its next request on completion.")] = None,
+    num_requests: Annotated[int | None, typer.Option(help="Requests to simulate.")] = None,
+    duration_s: Annotated[float | None, typer.Option(help="Arrival window in seconds.")] = None,
+    workload: Annotated[Path | None, typer.Option(
+        help="Replay an Azure CSV or Mooncake JSONL workload file.")] = None,
+    replay_qps: Annotated[float | None, typer.Option(
+        help="Time-scale a replayed workload to this rate.")] = None,
+    lengths: Annotated[str | None, typer.Option(
+        help="azure-conv | azure-code | mooncake | fixed:IN:OUT | lognormal:IN:OUT[:SIGMA]")] = None,
+    trace: Annotated[str | None, typer.Option(help="Schema-v1 trace (path or built-in name).")] = None,
+    mtp_trace: Annotated[str | None, typer.Option(help="Trace for the mtp1 policy.")] = None,
+    domain: Annotated[str | None, typer.Option(help="Use only this domain of the trace.")] = None,
+    profile: Annotated[str | None, typer.Option(help="Engine profile: TOML path or built-in name.")] = None,
+    policy_profile: Annotated[str | None, typer.Option(
+        help="Profile the scheduler's SPS curve comes from (default: --profile); steps "
+             "still cost --profile. A what-if on a stale or mis-calibrated table.")] = None,
+    calibration: Annotated[str | None, typer.Option(
+        help="Confidence calibration map: TOML path, built-in name, or 'identity' "
+             "(default: the map the trace names, else identity).")] = None,
+    replicas: Annotated[int | None, typer.Option(help="Replicas behind the router.")] = None,
+    router: Annotated[str | None, typer.Option(help="round-robin | least-outstanding")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Per replica.")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Per step, per replica.")] = None,
+    kv_capacity_tokens: Annotated[int | None, typer.Option(help="KV cache per replica.")] = None,
+    kv_mode: Annotated[str | None, typer.Option(help="preempt | reserve")] = None,
+    seed: Annotated[int, typer.Option(help="One seed for everything random.")] = 0,
+    slo: Annotated[str | None, typer.Option(help="Goodput SLO, e.g. ttft:2000,tpot:20")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML config file (see docs).")] = None,
+    preset_name: Annotated[str | None, typer.Option("--preset", help="default | single-replica | tiny")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write summary.json and requests.parquet here.")] = None,
+    quiet: Annotated[bool, typer.Option(help="Print nothing but errors.")] = False,
+) -> None:
+    """Simulate one deployment under load and print a summary."""
+    from dspark_sim.calibration.profile import load_profile
+    from dspark_sim.sim.api import simulate
+    from dspark_sim.sim.config import load_config, preset
+
+    sched_profile = load_profile(policy_profile) if policy_profile is not None else None
+    cfg = preset(preset_name or "default")
+    if config is not None:
+        cfg = load_config(config, base=cfg if preset_name else None)
+    w = cfg.workload
+    if workload is not None:
+        w = replace(w, arrival="replay", workload_path=str(workload))
+    if max_concurrency is not None:
+        w = replace(w, arrival="closed", max_concurrency=max_concurrency)
+    if burstiness is not None:
+        w = replace(w, arrival="gamma" if w.arrival in ("poisson", "gamma") else w.arrival,
+                    burstiness=burstiness)
+    if qps is not None:
+        if w.arrival == "replay":
+            w = replace(w, replay_qps=qps)
+        else:
+            w = replace(w, qps=qps)
+    if replay_qps is not None:
+        w = replace(w, replay_qps=replay_qps)
+    if duration_s is not None:
+        w = replace(w, duration_s=duration_s, num_requests=num_requests)
+    elif num_requests is not None:
+        w = replace(w, num_requests=num_requests)
+    if lengths is not None:
+        w = replace(w, lengths=lengths)
+    if domain is not None:
+        w = replace(w, domain=domain)
+    e = cfg.engine
+    for name, val in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                      ("kv_capacity_tokens", kv_capacity_tokens), ("kv_mode", kv_mode)):
+        if val is not None:
+            e = replace(e, **{name: val})
+    d = cfg.deployment
+    for name, val in (("replicas", replicas), ("router", router), ("profile", profile)):
+        if val is not None:
+            d = replace(d, **{name: val})
+    ttft, tpot = parse_slo(slo)
+    if trace is not None and mtp_trace is None and policy.strip().lower() == "mtp1":
+        mtp_trace = trace  # `run --policy mtp1 --trace X` means: replay X
+    cfg = replace(
+        cfg, workload=w, engine=e, deployment=d, policy=policy, seed=seed,
+        trace=trace if trace is not None else cfg.trace,
+        mtp_trace=mtp_trace if mtp_trace is not None else cfg.mtp_trace,
+        calibration=calibration if calibration is not None else cfg.calibration,
+        slo_ttft_ms=ttft if ttft is not None else cfg.slo_ttft_ms,
+        slo_tpot_ms=tpot if tpot is not None else cfg.slo_tpot_ms,
+    )
+    t0 = time.perf_counter()
+    result = simulate(cfg, policy_profile=sched_profile)
+    wall = time.perf_counter() - t0
+    if out is not None:
+        result.write(out)
+    if not quiet:
+        print_summary(result.summary, wall)
+        if out is not None:
+            console.print(f"wrote {out / 'summary.json'} and {out / 'requests.parquet'}", style="dim")
+
+
+@traces_app.command("synth")
+@guarded
+def traces_synth(
+    out: Annotated[Path, typer.Option(help="Output parquet path.")],
+    kind: Annotated[str, typer.Option(help="iid | dspark | mtp1")] = "iid",
+    alpha: Annotated[float, typer.Option(help="iid: per-token acceptance probability.")] = 0.8,
+    gamma: Annotated[int, typer.Option(help="Draft block length gamma_max.")] = 7,
+    requests: Annotated[int, typer.Option(help="Requests (per domain for dspark/mtp1).")] = 64,
+    positions: Annotated[int, typer.Option(help="Output positions per request.")] = 512,
+    overconfidence: Annotated[float, typer.Option(help="dspark/mtp1: raw-confidence sharpening.")] = 1.3,
+    noise: Annotated[float, typer.Option(help="dspark/mtp1: confidence noise (lowers AUC).")] = 0.35,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Write a synthetic schema-v1 trace."""
+    from dspark_sim.traces.schema import write_trace
+    from dspark_sim.traces.synth import (
+        DSPARK_CURVES,
+        MTP1_CURVES,
+        SignalModel,
+        synth_drafter,
+        synth_iid,
+    )
+
+    if kind == "iid":
+        t = synth_iid(alpha, gamma, num_requests=requests, positions=positions, seed=seed)
+    elif kind in ("dspark", "mtp1"):
+        if gamma < 1:
+            raise InputError("--gamma", "must be >= 1")
+        curves = DSPARK_CURVES if kind == "dspark" else MTP1_CURVES
+        t = synth_drafter(curves, gamma=gamma if kind == "dspark" else 1,
+                          requests_per_domain=requests, positions=positions,
+                          signal=SignalModel(noise=noise, overconfidence=overconfidence),
+                          drafter=f"{kind}-synthetic", seed=seed)
+    else:
+        raise InputError("--kind", f"must be iid, dspark or mtp1, got {kind!r}")
+    write_trace(t, out)
+    console.print(f"wrote {out}: {t.num_requests} requests, {t.num_positions:,} positions, "
+                  f"gamma_max {t.gamma_max}, tau(gamma_max) = {t.tau():.3f}")
+
+
+@traces_app.command("inspect")
+@guarded
+def traces_inspect(
+    trace: Annotated[str, typer.Argument(help="Trace path or built-in name.")],
+) -> None:
+    """Print tau by verify length and the per-position acceptance of a trace."""
+    from dspark_sim.traces.schema import load_trace
+
+    t = load_trace(trace)
+    m = t.meta
+    console.print(f"[bold]{t.source_path}[/]  drafter {m.drafter}, target {m.target}, "
+                  f"source {m.source}, gamma_max {m.gamma_max}, temperature {m.temperature:g}"
+                  f"{'' if m.replay_exact else ' (replay approximate: sampled decoding)'}")
+    console.print(f"{t.num_requests} requests, {t.num_positions:,} positions, "
+                  f"domains {', '.join(m.domains)}")
+    tab = Table(title="tau (tokens per verification step, incl. bonus) by verify length l")
+    tab.add_column("domain")
+    for ell in range(t.gamma_max + 1):
+        tab.add_column(f"l={ell}", justify="right")
+    parts = [("all", t)] + ([(d, t.select_domain(d)) for d in m.domains] if len(m.domains) > 1 else [])
+    for name, sub in parts:
+        tab.add_row(name, *[f"{sub.tau(ell):.2f}" for ell in range(t.gamma_max + 1)])
+    console.print(tab)
+    pos = Table(title="per-position acceptance")
+    pos.add_column("domain")
+    pos.add_column("kind")
+    for k in range(1, t.gamma_max + 1):
+        pos.add_column(f"k={k}", justify="right")
+    for name, sub in parts:
+        pos.add_row(name, "P(k | 1..k-1) (DSpark Fig. 2)",
+                    *[f"{x:.3f}" for x in sub.conditional_acceptance()])
+        pos.add_row(name, "P(m >= k) (vLLM per-pos)", *[f"{x:.3f}" for x in sub.survival()])
+        pos.add_row(name, "mean raw confidence",
+                    *[f"{x:.3f}" for x in sub.conf.mean(axis=0)])
+    console.print(pos)
+
+
+@profiles_app.command("list")
+@guarded
+def profiles_list() -> None:
+    """Built-in engine profiles."""
+    from dspark_sim.calibration.profile import builtin_profiles, load_profile
+
+    tab = Table(title="built-in engine profiles")
+    for col in ("name", "kind", "GPU/replica", "description"):
+        tab.add_column(col)
+    for name in builtin_profiles():
+        p = load_profile(name)
+        tab.add_row(name, p.kind, str(p.gpus_per_replica), p.description)
+    console.print(tab)
+
+
+@profiles_app.command("show")
+@guarded
+def profiles_show(name: Annotated[str, typer.Argument(help="Built-in name or TOML path.")]) -> None:
+    """SPS(B) table and draft costs of a profile."""
+    from dspark_sim.calibration.profile import load_profile
+
+    p = load_profile(name)
+    console.print(f"[bold]{p.summary()}[/]\n{p.description}")
+    tab = Table(title="target step time and steps/s")
+    for col in ("tokens B", "step (ms)", "SPS (1/s)", "B x SPS (tok/s)"):
+        tab.add_column(col, justify="right")
+    for b, s in zip(p.tokens, p.step_s, strict=True):
+        tab.add_row(str(b), f"{s * 1e3:.2f}", f"{1 / s:.1f}", f"{b / s:,.0f}")
+    console.print(tab)
+    terms = [(f"kv {p.kv_s_per_token * 1e6:.4g} us/context token", True),
+             (f"multi-token blocks +{p.multi_kv_s_per_token * 1e6:.4g} us/context token",
+              p.multi_kv_s_per_token),
+             (f"attention {p.attn_s_per_query_ctx * 1e9:.4g} ns/(query x context)",
+              p.attn_s_per_query_ctx),
+             (f"LM head {p.logits_s_per_row * 1e6:.4g} us/logit row", p.logits_s_per_row),
+             (f"{p.request_s * 1e3:.4g} ms/request with a context", p.request_s)]
+    console.print("per-step terms: " + ", ".join(t for t, on in terms if on), markup=False)
+    for dname, d in p.drafts.items():
+        costs = ", ".join(f"n={int(n)}: {t * 1e3:.2f} ms" for n, t in zip(d.batch, d.time_s, strict=True))
+        console.print(f"draft [{dname}] gamma_ref {d.gamma_ref}: {costs}", markup=False)
+
+
+@app.command()
+@guarded
+def sweep(
+    out: Annotated[Path, typer.Option(help="Folder for points/, results.parquet, report.html.")],
+    policies: Annotated[str, typer.Option(help="Comma-separated policy specs.")] =
+        "mtp1,fixed:3,fixed:5,confidence,confidence-async,none",
+    qps: Annotated[str | None, typer.Option(
+        help="Open-loop rates: 10:400:20 (inclusive), 1:256:x2 (geometric) or 1,2,4.")] = None,
+    concurrency: Annotated[str | None, typer.Option(
+        help="Closed-loop client counts, e.g. 1,2,4,8,16,32,64,128,256.")] = None,
+    profiles: Annotated[str | None, typer.Option(help="Comma-separated profiles.")] = None,
+    traces: Annotated[str | None, typer.Option(help="Comma-separated traces.")] = None,
+    seeds: Annotated[str, typer.Option(help="Seeds to repeat each point with (error bars).")] = "0",
+    num_requests: Annotated[int | None, typer.Option(help="Requests per point.")] = None,
+    replicas: Annotated[int | None, typer.Option(help="Replicas per point.")] = None,
+    executor: Annotated[str, typer.Option(help="process | serial | ray")] = "process",
+    workers: Annotated[int | None, typer.Option(help="Parallel workers (default: cores).")] = None,
+    sla: Annotated[str, typer.Option(help="Interactivity tiers (tok/s/user) for the headline.")] =
+        "80,120",
+    candidate: Annotated[str, typer.Option(help="Policy compared in the headline.")] =
+        "confidence-async",
+    baseline: Annotated[str, typer.Option(help="Baseline policy of the headline.")] = "mtp1",
+    vllm_results: Annotated[Path | None, typer.Option(
+        help="Folder of vLLM `bench serve` result JSON files to overlay.")] = None,
+    gpus: Annotated[int | None, typer.Option(help="GPUs behind the vLLM results (per-GPU).")] = None,
+    config: Annotated[Path | None, typer.Option(help="Base TOML config.")] = None,
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Sweep loads x policies (x profiles x traces x seeds); write results and a report."""
+    from dspark_sim.sim.config import load_config, preset
+    from dspark_sim.sim.frontier import format_headline, headline
+    from dspark_sim.sim.report import build_report
+    from dspark_sim.sim.sweep import parse_list, parse_numbers, run_sweep
+
+    base = load_config(config) if config is not None else preset("default")
+    if num_requests is not None:
+        base = replace(base, workload=replace(base.workload, num_requests=num_requests,
+                                              duration_s=None))
+    if replicas is not None:
+        base = replace(base, deployment=replace(base.deployment, replicas=replicas))
+    tiers = parse_numbers(sla, option="--sla")
+    df = run_sweep(
+        base,
+        qps=parse_numbers(qps) if qps else None,
+        concurrency=parse_numbers(concurrency, integer=True, option="--concurrency")
+        if concurrency else None,
+        policies=parse_list(policies),
+        profiles=parse_list(profiles),
+        traces=parse_list(traces),
+        seeds=parse_numbers(seeds, integer=True, allow_zero=True, option="--seeds"),
+        out=out, executor=executor, workers=workers, progress=not quiet,
+    )
+    report = build_report(df, out / "report.html", candidate=candidate, baseline=baseline,
+                          tiers=tiers, vllm_results=vllm_results, gpus=gpus)
+    console.print(f"{df.height} points -> {out / 'results.parquet'}; report {report}")
+    pols = set(df["policy_spec"].to_list())
+    if candidate in pols and baseline in pols:
+        console.print(format_headline(headline(df, candidate=candidate, baseline=baseline,
+                                               tiers=tiers)), markup=False, highlight=False)
+
+
+@app.command("train-drafter")
+@guarded
+def train_drafter_cmd(
+    drafter: Annotated[str, typer.Option(help="mtp1 | parallel | dspark | all")] = "all",
+    target: Annotated[str, typer.Option(
+        help="smollm2 (the CPU default), an HF model directory, or a .gguf file.")] = "smollm2",
+    steps: Annotated[int, typer.Option(help="Optimizer steps per drafter.")] = 300,
+    out: Annotated[Path | None, typer.Option(
+        help="Checkpoint root (default: the package's traces/data/drafters).")] = None,
+    prompts: Annotated[Path | None, typer.Option(help="Folder of {turns: [...]} JSONL prompts.")] = None,
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Self-distil drafters on the target's own greedy generations (training prompts only)."""
+    from dspark_sim.traces.train import LEARNED_KINDS, train_all
+
+    kinds = LEARNED_KINDS if drafter == "all" else (drafter,)
+    if any(k not in LEARNED_KINDS for k in kinds):
+        raise InputError("--drafter", f"must be one of {', '.join(LEARNED_KINDS)} or all")
+    kw = {"prompt_dir": prompts} if prompts is not None else {}
+    info = train_all(kinds, target=target, steps=steps, out_root=out, device=device, seed=seed, **kw)
+    for kind, side in info.items():
+        curve = side.get("loss_curve") or []
+        last = curve[-1].get("loss") if curve else None
+        console.print(f"trained {kind}: {side.get('steps', steps)} steps"
+                      + (f", final loss {last}" if last is not None else ""), markup=False)
+
+
+@app.command()
+@guarded
+def capture(
+    out: Annotated[Path, typer.Option(help="Folder for the traces (one parquet per drafter).")],
+    drafters: Annotated[str, typer.Option(help="Comma-separated drafters.")] =
+        "mtp1,parallel,dspark,lookup",
+    target: Annotated[str, typer.Option(help="smollm2, an HF model directory, or a .gguf.")] =
+        "smollm2",
+    gamma_max: Annotated[int, typer.Option(help="Draft block length recorded per position.")] = 7,
+    max_new_tokens: Annotated[int, typer.Option(help="Greedy output tokens per prompt.")] = 160,
+    per_domain: Annotated[int, typer.Option(help="Held-out prompts per domain.")] = 20,
+    prompts: Annotated[Path | None, typer.Option(help="Folder of {turns: [...]} JSONL prompts.")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue a killed capture from its shards.")] = False,
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+) -> None:
+    """Decode the target greedily and record every drafter's acceptance at every position."""
+    from dspark_sim.sim.sweep import parse_list
+    from dspark_sim.traces.capture import capture as run_capture
+
+    kw = {"prompt_dir": prompts} if prompts is not None else {}
+    paths = run_capture(target=target, drafters=tuple(parse_list(drafters)), gamma_max=gamma_max,
+                        max_new_tokens=max_new_tokens, out=out, resume=resume,
+                        per_domain=per_domain, device=device, **kw)
+    for name, path in paths.items():
+        console.print(f"{name}: {path}", markup=False)
+
+
+@app.command()
+@guarded
+def validate(
+    out: Annotated[Path, typer.Option(help="Folder for real and simulated results.")] =
+        Path("runs/validate"),
+    policies: Annotated[str, typer.Option(help="Comma-separated policies.")] =
+        "mtp1,fixed:3,confidence",
+    rates: Annotated[str, typer.Option(help="Poisson request rates (req/s).")] = "0.25,0.6",
+    num_requests: Annotated[int, typer.Option(help="Requests per point.")] = 10,
+    max_new_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    drafter: Annotated[str, typer.Option(help="auto | dspark | mtp1 | parallel | lookup")] = "auto",
+    profile: Annotated[str, typer.Option(
+        help="Cost tables to compare: built-in/TOML, 'measure' (re-measure now), 'insitu'.")] =
+        "insitu,measure,auto",
+    sim_seeds: Annotated[int, typer.Option(help="Simulator seeds averaged per point.")] = 5,
+    seed: Annotated[int, typer.Option()] = 0,
+    strict: Annotated[bool, typer.Option(
+        help="Exit 1 when a point misses 10 % on throughput or median TPOT.")] = False,
+) -> None:
+    """Run a real spec-decoding server on the CPU target and compare it with the simulator."""
+    from dspark_sim.sim.sweep import parse_list, parse_numbers
+    from dspark_sim.validation.harness import main as validate_main
+
+    rc = validate_main(policies=tuple(parse_list(policies)),
+                       rates=tuple(parse_numbers(rates, option="--rates")),
+                       num_requests=num_requests, max_new_tokens=max_new_tokens,
+                       out_dir=out, device=device, drafter=drafter, profile=profile,
+                       sim_seeds=sim_seeds, seed=seed)
+    if strict and rc:
+        raise typer.Exit(1)
+
+
+def _ints(option: str, spec: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        raise InputError(option, f"expected comma-separated integers, got {spec!r}") from None
+    if not vals:
+        raise InputError(option, "needs at least one value")
+    return vals
+
+
+@calibrate_app.command("engine")
+@guarded
+def calibrate_engine(
+    out: Annotated[Path, typer.Option(help="Profile TOML to write.")],
+    model: Annotated[str | None, typer.Option(
+        help="HF config.json, model dir or .gguf (default: the SmolLM2 CPU target). "
+             "Weights are random: only the architecture is timed.")] = None,
+    sheet: Annotated[Path | None, typer.Option(
+        help="Instead of measuring: an analytic profile from a hardware+model sheet TOML.")] = None,
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    batch_requests: Annotated[str, typer.Option(help="Requests per timed batch.")] = "1,2,3,6",
+    verify_lengths: Annotated[str, typer.Option(help="Draft tokens verified per request.")] = "0,1,3,7",
+    context_lengths: Annotated[str, typer.Option(help="KV context lengths.")] = "128,512",
+    warmup: Annotated[int, typer.Option()] = 2,
+    repeats: Annotated[int, typer.Option(help="Timed passes per shape (median); 12 keeps a shared CPU within ~10 %.")] = 12,
+    cuda_graphs: Annotated[bool, typer.Option(help="Capture CUDA graphs per bucket.")] = False,
+    name: Annotated[str | None, typer.Option(help="Profile name.")] = None,
+) -> None:
+    """Measure SPS(B) and draft cost on this device (or build an analytic profile)."""
+    if sheet is not None:
+        from dspark_sim.calibration.profile import load_profile
+        from dspark_sim.calibration.roofline import profile_from_sheets
+
+        prof = profile_from_sheets(sheet, name=name)
+        from dspark_sim.io import write_text_atomic
+
+        write_text_atomic(out, prof.to_toml())
+        load_profile(out)  # what we wrote must read back
+        console.print(f"wrote {out}: {prof.summary()}")
+        return
+    from dspark_sim.calibration.measure import measure_engine, write_profile
+
+    prof = measure_engine(
+        model, device=device, batch_requests=_ints("--batch-requests", batch_requests),
+        verify_lengths=_ints("--verify-lengths", verify_lengths),
+        context_lengths=_ints("--context-lengths", context_lengths), warmup=warmup,
+        repeats=repeats, cuda_graphs=cuda_graphs, name=name,
+        log=lambda msg: console.print(msg, style="dim", markup=False),
+    )
+    write_profile(prof, out)
+    err = prof.parameters.get("heldout_mean_rel_error")
+    console.print(f"wrote {out}: {prof.summary()}")
+    if err is not None:
+        console.print(f"held-out step-time error: mean {100 * err:.1f} %, max "
+                      f"{100 * prof.parameters.get('heldout_max_rel_error', float('nan')):.1f} %")
+
+
+@calibrate_app.command("confidence")
+@guarded
+def calibrate_confidence_cmd(
+    trace: Annotated[str, typer.Option(help="Trace path or built-in name.")],
+    out: Annotated[Path, typer.Option(help="Calibration map TOML to write.")],
+    method: Annotated[str, typer.Option(help="temperature (sequential) | isotonic")] = "temperature",
+    holdout: Annotated[float, typer.Option(help="Fraction of requests held out for the report.")] = 0.3,
+    html: Annotated[Path | None, typer.Option(help="Also write a reliability diagram (HTML).")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Fit sequential temperature scaling (or isotonic) on a trace; report ECE/AUC."""
+    from dspark_sim.calibration.fit import (
+        calibrate_confidence,
+        format_report,
+        write_reliability_html,
+    )
+    from dspark_sim.traces.schema import load_trace
+
+    t = load_trace(trace)
+    fitted, report = calibrate_confidence(t, method=method, holdout=holdout, seed=seed)
+    console.print(format_report(report), markup=False, highlight=False)
+    # The shipped map uses every request; the report above is on held-out requests.
+    full, _ = calibrate_confidence(t, method=method, holdout=0.0, seed=seed)
+    full.save(out)
+    console.print(f"wrote {out} (fitted on all {t.num_requests} requests)")
+    if html is not None:
+        write_reliability_html(html, t, fitted, report=report)
+        console.print(f"wrote {html}")
+
+
+def main() -> None:  # pragma: no cover - console entry
     app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -62,3 +62,19 @@ def read_toml(path: str | Path, what: str = "file") -> dict:
         return tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(str(p), f"invalid TOML: {exc}") from exc
+
+
+def jsonable(d):
+    """``d`` with numpy scalars turned into Python numbers and non-finite floats into None
+    (what ``json.dumps`` can write and any reader can parse)."""
+    import numpy as np
+
+    if isinstance(d, dict):
+        return {k: jsonable(v) for k, v in d.items()}
+    if isinstance(d, list | tuple):
+        return [jsonable(v) for v in d]
+    if isinstance(d, np.generic):
+        return d.item()
+    if isinstance(d, float) and not np.isfinite(d):
+        return None
+    return d

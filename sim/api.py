@@ -20,7 +20,7 @@ import polars as pl
 from dspark_sim.calibration.confmap import CalibrationMap, load_calibration
 from dspark_sim.calibration.profile import EngineProfile, load_profile
 from dspark_sim.errors import InputError
-from dspark_sim.io import atomic_path, write_json_atomic
+from dspark_sim.io import atomic_path, jsonable, write_json_atomic
 from dspark_sim.policies.registry import Policy, get_policy
 from dspark_sim.sim.config import SimConfig
 from dspark_sim.sim.engine import (
@@ -232,7 +232,7 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
         "seed": cfg.seed,
         **summary,
     }
-    return SimResult(cfg, _jsonable(summary), requests_frame(log))
+    return SimResult(cfg, jsonable(summary), requests_frame(log))
 
 
 def _queue_growth(samples: list[tuple[float, int]]) -> float:
@@ -246,16 +246,6 @@ def _queue_growth(samples: list[tuple[float, int]]) -> float:
     return float(np.polyfit(t, q, 1)[0])
 
 
-def _jsonable(d):
-    if isinstance(d, dict):
-        return {k: _jsonable(v) for k, v in d.items()}
-    if isinstance(d, list | tuple):
-        return [_jsonable(v) for v in d]
-    if isinstance(d, np.generic):
-        return d.item()
-    if isinstance(d, float) and not np.isfinite(d):
-        return None
-    return d
 
 
 def summary_json(result: SimResult) -> str:

@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dspark_sim.calibration.fit import calibrate_confidence
+from dspark_sim.cli import app
 from dspark_sim.sim.api import simulate
-from dspark_sim.sim.cli import app
 from dspark_sim.sim.config import DeploymentConfig, SimConfig, WorkloadConfig
 from dspark_sim.traces.synth import DSPARK_CURVES, SignalModel, synth_drafter
 

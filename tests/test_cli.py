@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from dspark_sim.sim.cli import app
+from dspark_sim.cli import app
 
 runner = CliRunner()
 SMALL = ["--num-requests", "120", "--replicas", "1", "--qps", "20"]

@@ -19,7 +19,7 @@ from dspark_sim.sim.config import preset
 s = simulate(preset("tiny")).summary
 assert s["completed"] == 200, s["completed"]
 from typer.testing import CliRunner
-from dspark_sim.sim.cli import app
+from dspark_sim.cli import app
 r = CliRunner().invoke(app, ["run", "--preset", "tiny", "--quiet"])
 assert r.exit_code == 0, r.output
 print("ok")

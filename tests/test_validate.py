@@ -32,7 +32,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def workload():
-    from dspark_sim.sim.validate import poisson_workload, prompt_pool
+    from dspark_sim.validation.harness import poisson_workload, prompt_pool
 
     prompts, domains = prompt_pool(None, N_REQ, 24, seed=1, vocab=256)
     return poisson_workload(prompts, domains, rate=200.0, max_new_tokens=N_OUT, seed=1)
@@ -46,7 +46,7 @@ def _profile():
 @pytest.mark.parametrize("policy", ["mtp1", "fixed:3", "confidence", "none"])
 def test_server_is_lossless_and_consistent(tiny, workload, policy):
     from dspark_sim.traces.drafters import Lookup
-    from dspark_sim.traces.server import DraftRunner, ServerConfig, SpecServer, greedy_reference
+    from dspark_sim.validation.server import DraftRunner, ServerConfig, SpecServer, greedy_reference
 
     torch.set_num_threads(1)
     srv = SpecServer(tiny, DraftRunner(Lookup()), ServerConfig(
@@ -81,7 +81,7 @@ def test_server_is_lossless_and_consistent(tiny, workload, policy):
 
 def test_lookup_online_matches_offline():
     from dspark_sim.traces.drafters import Lookup
-    from dspark_sim.traces.server import OnlineLookup
+    from dspark_sim.validation.server import OnlineLookup
 
     rng = np.random.default_rng(3)
     seq = (rng.integers(0, 12, size=40).tolist() * 2)[:70]
@@ -96,7 +96,7 @@ def test_lookup_online_matches_offline():
 def test_validate_table(tiny, tmp_path):
     import polars as pl
 
-    from dspark_sim.sim.validate import METRICS, format_table, validate
+    from dspark_sim.validation.harness import METRICS, format_table, validate
 
     df = validate(policies=("mtp1", "confidence"), rates=(100.0,), num_requests=6,
                   max_new_tokens=12, out_dir=tmp_path, target=(tiny, None), drafter="lookup",
@@ -126,7 +126,7 @@ def test_step_model_check_charges_logit_rows():
     exactly as the simulator's engine does."""
     from dataclasses import replace
 
-    from dspark_sim.sim.validate import step_model_check
+    from dspark_sim.validation.harness import step_model_check
 
     base = _profile()
     prof = replace(base, logits_s_per_row=1e-4)
@@ -146,7 +146,7 @@ def test_step_model_check_charges_attention():
     the profile's attention term for it (older 7-field records: none)."""
     from dataclasses import replace
 
-    from dspark_sim.sim.validate import step_model_check
+    from dspark_sim.validation.harness import step_model_check
 
     base = _profile()
     prof = replace(base, attn_s_per_query_ctx=1e-8)
@@ -168,7 +168,7 @@ def test_server_sps_includes_logits(tiny):
     from dataclasses import replace
 
     from dspark_sim.traces.drafters import Lookup
-    from dspark_sim.traces.server import DraftRunner, ServerConfig, SpecServer
+    from dspark_sim.validation.server import DraftRunner, ServerConfig, SpecServer
 
     srv = SpecServer(tiny, DraftRunner(Lookup()), ServerConfig(
         max_num_seqs=4, max_num_batched_tokens=40, kv_capacity_tokens=4096, clock="cpu"),
@@ -190,7 +190,7 @@ def test_server_sps_includes_logits(tiny):
 
 def test_server_records_finishing_prefills(tiny, workload):
     from dspark_sim.traces.drafters import Lookup
-    from dspark_sim.traces.server import DraftRunner, ServerConfig, SpecServer
+    from dspark_sim.validation.server import DraftRunner, ServerConfig, SpecServer
 
     torch.set_num_threads(1)
     srv = SpecServer(tiny, DraftRunner(Lookup()), ServerConfig(
@@ -214,8 +214,8 @@ def test_server_records_finishing_prefills(tiny, workload):
 def test_server_learned_drafter_lossless(tiny, workload):
     """A (random-weight) DSpark drafter fed the server's own target features."""
     from dspark_sim.traces.drafters import Shared, build_drafter
-    from dspark_sim.traces.server import DraftRunner, ServerConfig, SpecServer, greedy_reference
     from dspark_sim.traces.targets import Target
+    from dspark_sim.validation.server import DraftRunner, ServerConfig, SpecServer, greedy_reference
 
     torch.manual_seed(1)
     tgt = Target(name="tiny", model=tiny, tokenizer=None, device=torch.device("cpu"))
@@ -235,9 +235,14 @@ def test_server_profile_dense_chunks_and_drafter_between(tiny):
     forward is jagged in B), runs the drafter before every timed pass (the cache state of
     a serving step), and times context-0 shapes as prefill chunks with one logit row."""
     from dspark_sim.calibration.measure import Shape
-    from dspark_sim.sim.validate import measure_server_profile
     from dspark_sim.traces.drafters import Lookup
-    from dspark_sim.traces.server import DraftRunner, ServerConfig, SpecServer, time_server_shapes
+    from dspark_sim.validation.harness import measure_server_profile
+    from dspark_sim.validation.server import (
+        DraftRunner,
+        ServerConfig,
+        SpecServer,
+        time_server_shapes,
+    )
 
     srv = SpecServer(tiny, DraftRunner(Lookup()), ServerConfig(
         max_num_seqs=4, max_num_batched_tokens=80, kv_capacity_tokens=4096, clock="cpu"),
@@ -270,7 +275,7 @@ def test_rescale_to_steps_recovers_scale_and_draft_cost():
     draft of 20 ms + 5 ms per request (gamma 7) and 4 ms + 1 ms/request (gamma 1):
     the fit recovers the scale and the point's own gamma's draft line."""
     from dspark_sim.calibration.profile import DraftCost
-    from dspark_sim.sim.validate import rescale_to_steps
+    from dspark_sim.validation.harness import rescale_to_steps
 
     base = EngineProfile("b", "measured", 1, np.array([1, 64, 256]),
                          np.array([0.05, 0.2, 0.5]), kv_s_per_token=1e-5, request_s=2e-3,

@@ -2,7 +2,7 @@
 
 For every (policy, request rate) point:
 
-1. **real run** -- :class:`dspark_sim.traces.server.SpecServer` serves a Poisson workload
+1. **real run** -- :class:`dspark_sim.validation.server.SpecServer` serves a Poisson workload
    (held-out prompts of the project's prompt sets, ``max_new_tokens`` output tokens each,
    EOS ignored) on the target (default: SmolLM2-135M on CPU) with a drafter (``auto``: the
    shipped trained ``dspark`` checkpoint when present, else the training-free ``lookup``
@@ -35,7 +35,7 @@ Traces: ``lookup`` -- exact, from the served sequences themselves (the lookup dr
 every output position depends only on the tokens); learned drafters -- the captured
 ``traces/data/captured-<target>-<kind>.parquet``.
 
-Everything torch-side is imported lazily: ``import dspark_sim.sim.validate`` needs no torch.
+Everything torch-side is imported lazily: ``import dspark_sim.validation.harness`` needs no torch.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ import polars as pl
 from dspark_sim.calibration.confmap import CalibrationMap, load_calibration
 from dspark_sim.calibration.profile import DraftCost, EngineProfile, builtin_profiles, load_profile
 from dspark_sim.errors import InputError
-from dspark_sim.io import atomic_path, write_json_atomic, write_text_atomic
+from dspark_sim.io import atomic_path, jsonable, write_json_atomic, write_text_atomic
 from dspark_sim.policies.registry import get_policy
-from dspark_sim.sim.api import _jsonable, simulate
+from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
 from dspark_sim.sim.metrics import requests_frame, summarize
 from dspark_sim.sim.workload import build_stream
@@ -151,7 +151,7 @@ def write_mooncake(path: str | Path, w: Workload) -> Path:
 def lookup_trace(prompts: list[list[int]], outputs: list[list[int]], domains: list[str],
                  gamma: int, target_name: str, max_ngram: int = 3) -> AcceptanceTrace:
     """The lookup drafter's exact trace on the served sequences (row ``i`` = request ``i``)."""
-    from dspark_sim.traces.server import lookup_accept_lengths
+    from dspark_sim.validation.server import lookup_accept_lengths
 
     rows = []
     for i, (p, o) in enumerate(zip(prompts, outputs, strict=True)):
@@ -165,7 +165,7 @@ def lookup_trace(prompts: list[list[int]], outputs: list[list[int]], domains: li
         }))
     meta = TraceMeta(drafter="lookup", target=target_name, gamma_max=gamma, source="captured",
                      temperature=0.0,
-                     generator={"tool": "dspark_sim.sim.validate", "from": "served sequences"})
+                     generator={"tool": "dspark_sim.validation.harness", "from": "served sequences"})
     return trace_from_frame(pl.concat(rows), meta, "validate-lookup")
 
 
@@ -202,7 +202,7 @@ def learned_trace(target: Any, drafter: Any, prompts: list[list[int]], outputs: 
         }))
     meta = TraceMeta(drafter=kind, target=target.name, gamma_max=gamma, source="captured",
                      temperature=0.0,
-                     generator={"tool": "dspark_sim.sim.validate", "from": "served sequences"})
+                     generator={"tool": "dspark_sim.validation.harness", "from": "served sequences"})
     return trace_from_frame(pl.concat(frames), meta, f"validate-{kind}")
 
 
@@ -246,7 +246,7 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
         fit_terms,
         heldout_error,
     )
-    from dspark_sim.traces.server import ServeRequest, time_server_shapes
+    from dspark_sim.validation.server import ServeRequest, time_server_shapes
 
     log = log or (lambda _m: None)
     eng = server.engine
@@ -355,7 +355,7 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
         "dtype": str(eng.dtype).replace("torch.", ""),
         "date": _dt.date.today().isoformat(),
         "clock": "thread CPU time" if clock == "cpu" else "wall clock",
-        "method": "engine-in-the-loop: dspark_sim.traces.server forward + verify_greedy",
+        "method": "engine-in-the-loop: dspark_sim.validation.server forward + verify_greedy",
         "fit": FIT_NOTE,
         "prefill_chunks": chunks,
         "between_passes": "the server's drafter (untimed)" if drafter_between else "nothing",
@@ -615,8 +615,8 @@ def validate(
     import torch
 
     from dspark_sim.traces.drafters import Lookup, Shared, load_drafter
-    from dspark_sim.traces.server import DraftRunner, ServerConfig, SpecServer, resolve_clock
     from dspark_sim.traces.targets import Target, load_target
+    from dspark_sim.validation.server import DraftRunner, ServerConfig, SpecServer, resolve_clock
 
     log = log or (lambda _m: None)
     if not policies or not rates:
@@ -727,7 +727,7 @@ def validate(
                 res = server.serve(w.prompts, list(w.output_tokens), list(w.arrival_s), pol)
                 real = summarize(res.log, res.stats, gpus=1, slo_ttft_ms=None, slo_tpot_ms=None,
                                  stable=True, queue_growth_per_s=0.0)
-                real = _jsonable({"policy": pol.name, "source": "real server",
+                real = jsonable({"policy": pol.name, "source": "real server",
                                   "clock": res.clock, "drafter": kind, "rate": float(rate),
                                   "wall_s": res.wall_s, "cpu_s": res.cpu_s, **real})
                 _write_run(out / tag / "real", real, requests_frame(res.log))
@@ -825,7 +825,7 @@ def validate(
             df.write_parquet(tmp)
         with atomic_path(out / "comparison.csv") as tmp:
             df.write_csv(tmp)
-        write_json_atomic(out / "validation.json", _jsonable({
+        write_json_atomic(out / "validation.json", jsonable({
             "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()} {platform.processor()} ({platform.node()})",
             "device": device, "threads": int(torch.get_num_threads()), "clock": clock_kind,
@@ -850,7 +850,7 @@ def _write_run(d: Path, summary: dict, requests: pl.DataFrame | None) -> None:
     if requests is not None:
         with atomic_path(d / "requests.parquet") as tmp:
             requests.write_parquet(tmp)
-    write_json_atomic(d / "summary.json", _jsonable(summary))
+    write_json_atomic(d / "summary.json", jsonable(summary))
 
 
 def _fmt(v: float | None, err: bool = False) -> str:
