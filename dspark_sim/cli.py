@@ -1,24 +1,67 @@
-"""The ``dspark-sim`` command line: a thin typer layer over the Python API.
+"""The ``dspark-sim`` command line: the one typer app, a thin layer over the Python API.
 
-Every command turns :class:`~dspark_sim.errors.InputError` into one line on stderr
-and exit code 2 (no traceback); nothing is written until inputs validate, and
-files are written atomically.
+Commands parse options, call library functions and print what they return. Bad input
+of any kind (an :class:`~dspark_sim.errors.InputError` from the library, or an option
+typer cannot parse) is one line on stderr, ``error: <file or option>: <problem>``, and
+exit code 2, never a traceback; every argument is checked before anything expensive
+(loading a model, simulating) starts, and files are written atomically.
 """
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from dspark_sim.errors import InputError
+from dspark_sim.io import check_writable
+
+try:  # typer >= 0.22 parses with its own copy of click, older ones with click itself
+    from typer._click import exceptions as _click_errors
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as _click_errors
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _error_line(text: str) -> None:
+    err_console.print("error: " + " ".join(text.split()), markup=False, highlight=False,
+                      soft_wrap=True)
+
+
+class OneLineErrors(TyperGroup):
+    """Runs the app with every failure a user can cause turned into one line and exit 2
+    (typer's own usage errors included, which it would otherwise draw as a box)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except InputError as exc:
+            _error_line(str(exc))
+            sys.exit(2)
+        except _click_errors.NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except _click_errors.ClickException as exc:
+            _error_line(exc.format_message())
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            _error_line("aborted")
+            sys.exit(1)
+        # standalone_mode=False returns an Exit's code (typer.Exit, --help) and the
+        # command's return value otherwise (commands return None).
+        sys.exit(rv if isinstance(rv, int) else 0)
+
 
 app = typer.Typer(
     name="dspark-sim",
@@ -26,6 +69,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineErrors,
 )
 traces_app = typer.Typer(help="Write and inspect acceptance traces (schema v1).",
                          no_args_is_help=True)
@@ -36,44 +80,11 @@ app.add_typer(traces_app, name="traces")
 app.add_typer(profiles_app, name="profiles")
 app.add_typer(calibrate_app, name="calibrate")
 
-console = Console()
-err_console = Console(stderr=True)
-
 
 def guarded(fn):
-    """One-line errors with exit code 2 for bad input; never a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except InputError as exc:
-            err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err_console.print("interrupted", markup=False)
-            raise typer.Exit(130) from None
-
-    return wrapper
-
-
-def parse_slo(spec: str | None) -> tuple[float | None, float | None]:
-    if not spec:
-        return None, None
-    out: dict[str, float] = {}
-    for part in spec.split(","):
-        key, _, val = part.partition(":")
-        key = key.strip().lower()
-        if key not in ("ttft", "tpot"):
-            raise InputError("--slo", f"expected ttft:MS,tpot:MS, got {spec!r}")
-        try:
-            v = float(val)
-        except ValueError:
-            raise InputError("--slo", f"{key} needs a number of milliseconds, got {val!r}") from None
-        if not v > 0:
-            raise InputError("--slo", f"{key} must be > 0 ms")
-        out[key] = v
-    return out.get("ttft"), out.get("tpot")
+    """Kept for commands written against the old layer: :class:`OneLineErrors` now turns
+    every ``InputError`` into one line and exit 2 for all commands."""
+    return fn
 
 
 def _fmt(v, nd: int = 1) -> str:
@@ -141,15 +152,16 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
 
 
 @app.command()
-@guarded
 def run(
-    policy: Annotated[str, typer.Option(help="NAME[:ARG]: none, mtp1, fixed:K, confidence, "
-                                        "confidence-async, threshold:P")] = "confidence",
-    qps: Annotated[float | None, typer.Option(help="Open-loop request rate (req/s).")] = None,
+    policy: Annotated[str | None, typer.Option(help="NAME[:ARG]: none, mtp1, fixed:K, confidence, "
+                                               "confidence-async, threshold:P [confidence]")] = None,
+    qps: Annotated[float | None, typer.Option(
+        help="Open-loop request rate (req/s); with --workload: rescale its timestamps.")] = None,
     burstiness: Annotated[float | None, typer.Option(
         help="Gamma arrivals with this shape (1 = Poisson, vLLM semantics).")] = None,
     max_concurrency: Annotated[int | None, typer.Option(
-        help="Closed loop: this many clients, each sends its next request on completion.")] = None,
+        help="Closed loop: this many clients, each sends its next request on completion "
+             "(with --workload: the file's requests, in order).")] = None,
     num_requests: Annotated[int | None, typer.Option(help="Requests to simulate.")] = None,
     duration_s: Annotated[float | None, typer.Option(help="Arrival window in seconds.")] = None,
     workload: Annotated[Path | None, typer.Option(
@@ -174,67 +186,29 @@ def run(
     max_num_batched_tokens: Annotated[int | None, typer.Option(help="Per step, per replica.")] = None,
     kv_capacity_tokens: Annotated[int | None, typer.Option(help="KV cache per replica.")] = None,
     kv_mode: Annotated[str | None, typer.Option(help="preempt | reserve")] = None,
-    seed: Annotated[int, typer.Option(help="One seed for everything random.")] = 0,
+    seed: Annotated[int | None, typer.Option(help="One seed for everything random [0].")] = None,
     slo: Annotated[str | None, typer.Option(help="Goodput SLO, e.g. ttft:2000,tpot:20")] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML config file (see docs).")] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="TOML config file; explicit options override it (docs/cli.md).")] = None,
     preset_name: Annotated[str | None, typer.Option("--preset", help="default | single-replica | tiny")] = None,
     out: Annotated[Path | None, typer.Option(help="Write summary.json and requests.parquet here.")] = None,
     quiet: Annotated[bool, typer.Option(help="Print nothing but errors.")] = False,
 ) -> None:
     """Simulate one deployment under load and print a summary."""
     from dspark_sim.calibration.profile import load_profile
-    from dspark_sim.sim.api import simulate
-    from dspark_sim.sim.config import load_config, preset
+    from dspark_sim.policies.registry import get_policy
+    from dspark_sim.sim.api import resolve_trace, simulate
+    from dspark_sim.sim.config import OPTION_FIELDS, check_draft_length, resolve_config
 
+    given = {k: v for k, v in locals().items() if k in OPTION_FIELDS or k == "slo"}
+    if out is not None:
+        check_writable(out, "--out")
+    cfg = resolve_config(preset_name=preset_name, config_path=config, options=given)
     sched_profile = load_profile(policy_profile) if policy_profile is not None else None
-    cfg = preset(preset_name or "default")
-    if config is not None:
-        cfg = load_config(config, base=cfg if preset_name else None)
-    w = cfg.workload
-    if workload is not None:
-        w = replace(w, arrival="replay", workload_path=str(workload))
-    if max_concurrency is not None:
-        w = replace(w, arrival="closed", max_concurrency=max_concurrency)
-    if burstiness is not None:
-        w = replace(w, arrival="gamma" if w.arrival in ("poisson", "gamma") else w.arrival,
-                    burstiness=burstiness)
-    if qps is not None:
-        if w.arrival == "replay":
-            w = replace(w, replay_qps=qps)
-        else:
-            w = replace(w, qps=qps)
-    if replay_qps is not None:
-        w = replace(w, replay_qps=replay_qps)
-    if duration_s is not None:
-        w = replace(w, duration_s=duration_s, num_requests=num_requests)
-    elif num_requests is not None:
-        w = replace(w, num_requests=num_requests)
-    if lengths is not None:
-        w = replace(w, lengths=lengths)
-    if domain is not None:
-        w = replace(w, domain=domain)
-    e = cfg.engine
-    for name, val in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
-                      ("kv_capacity_tokens", kv_capacity_tokens), ("kv_mode", kv_mode)):
-        if val is not None:
-            e = replace(e, **{name: val})
-    d = cfg.deployment
-    for name, val in (("replicas", replicas), ("router", router), ("profile", profile)):
-        if val is not None:
-            d = replace(d, **{name: val})
-    ttft, tpot = parse_slo(slo)
-    if trace is not None and mtp_trace is None and policy.strip().lower() == "mtp1":
-        mtp_trace = trace  # `run --policy mtp1 --trace X` means: replay X
-    cfg = replace(
-        cfg, workload=w, engine=e, deployment=d, policy=policy, seed=seed,
-        trace=trace if trace is not None else cfg.trace,
-        mtp_trace=mtp_trace if mtp_trace is not None else cfg.mtp_trace,
-        calibration=calibration if calibration is not None else cfg.calibration,
-        slo_ttft_ms=ttft if ttft is not None else cfg.slo_ttft_ms,
-        slo_tpot_ms=tpot if tpot is not None else cfg.slo_tpot_ms,
-    )
+    trace_obj = resolve_trace(cfg, get_policy(cfg.policy))
+    check_draft_length(get_policy(cfg.policy), trace_obj)
     t0 = time.perf_counter()
-    result = simulate(cfg, policy_profile=sched_profile)
+    result = simulate(cfg, trace=trace_obj, policy_profile=sched_profile)
     wall = time.perf_counter() - t0
     if out is not None:
         result.write(out)
@@ -245,7 +219,6 @@ def run(
 
 
 @traces_app.command("synth")
-@guarded
 def traces_synth(
     out: Annotated[Path, typer.Option(help="Output parquet path.")],
     kind: Annotated[str, typer.Option(help="iid | dspark | mtp1")] = "iid",
@@ -285,7 +258,6 @@ def traces_synth(
 
 
 @traces_app.command("inspect")
-@guarded
 def traces_inspect(
     trace: Annotated[str, typer.Argument(help="Trace path or built-in name.")],
 ) -> None:
@@ -322,7 +294,6 @@ def traces_inspect(
 
 
 @profiles_app.command("list")
-@guarded
 def profiles_list() -> None:
     """Built-in engine profiles."""
     from dspark_sim.calibration.profile import builtin_profiles, load_profile
@@ -337,7 +308,6 @@ def profiles_list() -> None:
 
 
 @profiles_app.command("show")
-@guarded
 def profiles_show(name: Annotated[str, typer.Argument(help="Built-in name or TOML path.")]) -> None:
     """SPS(B) table and draft costs of a profile."""
     from dspark_sim.calibration.profile import load_profile
@@ -364,7 +334,6 @@ def profiles_show(name: Annotated[str, typer.Argument(help="Built-in name or TOM
 
 
 @app.command()
-@guarded
 def sweep(
     out: Annotated[Path, typer.Option(help="Folder for points/, results.parquet, report.html.")],
     policies: Annotated[str, typer.Option(help="Comma-separated policy specs.")] =
@@ -392,17 +361,14 @@ def sweep(
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Sweep loads x policies (x profiles x traces x seeds); write results and a report."""
-    from dspark_sim.sim.config import load_config, preset
+    from dspark_sim.sim.config import resolve_config
     from dspark_sim.sim.frontier import format_headline, headline
     from dspark_sim.sim.report import build_report
     from dspark_sim.sim.sweep import parse_list, parse_numbers, run_sweep
 
-    base = load_config(config) if config is not None else preset("default")
-    if num_requests is not None:
-        base = replace(base, workload=replace(base.workload, num_requests=num_requests,
-                                              duration_s=None))
-    if replicas is not None:
-        base = replace(base, deployment=replace(base.deployment, replicas=replicas))
+    check_writable(out, "--out")
+    base = resolve_config(config_path=config,
+                          options={"num_requests": num_requests, "replicas": replicas})
     tiers = parse_numbers(sla, option="--sla")
     df = run_sweep(
         base,
@@ -425,7 +391,6 @@ def sweep(
 
 
 @app.command("train-drafter")
-@guarded
 def train_drafter_cmd(
     drafter: Annotated[str, typer.Option(help="mtp1 | parallel | dspark | all")] = "all",
     target: Annotated[str, typer.Option(
@@ -453,7 +418,6 @@ def train_drafter_cmd(
 
 
 @app.command()
-@guarded
 def capture(
     out: Annotated[Path, typer.Option(help="Folder for the traces (one parquet per drafter).")],
     drafters: Annotated[str, typer.Option(help="Comma-separated drafters.")] =
@@ -480,7 +444,6 @@ def capture(
 
 
 @app.command()
-@guarded
 def validate(
     out: Annotated[Path, typer.Option(help="Folder for real and simulated results.")] =
         Path("runs/validate"),
@@ -523,7 +486,6 @@ def _ints(option: str, spec: str) -> tuple[int, ...]:
 
 
 @calibrate_app.command("engine")
-@guarded
 def calibrate_engine(
     out: Annotated[Path, typer.Option(help="Profile TOML to write.")],
     model: Annotated[str | None, typer.Option(
@@ -570,7 +532,6 @@ def calibrate_engine(
 
 
 @calibrate_app.command("confidence")
-@guarded
 def calibrate_confidence_cmd(
     trace: Annotated[str, typer.Option(help="Trace path or built-in name.")],
     out: Annotated[Path, typer.Option(help="Calibration map TOML to write.")],

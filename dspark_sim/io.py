@@ -78,3 +78,32 @@ def jsonable(d):
     if isinstance(d, float) and not np.isfinite(d):
         return None
     return d
+
+
+def check_writable(path: str | Path, option: str, *, kind: str = "dir") -> Path:
+    """Fail fast, before any expensive work, when ``path`` cannot receive output.
+
+    ``kind="dir"``: a folder (created later if missing); ``kind="file"``: a file written
+    atomically beside its siblings. Probes the nearest existing folder with a temporary
+    file (permission bits say nothing to root, and /proc or a read-only mount only show
+    themselves on a real write); creates nothing that stays.
+    """
+    from dspark_sim.errors import InputError
+
+    p = Path(path)
+    if kind == "dir" and p.exists() and not p.is_dir():
+        raise InputError(option, f"{p} exists and is not a folder")
+    if kind == "file" and p.is_dir():
+        raise InputError(option, f"{p} is a folder, not a file")
+    probe = p if kind == "dir" else p.parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise InputError(option, f"{probe} is not a folder, so {p} cannot be created")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".dspark-probe.", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise InputError(option, f"cannot write under {probe}: {exc.strerror or exc}") from None
+    return p

@@ -1,15 +1,23 @@
-"""Frozen configuration dataclasses, one per component, composed into :class:`SimConfig`.
+"""Frozen configuration dataclasses, one per component, composed into :class:`SimConfig`,
+and the one mapping from settings (command-line options, TOML keys) onto them.
 
 Presets are looked up by name (:func:`preset`); files are TOML with one table per
-component (``[engine]``, ``[deployment]``, ``[workload]``, ``[run]``), see
-``docs/configuration.md``. Every field carries its unit in its name.
+component (``[engine]``, ``[deployment]``, ``[workload]``, ``[run]``). Every field
+carries its unit in its name. :func:`resolve_config` layers a preset, a TOML file and
+explicitly given options (in that order: explicit option > config file > preset
+default); every value is type-checked against the dataclass field's annotation, and
+an unknown key is an error. The rules are documented in ``docs/cli.md``.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import types
+import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from dspark_sim.errors import InputError
 from dspark_sim.io import read_toml
@@ -17,6 +25,23 @@ from dspark_sim.io import read_toml
 ARRIVALS = ("poisson", "gamma", "closed", "replay")
 ROUTERS = ("round-robin", "least-outstanding")
 KV_MODES = ("preempt", "reserve")
+
+# -- limits ------------------------------------------------------------------------------
+# Beyond these a run allocates gigabytes at once or the simulated clock loses its
+# resolution; each is refused with an error naming the option (docs/cli.md lists them).
+MAX_NUM_REQUESTS = 1_000_000  # per-request log + batch rows: ~0.5 kB each, ~200 s wall
+MAX_NUM_BATCHED_TOKENS = 1 << 20  # the engine expands the step table to one float per B
+MAX_NUM_SEQS = 1 << 16
+MAX_KV_CAPACITY_TOKENS = 1 << 40
+MAX_REPLICAS = 1024  # one SimPy process and one batch matrix each
+MAX_TOKENS_PER_REQUEST = 1 << 24  # prompt or output tokens in a --lengths spec
+# Simulated seconds: the float64 clock keeps ~2 ns resolution below 1e7 s (116 days);
+# longer arrival windows make step durations vanish into rounding (0.0 ms latencies).
+MAX_SIM_TIME_S = 1e7
+# Gamma shape: below 1e-3 most gaps underflow to 0 and one is astronomically long; the
+# scale 1/(qps * b) overflows for denormal b.
+BURSTINESS_RANGE = (1e-3, 1e3)
+MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -45,12 +70,14 @@ class WorkloadConfig:
     qps: float = 200.0
     burstiness: float = 1.0  # gamma shape; 1 = Poisson (vLLM semantics)
     max_concurrency: int = 64  # closed loop only
-    num_requests: int | None = 2000  # None: bounded by duration_s
+    num_requests: int | None = 2000  # None: bounded by duration_s (closed: the file's)
     duration_s: float | None = None  # arrival window; None: bounded by num_requests
-    workload_path: str | None = None  # Azure CSV or Mooncake JSONL (arrival = replay)
+    # Azure CSV or Mooncake JSONL: replayed (arrival = replay), or its lengths sent in
+    # order by the clients of a closed loop (arrival = closed).
+    workload_path: str | None = None
     replay_qps: float | None = None  # rescale a replayed trace's timestamps to this rate
     # Named distribution, "fixed:IN:OUT" or "lognormal:IN:OUT[:SIGMA]"; None: the
-    # workload file's lengths when replaying, else "azure-conv".
+    # workload file's lengths when there is one, else "azure-conv".
     lengths: str | None = None
     domain: str | None = None  # restrict the acceptance trace to one domain
 
@@ -70,63 +97,129 @@ class SimConfig:
     drain_timeout_s: float = 120.0  # simulate at most this long after the last arrival
 
     def validate(self) -> SimConfig:
-        e, d, w = self.engine, self.deployment, self.workload
-        _pos_int("max_num_seqs", e.max_num_seqs)
-        _pos_int("max_num_batched_tokens", e.max_num_batched_tokens)
-        _pos_int("kv_capacity_tokens", e.kv_capacity_tokens)
-        if e.max_num_seqs > e.max_num_batched_tokens:
-            raise InputError("--max-num-seqs", "must not exceed max_num_batched_tokens")
-        _choice("kv_mode", e.kv_mode, KV_MODES)
-        _pos_int("replicas", d.replicas)
-        _choice("router", d.router, ROUTERS)
-        _choice("arrival", w.arrival, ARRIVALS)
-        if w.arrival in ("poisson", "gamma"):
-            _pos_float("qps", w.qps)
-            _pos_float("burstiness", w.burstiness)
-        if w.arrival == "closed":
-            _pos_int("max_concurrency", w.max_concurrency)
-        if w.arrival == "replay" and not w.workload_path:
-            raise InputError("--workload", "replay arrivals need a workload file")
-        if w.replay_qps is not None:
-            _pos_float("replay_qps", w.replay_qps)
-        if w.num_requests is None and w.duration_s is None:
-            raise InputError("--num-requests", "give --num-requests or --duration-s")
-        if w.num_requests is not None:
-            _pos_int("num_requests", w.num_requests)
-        if w.duration_s is not None:
-            _pos_float("duration_s", w.duration_s)
-        if w.arrival == "closed" and w.num_requests is None:
-            raise InputError("--num-requests", "closed-loop runs need --num-requests")
+        """Types, ranges and the limits above; returns ``self``."""
+        _check_types(self)
+        _validate_engine(self.engine)
+        _validate_deployment(self.deployment)
+        _validate_workload(self.workload)
+        if not 0 <= self.seed <= MAX_SEED:
+            raise InputError("--seed", f"must be an integer in [0, 2**63), got {self.seed}")
         for name in ("slo_ttft_ms", "slo_tpot_ms"):
             v = getattr(self, name)
             if v is not None:
                 _pos_float("--slo", v)
-        _pos_float("drain_timeout_s", self.drain_timeout_s)
+        _pos_float("--drain-timeout-s", self.drain_timeout_s, MAX_SIM_TIME_S)
         return self
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _pos_int(name: str, v) -> None:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise InputError(f"--{name.replace('_', '-')}", f"must be a positive integer, got {v!r}")
+def _validate_engine(e: EngineConfig) -> None:
+    _pos_int("--max-num-seqs", e.max_num_seqs, MAX_NUM_SEQS)
+    _pos_int("--max-num-batched-tokens", e.max_num_batched_tokens, MAX_NUM_BATCHED_TOKENS)
+    _pos_int("--kv-capacity-tokens", e.kv_capacity_tokens, MAX_KV_CAPACITY_TOKENS)
+    if None not in (e.max_num_seqs, e.max_num_batched_tokens) \
+            and e.max_num_seqs > e.max_num_batched_tokens:
+        raise InputError("--max-num-seqs", "must not exceed max_num_batched_tokens")
+    _choice("--kv-mode", e.kv_mode, KV_MODES)
 
 
-def _pos_float(name: str, v) -> None:
+def _validate_deployment(d: DeploymentConfig) -> None:
+    _pos_int("--replicas", d.replicas, MAX_REPLICAS)
+    _choice("--router", d.router, ROUTERS)
+
+
+def _validate_workload(w: WorkloadConfig) -> None:
+    _choice("arrival", w.arrival, ARRIVALS)
+    _pos_int("--num-requests", w.num_requests, MAX_NUM_REQUESTS)
+    _pos_float("--duration-s", w.duration_s, MAX_SIM_TIME_S)
+    if w.arrival in ("poisson", "gamma"):
+        _validate_open_loop(w)
+    if w.arrival == "closed":
+        _pos_int("--max-concurrency", w.max_concurrency, MAX_NUM_REQUESTS)
+        if w.num_requests is None and not w.workload_path:
+            raise InputError("--num-requests", "closed-loop runs need --num-requests "
+                             "(or a --workload file whose requests the clients send)")
+    if w.arrival == "replay" and not w.workload_path:
+        raise InputError("--workload", "replay arrivals need a workload file")
+    _pos_float("--replay-qps", w.replay_qps)
+    if w.lengths is not None:
+        _validate_lengths(w.lengths)
+
+
+def _validate_open_loop(w: WorkloadConfig) -> None:
+    """Poisson/gamma arrivals: a rate whose window the clock can hold, a shape whose gaps
+    neither overflow nor underflow, and at least one request expected in the window."""
+    _pos_float("--qps", w.qps)
+    _pos_float("--burstiness", w.burstiness)
+    lo, hi = BURSTINESS_RANGE
+    if w.arrival == "gamma" and not lo <= w.burstiness <= hi:
+        raise InputError("--burstiness", f"must lie in [{lo:g}, {hi:g}] (gamma shape; 1 = "
+                         f"Poisson), got {w.burstiness:g}")
+    if w.num_requests is None and w.duration_s is None:
+        raise InputError("--num-requests", "give --num-requests or --duration-s")
+    if w.num_requests is not None:
+        window_s = w.num_requests / w.qps
+        if window_s > MAX_SIM_TIME_S:
+            raise InputError("--qps", f"{w.qps:g} req/s spreads {w.num_requests} requests over "
+                             f"~{window_s:.3g} s; the simulated clock is limited to "
+                             f"{MAX_SIM_TIME_S:g} s: raise --qps or lower --num-requests")
+    if w.duration_s is not None:
+        expected = w.qps * w.duration_s
+        if expected < 1:
+            raise InputError("--qps/--duration-s", f"{w.qps:g} req/s over {w.duration_s:g} s "
+                             f"expects {expected:.3g} requests: the run would simulate none")
+        if w.num_requests is None and expected > MAX_NUM_REQUESTS:
+            raise InputError("--qps/--duration-s", f"{w.qps:g} req/s over {w.duration_s:g} s "
+                             f"expects {expected:.3g} requests; the limit is "
+                             f"{MAX_NUM_REQUESTS:,} (--num-requests caps the count)")
+
+
+def _validate_lengths(spec: str) -> None:
+    """Numeric ``--lengths`` arguments: whole tokens per request below the limit (the
+    name and the shape of the spec are checked where it is parsed, in workload.py)."""
+    _kind, _, rest = spec.partition(":")
+    for a in (x for x in rest.split(":") if x) if rest else ():
+        try:
+            v = float(a)
+        except ValueError:
+            return  # workload.sample_lengths names the malformed spec
+        if not math.isfinite(v) or v > MAX_TOKENS_PER_REQUEST:
+            raise InputError("--lengths", f"{spec!r}: token counts must be finite and at most "
+                             f"{MAX_TOKENS_PER_REQUEST:,}")
+
+
+def _pos_int(option: str, v, limit: int | None = None) -> None:
+    """A positive integer up to ``limit`` (None passes: the field is optional)."""
+    if v is None:
+        return
+    if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
+        raise InputError(option, f"must be a positive integer, got {v!r}")
+    if limit is not None and v > limit:
+        raise InputError(option, f"{v:,} is above the limit of {limit:,}")
+
+
+def _pos_float(option: str, v, limit: float | None = None) -> None:
+    """A finite positive number up to ``limit`` (None passes: the field is optional)."""
+    if v is None:
+        return
     try:
         f = float(v)
     except (TypeError, ValueError):
         f = float("nan")
     if not math.isfinite(f) or f <= 0:
-        raise InputError(f"--{name.replace('_', '-').lstrip('-')}", f"must be a positive number, got {v!r}")
+        raise InputError(option, f"must be a positive number, got {v!r}")
+    if limit is not None and f > limit:
+        raise InputError(option, f"{f:g} is above the limit of {limit:g}")
 
 
-def _choice(name: str, v: str, options: tuple[str, ...]) -> None:
+def _choice(option: str, v: str, options: tuple[str, ...]) -> None:
     if v not in options:
-        raise InputError(f"--{name.replace('_', '-')}", f"must be one of {', '.join(options)}, got {v!r}")
+        raise InputError(option, f"must be one of {', '.join(options)}, got {v!r}")
 
 
+# -- presets --------------------------------------------------------------------------
 PRESETS: dict[str, SimConfig] = {
     # The embedded default: V4-Flash-like MoE, 2 replicas x 32 H200, 200 req/s chat.
     "default": SimConfig(),
@@ -146,36 +239,263 @@ PRESETS: dict[str, SimConfig] = {
 def preset(name: str) -> SimConfig:
     try:
         return PRESETS[name]
-    except KeyError:
+    except (KeyError, TypeError):
         raise InputError("--preset", f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
 
 
-def _merge(cls, base, table: dict, where: str):
-    names = {f.name for f in fields(cls)}
-    unknown = set(table) - names
-    if unknown:
-        raise InputError(where, f"unknown key(s) {', '.join(sorted(unknown))}")
-    return replace(base, **table)
+# -- settings -> config -----------------------------------------------------------------
+SECTIONS: dict[str, type] = {"engine": EngineConfig, "deployment": DeploymentConfig,
+                             "workload": WorkloadConfig}
+RUN_KEYS = tuple(f.name for f in fields(SimConfig) if f.name not in SECTIONS)
+
+# Command-line option (its Python name) -> config field ("section.field" or a [run] key).
+OPTION_FIELDS: dict[str, str] = {
+    "policy": "policy", "seed": "seed", "trace": "trace", "mtp_trace": "mtp_trace",
+    "calibration": "calibration",
+    "qps": "workload.qps", "burstiness": "workload.burstiness",
+    "max_concurrency": "workload.max_concurrency", "num_requests": "workload.num_requests",
+    "duration_s": "workload.duration_s", "workload": "workload.workload_path",
+    "replay_qps": "workload.replay_qps", "lengths": "workload.lengths",
+    "domain": "workload.domain",
+    "profile": "deployment.profile", "replicas": "deployment.replicas",
+    "router": "deployment.router",
+    "max_num_seqs": "engine.max_num_seqs", "max_num_batched_tokens": "engine.max_num_batched_tokens",
+    "kv_capacity_tokens": "engine.kv_capacity_tokens", "kv_mode": "engine.kv_mode",
+}
+
+# Workload fields that mean nothing under an arrival kind: setting one explicitly (at the
+# layer that chose the arrival, or above) is a conflict, not something to drop silently.
+UNUSED_BY_ARRIVAL: dict[str, tuple[str, ...]] = {
+    "poisson": ("burstiness", "max_concurrency", "workload_path", "replay_qps"),
+    "gamma": ("max_concurrency", "workload_path", "replay_qps"),
+    "closed": ("qps", "burstiness", "duration_s", "replay_qps"),
+    "replay": ("qps", "burstiness", "max_concurrency"),
+}
+
+
+class _Layer:
+    """One source of settings (a preset, a TOML file, the command line): field path ->
+    value, and field path -> where it was given (for errors)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.values: dict[str, Any] = {}
+        self.where: dict[str, str] = {}
+
+    def set(self, path: str, value: Any, where: str) -> None:
+        self.values[path] = _coerce(value, _field_type(path), where)
+        self.where[path] = where
+
+    def __contains__(self, path: str) -> bool:
+        return path in self.values
+
+
+def _field_type(path: str) -> Any:
+    section, _, name = path.rpartition(".")
+    cls = SECTIONS[section] if section else SimConfig
+    return typing.get_type_hints(cls)[name]
+
+
+def _type_name(hint: Any) -> str:
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true/false"}
+    return " or ".join(names.get(a, getattr(a, "__name__", str(a)))
+                       for a in args if a is not type(None))
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """``value`` as the annotation ``hint`` wants it (int, float, str, bool, X | None);
+    an int is a valid float, a bool is never a number."""
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in args:
+        return None
+    is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    for t in args:
+        if t is float and is_number:
+            return float(value)
+        if t is int and is_number and isinstance(value, numbers.Integral):
+            return int(value)
+        if t in (str, bool) and isinstance(value, t):
+            return value
+    raise InputError(where, f"must be {_type_name(hint)}, got {value!r}")
+
+
+def _check_types(cfg: SimConfig) -> None:
+    """Every field of ``cfg`` matches its annotation (configs built in Python too)."""
+    for f in fields(SimConfig):
+        if f.name in SECTIONS:
+            part = getattr(cfg, f.name)
+            for g in fields(part):
+                _coerce(getattr(part, g.name), _field_type(f"{f.name}.{g.name}"),
+                        f"--{g.name.replace('_', '-')}")
+        else:
+            _coerce(getattr(cfg, f.name), _field_type(f.name), f"--{f.name.replace('_', '-')}")
+
+
+def _toml_layer(data: dict, source: str) -> _Layer:
+    layer = _Layer(source)
+    for table, body in data.items():
+        if table == "preset":
+            continue
+        if table not in (*SECTIONS, "run"):
+            raise InputError(source, f"unknown table [{table}]; known: "
+                             f"{', '.join((*SECTIONS, 'run'))}")
+        if not isinstance(body, dict):
+            raise InputError(source, f"[{table}] must be a table, got {body!r}")
+        names = RUN_KEYS if table == "run" else tuple(f.name for f in fields(SECTIONS[table]))
+        for key, value in body.items():
+            if key not in names:
+                raise InputError(f"{source} [{table}]", f"unknown key {key!r}; known: "
+                                 f"{', '.join(names)}")
+            layer.set(key if table == "run" else f"{table}.{key}", value,
+                      f"{source} [{table}] {key}")
+    return layer
+
+
+def parse_slo(spec: str | None) -> tuple[float | None, float | None]:
+    """``ttft:MS,tpot:MS`` (either part optional) -> (ttft_ms, tpot_ms)."""
+    if not spec:
+        return None, None
+    out: dict[str, float] = {}
+    for part in spec.split(","):
+        key, _, val = part.partition(":")
+        key = key.strip().lower()
+        if key not in ("ttft", "tpot"):
+            raise InputError("--slo", f"expected ttft:MS,tpot:MS, got {spec!r}")
+        try:
+            v = float(val)
+        except ValueError:
+            raise InputError("--slo", f"{key} needs a number of milliseconds, got {val!r}") from None
+        if not (math.isfinite(v) and v > 0):
+            raise InputError("--slo", f"{key} must be a positive number of ms, got {val!r}")
+        out[key] = v
+    return out.get("ttft"), out.get("tpot")
+
+
+def _options_layer(options: dict[str, Any]) -> _Layer:
+    layer = _Layer("command line")
+    for name, value in options.items():
+        if value is None:
+            continue  # not given: lower layers decide
+        flag = f"--{name.replace('_', '-')}"
+        if name == "slo":
+            ttft, tpot = parse_slo(value)
+            for path, v in (("slo_ttft_ms", ttft), ("slo_tpot_ms", tpot)):
+                if v is not None:
+                    layer.set(path, v, flag)
+            continue
+        if name not in OPTION_FIELDS:
+            raise InputError(flag, "is not a simulation setting")
+        layer.set(OPTION_FIELDS[name], str(value) if name == "workload" else value, flag)
+    return layer
+
+
+def _apply(cfg: SimConfig, layer: _Layer, arrival_layer: int, index: int) -> tuple[SimConfig, int]:
+    """``cfg`` with ``layer``'s settings and their implications; returns the index of the
+    layer that now decides the arrival kind."""
+    w = cfg.workload
+    v = layer.values
+    # Implications of a layer's own keys, unless the same layer names the arrival itself.
+    if "workload.arrival" not in layer:
+        implied = None
+        if "workload.max_concurrency" in layer:
+            implied = ("closed", "workload.max_concurrency")
+        elif "workload.workload_path" in layer:
+            implied = ("replay", "workload.workload_path")
+        elif "workload.burstiness" in layer and w.arrival in ("poisson", "gamma"):
+            implied = ("gamma", "workload.burstiness")
+        if implied is not None:
+            v["workload.arrival"] = implied[0]
+            layer.where["workload.arrival"] = layer.where[implied[1]]
+    arrival = v.get("workload.arrival", w.arrival)
+    if arrival == "replay" and "workload.qps" in layer and "workload.replay_qps" not in layer:
+        # --qps with a replayed file rescales its timestamps to that rate.
+        v["workload.replay_qps"] = v.pop("workload.qps")
+        layer.where["workload.replay_qps"] = layer.where.pop("workload.qps")
+    if "workload.duration_s" in layer and "workload.num_requests" not in layer:
+        v["workload.num_requests"] = None  # the window alone bounds the run
+        layer.where["workload.num_requests"] = layer.where["workload.duration_s"]
+    policy = v.get("policy", cfg.policy)
+    if "trace" in layer and "mtp_trace" not in layer and str(policy).strip().lower() == "mtp1":
+        v["mtp_trace"] = v["trace"]  # `--policy mtp1 --trace X` means: replay X
+
+    parts = {s: {k.partition(".")[2]: x for k, x in v.items() if k.startswith(s + ".")}
+             for s in SECTIONS}
+    cfg = replace(cfg, **{s: replace(getattr(cfg, s), **kv) for s, kv in parts.items() if kv},
+                  **{k: x for k, x in v.items() if "." not in k})
+    return cfg, (index if "workload.arrival" in layer else arrival_layer)
+
+
+def _check_conflicts(cfg: SimConfig, layers: list[_Layer], arrival_layer: int) -> None:
+    arrival = cfg.workload.arrival
+    decided_by = layers[arrival_layer].where.get("workload.arrival", layers[arrival_layer].name)
+    for layer in layers[max(arrival_layer, 1):]:
+        for name in UNUSED_BY_ARRIVAL[arrival]:
+            where = layer.where.get(f"workload.{name}")
+            if where is not None:
+                raise InputError(where, f"does not apply to {arrival} arrivals (chosen by "
+                                 f"{decided_by}); {_ARRIVAL_HELP[arrival]}")
+
+
+_ARRIVAL_HELP = {
+    "poisson": "--burstiness makes gamma arrivals, --max-concurrency a closed loop",
+    "gamma": "--max-concurrency makes a closed loop, --workload a replay",
+    "closed": "each client sends its next request when the previous one finishes, so "
+              "there is no arrival rate or window",
+    "replay": "the file's timestamps set the arrivals (--qps or --replay-qps rescales them)",
+}
+
+
+def resolve_config(*, preset_name: str | None = None, config_path: str | Path | None = None,
+                   options: dict[str, Any] | None = None) -> SimConfig:
+    """The run's config: preset < config file < explicitly given options.
+
+    ``preset_name`` (``--preset``) wins over the file's own ``preset = ...`` key, which
+    wins over ``default``. ``options`` maps option names (:data:`OPTION_FIELDS`, plus
+    ``slo``) to values; ``None`` means not given. Some settings imply others within the
+    layer that gives them (``max_concurrency`` -> a closed loop, ``workload`` -> replay,
+    ``burstiness`` -> gamma, ``duration_s`` without ``num_requests`` -> the window alone
+    bounds the run, ``qps`` with a replay -> ``replay_qps``); a setting that does not apply
+    to the resulting arrival kind is an error naming it.
+    """
+    data: dict = {}
+    file_layer = None
+    if config_path is not None:
+        data = read_toml(config_path, "config file")
+        file_layer = _toml_layer(data, str(config_path))
+    file_preset = data.get("preset")
+    if preset_name is None and file_preset is not None and not isinstance(file_preset, str):
+        raise InputError(f"{config_path} preset", f"must be a string, got {file_preset!r}")
+    cfg = preset(preset_name or file_preset or "default")
+    layers = [_Layer(f"preset {preset_name or file_preset or 'default'}")]
+    arrival_layer = 0
+    for layer in (file_layer, _options_layer(options or {})):
+        if layer is None:
+            continue
+        layers.append(layer)
+        cfg, arrival_layer = _apply(cfg, layer, arrival_layer, len(layers) - 1)
+    _check_conflicts(cfg, layers, arrival_layer)
+    return cfg.validate()
 
 
 def load_config(path: str | Path, base: SimConfig | None = None) -> SimConfig:
-    """Read a TOML config; missing keys keep ``base`` (default: the default preset)."""
-    source = str(path)
-    data = read_toml(path, "config file")
-    cfg = base or preset(data.pop("preset", "default"))
-    cfg = replace(
-        cfg,
-        engine=_merge(EngineConfig, cfg.engine, data.pop("engine", {}), f"{source} [engine]"),
-        deployment=_merge(DeploymentConfig, cfg.deployment, data.pop("deployment", {}),
-                          f"{source} [deployment]"),
-        workload=_merge(WorkloadConfig, cfg.workload, data.pop("workload", {}),
-                        f"{source} [workload]"),
-    )
-    run = data.pop("run", {})
-    if data:
-        raise InputError(source, f"unknown table(s) {', '.join(sorted(data))}")
-    try:
-        cfg = _merge(SimConfig, cfg, run, f"{source} [run]")
-    except TypeError as exc:
-        raise InputError(source, str(exc)) from exc
-    return cfg
+    """Read a TOML config; missing keys keep ``base`` (default: the file's ``preset``, else
+    the default preset). Type-checked and validated like :func:`resolve_config`."""
+    if base is None:
+        return resolve_config(config_path=path)
+    layers = [_Layer("base config"), _toml_layer(read_toml(path, "config file"), str(path))]
+    cfg, arrival_layer = _apply(base, layers[1], 0, 1)
+    _check_conflicts(cfg, layers, arrival_layer)
+    return cfg.validate()
+
+
+def check_draft_length(policy: Any, trace: Any) -> None:
+    """A policy that verifies a fixed ``k`` draft tokens (``fixed:K``) cannot verify more
+    than the trace's drafter drafts (``gamma_max``): refuse rather than silently verify
+    fewer. ``policy`` is a registry Policy, ``trace`` an AcceptanceTrace or None."""
+    k = getattr(policy, "draft_gamma", None)
+    if trace is None or k is None or k <= trace.gamma_max:
+        return
+    raise InputError("--policy", f"{policy.name} verifies {k} draft tokens per step but the "
+                     f"drafter of {trace.source_path} drafts at most gamma_max = "
+                     f"{trace.gamma_max}: use K <= {trace.gamma_max}")

@@ -2,10 +2,13 @@
 
 Arrival kinds: ``poisson``; ``gamma`` with burstiness (vLLM: gaps ~ Gamma(shape=b,
 scale=1/(qps*b)), b = 1 is Poisson); ``closed`` (a fixed number of clients, each
-sends its next request when the previous one finishes; handled by the engine);
-``replay`` of an Azure LLM inference CSV (TIMESTAMP, ContextTokens,
-GeneratedTokens) or a Mooncake JSONL (timestamp ms, input_length, output_length),
-optionally rescaled in time to a target rate.
+sends its next request when the previous one finishes: this module supplies only the
+lengths, in the order the clients send them; the run loop in ``sim/api.py`` issues a
+request whenever one finishes); ``replay`` of an Azure LLM inference CSV (TIMESTAMP,
+ContextTokens, GeneratedTokens) or a Mooncake JSONL (timestamp ms, input_length,
+output_length), optionally rescaled in time to a target rate. A closed loop given a
+workload file sends the file's requests (their lengths, in the file's timestamp order);
+the timestamps themselves play no part.
 
 Lengths: from the workload file, a named empirical distribution shipped with the
 package (``azure-conv``, ``azure-code``, ``mooncake``: samples of the public traces,
@@ -23,7 +26,7 @@ import numpy as np
 import polars as pl
 
 from dspark_sim.errors import InputError
-from dspark_sim.sim.config import WorkloadConfig
+from dspark_sim.sim.config import MAX_SIM_TIME_S, WorkloadConfig
 
 NAMED_LENGTHS = ("azure-conv", "azure-code", "mooncake")
 DEFAULT_LENGTHS = "azure-conv"
@@ -149,35 +152,68 @@ def _gaps(w: WorkloadConfig, n: int, rng: np.random.Generator) -> np.ndarray:
 def build_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
     """Arrival times and lengths for an open-loop run (closed loop: lengths only)."""
     if w.arrival == "replay":
-        df = read_workload(w.workload_path)
-        arr = df["arrival_s"].to_numpy().astype(np.float64)
-        native_qps = (len(arr) - 1) / arr[-1] if arr[-1] > 0 else float("inf")
-        desc = f"replay of {Path(w.workload_path).name} ({native_qps:.2f} req/s native"
-        if w.replay_qps is not None and np.isfinite(native_qps):
-            arr = arr * (native_qps / w.replay_qps)
-            desc += f", time-scaled to {w.replay_qps:g} req/s"
-        desc += ")"
-        keep = np.ones(len(arr), bool)
-        if w.duration_s is not None:
-            keep &= arr < w.duration_s
-        idx = np.flatnonzero(keep)
-        if w.num_requests is not None:
-            idx = idx[: w.num_requests]
-        if idx.size == 0:
-            raise InputError(w.workload_path, "no requests inside the requested window")
-        p = df["prompt_tokens"].to_numpy()[idx].astype(np.int64)
-        o = df["output_tokens"].to_numpy()[idx].astype(np.int64)
-        if w.lengths is not None:  # explicit lengths override the file's
-            p, o, _ = sample_lengths(w.lengths, idx.size, rng)
-        return RequestStream(arr[idx], np.maximum(p, 1), np.maximum(o, 1), desc)
-
+        return _replay_stream(w, rng)
     if w.arrival == "closed":
+        return _closed_stream(w, rng)
+    return _open_stream(w, rng)
+
+
+def _file_requests(w: WorkloadConfig, df: pl.DataFrame, idx: np.ndarray,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, str]:
+    """The file's lengths for rows ``idx``, unless ``--lengths`` overrides them."""
+    if w.lengths is not None:  # explicit lengths override the file's
+        return sample_lengths(w.lengths, idx.size, rng)
+    p = df["prompt_tokens"].to_numpy()[idx].astype(np.int64)
+    o = df["output_tokens"].to_numpy()[idx].astype(np.int64)
+    return np.maximum(p, 1), np.maximum(o, 1), f"lengths of {Path(w.workload_path).name}"
+
+
+def _replay_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
+    df = read_workload(w.workload_path)
+    arr = df["arrival_s"].to_numpy().astype(np.float64)
+    native_qps = (len(arr) - 1) / arr[-1] if arr[-1] > 0 else float("inf")
+    desc = f"replay of {Path(w.workload_path).name} ({native_qps:.2f} req/s native"
+    if w.replay_qps is not None and np.isfinite(native_qps):
+        arr = arr * (native_qps / w.replay_qps)
+        desc += f", time-scaled to {w.replay_qps:g} req/s"
+    desc += ")"
+    keep = np.ones(len(arr), bool)
+    if w.duration_s is not None:
+        keep &= arr < w.duration_s
+    idx = np.flatnonzero(keep)
+    if w.num_requests is not None:
+        idx = idx[: w.num_requests]
+    if idx.size == 0:
+        raise InputError(w.workload_path, "no requests inside the requested window")
+    if arr[idx[-1]] > MAX_SIM_TIME_S:
+        raise InputError("--replay-qps", f"the replay spans {arr[idx[-1]]:.3g} s; the simulated "
+                         f"clock is limited to {MAX_SIM_TIME_S:g} s: raise the rate or cap "
+                         "--num-requests / --duration-s")
+    p, o, _ = _file_requests(w, df, idx, rng)
+    return RequestStream(arr[idx], p, o, desc)
+
+
+def _closed_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
+    clients = f"closed loop, {w.max_concurrency} clients"
+    if w.workload_path is None:
         n = int(w.num_requests)
         p, o, ldesc = sample_lengths(w.lengths or DEFAULT_LENGTHS, n, rng)
-        return RequestStream(np.zeros(n), p, o,
-                             f"closed loop, {w.max_concurrency} clients, {ldesc}")
+        return RequestStream(np.zeros(n), p, o, f"{clients}, {ldesc}")
+    # The clients send the file's requests in timestamp order; the times play no part.
+    df = read_workload(w.workload_path)
+    n = df.height if w.num_requests is None else min(int(w.num_requests), df.height)
+    p, o, ldesc = _file_requests(w, df, np.arange(n), rng)
+    if n < df.height:
+        which = f"the file's first {n} of {df.height} requests"
+    elif w.num_requests is not None and w.num_requests > n:
+        which = f"all {n} requests of the file, fewer than --num-requests {w.num_requests}"
+    else:
+        which = f"all {n} requests of the file"
+    return RequestStream(np.zeros(n), p, o, f"{clients}, {ldesc} ({which}, in order)")
 
-    # Open loop: Poisson or gamma gaps, bounded by count and/or duration.
+
+def _open_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
+    """Poisson or gamma gaps, bounded by count and/or duration."""
     if w.num_requests is not None:
         arr = np.cumsum(_gaps(w, int(w.num_requests), rng))
         if w.duration_s is not None:
@@ -188,7 +224,11 @@ def build_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
         while arr[-1] < w.duration_s:
             arr = np.concatenate([arr, arr[-1] + np.cumsum(_gaps(w, expect, rng))])
         arr = arr[arr < w.duration_s]
-    arr = arr - arr[0] if arr.size else arr  # the first request arrives at t = 0
+    if arr.size == 0:
+        raise InputError("--qps/--duration-s", f"no request arrived inside the "
+                         f"{w.duration_s:g} s window at {w.qps:g} req/s: the run would "
+                         "simulate nothing")
+    arr = arr - arr[0]  # the first request arrives at t = 0
     p, o, ldesc = sample_lengths(w.lengths or DEFAULT_LENGTHS, arr.size, rng)
     kind = "Poisson" if w.arrival == "poisson" or w.burstiness == 1.0 else f"gamma(burstiness={w.burstiness:g})"
     return RequestStream(arr, p, o, f"{kind} arrivals at {w.qps:g} req/s, {ldesc}")

@@ -37,3 +37,37 @@ def test_bad_config(tmp_path, text, needle):
 def test_unknown_preset():
     with pytest.raises(InputError, match="--preset"):
         preset("huge")
+
+
+def test_settings_are_checked_against_the_field_annotations():
+    from dspark_sim.sim.config import _coerce
+
+    assert _coerce(5, int | None, "x") == 5 and _coerce(None, int | None, "x") is None
+    v = _coerce(3, float | None, "x")
+    assert v == 3.0 and isinstance(v, float)
+    assert _coerce("a", str | None, "x") == "a"
+    for value, hint in [("5", int | None), (True, int), (1.5, int), (None, int), (2, str),
+                        ("x", float | None), (False, float)]:
+        with pytest.raises(InputError, match="^where: must be"):
+            _coerce(value, hint, "where")
+
+
+def test_options_layer_over_preset_and_file(tmp_path):
+    from dspark_sim.sim.config import resolve_config
+
+    p = tmp_path / "c.toml"
+    p.write_text('[workload]\nqps = 7\nduration_s = 30.0\n[run]\nseed = 2\n')
+    cfg = resolve_config(preset_name="tiny", config_path=p, options={"seed": None, "qps": 9.0})
+    assert cfg.workload.qps == 9.0 and cfg.seed == 2  # None: not given, the file decides
+    # the file's duration_s alone bounds the run (the preset's num_requests is dropped)
+    assert cfg.workload.duration_s == 30.0 and cfg.workload.num_requests is None
+    cfg = resolve_config(config_path=p, options={"num_requests": 5})
+    assert cfg.workload.num_requests == 5 and cfg.workload.duration_s == 30.0  # both bound
+    cfg = resolve_config(options={"workload": tmp_path / "w.csv", "qps": 40.0})
+    assert (cfg.workload.arrival, cfg.workload.replay_qps) == ("replay", 40.0)
+    cfg = resolve_config(options={"burstiness": 0.5})
+    assert cfg.workload.arrival == "gamma"
+    cfg = resolve_config(options={"trace": "x.parquet", "policy": "mtp1"})
+    assert cfg.mtp_trace == "x.parquet"
+    with pytest.raises(InputError, match="^--max-concurrency: must be a positive integer"):
+        resolve_config(options={"max_concurrency": 0})
