@@ -15,19 +15,19 @@ import numpy as np
 
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot
-from dspark_sim.policies.scheduler import schedule_async, schedule_sync, schedule_topk
+from dspark_sim.policies.scheduler import schedule_async, schedule_sync
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Policy:
     name: str  # canonical spec, e.g. "fixed:5"
     drafter: str | None  # "dspark" | "mtp1" | None (no speculation)
-    needs_sps: bool
-    needs_lag: bool
     decide: Callable[[BatchSnapshot], np.ndarray]
+    needs_sps: bool = False  # the snapshot carries the SPS curve (a table lookup per step)
+    needs_lag: bool = False  # the snapshot carries the survival/SPS of two steps ago
+    needs_survival: bool = False  # False: the snapshot's survival is zeros (cheaper)
     draft_gamma: int | None = None  # tokens drafted per request; None = the trace's gamma_max
     description: str = ""
-    needs_survival: bool = False  # False: the snapshot's survival is zeros (cheaper)
 
     def __call__(self, snap: BatchSnapshot) -> np.ndarray:
         return self.decide(snap)
@@ -78,21 +78,24 @@ def _make(spec: str) -> Policy:
     name = name.strip().lower()
     arg = arg.strip() or None
     if name == "none":
-        return Policy("none", None, False, False, _const(0), 0, "no speculation")
+        return Policy(name="none", drafter=None, decide=_const(0), draft_gamma=0,
+                      description="no speculation")
     if name == "mtp1":
-        return Policy("mtp1", "mtp1", False, False, _const(1), 1,
-                      "MTP-1: one draft token from the MTP head, always verified")
+        return Policy(name="mtp1", drafter="mtp1", decide=_const(1), draft_gamma=1,
+                      description="MTP-1: one draft token from the MTP head, always verified")
     if name == "fixed":
         k = _parse_int(spec, arg, None)
-        return Policy(f"fixed:{k}", "dspark" if k else None, False, False, _const(k), k,
-                      f"verify a fixed {k} draft tokens per request")
+        return Policy(name=f"fixed:{k}", drafter="dspark" if k else None, decide=_const(k),
+                      draft_gamma=k, description=f"verify a fixed {k} draft tokens per request")
     if name == "confidence":
-        return Policy("confidence", "dspark", True, False, _confidence, None,
-                      "Algorithm 1: survival-ranked prefix scheduling, early stop", True)
+        return Policy(name="confidence", drafter="dspark", decide=_confidence, needs_sps=True,
+                      needs_survival=True,
+                      description="Algorithm 1: survival-ranked prefix scheduling, early stop")
     if name in ("confidence-async", "confidence_async"):
-        return Policy("confidence-async", "dspark", True, True, _confidence_async, None,
-                      "§5.2: budget from 2-step-old survivals, global search, dynamic top-K",
-                      True)
+        return Policy(name="confidence-async", drafter="dspark", decide=_confidence_async,
+                      needs_sps=True, needs_lag=True, needs_survival=True,
+                      description="§5.2: budget from 2-step-old survivals, global search, "
+                                  "dynamic top-K")
     if name == "threshold":
         try:
             p = float(arg) if arg is not None else 0.5
@@ -100,8 +103,9 @@ def _make(spec: str) -> Policy:
             raise InputError("--policy", f"{spec!r}: threshold must be a number") from exc
         if not 0.0 <= p <= 1.0:
             raise InputError("--policy", f"{spec!r}: threshold must lie in [0, 1]")
-        return Policy(f"threshold:{p:g}", "dspark", False, False, _threshold(p), None,
-                      f"verify draft tokens whose survival >= {p:g}", True)
+        return Policy(name=f"threshold:{p:g}", drafter="dspark", decide=_threshold(p),
+                      needs_survival=True,
+                      description=f"verify draft tokens whose survival >= {p:g}")
     raise InputError("--policy", f"unknown policy {spec!r}; known: {', '.join(POLICY_NAMES)}")
 
 
@@ -114,8 +118,3 @@ def get_policy(spec: str) -> Policy:
         raise InputError("--policy", "empty policy name")
     return _make(spec)
 
-
-def topk_policy(k: int) -> Policy:
-    """Verify the k most likely tokens of the whole batch (used by tests and sweeps)."""
-    return Policy(f"topk:{k}", "dspark", False, False, lambda s: schedule_topk(s.survival, k),
-                  None, f"verify the {k} most likely draft tokens of the batch", True)

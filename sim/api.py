@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,19 +21,9 @@ from dspark_sim.calibration.profile import EngineProfile, load_profile
 from dspark_sim.errors import InputError
 from dspark_sim.io import atomic_path, jsonable, write_json_atomic
 from dspark_sim.policies.registry import Policy, get_policy
+from dspark_sim.sim.arrivals import ClosedLoop, OpenLoop
 from dspark_sim.sim.config import SimConfig
-from dspark_sim.sim.engine import (
-    NCOLS,
-    NEED,
-    OUT,
-    PROMPT,
-    RID,
-    TLEN,
-    TOFF,
-    RequestLog,
-    Router,
-    SimContext,
-)
+from dspark_sim.sim.engine import RequestLog, Router, SimContext, request_rows
 from dspark_sim.sim.metrics import requests_frame, summarize
 from dspark_sim.sim.workload import build_stream
 from dspark_sim.traces.schema import AcceptanceTrace, load_trace
@@ -48,10 +37,6 @@ class SimResult:
     config: SimConfig
     summary: dict
     requests: pl.DataFrame
-
-    def summary_frame(self) -> pl.DataFrame:
-        flat = {k: v for k, v in self.summary.items() if not isinstance(v, list | dict)}
-        return pl.DataFrame([flat])
 
     def to_pandas(self):
         return self.requests.to_pandas()
@@ -130,78 +115,28 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
                 raise InputError("trace_rows", f"need {n} row indices in [0, {trace.num_requests})")
             log.trace_row[:] = rows_in
 
-    w = cfg.workload
-    closed = w.arrival == "closed"
-    issued = 0
-    ctx_holder: list[SimContext] = []
-
-    # Every request's batch row, built at once (vectorised); replicas index into it.
-    rows = np.zeros((n, NCOLS), np.int64)
-    rows[:, RID] = np.arange(n)
-    rows[:, PROMPT] = stream.prompt_tokens
-    rows[:, NEED] = stream.prompt_tokens
-    rows[:, OUT] = np.maximum(1, stream.output_tokens)
-    if trace is not None:
-        rows[:, TOFF] = trace.req_offsets[log.trace_row]
-        rows[:, TLEN] = trace.req_lengths[log.trace_row]
-    else:
-        rows[:, TLEN] = 1
-
-    def submit(rid: int) -> None:
-        ctx = ctx_holder[0]
-        rep = router.route()
-        log.arrival_s[rid] = ctx.env.now
-        log.replica[rid] = rep.index
-        rep.submit(rid)
+    rows = request_rows(stream.prompt_tokens, stream.output_tokens, trace, log.trace_row)
+    source: OpenLoop | ClosedLoop | None = None
 
     def on_finish(k: int) -> None:
-        nonlocal issued
-        if closed:
-            for _ in range(k):
-                if issued < n:
-                    submit(issued)
-                    issued += 1
+        source.on_finish(k)
 
     ctx = SimContext(cfg, profile, policy, trace, calibration, log, on_finish,
                      policy_profile=policy_profile)
     ctx.set_rows(rows)
-    ctx_holder.append(ctx)
-    router = Router(ctx.replicas, cfg.deployment.router)
     env = ctx.env
+    router = Router(ctx.replicas, cfg.deployment.router)
     for rep in ctx.replicas:
         env.process(rep.run())
-
     samples: list[tuple[float, int]] = []
-    arrival_end = float(stream.arrival_s[-1]) if (n and not closed) else 0.0
-
-    def start_clients() -> None:
-        nonlocal issued
-        for _ in range(min(w.max_concurrency, n)):
-            submit(issued)
-            issued += 1
-
-    def arrivals():
-        nonlocal issued
-        t_prev = 0.0
-        for rid in range(n):
-            t = float(stream.arrival_s[rid])
-            if t > t_prev:
-                yield env.timeout(t - t_prev)
-                t_prev = t
-            submit(rid)
-            issued += 1
-
-    def monitor(dt: float):
-        while env.now <= arrival_end:
-            samples.append((env.now, sum(len(r.waiting) for r in ctx.replicas)))
-            yield env.timeout(dt)
-
-    if closed:
-        start_clients()
+    if cfg.workload.arrival == "closed":
+        source = ClosedLoop(env, router, log, n, cfg.workload.max_concurrency)
+        arrival_end = 0.0
         horizon = 1e9
     else:
-        env.process(arrivals())
-        env.process(monitor(max(arrival_end / 200.0, 0.01)))
+        source = OpenLoop(env, router, log, stream.arrival_s)
+        arrival_end = source.last_arrival_s
+        env.process(_queue_monitor(env, ctx, samples, arrival_end))
         horizon = arrival_end + cfg.drain_timeout_s
     env.run(until=horizon)
 
@@ -235,6 +170,14 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
     return SimResult(cfg, jsonable(summary), requests_frame(log))
 
 
+def _queue_monitor(env, ctx: SimContext, samples: list[tuple[float, int]], arrival_end: float):
+    """Sample the total waiting queue 200 times over the arrival window (stability check)."""
+    dt = max(arrival_end / 200.0, 0.01)
+    while env.now <= arrival_end:
+        samples.append((env.now, sum(len(r.waiting) for r in ctx.replicas)))
+        yield env.timeout(dt)
+
+
 def _queue_growth(samples: list[tuple[float, int]]) -> float:
     """Least-squares slope (requests/s) of the waiting queue over the window's 2nd half."""
     if len(samples) < 8:
@@ -246,10 +189,6 @@ def _queue_growth(samples: list[tuple[float, int]]) -> float:
     return float(np.polyfit(t, q, 1)[0])
 
 
-
-
-def summary_json(result: SimResult) -> str:
-    return json.dumps(result.summary, indent=2, sort_keys=True)
 
 
 __all__ = ["SimResult", "simulate", "replace"]

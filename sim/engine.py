@@ -35,11 +35,24 @@ from dspark_sim.policies.registry import Policy
 from dspark_sim.sim.config import SimConfig
 from dspark_sim.traces.schema import AcceptanceTrace
 
-# Columns of the running-batch matrix. STEPS/VERIFIED/ACCEPTED are per-request
-# counters kept in the batch (cheap column updates) and flushed to the log when the
-# request leaves the batch.
-RID, PROMPT, NEED, FILLED, GEN, GEN0, OUT, TOFF, TLEN, STEPS, VERIFIED, ACCEPTED = range(12)
-NCOLS = 12
+# Columns of the running-batch matrix, one row per request. A request's row is built
+# once (``request_rows``) and copied into a replica's batch on admission; a preempted row
+# is written back with its prefill target reset (recompute, as vLLM does).
+REQUEST_ID = 0  # index into the RequestLog
+PROMPT_TOKENS = 1  # prompt length
+PREFILL_TARGET = 2  # tokens to prefill on this admission (prompt, + output so far if preempted)
+PREFILLED = 3  # of PREFILL_TARGET, already in the KV cache
+GENERATED = 4  # output tokens emitted so far (the trace position is GENERATED - 1)
+GENERATED_AT_ADMIT = 5  # GENERATED when admitted (those tokens are re-prefilled, not new KV)
+OUTPUT_TOKENS = 6  # output length: the request finishes when GENERATED reaches it
+TRACE_START = 7  # first row of the request's acceptance-trace request
+TRACE_LEN = 8  # positions in that trace request (replay wraps modulo it)
+# Per-request counters kept in the batch (cheap column updates), flushed to the log
+# when the row leaves the batch.
+STEPS = 9  # verification steps
+VERIFIED = 10  # draft tokens verified (sum of l)
+ACCEPTED = 11  # draft tokens accepted (sum of min(l, m))
+NUM_COLUMNS = 12
 
 # Inter-token-latency histogram: log-spaced bins from 10 us to 1000 s.
 ITL_EDGES_S = np.logspace(-5, 3, 801)
@@ -105,12 +118,12 @@ class Replica:
         # Waiting request ids; their rows live in ctx.rows (preempted rows are written
         # back there), so admission is one fancy index, not a stack of small arrays.
         self.waiting: deque[int] = deque()
-        self.batch = np.empty((0, NCOLS), np.int64)
+        self.batch = np.empty((0, NUM_COLUMNS), np.int64)
         self.wake: simpy.Event | None = None
         self.lag: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=2)
-        self.kv_tokens = 0  # sum(FILLED + GEN - GEN0): KV held by the batch
-        self.pending_prefill = 0  # sum(NEED - FILLED)
-        self.n_prefilling = 0  # rows with FILLED < NEED
+        self.kv_tokens = 0  # sum(PREFILLED + GENERATED - GENERATED_AT_ADMIT): KV held by the batch
+        self.pending_prefill = 0  # sum(PREFILL_TARGET - PREFILLED)
+        self.n_prefilling = 0  # rows with PREFILLED < PREFILL_TARGET
 
     @property
     def outstanding(self) -> int:
@@ -123,13 +136,14 @@ class Replica:
 
     def check_invariants(self) -> None:
         """The incremental aggregates equal their definitions (used by tests)."""
-        b = self.batch
-        assert self.kv_tokens == int((b[:, FILLED] + b[:, GEN] - b[:, GEN0]).sum())
-        assert self.pending_prefill == int((b[:, NEED] - b[:, FILLED]).sum())
-        prefilling = b[:, FILLED] < b[:, NEED]
+        batch = self.batch
+        assert self.kv_tokens == int((batch[:, PREFILLED] + batch[:, GENERATED]
+                                      - batch[:, GENERATED_AT_ADMIT]).sum())
+        assert self.pending_prefill == int((batch[:, PREFILL_TARGET] - batch[:, PREFILLED]).sum())
+        prefilling = batch[:, PREFILLED] < batch[:, PREFILL_TARGET]
         assert self.n_prefilling == int(prefilling.sum())
         # decoding rows first, then prefilling rows (what makes both groups slices)
-        assert not prefilling[: len(b) - self.n_prefilling].any()
+        assert not prefilling[: len(batch) - self.n_prefilling].any()
 
     # -- admission and KV --------------------------------------------------------------
     def _committed_kv(self) -> int:
@@ -137,23 +151,23 @@ class Replica:
         return self.kv_tokens + self.pending_prefill + len(self.batch) * self.ctx.verify_slots
 
     def _admit(self) -> None:
-        c = self.ctx
-        room = c.max_num_seqs - len(self.batch)
+        ctx = self.ctx
+        room = ctx.max_num_seqs - len(self.batch)
         if room <= 0 or not self.waiting:
             return
-        if c.reserve:
-            b = self.batch
-            used = int((b[:, PROMPT] + b[:, OUT]).sum())
+        if ctx.reserve:
+            batch = self.batch
+            used = int((batch[:, PROMPT_TOKENS] + batch[:, OUTPUT_TOKENS]).sum())
         else:
             used = self._committed_kv()
-        rows = c.rows
-        need_col = c.admit_need
+        rows = ctx.rows
         taken: list[int] = []
         while self.waiting and room > 0:
             rid = self.waiting[0]
-            need = int(need_col[rid]) if c.reserve else int(rows[rid, NEED]) + c.verify_slots
-            if used + need > c.kv_capacity and (len(self.batch) or taken):
-                c.stats.kv_blocked_steps += 1  # held back for KV: counted, never silent
+            need = int(ctx.admit_need[rid]) if ctx.reserve \
+                else int(rows[rid, PREFILL_TARGET]) + ctx.verify_slots
+            if used + need > ctx.kv_capacity and (len(self.batch) or taken):
+                ctx.stats.kv_blocked_steps += 1  # held back for KV: counted, never silent
                 break  # head-of-line blocks (FCFS), as in vLLM
             self.waiting.popleft()
             taken.append(rid)
@@ -162,64 +176,55 @@ class Replica:
         if taken:
             new = rows[taken]
             self.batch = np.concatenate([self.batch, new])
-            # admitted rows have FILLED = 0 and GEN = GEN0 (new or recompute-preempted)
-            self.pending_prefill += int(new[:, NEED].sum())
+            # admitted rows have PREFILLED = 0 and GENERATED = GENERATED_AT_ADMIT (new or recompute-preempted)
+            self.pending_prefill += int(new[:, PREFILL_TARGET].sum())
             self.n_prefilling += len(taken)
 
     def _remove(self, keep: np.ndarray, *, finished: bool = False) -> np.ndarray:
         """Drop rows where ``keep`` is False; returns them, aggregates updated.
         ``finished`` rows are fully prefilled, so only the KV count changes."""
-        b = self.batch
-        gone = b[~keep]
-        self.batch = b[keep]
-        self.kv_tokens -= int(gone[:, FILLED].sum() + gone[:, GEN].sum() - gone[:, GEN0].sum())
+        gone = self.batch[~keep]
+        self.batch = self.batch[keep]
+        self.kv_tokens -= int(gone[:, PREFILLED].sum() + gone[:, GENERATED].sum()
+                              - gone[:, GENERATED_AT_ADMIT].sum())
         if not finished:
-            self.pending_prefill -= int((gone[:, NEED] - gone[:, FILLED]).sum())
-            self.n_prefilling -= int(np.count_nonzero(gone[:, FILLED] < gone[:, NEED]))
+            self.pending_prefill -= int((gone[:, PREFILL_TARGET] - gone[:, PREFILLED]).sum())
+            self.n_prefilling -= int(np.count_nonzero(gone[:, PREFILLED] < gone[:, PREFILL_TARGET]))
         log = self.ctx.log
-        rids = gone[:, RID]
+        rids = gone[:, REQUEST_ID]
         log.steps[rids] += gone[:, STEPS]
         log.draft_tokens_verified[rids] += gone[:, VERIFIED]
         log.accepted_tokens[rids] += gone[:, ACCEPTED]
         return gone
 
     def _preempt_if_full(self) -> None:
-        c = self.ctx
-        if c.reserve or len(self.batch) <= 1 or self._committed_kv() <= c.kv_capacity:
+        ctx = self.ctx
+        if ctx.reserve or len(self.batch) <= 1 or self._committed_kv() <= ctx.kv_capacity:
             return
-        b = self.batch
-        kv = b[:, NEED] + b[:, GEN] - b[:, GEN0] + c.verify_slots
+        batch = self.batch
+        kv = batch[:, PREFILL_TARGET] + batch[:, GENERATED] - batch[:, GENERATED_AT_ADMIT] \
+            + ctx.verify_slots
         # Free the newest requests first (vLLM recompute preemption), keep at least one.
         freed = np.cumsum(kv[::-1])
-        k = min(int(np.searchsorted(freed, self._committed_kv() - c.kv_capacity)) + 1, len(b) - 1)
-        keep = np.ones(len(b), bool)
-        keep[len(b) - k:] = False
+        k = min(int(np.searchsorted(freed, self._committed_kv() - ctx.kv_capacity)) + 1,
+                len(batch) - 1)
+        keep = np.ones(len(batch), bool)
+        keep[len(batch) - k:] = False
         victims = self._remove(keep)
         victims[:, STEPS:] = 0
-        victims[:, GEN0] = victims[:, GEN]
-        victims[:, NEED] = victims[:, PROMPT] + victims[:, GEN]  # recompute prompt + output
-        victims[:, FILLED] = 0
-        c.rows[victims[:, RID]] = victims
+        victims[:, GENERATED_AT_ADMIT] = victims[:, GENERATED]
+        victims[:, PREFILL_TARGET] = victims[:, PROMPT_TOKENS] + victims[:, GENERATED]  # recompute prompt + output
+        victims[:, PREFILLED] = 0
+        ctx.rows[victims[:, REQUEST_ID]] = victims
         # newest first -> the victims end up at the queue front in admission order
-        self.waiting.extendleft(victims[::-1, RID].tolist())
-        c.log.preemptions[victims[:, RID]] += 1
+        self.waiting.extendleft(victims[::-1, REQUEST_ID].tolist())
+        ctx.log.preemptions[victims[:, REQUEST_ID]] += 1
 
     # -- the step ------------------------------------------------------------------
     def run(self):
-        c = self.ctx
-        env = c.env
-        kv_s_per_token = c.profile.kv_s_per_token
-        logits_s_per_row = c.profile.logits_s_per_row
-        attn_s = c.profile.attn_s_per_query_ctx
-        multi_kv_s = c.profile.multi_kv_s_per_token
-        request_s = c.profile.request_s
-        trace_m = c.trace.accept_len if c.trace is not None else None
-        gamma = c.gamma
-        budget = c.max_num_batched_tokens
-        log = c.log
-        st = c.stats
-        itl_edges = ITL_EDGES_S.tolist()
-        n_hist = st.accept_hist.size
+        """The replica's SimPy process: one event per engine step."""
+        ctx = self.ctx
+        env = ctx.env
         while True:
             if not len(self.batch) and not self.waiting:
                 self.wake = env.event()
@@ -227,157 +232,173 @@ class Replica:
                 self.wake = None
             self._admit()
             self._preempt_if_full()
-            b = self.batch
+            batch = self.batch
             # Rows are ordered [decoding | prefilling]: admission appends, prefill chunks
             # are handed out FCFS so prefills complete in row order, and removal keeps
             # order. Both groups are therefore slices (views), never fancy indexes.
-            n_dec = len(b) - self.n_prefilling
-            di = slice(0, n_dec)
-            pi = slice(n_dec, None) if self.n_prefilling else None
-
-            # 3. verification lengths
-            if n_dec and gamma:
-                idx = b[di, TOFF] + (b[di, GEN] - 1) % b[di, TLEN]
-                m = trace_m[idx]
-                ell = self._decide(idx, n_dec, b)
-                np.minimum(ell, gamma, out=ell)
-                ell_sum = int(ell.sum())
-                if n_dec + ell_sum > budget:  # never exceed the token budget: trim uniformly
-                    np.minimum(ell, max(0, (budget - n_dec) // n_dec), out=ell)
-                    ell_sum = int(ell.sum())
-                    st.budget_limited_steps += 1
-            else:
-                m = ell = np.zeros(n_dec, np.int64)
-                ell_sum = 0
-            verify_tokens = n_dec + ell_sum
-
-            # 4. chunked prefill takes what verification left of the budget
-            prefill_tokens = 0
-            if pi is not None:
-                rem = b[pi, NEED] - b[pi, FILLED]
-                left = max(0, budget - verify_tokens)
-                before = np.cumsum(rem) - rem
-                chunk = np.maximum(np.minimum(rem, left - before), 0)
-                prefill_tokens = int(chunk.sum())
-            batch_tokens = verify_tokens + prefill_tokens
-            if batch_tokens == 0:  # cannot happen: a prefill chunk always makes progress
+            n_dec = len(batch) - self.n_prefilling
+            decoding = slice(0, n_dec)
+            prefilling = slice(n_dec, None) if self.n_prefilling else None
+            ell, accept_len = self._verify_lengths(batch, n_dec)
+            verify_tokens = n_dec + int(ell.sum())
+            chunk, remaining = self._prefill_chunks(batch, prefilling, verify_tokens)
+            prefill_tokens = int(chunk.sum()) if chunk is not None else 0
+            if verify_tokens + prefill_tokens == 0:  # a prefill chunk always makes progress
                 raise RuntimeError("engine step with no work")
-
-            # 5. step time: draft + target at B tokens + KV reads of the batch + the LM
-            # head for rows whose logits are needed (verify rows, finishing prefills)
-            dt = (c.draft_time(n_dec) if n_dec else 0.0) + c.target_time(batch_tokens) \
-                + kv_s_per_token * self.kv_tokens
-            if logits_s_per_row:
-                finishing = 0
-                if prefill_tokens:
-                    finishing = int(np.count_nonzero(chunk == rem))
-                dt += logits_s_per_row * (verify_tokens + finishing)
-            if attn_s or multi_kv_s or request_s:
-                qc, mkv, nrq = self._attention_units(b, di, ell, n_dec, pi,
-                                                     chunk if prefill_tokens else None)
-                dt += attn_s * qc + multi_kv_s * mkv + request_s * nrq
+            dt = self._step_time_s(batch, decoding, prefilling, ell, n_dec, verify_tokens,
+                                   prefill_tokens, chunk, remaining)
             yield env.timeout(dt)
-            now = env.now
+            self._replay(batch, decoding, prefilling, ell, accept_len, n_dec, verify_tokens,
+                         chunk, prefill_tokens, dt)
 
-            # 6. replay
-            st.steps += 1
-            st.busy_s += dt
-            st.batch_tokens += batch_tokens
-            st.prefill_tokens += prefill_tokens
-            if n_dec:
-                acc = np.minimum(ell, m)
-                gen = b[di, GEN]
-                adv = np.minimum(acc + 1, b[di, OUT] - gen)
-                b[di, GEN] = gen + adv
-                b[di, STEPS] += 1
-                b[di, VERIFIED] += ell
-                b[di, ACCEPTED] += acc
-                self.kv_tokens += int(adv.sum())
-                # Every decoding request gets a token every step, and its previous token
-                # came at the end of the previous step: its inter-token gap is this dt.
-                st.itl_hist[bisect.bisect_left(itl_edges, dt)] += n_dec
-                st.itl_sum_s += dt * n_dec
-                st.accept_hist += np.bincount(acc, minlength=n_hist)
-                st.ell_hist += np.bincount(ell, minlength=n_hist)
-                st.request_steps += n_dec
-                st.verify_tokens += verify_tokens
-            if prefill_tokens:
-                b[pi, FILLED] += chunk
-                self.kv_tokens += prefill_tokens
-                self.pending_prefill -= prefill_tokens
-                n_done = int(np.count_nonzero(b[pi, FILLED] >= b[pi, NEED]))
-                if n_done:
-                    done = slice(n_dec, n_dec + n_done)  # prefills complete in row order
-                    b[done, GEN] += 1  # the step that completes prefill samples a token
-                    self.kv_tokens += n_done
-                    self.n_prefilling -= n_done
-                    rids = b[done, RID]
-                    first = log.first_token_s[rids]
-                    log.first_token_s[rids] = np.where(np.isnan(first), now, first)
-            fin = b[:, GEN] >= b[:, OUT]
-            if fin.any():
-                gone = self._remove(~fin, finished=True)
-                rids = gone[:, RID]
-                log.finish_s[rids] = now
-                log.generated[rids] = gone[:, GEN]
-                c.on_finish(len(rids))
+    def _verify_lengths(self, batch: np.ndarray, n_dec: int) -> tuple[np.ndarray, np.ndarray]:
+        """Step 3: ``l`` per decoding request (the policy's choice, capped at gamma and
+        at the token budget) and the trace's accepted run ``m`` at each one's position."""
+        ctx = self.ctx
+        if not (n_dec and ctx.gamma):
+            none = np.zeros(n_dec, np.int64)
+            return none, none
+        decoding = slice(0, n_dec)
+        trace_idx = batch[decoding, TRACE_START] \
+            + (batch[decoding, GENERATED] - 1) % batch[decoding, TRACE_LEN]
+        accept_len = ctx.trace_accept_len[trace_idx]
+        ell = self._decide(trace_idx, n_dec, batch)
+        np.minimum(ell, ctx.gamma, out=ell)
+        budget = ctx.max_num_batched_tokens
+        if n_dec + int(ell.sum()) > budget:  # never exceed the token budget: trim uniformly
+            np.minimum(ell, max(0, (budget - n_dec) // n_dec), out=ell)
+            ctx.stats.budget_limited_steps += 1
+        return ell, accept_len
+
+    def _prefill_chunks(self, batch: np.ndarray, prefilling: slice | None, verify_tokens: int
+                        ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Step 4: chunked prefill takes what verification left of the token budget,
+        FCFS over the prefilling rows. Returns (chunk per row, tokens each had left)."""
+        if prefilling is None:
+            return None, None
+        remaining = batch[prefilling, PREFILL_TARGET] - batch[prefilling, PREFILLED]
+        left = max(0, self.ctx.max_num_batched_tokens - verify_tokens)
+        before = np.cumsum(remaining) - remaining
+        chunk = np.maximum(np.minimum(remaining, left - before), 0)
+        return chunk, remaining
+
+    def _step_time_s(self, batch, decoding, prefilling, ell, n_dec, verify_tokens,
+                     prefill_tokens, chunk, remaining) -> float:
+        """Step 5: draft + target at B tokens + KV reads of the batch + the LM head for
+        rows whose logits are needed (verify rows, finishing prefills) + the optional
+        context-dependent terms."""
+        ctx = self.ctx
+        prof = ctx.profile
+        dt = (ctx.draft_time(n_dec) if n_dec else 0.0) \
+            + ctx.target_time(verify_tokens + prefill_tokens) \
+            + prof.kv_s_per_token * self.kv_tokens
+        if prof.logits_s_per_row:
+            finishing = int(np.count_nonzero(chunk == remaining)) if prefill_tokens else 0
+            dt += prof.logits_s_per_row * (verify_tokens + finishing)
+        if ctx.has_context_terms:
+            query_ctx, multi_kv, ctx_requests = self._attention_units(
+                batch, decoding, ell, n_dec, prefilling, chunk if prefill_tokens else None)
+            dt += prof.attn_s_per_query_ctx * query_ctx + prof.multi_kv_s_per_token * multi_kv \
+                + prof.request_s * ctx_requests
+        return dt
+
+    def _replay(self, batch, decoding, prefilling, ell, accept_len, n_dec, verify_tokens,
+                chunk, prefill_tokens, dt) -> None:
+        """Step 6: a decoding request accepts ``min(l, m)`` and emits a bonus token; a
+        request completing prefill emits its first token; finished requests leave."""
+        ctx = self.ctx
+        stats = ctx.stats
+        log = ctx.log
+        now = ctx.env.now
+        stats.steps += 1
+        stats.busy_s += dt
+        stats.batch_tokens += verify_tokens + prefill_tokens
+        stats.prefill_tokens += prefill_tokens
+        if n_dec:
+            accepted = np.minimum(ell, accept_len)
+            generated = batch[decoding, GENERATED]
+            advance = np.minimum(accepted + 1, batch[decoding, OUTPUT_TOKENS] - generated)
+            batch[decoding, GENERATED] = generated + advance
+            batch[decoding, STEPS] += 1
+            batch[decoding, VERIFIED] += ell
+            batch[decoding, ACCEPTED] += accepted
+            self.kv_tokens += int(advance.sum())
+            # Every decoding request gets a token every step, and its previous token
+            # came at the end of the previous step: its inter-token gap is this dt.
+            stats.itl_hist[bisect.bisect_left(ctx.itl_edges, dt)] += n_dec
+            stats.itl_sum_s += dt * n_dec
+            stats.accept_hist += np.bincount(accepted, minlength=stats.accept_hist.size)
+            stats.ell_hist += np.bincount(ell, minlength=stats.accept_hist.size)
+            stats.request_steps += n_dec
+            stats.verify_tokens += verify_tokens
+        if prefill_tokens:
+            batch[prefilling, PREFILLED] += chunk
+            self.kv_tokens += prefill_tokens
+            self.pending_prefill -= prefill_tokens
+            n_done = int(np.count_nonzero(batch[prefilling, PREFILLED]
+                                          >= batch[prefilling, PREFILL_TARGET]))
+            if n_done:
+                done = slice(n_dec, n_dec + n_done)  # prefills complete in row order
+                batch[done, GENERATED] += 1  # the step that completes prefill samples a token
+                self.kv_tokens += n_done
+                self.n_prefilling -= n_done
+                rids = batch[done, REQUEST_ID]
+                first = log.first_token_s[rids]
+                log.first_token_s[rids] = np.where(np.isnan(first), now, first)
+        finished = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
+        if finished.any():
+            gone = self._remove(~finished, finished=True)
+            rids = gone[:, REQUEST_ID]
+            log.finish_s[rids] = now
+            log.generated[rids] = gone[:, GENERATED]
+            ctx.on_finish(len(rids))
 
     @staticmethod
-    def _attention_units(b, di, ell, n_dec, pi, chunk) -> tuple[float, float, int]:
+    def _attention_units(batch, decoding, ell, n_dec, prefilling, chunk
+                         ) -> tuple[float, float, int]:
         """The step's units of the profile's context-dependent terms, in one pass over the
         batch slices: (sum over rows of query tokens x attended context, context tokens
         attended by multi-token query blocks, requests with a KV context). A decoding row
         is a multi-token block when it verifies ``l >= 1`` drafts; a prefill chunk of
         ``c`` after ``f`` filled tokens attends ``c * (f + c / 2)`` and is a multi-token
         block with a context when ``f > 0``."""
-        qc = mkv = 0.0
-        nrq = n_dec
+        query_ctx = multi_kv = 0.0
+        ctx_requests = n_dec
         if n_dec:
-            ctx = b[di, FILLED] + b[di, GEN] - b[di, GEN0]
-            qc += float(((1 + ell) * ctx).sum())
-            mkv += float(ctx[ell > 0].sum())
+            context = batch[decoding, PREFILLED] + batch[decoding, GENERATED] \
+                - batch[decoding, GENERATED_AT_ADMIT]
+            query_ctx += float(((1 + ell) * context).sum())
+            multi_kv += float(context[ell > 0].sum())
         if chunk is not None:
-            filled = b[pi, FILLED]
-            qc += float((chunk * (filled + chunk / 2.0)).sum())
-            cont = (chunk > 0) & (filled > 0)
-            mkv += float(filled[cont].sum())
-            nrq += int(np.count_nonzero(cont))
-        return qc, mkv, nrq
+            filled = batch[prefilling, PREFILLED]
+            query_ctx += float((chunk * (filled + chunk / 2.0)).sum())
+            continuing = (chunk > 0) & (filled > 0)
+            multi_kv += float(filled[continuing].sum())
+            ctx_requests += int(np.count_nonzero(continuing))
+        return query_ctx, multi_kv, ctx_requests
 
-    def _decide(self, idx: np.ndarray, n_dec: int, b: np.ndarray) -> np.ndarray:
-        c = self.ctx
-        policy = c.policy
-        if not c.needs_survival:
-            return policy(BatchSnapshot(c.empty_survival(n_dec), c.gamma, c.max_num_batched_tokens))
-        survival = c.trace_survival[idx]
-        sps = None
-        if policy.needs_sps:
-            # B for i admitted draft tokens: n + i verify tokens plus whatever prefill
-            # still fits in the budget (verification displaces prefill).
-            # The scheduler's own table (``policy_profile``; by default the cost profile).
-            sp = c.sps_profile
-            verify = n_dec + c.arange(n_dec * c.gamma + 1)
-            total = np.minimum(verify + self.pending_prefill, c.max_num_batched_tokens)
-            t = c.sps_dense_step_s[total]
-            t += c.sps_draft_time(n_dec) + sp.kv_s_per_token * self.kv_tokens
-            t += sp.verify_terms_s(verify, n_dec, self.kv_tokens / max(1, len(b)))
-            sps = np.reciprocal(t, out=t)
-            over = n_dec * (1 + c.gamma) - c.max_num_batched_tokens
-            if over > 0:
-                sps[-over:] = 0.0
-        lag_s = lag_sps = None
+    def _decide(self, trace_idx: np.ndarray, n_dec: int, batch: np.ndarray) -> np.ndarray:
+        """Build the policy's read-only snapshot and ask it for ``l`` per decoding row."""
+        ctx = self.ctx
+        policy = ctx.policy
+        if not ctx.needs_survival:
+            return policy(BatchSnapshot(ctx.empty_survival(n_dec), ctx.gamma,
+                                        ctx.max_num_batched_tokens))
+        survival = ctx.trace_survival[trace_idx]
+        sps = self._sps_curve(n_dec, len(batch)) if policy.needs_sps else None
+        lag_survival = lag_sps = None
         if policy.needs_lag and len(self.lag) == 2:
-            lag_s, lag_sps = self.lag[0]
+            lag_survival, lag_sps = self.lag[0]
         # Both arrays are fresh (gathered / computed this step): freeze them in place.
         survival.flags.writeable = False
         if sps is not None:
             sps.flags.writeable = False
         snap = BatchSnapshot(
             survival=survival,
-            gamma_max=c.gamma,
-            token_budget=c.max_num_batched_tokens,
+            gamma_max=ctx.gamma,
+            token_budget=ctx.max_num_batched_tokens,
             sps=sps,
-            lagged_survival=lag_s,
+            lagged_survival=lag_survival,
             lagged_sps=lag_sps,
         )
         ell = policy(snap)
@@ -386,6 +407,42 @@ class Replica:
         if policy.needs_lag:
             self.lag.append((snap.survival, snap.sps))
         return ell
+
+    def _sps_curve(self, n_dec: int, batch_rows: int) -> np.ndarray:
+        """Steps/s when ``i`` draft tokens are admitted, i = 0..n*gamma, from the
+        *scheduler's* table (``policy_profile``; by default the cost profile). B is
+        ``n + i`` verify tokens plus whatever prefill still fits in the budget
+        (verification displaces prefill); entries past the budget are 0."""
+        ctx = self.ctx
+        sched = ctx.sps_profile
+        budget = ctx.max_num_batched_tokens
+        verify = n_dec + ctx.arange(n_dec * ctx.gamma + 1)
+        total = np.minimum(verify + self.pending_prefill, budget)
+        step_s = ctx.sps_dense_step_s[total]
+        step_s += ctx.sps_draft_time(n_dec) + sched.kv_s_per_token * self.kv_tokens
+        step_s += sched.verify_terms_s(verify, n_dec, self.kv_tokens / max(1, batch_rows))
+        sps = np.reciprocal(step_s, out=step_s)
+        over = n_dec * (1 + ctx.gamma) - budget
+        if over > 0:
+            sps[-over:] = 0.0
+        return sps
+
+
+def request_rows(prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                 trace: AcceptanceTrace | None, trace_row: np.ndarray) -> np.ndarray:
+    """Every request's batch row, built at once (vectorised); replicas index into it."""
+    n = len(prompt_tokens)
+    rows = np.zeros((n, NUM_COLUMNS), np.int64)
+    rows[:, REQUEST_ID] = np.arange(n)
+    rows[:, PROMPT_TOKENS] = prompt_tokens
+    rows[:, PREFILL_TARGET] = prompt_tokens
+    rows[:, OUTPUT_TOKENS] = np.maximum(1, output_tokens)
+    if trace is not None:
+        rows[:, TRACE_START] = trace.req_offsets[trace_row]
+        rows[:, TRACE_LEN] = trace.req_lengths[trace_row]
+    else:
+        rows[:, TRACE_LEN] = 1
+    return rows
 
 
 class SimContext:
@@ -396,11 +453,10 @@ class SimContext:
                  log: RequestLog, on_finish: Callable[[int], None],
                  policy_profile: EngineProfile | None = None) -> None:
         self.env = simpy.Environment()
-        self.cfg = cfg
         self.profile = profile
         self.policy = policy
         self.trace = trace
-        self.calibration = calibration
+        self.trace_accept_len = trace.accept_len if trace is not None else None
         self.log = log
         self._on_finish = on_finish
         e = cfg.engine
@@ -453,16 +509,19 @@ class SimContext:
                 return cache[n]
 
             self.sps_draft_time = sps_draft_time
+        self.has_context_terms = bool(profile.attn_s_per_query_ctx or profile.multi_kv_s_per_token
+                                      or profile.request_s)
+        self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy
         self.stats = StepStats(self.gamma)
         self.replicas = [Replica(i, self) for i in range(cfg.deployment.replicas)]
-        self.rows = np.empty((0, NCOLS), np.int64)  # every request's row, set by the runner
+        self.rows = np.empty((0, NUM_COLUMNS), np.int64)  # every request's row, set by the runner
         self.admit_need = np.empty(0, np.int64)  # reserve mode: prompt + output per request
+        self._empty: dict[int, np.ndarray] = {}
+        self._arange = np.arange(4096, dtype=np.int64)
 
     def set_rows(self, rows: np.ndarray) -> None:
         self.rows = rows
-        self.admit_need = rows[:, PROMPT] + rows[:, OUT]
-        self._empty: dict[int, np.ndarray] = {}
-        self._arange = np.arange(4096, dtype=np.int64)
+        self.admit_need = rows[:, PROMPT_TOKENS] + rows[:, OUTPUT_TOKENS]
 
     def arange(self, n: int) -> np.ndarray:
         a = self._arange
@@ -477,9 +536,9 @@ class SimContext:
             self._empty[n] = s
         return s
 
-    def target_time(self, b: int) -> float:
+    def target_time(self, batch_tokens: int) -> float:
         # A step never exceeds the token budget, so the dense table covers every B.
-        return self._dense_list[b]
+        return self._dense_list[batch_tokens]
 
     def draft_time(self, n: int) -> float:
         if self._draft_key is None:
