@@ -13,6 +13,21 @@ if shutil.which("nvidia-smi") is None:
     # Must be set before the first `import triton` anywhere in the session.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Hypothesis: no deadline (2 shared cores make timings noisy; speed lives in benchmarks/),
+# derandomized in CI so a run is reproducible, and no example database when the mutation
+# runner (benchmarks/mutation.py) replays the suite against thousands of mutants.
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # the dev extra is not installed: the property tests fail to import
+    pass
+else:
+    settings.register_profile("dev", deadline=None, print_blob=True,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("ci", parent=settings.get_profile("dev"), derandomize=True)
+    settings.register_profile("mutation", parent=settings.get_profile("ci"), database=None)
+    settings.load_profile(os.environ.get("DSPARK_HYPOTHESIS_PROFILE",
+                                         "ci" if os.environ.get("CI") else "dev"))
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 

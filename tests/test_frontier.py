@@ -8,6 +8,8 @@ import math
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from dspark_sim.errors import InputError
 from dspark_sim.sim import frontier as fr
@@ -32,6 +34,39 @@ def test_pareto_front_hand_made_points():
     assert len(set(idx.tolist()) & {1, 4}) == 1  # one of the duplicates
     assert pareto_front([], []).size == 0
     assert pareto_front([5.0], [5.0]).tolist() == [0]
+
+
+def brute_force_front(x, y) -> set[tuple[float, float]]:
+    """Distinct finite (x, y) values no other finite point dominates (O(n^2))."""
+    pts = [(a, b) for a, b in zip(x, y, strict=True) if math.isfinite(a) and math.isfinite(b)]
+    return {p for p in pts
+            if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in pts)}
+
+
+COORD = st.one_of(st.integers(0, 6).map(float), st.sampled_from([math.nan, math.inf, -math.inf]),
+                  st.floats(0, 6, allow_nan=False))
+
+
+@given(st.lists(st.tuples(COORD, COORD), max_size=25))
+@example([(1.0, 2.0), (1.0, 5.0), (1.0, 3.0)])  # ties on x: only the highest y survives
+@example([(4.0, 1.0), (2.0, 1.0), (3.0, 1.0)])  # ties on y: only the highest x survives
+@example([(2.0, 2.0), (2.0, 2.0), (1.0, 3.0), (1.0, 3.0)])  # duplicates: one of each
+def test_pareto_front_equals_brute_force(pts):
+    x = [p[0] for p in pts]
+    y = [p[1] for p in pts]
+    idx = pareto_front(x, y)
+    got = [(x[i], y[i]) for i in idx.tolist()]
+    assert len(got) == len(set(got))  # of duplicates one is kept
+    assert set(got) == brute_force_front(x, y)
+    # ordered by increasing x, so y strictly decreases
+    assert all(a[0] < b[0] and a[1] > b[1] for a, b in zip(got, got[1:], strict=False))
+    f = Front.from_points("f", x, y)
+    assert list(zip(f.x.tolist(), f.y.tolist(), strict=True)) == got
+    # the front's throughput at a tier is the best y of any point at or beyond that x
+    for t in sorted({p[0] for p in got}):
+        best = max(b for a, b in zip(x, y, strict=True)
+                   if math.isfinite(a) and math.isfinite(b) and a >= t)
+        assert f.throughput_at(t) == best
 
 
 def test_front_interpolates_and_never_extrapolates():

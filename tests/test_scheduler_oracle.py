@@ -1,0 +1,265 @@
+"""The numpy prefix scheduler (Algorithm 1, §5.2) against an exhaustive search.
+
+The oracle shares no code with :mod:`dspark_sim.policies.scheduler`: it enumerates every
+allocation ``ell in {0..gamma}^n`` of a small batch in exact rational arithmetic and takes,
+for each number ``i`` of admitted drafts, the best expected tokens per step
+
+    tau*_i = n + max over allocations with sum(ell) = i of sum_r a[r, 1..ell_r],
+
+so ``Theta*_i = tau*_i * sps[i]`` (DSpark Eq. 3). Then:
+
+* sync (Algorithm 1): admit while Theta strictly rises, i.e. ``k`` = the first ``i`` with
+  ``Theta*_{i+1} <= Theta*_i`` (``n * gamma`` if it always rises);
+* global (§5.2): ``K`` = the first maximiser of ``Theta*``;
+* the admitted set is the top-``k`` candidates by survival, ties in row-major order,
+  and it achieves ``tau*_k`` (no allocation of ``k`` drafts does better).
+
+Inputs are dyadic rationals (confidences in eighths, steps/s in quarters), so the
+scheduler's float64 sums and products are exact and ties are real ties: the tests see
+the strict ``>`` of the early stop and the first-maximum rule, not rounding noise. Torch-free.
+"""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from dspark_sim.policies.base import BatchSnapshot, readonly
+from dspark_sim.policies.registry import get_policy, topk_policy
+from dspark_sim.policies.scheduler import (
+    budget_global,
+    rank_candidates,
+    schedule_async,
+    schedule_sync,
+    schedule_topk,
+)
+
+# -- the oracle ------------------------------------------------------------------------------
+
+
+def exhaustive_theta(survival: np.ndarray, sps: np.ndarray) -> list[Fraction]:
+    """Theta*_i for i = 0..n*gamma by enumerating every allocation (exact)."""
+    n, g = survival.shape
+    a = [[Fraction(float(v)) for v in row] for row in survival]
+    prefix = [[sum(row[:j], Fraction(0)) for j in range(g + 1)] for row in a]
+    best: dict[int, Fraction] = {}
+    for ell in itertools.product(range(g + 1), repeat=n):
+        i = sum(ell)
+        tau = n + sum(prefix[r][ell[r]] for r in range(n))
+        if i not in best or tau > best[i]:
+            best[i] = tau
+    return [best[i] * Fraction(float(sps[i])) for i in range(n * g + 1)]
+
+
+def exhaustive_best_tau(survival: np.ndarray, k: int) -> Fraction:
+    n, g = survival.shape
+    a = [[Fraction(float(v)) for v in row] for row in survival]
+    return max(n + sum(sum(a[r][: ell[r]], Fraction(0)) for r in range(n))
+               for ell in itertools.product(range(g + 1), repeat=n) if sum(ell) == k)
+
+
+def sync_count(theta: list[Fraction]) -> int:
+    for i in range(len(theta) - 1):
+        if not theta[i + 1] > theta[i]:
+            return i
+    return len(theta) - 1
+
+
+def first_argmax(theta: list[Fraction]) -> int:
+    m = max(theta)
+    return next(i for i, t in enumerate(theta) if t == m)
+
+
+def topk_lengths(survival: np.ndarray, k: int) -> list[int]:
+    """Per-request counts of the k best candidates: survival descending, then row, then
+    position (a plain sort of tuples)."""
+    n, g = survival.shape
+    cands = sorted((-float(survival[r, j]), r, j) for r in range(n) for j in range(g))
+    ell = [0] * n
+    for _, r, _ in cands[:k]:
+        ell[r] += 1
+    return ell
+
+
+def tau_of(survival: np.ndarray, ell) -> Fraction:
+    return survival.shape[0] + sum(sum((Fraction(float(v)) for v in survival[r, : ell[r]]),
+                                       Fraction(0)) for r in range(survival.shape[0]))
+
+
+# -- strategies -------------------------------------------------------------------------------
+
+EIGHTHS = [j / 8 for j in range(9)]
+
+
+@st.composite
+def batches(draw, max_n: int = 4, max_g: int = 4):
+    """(survival [n, g], sps [n*g + 1 (+ extra)]): exact dyadic values, plateaus likely."""
+    n = draw(st.integers(1, max_n))
+    g = draw(st.integers(1, max_g))
+    conf = np.array(draw(st.lists(st.sampled_from(EIGHTHS), min_size=n * g, max_size=n * g)))
+    survival = np.cumprod(conf.reshape(n, g), axis=1)
+    m = n * g + 1
+    kind = draw(st.sampled_from(["decreasing", "jagged", "flat", "budget"]))
+    vals = np.array(draw(st.lists(st.integers(0, 40), min_size=m, max_size=m)), float) / 4
+    if kind == "decreasing":
+        sps = np.sort(vals)[::-1]
+    elif kind == "flat":
+        sps = np.full(m, vals[0] + 1.0)
+    elif kind == "budget":  # past the token budget the table is 0
+        cut = draw(st.integers(1, m))
+        sps = np.sort(vals + 1.0)[::-1]
+        sps[cut:] = 0.0
+    else:
+        sps = vals
+    extra = draw(st.integers(0, 2))  # a longer table: only the first n*g + 1 entries count
+    sps = np.concatenate([sps, np.full(extra, 99.0)])
+    return survival, sps
+
+
+# -- sync (Algorithm 1) ------------------------------------------------------------------------
+
+
+@given(batches())
+@example((np.array([[0.5, 0.25]]), np.array([2.0, 2.0, 2.0])))  # Theta rises, then ...
+@example((np.array([[0.5, 0.0]]), np.array([2.0, 2.0, 2.0])))  # ... a flat step: stop there
+@example((np.array([[1.0, 0.5], [1.0, 0.5]]), np.array([4.0, 3.0, 3.0, 0.0, 0.0])))
+def test_sync_equals_exhaustive_early_stop(batch):
+    survival, sps = batch
+    theta = exhaustive_theta(survival, sps)
+    k = sync_count(theta)
+    ell = schedule_sync(survival, sps)
+    assert ell.dtype == np.int64 and ell.shape == (survival.shape[0],)
+    assert int(ell.sum()) == k, (theta, ell)
+    assert ell.tolist() == topk_lengths(survival, k)
+    assert tau_of(survival, ell) == exhaustive_best_tau(survival, k)
+
+
+def test_sync_stops_on_an_exactly_flat_step():
+    """Theta_0 = 2 * 2 = 4, Theta_1 = 2.5 * 2 = 5, Theta_2 = 2.5 * 2 = 5 (a zero-survival
+    draft on a flat table): Theta does not strictly rise at the second draft, so Algorithm
+    1 stops at one; admitting the flat step would verify a token that cannot be accepted."""
+    survival = np.array([[0.5, 0.0]])
+    assert schedule_sync(survival, np.array([2.0, 2.0, 2.0])).tolist() == [1]
+    # past the token budget the table is 0: Theta_1 = Theta_2 = 0, nothing is admitted
+    assert schedule_sync(np.array([[1.0, 1.0]]), np.array([3.0, 0.0, 0.0])).tolist() == [0]
+
+
+def test_appendix_a_counterexample_by_hand():
+    """DSpark Appendix A: a = (0.9, 0.855), SPS(0, 1, 2) = (1, 0.5, 0.45). Theta = 1,
+    1.9 * 0.5 = 0.95, 2.755 * 0.45 = 1.23975: the early stop admits nothing, the global
+    search admits two."""
+    a = np.array([[0.9, 0.9 * 0.95]])
+    sps = np.array([1.0, 0.5, 0.45])
+    assert schedule_sync(a, sps).tolist() == [0]
+    assert budget_global(a, sps) == 2
+    assert get_policy("confidence")(BatchSnapshot(readonly(a), 2, 64, sps=readonly(sps))
+                                    ).tolist() == [0]
+
+
+# -- global budget and async -------------------------------------------------------------------
+
+
+@given(batches())
+@example((np.array([[0.5, 0.0]]), np.array([2.0, 2.0, 2.0])))  # equal maxima: the first wins
+def test_global_budget_equals_exhaustive_first_maximum(batch):
+    survival, sps = batch
+    assert budget_global(survival, sps) == first_argmax(exhaustive_theta(survival, sps))
+
+
+@given(batches(), batches())
+def test_async_budget_from_the_lagged_batch_tokens_from_the_current(cur, lag):
+    survival, _ = cur
+    lag_survival, lag_sps = lag
+    k = first_argmax(exhaustive_theta(lag_survival, lag_sps))
+    expected = topk_lengths(survival, min(k, survival.size))
+    assert schedule_async(survival, lag_survival, lag_sps).tolist() == expected
+    # through the registry: confidence-async reads the lagged fields of the snapshot
+    snap = BatchSnapshot(readonly(survival), survival.shape[1], 10_000,
+                         sps=readonly(np.ones(survival.size + 1)),
+                         lagged_survival=readonly(lag_survival), lagged_sps=readonly(lag_sps))
+    assert get_policy("confidence-async")(snap).tolist() == expected
+
+
+def test_async_policy_uses_the_lagged_snapshot_not_the_current_one():
+    """Current batch: flat table, every draft sure to survive (budget would be all 4).
+    Lagged batch: verifying anything halves the steps/s (budget 0). The async policy
+    must size its budget from the lagged batch: it verifies nothing."""
+    cur = readonly(np.ones((2, 2)))
+    flat = readonly(np.full(5, 10.0))
+    lag = readonly(np.full((2, 2), 0.5))
+    lag_sps = readonly(np.array([10.0, 5.0, 5.0, 5.0, 5.0]))
+    assert budget_global(np.asarray(cur), np.asarray(flat)) == 4
+    assert budget_global(np.asarray(lag), np.asarray(lag_sps)) == 0
+    pol = get_policy("confidence-async")
+    snap = BatchSnapshot(cur, 2, 100, sps=flat, lagged_survival=lag, lagged_sps=lag_sps)
+    assert pol(snap).tolist() == [0, 0]
+    # and the other way round: a lagged budget of 3 admits the current batch's best 3
+    snap = BatchSnapshot(lag, 2, 100, sps=lag_sps, lagged_survival=cur, lagged_sps=readonly(
+        np.array([10.0, 10.0, 10.0, 10.0, 1.0])))
+    assert pol(snap).tolist() == [2, 1]
+    # warm-up (no history): the budget comes from the current step
+    assert pol(BatchSnapshot(cur, 2, 100, sps=flat)).tolist() == [2, 2]
+    assert pol(BatchSnapshot(lag, 2, 100, sps=lag_sps)).tolist() == [0, 0]
+
+
+# -- top-K and its tie order -------------------------------------------------------------------
+
+
+@given(batches(), st.integers(-2, 20))
+def test_topk_equals_sorted_tuples(batch, k):
+    survival, _ = batch
+    ell = schedule_topk(survival, k)
+    assert ell.tolist() == topk_lengths(survival, max(0, min(k, survival.size)))
+    assert tau_of(survival, ell) == exhaustive_best_tau(survival, max(0, min(k, survival.size)))
+    pol = topk_policy(max(k, 0))
+    assert pol(BatchSnapshot(readonly(survival), survival.shape[1], 100)).tolist() == ell.tolist()
+
+
+@given(batches())
+def test_rank_candidates_is_a_stable_descending_sort(batch):
+    survival, _ = batch
+    order, values = rank_candidates(survival)
+    n, g = survival.shape
+    expected = sorted(range(n * g), key=lambda f: (-float(survival.reshape(-1)[f]), f))
+    assert order.tolist() == expected
+    assert values.tolist() == [float(survival.reshape(-1)[f]) for f in expected]
+
+
+def test_ties_take_rows_in_order():
+    a = np.full((3, 2), 0.5)
+    assert schedule_topk(a, 3).tolist() == [2, 1, 0]
+    assert schedule_topk(a, 1).tolist() == [1, 0, 0]
+    # a tie straddling the cut at a lower level: (0.5, 0.25) per row, k = 4
+    b = np.array([[0.5, 0.25], [0.5, 0.25], [0.5, 0.25]])
+    assert schedule_topk(b, 4).tolist() == [2, 1, 1]
+
+
+def test_empty_batch():
+    empty = np.zeros((0, 3))
+    assert schedule_sync(empty, np.ones(1)).tolist() == []
+    assert budget_global(empty, np.ones(1)) == 0
+    assert schedule_topk(empty, 5).tolist() == []
+
+
+# -- threshold and fixed policies --------------------------------------------------------------
+
+
+@given(batches(), st.sampled_from([0.0, 0.125, 0.3, 0.5, 0.75, 1.0]))
+def test_threshold_counts_survivals_at_or_above_p(batch, p):
+    survival, _ = batch
+    pol = get_policy(f"threshold:{p}")
+    got = pol(BatchSnapshot(readonly(survival), survival.shape[1], 100)).tolist()
+    assert got == [sum(1 for v in row if v >= p) for row in survival.tolist()]
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 9])
+def test_fixed_policy_caps_at_gamma(k):
+    pol = get_policy(f"fixed:{k}")
+    snap = BatchSnapshot(readonly(np.zeros((3, 5))), 5, 100)
+    assert pol(snap).tolist() == [min(k, 5)] * 3
+    assert pol.draft_gamma == k and pol.drafter == ("dspark" if k else None)
