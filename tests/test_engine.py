@@ -304,7 +304,6 @@ def test_async_scheduler_is_fed_the_two_steps_old_snapshot(monkeypatch):
     decisions ago. Recorded snapshots: the lagged fields at decision t are exactly the
     current fields of decision t - 2 (not t - 1, not t), and in this run the three differ
     often enough that feeding the wrong one would change the budget."""
-    from dspark_sim.policies.registry import Policy
     from dspark_sim.policies.scheduler import budget_global
     from dspark_sim.sim import api
 
@@ -315,8 +314,7 @@ def test_async_scheduler_is_fed_the_two_steps_old_snapshot(monkeypatch):
         seen.append(snap)
         return inner(snap)
 
-    pol = Policy(inner.name, inner.drafter, inner.needs_sps, inner.needs_lag, decide,
-                 inner.draft_gamma, inner.description, inner.needs_survival)
+    pol = replace(inner, decide=decide)
     monkeypatch.setattr(api, "get_policy", lambda spec: pol)
     cfg = SimConfig(policy="confidence-async", deployment=DeploymentConfig(replicas=1),
                     workload=WorkloadConfig(qps=30.0, num_requests=40,

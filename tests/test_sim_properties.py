@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dspark_sim.policies.registry import Policy, get_policy, topk_policy
+from dspark_sim.policies.registry import Policy, get_policy
+from dspark_sim.policies.scheduler import schedule_topk
 from dspark_sim.sim import api
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
@@ -58,9 +59,13 @@ class Recorder:
             self.calls.append((snap.survival[:, 0].copy(), np.array(ell, dtype=np.int64)))
             return ell
 
-        p = self.inner
-        return Policy(p.name, p.drafter, p.needs_sps, p.needs_lag, decide, p.draft_gamma,
-                      p.description, True)
+        return replace(self.inner, decide=decide, needs_survival=True)
+
+
+def topk_policy(k: int) -> Policy:
+    """Verify the k most likely drafts of the whole batch (dynamic top-K on its own)."""
+    return Policy(name=f"topk:{k}", drafter="dspark", needs_survival=True,
+                  decide=lambda s: schedule_topk(s.survival, k))
 
 
 def _policy(spec: str) -> Policy:
