@@ -403,11 +403,21 @@ def train_drafter_cmd(
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Self-distil drafters on the target's own greedy generations (training prompts only)."""
+    from dspark_sim.traces.targets import PROMPT_DIR, check_device, check_target_spec
     from dspark_sim.traces.train import LEARNED_KINDS, train_all
 
+    # every argument before the target loads (#12.10)
     kinds = LEARNED_KINDS if drafter == "all" else (drafter,)
     if any(k not in LEARNED_KINDS for k in kinds):
         raise InputError("--drafter", f"must be one of {', '.join(LEARNED_KINDS)} or all")
+    if steps < 1:
+        raise InputError("--steps", f"must be >= 1, got {steps}")
+    check_device(device)
+    check_target_spec(target)
+    if not Path(prompts or PROMPT_DIR).is_dir():
+        raise InputError("--prompts", f"prompt folder {prompts or PROMPT_DIR} not found")
+    if out is not None:
+        check_writable(out, "--out")
     kw = {"prompt_dir": prompts} if prompts is not None else {}
     info = train_all(kinds, target=target, steps=steps, out_root=out, device=device, seed=seed, **kw)
     for kind, side in info.items():

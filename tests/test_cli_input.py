@@ -176,3 +176,43 @@ def test_workload_file_in_a_closed_loop_sends_the_files_requests(tmp_path):
     assert r.exit_code == 0, r.output
     req = pl.read_parquet(out2 / "requests.parquet").sort("request_id")
     assert req["prompt_tokens"].to_list() == [p for p, _ in sent[:4]]
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if a target model starts loading: checks must come first (#12.10)."""
+    pytest.importorskip("torch")
+    from dspark_sim.traces import targets
+
+    def boom(*_a, **_k):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(targets, "_load_gguf", boom)
+    monkeypatch.setattr(targets, "_load_dir", boom)
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--drafters", "bogus"], ["--drafters", "bogus"]),
+    (["--drafters", "mtp1,nope"], ["--drafters", "nope"]),
+    (["--drafters", "deepspec:/no/such/dir"], ["--drafters", "/no/such/dir"]),
+    (["--target", "/no/such/model"], ["--target"]),
+    (["--device", "tpu"], ["--device"]),
+    (["--gamma-max", "0"], ["--gamma-max"]),
+    (["--max-new-tokens", "1"], ["--max-new-tokens"]),
+    (["--prompts", "/no/such/prompts"], ["--prompts"]),
+])
+def test_capture_checks_every_argument_before_loading_a_model(no_model_load, tmp_path, args,
+                                                             needles):
+    one_line_error(invoke("capture", "--out", str(tmp_path / "c"), "--drafters", "lookup",
+                          *args), *needles)
+
+
+def test_capture_out_and_train_arguments_checked_first(no_model_load, tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    one_line_error(invoke("capture", "--out", str(a_file), "--drafters", "lookup"), "--out")
+    one_line_error(invoke("train-drafter", "--drafter", "bogus"), "--drafter")
+    one_line_error(invoke("train-drafter", "--steps", "0"), "--steps")
+    one_line_error(invoke("train-drafter", "--target", "/no/such"), "--target")
+    one_line_error(invoke("train-drafter", "--device", "gpu"), "--device")
+    one_line_error(invoke("train-drafter", "--out", str(a_file)), "--out")

@@ -39,6 +39,7 @@ import json
 import platform
 import shutil
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,9 @@ import polars as pl
 import torch
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import write_json_atomic
+from dspark_sim.io import check_writable, write_json_atomic
 from dspark_sim.traces.drafters import (
+    LEARNED_KINDS,
     LearnedDrafter,
     Lookup,
     SequenceStore,
@@ -69,6 +71,8 @@ from dspark_sim.traces.targets import (
     TRAIN_FRACTION,
     Prompt,
     Target,
+    check_device,
+    check_target_spec,
     generate_cached,
     load_prompts,
     load_target,
@@ -274,6 +278,246 @@ def _device_desc(target: Target) -> str:
     return f"cpu:{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
 
 
+# -- cheap checks: every argument, before any model is loaded --------------------------
+def resolve_drafter_spec(spec: str | Path) -> str | Path:
+    """``"lookup"`` and ``"deepspec:<dir>"`` as given; a shipped kind (``mtp1``,
+    ``parallel``, ``dspark``) -> its checkpoint folder under ``traces/data/drafters``;
+    anything else is a checkpoint path."""
+    s = str(spec)
+    if s == "lookup" or s.startswith("deepspec:"):
+        return s
+    p = Path(s)
+    if not p.exists() and (SHIPPED_DRAFTERS / s).is_dir():
+        return SHIPPED_DRAFTERS / s
+    return p
+
+
+def _block_too_short(kind: str, trained_gamma: int, gamma_max: int) -> str | None:
+    """Why a drafter cannot record ``gamma_max`` positions, or None. MTP-1 drafts
+    recursively (any gamma); a block drafter has exactly its trained number of slots."""
+    if kind == "mtp1" or trained_gamma >= gamma_max:
+        return None
+    return f"was trained for gamma {trained_gamma} < gamma_max {gamma_max}"
+
+
+def check_drafter_spec(spec: str | Path, gamma_max: int, option: str = "--drafters") -> None:
+    """The drafter exists and can draft ``gamma_max`` tokens, judged from its files alone
+    (the sidecar JSON; the weights are not read)."""
+    resolved = resolve_drafter_spec(spec)
+    s = str(resolved)
+    if s == "lookup":
+        return
+    if s.startswith("deepspec:"):
+        if not Path(s[len("deepspec:"):]).is_dir():
+            raise InputError(option, f"{spec!r}: {s[len('deepspec:'):]} is not a folder")
+        return
+    p = Path(resolved)
+    folder = p.parent if p.is_file() else p
+    sidecar = folder / "drafter.json"
+    if not sidecar.is_file() or not (folder / "drafter.safetensors").is_file():
+        raise InputError(option, f"unknown drafter {str(spec)!r}: not lookup, a shipped kind "
+                         f"with a checkpoint ({', '.join(LEARNED_KINDS)}), deepspec:<dir> or a "
+                         "checkpoint folder (drafter.safetensors + drafter.json)")
+    try:
+        cfg = json.loads(sidecar.read_text())["config"]
+        kind, trained = str(cfg["kind"]), int(cfg["gamma"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(sidecar, f"unreadable drafter sidecar ({exc.__class__.__name__})") from None
+    why = _block_too_short(kind, trained, gamma_max)
+    if why is not None:
+        raise InputError("--gamma-max", f"drafter {str(spec)!r} {why}")
+
+
+def check_capture_args(target: Any, drafters: Sequence[str], *, gamma_max: int,
+                       max_new_tokens: int, per_domain: int, batch_size: int,
+                       prompts: list[Prompt] | None, prompt_dir: str | Path,
+                       out: str | Path | None, device: str) -> None:
+    """Everything :func:`capture` can check without loading a model (#12.10)."""
+    if not 1 <= gamma_max <= 32:
+        raise InputError("--gamma-max", f"gamma_max must be in [1, 32], got {gamma_max}")
+    if max_new_tokens < 2:
+        raise InputError("--max-new-tokens", f"must be >= 2, got {max_new_tokens}")
+    if per_domain < 1 or batch_size < 1:
+        raise InputError("--per-domain", "per_domain and batch_size must be >= 1")
+    check_device(device)
+    if not drafters:
+        raise InputError("--drafters", "name at least one drafter")
+    for spec in drafters:
+        check_drafter_spec(spec, gamma_max)
+    if not isinstance(target, Target):
+        check_target_spec(target)
+    if prompts is None and not Path(prompt_dir).is_dir():
+        raise InputError("--prompts", f"prompt folder {prompt_dir} not found")
+    if out is not None:
+        check_writable(out, "--out")
+
+
+# -- phases ----------------------------------------------------------------------------
+def _load_drafters(specs: Sequence[str], tgt: Target, gamma_max: int
+                   ) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """``{trace name: (model, sidecar info)}``; learned MTP-1 heads draft ``gamma_max``."""
+    loaded: dict[str, tuple[Any, dict[str, Any]]] = {}
+    for spec in specs:
+        p = resolve_drafter_spec(spec)
+        model, info = load_drafter(p, tgt)
+        name = info.get("kind", str(spec)) if spec in ("lookup", *LEARNED_KINDS) \
+            else Path(str(p)).name
+        if isinstance(model, LearnedDrafter):
+            why = _block_too_short(model.kind, model.cfg.gamma, gamma_max)
+            if why is not None:
+                raise InputError("--gamma-max", f"drafter {spec!r} {why}")
+            model.cfg.gamma = max(model.cfg.gamma, gamma_max)
+        loaded[name] = (model, info)
+    return loaded
+
+
+def _plan_chunks(tgt: Target, prompts: list[Prompt], loaded: dict, *, gamma_max: int,
+                 max_new_tokens: int, batch_size: int, max_prompt_tokens: int
+                 ) -> tuple[list[list[int]], str]:
+    """Chunks of prompt indices (shortest first, so batches pad little) and the hash of
+    everything that decides the shards' content (a resume must match it)."""
+    enc_len = [len(tgt.encode_prompt(list(p.turns), max_prompt_tokens)) for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: enc_len[i])  # stable: same batches
+    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    plan = {
+        "target": tgt.name,
+        "target_source": tgt.source,
+        "drafters": {k: v[1].get("sha256", "") for k, v in loaded.items()},
+        "gamma_max": gamma_max,
+        "max_new_tokens": max_new_tokens,
+        "prompts": [prompts[i].key for i in order],
+        "batch_size": batch_size,
+    }
+    return chunks, hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _open_manifest(work: Path, plan_hash: str, resume: bool) -> dict[str, Any]:
+    """The shard manifest: the one on disk when resuming the same plan, else a fresh one
+    (and a fresh work folder)."""
+    manifest: dict[str, Any] = {"plan_hash": plan_hash, "done": {}}
+    mpath = work / MANIFEST
+    if resume and mpath.is_file():
+        manifest = json.loads(mpath.read_text())
+        if manifest.get("plan_hash") != plan_hash:
+            raise InputError(mpath, "resume: the capture plan changed (target, drafters, prompts or "
+                                    "gamma); rerun without --resume to start over")
+    elif work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(mpath, manifest)
+    return manifest
+
+
+def _shard_frame(rows: dict[str, Any], chunk: list[int], recs: list[dict], gamma_max: int
+                 ) -> pl.DataFrame:
+    """One drafter's records of one chunk; request ids index the full prompt list."""
+    n = rows["per_seq"]
+    return pl.DataFrame({
+        "request_id": np.repeat(chunk, n).astype(np.int32),
+        "domain": np.repeat([r["domain"] for r in recs], n).astype(str),
+        "position": np.concatenate([np.arange(k) for k in n]).astype(np.int32),
+        "accept_len": rows["accept_len"].astype(np.int8),
+        "conf": pl.Series("conf", rows["conf"], dtype=pl.Array(pl.Float32, gamma_max)),
+        "tv_accept": pl.Series("tv_accept", rows["tv_accept"],
+                               dtype=pl.Array(pl.Float32, gamma_max)),
+    })
+
+
+def _capture_chunk(ci: int, chunk: list[int], prompts: list[Prompt], tgt: Target,
+                   shared: Shared, loaded: dict, work: Path, *, gamma_max: int,
+                   max_new_tokens: int, max_prompt_tokens: int) -> dict[str, Any]:
+    """Decode one chunk, record every drafter on it, write one shard per drafter; returns
+    the chunk's manifest entry."""
+    cp = [prompts[i] for i in chunk]
+    layers = tgt.feature_layers(3) + [tgt.num_layers]
+    recs = generate_cached(tgt, cp, max_new_tokens + gamma_max, layers,
+                           batch_size=len(cp), max_prompt_tokens=max_prompt_tokens)
+    store = SequenceStore.from_records(recs)
+    trows = TargetRows(store, shared)
+    backend = ""
+    for name, (model, _info) in loaded.items():
+        rows = draft_rows(model, store, shared, gamma_max, max_new_tokens, target_rows=trows)
+        backend = rows["backend"] or backend
+        meta = TraceMeta(drafter=name, target=tgt.name, gamma_max=gamma_max, source="captured")
+        write_trace(trace_from_frame(_shard_frame(rows, chunk, recs, gamma_max), meta,
+                                     "<capture>"), work / f"{name}-{ci:04d}.parquet")
+    return {"prompts": [p.key for p in cp], "backend": backend,
+            "greedy_agree": float(np.mean([float(r.get("greedy_agree", 1.0)) for r in recs]))}
+
+
+def _run_chunks(chunks: list[list[int]], manifest: dict[str, Any], mpath: Path, run_one,
+                label: str, progress: bool, fail_after: int | None) -> None:
+    """Run the chunks the manifest does not list yet, recording each as it finishes."""
+    bar = None
+    if progress:
+        from rich.progress import Progress
+
+        bar = Progress(transient=False)
+        bar.start()
+        task = bar.add_task(label, total=len(chunks))
+        bar.update(task, completed=len(manifest["done"]))
+    try:
+        for ci, chunk in enumerate(chunks):
+            if str(ci) in manifest["done"]:
+                continue
+            if fail_after is not None and len(manifest["done"]) >= fail_after:
+                raise RuntimeError(f"capture stopped after {fail_after} chunk(s) (test hook)")
+            manifest["done"][str(ci)] = run_one(ci, chunk)
+            write_json_atomic(mpath, manifest)
+            if bar is not None:
+                bar.update(task, advance=1)
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def _final_meta(name: str, info: dict[str, Any], tgt: Target, prompts: list[Prompt],
+                domains: tuple[str, ...], manifest: dict[str, Any], date: str, *, gamma_max: int,
+                max_new_tokens: int, max_prompt_tokens: int, per_domain: int,
+                split_seed: int) -> TraceMeta:
+    backends = {v.get("backend", "") for v in manifest["done"].values()} - {""}
+    agree_all = [v.get("greedy_agree", 1.0) for v in manifest["done"].values()]
+    return TraceMeta(
+        drafter=name,
+        target=tgt.name,
+        gamma_max=gamma_max,
+        source="captured",
+        temperature=0.0,
+        domains=domains,
+        generator={
+            "tool": "dspark_sim.traces.capture",
+            "max_new_tokens": max_new_tokens,
+            "prompts": {"split": "heldout", "split_seed": split_seed,
+                        "train_fraction": TRAIN_FRACTION, "per_domain": per_domain,
+                        "datasets": dict(sorted(Counter(p.dataset for p in prompts).items())),
+                        "keys": [p.key for p in prompts]},
+            "max_prompt_tokens": max_prompt_tokens,
+            "chat_template": True,
+        },
+        extra={
+            "drafter_checkpoint": _rel(info.get("path", "")),
+            "drafter_checkpoint_sha256": info.get("sha256", ""),
+            "drafter_train_steps": info.get("steps"),
+            "target_source": tgt.source,
+            "device": _device_desc(tgt),
+            "kernel_backend": ",".join(sorted(backends)) or "none",
+            "greedy_replay_agreement": float(np.mean(agree_all)) if agree_all else 1.0,
+            "date": date,
+            "torch": torch.__version__,
+        },
+    )
+
+
+def _merge_shards(name: str, work: Path, num_chunks: int) -> pl.DataFrame:
+    """One drafter's shards as one frame; request ids = the prompt's index (stable across
+    resumes)."""
+    parts = [read_trace(work / f"{name}-{ci:04d}.parquet") for ci in range(num_chunks)]
+    merged = concat_traces(parts)
+    rid = np.concatenate([p.req_ids for p in parts]).astype(np.int32)
+    return merged.to_polars().with_columns(
+        pl.Series("request_id", np.repeat(rid, merged.req_lengths).astype(np.int32)))
+
+
 def capture(
     target: str | Path | Target = "smollm2",
     drafters: tuple[str, ...] | list[str] = ("mtp1", "parallel", "dspark", "lookup"),
@@ -293,10 +537,9 @@ def capture(
     _fail_after_chunks: int | None = None,
 ) -> dict[str, Path]:
     """Capture one trace per drafter; returns ``{drafter name: parquet path}``."""
-    if gamma_max < 1 or gamma_max > 32:
-        raise InputError("--gamma-max", f"gamma_max must be in [1, 32], got {gamma_max}")
-    if max_new_tokens < 2:
-        raise InputError("--max-new-tokens", "max_new_tokens must be >= 2")
+    check_capture_args(target, drafters, gamma_max=gamma_max, max_new_tokens=max_new_tokens,
+                       per_domain=per_domain, batch_size=batch_size, prompts=prompts,
+                       prompt_dir=prompt_dir, out=out, device=device)
     tgt = target if isinstance(target, Target) else load_target(target, device=device)
     if prompts is None:
         prompts = heldout_prompts(per_domain, split_seed, prompt_dir)
@@ -305,146 +548,33 @@ def capture(
     shared = Shared.of(tgt)
     if shared.head_weight.dtype != torch.float32:  # drafters run in fp32
         shared = Shared(shared.embed_weight.float(), shared.head_weight.float())
-    loaded: dict[str, tuple[Any, dict[str, Any]]] = {}
-    for spec in drafters:
-        p = Path(spec)
-        if spec != "lookup" and not p.exists() and (SHIPPED_DRAFTERS / spec).is_dir():
-            p = SHIPPED_DRAFTERS / spec
-        model, info = load_drafter("lookup" if spec == "lookup" else p, tgt)
-        name = info.get("kind", str(spec)) if spec in ("lookup", "mtp1", "parallel", "dspark") \
-            else p.name
-        if isinstance(model, LearnedDrafter) and model.cfg.gamma < gamma_max:
-            if model.kind != "mtp1":  # mtp1 is recursive; block drafters have gamma slots
-                raise InputError("--gamma-max", f"drafter {spec!r} was trained for gamma "
-                                 f"{model.cfg.gamma} < gamma_max {gamma_max}")
-            model.cfg.gamma = gamma_max
-        loaded[name] = (model, info)
+    loaded = _load_drafters(drafters, tgt, gamma_max)
     slug = _slug(tgt, target_slug)
     out_dir = Path(out) if out is not None else DATA_DIR
     work = out_dir / f".capture-{slug}"
-    layers = tgt.feature_layers(3) + [tgt.num_layers]
-    enc_len = [len(tgt.encode_prompt(list(p.turns), max_prompt_tokens)) for p in prompts]
-    order = sorted(range(len(prompts)), key=lambda i: enc_len[i])  # stable: same batches
-    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    plan = {
-        "target": tgt.name,
-        "target_source": tgt.source,
-        "drafters": {k: v[1].get("sha256", "") for k, v in loaded.items()},
-        "gamma_max": gamma_max,
-        "max_new_tokens": max_new_tokens,
-        "prompts": [prompts[i].key for i in order],
-        "batch_size": batch_size,
-    }
-    plan_hash = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:16]
-    manifest: dict[str, Any] = {"plan_hash": plan_hash, "done": {}}
-    mpath = work / MANIFEST
-    if resume and mpath.is_file():
-        manifest = json.loads(mpath.read_text())
-        if manifest.get("plan_hash") != plan_hash:
-            raise InputError(mpath, "resume: the capture plan changed (target, drafters, prompts or "
-                                    "gamma); rerun without --resume to start over")
-    elif work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(mpath, manifest)
+    chunks, plan_hash = _plan_chunks(tgt, prompts, loaded, gamma_max=gamma_max,
+                                     max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                     max_prompt_tokens=max_prompt_tokens)
+    manifest = _open_manifest(work, plan_hash, resume)
 
-    backend = ""
-    agree: list[float] = []
-    bar = None
-    if progress:
-        from rich.progress import Progress
+    def run_one(ci: int, chunk: list[int]) -> dict[str, Any]:
+        return _capture_chunk(ci, chunk, prompts, tgt, shared, loaded, work,
+                              gamma_max=gamma_max, max_new_tokens=max_new_tokens,
+                              max_prompt_tokens=max_prompt_tokens)
 
-        bar = Progress(transient=False)
-        bar.start()
-        task = bar.add_task(f"capture {slug}", total=len(chunks))
-        bar.update(task, completed=len(manifest["done"]))
-    try:
-        for ci, chunk in enumerate(chunks):
-            if str(ci) in manifest["done"]:
-                continue
-            if _fail_after_chunks is not None and len(manifest["done"]) >= _fail_after_chunks:
-                raise RuntimeError(f"capture stopped after {_fail_after_chunks} chunk(s) (test hook)")
-            cp = [prompts[i] for i in chunk]
-            recs = generate_cached(tgt, cp, max_new_tokens + gamma_max, layers,
-                                   batch_size=len(cp), max_prompt_tokens=max_prompt_tokens)
-            agree.extend(float(r.get("greedy_agree", 1.0)) for r in recs)
-            store = SequenceStore.from_records(recs)
-            trows = TargetRows(store, shared)
-            for name, (model, _info) in loaded.items():
-                rows = draft_rows(model, store, shared, gamma_max, max_new_tokens,
-                                  target_rows=trows)
-                backend = rows["backend"] or backend
-                n = rows["per_seq"]
-                rid = np.repeat([chunk[j] for j in range(len(cp))], n).astype(np.int32)
-                pos = np.concatenate([np.arange(k) for k in n]).astype(np.int32)
-                dom = np.repeat([r["domain"] for r in recs], n)
-                df = pl.DataFrame({
-                    "request_id": rid,
-                    "domain": dom.astype(str),
-                    "position": pos,
-                    "accept_len": rows["accept_len"].astype(np.int8),
-                    "conf": pl.Series("conf", rows["conf"], dtype=pl.Array(pl.Float32, gamma_max)),
-                    "tv_accept": pl.Series("tv_accept", rows["tv_accept"],
-                                           dtype=pl.Array(pl.Float32, gamma_max)),
-                })
-                meta = TraceMeta(drafter=name, target=tgt.name, gamma_max=gamma_max,
-                                 source="captured")
-                write_trace(trace_from_frame(df, meta, "<capture>"), work / f"{name}-{ci:04d}.parquet")
-            del trows
-            manifest["done"][str(ci)] = {"prompts": [p.key for p in cp], "backend": backend,
-                                         "greedy_agree": float(np.mean(agree[-len(cp):]))}
-            write_json_atomic(mpath, manifest)
-            if bar is not None:
-                bar.update(task, advance=1)
-    finally:
-        if bar is not None:
-            bar.stop()
+    _run_chunks(chunks, manifest, work / MANIFEST, run_one, f"capture {slug}", progress,
+                _fail_after_chunks)
 
     date = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-    by_ds = Counter(p.dataset for p in prompts)
     written: dict[str, Path] = {}
-    backends = {v.get("backend", "") for v in manifest["done"].values()} - {""}
-    agree_all = [v.get("greedy_agree", 1.0) for v in manifest["done"].values()]
     for name, (_model, info) in loaded.items():
-        parts = [read_trace(work / f"{name}-{ci:04d}.parquet") for ci in range(len(chunks))]
-        merged = concat_traces(parts)
-        # request ids = index of the prompt in ``prompts`` (stable across resumes)
-        rid = np.concatenate([p.req_ids for p in parts]).astype(np.int32)
-        df = merged.to_polars().with_columns(
-            pl.Series("request_id", np.repeat(rid, merged.req_lengths).astype(np.int32))
-        )
-        meta = TraceMeta(
-            drafter=name,
-            target=tgt.name,
-            gamma_max=gamma_max,
-            source="captured",
-            temperature=0.0,
-            domains=tuple(sorted(set(merged.req_domain.tolist()))),
-            generator={
-                "tool": "dspark_sim.traces.capture",
-                "max_new_tokens": max_new_tokens,
-                "prompts": {"split": "heldout", "split_seed": split_seed,
-                            "train_fraction": TRAIN_FRACTION, "per_domain": per_domain,
-                            "datasets": dict(sorted(by_ds.items())),
-                            "keys": [p.key for p in prompts]},
-                "max_prompt_tokens": max_prompt_tokens,
-                "chat_template": True,
-            },
-            extra={
-                "drafter_checkpoint": _rel(info.get("path", "")),
-                "drafter_checkpoint_sha256": info.get("sha256", ""),
-                "drafter_train_steps": info.get("steps"),
-                "target_source": tgt.source,
-                "device": _device_desc(tgt),
-                "kernel_backend": ",".join(sorted(backends)) or "none",
-                "greedy_replay_agreement": float(np.mean(agree_all)) if agree_all else 1.0,
-                "date": date,
-                "torch": torch.__version__,
-            },
-        )
-        trace = trace_from_frame(df, meta, f"captured-{slug}-{name}")
+        df = _merge_shards(name, work, len(chunks))
+        domains = tuple(sorted(set(df["domain"].to_list())))
+        meta = _final_meta(name, info, tgt, prompts, domains, manifest, date, gamma_max=gamma_max,
+                           max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
+                           per_domain=per_domain, split_seed=split_seed)
         path = out_dir / f"captured-{slug}-{name}.parquet"
-        write_trace(trace, path)
+        write_trace(trace_from_frame(df, meta, f"captured-{slug}-{name}"), path)
         written[name] = path
     shutil.rmtree(work, ignore_errors=True)
     return written

