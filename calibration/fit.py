@@ -297,6 +297,8 @@ def calibrate_confidence(
         raise InputError("bins", "must be >= 1")
     tr = _as_trace(trace)
     where = tr.source_path
+    if tr.conf is None:
+        raise InputError(where, "trace has no 'conf' column: nothing to calibrate")
     c, m = _check_arrays(tr.conf, tr.accept_len, where)
     fit_rows, test_rows = split_requests(tr, holdout, seed)
     drafter = tr.meta.drafter

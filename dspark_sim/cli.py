@@ -254,14 +254,16 @@ def traces_synth(
         raise InputError("--kind", f"must be iid, dspark or mtp1, got {kind!r}")
     write_trace(t, out)
     console.print(f"wrote {out}: {t.num_requests} requests, {t.num_positions:,} positions, "
-                  f"gamma_max {t.gamma_max}, tau(gamma_max) = {t.tau():.3f}")
+                  f"gamma_max {t.gamma_max}, served tau(gamma_max) = {t.served_tau():.3f} "
+                  f"(per-position mean {t.tau():.3f})")
 
 
 @traces_app.command("inspect")
 def traces_inspect(
     trace: Annotated[str, typer.Argument(help="Trace path or built-in name.")],
 ) -> None:
-    """Print tau by verify length and the per-position acceptance of a trace."""
+    """Print tau by verify length (served per verify step, and the per-position mean)
+    and the per-position acceptance of a trace."""
     from dspark_sim.traces.schema import load_trace
 
     t = load_trace(trace)
@@ -270,15 +272,23 @@ def traces_inspect(
                   f"source {m.source}, gamma_max {m.gamma_max}, temperature {m.temperature:g}"
                   f"{'' if m.replay_exact else ' (replay approximate: sampled decoding)'}")
     console.print(f"{t.num_requests} requests, {t.num_positions:,} positions, "
-                  f"domains {', '.join(m.domains)}")
+                  f"domains {', '.join(m.domains)}"
+                  f"{'' if t.has_conf else '; no confidences (conf column absent)'}"
+                  f"{'; per-request prompt/output lengths' if t.has_lengths else ''}")
     tab = Table(title="tau (tokens per verification step, incl. bonus) by verify length l")
-    tab.add_column("domain")
+    tab.add_column("domain: tau", no_wrap=True)
     for ell in range(t.gamma_max + 1):
         tab.add_column(f"l={ell}", justify="right")
     parts = [("all", t)] + ([(d, t.select_domain(d)) for d in m.domains] if len(m.domains) > 1 else [])
     for name, sub in parts:
-        tab.add_row(name, *[f"{sub.tau(ell):.2f}" for ell in range(t.gamma_max + 1)])
+        tab.add_row(f"{name}: served", *[f"{sub.served_tau(ell):.2f}" for ell in range(t.gamma_max + 1)])
+        tab.add_row(f"{name}: per-pos", *[f"{sub.tau(ell):.2f}" for ell in range(t.gamma_max + 1)])
     console.print(tab)
+    console.print("served: per verify step, a fixed-l chain replayed through each request, total "
+                  "tokens / total steps: what a run reports (DSpark Table 1, vLLM "
+                  "spec_decode_acceptance_length). per-pos: min(l, m_t) + 1 "
+                  "averaged over positions; higher when acceptance comes in easy and hard "
+                  "stretches.", style="dim", markup=False)
     pos = Table(title="per-position acceptance")
     pos.add_column("domain")
     pos.add_column("kind")
@@ -288,8 +298,9 @@ def traces_inspect(
         pos.add_row(name, "P(k | 1..k-1) (DSpark Fig. 2)",
                     *[f"{x:.3f}" for x in sub.conditional_acceptance()])
         pos.add_row(name, "P(m >= k) (vLLM per-pos)", *[f"{x:.3f}" for x in sub.survival()])
-        pos.add_row(name, "mean raw confidence",
-                    *[f"{x:.3f}" for x in sub.conf.mean(axis=0)])
+        if sub.conf is not None:
+            pos.add_row(name, "mean raw confidence",
+                        *[f"{x:.3f}" for x in sub.conf.mean(axis=0)])
     console.print(pos)
 
 

@@ -65,6 +65,13 @@ def resolve_trace(cfg: SimConfig, policy: Policy) -> AcceptanceTrace | None:
     return trace
 
 
+def require_trace_columns(trace: AcceptanceTrace | None, policy: Policy) -> None:
+    """A confidence policy needs the trace's ``conf`` column; the others run without it."""
+    if trace is not None and policy.needs_survival and trace.conf is None:
+        raise InputError(trace.source_path, f"policy {policy.name} reads drafter confidences "
+                         "but the trace has no 'conf' column")
+
+
 def resolve_calibration(cfg: SimConfig, trace: AcceptanceTrace | None) -> CalibrationMap:
     """``--calibration`` wins; otherwise the map the trace's metadata names (a built-in
     name), as a deployed drafter ships with its fitted map; otherwise the identity."""
@@ -98,6 +105,7 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
     profile = profile or load_profile(cfg.deployment.profile)
     if trace is None:
         trace = resolve_trace(cfg, policy)
+    require_trace_columns(trace, policy)
     if calibration is None:
         calibration = resolve_calibration(cfg, trace)
     rng = np.random.default_rng(cfg.seed)

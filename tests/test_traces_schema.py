@@ -76,8 +76,8 @@ META = TraceMeta(drafter="d", target="t", gamma_max=3)
 
 def test_validation_errors(tmp_path):
     trace_from_frame(_frame(), META)  # valid
-    with pytest.raises(InputError, match="missing column"):
-        trace_from_frame(_frame().drop("conf"), META, "x.parquet")
+    with pytest.raises(InputError, match="missing column.*accept_len"):
+        trace_from_frame(_frame().drop("accept_len"), META, "x.parquet")
     with pytest.raises(InputError, match="accept_len out of"):
         trace_from_frame(_frame().with_columns(pl.lit(9).alias("accept_len")), META, "x")
     with pytest.raises(InputError, match="not contiguous"):
@@ -122,3 +122,60 @@ def test_write_is_atomic(tmp_path, monkeypatch):
         write_trace(synth_iid(0.9, 2, num_requests=2, positions=10), p)
     assert p.read_bytes() == before
     assert [x.name for x in tmp_path.iterdir()] == ["t.parquet"]
+
+
+def test_trace_without_confidences_round_trips(tmp_path):
+    t = trace_from_frame(_frame().drop("conf"), META, "x")
+    assert t.conf is None and not t.has_conf
+    u = read_trace(write_trace(t, tmp_path / "noconf.parquet"))
+    assert u.conf is None and np.array_equal(u.accept_len, [1, 3, 0])
+    assert u.select_domain("math").conf is None
+
+
+def test_string_ids_and_request_lengths_kept_in_file_order(tmp_path):
+    df = pl.DataFrame({
+        "request_id": ["q-b", "q-a", "q-b", "q-a", "q-a"],  # interleaved, not sorted
+        "domain": ["chat", "math", "chat", "math", "math"],
+        "position": [1, 0, 0, 2, 1],
+        "accept_len": [2, 0, 1, 3, 1],
+        "prompt_tokens": [40, 7, 40, 7, 7],
+        "output_tokens": [2, 3, 2, 3, 3],
+    })
+    t = trace_from_frame(df, META, "s")
+    # first appearance order: q-b, then q-a; positions sorted within each
+    assert t.req_ids.tolist() == ["q-b", "q-a"]
+    assert t.accept_len.tolist() == [1, 2, 0, 1, 3]
+    assert t.req_prompt_tokens.tolist() == [40, 7] and t.req_output_tokens.tolist() == [2, 3]
+    u = read_trace(write_trace(t, tmp_path / "s.parquet"))
+    assert u.req_ids.tolist() == ["q-b", "q-a"]
+    assert u.req_prompt_tokens.tolist() == [40, 7] and u.has_lengths
+    sub = u.select_domain("math")
+    assert sub.req_ids.tolist() == ["q-a"] and sub.req_output_tokens.tolist() == [3]
+    with pytest.raises(InputError, match="prompt_tokens differs between rows of request q-a"):
+        trace_from_frame(df.with_columns(pl.Series("prompt_tokens", [40, 7, 40, 8, 7])), META, "s")
+
+
+def test_float_accept_len_is_refused_not_truncated():
+    bad = _frame().with_columns(pl.Series("accept_len", [1.0, 2.5, 0.0]))
+    with pytest.raises(InputError, match="accept_len.*integers"):
+        trace_from_frame(bad, META, "f.parquet")
+    with pytest.raises(InputError, match="accept_len out of"):
+        trace_from_frame(_frame().with_columns(pl.Series("accept_len", [1, -1, 0])), META, "x")
+
+
+@pytest.mark.parametrize("key,value", [
+    ("gamma_max", "abc"), ("gamma_max", 2.5), ("gamma_max", True), ("gamma_max", 0),
+    ("temperature", "hot"), ("temperature", -1), ("drafter", 3), ("domains", "math"),
+    ("generator", [1]), ("calibration", 5), ("source", "made-up"),
+])
+def test_wrong_typed_metadata_is_one_line_error(tmp_path, key, value):
+    import json
+
+    meta = json.loads(META.to_json())
+    meta[key] = value
+    table = _frame().to_arrow().replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
+    p = tmp_path / "m.parquet"
+    pq.write_table(table, p)
+    with pytest.raises(InputError, match=key) as exc:
+        read_trace(p)
+    assert str(p) in str(exc.value) and "\n" not in str(exc.value)

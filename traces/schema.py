@@ -5,21 +5,32 @@ Columns (parquet):
 ==============  =======================  ==============================================
 column          type                     meaning
 ==============  =======================  ==============================================
-request_id      int32                    trace request (prompt) id
+request_id      int or string            trace request (prompt) id; imported traces keep
+                                         the source's ids (strings allowed)
 domain          string                   ``math`` / ``code`` / ``chat`` / anything
 position        int32                    output position ``t`` (0-based, contiguous)
 accept_len      int8                     ``m_t``: accepted run length of a
                                          ``gamma_max``-token draft started at ``t``
-conf            array<float32, gamma>    raw drafter confidences ``c_t[1..gamma]``:
-                                         P(token k accepted | 1..k-1 accepted)
+                                         (an integer column in ``[0, gamma_max]``)
+conf            array<float32, gamma>    optional: raw drafter confidences
+                                         ``c_t[1..gamma]``: P(token k accepted | 1..k-1
+                                         accepted). Only confidence policies read it.
 tv_accept       array<float32, gamma>    optional: ``1 - 0.5 * ||p_d - p_t||_1`` per
                                          draft position (captured traces)
+prompt_tokens   int32                    optional, per request (same on each of its
+                                         rows): the request's prompt length
+output_tokens   int32                    optional, per request: its output length
 ==============  =======================  ==============================================
 
 File metadata (parquet key ``dspark_sim.trace``, JSON): ``schema_version`` (1),
 ``drafter``, ``target``, ``gamma_max``, ``temperature``, ``source``
-(``synthetic`` | ``captured``), ``domains``, ``generator`` (parameters) and any
-capture facts (device, kernel backend, checkpoint hash, date).
+(``synthetic`` | ``captured`` | ``imported``), ``domains``, ``generator``
+(parameters), optionally ``calibration`` (the built-in confidence map fitted for this
+drafter) and any capture or import facts (device, kernel backend, checkpoint hash,
+date, source file).
+
+Rows are ordered by request (integer ids ascending; string ids in the order they first
+appear in the file), then position; trace row ``r`` is the ``r``-th request in that order.
 
 Replay (see :mod:`dspark_sim.sim.engine`): verifying ``l`` tokens at position ``t``
 accepts ``min(l, m_t)`` and emits one bonus token, so the next step starts at
@@ -43,8 +54,9 @@ from dspark_sim.io import atomic_path
 
 SCHEMA_VERSION = 1
 META_KEY = b"dspark_sim.trace"
-SOURCES = ("synthetic", "captured")
-REQUIRED_COLUMNS = ("request_id", "domain", "position", "accept_len", "conf")
+SOURCES = ("synthetic", "captured", "imported")
+REQUIRED_COLUMNS = ("request_id", "domain", "position", "accept_len")
+LENGTH_COLUMNS = ("prompt_tokens", "output_tokens")
 
 
 @dataclass(frozen=True)
@@ -84,12 +96,14 @@ class AcceptanceTrace:
 
     meta: TraceMeta
     accept_len: np.ndarray  # int8 [N]
-    conf: np.ndarray  # float32 [N, gamma_max]
+    conf: np.ndarray | None  # float32 [N, gamma_max]; None: the trace has no confidences
     req_offsets: np.ndarray  # int64 [R + 1]: rows of request r are offsets[r]:offsets[r+1]
     req_domain: np.ndarray  # str [R]
-    req_ids: np.ndarray  # int32 [R]
+    req_ids: np.ndarray  # int32 [R], or str [R] (an imported source's ids)
     tv_accept: np.ndarray | None = None  # float32 [N, gamma_max]
     source_path: str = "<memory>"
+    req_prompt_tokens: np.ndarray | None = None  # int64 [R]: each request's prompt length
+    req_output_tokens: np.ndarray | None = None  # int64 [R]: each request's output length
 
     @property
     def gamma_max(self) -> int:
@@ -107,12 +121,42 @@ class AcceptanceTrace:
     def req_lengths(self) -> np.ndarray:
         return np.diff(self.req_offsets)
 
+    @property
+    def has_conf(self) -> bool:
+        return self.conf is not None
+
+    @property
+    def has_lengths(self) -> bool:
+        """Each request carries its own prompt and output length (imported traces)."""
+        return self.req_prompt_tokens is not None and self.req_output_tokens is not None
+
     # -- derived statistics ------------------------------------------------------
     def tau(self, ell: int | None = None) -> float:
         """Mean tokens per verification step (incl. bonus) when verifying ``ell`` tokens,
         averaged over positions (the per-position expectation, i.e. E[min(l, m)] + 1)."""
         ell = self.gamma_max if ell is None else int(ell)
         return float(np.minimum(self.accept_len, ell).mean() + 1.0)
+
+    def served_tau(self, k: int | None = None) -> float:
+        """Tokens per verification step (incl. bonus) *as served*: a fixed-``k`` chain
+        replayed through every request, pooled the way a run counts it (total tokens /
+        total steps). DSpark Table 1's and vLLM's ``spec_decode_acceptance_length``.
+
+        Each request starts at position 0; at position ``t`` a step accepts
+        ``min(k, m_t)`` drafts plus the bonus token and the next step starts at
+        ``t + min(k, m_t) + 1``, until the request's rows are used up (the last step
+        counts in full). The chain skips positions a step has already produced, so it
+        visits hard stretches of text more often than easy ones: ``served_tau(k) <=
+        tau(k)`` on bursty traces, equal on i.i.d. ones.
+        """
+        k = self.gamma_max if k is None else int(k)
+        tokens, steps = _served_chain(self.accept_len, self.req_offsets, k)
+        return float(tokens.sum() / max(int(steps.sum()), 1))
+
+    def served_tau_per_request(self, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens, steps)`` of the fixed-``k`` chain per request (see :meth:`served_tau`)."""
+        k = self.gamma_max if k is None else int(k)
+        return _served_chain(self.accept_len, self.req_offsets, k)
 
     def conditional_acceptance(self) -> np.ndarray:
         """DSpark Fig. 2: P(position k accepted | 1..k-1 accepted), k = 1..gamma."""
@@ -135,18 +179,22 @@ class AcceptanceTrace:
         return replace(
             self,
             accept_len=self.accept_len[rows],
-            conf=self.conf[rows],
+            conf=None if self.conf is None else self.conf[rows],
             tv_accept=None if self.tv_accept is None else self.tv_accept[rows],
             req_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             req_domain=self.req_domain[keep],
             req_ids=self.req_ids[keep],
+            req_prompt_tokens=_take(self.req_prompt_tokens, keep),
+            req_output_tokens=_take(self.req_output_tokens, keep),
             meta=replace(self.meta, domains=(domain,)),
         )
 
     # -- frames ----------------------------------------------------------------
     def to_polars(self) -> pl.DataFrame:
         lengths = self.req_lengths
-        rid = np.repeat(self.req_ids, lengths).astype(np.int32)
+        ids = np.asarray(self.req_ids)
+        rid = np.repeat(ids, lengths)
+        rid = rid.astype(np.int32) if np.issubdtype(ids.dtype, np.integer) else rid.astype(str)
         pos = (np.arange(self.num_positions) - np.repeat(self.req_offsets[:-1], lengths)).astype(
             np.int32
         )
@@ -156,13 +204,58 @@ class AcceptanceTrace:
             "domain": np.repeat(self.req_domain, lengths).astype(str),
             "position": pos,
             "accept_len": self.accept_len.astype(np.int8),
-            "conf": pl.Series("conf", self.conf.astype(np.float32), dtype=pl.Array(pl.Float32, g)),
         }
+        if self.conf is not None:
+            cols["conf"] = pl.Series("conf", self.conf.astype(np.float32),
+                                     dtype=pl.Array(pl.Float32, g))
         if self.tv_accept is not None:
             cols["tv_accept"] = pl.Series(
                 "tv_accept", self.tv_accept.astype(np.float32), dtype=pl.Array(pl.Float32, g)
             )
+        if self.req_prompt_tokens is not None:
+            cols["prompt_tokens"] = np.repeat(self.req_prompt_tokens, lengths).astype(np.int32)
+        if self.req_output_tokens is not None:
+            cols["output_tokens"] = np.repeat(self.req_output_tokens, lengths).astype(np.int32)
         return pl.DataFrame(cols)
+
+
+def _served_chain(accept_len: np.ndarray, offsets: np.ndarray,
+                  k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Replay a fixed-``k`` chain through every request at once: one numpy pass per
+    verify step over all requests still running (no per-position Python loop), so the
+    cost is (longest request's steps) x (vectorised gather)."""
+    if k < 0:
+        raise InputError("k", f"verify length must be >= 0, got {k}")
+    m = accept_len.astype(np.int64)
+    start = offsets[:-1].astype(np.int64)
+    length = np.diff(offsets).astype(np.int64)
+    pos = np.zeros(len(length), np.int64)
+    tokens = np.zeros(len(length), np.int64)
+    steps = np.zeros(len(length), np.int64)
+    live = np.flatnonzero(length > 0)
+    while live.size:
+        adv = np.minimum(m[start[live] + pos[live]], k) + 1
+        tokens[live] += adv
+        steps[live] += 1
+        pos[live] += adv
+        live = live[pos[live] < length[live]]
+    return tokens, steps
+
+
+def _take(a: np.ndarray | None, idx: np.ndarray) -> np.ndarray | None:
+    return None if a is None else a[idx]
+
+
+def _int_column(df: pl.DataFrame, col: str, source: str) -> np.ndarray:
+    """An integer column as int64; a float, string or boolean column is refused (a float
+    ``accept_len`` would otherwise be truncated silently)."""
+    s = df[col]
+    if not s.dtype.is_integer():
+        raise InputError(source, f"column '{col}' must hold integers, got {s.dtype}")
+    if s.null_count():
+        bad = int(s.is_null().arg_max())
+        raise InputError(source, f"column '{col}' has a missing value at row {bad}")
+    return s.cast(pl.Int64).to_numpy()
 
 
 def trace_from_frame(df: pl.DataFrame, meta: TraceMeta, source: str = "<memory>") -> AcceptanceTrace:
@@ -175,41 +268,68 @@ def trace_from_frame(df: pl.DataFrame, meta: TraceMeta, source: str = "<memory>"
     g = int(meta.gamma_max)
     if g < 1:
         raise InputError(source, f"gamma_max must be >= 1, got {g}")
-    df = df.sort(["request_id", "position"])
-    try:
-        rid = df["request_id"].cast(pl.Int64).to_numpy()
-        pos = df["position"].cast(pl.Int64).to_numpy()
-        m = df["accept_len"].cast(pl.Int64).to_numpy()
-    except Exception as exc:  # polars raises several types for bad casts
-        raise InputError(source, f"request_id/position/accept_len must be integers ({exc})") from exc
-    conf = _matrix(df, "conf", g, source)
+    ids = df["request_id"]
+    if not (ids.dtype.is_integer() or ids.dtype in (pl.Utf8, pl.Categorical)):
+        raise InputError(source, f"column 'request_id' must hold integers or strings, got {ids.dtype}")
+    if ids.null_count():
+        raise InputError(source, f"column 'request_id' has a missing value at row "
+                                 f"{int(ids.is_null().arg_max())}")
+    # Integer ids sort numerically; string ids (an imported source's) keep the order in
+    # which they first appear in the file. Positions sort within each request.
+    if ids.dtype.is_integer():
+        df = df.sort(["request_id", "position"], maintain_order=True)
+    else:
+        df = (df.with_row_index("_row")
+              .with_columns(pl.col("_row").min().over("request_id").alias("_first"))
+              .sort(["_first", "position", "_row"]).drop("_row", "_first"))
+    pos = _int_column(df, "position", source)
+    m = _int_column(df, "accept_len", source)
+    rid_s = df["request_id"]
+    starts = np.flatnonzero(np.concatenate([[True], (rid_s[1:] != rid_s[:-1]).to_numpy()]))
+    conf = _matrix(df, "conf", g, source) if "conf" in df.columns else None
     tv = _matrix(df, "tv_accept", g, source) if "tv_accept" in df.columns else None
     if np.any(m < 0) or np.any(m > g):
         bad = int(np.flatnonzero((m < 0) | (m > g))[0])
         raise InputError(source, f"accept_len out of [0, {g}] at row {bad} (value {m[bad]})")
-    if not np.all(np.isfinite(conf)) or np.any(conf < 0) or np.any(conf > 1):
+    if conf is not None and (not np.all(np.isfinite(conf)) or np.any(conf < 0) or np.any(conf > 1)):
         raise InputError(source, "conf has values outside [0, 1] or NaN")
-    starts = np.flatnonzero(np.concatenate([[True], rid[1:] != rid[:-1]]))
-    offsets = np.concatenate([starts, [len(rid)]]).astype(np.int64)
-    expected = np.arange(len(rid)) - np.repeat(starts, np.diff(offsets))
+    offsets = np.concatenate([starts, [df.height]]).astype(np.int64)
+    expected = np.arange(df.height) - np.repeat(starts, np.diff(offsets))
     if not np.array_equal(pos, expected):
         bad = int(np.flatnonzero(pos != expected)[0])
         raise InputError(
-            source, f"positions of request {rid[bad]} are not contiguous from 0 (row {bad})"
+            source, f"positions of request {rid_s[bad]} are not contiguous from 0 (row {bad})"
         )
+    req_len: dict[str, np.ndarray] = {}
+    for col in LENGTH_COLUMNS:
+        if col not in df.columns:
+            continue
+        v = _int_column(df, col, source)
+        if np.any(v < 0):
+            raise InputError(source, f"negative {col} at row {int(np.flatnonzero(v < 0)[0])}")
+        per_req = v[starts]
+        differ = v != np.repeat(per_req, np.diff(offsets))
+        if differ.any():
+            bad = int(np.flatnonzero(differ)[0])
+            raise InputError(source, f"{col} differs between rows of request {rid_s[bad]} (row {bad})")
+        req_len[col] = per_req
     domain = df["domain"].cast(pl.Utf8).to_numpy()[starts].astype(str)
     domains = tuple(sorted(set(domain.tolist())))
     if not meta.domains:
         meta = replace(meta, domains=domains)
+    req_ids = (rid_s.cast(pl.Int64).to_numpy()[starts].astype(np.int32) if rid_s.dtype.is_integer()
+               else rid_s.cast(pl.Utf8).to_numpy()[starts].astype(str))
     return AcceptanceTrace(
         meta=meta,
         accept_len=m.astype(np.int8),
         conf=conf,
         req_offsets=offsets,
         req_domain=domain,
-        req_ids=rid[starts].astype(np.int32),
+        req_ids=req_ids,
         tv_accept=tv,
         source_path=source,
+        req_prompt_tokens=req_len.get("prompt_tokens"),
+        req_output_tokens=req_len.get("output_tokens"),
     )
 
 
@@ -234,24 +354,48 @@ def _matrix(df: pl.DataFrame, col: str, g: int, source: str) -> np.ndarray:
 def _meta_from_json(raw: bytes, source: str) -> TraceMeta:
     try:
         d = json.loads(raw)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(source, f"trace metadata is not valid JSON ({exc})") from exc
+    if not isinstance(d, dict):
+        raise InputError(source, "trace metadata must be a JSON object")
     if d.get("schema_version") != SCHEMA_VERSION:
         raise InputError(source, f"unsupported trace schema_version {d.get('schema_version')!r}")
     for key in ("drafter", "target", "gamma_max"):
         if key not in d:
             raise InputError(source, f"trace metadata lacks '{key}'")
-    if d.get("source", "synthetic") not in SOURCES:
-        raise InputError(source, f"trace source must be one of {SOURCES}")
+
+    def bad(key: str, want: str) -> InputError:
+        return InputError(source, f"trace metadata '{key}' must be {want}, got {d[key]!r}")
+
+    for key in ("drafter", "target"):
+        if not isinstance(d[key], str):
+            raise bad(key, "a string")
+    g = d["gamma_max"]
+    if isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= 127:
+        raise bad("gamma_max", "an integer in [1, 127]")
+    src = d.get("source", "synthetic")
+    if src not in SOURCES:
+        raise InputError(source, f"trace metadata 'source' must be one of {SOURCES}, got {src!r}")
+    temp = d.get("temperature", 0.0)
+    if isinstance(temp, bool) or not isinstance(temp, int | float) or not np.isfinite(temp) \
+            or temp < 0:
+        raise bad("temperature", "a finite number >= 0")
+    domains = d.get("domains", [])
+    if not isinstance(domains, list) or not all(isinstance(x, str) for x in domains):
+        raise bad("domains", "a list of strings")
+    if not isinstance(d.get("generator", {}), dict):
+        raise bad("generator", "an object")
+    if "calibration" in d and not isinstance(d["calibration"], str):
+        raise bad("calibration", "a calibration map name (string)")
     known = {"schema_version", "drafter", "target", "gamma_max", "source", "temperature",
              "domains", "generator"}
     return TraceMeta(
-        drafter=str(d["drafter"]),
-        target=str(d["target"]),
-        gamma_max=int(d["gamma_max"]),
-        source=d.get("source", "synthetic"),
-        temperature=float(d.get("temperature", 0.0)),
-        domains=tuple(d.get("domains", ())),
+        drafter=d["drafter"],
+        target=d["target"],
+        gamma_max=int(g),
+        source=src,
+        temperature=float(temp),
+        domains=tuple(domains),
         generator=dict(d.get("generator", {})),
         extra={k: v for k, v in d.items() if k not in known},
     )
@@ -295,17 +439,23 @@ def concat_traces(traces: list[AcceptanceTrace], meta: TraceMeta | None = None) 
         raise InputError(None, "cannot concatenate traces with different gamma_max")
     lengths = np.concatenate([t.req_lengths for t in traces])
     has_tv = all(t.tv_accept is not None for t in traces)
+    has_conf = all(t.conf is not None for t in traces)
+    has_len = all(t.has_lengths for t in traces)
     meta = meta or replace(
         traces[0].meta, domains=tuple(sorted({d for t in traces for d in t.meta.domains}))
     )
     return AcceptanceTrace(
         meta=meta,
         accept_len=np.concatenate([t.accept_len for t in traces]),
-        conf=np.concatenate([t.conf for t in traces]),
+        conf=np.concatenate([t.conf for t in traces]) if has_conf else None,
         req_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
         req_domain=np.concatenate([t.req_domain for t in traces]),
         req_ids=np.arange(len(lengths), dtype=np.int32),
         tv_accept=np.concatenate([t.tv_accept for t in traces]) if has_tv else None,
+        req_prompt_tokens=(np.concatenate([t.req_prompt_tokens for t in traces])
+                           if has_len else None),
+        req_output_tokens=(np.concatenate([t.req_output_tokens for t in traces])
+                           if has_len else None),
     )
 
 
