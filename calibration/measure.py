@@ -673,11 +673,15 @@ def _user_drafters(drafter, runner: _Runner):
     return fns
 
 
-def _fit_gamma_slope(times: dict[int, np.ndarray], gamma_ref: int) -> float:
+def fit_gamma_slope(times: dict[int, np.ndarray], gamma_ref: int) -> float:
+    """:class:`DraftCost`'s ``gamma_slope``: the relative cost of one draft token more or
+    less than ``gamma_ref``, from draft times per gamma (each an array over batch sizes);
+    median over batch sizes, mean over gammas, never negative."""
     others = [g for g in times if g != gamma_ref]
     if not others:
         return 0.0
-    est = [float(np.median(times[g] / times[gamma_ref] - 1.0)) / (g - gamma_ref) for g in others]
+    ref = np.maximum(times[gamma_ref], 1e-9)
+    est = [float(np.median(times[g] / ref - 1.0)) / (g - gamma_ref) for g in others]
     return max(0.0, float(np.mean(est)))
 
 
@@ -718,10 +722,10 @@ def measure_drafts(runner: _Runner, drafter, batch_requests, gammas, context,
             costs[name] = DraftCost(np.asarray(batches, float), times[1], 1, 1.0)
         elif name == "mtp1":
             costs[name] = DraftCost(np.asarray(batches, float), times[1], 1,
-                                    _fit_gamma_slope(times, 1))
+                                    fit_gamma_slope(times, 1))
         else:
             costs[name] = DraftCost(np.asarray(batches, float), times[gref], gref,
-                                    _fit_gamma_slope(times, gref))
+                                    fit_gamma_slope(times, gref))
     return costs, label
 
 

@@ -478,6 +478,10 @@ def validate(
     profile: Annotated[str, typer.Option(
         help="Cost tables to compare: built-in/TOML, 'measure' (re-measure now), 'insitu'.")] =
         "insitu,measure,auto",
+    clock: Annotated[str, typer.Option(help="auto | cpu (thread CPU time) | wall")] = "auto",
+    save_profile: Annotated[Path | None, typer.Option(
+        help="Also write the engine-in-the-loop profile measured for 'measure'/'auto' here.")] =
+        None,
     sim_seeds: Annotated[int, typer.Option(help="Simulator seeds averaged per point.")] = 5,
     seed: Annotated[int, typer.Option()] = 0,
     strict: Annotated[bool, typer.Option(
@@ -485,14 +489,20 @@ def validate(
 ) -> None:
     """Run a real spec-decoding server on the CPU target and compare it with the simulator."""
     from dspark_sim.sim.sweep import parse_list, parse_numbers
-    from dspark_sim.validation.harness import main as validate_main
+    from dspark_sim.validation.harness import ValidationSetup
+    from dspark_sim.validation.harness import validate as run_validation
 
-    rc = validate_main(policies=tuple(parse_list(policies)),
-                       rates=tuple(parse_numbers(rates, option="--rates")),
-                       num_requests=num_requests, max_new_tokens=max_new_tokens,
-                       out_dir=out, device=device, drafter=drafter, profile=profile,
-                       sim_seeds=sim_seeds, seed=seed)
-    if strict and rc:
+    setup = ValidationSetup(
+        policies=tuple(parse_list(policies)), rates=tuple(parse_numbers(rates, option="--rates")),
+        num_requests=num_requests, max_new_tokens=max_new_tokens, out_dir=out, device=device,
+        drafter=drafter, profiles=tuple(parse_list(profile)), clock=clock,
+        save_profile=save_profile, sim_seeds=sim_seeds, seed=seed,
+    ).check()  # every argument before a model loads
+    result = run_validation(setup, log=lambda msg: console.print(msg, markup=False,
+                                                                 highlight=False))
+    console.print(result.table(), markup=False, highlight=False)
+    console.print(result.headline(), markup=False, highlight=False)
+    if strict and not result.passed():
         raise typer.Exit(1)
 
 

@@ -56,6 +56,10 @@ class EngineConfig:
     # runs out (vLLM); "reserve": admit only if prompt + full output fits (never preempts).
     kv_mode: str = "preempt"
 
+    def validate(self) -> EngineConfig:
+        _validate_engine(self)
+        return self
+
 
 @dataclass(frozen=True)
 class DeploymentConfig:

@@ -3,8 +3,8 @@
 Arrival kinds: ``poisson``; ``gamma`` with burstiness (vLLM: gaps ~ Gamma(shape=b,
 scale=1/(qps*b)), b = 1 is Poisson); ``closed`` (a fixed number of clients, each
 sends its next request when the previous one finishes: this module supplies only the
-lengths, in the order the clients send them; the run loop in ``sim/api.py`` issues a
-request whenever one finishes); ``replay`` of an Azure LLM inference CSV (TIMESTAMP,
+lengths, in the order the clients send them; ``ClosedLoop`` in ``sim/arrivals.py``
+issues a request whenever one finishes); ``replay`` of an Azure LLM inference CSV (TIMESTAMP,
 ContextTokens, GeneratedTokens) or a Mooncake JSONL (timestamp ms, input_length,
 output_length), optionally rescaled in time to a target rate. A closed loop given a
 workload file sends the file's requests (their lengths, in the file's timestamp order);

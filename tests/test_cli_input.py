@@ -216,3 +216,21 @@ def test_capture_out_and_train_arguments_checked_first(no_model_load, tmp_path):
     one_line_error(invoke("train-drafter", "--target", "/no/such"), "--target")
     one_line_error(invoke("train-drafter", "--device", "gpu"), "--device")
     one_line_error(invoke("train-drafter", "--out", str(a_file)), "--out")
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--drafter", "bogus"], ["--drafter", "bogus"]),
+    (["--profile", "no-such-profile"], ["--profile"]),
+    (["--profile", "insitu"], ["--profile", "insitu"]),
+    (["--clock", "sundial"], ["--clock"]),
+    (["--device", "tpu"], ["--device"]),
+    (["--num-requests", "0"], ["--num-requests"]),
+    (["--sim-seeds", "0"], ["--sim-seeds"]),
+    (["--rates", "0.5,-1"], ["--rates"]),
+])
+def test_validate_checks_every_argument_before_loading_a_model(no_model_load, tmp_path, args,
+                                                              needles):
+    one_line_error(invoke("validate", "--out", str(tmp_path / "v"), *args), *needles)
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    one_line_error(invoke("validate", "--out", str(a_file)), "--out")

@@ -38,6 +38,13 @@ def workload():
     return poisson_workload(prompts, domains, rate=200.0, max_new_tokens=N_OUT, seed=1)
 
 
+def _engine(max_num_batched_tokens: int):
+    from dspark_sim.sim.config import EngineConfig
+
+    return EngineConfig(max_num_seqs=4, max_num_batched_tokens=max_num_batched_tokens,
+                        kv_capacity_tokens=4096, kv_mode="reserve")
+
+
 def _profile():
     return EngineProfile("tiny", "measured", 1, np.array([1, 32, 256]),
                          np.array([1e-3, 2e-3, 8e-3]), kv_s_per_token=1e-7)
@@ -50,7 +57,7 @@ def test_server_is_lossless_and_consistent(tiny, workload, policy):
 
     torch.set_num_threads(1)
     srv = SpecServer(tiny, DraftRunner(Lookup()), ServerConfig(
-        max_num_seqs=4, max_num_batched_tokens=40, kv_capacity_tokens=4096, clock="cpu"),
+        _engine(40), clock="cpu"),
         max_len=128, profile=_profile())
     pol = get_policy(policy)
     res = srv.serve(workload.prompts, list(workload.output_tokens), list(workload.arrival_s), pol)
@@ -96,13 +103,15 @@ def test_lookup_online_matches_offline():
 def test_validate_table(tiny, tmp_path):
     import polars as pl
 
-    from dspark_sim.validation.harness import METRICS, format_table, validate
+    from dspark_sim.validation.harness import METRICS, ValidationSetup, validate
 
-    df = validate(policies=("mtp1", "confidence"), rates=(100.0,), num_requests=6,
-                  max_new_tokens=12, out_dir=tmp_path, target=(tiny, None), drafter="lookup",
-                  profile=(_profile(), "insitu", "insitu-self"), max_num_seqs=4,
-                  max_num_batched_tokens=64,
-                  max_prompt_tokens=24, sim_seeds=2, log=None)
+    setup = ValidationSetup(policies=("mtp1", "confidence"), rates=(100.0,), num_requests=6,
+                            max_new_tokens=12, out_dir=tmp_path, target=(tiny, None),
+                            drafter="lookup", profiles=(_profile(), "insitu", "insitu-self"),
+                            max_num_seqs=4, max_num_batched_tokens=64, max_prompt_tokens=24,
+                            sim_seeds=2)
+    result = validate(setup, log=None)
+    df = result.frame
     assert isinstance(df, pl.DataFrame)
     assert df.height == 2 * 3 * len(METRICS)
     assert set(df["profile"]) == {"tiny", "insitu-loo", "insitu-self"}
@@ -117,7 +126,12 @@ def test_validate_table(tiny, tmp_path):
     assert (tmp_path / "mtp1-r100" / "real" / "requests.parquet").is_file()
     assert (tmp_path / "confidence-r100" / "sim" / "summary.json").is_file()
     assert (tmp_path / "comparison.parquet").is_file()
-    assert "mtp1" in format_table(df)
+    assert "mtp1" in result.table()
+    # the headline: the first profile's worst |error| on throughput and median TPOT
+    head = df.filter((pl.col("profile") == "tiny")
+                     & pl.col("metric").is_in(["output_throughput", "median_tpot_ms"]))
+    assert result.worst_error() == pytest.approx(max(abs(v) for v in head["rel_error"]))
+    assert result.passed(tolerance=result.worst_error()) and not result.passed(tolerance=-1.0)
 
 
 def test_step_model_check_charges_logit_rows():
@@ -126,7 +140,7 @@ def test_step_model_check_charges_logit_rows():
     exactly as the simulator's engine does."""
     from dataclasses import replace
 
-    from dspark_sim.validation.harness import step_model_check
+    from dspark_sim.validation.server_profile import step_model_check
 
     base = _profile()
     prof = replace(base, logits_s_per_row=1e-4)
@@ -146,7 +160,7 @@ def test_step_model_check_charges_attention():
     the profile's attention term for it (older 7-field records: none)."""
     from dataclasses import replace
 
-    from dspark_sim.validation.harness import step_model_check
+    from dspark_sim.validation.server_profile import step_model_check
 
     base = _profile()
     prof = replace(base, attn_s_per_query_ctx=1e-8)
@@ -171,7 +185,7 @@ def test_server_sps_includes_logits(tiny):
     from dspark_sim.validation.server import DraftRunner, ServerConfig, SpecServer
 
     srv = SpecServer(tiny, DraftRunner(Lookup()), ServerConfig(
-        max_num_seqs=4, max_num_batched_tokens=40, kv_capacity_tokens=4096, clock="cpu"),
+        _engine(40), clock="cpu"),
         max_len=128, profile=_profile())
     s0 = srv._sps(2, 3, 10, 64)
     srv.profile = replace(_profile(), logits_s_per_row=2e-4)
@@ -194,7 +208,7 @@ def test_server_records_finishing_prefills(tiny, workload):
 
     torch.set_num_threads(1)
     srv = SpecServer(tiny, DraftRunner(Lookup()), ServerConfig(
-        max_num_seqs=4, max_num_batched_tokens=40, kv_capacity_tokens=4096, clock="cpu"),
+        _engine(40), clock="cpu"),
         max_len=128, profile=_profile())
     prompts = workload.prompts[:3]
     res = srv.serve(prompts, [4] * 3, list(workload.arrival_s[:3]), get_policy("mtp1"))
@@ -221,7 +235,7 @@ def test_server_learned_drafter_lossless(tiny, workload):
     tgt = Target(name="tiny", model=tiny, tokenizer=None, device=torch.device("cpu"))
     drafter = build_drafter("dspark", tgt, gamma=4).eval()
     srv = SpecServer(tiny, DraftRunner(drafter, Shared.of(tgt)), ServerConfig(
-        max_num_seqs=4, max_num_batched_tokens=40, kv_capacity_tokens=4096, clock="cpu"),
+        _engine(40), clock="cpu"),
         max_len=128, profile=_profile())
     prompts = workload.prompts[:4]
     res = srv.serve(prompts, [N_OUT] * 4, list(workload.arrival_s[:4]), get_policy("confidence"))
@@ -236,16 +250,16 @@ def test_server_profile_dense_chunks_and_drafter_between(tiny):
     a serving step), and times context-0 shapes as prefill chunks with one logit row."""
     from dspark_sim.calibration.measure import Shape
     from dspark_sim.traces.drafters import Lookup
-    from dspark_sim.validation.harness import measure_server_profile
     from dspark_sim.validation.server import (
         DraftRunner,
         ServerConfig,
         SpecServer,
         time_server_shapes,
     )
+    from dspark_sim.validation.server_profile import measure_server_profile
 
     srv = SpecServer(tiny, DraftRunner(Lookup()), ServerConfig(
-        max_num_seqs=4, max_num_batched_tokens=80, kv_capacity_tokens=4096, clock="cpu"),
+        _engine(80), clock="cpu"),
         max_len=128, profile=_profile())
     calls: list[int] = []
     shapes = [Shape(2, 1, 8), Shape(1, 5, 0), Shape(3, 0, 16)]
@@ -275,7 +289,7 @@ def test_rescale_to_steps_recovers_scale_and_draft_cost():
     draft of 20 ms + 5 ms per request (gamma 7) and 4 ms + 1 ms/request (gamma 1):
     the fit recovers the scale and the point's own gamma's draft line."""
     from dspark_sim.calibration.profile import DraftCost
-    from dspark_sim.validation.harness import rescale_to_steps
+    from dspark_sim.validation.server_profile import rescale_to_steps
 
     base = EngineProfile("b", "measured", 1, np.array([1, 64, 256]),
                          np.array([0.05, 0.2, 0.5]), kv_s_per_token=1e-5, request_s=2e-3,

@@ -25,15 +25,20 @@ For every (policy, request rate) point:
    logits * rows + attn * query_ctx`` of the profile, split into decode-only and prefill
    steps).
 
-Profiles (``profile=``): ``"auto"`` uses the built-in ``smollm2-cpu`` when shipped, else
-measures one *engine-in-the-loop*: the server's own forward + verification timed on a
-grid of ``(requests, verify length, context)`` shapes (plus prefill chunks) and fitted
-with :func:`dspark_sim.calibration.measure.fit_terms`, immediately before the runs (a
-shared CPU drifts); ``"measure"`` forces that; anything else is a profile name/path.
+Profiles (``ValidationSetup.profiles``): ``"auto"`` uses the built-in ``smollm2-cpu``
+when shipped, else measures one *engine-in-the-loop*
+(:mod:`dspark_sim.validation.server_profile`) immediately before the runs (a shared CPU
+drifts); ``"measure"`` forces that; ``"insitu"`` rescales the first real profile to the
+other points' serving steps; anything else is a profile name/path.
 
 Traces: ``lookup`` -- exact, from the served sequences themselves (the lookup draft at
-every output position depends only on the tokens); learned drafters -- the captured
-``traces/data/captured-<target>-<kind>.parquet``.
+every output position depends only on the tokens); learned drafters -- drafted on the
+served sequences the way :mod:`dspark_sim.traces.capture` records a trace.
+
+:func:`validate` runs the phases in order: :func:`_start_server` (load the models),
+:func:`_resolve_profiles`, :func:`_real_runs`, then :func:`_simulate_point` per point and
+:func:`_write_comparison`. Everything torch-side is imported lazily:
+``import dspark_sim.validation.harness`` needs no torch.
 
 Everything torch-side is imported lazily: ``import dspark_sim.validation.harness`` needs no torch.
 """
@@ -45,7 +50,6 @@ import json
 import math
 import platform
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -54,9 +58,15 @@ import numpy as np
 import polars as pl
 
 from dspark_sim.calibration.confmap import CalibrationMap, load_calibration
-from dspark_sim.calibration.profile import DraftCost, EngineProfile, builtin_profiles, load_profile
+from dspark_sim.calibration.profile import EngineProfile, builtin_profiles, load_profile
 from dspark_sim.errors import InputError
-from dspark_sim.io import atomic_path, jsonable, write_json_atomic, write_text_atomic
+from dspark_sim.io import (
+    atomic_path,
+    check_writable,
+    jsonable,
+    write_json_atomic,
+    write_text_atomic,
+)
 from dspark_sim.policies.registry import get_policy
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
@@ -78,10 +88,6 @@ SHIPPED_PROFILE = "smollm2-cpu"
 INSITU = "insitu"  # profile spec: rescaled on the other points' real steps (leave-one-point-out)
 INSITU_SELF = "insitu-self"  # diagnostic: rescaled on the point's *own* steps (level known)
 _INSITU = (INSITU, INSITU_SELF)
-VALIDATE_PROFILE = Path(__file__).resolve().parent.parent / "calibration" / "data" / \
-    "smollm2-cpu-validate.toml"
-
-
 @dataclass(frozen=True)
 class Workload:
     arrival_s: np.ndarray
@@ -206,285 +212,6 @@ def learned_trace(target: Any, drafter: Any, prompts: list[list[int]], outputs: 
     return trace_from_frame(pl.concat(frames), meta, f"validate-{kind}")
 
 
-# -- profiles ------------------------------------------------------------------------------------
-
-
-def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8),
-                           verify_lengths: Sequence[int] = (0, 1, 3, 7),
-                           contexts: Sequence[int] = (64, 256),
-                           prefill_chunks: Sequence[int] | None = None,
-                           draft_gammas: Sequence[int] = (1, 3, 7), repeats: int = 3,
-                           clock: str = "cpu", name: str = "smollm2-cpu-validate",
-                           logit_rows: Sequence[int] = (1, 4, 16, 64),
-                           drafter_between: bool = True,
-                           log=print) -> EngineProfile:
-    """Engine-in-the-loop profile: the server's own forward + greedy verification timed on
-    ``R x (1 + l)`` verify shapes at contexts ``L`` (all rows produce logits) and on single
-    prefill chunks (one logit row, as the server runs them), fitted jointly as
-    ``t = f(B) + kv * R * L + attn * query_ctx + logits * rows``
-    (:func:`dspark_sim.calibration.measure.fit_terms` on the times less ``logits * rows``;
-    ``query_ctx`` is the engine's attention unit, ``R * (1 + l) * L`` for a verify shape and
-    ``c * c / 2`` for a prefill chunk of ``c`` tokens from position 0); ``logits``
-    (``logits_s_per_row``) is the LM head's per-row slope timed on ``logit_rows`` rows, its
-    fixed cost stays in ``f(B)``. The drafter's batched cost is tabulated under its own
-    kind.
-
-    ``prefill_chunks`` defaults to every size 2..64 and every 16 tokens above, up to
-    ``max_num_batched_tokens`` (:func:`~dspark_sim.calibration.measure.default_prefill_chunks`
-    with ``dense_to=64``): the CPU forward's cost is jagged in B, so the table is measured
-    at every B a decode step can have rather than interpolated. All shapes are interleaved
-    in one random order per pass; with ``drafter_between`` the server's drafter runs
-    (untimed) before every timed pass, reproducing the cache state of a serving step."""
-    import torch
-
-    from dspark_sim.calibration.measure import (
-        FIT_NOTE,
-        Sample,
-        Shape,
-        default_prefill_chunks,
-        fit_logits,
-        fit_terms,
-        heldout_error,
-    )
-    from dspark_sim.validation.server import ServeRequest, time_server_shapes
-
-    log = log or (lambda _m: None)
-    eng = server.engine
-    dr = server.drafter
-    max_b = server.cfg.max_num_batched_tokens
-    cap = min(max_b, eng.max_len)
-    if prefill_chunks is None:
-        prefill_chunks = default_prefill_chunks(cap, dense_to=64)
-    chunks = sorted({int(x) for x in prefill_chunks if 1 < int(x) <= cap})
-    shapes = [Shape(r, v, c) for c in contexts for v in verify_lengths for r in requests
-              if r <= eng.max_slots and c + 1 + v <= eng.max_len and r * (1 + v) <= max_b]
-    shapes += [Shape(1, b - 1, 0) for b in chunks]
-    t0 = time.perf_counter()
-    # dummy decoding requests (~200 context tokens) for the drafter: run between timed
-    # passes and timed on their own for the draft cost
-    rng = np.random.default_rng(1)
-    pool = []
-    for i in range(max(max(requests), 1)):
-        motif = rng.integers(0, eng.vocab, size=16).tolist()
-        r = ServeRequest(i, 0.0, (motif * 10)[:150], 64)
-        r.generated = (motif * 4)[:50]
-        dr.new_request(r)
-        if dr.learned:
-            nf = len(dr.feature_layers) + 1
-            r.feats = torch.randn(eng.max_len, nf, int(eng.model.config.hidden_size))
-        pool.append(r)
-
-    def between(n: int) -> None:
-        for r in pool:  # lookup: keep the incremental index at steady state
-            if r.lookup is not None:
-                r.lookup.added = max(0, r.lookup.added - 1)
-        dr.draft(pool[:n], dr.gamma_max)
-
-    times = time_server_shapes(server, shapes, warmup=1, repeats=repeats, clock=clock,
-                               between=between if drafter_between else None)
-    now = time.thread_time if clock == "cpu" else time.perf_counter
-    # the LM head alone on k rows: its per-row slope is the profile's logits term
-    head = eng.model.lm_head
-    hid = torch.randn(max(logit_rows), int(head.weight.shape[1]), device=eng.device,
-                      dtype=head.weight.dtype)
-    head_t: dict[int, list[float]] = {int(k): [] for k in logit_rows}
-    with torch.inference_mode():
-        for rnd in range(1 + repeats):
-            for k in sorted(head_t):
-                t1 = now()
-                out = head(hid[:k])
-                float(out[0, 0])
-                if rnd:
-                    head_t[k].append(now() - t1)
-    rows_k = sorted(head_t)
-    head_med = [float(np.median(head_t[k])) for k in rows_k]
-    logits_fixed_s, logits_s = fit_logits(rows_k, head_med)
-    # verify shapes project every row onto the vocabulary, prefill chunks their last row:
-    # keep the LM head's fixed cost in f(B), move the per-row part into the logits term
-    samples = [Sample(s, max(float(np.median(t)) - logits_s * (s.tokens if s.context else 1),
-                             1e-9), float(np.std(t)))
-               for s, t in zip(shapes, times, strict=True)]
-    fit = fit_terms(samples)
-    tokens, step, std, kv_s = fit.tokens, fit.step_s, fit.std_s, fit.kv_s_per_token
-    attn_s = fit.attn_s_per_query_ctx
-    multi_kv_s, request_s = fit.multi_kv_s_per_token, fit.request_s
-    # the same held-out check as calibration.measure: a quarter of the interior shapes
-    # left out of the fit and predicted
-    check = heldout_error(samples, "linear", 0.25, 0)
-    # the drafter: batched drafting of n of the dummy requests
-    drafts: dict[str, DraftCost] = {}
-    batch = sorted({int(r) for r in requests})
-    gammas = sorted({min(int(g), dr.gamma_max) for g in draft_gammas})
-    med: dict[int, list[float]] = {g: [] for g in gammas}
-    for g in gammas:
-        for nreq in batch:
-            reqs = pool[:nreq]
-            ts = []
-            for k in range(1 + repeats):
-                for r in reqs:  # lookup: time the steady-state incremental draft
-                    if r.lookup is not None:
-                        r.lookup.added = max(0, r.lookup.added - 1)
-                t1 = now()
-                dr.draft(reqs, g)
-                if k:
-                    ts.append(now() - t1)
-            med[g].append(float(np.median(ts)))
-    gref = max(gammas)
-    ref = np.asarray(med[gref])
-    slope = 0.0
-    if len(gammas) > 1:
-        est = [float(np.median(np.asarray(med[g]) / np.maximum(ref, 1e-9) - 1.0)) / (g - gref)
-               for g in gammas if g != gref]
-        slope = max(0.0, float(np.mean(est)))
-    drafts[dr.kind] = DraftCost(np.asarray(batch, float), ref, gref, slope)
-    elapsed = time.perf_counter() - t0
-    log(f"engine-in-the-loop profile: {len(samples)} shapes, kv {kv_s * 1e6:.4f} us/token, "
-        f"attn {attn_s * 1e9:.1f} ns/(query x ctx), multi-token kv {multi_kv_s * 1e6:.2f} "
-        f"us/token, {request_s * 1e3:.2f} ms/request, "
-        f"f(1) {step[0] * 1e3:.1f} ms, f({tokens[-1]}) {step[-1] * 1e3:.1f} ms, "
-        f"logits {logits_s * 1e6:.1f} us/row (+{logits_fixed_s * 1e3:.2f} ms fixed), "
-        f"draft {dr.kind} n=1 {ref[0] * 1e3:.2f} ms ({elapsed:.0f} s); held-out "
-        f"{check['heldout_shapes']} shapes, relative error mean "
-        f"{check['heldout_mean_rel_error']:.1%}, max {check['heldout_max_rel_error']:.1%}")
-    params = {
-        "model": getattr(eng.model.config, "_name_or_path", "") or "target",
-        "device": str(eng.device),
-        "device_name": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "threads": int(torch.get_num_threads()),
-        "dtype": str(eng.dtype).replace("torch.", ""),
-        "date": _dt.date.today().isoformat(),
-        "clock": "thread CPU time" if clock == "cpu" else "wall clock",
-        "method": "engine-in-the-loop: dspark_sim.validation.server forward + verify_greedy",
-        "fit": FIT_NOTE,
-        "prefill_chunks": chunks,
-        "between_passes": "the server's drafter (untimed)" if drafter_between else "nothing",
-        "repeats": int(repeats),
-        "logits": "LM head timed alone; table = measured - logits_per_row * logit rows",
-        "logit_rows": [int(k) for k in rows_k],
-        "logit_rows_median_ms": [round(t * 1e3, 4) for t in head_med],
-        "logits_fixed_ms": round(logits_fixed_s * 1e3, 4),
-        "draft_source": f"{dr.kind} drafter of the validation server",
-        "elapsed_s": round(elapsed, 1),
-        "shape_requests": [s.shape.requests for s in samples],
-        "shape_verify": [s.shape.verify for s in samples],
-        "shape_context": [s.shape.context for s in samples],
-        "shape_median_ms": [round(s.median_s * 1e3, 4) for s in samples],
-    }
-    params |= {k: (round(v, 5) if isinstance(v, float) else v) for k, v in check.items()}
-    return EngineProfile(name=name, kind="measured", gpus_per_replica=1,
-                         tokens=tokens.astype(np.int64), step_s=step, step_std_s=std,
-                         kv_s_per_token=kv_s, logits_s_per_row=logits_s,
-                         attn_s_per_query_ctx=attn_s, multi_kv_s_per_token=multi_kv_s,
-                         request_s=request_s, interpolation="linear", drafts=drafts,
-                         description="Engine-in-the-loop profile of the validation server "
-                                     "(sim/validate.py): its own forward + verification",
-                         parameters=params)
-
-
-def _records(records) -> np.ndarray:
-    """Step records as a float matrix of 10 columns; fields older records lack count 0."""
-    a = np.asarray(records, dtype=np.float64).reshape(len(records), -1)
-    if a.shape[1] < 10:
-        a = np.pad(a, ((0, 0), (0, 10 - a.shape[1])))
-    return a
-
-
-def _forward_s(a: np.ndarray, profile: EngineProfile) -> np.ndarray:
-    """The profile's target-forward time of each recorded step (no draft): ``f(B) + kv * KV
-    + logits * (verify rows + finishing prefills) + attn * query_ctx + multi_kv * multi_ctx
-    + request * ctx_requests``."""
-    ver, pre, kv, fin, qc, mkv, nrq = (a[:, i] for i in (3, 4, 5, 6, 7, 8, 9))
-    return (np.asarray(profile.target_time_s((ver + pre).astype(np.int64)))
-            + profile.kv_s_per_token * kv + profile.logits_s_per_row * (ver + fin)
-            + profile.attn_s_per_query_ctx * qc + profile.multi_kv_s_per_token * mkv
-            + profile.request_s * nrq)
-
-
-def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with coefficients >= 0 (small problems): drop the most negative
-    coefficient and refit until none is negative."""
-    active = list(range(a.shape[1]))
-    sol = np.zeros(a.shape[1])
-    while active:
-        x, *_ = np.linalg.lstsq(a[:, active], y, rcond=None)
-        if np.all(x >= 0):
-            sol[active] = x
-            break
-        active.pop(int(np.argmin(x)))
-    return sol
-
-
-def rescale_to_steps(records: Sequence[Sequence[tuple]], base: EngineProfile, draft_key: str | None,
-                     record_gammas: Sequence[int], gamma: int,
-                     name: str = "insitu-loo") -> EngineProfile:
-    """``base`` with its forward terms scaled and its draft cost refitted to real serving
-    steps (of *other* points: leave-one-point-out).
-
-    Why: timed in isolation (even engine-in-the-loop, with the drafter run between timed
-    passes), a forward runs 5-19 % faster than the same block structure inside the serving
-    loop on this CPU (measured by replaying the server's own steps in isolation); the gap
-    grows with the drafter's work per step. The table's *shape* (jagged in B) is right;
-    its level is not. Model, weighted least squares (weights 1/dt) with non-negative
-    coefficients on the records' fields::
-
-        dt = s * forward_base(step) + a_g + b_g * n_decoding      (g = the step's draft gamma)
-
-    ``forward_base`` is ``base``'s ``f(B) + kv + logits + attn + multi_kv + request`` terms
-    of the step. The result scales every forward term by ``s`` and replaces
-    ``[draft.<draft_key>]`` by ``a + b * n`` for the point's own ``gamma`` (fitted on the
-    other points' steps with that gamma; all steps when none has it).
-    """
-    flat = [r for recs in records for r in recs]
-    if not flat:
-        raise InputError("insitu", "no serving steps to fit")
-    a = _records(flat)
-    gam = np.concatenate([np.full(len(recs), int(g)) for recs, g in zip(
-        records, record_gammas, strict=True)])
-    dt, n_dec = a[:, 0], a[:, 2]
-    fwd = _forward_s(a, base)
-    gs = sorted(set(gam.tolist()))
-    cols = [fwd]
-    for g in gs:
-        on = (gam == g) & (n_dec > 0)
-        cols += [on.astype(np.float64), on * n_dec]
-    A = np.stack(cols, 1)
-    w = 1.0 / np.maximum(dt, 1e-9)
-    sol = _nnls(A * w[:, None], dt * w)
-    scale = float(sol[0]) if sol[0] > 0 else 1.0
-    g_fit = gamma if gamma in gs else gs[-1]
-    k = 1 + 2 * gs.index(g_fit)
-    d0, d1 = float(sol[k]), float(sol[k + 1])
-    drafts = dict(base.drafts)
-    if draft_key is not None:
-        nmax = max(2, int(n_dec.max()) if n_dec.size else 2)
-        batch = np.arange(1, nmax + 1, dtype=np.float64)
-        drafts[draft_key] = DraftCost(batch, d0 + d1 * batch, int(gamma), 0.0)
-    from dataclasses import replace as _replace
-
-    return _replace(
-        base, name=name, step_s=np.asarray(base.step_s) * scale,
-        step_std_s=None if base.step_std_s is None else np.asarray(base.step_std_s) * scale,
-        kv_s_per_token=base.kv_s_per_token * scale,
-        logits_s_per_row=base.logits_s_per_row * scale,
-        attn_s_per_query_ctx=base.attn_s_per_query_ctx * scale,
-        multi_kv_s_per_token=base.multi_kv_s_per_token * scale, request_s=base.request_s * scale,
-        drafts=drafts,
-        description=f"{base.name} rescaled to the validation server's own steps "
-                    "(leave-one-point-out)",
-        parameters={"steps": int(len(dt)), "base": base.name, "forward_scale": round(scale, 4),
-                    "draft_gamma": int(g_fit), "draft_ms": round(d0 * 1e3, 3),
-                    "draft_ms_per_request": round(d1 * 1e3, 3),
-                    "fit": "dt = s * forward_base + a_g + b_g * n, NNLS, weights 1/dt"})
-
-
-def with_draft(profile: EngineProfile, kind: str, measured: EngineProfile | None) -> EngineProfile:
-    """``profile`` plus a ``[draft.<kind>]`` section (from ``measured``) when it lacks one."""
-    if kind in profile.drafts or measured is None or kind not in measured.drafts:
-        return profile
-    return replace(profile, drafts={**profile.drafts, kind: measured.drafts[kind]})
-
-
 # -- simulation -----------------------------------------------------------------------------------
 
 
@@ -520,34 +247,6 @@ def _mean_summaries(summaries: list[dict]) -> dict:
     return out
 
 
-def step_model_check(records: list[tuple], profile: EngineProfile, draft_key: str | None,
-                     draft_gamma: int) -> dict:
-    """Measured step time vs the profile's ``draft + target(B) + kv * KV + logits * rows
-    + attn * query_ctx + multi_kv * multi_ctx + request * ctx_requests`` (rows: verify
-    tokens + prefills finishing in the step; query_ctx: the step's sum of query tokens x
-    attended context, the record's 8th field; multi_ctx / ctx_requests: context of
-    multi-token blocks and requests with a context, 9th / 10th; missing fields of older
-    records count 0), per step kind."""
-    if not records:
-        return {}
-    a = _records(records)
-    dt, fwd, n_dec, pre = a[:, 0], a[:, 1], a[:, 2], a[:, 4]
-    pred_t = _forward_s(a, profile)
-    pred_d = np.array([profile.draft_time_s(draft_key, int(k), draft_gamma) if draft_key else 0.0
-                       for k in n_dec])
-    pred = pred_t + pred_d
-    out = {}
-    for name, m in (("decode", pre == 0), ("prefill", pre > 0), ("all", np.ones_like(pre, bool))):
-        if m.any():
-            out[f"{name}_steps"] = int(m.sum())
-            out[f"{name}_measured_ms"] = float(dt[m].mean() * 1e3)
-            out[f"{name}_predicted_ms"] = float(pred[m].mean() * 1e3)
-            out[f"{name}_forward_ms"] = float(fwd[m].mean() * 1e3)
-            out[f"{name}_overhead_ms"] = float((dt[m] - fwd[m]).mean() * 1e3)
-            out[f"{name}_rel_error"] = float(pred[m].sum() / dt[m].sum() - 1.0)
-    return out
-
-
 # -- the comparison ------------------------------------------------------------------------------------
 
 
@@ -557,7 +256,216 @@ def _rel(sim: float | None, real: float | None) -> float | None:
     return float(sim) / float(real) - 1.0
 
 
+def _f(v) -> float | None:
+    return None if v is None else float(v)
+
+
+@dataclass(frozen=True)
+class ValidationSetup:
+    """Everything a validation run takes: the one parameter list of :func:`validate` and
+    of ``dspark-sim validate``. :meth:`check` finds bad values before any model loads.
+
+    ``profiles``: one or several cost tables, each simulated; the first is the headline,
+    the first that is not ``"insitu"``/``"insitu-self"`` gives the server's SPS curve (and
+    every simulation's, via ``policy_profile``, so rows compare step-cost models under the
+    same scheduler table): ``"auto"`` (built-in ``smollm2-cpu`` if shipped, else
+    measured), ``"measure"`` (engine-in-the-loop,
+    :func:`~dspark_sim.validation.server_profile.measure_server_profile`; ``save_profile``
+    writes it), ``"insitu"`` (the first real profile rescaled to the *other* points' real
+    steps, :func:`~dspark_sim.validation.server_profile.rescale_to_steps`:
+    leave-one-point-out), ``"insitu-self"`` (a diagnostic: the point's own steps), a
+    profile name/path or an :class:`EngineProfile`. ``target``: ``"smollm2"``, a path, a
+    :class:`~dspark_sim.traces.targets.Target` or a ``(model, tokenizer)`` pair (tokenizer
+    may be None: random prompts). ``drafter``: ``auto`` | ``lookup`` | a shipped kind | a
+    checkpoint directory.
+    """
+
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    rates: tuple[float, ...] = DEFAULT_RATES
+    num_requests: int = 10
+    max_new_tokens: int = 128
+    out_dir: Path = Path("runs/validate")
+    device: str = "cpu"
+    target: Any = "smollm2"
+    drafter: str = "auto"
+    profiles: tuple[Any, ...] = (INSITU, "measure", "auto")
+    calibration: str | None = None
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 256
+    max_prompt_tokens: int = 128
+    gamma_max: int = 7
+    clock: str = "auto"
+    num_threads: int | None = 1
+    sim_seeds: int = 5
+    seed: int = 0
+    save_profile: Path | None = None
+
+    def check(self) -> ValidationSetup:
+        """Every argument, cheaply: no model loads (#12.10). Returns ``self``."""
+        from dspark_sim.traces.capture import check_drafter_spec
+        from dspark_sim.traces.targets import check_device, check_target_spec
+        from dspark_sim.validation.clock import CLOCKS
+
+        if not self.policies:
+            raise InputError("--policies", "name at least one policy")
+        for p in self.policies:
+            get_policy(p)
+        if not self.rates:
+            raise InputError("--rates", "name at least one rate")
+        for r in self.rates:
+            if not (isinstance(r, int | float) and math.isfinite(r) and r > 0):
+                raise InputError("--rates", f"rates must be positive, got {r!r}")
+        for option, v, low in (("--num-requests", self.num_requests, 1),
+                               ("--max-new-tokens", self.max_new_tokens, 2),
+                               ("--sim-seeds", self.sim_seeds, 1), ("--seed", self.seed, 0),
+                               ("--max-prompt-tokens", self.max_prompt_tokens, 1)):
+            if not isinstance(v, int) or v < low:
+                raise InputError(option, f"must be an integer >= {low}, got {v!r}")
+        if not 1 <= self.gamma_max <= 32:
+            raise InputError("--gamma-max", f"must be in [1, 32], got {self.gamma_max}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise InputError("--num-threads", f"must be >= 1, got {self.num_threads}")
+        if self.clock not in CLOCKS:
+            raise InputError("--clock", f"must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
+        self.engine_config(1).validate()
+        check_device(self.device)
+        check_target_spec(self.target)
+        if self.drafter != "auto":
+            check_drafter_spec(self.drafter, self.gamma_max, option="--drafter")
+        self._check_profiles()
+        load_calibration(self.calibration)
+        check_writable(self.out_dir, "--out")
+        if self.save_profile is not None:
+            check_writable(self.save_profile, "--save-profile", kind="file")
+        return self
+
+    def _check_profiles(self) -> None:
+        if not self.profiles:
+            raise InputError("--profile", "name at least one profile")
+        real = [p for p in self.profiles if not (isinstance(p, str) and p in _INSITU)]
+        if not real:
+            raise InputError("--profile", "'insitu' needs another profile for the server's SPS")
+        for p in real:
+            if isinstance(p, str) and p not in ("auto", "measure"):
+                load_profile(p)
+
+    def engine_config(self, max_len: int) -> EngineConfig:
+        """The server's (and the simulations') scheduler limits; KV for every slot at
+        ``max_len`` tokens, reserved up front (nothing is ever preempted)."""
+        return EngineConfig(max_num_seqs=self.max_num_seqs,
+                            max_num_batched_tokens=self.max_num_batched_tokens,
+                            kv_capacity_tokens=self.max_num_seqs * max_len, kv_mode="reserve")
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """One row per (profile, policy, rate, metric): ``real``, ``sim`` (mean of
+    ``sim_seeds`` :func:`simulate` runs), ``rel_error`` (sim / real - 1), ``paired`` and
+    ``paired_rel_error`` (request ``i`` replays its own trace row)."""
+
+    frame: pl.DataFrame
+    out_dir: Path
+
+    HEADLINE_METRICS = ("output_throughput", "median_tpot_ms")
+
+    def table(self) -> str:
+        return format_table(self.frame)
+
+    def worst_error(self) -> float | None:
+        """Largest |error| on output throughput and median TPOT under the first profile."""
+        first = self.frame["profile"][0]
+        key = self.frame.filter(pl.col("metric").is_in(self.HEADLINE_METRICS)
+                                & (pl.col("profile") == first))
+        return key["rel_error"].abs().max()
+
+    def passed(self, tolerance: float = 0.10) -> bool:
+        worst = self.worst_error()
+        return worst is not None and worst <= tolerance
+
+    def headline(self) -> str:
+        return (f"worst |error| on output throughput / median TPOT: "
+                f"{_fmt(self.worst_error(), True)} (target 10%); results in {self.out_dir}")
+
+
+@dataclass
+class _Rig:
+    """The loaded models and the server they run in."""
+
+    target: Any
+    drafter: Any  # the drafter model (a Lookup or a learned drafter)
+    kind: str  # the drafter's kind, the profiles' draft key
+    runner: Any  # DraftRunner
+    server: Any  # SpecServer
+    prompts: list[list[int]]
+    domains: list[str]
+    engine: EngineConfig
+    calibration: CalibrationMap
+    clock: str
+
+
+@dataclass
+class _Profiles:
+    """The profiles to simulate (``"insitu"`` specs stay strings, rescaled per point),
+    the headline real profile (the server's SPS table) and where each was written."""
+
+    specs: list[Any]
+    headline: EngineProfile
+    paths: list[Path | None]
+
+
+@dataclass
+class _RealRun:
+    rate: float
+    workload: Workload
+    workload_path: Path
+    policy: Any
+    tag: str
+    served: Any  # ServeResult
+    summary: dict
+    trace: AcceptanceTrace
+    elapsed_s: float
+
+
+def validate(setup: ValidationSetup | None = None, *, log=print, **options) -> ValidationResult:
+    """Real serving runs vs simulations of the same workloads (see the module docstring).
+
+    ``options`` override fields of ``setup`` (default :class:`ValidationSetup`). Writes
+    under ``out_dir``: ``<policy>-r<rate>/{real,sim,paired}/summary.json`` (+
+    ``requests.parquet`` for real/sim, ``steps.parquet`` for real),
+    ``workload-r<rate>.jsonl``, the profiles used, ``comparison.parquet`` /
+    ``comparison.csv`` and ``validation.json``."""
+    import torch
+
+    setup = replace(setup or ValidationSetup(), **options).check()
+    log = log or (lambda _m: None)
+    saved_threads = torch.get_num_threads()
+    if setup.num_threads is not None and torch.device(setup.device).type == "cpu":
+        torch.set_num_threads(int(setup.num_threads))
+    out = Path(setup.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_begin = time.perf_counter()
+    try:
+        rig = _start_server(setup)
+        profiles = _resolve_profiles(setup, rig, log)
+        runs = _real_runs(setup, rig, log)
+        rows: list[dict] = []
+        points: list[dict] = []
+        for ri in range(len(runs)):
+            point_rows, point = _simulate_point(setup, rig, profiles, runs, ri, log)
+            rows += point_rows
+            points.append(point)
+        df = pl.DataFrame(rows, schema={
+            "profile": pl.Utf8, "policy": pl.Utf8, "rate": pl.Float64, "metric": pl.Utf8,
+            "label": pl.Utf8, "real": pl.Float64, "sim": pl.Float64, "rel_error": pl.Float64,
+            "paired": pl.Float64, "paired_rel_error": pl.Float64})
+        _write_comparison(setup, rig, profiles, df, points, time.perf_counter() - t_begin)
+        return ValidationResult(df, out)
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
 def _resolve_drafter(spec: str) -> str:
+    """``auto``: the shipped trained ``dspark`` (else ``mtp1``) checkpoint, else lookup."""
     if spec != "auto":
         return spec
     from dspark_sim.traces.capture import SHIPPED_DRAFTERS
@@ -568,281 +476,237 @@ def _resolve_drafter(spec: str) -> str:
     return "lookup"
 
 
-def validate(
-    policies: Sequence[str] = DEFAULT_POLICIES,
-    rates: Sequence[float] = DEFAULT_RATES,
-    num_requests: int = 10,
-    max_new_tokens: int = 128,
-    out_dir: str | Path = "runs/validate",
-    device: str = "cpu",
-    *,
-    target: Any = "smollm2",
-    drafter: str = "auto",
-    profile: str | EngineProfile | Sequence[str | EngineProfile] = (INSITU, "measure", "auto"),
-    calibration: str | None = None,
-    max_num_seqs: int = 8,
-    max_num_batched_tokens: int = 256,
-    max_prompt_tokens: int = 128,
-    gamma_max: int = 7,
-    clock: str = "auto",
-    num_threads: int | None = 1,
-    sim_seeds: int = 5,
-    seed: int = 0,
-    save_profile: str | Path | None = None,
-    log=print,
-) -> pl.DataFrame:
-    """Real serving runs vs simulations of the same workloads; returns the comparison.
-
-    One row per (policy, rate, metric): ``real``, ``sim`` (mean of ``sim_seeds``
-    :func:`simulate` runs), ``rel_error`` (sim / real - 1), ``paired`` and
-    ``paired_rel_error`` (request ``i`` replays its own trace row). Writes under
-    ``out_dir``: ``<policy>-r<rate>/{real,sim,paired}/summary.json`` (+
-    ``requests.parquet`` for real/sim), ``workload-r<rate>.jsonl``, the profile used,
-    ``comparison.parquet`` / ``comparison.csv`` and ``validation.json``.
-
-    ``profile``: one spec or several, each simulated; the first is the headline, the first
-    that is not ``"insitu"`` gives the server's SPS curve (and every simulation's, via
-    ``policy_profile``, so rows compare step-cost models under the same scheduler table):
-    ``"auto"`` (built-in ``smollm2-cpu`` if shipped, else measured), ``"measure"``
-    (engine-in-the-loop, see :func:`measure_server_profile`; ``save_profile`` writes it),
-    ``"insitu"`` (the first real profile rescaled to the *other* points' real steps,
-    :func:`rescale_to_steps`: the serving loop's level, leave-one-point-out), a profile
-    name/path or an :class:`EngineProfile`; rows carry a ``profile`` column.
-    ``target``: ``"smollm2"``, a path, a :class:`~dspark_sim.traces.targets.Target` or a
-    ``(model, tokenizer)`` pair (tokenizer may be None: random prompts). ``drafter``:
-    ``auto`` | ``lookup`` | a shipped kind | a checkpoint directory.
-    """
+def _start_server(setup: ValidationSetup) -> _Rig:
+    """Load the target and the drafter, pick the prompts, build the server."""
     import torch
 
+    from dspark_sim.traces.capture import resolve_drafter_spec
     from dspark_sim.traces.drafters import Lookup, Shared, load_drafter
-    from dspark_sim.traces.targets import Target, load_target
-    from dspark_sim.validation.server import DraftRunner, ServerConfig, SpecServer, resolve_clock
+    from dspark_sim.traces.targets import load_target
+    from dspark_sim.validation.clock import resolve_clock
+    from dspark_sim.validation.server import DraftRunner, ServerConfig, SpecServer
 
-    log = log or (lambda _m: None)
-    if not policies or not rates:
-        raise InputError("validate", "need at least one policy and one rate")
-    pols = [get_policy(p) for p in policies]
-    for r in rates:
-        if not (float(r) > 0 and math.isfinite(float(r))):
-            raise InputError("--rates", f"rates must be positive, got {r!r}")
-    if num_requests < 1 or max_new_tokens < 2:
-        raise InputError("validate", "need num_requests >= 1 and max_new_tokens >= 2")
-    saved_threads = torch.get_num_threads()
-    if num_threads is not None and torch.device(device).type == "cpu":
-        torch.set_num_threads(int(num_threads))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    t_begin = time.perf_counter()
-    try:
-        if isinstance(target, tuple):
-            model, tok = target
-            model = model.to(device).eval()
-            tgt = Target(name=getattr(model.config, "_name_or_path", "") or "custom",
-                         model=model, tokenizer=tok, device=torch.device(device),
-                         source="in-memory")
+    tgt = load_target(setup.target, device=setup.device)
+    spec = _resolve_drafter(setup.drafter)
+    if spec == "lookup":
+        dmodel: Any = Lookup(max_ngram=3)
+        shared, kind = None, "lookup"
+    else:
+        p = resolve_drafter_spec(spec)
+        dmodel, info = load_drafter(p, tgt)
+        dmodel.cfg.gamma = max(dmodel.cfg.gamma, setup.gamma_max)
+        shared, kind = Shared.of(tgt), info.get("kind", Path(str(p)).name)
+    runner = DraftRunner(dmodel, shared, kind)
+    runner.gamma_max = setup.gamma_max
+    prompts, domains = prompt_pool(tgt, setup.num_requests, setup.max_prompt_tokens, setup.seed,
+                                   vocab=tgt.vocab_size)
+    max_len = max(len(p) for p in prompts) + setup.max_new_tokens + setup.gamma_max + 2
+    engine = setup.engine_config(max_len)
+    calib = load_calibration(setup.calibration)
+    server = SpecServer(tgt.model, runner, ServerConfig(engine, clock=setup.clock),
+                        max_len=max(max_len, 256 + setup.gamma_max + 2,
+                                    setup.max_num_batched_tokens + 1),
+                        calibration=None if calib.is_identity else calib)
+    clock = resolve_clock(setup.clock, server.engine.device.type, torch.get_num_threads())
+    return _Rig(tgt, dmodel, kind, runner, server, prompts, domains, engine, calib, clock)
+
+
+def _resolve_profiles(setup: ValidationSetup, rig: _Rig, log) -> _Profiles:
+    """Load or measure every profile spec (measuring at most once), give each the
+    drafter's cost when it lacks it, write them; the first real one drives the server."""
+    from dspark_sim.validation.server_profile import measure_server_profile, with_draft
+
+    measured: EngineProfile | None = None
+
+    def measure() -> EngineProfile:
+        nonlocal measured
+        measured = measured or measure_server_profile(rig.server, clock=rig.clock, log=log)
+        return measured
+
+    specs: list[Any] = []
+    for spec in setup.profiles:
+        if isinstance(spec, str) and spec in _INSITU:
+            if spec not in specs:
+                specs.append(spec)
+            continue
+        if isinstance(spec, EngineProfile):
+            p = spec
+        elif spec == "auto" and SHIPPED_PROFILE in builtin_profiles():
+            p = load_profile(SHIPPED_PROFILE)
+        elif spec in ("auto", "measure"):
+            p = measure()
         else:
-            tgt = load_target(target, device=device)
-        drafter_spec = _resolve_drafter(drafter)
-        if drafter_spec == "lookup":
-            dmodel: Any = Lookup(max_ngram=3)
-            shared = None
-            kind = "lookup"
-        else:
-            from dspark_sim.traces.capture import SHIPPED_DRAFTERS
+            p = load_profile(spec)
+        if rig.kind not in p.drafts:
+            p = with_draft(p, rig.kind, measure())
+        if all(isinstance(q, str) or q.name != p.name for q in specs):
+            specs.append(p)
+    headline = next(p for p in specs if not isinstance(p, str))
+    rig.server.profile = headline
+    out = Path(setup.out_dir)
+    paths: list[Path | None] = []
+    for i, p in enumerate(specs):
+        paths.append(None if isinstance(p, str) else
+                     write_text_atomic(out / f"profile-{i}-{p.name}.toml", p.to_toml()))
+    if setup.save_profile is not None and measured is not None:
+        write_text_atomic(setup.save_profile, measured.to_toml())
+    return _Profiles(specs, headline, paths)
 
-            p = Path(drafter_spec)
-            if not p.exists() and (SHIPPED_DRAFTERS / drafter_spec).is_dir():
-                p = SHIPPED_DRAFTERS / drafter_spec
-            dmodel, info = load_drafter(p, tgt)
-            dmodel.cfg.gamma = max(dmodel.cfg.gamma, gamma_max)
-            shared = Shared.of(tgt)
-            kind = info.get("kind", p.name)
-        runner = DraftRunner(dmodel, shared, kind)
-        runner.gamma_max = gamma_max
-        prompts, domains = prompt_pool(tgt, num_requests, max_prompt_tokens, seed,
-                                       vocab=tgt.vocab_size)
-        max_len = max(len(p) for p in prompts) + max_new_tokens + gamma_max + 2
-        kv_cap = max_num_seqs * max_len
-        scfg = ServerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                            kv_capacity_tokens=kv_cap, kv_mode="reserve", clock=clock)
-        calib = load_calibration(calibration)
-        server = SpecServer(tgt.model, runner, scfg,
-                            max_len=max(max_len, 256 + gamma_max + 2, max_num_batched_tokens + 1),
-                            calibration=None if calib.is_identity else calib)
-        clock_kind = resolve_clock(clock, server.engine.device)
-        # -- profiles: the first is the headline; the first real one drives the SPS curve
-        specs = [profile] if isinstance(profile, str | EngineProfile) else list(profile)
-        measured: EngineProfile | None = None
 
-        def resolve(spec) -> EngineProfile:
-            nonlocal measured
-            if isinstance(spec, EngineProfile):
-                return spec
-            if spec == "auto" and SHIPPED_PROFILE in builtin_profiles():
-                return load_profile(SHIPPED_PROFILE)
-            if spec in ("auto", "measure"):
-                measured = measured or measure_server_profile(server, clock=clock_kind, log=log)
-                return measured
-            return load_profile(spec)
-
-        profs: list[Any] = []
-        for spec in specs:
-            if spec in _INSITU:
-                if spec not in profs:
-                    profs.append(spec)
-                continue
-            p = resolve(spec)
-            if kind not in p.drafts:
-                measured = measured or measure_server_profile(server, clock=clock_kind, log=log)
-                p = with_draft(p, kind, measured)
-            if all(isinstance(q, str) or q.name != p.name for q in profs):
-                profs.append(p)
-        real_profs = [p for p in profs if not isinstance(p, str)]
-        if not real_profs:
-            raise InputError("--profile", "'insitu' needs another profile for the server's SPS")
-        prof = real_profs[0]
-        server.profile = prof
-        prof_paths = []
-        for i, p in enumerate(profs):
-            if isinstance(p, str):
-                prof_paths.append(None)
-                continue
-            prof_paths.append(out / f"profile-{i}-{p.name}.toml")
-            write_text_atomic(prof_paths[-1], p.to_toml())
-        if save_profile is not None and measured is not None:
-            write_text_atomic(save_profile, measured.to_toml())
-        engine_cfg = EngineConfig(max_num_seqs=max_num_seqs,
-                                  max_num_batched_tokens=max_num_batched_tokens,
-                                  kv_capacity_tokens=kv_cap, kv_mode="reserve")
-        rows: list[dict] = []
-        points: list[dict] = []
-        runs = []  # phase 1: every real run
-        traces: dict[tuple, AcceptanceTrace] = {}
-        for rate in rates:
-            w = poisson_workload(prompts, domains, float(rate), max_new_tokens, seed)
-            wpath = write_mooncake(out / f"workload-r{rate:g}.jsonl", w)
-            for pol in pols:
-                tag = f"{pol.name.replace(':', '')}-r{rate:g}"
-                t0 = time.perf_counter()
-                res = server.serve(w.prompts, list(w.output_tokens), list(w.arrival_s), pol)
-                real = summarize(res.log, res.stats, gpus=1, slo_ttft_ms=None, slo_tpot_ms=None,
-                                 stable=True, queue_growth_per_s=0.0)
-                real = jsonable({"policy": pol.name, "source": "real server",
-                                  "clock": res.clock, "drafter": kind, "rate": float(rate),
-                                  "wall_s": res.wall_s, "cpu_s": res.cpu_s, **real})
-                _write_run(out / tag / "real", real, requests_frame(res.log))
-                with atomic_path(out / tag / "real" / "steps.parquet") as tmp:
-                    pl.DataFrame(np.asarray(res.step_records, dtype=np.float64).reshape(-1, 10),
-                                 schema=["step_s", "forward_s", "decoding", "verify_tokens",
-                                         "prefill_tokens", "kv_tokens", "finishing_prefills",
-                                         "query_ctx", "multi_ctx", "ctx_requests"],
-                                 orient="row").write_parquet(tmp)
-                # the trace of the same models on the same sequences (greedy decoding is
-                # lossless, so every policy and rate serves the same tokens: build it once)
-                key = tuple(tuple(o) for o in res.outputs)
-                if key not in traces:
-                    if kind == "lookup":
-                        traces[key] = lookup_trace(w.prompts, res.outputs, w.domains, gamma_max,
-                                                   tgt.name, runner.max_ngram)
-                    else:
-                        traces[key] = learned_trace(tgt, dmodel, w.prompts, res.outputs,
-                                                    w.domains, gamma_max, kind)
-                trace = traces[key]
-                runs.append((rate, w, wpath, pol, tag, res, real, trace,
-                             time.perf_counter() - t0))
-                log(f"[{pol.name} @ {rate:g} req/s] real run: {real['engine_steps']} steps, "
-                    f"{real['output_throughput']:.1f} tok/s, median TPOT "
-                    f"{real['median_tpot_ms']:.1f} ms ({res.wall_s:.0f} s wall)")
-        # phase 2: simulate every point under every profile
-        for ri, (rate, w, wpath, pol, tag, res, real, trace, t_real) in enumerate(runs):
+def _real_runs(setup: ValidationSetup, rig: _Rig, log) -> list[_RealRun]:
+    """Serve every (rate, policy) point on the real server; record its summary, steps and
+    the drafter's trace on the served sequences."""
+    out = Path(setup.out_dir)
+    traces: dict[tuple, AcceptanceTrace] = {}
+    runs = []
+    for rate in setup.rates:
+        w = poisson_workload(rig.prompts, rig.domains, float(rate), setup.max_new_tokens,
+                             setup.seed)
+        wpath = write_mooncake(out / f"workload-r{rate:g}.jsonl", w)
+        for spec in setup.policies:
+            pol = get_policy(spec)
+            tag = f"{pol.name.replace(':', '')}-r{rate:g}"
             t0 = time.perf_counter()
-            point = {"policy": pol.name, "rate": float(rate), "tag": tag,
-                     "real_steps": real.get("engine_steps"),
-                     "real_mean_step_ms": real.get("mean_step_ms"),
-                     "real_duration_s": real.get("duration"), "real_wall_s": res.wall_s,
-                     "real_cpu_s": res.cpu_s, "profiles": {}}
-            for pi, spec in enumerate(profs):
-                if spec in _INSITU:
-                    # insitu: the other points' steps (leave-one-out); insitu-self: the
-                    # point's own steps, a diagnostic of the structure once the level is known
-                    others = ([r for j, r in enumerate(runs) if j != ri] or [runs[ri]]) \
-                        if spec == INSITU else [runs[ri]]
-
-                    def _g(pol_):
-                        return min(gamma_max, pol_.draft_gamma if pol_.draft_gamma is not None
-                                   else gamma_max)
-
-                    pname = "insitu-loo" if spec == INSITU else "insitu-self"
-                    p = rescale_to_steps([r[5].step_records for r in others], prof,
-                                         kind if kind in prof.drafts else None,
-                                         [_g(r[3]) for r in others], _g(pol), name=pname)
-                    ppath = out / tag / f"profile-{pname}.toml"
-                    ppath.parent.mkdir(parents=True, exist_ok=True)
-                    write_text_atomic(ppath, p.to_toml())
-                else:
-                    p, ppath = spec, prof_paths[pi]
-                cfg = sim_config(wpath, pol.name, engine_cfg, str(ppath), len(w.prompts),
-                                 calibration=calibration)
-                # the scheduler's SPS curve comes from the table the server's scheduler
-                # used (``prof``), whatever profile prices the steps: each row compares
-                # step-cost models, not two schedulers fed different tables
-                sims = [simulate(replace(cfg, seed=seed + k), profile=p, trace=trace,
-                                 policy_profile=prof)
-                        for k in range(max(1, sim_seeds))]
-                sim = _mean_summaries([x.summary for x in sims])
-                sub = "" if pi == 0 else f"-{p.name}"
-                _write_run(out / tag / f"sim{sub}", sim, sims[0].requests)
-                paired = simulate_paired(cfg, p, trace, calib, policy_profile=prof)
-                _write_run(out / tag / f"paired{sub}", paired, None)
-                dkey = kind if kind in p.drafts else None
-                dgam = pol.draft_gamma if pol.draft_gamma is not None else gamma_max
-                check = step_model_check(res.step_records, p, dkey, min(dgam, gamma_max))
-                for key, label in METRICS:
-                    rows.append({
-                        "profile": p.name, "policy": pol.name, "rate": float(rate),
-                        "metric": key, "label": label,
-                        "real": _f(real.get(key)), "sim": _f(sim.get(key)),
-                        "rel_error": _rel(sim.get(key), real.get(key)),
-                        "paired": _f(paired.get(key)),
-                        "paired_rel_error": _rel(paired.get(key), real.get(key)),
-                    })
-                point["profiles"][p.name] = {
-                    "sim_steps": sim.get("engine_steps"),
-                    "sim_mean_step_ms": sim.get("mean_step_ms"),
-                    "paired_steps": paired.get("engine_steps"),
-                    "paired_mean_step_ms": paired.get("mean_step_ms"),
-                    "step_check": check}
-                if pi == 0:
-                    head_rows, head_check = rows[-len(METRICS):], check
-            point["sim_wall_s"] = time.perf_counter() - t0
-            points.append(point)
-            log(_point_line(pol.name, rate, head_rows, head_check, t_real))
-        df = pl.DataFrame(rows, schema={
-            "profile": pl.Utf8, "policy": pl.Utf8, "rate": pl.Float64, "metric": pl.Utf8, "label": pl.Utf8,
-            "real": pl.Float64, "sim": pl.Float64, "rel_error": pl.Float64,
-            "paired": pl.Float64, "paired_rel_error": pl.Float64})
-        with atomic_path(out / "comparison.parquet") as tmp:
-            df.write_parquet(tmp)
-        with atomic_path(out / "comparison.csv") as tmp:
-            df.write_csv(tmp)
-        write_json_atomic(out / "validation.json", jsonable({
-            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "machine": f"{platform.machine()} {platform.processor()} ({platform.node()})",
-            "device": device, "threads": int(torch.get_num_threads()), "clock": clock_kind,
-            "target": tgt.name, "drafter": kind, "profile": prof.name,
-            "profiles": [p if isinstance(p, str) else p.name for p in profs],
-            "profile_kind": prof.kind, "policies": [p.name for p in pols],
-            "rates": [float(r) for r in rates], "num_requests": num_requests,
-            "max_new_tokens": max_new_tokens, "max_num_seqs": max_num_seqs,
-            "max_num_batched_tokens": max_num_batched_tokens, "sim_seeds": sim_seeds,
-            "elapsed_s": time.perf_counter() - t_begin, "points": points}))
-        return df
-    finally:
-        torch.set_num_threads(saved_threads)
+            res = rig.server.serve(w.prompts, list(w.output_tokens), list(w.arrival_s), pol)
+            real = summarize(res.log, res.stats, gpus=1, slo_ttft_ms=None, slo_tpot_ms=None,
+                             stable=True, queue_growth_per_s=0.0)
+            real = jsonable({"policy": pol.name, "source": "real server", "clock": res.clock,
+                             "drafter": rig.kind, "rate": float(rate), "wall_s": res.wall_s,
+                             "cpu_s": res.cpu_s, **real})
+            _write_run(out / tag / "real", real, requests_frame(res.log))
+            _write_steps(out / tag / "real" / "steps.parquet", res.step_records)
+            # greedy decoding is lossless, so every policy and rate serves the same tokens:
+            # the trace of the same models on the same sequences is built once
+            key = tuple(tuple(o) for o in res.outputs)
+            if key not in traces:
+                traces[key] = _served_trace(setup, rig, w, res.outputs)
+            runs.append(_RealRun(float(rate), w, wpath, pol, tag, res, real, traces[key],
+                                 time.perf_counter() - t0))
+            log(f"[{pol.name} @ {rate:g} req/s] real run: {real['engine_steps']} steps, "
+                f"{real['output_throughput']:.1f} tok/s, median TPOT "
+                f"{real['median_tpot_ms']:.1f} ms ({res.wall_s:.0f} s wall)")
+    return runs
 
 
-def _f(v) -> float | None:
-    return None if v is None else float(v)
+def _served_trace(setup: ValidationSetup, rig: _Rig, w: Workload, outputs) -> AcceptanceTrace:
+    if rig.kind == "lookup":
+        return lookup_trace(w.prompts, outputs, w.domains, setup.gamma_max, rig.target.name,
+                            rig.runner.max_ngram)
+    return learned_trace(rig.target, rig.drafter, w.prompts, outputs, w.domains,
+                         setup.gamma_max, rig.kind)
+
+
+def _draft_gamma(policy: Any, gamma_max: int) -> int:
+    return min(gamma_max, policy.draft_gamma if policy.draft_gamma is not None else gamma_max)
+
+
+def _point_profile(setup: ValidationSetup, rig: _Rig, profiles: _Profiles, runs: list[_RealRun],
+                   ri: int, spec: Any, path: Path | None) -> tuple[EngineProfile, Path]:
+    """The profile a point is simulated under: a loaded one as is; ``insitu`` rescaled on
+    the other points' steps (leave-one-out), ``insitu-self`` on the point's own steps (a
+    diagnostic of the structure once the level is known)."""
+    if not (isinstance(spec, str) and spec in _INSITU):
+        return spec, path
+    from dspark_sim.validation.server_profile import rescale_to_steps
+
+    head = profiles.headline
+    others = ([r for j, r in enumerate(runs) if j != ri] or [runs[ri]]) if spec == INSITU \
+        else [runs[ri]]
+    name = "insitu-loo" if spec == INSITU else "insitu-self"
+    p = rescale_to_steps([r.served.step_records for r in others], head,
+                         rig.kind if rig.kind in head.drafts else None,
+                         [_draft_gamma(r.policy, setup.gamma_max) for r in others],
+                         _draft_gamma(runs[ri].policy, setup.gamma_max), name=name)
+    ppath = Path(setup.out_dir) / runs[ri].tag / f"profile-{name}.toml"
+    ppath.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(ppath, p.to_toml())
+    return p, ppath
+
+
+def _simulate_point(setup: ValidationSetup, rig: _Rig, profiles: _Profiles,
+                    runs: list[_RealRun], ri: int, log) -> tuple[list[dict], dict]:
+    """Simulate one real run's point under every profile; its comparison rows and its
+    entry in validation.json."""
+    from dspark_sim.validation.server_profile import step_model_check
+
+    run = runs[ri]
+    out = Path(setup.out_dir)
+    t0 = time.perf_counter()
+    real = run.summary
+    point = {"policy": run.policy.name, "rate": run.rate, "tag": run.tag,
+             "real_steps": real.get("engine_steps"), "real_mean_step_ms": real.get("mean_step_ms"),
+             "real_duration_s": real.get("duration"), "real_wall_s": run.served.wall_s,
+             "real_cpu_s": run.served.cpu_s, "profiles": {}}
+    rows: list[dict] = []
+    head_rows: list[dict] = []
+    head_check: dict = {}
+    for pi, (spec, path) in enumerate(zip(profiles.specs, profiles.paths, strict=True)):
+        p, ppath = _point_profile(setup, rig, profiles, runs, ri, spec, path)
+        cfg = sim_config(run.workload_path, run.policy.name, rig.engine, str(ppath),
+                         len(run.workload.prompts), calibration=setup.calibration)
+        # the scheduler's SPS curve comes from the table the server's scheduler used,
+        # whatever profile prices the steps: each row compares step-cost models, not two
+        # schedulers fed different tables
+        sims = [simulate(replace(cfg, seed=setup.seed + k), profile=p, trace=run.trace,
+                         policy_profile=profiles.headline)
+                for k in range(max(1, setup.sim_seeds))]
+        sim = _mean_summaries([x.summary for x in sims])
+        sub = "" if pi == 0 else f"-{p.name}"
+        _write_run(out / run.tag / f"sim{sub}", sim, sims[0].requests)
+        paired = simulate_paired(cfg, p, run.trace, rig.calibration,
+                                 policy_profile=profiles.headline)
+        _write_run(out / run.tag / f"paired{sub}", paired, None)
+        check = step_model_check(run.served.step_records, p,
+                                 rig.kind if rig.kind in p.drafts else None,
+                                 _draft_gamma(run.policy, setup.gamma_max))
+        new = [{"profile": p.name, "policy": run.policy.name, "rate": run.rate, "metric": key,
+                "label": label, "real": _f(real.get(key)), "sim": _f(sim.get(key)),
+                "rel_error": _rel(sim.get(key), real.get(key)), "paired": _f(paired.get(key)),
+                "paired_rel_error": _rel(paired.get(key), real.get(key))}
+               for key, label in METRICS]
+        rows += new
+        point["profiles"][p.name] = {
+            "sim_steps": sim.get("engine_steps"), "sim_mean_step_ms": sim.get("mean_step_ms"),
+            "paired_steps": paired.get("engine_steps"),
+            "paired_mean_step_ms": paired.get("mean_step_ms"), "step_check": check}
+        if pi == 0:
+            head_rows, head_check = new, check
+    point["sim_wall_s"] = time.perf_counter() - t0
+    log(_point_line(run.policy.name, run.rate, head_rows, head_check, run.elapsed_s))
+    return rows, point
+
+
+def _write_comparison(setup: ValidationSetup, rig: _Rig, profiles: _Profiles,
+                      df: pl.DataFrame, points: list[dict], elapsed_s: float) -> None:
+    import torch
+
+    out = Path(setup.out_dir)
+    with atomic_path(out / "comparison.parquet") as tmp:
+        df.write_parquet(tmp)
+    with atomic_path(out / "comparison.csv") as tmp:
+        df.write_csv(tmp)
+    head = profiles.headline
+    write_json_atomic(out / "validation.json", jsonable({
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()} {platform.processor()} ({platform.node()})",
+        "device": setup.device, "threads": int(torch.get_num_threads()), "clock": rig.clock,
+        "target": rig.target.name, "drafter": rig.kind, "profile": head.name,
+        "profiles": [p if isinstance(p, str) else p.name for p in profiles.specs],
+        "profile_kind": head.kind, "policies": [get_policy(p).name for p in setup.policies],
+        "rates": [float(r) for r in setup.rates], "num_requests": setup.num_requests,
+        "max_new_tokens": setup.max_new_tokens, "max_num_seqs": setup.max_num_seqs,
+        "max_num_batched_tokens": setup.max_num_batched_tokens, "sim_seeds": setup.sim_seeds,
+        "elapsed_s": elapsed_s, "points": points}))
+
+
+STEP_COLUMNS = ["step_s", "forward_s", "decoding", "verify_tokens", "prefill_tokens",
+                "kv_tokens", "finishing_prefills", "query_ctx", "multi_ctx", "ctx_requests"]
+
+
+def _write_steps(path: Path, records: list[tuple]) -> None:
+    with atomic_path(path) as tmp:
+        pl.DataFrame(np.asarray(records, dtype=np.float64).reshape(-1, len(STEP_COLUMNS)),
+                     schema=STEP_COLUMNS, orient="row").write_parquet(tmp)
 
 
 def _write_run(d: Path, summary: dict, requests: pl.DataFrame | None) -> None:
@@ -882,37 +746,5 @@ def format_table(df: pl.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def main(
-    policies: Sequence[str] = DEFAULT_POLICIES,
-    rates: Sequence[float] = DEFAULT_RATES,
-    num_requests: int = 10,
-    max_new_tokens: int = 128,
-    out_dir: str | Path = "runs/validate",
-    device: str = "cpu",
-    drafter: str = "auto",
-    profile: str = "insitu,measure,auto",
-    clock: str = "auto",
-    sim_seeds: int = 5,
-    seed: int = 0,
-    save_profile: str | None = None,
-) -> int:
-    """CLI helper: run :func:`validate`, print the table; exit code 0 when every point is
-    within 10 % on output throughput and median TPOT (first profile), 1 otherwise.
-    ``profile``: comma-separated specs (see :func:`validate`)."""
-    specs = [p.strip() for p in str(profile).split(",") if p.strip()]
-    df = validate(policies, rates, num_requests, max_new_tokens, out_dir, device,
-                  drafter=drafter, profile=specs, clock=clock, sim_seeds=sim_seeds, seed=seed,
-                  save_profile=save_profile)
-    print(format_table(df))
-    first = df["profile"][0]
-    key = df.filter(pl.col("metric").is_in(["output_throughput", "median_tpot_ms"])
-                    & (pl.col("profile") == first))
-    worst = key["rel_error"].abs().max()
-    print(f"worst |error| on output throughput / median TPOT: {_fmt(worst, True)} "
-          f"(target 10%); results in {out_dir}")
-    return 0 if worst is not None and worst <= 0.10 else 1
-
-
-__all__ = ["validate", "main", "format_table", "measure_server_profile", "simulate_paired",
-           "lookup_trace", "poisson_workload", "write_mooncake", "step_model_check",
-           "rescale_to_steps"]
+__all__ = ["ValidationSetup", "ValidationResult", "validate", "format_table", "simulate_paired",
+           "lookup_trace", "learned_trace", "poisson_workload", "prompt_pool", "write_mooncake"]

@@ -27,17 +27,19 @@ an actual target model and drafter; nothing in it replays the simulator:
   into the simulator's own :class:`RequestLog` / :class:`StepStats`, so
   :func:`dspark_sim.sim.metrics.summarize` reads real and simulated runs alike.
 
-Clocks: ``"wall"`` (``time.perf_counter``; idle waits sleep) or ``"cpu"`` -- a virtual
-clock that advances by the serving thread's CPU time (``time.thread_time``) and jumps
-over idle gaps to the next arrival. On a CPU shared with other jobs the ``cpu`` clock is
-what a dedicated machine would show (it is also how the CPU profile is measured); on
-CUDA only ``wall`` is meaningful. ``"auto"``: ``cpu`` on CPU with one torch thread,
-``wall`` otherwise. Requests generate exactly ``output_tokens`` tokens (EOS ignored, as
-``vllm bench serve --ignore-eos``).
+Clocks (:mod:`dspark_sim.validation.clock`): ``"wall"``, or ``"cpu"``, a virtual clock of
+the serving thread's CPU time that jumps over idle gaps. Requests generate exactly
+``output_tokens`` tokens (EOS ignored, as ``vllm bench serve --ignore-eos``).
+
+:meth:`SpecServer.serve` runs one step at a time (:meth:`SpecServer._step`): admission,
+drafting + policy (:meth:`~SpecServer._decide`), prefill chunks, the flattened forward
+(:func:`_flatten`), verification (:meth:`~SpecServer._verify`), bookkeeping
+(:meth:`~SpecServer._account`).
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from collections.abc import Callable
@@ -49,27 +51,38 @@ import torch
 import torch.nn.functional as F
 
 from dspark_sim.errors import InputError
-
-CLOCKS = ("auto", "wall", "cpu")
-
+from dspark_sim.kernels import verify_greedy
+from dspark_sim.policies.base import BatchSnapshot, readonly
+from dspark_sim.sim.config import EngineConfig
+from dspark_sim.sim.engine import ITL_EDGES_S, RequestLog, StepStats
+from dspark_sim.validation.clock import CLOCKS, ServerClock, resolve_clock
 
 # -- configuration and results ---------------------------------------------------------------
 
 
+def _default_engine() -> EngineConfig:
+    # small enough for a 135M model on a CPU; "reserve": prompt + full output must fit,
+    # so nothing is ever preempted
+    return EngineConfig(max_num_seqs=8, max_num_batched_tokens=256, kv_capacity_tokens=8192,
+                        kv_mode="reserve")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 256
-    kv_capacity_tokens: int = 8192
-    kv_mode: str = "reserve"
+    """The real server's settings: the scheduler limits the simulator models (``engine``:
+    an :class:`~dspark_sim.sim.config.EngineConfig`, same fields, same meaning) plus how
+    the server keeps time and whether it chunks prefills."""
+
+    engine: EngineConfig = field(default_factory=_default_engine)
     clock: str = "auto"
     chunked_prefill: bool = True
 
     def check(self) -> ServerConfig:
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < self.max_num_seqs:
-            raise InputError("server", "need 1 <= max_num_seqs <= max_num_batched_tokens")
-        if self.kv_mode not in ("reserve", "preempt"):
-            raise InputError("server", f"kv_mode must be reserve or preempt, got {self.kv_mode!r}")
+        e = self.engine
+        if e.max_num_seqs is None or e.kv_capacity_tokens is None:
+            raise InputError("server", "needs max_num_seqs and kv_capacity_tokens (no profile "
+                             "to take them from)")
+        e.validate()
         if self.clock not in CLOCKS:
             raise InputError("server", f"clock must be one of {CLOCKS}, got {self.clock!r}")
         return self
@@ -119,37 +132,6 @@ class ServeResult:
     # KV tokens held, prefills finishing in the step -- their last row gets logits,
     # query tokens x attended context summed over rows -- the engine's attention unit)
     step_records: list[tuple] = field(default_factory=list)
-
-
-# -- clocks -----------------------------------------------------------------------------------
-
-
-class _Clock:
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._t0 = time.perf_counter()
-        self._c0 = time.thread_time()
-        self._offset = 0.0  # cpu clock: idle time jumped over
-
-    def now(self) -> float:
-        if self.kind == "wall":
-            return time.perf_counter() - self._t0
-        return time.thread_time() - self._c0 + self._offset
-
-    def wait_until(self, t: float) -> None:
-        now = self.now()
-        if t <= now:
-            return
-        if self.kind == "wall":
-            time.sleep(t - now)
-        else:
-            self._offset += t - now
-
-
-def resolve_clock(clock: str, device: torch.device) -> str:
-    if clock == "auto":
-        return "cpu" if device.type == "cpu" and torch.get_num_threads() == 1 else "wall"
-    return clock
 
 
 # -- the target engine: flattened varlen forward over a slot KV cache -------------------------
@@ -404,7 +386,7 @@ class SpecServer:
                  profile: Any = None, calibration: Any = None) -> None:
         self.cfg = config.check()
         self.drafter = drafter
-        self.engine = TargetEngine(model, config.max_num_seqs, max_len,
+        self.engine = TargetEngine(model, config.engine.max_num_seqs, max_len,
                                    drafter.feature_layers if drafter.learned else None)
         self.max_len = int(max_len)
         self.profile = profile
@@ -413,16 +395,16 @@ class SpecServer:
     # -- policy inputs ---------------------------------------------------------------------
     def _sps(self, n_dec: int, gamma: int, pending_prefill: int, kv_tokens: int,
              n_rows: int = 0) -> np.ndarray:
-        """Steps/s with i admitted draft tokens, as the simulator computes it from the profile."""
+        """Steps/s with i admitted draft tokens, priced like the simulator's scheduler:
+        ``EngineProfile.step_time_s`` of the verify + prefill tokens that fit the budget,
+        plus ``EngineProfile.verify_terms_s`` of the verify length; 0 past the budget."""
         prof = self.profile
-        budget = self.cfg.max_num_batched_tokens
+        budget = self.cfg.engine.max_num_batched_tokens
         verify = n_dec + np.arange(n_dec * gamma + 1)
-        total = np.minimum(verify + pending_prefill, budget)
-        t = np.asarray(prof.target_time_s(total), dtype=np.float64)
-        t = t + prof.kv_s_per_token * kv_tokens + self._draft_time(n_dec, gamma)
-        # the same terms as the simulator's engine (EngineProfile.verify_terms_s)
+        t = prof.step_time_s(np.minimum(verify + pending_prefill, budget), kv_tokens,
+                             self._draft_time(n_dec, gamma))
         t = t + prof.verify_terms_s(verify, n_dec, kv_tokens / max(1, n_rows or n_dec))
-        sps = 1.0 / t
+        sps = 1.0 / np.asarray(t, dtype=np.float64)
         over = n_dec * (1 + gamma) - budget
         if over > 0:
             sps[-over:] = 0.0
@@ -439,13 +421,21 @@ class SpecServer:
     def serve(self, prompts: list[list[int]], output_tokens: list[int], arrival_s: list[float],
               policy: Any) -> ServeResult:
         """Serve the workload under ``policy`` (a :class:`~dspark_sim.policies.registry.Policy`)."""
-        from dspark_sim.policies.base import BatchSnapshot, readonly
-        from dspark_sim.sim.engine import ITL_EDGES_S, RequestLog, StepStats
+        run = self._start(prompts, output_tokens, arrival_s, policy)
+        while run.done < len(run.reqs):
+            now = run.clock.now()
+            while run.pending and run.pending[0].arrival_s <= now:
+                r = run.pending.popleft()
+                run.log.arrival_s[r.rid] = r.arrival_s
+                run.waiting.append(r)
+            if not run.running and not run.waiting:
+                run.clock.wait_until(run.pending[0].arrival_s)
+                continue
+            self._step(run, now)
+        return self._result(run)
 
-        cfg = self.cfg
-        eng = self.engine
+    def _start(self, prompts, output_tokens, arrival_s, policy) -> _Run:
         n = len(prompts)
-        order = np.argsort(np.asarray(arrival_s, dtype=np.float64), kind="stable")
         reqs = [ServeRequest(i, float(arrival_s[i]), [int(t) for t in prompts[i]],
                              int(max(1, output_tokens[i]))) for i in range(n)]
         for r in reqs:
@@ -453,214 +443,177 @@ class SpecServer:
                 raise InputError("server", f"request {r.rid} does not fit max_len {self.max_len}")
         gamma_max = self.drafter.gamma_max
         speculate = policy.drafter is not None
-        gamma = 0 if not speculate else (
-            policy.draft_gamma if policy.draft_gamma is not None else gamma_max)
-        gamma = min(gamma, gamma_max)
-        verify_slots = 1 + gamma
+        gamma = 0 if not speculate else min(
+            policy.draft_gamma if policy.draft_gamma is not None else gamma_max, gamma_max)
         log = RequestLog.empty(n)
         log.prompt_tokens[:] = [r.prompt_len for r in reqs]
         log.output_tokens[:] = [r.output_tokens for r in reqs]
         log.trace_row[:] = np.arange(n)
         log.replica[:] = 0
-        stats = StepStats(gamma_max if speculate else 0)
-        itl_edges = ITL_EDGES_S.tolist()
-        import bisect
+        clock_kind = resolve_clock(self.cfg.clock, self.engine.device.type, torch.get_num_threads())
+        order = np.argsort(np.asarray(arrival_s, dtype=np.float64), kind="stable")
+        return _Run(reqs=reqs, policy=policy, gamma=gamma, gamma_max=gamma_max, log=log,
+                    stats=StepStats(gamma_max if speculate else 0), clock=ServerClock(clock_kind),
+                    pending=deque(reqs[i] for i in order),
+                    free_slots=list(range(self.cfg.engine.max_num_seqs)))
 
-        clock_kind = resolve_clock(cfg.clock, eng.device)
-        clock = _Clock(clock_kind)
-        wall0, cpu0 = time.perf_counter(), time.thread_time()
-        pending = deque(reqs[i] for i in order)
-        waiting: deque[ServeRequest] = deque()
-        running: list[ServeRequest] = []  # admission order
-        free_slots = list(range(cfg.max_num_seqs))
-        lag: deque = deque(maxlen=2)
-        records = []
-        done = 0
-        while done < n:
-            now = clock.now()
-            while pending and pending[0].arrival_s <= now:
-                r = pending.popleft()
-                log.arrival_s[r.rid] = r.arrival_s
-                waiting.append(r)
-            if not running and not waiting:
-                clock.wait_until(pending[0].arrival_s)
-                continue
-            # 1. admission
-            self._admit(waiting, running, free_slots, verify_slots)
-            dec = [r for r in running if r.decoding]
-            pre = [r for r in running if not r.decoding]
-            n_dec = len(dec)
-            kv_tokens = sum(r.filled + len(r.generated) for r in running)
-            pending_prefill = sum(r.prompt_len - r.filled for r in pre)
-            # 2. draft + policy
-            ell = np.zeros(n_dec, np.int64)
-            toks = np.zeros((n_dec, gamma), np.int64)
-            have = np.zeros(n_dec, np.int64)
-            if n_dec and gamma:
-                toks, conf, have = self.drafter.draft(dec, gamma)
-                if policy.needs_survival:
-                    surv = self.calibration.survival(conf) if self.calibration is not None \
-                        else np.cumprod(conf, axis=1)
-                    if gamma < gamma_max:
-                        surv = np.pad(surv, ((0, 0), (0, gamma_max - gamma)))
-                else:
-                    surv = np.zeros((n_dec, gamma_max))
-                sps = (self._sps(n_dec, gamma_max, pending_prefill, kv_tokens, len(running))
-                       if policy.needs_sps else None)
-                lag_s = lag_sps = None
-                if policy.needs_lag and len(lag) == 2:
-                    lag_s, lag_sps = lag[0]
-                snap = BatchSnapshot(readonly(surv), gamma_max, cfg.max_num_batched_tokens,
-                                     None if sps is None else readonly(sps), lag_s, lag_sps)
-                ell = np.minimum(np.array(policy(snap), dtype=np.int64), gamma)
-                if policy.needs_lag:
-                    lag.append((snap.survival, snap.sps))
-                if n_dec + int(ell.sum()) > cfg.max_num_batched_tokens:
-                    ell = np.minimum(ell, max(0, (cfg.max_num_batched_tokens - n_dec) // n_dec))
-                    stats.budget_limited_steps += 1
-            verify_tokens = n_dec + int(ell.sum())
-            # 3. chunked prefill in what verification left
-            left = cfg.max_num_batched_tokens - verify_tokens
-            chunks = []
-            for r in pre:
-                rem = r.prompt_len - r.filled
-                c = min(rem, max(0, left)) if cfg.chunked_prefill else (rem if rem <= left else 0)
-                chunks.append(c)
-                left -= c
-            prefill_tokens = int(sum(chunks))
-            # attention work in the simulator's unit: a verify block of 1 + l tokens over
-            # the request's context, a prefill chunk of c after f filled c * (f + c / 2)
-            query_ctx = float(sum((1 + int(ell[i])) * (r.filled + len(r.generated))
-                                  for i, r in enumerate(dec)))
-            query_ctx += float(sum(c * (r.filled + c / 2.0)
-                                   for r, c in zip(pre, chunks, strict=True) if c))
-            # the profile's multi-token-block KV and per-request units (as the engine)
-            multi_ctx = float(sum(r.filled + len(r.generated)
-                                  for i, r in enumerate(dec) if ell[i] > 0))
-            multi_ctx += float(sum(r.filled for r, c in zip(pre, chunks, strict=True)
-                                   if c and r.filled > 0))
-            ctx_requests = n_dec + sum(1 for r, c in zip(pre, chunks, strict=True)
-                                       if c and r.filled > 0)
-            # 4. one target forward over the flattened batch
-            slots, starts, feed, rows = [], [], [], []
-            row = 0
-            for i, r in enumerate(dec):
-                d = [int(x) if x >= 0 else 0 for x in toks[i, : ell[i]]]
-                seq_len = r.prompt_len + len(r.generated)
-                slots.append(r.slot)
-                starts.append(seq_len - 1)
-                feed.append([r.generated[-1]] + d)
-                rows.extend(range(row, row + 1 + int(ell[i])))
-                row += 1 + int(ell[i])
-            pre_last = []
-            for r, c in zip(pre, chunks, strict=True):
-                if c == 0:
-                    continue
-                slots.append(r.slot)
-                starts.append(r.filled)
-                feed.append(r.prompt[r.filled : r.filled + c])
-                row += c
-                if r.filled + c >= r.prompt_len:
-                    pre_last.append((r, len(rows)))
-                    rows.append(row - 1)
-            if not feed:
-                raise RuntimeError("server step with no work")
-            t_start = clock.now()
-            logits, feats = eng.forward(slots, starts, feed, rows,
-                                        want_features=self.drafter.learned)
-            # 5. verification (greedy, lossless) with the project's kernel
-            emitted: list[tuple[ServeRequest, list[int], int]] = []
-            acc = np.zeros(n_dec, np.int64)
-            if n_dec:
-                from dspark_sim.kernels import verify_greedy
+    def _step(self, run: _Run, now: float) -> None:
+        """One engine step: admission, drafting + policy, chunked prefill, one forward,
+        verification, bookkeeping; appends the step's record."""
+        self._admit(run.waiting, run.running, run.free_slots, 1 + run.gamma)
+        dec = [r for r in run.running if r.decoding]
+        pre = [r for r in run.running if not r.decoding]
+        n_dec = len(dec)
+        kv_tokens = sum(r.filled + len(r.generated) for r in run.running)
+        pending_prefill = sum(r.prompt_len - r.filled for r in pre)
+        ell, toks, have = self._decide(run, dec, pending_prefill, kv_tokens)
+        verify_tokens = n_dec + int(ell.sum())
+        chunks = self._prefill_chunks(pre, self.cfg.engine.max_num_batched_tokens - verify_tokens)
+        units = _work_units(dec, pre, ell, chunks)
+        batch = _flatten(dec, pre, ell, toks, chunks)
+        t_start = run.clock.now()
+        logits, feats = self.engine.forward(batch.slots, batch.starts, batch.feed, batch.rows,
+                                            want_features=self.drafter.learned)
+        emitted, acc = self._verify(dec, ell, toks, have, logits, feats)
+        _advance_prefill(pre, chunks, batch, feats)
+        emitted += [(r, [int(logits[li].argmax())], -1) for r, li in batch.pre_last]
+        t_end = run.clock.now()  # tokens of this step are out
+        prefill_tokens = int(sum(chunks))
+        self._account(run, emitted, ell, acc, verify_tokens, prefill_tokens, t_end)
+        # the whole step: admission, drafting, policy, forward, verification, bookkeeping
+        dt_step = run.clock.now() - now
+        run.stats.busy_s += dt_step
+        run.records.append((dt_step, t_end - t_start, n_dec, verify_tokens, prefill_tokens,
+                            kv_tokens, len(batch.pre_last), *units))
 
-                nv = int(ell.sum()) + n_dec
-                cu = torch.zeros(n_dec + 1, dtype=torch.long, device=eng.device)
-                cu[1:] = torch.as_tensor(np.cumsum(ell), device=eng.device)
-                dt_flat = torch.as_tensor(
-                    np.concatenate([toks[i, : ell[i]] for i in range(n_dec)]) if n_dec else [],
-                    dtype=torch.long, device=eng.device).clamp(min=0)
-                res = verify_greedy(dt_flat, logits[:nv].contiguous(), cu)
-                acc_t = res.accepted_len.cpu().numpy().astype(np.int64)
-                am = res.target_argmax.cpu().numpy()
-                acc = np.minimum(acc_t, np.minimum(have, ell))
-                off = np.concatenate([[0], np.cumsum(ell + 1)[:-1]])
-                for i, r in enumerate(dec):
-                    a = int(acc[i])
-                    new = [int(x) for x in toks[i, :a]] + [int(am[off[i] + a])]
-                    if feats is not None:
-                        base = r.prompt_len + len(r.generated) - 1
-                        r.feats[base : base + a + 1] = feats[off[i] : off[i] + a + 1]
-                    emitted.append((r, new, i))
-            fi = 0
-            prefill_row0 = sum(len(f) for f in feed[:n_dec])
-            for r, c in zip(pre, chunks, strict=True):
-                if c == 0:
-                    continue
-                if feats is not None:
-                    r.feats[r.filled : r.filled + c] = feats[prefill_row0 + fi : prefill_row0 + fi + c]
-                fi += c
-                r.filled += c
-            for r, li in pre_last:
-                emitted.append((r, [int(logits[li].argmax())], -1))
-            t_end = clock.now()  # tokens of this step are out
-            # 6. bookkeeping
-            stats.steps += 1
-            stats.batch_tokens += verify_tokens + prefill_tokens
-            stats.prefill_tokens += prefill_tokens
-            if n_dec:
-                stats.request_steps += n_dec
-                stats.verify_tokens += verify_tokens
-                nh = stats.accept_hist.size
-                stats.accept_hist += np.bincount(acc, minlength=nh)[:nh]
-                stats.ell_hist += np.bincount(ell, minlength=nh)[:nh]
-            finished = []
-            for r, new, i in emitted:
-                room = r.output_tokens - len(r.generated)
-                new = new[:room]
-                if i >= 0:  # a verification step
-                    r.steps += 1
-                    r.verified += int(ell[i])
-                    r.accepted += int(acc[i])
-                    gap = t_end - r.last_emit_s
-                    stats.itl_hist[bisect.bisect_left(itl_edges, gap)] += 1
-                    stats.itl_sum_s += gap
-                else:
-                    r.first_token_s = t_end
-                r.generated.extend(new)
-                r.last_emit_s = t_end
-                if len(r.generated) >= r.output_tokens:
-                    finished.append(r)
-            for r in finished:
-                r.finish_s = t_end
-                self._release(r, running, free_slots)
-                done += 1
-            # the whole step: admission, drafting, policy, forward, verification, bookkeeping
-            dt_step = clock.now() - now
-            stats.busy_s += dt_step
-            records.append((dt_step, t_end - t_start, n_dec, verify_tokens, prefill_tokens,
-                            kv_tokens, len(pre_last), query_ctx, multi_ctx, ctx_requests))
-        for r in reqs:
+    def _decide(self, run: _Run, dec: list[ServeRequest], pending_prefill: int,
+                kv_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Draft for the decoding requests and let the policy pick each one's verify length
+        (trimmed to the token budget). Returns (verify lengths, draft tokens, drafted)."""
+        n_dec, gamma, gamma_max, policy = len(dec), run.gamma, run.gamma_max, run.policy
+        ell = np.zeros(n_dec, np.int64)
+        if not (n_dec and gamma):
+            return ell, np.zeros((n_dec, gamma), np.int64), np.zeros(n_dec, np.int64)
+        budget = self.cfg.engine.max_num_batched_tokens
+        toks, conf, have = self.drafter.draft(dec, gamma)
+        if policy.needs_survival:
+            surv = self.calibration.survival(conf) if self.calibration is not None \
+                else np.cumprod(conf, axis=1)
+            if gamma < gamma_max:
+                surv = np.pad(surv, ((0, 0), (0, gamma_max - gamma)))
+        else:
+            surv = np.zeros((n_dec, gamma_max))
+        sps = (self._sps(n_dec, gamma_max, pending_prefill, kv_tokens, len(run.running))
+               if policy.needs_sps else None)
+        lag_s = lag_sps = None
+        if policy.needs_lag and len(run.lag) == 2:
+            lag_s, lag_sps = run.lag[0]
+        snap = BatchSnapshot(readonly(surv), gamma_max, budget,
+                             None if sps is None else readonly(sps), lag_s, lag_sps)
+        ell = np.minimum(np.array(policy(snap), dtype=np.int64), gamma)
+        if policy.needs_lag:
+            run.lag.append((snap.survival, snap.sps))
+        if n_dec + int(ell.sum()) > budget:
+            ell = np.minimum(ell, max(0, (budget - n_dec) // n_dec))
+            run.stats.budget_limited_steps += 1
+        return ell, toks, have
+
+    def _prefill_chunks(self, pre: list[ServeRequest], left: int) -> list[int]:
+        """Prefill tokens per prefilling request in what verification left (FCFS)."""
+        chunks = []
+        for r in pre:
+            rem = r.prompt_len - r.filled
+            c = min(rem, max(0, left)) if self.cfg.chunked_prefill else (rem if rem <= left else 0)
+            chunks.append(c)
+            left -= c
+        return chunks
+
+    def _verify(self, dec: list[ServeRequest], ell: np.ndarray, toks: np.ndarray,
+                have: np.ndarray, logits, feats) -> tuple[list, np.ndarray]:
+        """Greedy (lossless) verification with the project's kernel: each decoding request
+        emits its accepted drafts plus the target's token at the first mismatch. Returns
+        ``[(request, new tokens, index in dec)]`` and the accepted counts."""
+        n_dec = len(dec)
+        acc = np.zeros(n_dec, np.int64)
+        if not n_dec:
+            return [], acc
+        dev = self.engine.device
+        nv = int(ell.sum()) + n_dec
+        cu = torch.zeros(n_dec + 1, dtype=torch.long, device=dev)
+        cu[1:] = torch.as_tensor(np.cumsum(ell), device=dev)
+        dt_flat = torch.as_tensor(np.concatenate([toks[i, : ell[i]] for i in range(n_dec)]),
+                                  dtype=torch.long, device=dev).clamp(min=0)
+        res = verify_greedy(dt_flat, logits[:nv].contiguous(), cu)
+        am = res.target_argmax.cpu().numpy()
+        acc = np.minimum(res.accepted_len.cpu().numpy().astype(np.int64), np.minimum(have, ell))
+        off = np.concatenate([[0], np.cumsum(ell + 1)[:-1]])
+        emitted = []
+        for i, r in enumerate(dec):
+            a = int(acc[i])
+            if feats is not None:
+                base = r.prompt_len + len(r.generated) - 1
+                r.feats[base : base + a + 1] = feats[off[i] : off[i] + a + 1]
+            emitted.append((r, [int(x) for x in toks[i, :a]] + [int(am[off[i] + a])], i))
+        return emitted, acc
+
+    def _account(self, run: _Run, emitted: list, ell: np.ndarray, acc: np.ndarray,
+                 verify_tokens: int, prefill_tokens: int, t_end: float) -> None:
+        """Step statistics, emitted tokens, timestamps; release finished requests."""
+        stats = run.stats
+        stats.steps += 1
+        stats.batch_tokens += verify_tokens + prefill_tokens
+        stats.prefill_tokens += prefill_tokens
+        if len(ell):
+            stats.request_steps += len(ell)
+            stats.verify_tokens += verify_tokens
+            nh = stats.accept_hist.size
+            stats.accept_hist += np.bincount(acc, minlength=nh)[:nh]
+            stats.ell_hist += np.bincount(ell, minlength=nh)[:nh]
+        finished = []
+        for r, new, i in emitted:
+            new = new[: r.output_tokens - len(r.generated)]
+            if i >= 0:  # a verification step
+                r.steps += 1
+                r.verified += int(ell[i])
+                r.accepted += int(acc[i])
+                gap = t_end - r.last_emit_s
+                stats.itl_hist[bisect.bisect_left(_ITL_EDGES, gap)] += 1
+                stats.itl_sum_s += gap
+            else:
+                r.first_token_s = t_end
+            r.generated.extend(new)
+            r.last_emit_s = t_end
+            if len(r.generated) >= r.output_tokens:
+                finished.append(r)
+        for r in finished:
+            r.finish_s = t_end
+            self._release(r, run.running, run.free_slots)
+            run.done += 1
+
+    def _result(self, run: _Run) -> ServeResult:
+        log = run.log
+        for r in run.reqs:
             log.first_token_s[r.rid] = r.first_token_s
             log.finish_s[r.rid] = r.finish_s
             log.generated[r.rid] = len(r.generated)
             log.steps[r.rid] = r.steps
             log.draft_tokens_verified[r.rid] = r.verified
             log.accepted_tokens[r.rid] = r.accepted
-        return ServeResult(log, stats, [r.generated for r in reqs], clock_kind,
-                           time.perf_counter() - wall0, time.thread_time() - cpu0, records)
+        return ServeResult(log, run.stats, [r.generated for r in run.reqs], run.clock.kind,
+                           time.perf_counter() - run.wall0, time.thread_time() - run.cpu0,
+                           run.records)
 
     def _admit(self, waiting: deque, running: list, free_slots: list, verify_slots: int) -> None:
-        cfg = self.cfg
-        if cfg.kv_mode == "reserve":
+        e = self.cfg.engine
+        if e.kv_mode == "reserve":
             used = sum(r.prompt_len + r.output_tokens for r in running)
         else:
             used = sum(r.prompt_len + len(r.generated) + verify_slots for r in running)
-        while waiting and len(running) < cfg.max_num_seqs:
+        while waiting and len(running) < e.max_num_seqs:
             r = waiting[0]
-            need = (r.prompt_len + r.output_tokens if cfg.kv_mode == "reserve"
+            need = (r.prompt_len + r.output_tokens if e.kv_mode == "reserve"
                     else r.prompt_len + verify_slots)
-            if used + need > cfg.kv_capacity_tokens and running:
+            if used + need > e.kv_capacity_tokens and running:
                 break  # head-of-line blocking (FCFS)
             waiting.popleft()
             r.slot = min(free_slots)
@@ -688,6 +641,97 @@ class SpecServer:
         r.slot = -1
         r.lookup = None
         r.feats = None
+
+
+_ITL_EDGES = ITL_EDGES_S.tolist()  # bisect on a list, as the simulator's engine does
+
+
+@dataclass
+class _Run:
+    """The state of one :meth:`SpecServer.serve` call."""
+
+    reqs: list[ServeRequest]
+    policy: Any
+    gamma: int  # tokens drafted per decoding request and step (0: no speculation)
+    gamma_max: int
+    log: RequestLog
+    stats: StepStats
+    clock: ServerClock
+    pending: deque  # not yet arrived, by arrival time
+    free_slots: list[int]
+    waiting: deque = field(default_factory=deque)
+    running: list[ServeRequest] = field(default_factory=list)  # admission order
+    lag: deque = field(default_factory=lambda: deque(maxlen=2))  # (survival, sps) history
+    records: list[tuple] = field(default_factory=list)
+    done: int = 0
+    wall0: float = field(default_factory=time.perf_counter)
+    cpu0: float = field(default_factory=time.thread_time)
+
+
+@dataclass
+class _Batch:
+    """A step's flattened forward input: per scheduled request its slot, first position
+    and tokens; the rows that need logits; the prefills finishing (request, logit row)."""
+
+    slots: list[int]
+    starts: list[int]
+    feed: list[list[int]]
+    rows: list[int]
+    pre_last: list[tuple[ServeRequest, int]]
+
+
+def _flatten(dec: list[ServeRequest], pre: list[ServeRequest], ell: np.ndarray,
+             toks: np.ndarray, chunks: list[int]) -> _Batch:
+    """Verify blocks ``[last token, d_1 .. d_l]`` of the decoding requests first (every
+    row gets logits), then the prefill chunks (a finishing prefill's last row gets one)."""
+    b = _Batch([], [], [], [], [])
+    row = 0
+    for i, r in enumerate(dec):
+        b.slots.append(r.slot)
+        b.starts.append(r.prompt_len + len(r.generated) - 1)
+        b.feed.append([r.generated[-1]] + [int(x) if x >= 0 else 0 for x in toks[i, : ell[i]]])
+        b.rows.extend(range(row, row + 1 + int(ell[i])))
+        row += 1 + int(ell[i])
+    for r, c in zip(pre, chunks, strict=True):
+        if c == 0:
+            continue
+        b.slots.append(r.slot)
+        b.starts.append(r.filled)
+        b.feed.append(r.prompt[r.filled : r.filled + c])
+        row += c
+        if r.filled + c >= r.prompt_len:
+            b.pre_last.append((r, len(b.rows)))
+            b.rows.append(row - 1)
+    if not b.feed:
+        raise RuntimeError("server step with no work")
+    return b
+
+
+def _advance_prefill(pre: list[ServeRequest], chunks: list[int], batch: _Batch, feats) -> None:
+    """Prefilling requests take their chunk into the cache (and its features)."""
+    row = sum(len(f) for f in batch.feed) - sum(chunks)  # the first prefill row
+    for r, c in zip(pre, chunks, strict=True):
+        if c == 0:
+            continue
+        if feats is not None:
+            r.feats[r.filled : r.filled + c] = feats[row : row + c]
+        row += c
+        r.filled += c
+
+
+def _work_units(dec: list[ServeRequest], pre: list[ServeRequest], ell: np.ndarray,
+                chunks: list[int]) -> tuple[float, float, int]:
+    """The step's work in the profile's units, as the simulator's engine counts them:
+    query tokens x attended context (a verify block of 1 + l tokens over the request's
+    context; a prefill chunk of c after f filled: c * (f + c / 2)), the context of
+    multi-token blocks, and the requests with a context."""
+    query_ctx = float(sum((1 + int(ell[i])) * (r.filled + len(r.generated))
+                          for i, r in enumerate(dec)))
+    query_ctx += float(sum(c * (r.filled + c / 2.0) for r, c in zip(pre, chunks, strict=True) if c))
+    multi_ctx = float(sum(r.filled + len(r.generated) for i, r in enumerate(dec) if ell[i] > 0))
+    multi_ctx += float(sum(r.filled for r, c in zip(pre, chunks, strict=True) if c and r.filled > 0))
+    ctx_requests = len(dec) + sum(1 for r, c in zip(pre, chunks, strict=True) if c and r.filled > 0)
+    return query_ctx, multi_ctx, ctx_requests
 
 
 # -- references and helpers ----------------------------------------------------------------------
