@@ -9,7 +9,7 @@ Two kinds:
   ``t`` of request ``r`` and draft depth ``k``::
 
       q[t,k] = sigmoid(mu_k + u_r + z_t + eps[t,k])       true conditional acceptance
-      mu_k   = logit(p1) - decay * (k - 1)                 suffix decay of parallel drafters
+      mu_k   = mu_1 - decay * (k - 1)                     suffix decay of parallel drafters
       z_t    = AR(1) over positions (rho, sigma_z)         easy/hard stretches of text
       m_t    = number of leading Bernoulli(q[t,k]) successes
 
@@ -19,7 +19,18 @@ Two kinds:
 
   ``noise`` lowers AUC, ``overconfidence > 1`` pushes confidences towards 0/1 the
   way an uncalibrated head does (ECE of several %, as the paper reports before STS).
-  ``decay`` is solved per domain so the mean tau at gamma = 7 matches the target.
+
+Calibration targets are **served** tau: tokens per verify step of a fixed-``k`` chain
+replayed through each request (:meth:`AcceptanceTrace.served_tau`), the definition of
+DSpark Table 1 and vLLM's acceptance length. Because easy and hard stretches of text
+come in runs (``rho``), a chain spends more steps in hard stretches than a position
+average weights them, so served tau sits below the per-position mean
+(:meth:`AcceptanceTrace.tau`). Per domain, ``mu_1`` is set from the published
+position-1 acceptance ``p1`` (DSpark Fig. 2) in expectation, and the one free
+parameter left (``decay``; or ``mu_1`` itself when ``p1`` is not published) is solved
+by bisection so that the *generated* trace serves the target tau: the latent draws are
+made once and reused at every bisection step (common random numbers), so the solve is
+exact up to the bisection tolerance whatever the size of the trace.
 """
 
 from __future__ import annotations
@@ -29,28 +40,34 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from dspark_sim.errors import InputError
-from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, concat_traces
+from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, _served_chain, concat_traces
 
 
 @dataclass(frozen=True)
 class DomainCurve:
     domain: str
-    p1: float  # conditional acceptance at position 1 (Fig. 2)
-    tau7: float | None  # target tau at gamma = 7 incl. bonus (Table 1); None: decay given
-    decay: float = 0.0  # logit decay per position (solved from tau7 when given)
+    p1: float | None  # conditional acceptance at position 1 (Fig. 2); None: solved from tau
+    tau: float | None  # target served tau at verify length k, incl. bonus; None: decay given
+    k: int = 7  # verify length the target was published at (Table 1: block 7)
+    decay: float = 0.0  # logit decay per position (solved from tau when p1 is given)
 
 
-# DSpark on Qwen3-4B (Table 1 domain means, Fig. 2 position-1 acceptance).
+# DSpark on Qwen3-4B: Table 1 domain means (served tau, block 7, temperature 1) and the
+# position-1 acceptance of Fig. 2 (math 0.93 published; code and chat read off the
+# figure's ordering between DFlash and DSpark).
 DSPARK_CURVES = (
-    DomainCurve("math", p1=0.93, tau7=5.57),
-    DomainCurve("code", p1=0.90, tau7=5.12),
-    DomainCurve("chat", p1=0.78, tau7=3.49),
+    DomainCurve("math", p1=0.93, tau=5.57, k=7),
+    DomainCurve("code", p1=0.90, tau=5.12, k=7),
+    DomainCurve("chat", p1=0.78, tau=3.49, k=7),
 )
-# MTP-1 head: second-token acceptance 85-90% (DeepSeek-V3), AL 1.92 (InferenceX).
+# MTP-1 head, served at one speculative token: InferenceX's golden AL 1.92 on the
+# SPEED-Bench coding split (DeepSeek-V4, thinking off) for code; math and chat are not
+# published per domain: DeepSeek-V3's second-token acceptance of 85-90 % puts chat at
+# the low end (1.85) and math at the top (1.90), so the three-domain pool serves ~0.89.
 MTP1_CURVES = (
-    DomainCurve("math", p1=0.93, tau7=None),
-    DomainCurve("code", p1=0.92, tau7=None),
-    DomainCurve("chat", p1=0.86, tau7=None),
+    DomainCurve("math", p1=None, tau=1.90, k=1),
+    DomainCurve("code", p1=None, tau=1.92, k=1),
+    DomainCurve("chat", p1=None, tau=1.85, k=1),
 )
 
 
@@ -75,33 +92,31 @@ def _logit(p):
     return np.log(p / (1 - p))
 
 
-def _latent_logits(n_req: int, n_pos: int, gamma: int, mu: np.ndarray, s: SignalModel,
-                   rng: np.random.Generator) -> np.ndarray:
+def _latent_noise(n_req: int, n_pos: int, gamma: int, s: SignalModel,
+                  rng: np.random.Generator) -> np.ndarray:
+    """``u_r + z_t + eps[t,k]`` (zero-mean part of the logits), shape [n_req, n_pos, gamma]."""
     u = s.sigma_request * rng.standard_normal((n_req, 1))
     # AR(1) over positions, stationary variance sigma_position^2.
     e = rng.standard_normal((n_req, n_pos))
-    z = np.empty((n_req, n_pos))
-    z[:, 0] = e[:, 0] * s.sigma_position
-    innov = s.sigma_position * np.sqrt(1 - s.rho**2)
     if s.rho == 0.0:
         z = e * s.sigma_position
     else:
+        z = np.empty((n_req, n_pos))
+        z[:, 0] = e[:, 0] * s.sigma_position
+        innov = s.sigma_position * np.sqrt(1 - s.rho**2)
         for t in range(1, n_pos):  # generation only, not the simulator's hot path
             z[:, t] = s.rho * z[:, t - 1] + innov * e[:, t]
     eps = s.sigma_token * rng.standard_normal((n_req, n_pos, gamma))
-    return mu[None, None, :] + (u + z)[:, :, None] + eps
+    return (u + z)[:, :, None] + eps
 
 
 def _leading_successes(q: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    ok = rng.random(q.shape) < q
+    return _leading(rng.random(q.shape) < q)
+
+
+def _leading(ok: np.ndarray) -> np.ndarray:
     # index of the first failure = run length of leading successes
-    return np.where(ok.all(-1), q.shape[-1], np.argmin(ok, axis=-1))
-
-
-def replace_rho(s: SignalModel) -> SignalModel:
-    # for expectation solving, positions can be independent (same marginals)
-    return SignalModel(s.sigma_request, s.sigma_position, 0.0, s.sigma_token, s.noise,
-                       s.overconfidence)
+    return np.where(ok.all(-1), ok.shape[-1], np.argmin(ok, axis=-1))
 
 
 def _solve_mu1(p1: float, s: SignalModel) -> float:
@@ -109,33 +124,56 @@ def _solve_mu1(p1: float, s: SignalModel) -> float:
     rng = np.random.default_rng(7)
     sd = np.sqrt(s.sigma_request**2 + s.sigma_position**2 + s.sigma_token**2)
     draws = sd * rng.standard_normal(200_000)
-    lo, hi = -10.0, 15.0
-    for _ in range(60):
+    return _bisect(lambda mid: float(_sigmoid(mid + draws).mean()), p1, -10.0, 15.0, 60)
+
+
+def _bisect(f, target: float, lo: float, hi: float, iters: int) -> float:
+    """Root of increasing ``f(x) = target`` on [lo, hi] (clamped to the ends)."""
+    for _ in range(iters):
         mid = 0.5 * (lo + hi)
-        if _sigmoid(mid + draws).mean() < p1:
+        if f(mid) < target:
             lo = mid
         else:
             hi = mid
     return 0.5 * (lo + hi)
 
 
-def _solve_decay(c: DomainCurve, mu1: float, gamma: int, s: SignalModel) -> float:
-    lo, hi = 0.0, 4.0
-    for _ in range(30):
-        mid = 0.5 * (lo + hi)
-        tau = _mean_tau_mu(mu1, mid, gamma, s)
-        if tau > c.tau7:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
+class _Sample:
+    """One domain's latent draws, reused for every candidate (mu_1, decay)."""
+
+    def __init__(self, n_req: int, n_pos: int, width: int, s: SignalModel,
+                 rng: np.random.Generator) -> None:
+        self.noise = _latent_noise(n_req, n_pos, width, s, rng)
+        self.u = rng.random(self.noise.shape)
+        self.offsets = np.arange(0, n_req * n_pos + 1, n_pos, dtype=np.int64)
+
+    def logits(self, mu1: float, decay: float) -> np.ndarray:
+        return mu1 - decay * np.arange(self.noise.shape[-1]) + self.noise
+
+    def accept_len(self, mu1: float, decay: float) -> np.ndarray:
+        return _leading(self.u < _sigmoid(self.logits(mu1, decay))).reshape(-1)
+
+    def served_tau(self, mu1: float, decay: float, k: int) -> float:
+        tokens, steps = _served_chain(self.accept_len(mu1, decay), self.offsets, k)
+        return float(tokens.sum() / steps.sum())
 
 
-def _mean_tau_mu(mu1: float, decay: float, gamma: int, s: SignalModel, n: int = 30_000) -> float:
-    rng = np.random.default_rng(12345)
-    mu = mu1 - decay * np.arange(gamma)
-    x = _latent_logits(n, 1, gamma, mu, replace_rho(s), rng)[:, 0]
-    return float(_leading_successes(_sigmoid(x), rng).mean() + 1.0)
+def _fit_curve(c: DomainCurve, sample: _Sample, s: SignalModel) -> tuple[float, float]:
+    """(mu_1, decay) for one domain: mu_1 from p1 in expectation, then the free parameter
+    solved on the sample's served tau at verify length ``c.k``."""
+    if c.p1 is None and c.tau is None:
+        raise InputError("traces synth", f"domain {c.domain!r} needs p1 or a tau target")
+    if c.tau is not None and not 1.0 <= c.tau <= c.k + 1:
+        raise InputError("traces synth", f"domain {c.domain!r}: tau {c.tau} outside [1, k+1]")
+    if c.p1 is not None:
+        mu1 = _solve_mu1(c.p1, s)
+        if c.tau is None:
+            return mu1, c.decay
+        # served tau falls as decay grows: bisect on -decay
+        decay = -_bisect(lambda d: sample.served_tau(mu1, -d, c.k), c.tau, -6.0, 2.0, 40)
+        return mu1, decay
+    mu1 = _bisect(lambda mu: sample.served_tau(mu, c.decay, c.k), c.tau, -10.0, 15.0, 50)
+    return mu1, c.decay
 
 
 def synth_drafter(
@@ -148,40 +186,50 @@ def synth_drafter(
     drafter: str = "dspark-synthetic",
     target: str = "qwen3-4b-like (published figures)",
     seed: int = 0,
+    extra: dict | None = None,
 ) -> AcceptanceTrace:
-    """A latent-model drafter trace, one domain block per curve."""
+    """A latent-model drafter trace, one domain block per curve, each domain's served tau
+    at its curve's ``k`` solved to the curve's target (see the module docstring). The
+    latent block is ``max(gamma, k)`` wide so a target published at ``k`` holds for a
+    trace drafting fewer tokens too (``m`` is then cut at ``gamma``)."""
     if gamma < 1 or requests_per_domain < 1 or positions < 1:
         raise InputError("traces synth", "gamma, requests and positions must be >= 1")
+    if gamma > 127:
+        raise InputError("--gamma", f"must be <= 127, got {gamma}")
     s = signal or SignalModel()
     rng = np.random.default_rng(seed)
     parts, params = [], {}
     for c in curves:
-        mu1 = _solve_mu1(c.p1, s)
-        decay = c.decay if c.tau7 is None else _solve_decay(c, mu1, 7, s)
-        mu = mu1 - decay * np.arange(gamma)
-        x = _latent_logits(requests_per_domain, positions, gamma, mu, s, rng)
-        q = _sigmoid(x)
-        m = _leading_successes(q, rng).reshape(-1)
+        width = max(gamma, c.k)
+        sample = _Sample(requests_per_domain, positions, width, s, rng)
+        mu1, decay = _fit_curve(c, sample, s)
+        m = np.minimum(sample.accept_len(mu1, decay), gamma)
+        x = sample.logits(mu1, decay)[..., :gamma]
         noisy = x + s.noise * rng.standard_normal(x.shape)
         conf = _sigmoid(s.overconfidence * noisy).reshape(-1, gamma)
         # 4 decimals: enough for survival products, and compresses well
         conf = np.round(conf, 4).astype(np.float32)
         n = requests_per_domain
         meta = TraceMeta(drafter=drafter, target=target, gamma_max=gamma, domains=(c.domain,))
-        parts.append(AcceptanceTrace(
+        part = AcceptanceTrace(
             meta=meta,
             accept_len=m.astype(np.int8),
             conf=conf,
-            req_offsets=np.arange(0, n * positions + 1, positions, dtype=np.int64),
+            req_offsets=sample.offsets,
             req_domain=np.full(n, c.domain),
             req_ids=np.arange(n, dtype=np.int32),
-        ))
-        params[c.domain] = {"p1": c.p1, "tau7_target": c.tau7, "mu1": round(mu1, 6),
-                            "decay": round(decay, 6)}
+        )
+        parts.append(part)
+        params[c.domain] = {"p1": c.p1, "tau_served_target": c.tau, "k": c.k,
+                            "mu1": round(mu1, 6), "decay": round(decay, 6)}
+        if c.tau is not None and c.k <= gamma:
+            params[c.domain]["tau_served"] = round(part.served_tau(c.k), 4)
     gen = {"kind": "drafter", "seed": seed, "gamma": gamma, "positions": positions,
-           "requests_per_domain": requests_per_domain, "signal": asdict(s), "domains": params}
+           "requests_per_domain": requests_per_domain, "signal": asdict(s), "domains": params,
+           "tau_definition": "served: tokens per verify step of a fixed-k chain, incl. bonus"}
     meta = TraceMeta(drafter=drafter, target=target, gamma_max=gamma, source="synthetic",
-                     domains=tuple(c.domain for c in curves), generator=gen)
+                     domains=tuple(c.domain for c in curves), generator=gen,
+                     extra=dict(extra or {}))
     return concat_traces(parts, meta)
 
 
@@ -221,10 +269,36 @@ def synth_iid(
 
 
 def default_dspark_trace(seed: int = 0) -> AcceptanceTrace:
-    return synth_drafter(DSPARK_CURVES, gamma=7, drafter="dspark-synthetic", seed=seed)
+    """The shipped ``dspark-synthetic`` trace; its STS map ``dspark-synthetic-sts`` is
+    fitted on it (:func:`write_shipped`)."""
+    return synth_drafter(DSPARK_CURVES, gamma=7, drafter="dspark-synthetic", seed=seed,
+                         extra={"calibration": "dspark-synthetic-sts"})
 
 
 def default_mtp1_trace(seed: int = 1) -> AcceptanceTrace:
+    """The shipped ``mtp1-synthetic`` trace (the ``mtp1`` policy reads no confidences)."""
     return synth_drafter(MTP1_CURVES, gamma=1, drafter="mtp1-synthetic",
                          target="deepseek-v3/v4-like (published figures)", seed=seed,
                          signal=SignalModel(noise=1.0))
+
+
+def write_shipped(trace_dir, calibration_dir) -> list:
+    """Regenerate the shipped synthetic traces and re-fit the STS map the DSpark trace
+    names (every request, as ``dspark-sim calibrate confidence`` does for its output)::
+
+        python -c "from dspark_sim.traces.synth import write_shipped; \\
+                   write_shipped('traces/data', 'calibration/data/calibration')"
+    """
+    from pathlib import Path
+
+    from dspark_sim.calibration.fit import calibrate_confidence
+    from dspark_sim.traces.schema import write_trace
+
+    trace_dir, calibration_dir = Path(trace_dir), Path(calibration_dir)
+    d = default_dspark_trace()
+    written = [write_trace(d, trace_dir / "dspark-synthetic.parquet"),
+               write_trace(default_mtp1_trace(), trace_dir / "mtp1-synthetic.parquet")]
+    cmap, _ = calibrate_confidence(d, method="temperature", holdout=0.0, seed=0)
+    path = calibration_dir / f"{d.meta.extra['calibration']}.toml"
+    cmap.save(path)
+    return [*written, path]
