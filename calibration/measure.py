@@ -819,226 +819,308 @@ def measure_engine(
     """
     import torch
 
-    log = log or (lambda _msg: None)
-    batch_requests = _positive_ints("batch_requests", batch_requests)
-    verify_lengths = _positive_ints("verify_lengths", verify_lengths, allow_zero=True)
-    context_lengths = _positive_ints("context_lengths", context_lengths, allow_zero=True)
-    draft_gammas = _positive_ints("draft_gammas", draft_gammas)
-    logit_rows = _positive_ints("logit_rows", logit_rows)
-    if int(max_prefill_tokens) < 0:
-        raise InputError("max_prefill_tokens", "must be >= 0")
-    if prefill_chunks is not None:
-        prefill_chunks = _positive_ints("prefill_chunks", prefill_chunks) if len(
-            prefill_chunks) else ()
-    if warmup < 0 or repeats < 1:
-        raise InputError("repeats", "need warmup >= 0 and repeats >= 1")
-    if not 0.0 <= holdout < 1.0:
-        raise InputError("holdout", "must lie in [0, 1)")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError("device", "CUDA requested but torch.cuda.is_available() is False")
-    if clock not in ("auto", "wall", "thread"):
-        raise InputError("clock", f"must be auto, wall or thread, got {clock!r}")
+    plan = _MeasurePlan(
+        model_source=model_source, device=str(device),
+        batch_requests=_positive_ints("batch_requests", batch_requests),
+        verify_lengths=_positive_ints("verify_lengths", verify_lengths, allow_zero=True),
+        context_lengths=_positive_ints("context_lengths", context_lengths, allow_zero=True),
+        warmup=warmup, repeats=repeats, cuda_graphs=bool(cuda_graphs),
+        buckets=None if buckets is None else _positive_ints("buckets", buckets),
+        drafter=drafter, measure_drafters=measure_drafters,
+        draft_gammas=_positive_ints("draft_gammas", draft_gammas), holdout=holdout, seed=seed,
+        name=name, dtype=dtype, clock=clock, max_prefill_tokens=int(max_prefill_tokens),
+        prefill_chunks=None if prefill_chunks is None else (
+            _positive_ints("prefill_chunks", prefill_chunks) if len(prefill_chunks) else ()),
+        logit_rows=_positive_ints("logit_rows", logit_rows),
+    ).check(torch)
     saved_threads = torch.get_num_threads()
-    if num_threads is None and dev.type == "cpu":
+    if num_threads is None and plan.dev(torch).type == "cpu":
         num_threads = 1
     if num_threads is not None:
         if int(num_threads) < 1:
             raise InputError("num_threads", "must be >= 1")
         torch.set_num_threads(int(num_threads))
     try:
-        return _measure_engine(
-            torch, dev, model_source, batch_requests, verify_lengths, context_lengths, warmup,
-            repeats, cuda_graphs, buckets, drafter, measure_drafters, draft_gammas, holdout, seed,
-            name, dtype, clock, log, int(max_prefill_tokens), prefill_chunks, logit_rows)
+        return _measure(plan, torch, log or (lambda _msg: None))
     finally:
         torch.set_num_threads(saved_threads)
 
 
-def _measure_engine(torch, dev, model_source, batch_requests, verify_lengths, context_lengths,
-                    warmup, repeats, cuda_graphs, buckets, drafter, measure_drafters,
-                    draft_gammas, holdout, seed, name, dtype, clock, log, max_prefill_tokens=0,
-                    prefill_chunks=None, logit_rows=DEFAULT_LOGIT_ROWS) -> EngineProfile:
-    device = str(dev)
-    if clock == "auto":
-        clock = "thread" if dev.type == "cpu" and torch.get_num_threads() == 1 else "wall"
-    torch_dtype = getattr(torch, str(dtype), None) if dtype else (
-        torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    if not isinstance(torch_dtype, torch.dtype):
-        raise InputError("dtype", f"unknown torch dtype {dtype!r}")
+@dataclass(frozen=True)
+class _MeasurePlan:
+    """:func:`measure_engine`'s arguments, checked."""
 
+    model_source: Any
+    device: str
+    batch_requests: tuple[int, ...]
+    verify_lengths: tuple[int, ...]
+    context_lengths: tuple[int, ...]
+    warmup: int
+    repeats: int
+    cuda_graphs: bool
+    buckets: tuple[int, ...] | None
+    drafter: Any
+    measure_drafters: bool
+    draft_gammas: tuple[int, ...]
+    holdout: float
+    seed: int
+    name: str | None
+    dtype: str | None
+    clock: str
+    max_prefill_tokens: int
+    prefill_chunks: tuple[int, ...] | None
+    logit_rows: tuple[int, ...]
+
+    def check(self, torch) -> _MeasurePlan:
+        if self.max_prefill_tokens < 0:
+            raise InputError("max_prefill_tokens", "must be >= 0")
+        if self.warmup < 0 or self.repeats < 1:
+            raise InputError("repeats", "need warmup >= 0 and repeats >= 1")
+        if not 0.0 <= self.holdout < 1.0:
+            raise InputError("holdout", "must lie in [0, 1)")
+        if self.dev(torch).type == "cuda" and not torch.cuda.is_available():
+            raise InputError("device", "CUDA requested but torch.cuda.is_available() is False")
+        if self.clock not in ("auto", "wall", "thread"):
+            raise InputError("clock", f"must be auto, wall or thread, got {self.clock!r}")
+        self.torch_dtype(torch)
+        return self
+
+    def dev(self, torch):
+        return torch.device(self.device)
+
+    def torch_dtype(self, torch):
+        """The named dtype; default fp32 on CPU, bf16 on CUDA."""
+        if not self.dtype:
+            return torch.bfloat16 if self.dev(torch).type == "cuda" else torch.float32
+        t = getattr(torch, str(self.dtype), None)
+        if not isinstance(t, torch.dtype):
+            raise InputError("dtype", f"unknown torch dtype {self.dtype!r}")
+        return t
+
+    def timing_clock(self, torch) -> str:
+        """``auto``: thread CPU time on CPU with one thread (robust to other processes on
+        a shared machine), wall clock otherwise."""
+        if self.clock != "auto":
+            return self.clock
+        return "thread" if self.dev(torch).type == "cpu" and torch.get_num_threads() == 1 \
+            else "wall"
+
+
+DEFAULT_GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def _verify_grid(plan: _MeasurePlan) -> list[Shape]:
+    return [Shape(r, v, c) for c in plan.context_lengths for v in plan.verify_lengths
+            for r in plan.batch_requests]
+
+
+def _prefill_grid(plan: _MeasurePlan, runner: _Runner, top_verify: int,
+                  sizes: Sequence[int] | None = None) -> list[Shape]:
+    """Single-request prefill chunks ``Shape(1, b - 1, 0)`` above ``top_verify`` tokens
+    (eager default: dense below 64 tokens, where GEMM cost is jagged, sparse above)."""
+    cap = plan.max_prefill_tokens
+    if runner.max_positions:
+        cap = min(cap, runner.max_positions)
+    if sizes is None:
+        if plan.prefill_chunks is not None:
+            sizes = plan.prefill_chunks
+        else:
+            sizes = default_prefill_chunks(cap, dense_to=64)
+            top_verify = 0
+    return [Shape(1, int(b) - 1, 0) for b in sorted(set(sizes)) if top_verify < int(b) <= cap]
+
+
+def _eager_grid(plan: _MeasurePlan, runner: _Runner) -> tuple[list[Shape], list[Shape]]:
+    """(verify shapes, prefill chunk shapes) timed eagerly."""
+    shapes = _verify_grid(plan)
+    return shapes, _prefill_grid(plan, runner, max(s.tokens for s in shapes))
+
+
+def _graph_grid(plan: _MeasurePlan, runner: _Runner, buckets: Sequence[int]
+                ) -> tuple[list[Shape], list[Shape]]:
+    """One captured graph per (bucket, verify length) whose shape fills the bucket
+    exactly: ``bucket / (1 + l)`` requests of ``1 + l`` tokens; prefill chunks at the
+    buckets."""
+    shapes = [Shape(b // (1 + v), v, c) for c in plan.context_lengths for v in plan.verify_lengths
+              for b in buckets if b % (1 + v) == 0]
+    top = max((s.tokens for s in shapes), default=0)
+    return shapes, _prefill_grid(plan, runner, top,
+                                 [b for b in buckets if b <= plan.max_prefill_tokens])
+
+
+@dataclass
+class _Timed:
+    """What was timed: the shapes (and their pass times), the LM head's pass times per row
+    count, and whether CUDA graphs were used (and why not, when asked for)."""
+
+    shapes: list[Shape]  # verify shapes, then the prefill chunks
+    chunks: list[Shape]
+    times: list[list[float]]
+    head_times: list[list[float]]
+    graphs: bool
+    buckets: tuple[int, ...] | None
+    note: str
+
+
+def _time_all(plan: _MeasurePlan, torch, runner: _Runner, clock: str, log) -> _Timed:
+    """Time every shape (one CUDA graph each when asked for and possible, else eagerly
+    and interleaved) and the LM head alone at each row count."""
+    dev = plan.dev(torch)
+    graphs = plan.cuda_graphs and dev.type == "cuda"
+    note = "cuda_graphs ignored: not a CUDA device" if plan.cuda_graphs and not graphs else ""
+    buckets = (plan.buckets or DEFAULT_GRAPH_BUCKETS) if graphs else None
+    verify, chunks = _graph_grid(plan, runner, buckets) if graphs else _eager_grid(plan, runner)
+    shapes = verify + chunks
+    log(f"measuring {_model_label(plan.model_source, runner.cfg)} on {plan.device} "
+        f"({runner.dtype}), {len(shapes)} shapes (LM head on the last row of each request), "
+        f"LM head at {len(plan.logit_rows)} row counts, {plan.warmup} warm-up + "
+        f"{plan.repeats} timed passes each" + ("" if graphs else ", interleaved"))
+    if graphs:
+        times: list[list[float]] = []
+        try:
+            for s in shapes:
+                run, reset = runner.step_fn(s, logits="last")
+                times.append(_time_graph(torch, dev, run, reset, plan.warmup, plan.repeats))
+        except Exception as exc:  # capture fails on models that sync with the host
+            note = f"CUDA-graph capture failed, timed eagerly ({exc.__class__.__name__})"
+            log(note)
+        else:
+            head = _time_interleaved(torch, dev, [runner.head_fn(k) for k in plan.logit_rows],
+                                     plan.warmup, plan.repeats, plan.seed, clock)
+            return _Timed(shapes, chunks, times, head, True, buckets, note)
+        verify, chunks = _eager_grid(plan, runner)  # graph capture failed: the requested grid
+        shapes = verify + chunks
+    items = [runner.step_fn(s, logits="last") for s in shapes]
+    items += [runner.head_fn(k) for k in plan.logit_rows]
+    all_times = _time_interleaved(torch, dev, items, plan.warmup, plan.repeats, plan.seed, clock)
+    return _Timed(shapes, chunks, all_times[:len(shapes)], all_times[len(shapes):], False, None,
+                  note)
+
+
+def _draft_section(plan: _MeasurePlan, torch, runner: _Runner, clock: str, log
+                   ) -> tuple[dict[str, DraftCost], str]:
+    """The draft-cost tables (stand-ins or the user's drafters) and where they came from."""
+    if not plan.measure_drafters:
+        return {}, "not measured"
+    dev = plan.dev(torch)
+    ctx = plan.context_lengths[len(plan.context_lengths) // 2]
+
+    def timer_many(items):
+        return _time_interleaved(torch, dev, items, plan.warmup, plan.repeats, plan.seed, clock)
+
+    drafts, label = measure_drafts(runner, plan.drafter, plan.batch_requests, plan.draft_gammas,
+                                   ctx, timer_many, log)
+    if plan.drafter is not None:
+        d = plan.drafter
+        label += ": " + ", ".join(f"{k}={type(v).__name__}" for k, v in
+                                  (d.items() if isinstance(d, Mapping) else [("dspark", d)]))
+    return drafts, label
+
+
+def _measure(plan: _MeasurePlan, torch, log) -> EngineProfile:
+    """Time, fit, and assemble the profile (see :func:`measure_engine`)."""
     t_start = time.perf_counter()
-    cfg = load_model_config(model_source)
-    runner = _Runner(cfg, device, torch_dtype)
-    use_graphs = bool(cuda_graphs) and dev.type == "cuda"
-    graph_note = ""
-    if cuda_graphs and not use_graphs:
-        graph_note = "cuda_graphs ignored: not a CUDA device"
-
-    def verify_grid():
-        return [Shape(r, v, c) for c in context_lengths for v in verify_lengths
-                for r in batch_requests]
-
-    chunk_shapes: list[Shape] = []  # the prefill-chunk shapes of the grid actually timed
-
-    def prefill_grid(top_verify: int, sizes=None):
-        cap = max_prefill_tokens
-        if runner.max_positions:
-            cap = min(cap, runner.max_positions)
-        if sizes is None:
-            if prefill_chunks is not None:
-                sizes = prefill_chunks
-            else:  # eager: dense below 64 (jagged GEMM cost), sparse above the verify grid
-                sizes = default_prefill_chunks(cap, dense_to=64)
-                top_verify = 0
-        out = [Shape(1, int(b) - 1, 0) for b in sorted(set(sizes))
-               if top_verify < int(b) <= cap]
-        chunk_shapes[:] = out
-        return out
-
-    if use_graphs:
-        # One captured graph per (bucket, verify length) whose shape fills the bucket
-        # exactly: ``bucket / (1 + l)`` requests of ``1 + l`` tokens.
-        bucket_list = _positive_ints("buckets", buckets or (1, 2, 4, 8, 16, 32, 48, 64, 96, 128,
-                                                            192, 256, 384, 512))
-        shapes = [Shape(b // (1 + v), v, c) for c in context_lengths for v in verify_lengths
-                  for b in bucket_list if b % (1 + v) == 0]
-        top = max((s.tokens for s in shapes), default=0)
-        shapes += prefill_grid(top, [b for b in bucket_list if b <= max_prefill_tokens])
-    else:
-        bucket_list = None
-        shapes = verify_grid()
-        shapes += prefill_grid(max(s.tokens for s in shapes))
-
-    label = _model_label(model_source, cfg)
-    log(f"measuring {label} on {device} ({torch_dtype}), {len(shapes)} shapes "
-        f"(LM head on the last row of each request), LM head at {len(logit_rows)} row counts, "
-        f"{warmup} warm-up + {repeats} timed passes each"
-        + ("" if use_graphs else ", interleaved"))
-    times: list[list[float]] = []
-    if use_graphs:
-        for s in shapes:
-            run, reset = runner.step_fn(s, logits="last")
-            try:
-                times.append(_time_graph(torch, dev, run, reset, warmup, repeats))
-            except Exception as exc:  # capture fails on models that sync with the host
-                use_graphs = False
-                graph_note = f"CUDA-graph capture failed, timed eagerly ({exc.__class__.__name__})"
-                log(graph_note)
-                break
-        head_times = _time_interleaved(torch, dev, [runner.head_fn(k) for k in logit_rows],
-                                       warmup, repeats, seed, clock) if use_graphs else []
-    if not use_graphs:
-        if bucket_list is not None:  # graph capture failed: measure the requested grid
-            bucket_list = None
-            shapes = verify_grid()
-            shapes += prefill_grid(max(s.tokens for s in shapes))
-        items = [runner.step_fn(s, logits="last") for s in shapes]
-        items += [runner.head_fn(k) for k in logit_rows]
-        all_times = _time_interleaved(torch, dev, items, warmup, repeats, seed, clock)
-        times, head_times = all_times[:len(shapes)], all_times[len(shapes):]
-        del items
-    head_med = [float(statistics.median(ts)) for ts in head_times]
-    logits_fixed_s, logits_s = fit_logits(logit_rows, head_med)
+    dev = plan.dev(torch)
+    clock = plan.timing_clock(torch)
+    cfg = load_model_config(plan.model_source)
+    runner = _Runner(cfg, str(dev), plan.torch_dtype(torch))
+    timed = _time_all(plan, torch, runner, clock, log)
+    head_med = [float(statistics.median(ts)) for ts in timed.head_times]
+    logits_fixed_s, logits_s = fit_logits(plan.logit_rows, head_med)
     log("LM head: " + ", ".join(f"{k} rows {t * 1e3:.3f} ms" for k, t in
-                                zip(logit_rows, head_med, strict=True))
+                                zip(plan.logit_rows, head_med, strict=True))
         + f"; fit {logits_fixed_s * 1e3:.3f} ms + {logits_s * 1e6:.1f} us/row")
-    raw = _samples(shapes, times, log)
+    raw = _samples(timed.shapes, timed.times, log)
     # the table holds the forward + the LM head's fixed cost; the per-row part is the
     # profile's logits term, charged by the engine for the rows that need logits
     samples = [Sample(x.shape, max(x.median_s - logits_s * x.shape.requests, 1e-9), x.std_s)
                for x in raw]
-    interpolation = "step" if use_graphs else "linear"
-    check = heldout_error(samples, interpolation, holdout, seed) if holdout > 0 else {}
+    interpolation = "step" if timed.graphs else "linear"
+    check = heldout_error(samples, interpolation, plan.holdout, plan.seed) if plan.holdout > 0 \
+        else {}
     if check:
         log(f"held-out check: {check['heldout_shapes']} shapes, relative error mean "
             f"{check['heldout_mean_rel_error']:.1%}, max {check['heldout_max_rel_error']:.1%}")
     fit = fit_terms(samples)
-    tokens, step, std, kv_s = fit.tokens, fit.step_s, fit.std_s, fit.kv_s_per_token
-    attn_s = fit.attn_s_per_query_ctx
-    multi_kv_s = fit.multi_kv_s_per_token
-    request_s = fit.request_s
-    drafts: dict[str, DraftCost] = {}
-    draft_label = "not measured"
-    if measure_drafters:
-        ctx = context_lengths[len(context_lengths) // 2]
-
-        def timer_many(items):
-            return _time_interleaved(torch, dev, items, warmup, repeats, seed, clock)
-
-        drafts, draft_label = measure_drafts(runner, drafter, batch_requests, draft_gammas, ctx,
-                                             timer_many, log)
-        if drafter is not None:
-            draft_label += ": " + ", ".join(
-                f"{k}={type(v).__name__}" for k, v in
-                (drafter.items() if isinstance(drafter, Mapping) else [("dspark", drafter)]))
-
+    drafts, draft_label = _draft_section(plan, torch, runner, clock, log)
     elapsed = time.perf_counter() - t_start
-    params: dict[str, Any] = {
-        "model": label,
-        "model_type": str(getattr(cfg, "model_type", "")),
-        "weights": "random (timing only)",
-        "device": device,
-        "device_name": (torch.cuda.get_device_name(dev) if dev.type == "cuda"
-                        else _cpu_name()),
-        "torch": torch.__version__,
-        "threads": int(torch.get_num_threads()),
-        "dtype": str(torch_dtype).replace("torch.", ""),
-        "date": _dt.date.today().isoformat(),
-        "cuda_graphs": bool(use_graphs),
-        "clock": ("CUDA events" if use_graphs else
-                  "thread CPU time" if clock == "thread" else "wall clock"),
-        "warmup": int(warmup),
-        "repeats": int(repeats),
-        "batch_requests": list(batch_requests),
-        "verify_lengths": list(verify_lengths),
-        "context_lengths": list(context_lengths),
-        "fit": FIT_NOTE,
-        "logits": ("shapes timed with the LM head on the last row of each request; "
-                   "table = measured - logits_per_row * R"),
-        "logit_rows": list(logit_rows),
-        "logit_rows_median_ms": [round(t * 1e3, 4) for t in head_med],
-        "logits_fixed_ms": round(logits_fixed_s * 1e3, 4),
-        "max_prefill_tokens": int(max_prefill_tokens),
-        "prefill_chunks": sorted(s.tokens for s in chunk_shapes),
-        "draft_source": draft_label,
-        "elapsed_s": round(elapsed, 1),
-        "load_average_1min": round(_loadavg(), 2),
-        "shape_requests": [s.shape.requests for s in samples],
-        "shape_verify": [s.shape.verify for s in samples],
-        "shape_context": [s.shape.context for s in samples],
-        "shape_median_ms": [round(s.median_s * 1e3, 4) for s in raw],
-        "shape_std_ms": [round(s.std_s * 1e3, 4) for s in raw],
-    }
-    if bucket_list is not None:
-        params["buckets"] = list(bucket_list)
-    if graph_note:
-        params["cuda_graphs_note"] = graph_note
+    label = _model_label(plan.model_source, cfg)
+    params = _measured_parameters(plan, torch, cfg, label, clock, timed, raw, head_med,
+                                  logits_fixed_s, draft_label, elapsed)
     params |= {k: (round(v, 5) if isinstance(v, float) else v) for k, v in check.items()}
-    log(f"done in {elapsed:.0f} s; kv_us_per_token = {kv_s * 1e6:.5f}, "
-        f"multi_kv_us_per_token = {multi_kv_s * 1e6:.5f}, request_us = {request_s * 1e6:.1f}, "
-        f"attn_ns_per_query_ctx = {attn_s * 1e9:.4f}, logits_us_per_row = {logits_s * 1e6:.2f}")
+    log(f"done in {elapsed:.0f} s; kv_us_per_token = {fit.kv_s_per_token * 1e6:.5f}, "
+        f"multi_kv_us_per_token = {fit.multi_kv_s_per_token * 1e6:.5f}, request_us = "
+        f"{fit.request_s * 1e6:.1f}, attn_ns_per_query_ctx = {fit.attn_s_per_query_ctx * 1e9:.4f}, "
+        f"logits_us_per_row = {logits_s * 1e6:.2f}")
     return EngineProfile(
-        name=name or f"{Path(str(label)).stem.lower()}-{dev.type}",
+        name=plan.name or f"{Path(str(label)).stem.lower()}-{dev.type}",
         kind="measured",
         gpus_per_replica=1,
-        tokens=tokens.astype(np.int64),
-        step_s=step,
-        step_std_s=std,
-        kv_s_per_token=kv_s,
+        tokens=fit.tokens.astype(np.int64),
+        step_s=fit.step_s,
+        step_std_s=fit.std_s,
+        kv_s_per_token=fit.kv_s_per_token,
         logits_s_per_row=logits_s,
-        attn_s_per_query_ctx=attn_s,
-        multi_kv_s_per_token=multi_kv_s,
-        request_s=request_s,
+        attn_s_per_query_ctx=fit.attn_s_per_query_ctx,
+        multi_kv_s_per_token=fit.multi_kv_s_per_token,
+        request_s=fit.request_s,
         eager_penalty_s=0.0,
         interpolation=interpolation,
         drafts=drafts,
-        description=(f"Measured forward time of {label} (random weights) on {device}; "
+        description=(f"Measured forward time of {label} (random weights) on {plan.device}; "
                      f"table f(B) at zero context with the LM head's fixed cost, KV term per "
                      f"context token (+ a multi-token-block KV term), attention term per query "
                      f"token x context token, LM-head term per logit row"),
         parameters=params,
     )
+
+
+def _measured_parameters(plan: _MeasurePlan, torch, cfg, label: str, clock: str, timed: _Timed,
+                         raw: list[Sample], head_med: list[float], logits_fixed_s: float,
+                         draft_label: str, elapsed: float) -> dict[str, Any]:
+    """What the profile records about how it was measured."""
+    dev = plan.dev(torch)
+    params: dict[str, Any] = {
+        "model": label,
+        "model_type": str(getattr(cfg, "model_type", "")),
+        "weights": "random (timing only)",
+        "device": plan.device,
+        "device_name": (torch.cuda.get_device_name(dev) if dev.type == "cuda"
+                        else _cpu_name()),
+        "torch": torch.__version__,
+        "threads": int(torch.get_num_threads()),
+        "dtype": str(plan.torch_dtype(torch)).replace("torch.", ""),
+        "date": _dt.date.today().isoformat(),
+        "cuda_graphs": bool(timed.graphs),
+        "clock": ("CUDA events" if timed.graphs else
+                  "thread CPU time" if clock == "thread" else "wall clock"),
+        "warmup": int(plan.warmup),
+        "repeats": int(plan.repeats),
+        "batch_requests": list(plan.batch_requests),
+        "verify_lengths": list(plan.verify_lengths),
+        "context_lengths": list(plan.context_lengths),
+        "fit": FIT_NOTE,
+        "logits": ("shapes timed with the LM head on the last row of each request; "
+                   "table = measured - logits_per_row * R"),
+        "logit_rows": list(plan.logit_rows),
+        "logit_rows_median_ms": [round(t * 1e3, 4) for t in head_med],
+        "logits_fixed_ms": round(logits_fixed_s * 1e3, 4),
+        "max_prefill_tokens": int(plan.max_prefill_tokens),
+        "prefill_chunks": sorted(s.tokens for s in timed.chunks),
+        "draft_source": draft_label,
+        "elapsed_s": round(elapsed, 1),
+        "load_average_1min": round(_loadavg(), 2),
+        "shape_requests": [s.shape.requests for s in raw],
+        "shape_verify": [s.shape.verify for s in raw],
+        "shape_context": [s.shape.context for s in raw],
+        "shape_median_ms": [round(s.median_s * 1e3, 4) for s in raw],
+        "shape_std_ms": [round(s.std_s * 1e3, 4) for s in raw],
+    }
+    if timed.buckets is not None:
+        params["buckets"] = list(timed.buckets)
+    if timed.note:
+        params["cuda_graphs_note"] = timed.note
+    return params
 
 
 def write_profile(profile: EngineProfile, path: str | Path) -> Path:

@@ -186,31 +186,51 @@ class TargetEngine:
         features [T, n_feat + 1, d] or None)."""
         dev = self.device
         lens = [len(t) for t in tokens]
-        T = sum(lens)
         flat = torch.tensor([x for t in tokens for x in t], dtype=torch.long, device=dev)
         req = np.repeat(np.arange(len(tokens)), lens)
         col = np.concatenate([np.arange(n) for n in lens])
         st = np.asarray(starts, dtype=np.int64)
-        pos_np = st[req] + col
-        slot_np = np.asarray(slots, dtype=np.int64)[req]
-        pos = torch.from_numpy(pos_np).to(dev)
-        slot_t = torch.from_numpy(slot_np).to(dev)
-        # Varlen attention: request i's queries attend keys 0 .. starts[i] + j of its slot.
-        # "loop": one SDPA call per request (cost ~ sum of contexts, as a varlen kernel);
-        # "padded": short blocks share one padded call, long (prefill) chunks get their own.
+        pos = torch.from_numpy(st[req] + col).to(dev)
+        slot_t = torch.from_numpy(np.asarray(slots, dtype=np.int64)[req]).to(dev)
+        groups = self._attention_groups(slots, st, lens)
+        x = self.core.embed_tokens(flat)[None]  # [1, T, d]
+        cos, sin = self.core.rotary_emb(x, pos[None])
+        feats = {}  # hidden_states indices: 0 = embeddings, i = output of layer i, L = normed
+        n_layers = len(self.layers)
+        if want_features and 0 in self.feature_layers:
+            feats[0] = x[0]
+        for li, layer in enumerate(self.layers):
+            x = self._layer(li, layer, x, cos, sin, slot_t, pos, groups)
+            if want_features and (li + 1) in self.feature_layers and li + 1 < n_layers:
+                feats[li + 1] = x[0]
+        rows = torch.as_tensor(logit_rows, dtype=torch.long, device=dev)
+        if want_features:
+            normed = self.core.norm(x[0])
+            logits = self.model.lm_head(normed[rows])
+            feats[n_layers] = normed
+            f = torch.stack([feats[i] for i in self.feature_layers] + [normed], 1).float()
+            return logits, f
+        logits = self.model.lm_head(self.core.norm(x[0, rows]))
+        return logits, None
+
+    def _attention_groups(self, slots: list[int], st: np.ndarray, lens: list[int]) -> list:
+        """Varlen attention plan: request i's queries attend keys 0 .. starts[i] + j of its
+        slot. ``"loop"``: one SDPA call per request (cost ~ sum of contexts, as a varlen
+        kernel); ``"padded"``: short blocks share one padded call, long (prefill) chunks get
+        their own. Entries: ``("one", (slot, flat rows lo, hi), L, mask)`` or ``("pad",
+        (slots, pad rows, pad cols, flat rows, t_max), L, mask)``."""
+        dev = self.device
         offs = np.concatenate([[0], np.cumsum(lens)])
-        groups = []  # (slot list, flat row slices, q positions [n, t], L)
-        short = [i for i, n in enumerate(lens) if n <= self.pad_max]
-        if self.attention == "loop":
-            short = []
-        singles = [i for i in range(len(lens)) if i not in set(short)]
-        for i in singles:
+        short = [] if self.attention == "loop" else [i for i, n in enumerate(lens)
+                                                     if n <= self.pad_max]
+        groups = []
+        for i in sorted(set(range(len(lens))) - set(short)):
             L = int(st[i] + lens[i])
             m = None
             if lens[i] > 1:
                 qp_ = torch.arange(int(st[i]), L, device=dev)
                 m = torch.arange(L, device=dev)[None, :] <= qp_[:, None]
-            groups.append(("one", i, L, m))
+            groups.append(("one", (slots[i], int(offs[i]), int(offs[i + 1])), L, m))
         if short:
             tmax = int(max(lens[i] for i in short))
             lmax = int(max(st[i] + lens[i] for i in short))
@@ -227,57 +247,41 @@ class TargetEngine:
             groups.append(("pad", (sl, torch.as_tensor(prow, device=dev),
                                    torch.as_tensor(pcol, device=dev),
                                    torch.as_tensor(frow, device=dev), tmax), lmax, m))
+        return groups
 
-        x = self.core.embed_tokens(flat)[None]  # [1, T, d]
-        cos, sin = self.core.rotary_emb(x, pos[None])
-        feats = {}  # hidden_states indices: 0 = embeddings, i = output of layer i, L = normed
-        n_layers = len(self.layers)
-        if want_features and 0 in self.feature_layers:
-            feats[0] = x[0]
+    def _layer(self, li: int, layer, x, cos, sin, slot_t, pos, groups: list):
+        """One decoder layer over the flat batch; writes the new K/V into the slot cache."""
+        T = x.shape[1]
         H, KV, Dh = self.heads, self.kv_heads, self.head_dim
-        for li, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(1, T, H, Dh).transpose(1, 2)
-            k = attn.k_proj(h).view(1, T, KV, Dh).transpose(1, 2)
-            v = attn.v_proj(h).view(1, T, KV, Dh).transpose(1, 2)
-            if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = self._rope(q, k, cos, sin)
-            kc, vc = self.k[li], self.v[li]
-            kc[slot_t, :, pos] = k[0].transpose(0, 1)
-            vc[slot_t, :, pos] = v[0].transpose(0, 1)
-            o = q.new_empty((T, H, Dh))
-            for kind, a, L, m in groups:
-                if kind == "one":
-                    s_ = slots[a]
-                    lo, hi = int(offs[a]), int(offs[a + 1])
-                    r = F.scaled_dot_product_attention(
-                        q[:, :, lo:hi], kc[s_ : s_ + 1, :, :L], vc[s_ : s_ + 1, :, :L],
-                        attn_mask=m, scale=self.scaling, enable_gqa=H != KV)
-                    o[lo:hi] = r[0].transpose(0, 1)
-                else:
-                    sl, prow, pcol, frow, tmax = a
-                    qp = q.new_zeros((len(sl), tmax, H, Dh))
-                    qp[prow, pcol] = q[0].transpose(0, 1)[frow]
-                    r = F.scaled_dot_product_attention(
-                        qp.transpose(1, 2), kc[sl, :, :L], vc[sl, :, :L], attn_mask=m,
-                        scale=self.scaling, enable_gqa=H != KV)
-                    o[frow] = r.transpose(1, 2)[prow, pcol]
-            o = o.reshape(1, T, H * Dh)
-            x = x + attn.o_proj(o)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-            if want_features and (li + 1) in self.feature_layers and li + 1 < n_layers:
-                feats[li + 1] = x[0]
-        rows = torch.as_tensor(logit_rows, dtype=torch.long, device=dev)
-        if want_features:
-            normed = self.core.norm(x[0])
-            logits = self.model.lm_head(normed[rows])
-            feats[n_layers] = normed
-            f = torch.stack([feats[i] for i in self.feature_layers] + [normed], 1).float()
-            return logits, f
-        logits = self.model.lm_head(self.core.norm(x[0, rows]))
-        return logits, None
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h).view(1, T, H, Dh).transpose(1, 2)
+        k = attn.k_proj(h).view(1, T, KV, Dh).transpose(1, 2)
+        v = attn.v_proj(h).view(1, T, KV, Dh).transpose(1, 2)
+        if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = self._rope(q, k, cos, sin)
+        kc, vc = self.k[li], self.v[li]
+        kc[slot_t, :, pos] = k[0].transpose(0, 1)
+        vc[slot_t, :, pos] = v[0].transpose(0, 1)
+        o = q.new_empty((T, H, Dh))
+        for kind, a, L, m in groups:
+            if kind == "one":
+                s_, lo, hi = a
+                r = F.scaled_dot_product_attention(
+                    q[:, :, lo:hi], kc[s_ : s_ + 1, :, :L], vc[s_ : s_ + 1, :, :L],
+                    attn_mask=m, scale=self.scaling, enable_gqa=H != KV)
+                o[lo:hi] = r[0].transpose(0, 1)
+            else:
+                sl, prow, pcol, frow, tmax = a
+                qp = q.new_zeros((len(sl), tmax, H, Dh))
+                qp[prow, pcol] = q[0].transpose(0, 1)[frow]
+                r = F.scaled_dot_product_attention(
+                    qp.transpose(1, 2), kc[sl, :, :L], vc[sl, :, :L], attn_mask=m,
+                    scale=self.scaling, enable_gqa=H != KV)
+                o[frow] = r.transpose(1, 2)[prow, pcol]
+        x = x + attn.o_proj(o.reshape(1, T, H * Dh))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
 # -- drafters ----------------------------------------------------------------------------------
