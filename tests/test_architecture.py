@@ -1,0 +1,65 @@
+"""The house's structure, read from the imports (issue #13): rooms import one way only,
+sim/ and policies/ never import torch (not even inside a function), and the layout and
+drawing in docs/architecture.md are what the code says."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "triton", "transformers", "safetensors", "gguf")
+
+
+@pytest.fixture(scope="module")
+def rooms():
+    spec = importlib.util.spec_from_file_location("rooms", REPO / "docs" / "rooms.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_cycle_finder_finds_a_planted_cycle(rooms):
+    # the checker itself can fail: a cycle, and a DAG
+    assert rooms.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert rooms.cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+    g = {"a": {"b", "c"}, "b": {"c"}, "c": set()}
+    assert rooms.reduced_edges(g) == [("b", "a"), ("c", "b")]
+    assert rooms.layers(g) == {"a": 2, "b": 1, "c": 0}
+
+
+def test_no_package_level_import_cycle(rooms):
+    graph = rooms.room_graph()
+    assert set(graph) >= {"sim", "policies", "traces", "calibration", "kernels", "validation",
+                          "cli", "base"}
+    assert rooms.cycles(graph) == []
+    # the intended direction, spelled out
+    assert graph["kernels"] == set() and graph["base"] == set()
+    assert "validation" not in graph["sim"] | graph["policies"] | graph["traces"]
+    assert "cli" not in set().union(*(v for k, v in graph.items() if k != "cli"))
+
+
+@pytest.mark.parametrize("room", ["sim", "policies"])
+def test_light_rooms_import_no_torch_anywhere(rooms, room):
+    folder = rooms.package_dirs()[f"dspark_sim.{room}"]
+    files = sorted((REPO / folder).glob("*.py"))
+    assert files
+    bad = [(f.name, n) for f in files for n in rooms.imported_names(f)
+           if n.split(".")[0] in HEAVY]
+    assert bad == []
+
+
+def test_every_package_has_a_room_description(rooms):
+    names = {p.split(".")[-1] for p in rooms.package_dirs() if p != "dspark_sim"}
+    assert names | {"base", "cli"} == set(rooms.ROOM_TEXT)
+
+
+def test_architecture_doc_opens_with_the_generated_rooms(rooms):
+    text = (REPO / "docs" / "architecture.md").read_text()
+    block = rooms.current_block(text)
+    assert block is not None, "markers missing"
+    assert block == rooms.render(), "docs/architecture.md is stale: run python docs/rooms.py"
+    # it opens the document: only the title and one paragraph come before it
+    assert text.index(rooms.BEGIN) < text.index("\n## ")
