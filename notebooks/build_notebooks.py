@@ -1,20 +1,35 @@
-"""Write the example notebooks (without outputs) from the cell sources below.
+"""Write the example notebooks from the cell sources below, executed, outputs stored.
 
-    python notebooks/build_notebooks.py          # rewrites notebooks/*.ipynb
+    python notebooks/build_notebooks.py          # rewrites notebooks/*.ipynb (~1 min)
 
 Each notebook reads parquet only (no network) and takes its input from an
-environment variable (``DSPARK_RESULTS``, ``DSPARK_TRACE``) or its first code cell,
-so ``tests/test_notebooks.py`` can run them on small inputs.
+environment variable (``DSPARK_RESULTS``, ``DSPARK_TRACE``) or its first code cell.
+The stored outputs come from small deterministic example inputs
+(:func:`example_inputs`: a 4-point sweep, 12 requests of the built-in trace), so a
+reader sees every table and figure without running anything and each file stays small
+enough to diff: figures are stored as Plotly JSON (``plotly_mimetype``, drawn by
+JupyterLab / VS Code) plus an HTML view that loads plotly.js from its CDN
+(``notebook_connected``, for nbviewer), never with plotly.js inlined.
+``tests/test_notebooks.py`` re-executes them and checks the stored sources against
+this file.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
+EXAMPLE = "example"  # how the stored outputs name the example inputs' folder
+# figures as JSON + a CDN-loading HTML view: nothing inlines plotly.js (3.5 MB)
+RENDERERS = "plotly_mimetype+notebook_connected"
 
 FRONTIER = [
     ("md", """# Frontier explorer
@@ -26,6 +41,9 @@ profiles and SLA tiers in the next cell. `DSPARK_RESULTS` (environment) override
 input: a `results.parquet` or a sweep folder."""),
     ("code", """import os
 
+import plotly.io as pio
+
+pio.renderers.default = os.environ.get("DSPARK_PLOTLY_RENDERER", "plotly_mimetype+notebook_connected")
 RESULTS = os.environ.get("DSPARK_RESULTS", "../runs/case-study/results.parquet")
 POLICIES = None  # e.g. ["confidence-async", "mtp1"]; None: every policy in the sweep
 PROFILES = None  # e.g. ["v4flash-h200"]; None: every profile
@@ -88,6 +106,9 @@ confidences against what happened. `DSPARK_TRACE` (environment) overrides the in
 trace parquet path or the name of a trace shipped in the package."""),
     ("code", """import os
 
+import plotly.io as pio
+
+pio.renderers.default = os.environ.get("DSPARK_PLOTLY_RENDERER", "plotly_mimetype+notebook_connected")
 TRACE = os.environ.get("DSPARK_TRACE", "dspark-synthetic")"""),
     ("code", """import numpy as np
 import plotly.graph_objects as go
@@ -130,17 +151,19 @@ fig.add_trace(go.Scatter(x=k, y=trace.survival(), mode="lines+markers", name="al
 fig.update_layout(xaxis_title="draft position k", yaxis_title="acceptance",
                   yaxis_range=[0, 1], template="plotly_white")
 fig.show()
-fig = go.Figure(go.Histogram(x=trace.accept_len, xbins={"start": -0.5, "end": g + 0.5, "size": 1}))
+counts = np.bincount(trace.accept_len.astype(np.int64), minlength=g + 1)  # the histogram, binned here
+fig = go.Figure(go.Bar(x=np.arange(g + 1), y=counts))
 fig.update_layout(xaxis_title="accepted run length m", yaxis_title="positions",
                   template="plotly_white")
 fig.show()"""),
     ("md", "## Confidences vs outcomes\nAt each position k, among the drafts that reached k: "
-           "the raw confidence c_k when token k was accepted vs rejected, and the mean "
+           "the raw confidence c_k when token k was accepted vs rejected (boxes: quartiles, "
+           "whiskers: min and max, computed here so the figure stays small), and the mean "
            "confidence against the observed conditional acceptance."),
     ("code", """m = trace.accept_len.astype(np.int64)
 c = trace.conf.astype(np.float64)
 rows = []
-fig = go.Figure()
+boxes = {"accepted": ([], "seagreen"), "rejected": ([], "indianred")}
 for j in range(g):
     reached = m >= j
     acc = m[reached] > j
@@ -149,12 +172,15 @@ for j in range(g):
                  "observed": float(acc.mean()),
                  "conf_if_accepted": float(cj[acc].mean()) if acc.any() else None,
                  "conf_if_rejected": float(cj[~acc].mean()) if (~acc).any() else None})
-    fig.add_trace(go.Box(y=cj[acc][:5000], x=[f"k={j + 1}"] * min(int(acc.sum()), 5000),
-                         name="accepted", marker_color="seagreen", showlegend=j == 0,
-                         legendgroup="a"))
-    fig.add_trace(go.Box(y=cj[~acc][:5000], x=[f"k={j + 1}"] * min(int((~acc).sum()), 5000),
-                         name="rejected", marker_color="indianred", showlegend=j == 0,
-                         legendgroup="r"))
+    for name, sel in (("accepted", acc), ("rejected", ~acc)):
+        if sel.any():
+            q = np.percentile(cj[sel], [0, 25, 50, 75, 100])
+            boxes[name][0].append((f"k={j + 1}", *q))
+fig = go.Figure()
+for name, (stats, color) in boxes.items():
+    x, lo, q1, med, q3, hi = (list(v) for v in zip(*stats, strict=True))
+    fig.add_trace(go.Box(x=x, lowerfence=lo, q1=q1, median=med, q3=q3, upperfence=hi,
+                         name=name, marker_color=color))
 fig.update_layout(boxmode="group", yaxis_title="raw confidence c_k", template="plotly_white")
 fig.show()
 pl.DataFrame(rows)"""),
@@ -172,6 +198,9 @@ installed, the sequential temperature scaling fit (DSpark §3.2.1) is shown afte
 `DSPARK_TRACE` (environment) overrides the input."""),
     ("code", """import os
 
+import plotly.io as pio
+
+pio.renderers.default = os.environ.get("DSPARK_PLOTLY_RENDERER", "plotly_mimetype+notebook_connected")
 TRACE = os.environ.get("DSPARK_TRACE", "dspark-synthetic")
 BINS = 15
 METHOD = "temperature"  # or "isotonic" (used only when calibration.fit is available)"""),
@@ -273,11 +302,12 @@ NOTEBOOKS = {
 }
 
 
-def build(out_dir: Path = HERE) -> list[Path]:
+def sources(out_dir: Path) -> list[Path]:
+    """The notebooks with their cells and no outputs (stable cell ids: byte-identical
+    across rebuilds)."""
     paths = []
     for name, cells in NOTEBOOKS.items():
         nb = _notebook(cells)
-        # stable cell ids keep the files byte-identical across rebuilds
         for i, cell in enumerate(nb.cells):
             cell["id"] = f"{Path(name).stem}-{i}"
         nbformat.validate(nb)
@@ -287,6 +317,99 @@ def build(out_dir: Path = HERE) -> list[Path]:
     return paths
 
 
+def example_inputs(root: Path) -> dict[str, str]:
+    """Small deterministic inputs: a 4-point sweep (tiny preset, 40 requests per point,
+    mtp1 and confidence-async at 5 and 20 req/s) and 4 requests per domain of the
+    built-in ``dspark-synthetic`` trace. Returns the notebooks' environment."""
+    import polars as pl
+
+    from dspark_sim.sim.config import preset
+    from dspark_sim.sim.sweep import run_sweep
+    from dspark_sim.traces.schema import load_trace, trace_from_frame, write_trace
+
+    root = Path(root)
+    cfg = preset("tiny")
+    cfg = replace(cfg, workload=replace(cfg.workload, num_requests=40))
+    run_sweep(cfg, qps=[5, 20], policies=["mtp1", "confidence-async"], out=root / "sweep",
+              executor="serial", progress=False)
+    full = load_trace("dspark-synthetic")
+    df = full.to_polars()
+    keep = df.group_by("domain").agg(pl.col("request_id").unique().sort().head(4)).explode(
+        "request_id")["request_id"]
+    small = trace_from_frame(df.filter(pl.col("request_id").is_in(keep.to_list())), full.meta,
+                             "small")
+    write_trace(small, root / "small_trace.parquet")
+    return {"DSPARK_RESULTS": str(root / "sweep" / "results.parquet"),
+            "DSPARK_TRACE": str(root / "small_trace.parquet"),
+            "DSPARK_PLOTLY_RENDERER": RENDERERS}
+
+
+@contextmanager
+def _environment(env: dict[str, str]):
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def execute(path: Path, env: dict[str, str], timeout_s: int = 300) -> nbformat.NotebookNode:
+    """Run a notebook in place of its folder (kernel python3) with ``env`` set."""
+    import nbclient
+
+    nb = nbformat.read(path, as_version=4)
+    with _environment(env):
+        nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                                resources={"metadata": {"path": str(HERE)}}).execute()
+    return nb
+
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _scrub(nb: nbformat.NotebookNode, root: Path) -> None:
+    """Outputs that do not depend on where or when they ran: the example folder by a fixed
+    name, no execution timestamps, the HTML views' random element ids numbered."""
+    ids: dict[str, str] = {}
+
+    def clean(text: str) -> str:
+        text = text.replace(str(root), EXAMPLE)
+        return _UUID.sub(lambda m: ids.setdefault(m.group(0), f"plotly-figure-{len(ids)}"), text)
+
+    for cell in nb.cells:
+        cell.get("metadata", {}).pop("execution", None)
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out["text"] = clean(out["text"])
+            for mime, value in out.get("data", {}).items():
+                if isinstance(value, str):
+                    out["data"][mime] = clean(value)
+
+
+def build(out_dir: Path = HERE, run: bool = True) -> list[Path]:
+    """Write the notebooks into ``out_dir``; with ``run``, executed on the example inputs
+    with their outputs stored."""
+    paths = sources(out_dir)
+    if not run:
+        return paths
+    with tempfile.TemporaryDirectory(prefix="dspark-nb-") as tmp:
+        root = Path(tmp)
+        env = example_inputs(root)
+        for path in paths:
+            metadata = nbformat.read(path, as_version=4).metadata
+            nb = execute(path, env)
+            nb.metadata = metadata  # not the kernel's version strings: nothing machine-specific
+            _scrub(nb, root)
+            nbformat.validate(nb)
+            path.write_text(nbformat.writes(nb) + "\n")
+    return paths
+
+
 if __name__ == "__main__":
     for p in build():
-        print(p)
+        print(p, f"{p.stat().st_size / 1024:.0f} kB")
