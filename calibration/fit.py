@@ -442,3 +442,25 @@ def write_reliability_html(
                       template="plotly_white")
     text = fig.to_html(include_plotlyjs=True, full_html=True)
     return write_text_atomic(path, text)
+
+
+def write_shipped_synthetic(trace_dir, calibration_dir) -> list:
+    """Regenerate the shipped synthetic traces and re-fit the STS map the DSpark trace
+    names (every request, as ``dspark-sim calibrate confidence`` does for its output).
+    It lives here, not in traces/synth.py, because fitting a map is calibration's work and
+    traces/ never imports calibration/ (one-way rooms)::
+
+        python -c "from dspark_sim.calibration.fit import write_shipped_synthetic; \\
+                   write_shipped_synthetic('traces/data', 'calibration/data/calibration')"
+    """
+    from dspark_sim.traces.schema import write_trace
+    from dspark_sim.traces.synth import default_dspark_trace, default_mtp1_trace
+
+    trace_dir, calibration_dir = Path(trace_dir), Path(calibration_dir)
+    d = default_dspark_trace()
+    written = [write_trace(d, trace_dir / "dspark-synthetic.parquet"),
+               write_trace(default_mtp1_trace(), trace_dir / "mtp1-synthetic.parquet")]
+    cmap, _ = calibrate_confidence(d, method="temperature", holdout=0.0, seed=0)
+    path = calibration_dir / f"{d.meta.extra['calibration']}.toml"
+    cmap.save(path)
+    return [*written, path]

@@ -270,7 +270,8 @@ def synth_iid(
 
 def default_dspark_trace(seed: int = 0) -> AcceptanceTrace:
     """The shipped ``dspark-synthetic`` trace; its STS map ``dspark-synthetic-sts`` is
-    fitted on it (:func:`write_shipped`)."""
+    fitted on it (:func:`dspark_sim.calibration.fit.write_shipped_synthetic`,
+    which regenerates both)."""
     return synth_drafter(DSPARK_CURVES, gamma=7, drafter="dspark-synthetic", seed=seed,
                          extra={"calibration": "dspark-synthetic-sts"})
 
@@ -280,25 +281,3 @@ def default_mtp1_trace(seed: int = 1) -> AcceptanceTrace:
     return synth_drafter(MTP1_CURVES, gamma=1, drafter="mtp1-synthetic",
                          target="deepseek-v3/v4-like (published figures)", seed=seed,
                          signal=SignalModel(noise=1.0))
-
-
-def write_shipped(trace_dir, calibration_dir) -> list:
-    """Regenerate the shipped synthetic traces and re-fit the STS map the DSpark trace
-    names (every request, as ``dspark-sim calibrate confidence`` does for its output)::
-
-        python -c "from dspark_sim.traces.synth import write_shipped; \\
-                   write_shipped('traces/data', 'calibration/data/calibration')"
-    """
-    from pathlib import Path
-
-    from dspark_sim.calibration.fit import calibrate_confidence
-    from dspark_sim.traces.schema import write_trace
-
-    trace_dir, calibration_dir = Path(trace_dir), Path(calibration_dir)
-    d = default_dspark_trace()
-    written = [write_trace(d, trace_dir / "dspark-synthetic.parquet"),
-               write_trace(default_mtp1_trace(), trace_dir / "mtp1-synthetic.parquet")]
-    cmap, _ = calibrate_confidence(d, method="temperature", holdout=0.0, seed=0)
-    path = calibration_dir / f"{d.meta.extra['calibration']}.toml"
-    cmap.save(path)
-    return [*written, path]
