@@ -12,15 +12,67 @@ Definitions (stated because sources differ, see PUBLISHED_FIGURES.md):
 * ``mean_verify_tokens_per_request_step`` counts the bonus slot, so MTP-1 is 2
   (DSpark Fig. 8's "verification budget").
 * ``verification_waste`` = rejected draft tokens / verified draft tokens.
-* Throughputs are over the benchmark duration: first arrival to last completion.
+* Whole-run throughputs are over the benchmark duration: first arrival to last
+  completion (vLLM ``bench serve``).
+
+Steady state (the ``steady_*`` fields)
+--------------------------------------
+
+Whole-run figures mix three regimes: *warm-up* (the system starts empty; a closed
+loop starts all its clients at once, so the first cohort prefills together and
+decodes in lockstep), the *steady state*, and the *drain* (no new requests, the batch
+empties, steps get cheaper and throughput falls). Their weights depend on the request
+count, so whole-run figures move with ``--num-requests`` (issue 11: ``none`` at 1,024
+clients rose 11 % from 8xC to 32xC requests). The steady-state window
+``[start_s, end_s]`` excludes both ends:
+
+* **end** = the *drain start*: the time of the last request's arrival. Open loop
+  (Poisson, gamma, replay) this is the last arrival; closed loop it is the moment the
+  last request is issued (the (N-C)-th completion), after which the client count only
+  falls. Both are ``max(arrival_s)``.
+* **start** = the later of two warm-up ends, each found on ``[0, end]`` cut into ``K``
+  equal time bins (``K`` = steps/10 clipped to 4..200; per bin the time-averaged decode
+  batch, summed over replicas, and the output tokens per second):
+
+  - *fill*: the end of the first bin whose decode batch reaches the *steady
+    occupancy*, the median bin over the second half of ``[0, end]`` (what "the system
+    has filled" / "the batch first reaches its steady occupancy" means, for both
+    loops);
+  - *MSER*: the truncation point that minimises the marginal standard error of the
+    binned output throughput, ``d* = argmin_{d <= K/2} sum_{i>=d}(z_i - mean)^2 /
+    (K-d)^2`` (White 1997; MSER-5 is the best of the automatic warm-up rules compared by
+    Hoad, Robinson & Davies 2010). It catches transients that outlast the fill, such as
+    the closed loop's lockstep first cohort.
+
+* **figures over the window**: throughputs count the tokens of steps ending in the
+  window and the requests completing in it, divided by its length; tau, verify tokens
+  per request-step and waste sum the window's steps; latencies (TTFT, TPOT, E2E,
+  interactivity) are over the requests whose whole lifetime lies in the window
+  (arrival >= start, finish <= end), so no latency is measured under warm-up or drain.
+  That selection under-weights a request of lifetime ``E`` by ``(W - E) / W``; the
+  window is flagged **short** (``steady_window_short``) when it spans fewer than
+  ``MIN_WINDOW_LIFETIMES`` p90 lifetimes or holds fewer than ``MIN_WINDOW_REQUESTS``
+  requests: run more requests (``sweep --requests-per-client``).
+* **stability**: the number of requests in the system (arrived, not finished) is a
+  least-squares line over the window; the run is unstable when it grows by more than
+  ``10 + 5 %`` of the window's arrivals across the window, or requests were left
+  unfinished at the horizon. A closed loop holds ``C`` requests in the system by
+  construction, so it is stable unless requests are unfinished.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import numpy as np
 import polars as pl
 
-from dspark_sim.sim.engine import ITL_EDGES_S, RequestLog, StepStats
+from dspark_sim.sim.engine import ITL_EDGES_S, STEP_FIELDS, RequestLog, StepStats
+
+# The window is "short" below either bound (see the module docstring).
+MIN_WINDOW_LIFETIMES = 10.0  # window length in p90 request lifetimes (E2E)
+MIN_WINDOW_REQUESTS = 100  # requests whose whole lifetime lies in the window
+MAX_WINDOW_BINS = 200
 
 
 def requests_frame(log: RequestLog) -> pl.DataFrame:
@@ -66,6 +118,226 @@ def _stats(prefix: str, v: np.ndarray) -> dict[str, float | None]:
     }
 
 
+# -- steady state -------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class StepSeries:
+    """The engine's per-step series (``sim.engine.STEP_FIELDS``), one entry per step of
+    any replica, in completion order. Build from the recorder with :meth:`from_columns`
+    or by hand with :meth:`of` (missing fields are zeros)."""
+
+    end_s: np.ndarray
+    dt_s: np.ndarray
+    replica: np.ndarray
+    decode_batch: np.ndarray
+    running: np.ndarray
+    waiting: np.ndarray
+    batch_tokens: np.ndarray
+    prefill_tokens: np.ndarray
+    verified_drafts: np.ndarray
+    emitted_tokens: np.ndarray
+    accepted_tokens: np.ndarray
+
+    @classmethod
+    def from_columns(cls, cols: dict[str, np.ndarray]) -> StepSeries:
+        return cls(**{f: np.asarray(cols[f], dtype=np.float64) for f in STEP_FIELDS})
+
+    @classmethod
+    def of(cls, end_s, dt_s, **cols) -> StepSeries:
+        end = np.asarray(end_s, dtype=np.float64)
+        dt = np.broadcast_to(np.asarray(dt_s, dtype=np.float64), end.shape)
+        out = {"end_s": end, "dt_s": dt}
+        for f in STEP_FIELDS[2:]:
+            v = cols.pop(f, 0.0)
+            out[f] = np.broadcast_to(np.asarray(v, dtype=np.float64), end.shape)
+        if cols:
+            raise TypeError(f"unknown step fields: {', '.join(cols)}")
+        return cls(**out)
+
+    def __len__(self) -> int:
+        return len(self.end_s)
+
+
+assert tuple(f.name for f in fields(StepSeries)) == STEP_FIELDS
+
+
+@dataclass(frozen=True)
+class SteadyWindow:
+    start_s: float
+    end_s: float
+    drain_start_s: float  # last arrival / last request issued
+    fill_s: float | None  # warm-up end by occupancy
+    mser_s: float | None  # warm-up end by MSER on the throughput bins
+    occupancy: float | None  # steady decode batch (all replicas)
+    bins: int
+    rule: str
+
+    @property
+    def duration_s(self) -> float:
+        return max(0.0, self.end_s - self.start_s)
+
+
+def mser_truncation(z: np.ndarray) -> int:
+    """MSER (White 1997): the ``d`` in ``0..len(z)//2`` minimising
+    ``sum_{i>=d} (z_i - mean(z[d:]))^2 / (n - d)^2``; the smallest on ties."""
+    z = np.asarray(z, dtype=np.float64)
+    n = z.size
+    if n < 2:
+        return 0
+    s1 = np.cumsum(z[::-1])[::-1]  # suffix sums
+    s2 = np.cumsum((z * z)[::-1])[::-1]
+    d = np.arange(n // 2 + 1)
+    m = n - d
+    sse = np.maximum(s2[d] - s1[d] ** 2 / m, 0.0)
+    crit = sse / m.astype(np.float64) ** 2
+    # ties (a flat series) within rounding go to the smallest truncation
+    scale = float(np.max(crit)) if crit.size else 0.0
+    return int(np.flatnonzero(crit <= crit.min() + 1e-12 * max(scale, 1e-300))[0])
+
+
+def steady_window(steps: StepSeries, arrival_s: np.ndarray, *, closed: bool) -> SteadyWindow:
+    """The steady-state window of a run (rule in the module docstring)."""
+    arr = np.asarray(arrival_s, dtype=np.float64)
+    arr = arr[np.isfinite(arr)]
+    t_d = float(arr.max()) if arr.size else 0.0
+    loop = "closed loop" if closed else "open loop"
+    end_text = ("last request issued" if closed else "last arrival") + f" at {t_d:.3f} s"
+    sel = steps.end_s <= t_d
+    n_sel = int(sel.sum())
+    if t_d <= 0 or n_sel < 8:
+        why = ("all requests were issued at once (num_requests <= concurrency)" if closed
+               and t_d <= 0 else f"only {n_sel} engine steps before the {end_text}")
+        return SteadyWindow(t_d, t_d, t_d, None, None, None, 0,
+                            f"{loop}: no steady state ({why})")
+    k = int(np.clip(n_sel // 10, 4, MAX_WINDOW_BINS))
+    width = t_d / k
+    b = np.minimum((steps.end_s[sel] / width).astype(np.int64), k - 1)
+    thr = np.bincount(b, steps.emitted_tokens[sel], k) / width
+    occ = np.bincount(b, steps.decode_batch[sel] * steps.dt_s[sel], k) / width
+    level = float(np.median(occ[k // 2:]))
+    j = int(np.argmax(occ >= level))
+    fill = (j + 1) * width
+    mser = mser_truncation(thr) * width
+    start = min(max(fill, mser), t_d)
+    rule = (f"{loop}: from the later of fill (decode batch first reaches its steady "
+            f"{level:.1f}, at {fill:.3f} s) and MSER on {k} output-throughput bins "
+            f"({mser:.3f} s) to the drain start ({end_text})")
+    return SteadyWindow(start, t_d, t_d, fill, mser, level, k, rule)
+
+
+def in_system(arrival_s: np.ndarray, finish_s: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Requests arrived and not finished at each time ``t`` (a request finishing at
+    ``t`` has left)."""
+    a = np.sort(arrival_s[np.isfinite(arrival_s)])
+    f = np.sort(finish_s[np.isfinite(finish_s)])
+    return (np.searchsorted(a, t, side="right") - np.searchsorted(f, t, side="right")).astype(
+        np.float64)
+
+
+def mean_in_system(arrival_s: np.ndarray, finish_s: np.ndarray, t0: float, t1: float) -> float:
+    """Time-average of :func:`in_system` over ``[t0, t1]`` (each request's overlap with
+    the window; unfinished requests stay to the end)."""
+    if t1 <= t0:
+        return float("nan")
+    a = arrival_s[np.isfinite(arrival_s)]
+    f = np.where(np.isfinite(finish_s), finish_s, np.inf)[np.isfinite(arrival_s)]
+    overlap = np.clip(np.minimum(f, t1) - np.maximum(a, t0), 0.0, None)
+    return float(overlap.sum() / (t1 - t0))
+
+
+def queue_growth(arrival_s: np.ndarray, finish_s: np.ndarray, t0: float, t1: float,
+                 samples: int = 200) -> float:
+    """Least-squares slope (requests/s) of the requests in the system over ``[t0, t1]``."""
+    if t1 <= t0:
+        return 0.0
+    t = np.linspace(t0, t1, samples)
+    return float(np.polyfit(t, in_system(arrival_s, finish_s, t), 1)[0])
+
+
+def _latencies(log: RequestLog, mask: np.ndarray) -> dict[str, np.ndarray]:
+    ttft = (log.first_token_s - log.arrival_s)[mask] * 1e3
+    e2e = (log.finish_s - log.arrival_s)[mask] * 1e3
+    n = log.generated[mask]
+    tpot = np.full(n.size, np.nan)
+    multi = n > 1
+    tpot[multi] = (e2e[multi] - ttft[multi]) / (n[multi] - 1)
+    with np.errstate(divide="ignore"):
+        inter = np.where(tpot > 0, 1000.0 / tpot, np.nan)
+    return {"ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2e, "interactivity": inter}
+
+
+def _interactivity(prefix: str, inter: np.ndarray) -> dict[str, float | None]:
+    fi = inter[np.isfinite(inter)]
+    return {f"{prefix}median_interactivity": float(np.median(fi)) if fi.size else None,
+            f"{prefix}p90_interactivity": float(np.percentile(fi, 90)) if fi.size else None,
+            f"{prefix}p10_interactivity": float(np.percentile(fi, 10)) if fi.size else None}
+
+
+def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
+                 gpus: int) -> dict:
+    """The ``steady_*`` fields over ``window`` (definitions in the module docstring)."""
+    t0, t1 = window.start_s, window.end_s
+    w = window.duration_s
+    s: dict = {
+        "steady_window_start_s": t0,
+        "steady_window_end_s": t1,
+        "steady_window_s": w,
+        "steady_window_rule": window.rule,
+        "steady_window_fill_s": window.fill_s,
+        "steady_window_mser_s": window.mser_s,
+        "steady_occupancy": window.occupancy,
+    }
+    in_win = (steps.end_s > t0) & (steps.end_s <= t1)
+    fin = np.isfinite(log.finish_s)
+    lived = fin & (log.arrival_s >= t0) & (log.finish_s <= t1)
+    done_in = fin & (log.finish_s > t0) & (log.finish_s <= t1)
+    s["steady_window_steps"] = int(in_win.sum())
+    s["steady_window_requests"] = int(lived.sum())
+    s["steady_window_completions"] = int(done_in.sum())
+    lat = _latencies(log, lived)
+    ok = w > 0 and in_win.any()
+    tokens = float(steps.emitted_tokens[in_win].sum())
+    s["steady_request_throughput"] = done_in.sum() / w if ok else None
+    s["steady_output_throughput"] = tokens / w if ok else None
+    s["steady_output_throughput_per_gpu"] = tokens / w / gpus if ok else None
+    for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+        s |= {f"steady_{k}": v for k, v in _stats(name, lat[name]).items()}
+    s |= _interactivity("steady_", lat["interactivity"])
+    rs = float(steps.decode_batch[in_win].sum())
+    ver = float(steps.verified_drafts[in_win].sum())
+    acc = float(steps.accepted_tokens[in_win].sum())
+    s["steady_spec_decode_acceptance_length"] = 1.0 + acc / rs if rs else None
+    s["steady_mean_verify_tokens_per_request_step"] = (rs + ver) / rs if rs else None
+    s["steady_mean_draft_tokens_per_request_step"] = ver / rs if rs else None
+    s["steady_verification_waste"] = (ver - acc) / ver if ver else (0.0 if rs else None)
+    n_steps = int(in_win.sum())
+    s["steady_mean_decode_batch"] = rs / n_steps if n_steps else None
+    s["steady_mean_step_ms"] = float(steps.dt_s[in_win].mean()) * 1e3 if n_steps else None
+    s["steady_mean_batch_tokens"] = (float(steps.batch_tokens[in_win].mean())
+                                     if n_steps else None)
+    s["steady_mean_running"] = (float((steps.running * steps.dt_s)[in_win].sum()) / w
+                                if ok else None)
+    s["steady_mean_in_system"] = mean_in_system(log.arrival_s, log.finish_s, t0, t1) if ok \
+        else None
+    # the yardstick for "short": p90 lifetime of the requests arriving in the window that
+    # finished at all (finishing in the window only would favour short ones)
+    came = fin & (log.arrival_s >= t0) & (log.arrival_s <= t1)
+    e2e_p90_s = float(np.percentile((log.finish_s - log.arrival_s)[came], 90)) if came.any() \
+        else None
+    notes = []
+    if not ok:
+        notes.append(window.rule.split(": ", 1)[-1])
+    else:
+        if e2e_p90_s is not None and w < MIN_WINDOW_LIFETIMES * e2e_p90_s:
+            notes.append(f"window {w:.2f} s is under {MIN_WINDOW_LIFETIMES:g} p90 request "
+                         f"lifetimes ({e2e_p90_s:.2f} s)")
+        if lived.sum() < MIN_WINDOW_REQUESTS:
+            notes.append(f"{int(lived.sum())} requests lie in the window "
+                         f"(< {MIN_WINDOW_REQUESTS})")
+    s["steady_window_short"] = bool(notes)
+    s["steady_window_note"] = "; ".join(notes) + ": run more requests" if notes else None
+    return s
+
+
 def _hist_percentile(hist: np.ndarray, q: float) -> float | None:
     total = hist.sum()
     if total == 0:
@@ -82,9 +354,14 @@ def summarize(
     gpus: int,
     slo_ttft_ms: float | None,
     slo_tpot_ms: float | None,
-    stable: bool,
-    queue_growth_per_s: float,
+    stable: bool | None = None,
+    queue_growth_per_s: float | None = None,
+    steps: StepSeries | None = None,
+    closed: bool = False,
 ) -> dict:
+    """Whole-run figures, and with ``steps`` (the engine's per-step series) the
+    ``steady_*`` figures and the stability verdict over the steady window. ``stable`` /
+    ``queue_growth_per_s`` given explicitly win (a real server's log has no series)."""
     fin = ~np.isnan(log.finish_s)
     n_done = int(fin.sum())
     start = float(np.nanmin(log.arrival_s)) if len(log.arrival_s) else 0.0
@@ -109,6 +386,8 @@ def summarize(
         "duration": duration,
         "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens,
+        # every token generated, unfinished requests' included (= the requests' rows)
+        "total_generated_tokens": int(log.generated.sum()),
         "request_throughput": n_done / duration,
         "output_throughput": out_tokens / duration,
         "total_token_throughput": (out_tokens + in_tokens) / duration,
@@ -161,6 +440,17 @@ def summarize(
     s["slo_ttft_ms"] = slo_ttft_ms
     s["slo_tpot_ms"] = slo_tpot_ms
     s["goodput"] = float(ok.sum()) / duration if (slo_ttft_ms or slo_tpot_ms) else None
-    s["stable"] = bool(stable)
-    s["queue_growth_per_s"] = float(queue_growth_per_s)
+    unfinished = s["unfinished"]
+    if steps is not None:
+        win = steady_window(steps, log.arrival_s, closed=closed)
+        s |= steady_state(log, steps, win, gpus=gpus)
+        if queue_growth_per_s is None:
+            queue_growth_per_s = queue_growth(log.arrival_s, log.finish_s, win.start_s,
+                                              win.end_s)
+        if stable is None:
+            arrived = int(((log.arrival_s >= win.start_s) & (log.arrival_s <= win.end_s)).sum())
+            grows = queue_growth_per_s * win.duration_s > 10 + 0.05 * arrived
+            stable = unfinished == 0 and not grows
+    s["stable"] = bool(unfinished == 0 if stable is None else stable)
+    s["queue_growth_per_s"] = float(queue_growth_per_s or 0.0)
     return s
