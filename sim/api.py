@@ -19,12 +19,13 @@ import polars as pl
 from dspark_sim.calibration.confmap import CalibrationMap, load_calibration
 from dspark_sim.calibration.profile import EngineProfile, load_profile
 from dspark_sim.errors import InputError
-from dspark_sim.io import atomic_path, jsonable, write_json_atomic
+from dspark_sim.io import jsonable
 from dspark_sim.policies.registry import Policy, get_policy
 from dspark_sim.sim.arrivals import ClosedLoop, OpenLoop
 from dspark_sim.sim.config import SimConfig
 from dspark_sim.sim.engine import RequestLog, Router, SimContext, request_rows
-from dspark_sim.sim.metrics import requests_frame, summarize
+from dspark_sim.sim.metrics import StepSeries, requests_frame, summarize
+from dspark_sim.sim.outputs import write_run
 from dspark_sim.sim.workload import build_stream
 from dspark_sim.traces.schema import AcceptanceTrace, load_trace
 
@@ -42,13 +43,10 @@ class SimResult:
         return self.requests.to_pandas()
 
     def write(self, out_dir: str | Path) -> Path:
-        """``summary.json`` and ``requests.parquet``, each written atomically."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        with atomic_path(out / "requests.parquet") as tmp:
-            self.requests.write_parquet(tmp)
-        write_json_atomic(out / "summary.json", self.summary)
-        return out
+        """``summary.json`` and ``requests.parquet`` as one unit (``sim.outputs``: a
+        manifest with the parquet's hash, ordered renames, rollback on failure); read
+        them back with :func:`dspark_sim.sim.outputs.read_run`."""
+        return write_run(out_dir, self.summary, self.requests)
 
 
 def resolve_trace(cfg: SimConfig, policy: Policy) -> AcceptanceTrace | None:
@@ -136,28 +134,23 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
     router = Router(ctx.replicas, cfg.deployment.router)
     for rep in ctx.replicas:
         env.process(rep.run())
-    samples: list[tuple[float, int]] = []
-    if cfg.workload.arrival == "closed":
+    closed = cfg.workload.arrival == "closed"
+    if closed:
         source = ClosedLoop(env, router, log, n, cfg.workload.max_concurrency)
-        arrival_end = 0.0
         horizon = 1e9
     else:
         source = OpenLoop(env, router, log, stream.arrival_s)
-        arrival_end = source.last_arrival_s
-        env.process(_queue_monitor(env, ctx, samples, arrival_end))
-        horizon = arrival_end + cfg.drain_timeout_s
+        horizon = source.last_arrival_s + cfg.drain_timeout_s
     env.run(until=horizon)
+    for rep in ctx.replicas:  # requests still running or waiting keep their progress
+        rep.flush()
 
-    growth = _queue_growth(samples)
-    unfinished = int(np.isnan(log.finish_s).sum())
-    # Unstable: requests left at the horizon, or a waiting queue that grows steadily
-    # through the second half of the arrival window.
-    stable = unfinished == 0 and not (
-        growth * max(arrival_end, 1e-9) / 2 > 10 + 0.05 * n / 2 and arrival_end > 0
-    )
     gpus = cfg.deployment.replicas * profile.gpus_per_replica
+    # Stability (unfinished requests, or requests in the system growing through the
+    # steady window) and the steady-state figures come from the per-step series.
     summary = summarize(log, ctx.stats, gpus=gpus, slo_ttft_ms=cfg.slo_ttft_ms,
-                        slo_tpot_ms=cfg.slo_tpot_ms, stable=stable, queue_growth_per_s=growth)
+                        slo_tpot_ms=cfg.slo_tpot_ms,
+                        steps=StepSeries.from_columns(ctx.steps.columns()), closed=closed)
     summary = {
         "policy": policy.name,
         "policy_description": policy.description,
@@ -176,27 +169,6 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
         **summary,
     }
     return SimResult(cfg, jsonable(summary), requests_frame(log))
-
-
-def _queue_monitor(env, ctx: SimContext, samples: list[tuple[float, int]], arrival_end: float):
-    """Sample the total waiting queue 200 times over the arrival window (stability check)."""
-    dt = max(arrival_end / 200.0, 0.01)
-    while env.now <= arrival_end:
-        samples.append((env.now, sum(len(r.waiting) for r in ctx.replicas)))
-        yield env.timeout(dt)
-
-
-def _queue_growth(samples: list[tuple[float, int]]) -> float:
-    """Least-squares slope (requests/s) of the waiting queue over the window's 2nd half."""
-    if len(samples) < 8:
-        return 0.0
-    a = np.asarray(samples[len(samples) // 2 :], dtype=np.float64)
-    t, q = a[:, 0], a[:, 1]
-    if np.ptp(t) <= 0:
-        return 0.0
-    return float(np.polyfit(t, q, 1)[0])
-
-
 
 
 __all__ = ["SimResult", "simulate", "replace"]

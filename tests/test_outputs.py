@@ -1,0 +1,105 @@
+"""A run's summary.json + requests.parquet are one unit (issue 12, item 8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+
+import pytest
+
+from dspark_sim.errors import InputError
+from dspark_sim.sim import outputs
+from dspark_sim.sim.api import simulate
+from dspark_sim.sim.outputs import read_run, sha256_file, write_run
+
+
+@pytest.fixture(scope="module")
+def two_runs():
+    from dspark_sim.sim.config import preset
+
+    cfg = replace(preset("tiny"), workload=replace(preset("tiny").workload, num_requests=30))
+    return simulate(cfg), simulate(replace(cfg, seed=1))
+
+
+def test_write_then_read_round_trip(tmp_path, two_runs):
+    a, _ = two_runs
+    out = a.write(tmp_path / "run")
+    assert sorted(p.name for p in out.iterdir()) == ["requests.parquet", "summary.json"]
+    summary, req = read_run(out)
+    manifest = summary.pop("outputs")
+    assert summary == json.loads(json.dumps(a.summary))
+    assert manifest["requests.parquet"]["sha256"] == sha256_file(out / "requests.parquet")
+    assert req.equals(a.requests)
+
+
+def test_failure_between_the_two_renames_keeps_the_previous_pair(tmp_path, two_runs,
+                                                                 monkeypatch):
+    a, b = two_runs
+    out = a.write(tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = os.replace
+    calls = []
+
+    def failing(src, dst):
+        calls.append(os.path.basename(dst))
+        if os.path.basename(dst) == "summary.json":
+            raise OSError("disk full (simulated)")
+        return real(src, dst)
+
+    monkeypatch.setattr(outputs.os, "replace", failing)
+    with pytest.raises(OSError, match="simulated"):
+        write_run(out, b.summary, b.requests)
+    monkeypatch.undo()
+    # the parquet of b had been renamed into place, then was rolled back
+    assert calls[0] == "requests.parquet" and "summary.json" in calls
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no staging left
+    summary, req = read_run(out)
+    assert summary["seed"] == a.summary["seed"] and req.equals(a.requests)
+
+
+def test_a_kill_between_the_renames_is_detected_by_readers(tmp_path, two_runs):
+    """SIGKILL-like: the process dies (os._exit) right after the parquet rename, so no
+    rollback runs; the reader refuses the mixed pair instead of reading it."""
+    a, b = two_runs
+    out = a.write(tmp_path / "run")
+    b.requests.write_parquet(tmp_path / "b.parquet")
+    (tmp_path / "b.json").write_text(json.dumps(b.summary))
+    script = textwrap.dedent(f"""
+        import json, os
+        import polars as pl
+        from dspark_sim.sim import outputs
+        real = os.replace
+        def dying(src, dst):
+            if os.path.basename(dst) == "summary.json":
+                os._exit(9)
+            return real(src, dst)
+        outputs.os.replace = dying
+        outputs.write_run({str(out)!r}, json.loads(open({str(tmp_path / 'b.json')!r}).read()),
+                          pl.read_parquet({str(tmp_path / 'b.parquet')!r}))
+    """)
+    rc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path).returncode
+    assert rc == 9
+    assert json.loads((out / "summary.json").read_text())["seed"] == a.summary["seed"]
+    with pytest.raises(InputError, match="does not match requests.parquet") as exc:
+        read_run(out)
+    assert "\n" not in str(exc.value)
+    # the previous parquet survives in the staging folder
+    (stage,) = out.glob(".run-*")
+    assert sha256_file(stage / "previous-requests.parquet") == json.loads(
+        (out / "summary.json").read_text())["outputs"]["requests.parquet"]["sha256"]
+
+
+def test_read_run_errors_name_the_file(tmp_path):
+    with pytest.raises(InputError, match="summary.json"):
+        read_run(tmp_path)
+    (tmp_path / "summary.json").write_text("{not json")
+    (tmp_path / "requests.parquet").write_bytes(b"PAR1")
+    with pytest.raises(InputError, match="not a JSON file"):
+        read_run(tmp_path)
+    (tmp_path / "summary.json").write_text("{}")  # no manifest (older version): unchecked
+    with pytest.raises(InputError, match="not a parquet file"):
+        read_run(tmp_path)

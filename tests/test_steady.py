@@ -1,0 +1,276 @@
+"""Steady-state measurement: the window rule on hand-built step series, the figures over a
+window on a hand-built log, and the window on real runs (conservation identities)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import polars as pl
+import pytest
+
+from dspark_sim.sim import frontier as fr
+from dspark_sim.sim.api import simulate
+from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
+from dspark_sim.sim.engine import RequestLog
+from dspark_sim.sim.metrics import (
+    SteadyWindow,
+    StepSeries,
+    mser_truncation,
+    steady_state,
+    steady_window,
+)
+
+
+# -- MSER ----------------------------------------------------------------------------------
+def test_mser_truncation_hand_series():
+    # a 4-bin transient then a flat series: cutting exactly the transient leaves SSE 0
+    assert mser_truncation([0, 0, 3, 7] + [10] * 16) == 4
+    assert mser_truncation([5.0] + [1.0] * 9) == 1
+    assert mser_truncation([2.0] * 10) == 0  # flat: no truncation
+    # never more than half the series, even when the tail is the odd part
+    assert mser_truncation([1.0] * 5 + [100.0] * 5) <= 5
+
+
+# -- the window on a hand-built series -------------------------------------------------------
+def _ramp_series(dt=1 / 128, n_total=3600, plateau_k=400, level=50, drain_from=3200):
+    """One replica, a step every ``dt`` (dyadic, so bin edges are exact): the decode
+    batch is ``k // 8`` until step ``plateau_k``, then ``level``; it falls again after
+    step ``drain_from``. Every request-step emits 2 tokens."""
+    k = np.arange(1, n_total + 1)
+    n = np.minimum(k // 8, level).astype(float)
+    n[k > drain_from] = np.maximum(level - (k[k > drain_from] - drain_from) // 8, 0)
+    return StepSeries.of(k * dt, dt, decode_batch=n, emitted_tokens=2 * n,
+                         verified_drafts=3 * n, accepted_tokens=n)
+
+
+def test_window_on_hand_built_ramp():
+    """Drain starts at the last arrival, 25 s (step 3200). 3200 steps before it -> 200
+    bins of 0.125 s, 16 steps each. Plateau bins hold a decode batch of exactly 50 (the
+    median of the second half = the steady occupancy); the first bin entirely on the
+    plateau is bin 25 (steps 400..415), so the fill ends at 26 x 0.125 = 3.25 s. MSER
+    on the throughput bins cuts the 25 ramp bins: 25 x 0.125 = 3.125 s. The window is
+    [3.25, 25]."""
+    steps = _ramp_series()
+    arrivals = np.linspace(0.0, 25.0, 300)
+    w = steady_window(steps, arrivals, closed=False)
+    assert w.drain_start_s == 25.0 and w.end_s == 25.0
+    assert w.bins == 200
+    assert w.occupancy == 50.0
+    assert w.fill_s == pytest.approx(3.25)
+    assert w.mser_s == pytest.approx(3.125)
+    assert w.start_s == pytest.approx(3.25)
+    assert "last arrival" in w.rule and "open loop" in w.rule
+    wc = steady_window(steps, arrivals, closed=True)
+    assert "last request issued" in wc.rule and wc.start_s == w.start_s
+
+
+def test_window_mser_catches_a_transient_after_the_fill():
+    """A closed loop's lockstep first cohort: the batch is full from the start (fill at
+    the first bin) but the output rate overshoots for the first 2 s: MSER cuts it."""
+    dt = 1 / 128
+    k = np.arange(1, 3201)
+    t = k * dt
+    n = np.full(k.size, 40.0)
+    emitted = np.where(t <= 2.0, 3 * n, 2 * n)  # 16 bins of overshoot, then flat
+    steps = StepSeries.of(t, dt, decode_batch=n, emitted_tokens=emitted)
+    w = steady_window(steps, np.array([0.0, 25.0]), closed=True)
+    # bin 0 holds 15 steps (ends 1/128 .. 15/128): 40 x 15/16 < 40; bin 1 is full
+    assert w.fill_s == pytest.approx(0.25)
+    # the step ending at exactly 2.0 s opens bin 16 (bins hold ends in [m w, (m+1) w)),
+    # so bin 16 is part overshoot: MSER cuts 17 bins
+    assert w.mser_s == pytest.approx(17 * 0.125)
+    assert w.start_s == pytest.approx(17 * 0.125)
+
+
+def test_no_steady_state_when_all_requests_issued_at_once():
+    steps = _ramp_series(n_total=200)
+    w = steady_window(steps, np.zeros(16), closed=True)
+    assert w.duration_s == 0.0 and "no steady state" in w.rule
+    log = _log([0.0] * 2, [0.1] * 2, [1.0] * 2, [5] * 2)
+    s = steady_state(log, steps, w, gpus=1)
+    assert s["steady_output_throughput"] is None and s["steady_window_short"]
+    assert "num_requests <= concurrency" in s["steady_window_note"]
+
+
+# -- the figures over a window, by hand ------------------------------------------------------
+def _log(arrival, first, finish, generated) -> RequestLog:
+    n = len(arrival)
+    log = RequestLog.empty(n)
+    log.arrival_s[:] = arrival
+    log.first_token_s[:] = first
+    log.finish_s[:] = finish
+    log.generated[:] = generated
+    return log
+
+
+def test_steady_figures_by_hand():
+    w = SteadyWindow(2.0, 12.0, 12.0, 2.0, 1.0, 3.0, 10, "hand")
+    #          r0    r1    r2    r3    r4      r5
+    log = _log([1.0, 2.5, 5.0, 11.0, 8.0, 3.0],
+               [1.5, 2.7, 5.1, 11.2, 8.4, 3.3],
+               [3.0, 4.5, 6.1, 13.0, np.nan, 3.9],
+               [10, 11, 5, 7, 3, 1])
+    steps = StepSeries.of([1.9, 2.0, 3.0, 6.0, 12.0, 12.5], 0.1,
+                          decode_batch=[9, 9, 2, 4, 2, 9], verified_drafts=[9, 9, 6, 8, 2, 9],
+                          accepted_tokens=[9, 9, 4, 4, 2, 9], emitted_tokens=[9, 9, 7, 10, 5, 9],
+                          running=[9, 9, 3, 5, 2, 9])
+    s = steady_state(log, steps, w, gpus=2)
+    # steps ending in (2, 12]: the 3rd, 4th, 5th
+    assert s["steady_window_steps"] == 3
+    assert s["steady_output_throughput"] == pytest.approx(22 / 10)
+    assert s["steady_output_throughput_per_gpu"] == pytest.approx(22 / 10 / 2)
+    # completions in (2, 12]: r0, r1, r2, r5
+    assert s["steady_window_completions"] == 4
+    assert s["steady_request_throughput"] == pytest.approx(0.4)
+    # lifetimes inside [2, 12]: r1, r2, r5 (r0 arrived before, r3 ends after, r4 never)
+    assert s["steady_window_requests"] == 3
+    assert s["steady_median_ttft_ms"] == pytest.approx(200.0)
+    assert s["steady_mean_ttft_ms"] == pytest.approx(200.0)
+    assert s["steady_median_e2el_ms"] == pytest.approx(1100.0)
+    # TPOT r1 (2000-200)/10 = 180, r2 (1100-100)/4 = 250; r5 has one token: none
+    assert s["steady_median_tpot_ms"] == pytest.approx(215.0)
+    assert s["steady_median_interactivity"] == pytest.approx((1000 / 180 + 1000 / 250) / 2)
+    assert s["steady_spec_decode_acceptance_length"] == pytest.approx(1 + 10 / 8)
+    assert s["steady_mean_verify_tokens_per_request_step"] == pytest.approx(24 / 8)
+    assert s["steady_verification_waste"] == pytest.approx(6 / 16)
+    assert s["steady_mean_decode_batch"] == pytest.approx(8 / 3)
+    assert s["steady_mean_running"] == pytest.approx((3 + 5 + 2) * 0.1 / 10)
+    # time in [2, 12]: r0 1, r1 2, r2 1.1, r3 1, r4 4 (unfinished: to the end), r5 0.9
+    assert s["steady_mean_in_system"] == pytest.approx(10.0 / 10)
+    assert s["steady_window_short"] and "3 requests" in s["steady_window_note"]
+
+
+# -- real runs -------------------------------------------------------------------------------
+def _in_system(arr, fin, t):
+    return int(((arr <= t) & ~(fin <= t)).sum())
+
+
+def test_open_loop_window_conservation_and_drain_excluded():
+    cfg = SimConfig(policy="fixed:3", deployment=DeploymentConfig(replicas=1),
+                    workload=WorkloadConfig(qps=20.0, num_requests=1500,
+                                            lengths="fixed:128:64"))
+    res = simulate(cfg)
+    s, r = res.summary, res.requests
+    t0, t1 = s["steady_window_start_s"], s["steady_window_end_s"]
+    arr, fin = r["arrival_s"].to_numpy(), r["e2e_ms"].to_numpy() / 1e3 + r["arrival_s"].to_numpy()
+    assert t1 == pytest.approx(arr.max())  # the drain starts at the last arrival
+    assert 0 < t0 < t1 / 2
+    # flow balance over the window: completions = arrivals + in system at start - at end
+    arrived = int(((arr > t0) & (arr <= t1)).sum())
+    completions = int(((fin > t0) & (fin <= t1)).sum())
+    assert completions == arrived + _in_system(arr, fin, t0) - _in_system(arr, fin, t1)
+    assert s["steady_window_completions"] == completions
+    assert s["steady_request_throughput"] == pytest.approx(completions / (t1 - t0))
+    # lifetimes in the window, counted from the rows
+    lived = (arr >= t0) & (fin <= t1)
+    assert s["steady_window_requests"] == int(lived.sum())
+    assert s["steady_median_ttft_ms"] == pytest.approx(float(np.median(r["ttft_ms"].to_numpy()[
+        lived])))
+    # the drain's emptying batch lowers the whole-run rate, never the window's
+    assert s["steady_output_throughput"] > s["output_throughput"]
+    assert s["stable"] and not s["steady_window_short"]
+
+
+def test_closed_loop_window_holds_the_clients():
+    cfg = SimConfig(policy="mtp1", deployment=DeploymentConfig(replicas=1),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=8,
+                                            num_requests=400, lengths="fixed:64:32"))
+    s = simulate(cfg).summary
+    # a closed loop keeps exactly C requests in the system until the last one is issued
+    assert s["steady_mean_in_system"] == pytest.approx(8.0, rel=1e-9)
+    assert s["queue_growth_per_s"] == pytest.approx(0.0, abs=1e-9)
+    assert s["stable"]
+    assert "closed loop" in s["steady_window_rule"]
+
+
+def test_growing_queue_is_unstable_even_when_everything_finishes():
+    cfg = SimConfig(policy="none", deployment=DeploymentConfig(replicas=1),
+                    engine=EngineConfig(max_num_seqs=8),
+                    workload=WorkloadConfig(qps=200.0, num_requests=600, lengths="fixed:64:64"),
+                    drain_timeout_s=1e6)
+    s = simulate(cfg).summary
+    assert s["unfinished"] == 0
+    assert s["queue_growth_per_s"] > 50  # 200 req/s offered, ~1/20 of it served
+    assert not s["stable"]
+
+
+# -- unfinished requests keep their progress (#12.7) ----------------------------------------
+@pytest.mark.parametrize("kv", [None, 6000], ids=["overload", "kv-preempt"])
+def test_unfinished_requests_keep_progress_and_totals_add_up(kv):
+    eng = EngineConfig(max_num_seqs=16) if kv is None else EngineConfig(
+        max_num_seqs=64, kv_capacity_tokens=kv)
+    cfg = SimConfig(policy="fixed:3", deployment=DeploymentConfig(replicas=1), engine=eng,
+                    workload=WorkloadConfig(qps=100.0, num_requests=300,
+                                            lengths="fixed:256:400"),
+                    drain_timeout_s=0.5)
+    res = simulate(cfg)
+    s, r = res.summary, res.requests
+    assert s["unfinished"] > 0
+    if kv is not None:
+        assert s["preemptions"] > 0
+    open_ = r.filter(~pl.col("finished") & pl.col("ttft_ms").is_not_null())
+    assert open_.height > 0
+    assert (open_["generated_tokens"] >= 1).all()
+    assert open_["steps"].sum() > 0 and open_["accepted_tokens"].sum() > 0
+    # the step aggregates (counted per engine step) equal the per-request rows' sums
+    assert int(r["steps"].sum()) == s["num_drafts"]
+    assert int(r["draft_tokens_verified"].sum()) == s["num_draft_tokens_verified"]
+    assert int(r["accepted_tokens"].sum()) == s["num_accepted_tokens"]
+    assert int(r["generated_tokens"].sum()) == s["total_generated_tokens"]
+    fin = r.filter(pl.col("finished"))
+    assert s["total_output_tokens"] == int(fin["generated_tokens"].sum())
+    # every generated token came from a step: a decode step emits <= accepted + 1 per
+    # request, a completed prefill emits one
+    assert (r["generated_tokens"] <= r["accepted_tokens"] + r["steps"] + 1
+            + r["preemptions"]).all()
+
+
+# -- fronts use the steady figures -------------------------------------------------------------
+def _two_basis_frame() -> pl.DataFrame:
+    rows = []
+    for i, x in enumerate([10.0, 20.0, 30.0]):
+        rows.append({"policy": "mtp1", "policy_spec": "mtp1", "seed": 0,
+                     "load_kind": "concurrency", "load": float(i), "concurrency": i,
+                     "point_id": f"p{i}", "stable": True,
+                     fr.X: x, fr.Y: 100.0 - x,  # whole run
+                     "steady_" + fr.X: x + 1.0, "steady_" + fr.Y: 200.0 - x,
+                     "mean_verify_tokens_per_request_step": 2.0,
+                     "steady_mean_verify_tokens_per_request_step": 2.0,
+                     "steady_window_short": i == 2})
+    rows.append(dict(rows[0], point_id="none", load=9.0, **{"steady_" + fr.X: None}))
+    return pl.DataFrame(rows)
+
+
+def test_fronts_default_to_steady_and_whole_is_available():
+    df = _two_basis_frame()
+    steady = fr.compute_fronts(df)["mtp1"]
+    assert steady.x.tolist() == [11.0, 21.0, 31.0] and steady.y.tolist() == [190, 180, 170]
+    whole = fr.compute_fronts(df, basis="whole")["mtp1"]
+    assert whole.x.tolist() == [10.0, 20.0, 30.0]
+    v = fr.metric_view(df)
+    assert v["whole_" + fr.X].to_list()[:3] == [10.0, 20.0, 30.0]
+    assert fr.metric_view(v).equals(v)  # idempotent
+    assert fr.basis_used(df) == "steady"
+    assert fr.basis_used(df.drop("steady_" + fr.X)) == "whole"
+    h = fr.headline(df, candidate="mtp1", baseline="mtp1")
+    assert h[0]["basis"] == "steady"
+    assert "steady state" in fr.format_headline(h)
+    agg = fr.aggregate_seeds(df)
+    assert agg["steady_window_short"].to_list() == [False, False, True, False]
+    with pytest.raises(Exception, match="basis"):
+        fr.compute_fronts(df, basis="bogus")
+
+
+def test_sweep_rows_carry_steady_columns(tmp_path):
+    from dspark_sim.sim.config import preset
+    from dspark_sim.sim.sweep import run_sweep
+
+    base = replace(preset("tiny"), workload=replace(preset("tiny").workload, num_requests=60))
+    df = run_sweep(base, qps=[10], policies=["mtp1"], out=tmp_path, executor="serial",
+                   progress=False)
+    for col in ("steady_output_throughput_per_gpu", "steady_median_interactivity",
+                "steady_window_start_s", "steady_window_rule", "steady_window_short",
+                "steady_mean_concurrency", "size_doublings"):
+        assert col in df.columns, col
+    assert df.schema["steady_window_note"] == pl.Utf8
