@@ -19,9 +19,19 @@ the list-valued ones (``acceptance_per_position``, ``verified_per_position``) as
 list columns, and the point's parameters: ``point_id``, ``policy_spec``,
 ``profile_spec``, ``trace_spec``, ``seed``, ``load_kind`` (``qps`` | ``concurrency``
 | ``base``), ``load`` (the number swept), ``qps``, ``concurrency``, ``arrival``,
-``num_requests_cfg``; and ``mean_concurrency`` (Little's law: request throughput x
-mean E2E latency) and ``wall_s`` (run time of the point, seconds; the one column that
-differs between two runs of the same point).
+``num_requests_cfg``; ``mean_concurrency`` (Little's law: request throughput x
+mean E2E latency), ``steady_mean_concurrency`` (the time-averaged requests in the
+system over the steady window), ``size_doublings`` (see below) and ``wall_s`` (run time
+of the point, seconds; the one column that differs between two runs of the same point).
+
+**Sizing** (:class:`Sizing`): steady-state figures need a steady window spanning many
+request lifetimes (``dspark_sim.sim.metrics``). ``requests_per_client = K`` runs each
+closed-loop point with ``max(num_requests, K x clients)`` requests (warm-up and drain
+each cost about one request per client, the window needs many more);
+``max_doublings = D`` reruns a point with twice the requests (and twice the duration)
+while its steady window is flagged short, at most ``D`` times and up to
+``max_requests``. ``benchmarks/steady_sizing.py`` checks the rule: doubling the request
+count moves no headline figure by more than 2 %.
 """
 
 from __future__ import annotations
@@ -45,12 +55,13 @@ from dspark_sim.io import atomic_path
 from dspark_sim.policies.registry import get_policy
 from dspark_sim.sim.config import SimConfig
 
-ROW_FORMAT = 1
+ROW_FORMAT = 2  # 2: steady-state columns, sizing
 EXECUTORS = ("process", "ray", "serial")
 LIST_METRICS = ("acceptance_per_position", "verified_per_position")
 STRING_COLUMNS = ("policy_spec", "profile_spec", "trace_spec", "load_kind", "arrival", "trace",
-                  "trace_drafter", "trace_source", "point_id", "policy", "profile")
-INT_COLUMNS = ("seed", "concurrency", "num_requests_cfg", "trace_gamma_max")
+                  "trace_drafter", "trace_source", "point_id", "policy", "profile",
+                  "steady_window_rule", "steady_window_note")
+INT_COLUMNS = ("seed", "concurrency", "num_requests_cfg", "trace_gamma_max", "size_doublings")
 PARAM_COLUMNS = ("point_id", "policy_spec", "profile_spec", "trace_spec", "seed", "load_kind",
                  "load", "qps", "concurrency", "arrival", "num_requests_cfg")
 
@@ -129,6 +140,31 @@ def parse_list(spec: str | Sequence[str] | None) -> list[str] | None:
 
 # -- points ---------------------------------------------------------------------
 @dataclass(frozen=True)
+class Sizing:
+    """How many requests each point runs (module docstring). The default changes
+    nothing: every point runs the base's ``num_requests`` / ``duration_s``."""
+
+    requests_per_client: int = 0  # closed loop: at least this many requests per client
+    max_doublings: int = 0  # rerun with 2x requests while the steady window is short
+    max_requests: int = 1_000_000  # never size a point beyond this
+
+    def validate(self) -> Sizing:
+        for name in ("requests_per_client", "max_doublings"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise InputError(f"--{name.replace('_', '-')}",
+                                 f"must be a non-negative integer, got {v!r}")
+        if not isinstance(self.max_requests, int) or self.max_requests < 1:
+            raise InputError("--max-requests", f"must be a positive integer, got "
+                                               f"{self.max_requests!r}")
+        return self
+
+    @property
+    def active(self) -> bool:
+        return self != Sizing()
+
+
+@dataclass(frozen=True)
 class SweepPoint:
     config: SimConfig
     policy_spec: str
@@ -136,10 +172,11 @@ class SweepPoint:
     trace_spec: str | None
     load_kind: str  # "qps" | "concurrency" | "base"
     load: float
+    sizing: Sizing = Sizing()
 
     @property
     def point_id(self) -> str:
-        return point_hash(self.config)
+        return point_hash(self.config, self.sizing)
 
     def params(self) -> dict:
         w = self.config.workload
@@ -158,9 +195,12 @@ class SweepPoint:
         }
 
 
-def point_hash(cfg: SimConfig) -> str:
-    """Stable 16-hex-digit id of a configuration (independent of dict order and process)."""
+def point_hash(cfg: SimConfig, sizing: Sizing | None = None) -> str:
+    """Stable 16-hex-digit id of a configuration and its sizing (independent of dict
+    order and process)."""
     payload = {"row_format": ROW_FORMAT, "version": __version__, "config": asdict(cfg)}
+    if sizing is not None and sizing.max_doublings:  # the count a point ends at depends on it
+        payload["sizing"] = asdict(sizing)
     text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -169,8 +209,11 @@ def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
                  concurrency: Sequence[int] | None = None, policies: Sequence[str],
                  profiles: Sequence[str] | None = None,
                  traces: Sequence[str | None] | None = None,
-                 seeds: Sequence[int] | None = None) -> list[SweepPoint]:
-    """Expand the grid (validated up front, so a bad option fails before any work)."""
+                 seeds: Sequence[int] | None = None,
+                 sizing: Sizing | None = None) -> list[SweepPoint]:
+    """Expand the grid (validated up front, so a bad option fails before any work).
+    ``sizing.requests_per_client`` raises each closed-loop point's request count."""
+    sizing = (sizing or Sizing()).validate()
     if not policies:
         raise InputError("--policies", "give at least one policy")
     profiles = list(profiles) if profiles else [base.deployment.profile]
@@ -194,6 +237,10 @@ def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
             w = replace(w, arrival="closed", max_concurrency=int(load))
             if w.num_requests is None:
                 raise InputError("--num-requests", "closed-loop sweeps need --num-requests")
+            if sizing.requests_per_client:
+                n = min(max(w.num_requests, sizing.requests_per_client * int(load)),
+                        max(w.num_requests, sizing.max_requests))
+                w = replace(w, num_requests=n)
         for profile in profiles:
             for trace in traces:
                 for policy in policies:
@@ -202,7 +249,8 @@ def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
                                       deployment=replace(base.deployment, profile=profile),
                                       trace=trace if trace is not None else base.trace)
                         cfg.validate()
-                        points.append(SweepPoint(cfg, policy, profile, trace, kind, load))
+                        points.append(SweepPoint(cfg, policy, profile, trace, kind, load,
+                                                 sizing))
     unique = {p.point_id: p for p in points}
     return list(unique.values())
 
@@ -212,8 +260,18 @@ def run_point(point: SweepPoint) -> dict:
     from dspark_sim.sim.api import simulate
 
     t0 = time.perf_counter()
-    res = simulate(point.config)
+    cfg = point.config
+    res = simulate(cfg)
+    doublings = 0
+    while res.summary.get("steady_window_short") and doublings < point.sizing.max_doublings:
+        bigger = _doubled(cfg, point.sizing.max_requests)
+        if bigger is None:
+            break
+        cfg = bigger
+        res = simulate(cfg)
+        doublings += 1
     row = dict(point.params())
+    row["size_doublings"] = doublings
     for k, v in res.summary.items():
         if k in row:
             continue
@@ -223,8 +281,28 @@ def run_point(point: SweepPoint) -> dict:
     # Little's law: mean requests in the system (Fig. 8's x axis for open-loop points)
     thr, e2e = row.get("request_throughput"), row.get("mean_e2el_ms")
     row["mean_concurrency"] = thr * e2e / 1e3 if thr and e2e else None
+    row["steady_mean_concurrency"] = row.get("steady_mean_in_system")
     row["wall_s"] = time.perf_counter() - t0
     return row
+
+
+def _doubled(cfg: SimConfig, max_requests: int) -> SimConfig | None:
+    """``cfg`` with twice the requests (and arrival window); None at the cap or when a
+    replayed workload has no more requests to give."""
+    w = cfg.workload
+    n = w.num_requests
+    if n is not None and (2 * n > max_requests
+                          or (w.arrival == "replay" and _replay_rows(w) <= n)):
+        return None
+    return replace(cfg, workload=replace(
+        w, num_requests=None if n is None else 2 * n,
+        duration_s=None if w.duration_s is None else 2 * w.duration_s))
+
+
+def _replay_rows(w) -> int:
+    from dspark_sim.sim.workload import read_workload
+
+    return read_workload(w.workload_path).height
 
 
 def row_frame(row: dict) -> pl.DataFrame:
@@ -299,6 +377,38 @@ def _run_serial(points: list[SweepPoint], workers: int | None) -> Iterator[dict]
     return (run_point(pt) for pt in points)
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    """Worker initializer: a worker must not outlive its sweep (a SIGKILLed parent runs
+    no cleanup, and an orphaned worker would run its point to the end, ~200 MB each).
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` makes the kernel kill the worker when its
+    parent dies. Everywhere (and as a second line on Linux): a daemon thread that polls
+    the parent pid once a second and exits the process when the worker is re-parented.
+    The parent may already be gone before either is set up: checked right after."""
+    import signal
+    import sys
+    import threading
+
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            PR_SET_PDEATHSIG = 1
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # no libc prctl: the watchdog still runs
+            pass
+
+    def watchdog() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    if os.getppid() != parent_pid:
+        os._exit(1)
+    threading.Thread(target=watchdog, name="sweep-parent-watchdog", daemon=True).start()
+
+
 def _run_process(points: list[SweepPoint], workers: int | None) -> Iterator[dict]:
     import multiprocessing as mp
 
@@ -308,7 +418,8 @@ def _run_process(points: list[SweepPoint], workers: int | None) -> Iterator[dict
     # spawn, not fork: forking a process whose polars/rayon thread pools are live can
     # deadlock the child. Scripts calling run_sweep need an ``if __name__ == "__main__"``
     # guard (notebooks and the CLI do not).
-    ex = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+    ex = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                             initializer=_die_with_parent, initargs=(os.getpid(),))
     pending: set[Future] = {ex.submit(run_point, pt) for pt in points}
 
     def rows() -> Iterator[dict]:
@@ -371,6 +482,7 @@ def run_sweep(
     executor: str = "process",
     workers: int | None = None,
     progress: bool = True,
+    sizing: Sizing | None = None,
 ) -> pl.DataFrame:
     """Run the grid ``(qps | concurrency) x policies x profiles x traces x seeds``.
 
@@ -380,7 +492,8 @@ def run_sweep(
     ``profiles`` defaults to the base's profile, ``traces`` to ``[None]`` (the
     base's/built-in trace), ``seeds`` to the base's seed. Finished points already in
     ``out/points/`` are not rerun. Returns the rows of *this* grid (also written,
-    with any other points in the folder, to ``out/results.parquet``).
+    with any other points in the folder, to ``out/results.parquet``). ``sizing``: how
+    many requests each point runs (:class:`Sizing`; default: the base's count).
     """
     if executor not in EXECUTORS:
         raise InputError("--executor", f"must be one of {', '.join(EXECUTORS)}, got {executor!r}")
@@ -388,7 +501,7 @@ def run_sweep(
         raise InputError("--workers", f"must be a positive integer, got {workers!r}")
     out = Path(out)
     points = build_points(base, qps=qps, concurrency=concurrency, policies=policies,
-                          profiles=profiles, traces=traces, seeds=seeds)
+                          profiles=profiles, traces=traces, seeds=seeds, sizing=sizing)
     out.mkdir(parents=True, exist_ok=True)
     done = finished_ids(out)
     todo = [p for p in points if p.point_id not in done]
@@ -449,5 +562,5 @@ def load_results(path: str | Path) -> pl.DataFrame:
         raise InputError(str(p), f"not a parquet file ({exc.__class__.__name__})") from exc
 
 
-__all__ = ["SweepPoint", "build_points", "combine", "load_results", "parse_list",
+__all__ = ["Sizing", "SweepPoint", "build_points", "combine", "load_results", "parse_list",
            "parse_numbers", "point_hash", "run_point", "run_sweep"]

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from dataclasses import replace
 
 import polars as pl
@@ -196,3 +203,128 @@ def test_open_loop_workload_keeps_lengths(tmp_path):
     df = run_sweep(cfg, qps=[10], policies=["none"], out=tmp_path, executor="serial",
                    progress=False)
     assert df["total_output_tokens"][0] == 30 * 32
+
+
+# -- sizing ---------------------------------------------------------------------------------
+def test_sizing_requests_per_client(base):
+    pts = build_points(base, concurrency=[2, 8], qps=[5], policies=["mtp1"],
+                       sizing=sweep.Sizing(requests_per_client=10))
+    n = {(p.load_kind, p.load): p.config.workload.num_requests for p in pts}
+    # max(40, 10 x clients); open-loop points keep the base's count
+    assert n == {("concurrency", 2): 40, ("concurrency", 8): 80, ("qps", 5.0): 40}
+    capped = build_points(base, concurrency=[8], policies=["mtp1"],
+                          sizing=sweep.Sizing(requests_per_client=10, max_requests=60))
+    assert capped[0].config.workload.num_requests == 60
+    with pytest.raises(InputError, match="requests-per-client"):
+        build_points(base, qps=[5], policies=["mtp1"], sizing=sweep.Sizing(-1))
+
+
+def test_sizing_doubles_while_the_window_is_short(base):
+    # 40 and 80 requests both leave fewer than 100 in the steady window (flagged short);
+    # the cap stops the doubling before 160
+    sz = sweep.Sizing(max_doublings=5, max_requests=100)
+    (pt,) = build_points(base, qps=[10], policies=["none"], sizing=sz)
+    (plain,) = build_points(base, qps=[10], policies=["none"])
+    assert pt.point_id != plain.point_id  # the sizing is part of the point's identity
+    row = sweep.run_point(pt)
+    assert row["size_doublings"] == 1 and row["num_requests"] == 80
+    assert row["num_requests_cfg"] == 40 and row["steady_window_short"]
+    row2 = sweep.run_point(plain)
+    assert row2["size_doublings"] == 0 and row2["num_requests"] == 40
+
+
+# -- a killed sweep leaves no workers (issue 12, item 9) -------------------------------------
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigkill_of_a_sweep_leaves_no_worker(tmp_path):
+    """The first point is quick, the others run for minutes: once the first part is on
+    disk both workers are busy with long points. SIGKILL the sweep; they must die."""
+    out = tmp_path / "sw"
+    script = textwrap.dedent(f"""
+        from dataclasses import replace
+        from dspark_sim.sim.config import SimConfig, WorkloadConfig
+        from dspark_sim.sim.sweep import run_sweep
+        if __name__ == "__main__":
+            base = SimConfig(policy="none", workload=WorkloadConfig(
+                qps=1.0, num_requests=None, duration_s=3000.0, lengths="fixed:32:8"))
+            run_sweep(base, qps=[0.1, 300, 301], policies=["none"], out={str(out)!r},
+                      executor="process", workers=2, progress=False)
+    """)
+    (tmp_path / "sweep_script.py").write_text(script)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "sweep_script.py")],
+                            cwd=tmp_path, start_new_session=True)
+    kids: list[int] = []
+    try:
+        deadline = time.monotonic() + 180
+        while not list((out / "points").glob("*.parquet")):
+            assert proc.poll() is None, "the sweep ended before it could be killed"
+            assert time.monotonic() < deadline, "the first point never finished"
+            time.sleep(0.2)
+        kids = _children(proc.pid)
+        assert len(kids) >= 2  # two workers (and the resource tracker)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 20
+        while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [k for k in kids if _alive(k)], "orphaned sweep processes"
+    finally:
+        proc.kill()
+        for k in kids:
+            with contextlib.suppress(OSError):
+                os.kill(k, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_worker_watchdog_exits_when_the_parent_dies(tmp_path):
+    """The portable half of the guard alone (prctl skipped, as on macOS): a worker whose
+    parent dies is re-parented, notices within a second and exits."""
+    grandchild = textwrap.dedent("""
+        import os, sys, time
+        from dspark_sim.sim.sweep import _die_with_parent
+        real, sys.platform = sys.platform, "darwin"  # no prctl: only the watchdog guards
+        _die_with_parent(os.getppid())
+        sys.platform = real
+        print("ready", flush=True)
+        time.sleep(120)
+    """)
+    child = textwrap.dedent(f"""
+        import os, subprocess, sys
+        p = subprocess.Popen([sys.executable, "-c", {grandchild!r}], stdout=subprocess.PIPE)
+        assert p.stdout.readline().strip() == b"ready"
+        print(p.pid, flush=True)
+        os._exit(0)  # like SIGKILL: no cleanup, the grandchild is orphaned
+    """)
+    res = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    pid = int(res.stdout.strip())
+    try:
+        deadline = time.monotonic() + 20
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
