@@ -18,8 +18,16 @@ Headline numbers, policy A (candidate) against B (baseline):
   interactivity gets the front's maximum throughput, flagged ``below-sweep`` (the sweep
   did not load the engine enough to fall to ``T``, so the number is a lower bound).
 * **verification budget** (Fig. 8): ``mean_verify_tokens_per_request_step`` against
-  concurrency (closed loop: the clients; open loop: Little's-law mean concurrency),
+  concurrency (closed loop: the clients; open loop: the mean requests in the system),
   and **verification waste** against load.
+
+**Steady state by default.** Every function here takes ``basis="steady"`` (default) or
+``"whole"``. With ``"steady"``, :func:`metric_view` puts each ``steady_<metric>``
+column (the figure over the run's steady-state window, warm-up and drain excluded; see
+``dspark_sim.sim.metrics``) in place of ``<metric>`` and keeps the whole-run figure as
+``whole_<metric>``; results without steady columns (older sweeps) are used as they are.
+Unstable points (requests unfinished, or requests in the system growing through the
+steady window) are left off the fronts.
 """
 
 from __future__ import annotations
@@ -37,6 +45,29 @@ X = "median_interactivity"
 Y = "output_throughput_per_gpu"
 CONTEXT = ("profile_spec", "trace_spec")
 DEFAULT_TIERS = (80.0, 120.0)
+BASES = ("steady", "whole")
+STEADY = "steady_"
+WHOLE = "whole_"
+
+
+def metric_view(df: pl.DataFrame, basis: str = "steady") -> pl.DataFrame:
+    """``df`` with the figures of ``basis`` under the plain metric names.
+
+    ``"steady"``: every ``steady_<m>`` column whose ``<m>`` exists replaces it, the
+    whole-run ``<m>`` is kept as ``whole_<m>``; ``steady_mean_concurrency`` (time-averaged
+    requests in the system) replaces Little's-law ``mean_concurrency``. ``"whole"``:
+    ``df`` unchanged. Idempotent (a frame that already has ``whole_`` columns is a view).
+    """
+    if basis not in BASES:
+        raise InputError("--basis", f"must be one of {', '.join(BASES)}, got {basis!r}")
+    if basis == "whole" or any(c.startswith(WHOLE) for c in df.columns):
+        return df
+    pairs = [(c, c[len(STEADY):]) for c in df.columns
+             if c.startswith(STEADY) and c[len(STEADY):] in df.columns]
+    if not pairs:
+        return df
+    return df.with_columns([pl.col(m).alias(WHOLE + m) for _, m in pairs]
+                           + [pl.col(c).alias(m) for c, m in pairs])
 
 
 def pareto_front(x: Sequence[float], y: Sequence[float]) -> np.ndarray:
@@ -128,6 +159,8 @@ def aggregate_seeds(df: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
     aggs = [pl.col(c).mean() for c in num]
     if "stable" in df.columns:
         aggs.append(pl.col("stable").all())
+    if "steady_window_short" in df.columns:
+        aggs.append(pl.col("steady_window_short").any())
     aggs.append(pl.len().alias("seeds"))
     return df.group_by(keys, maintain_order=True).agg(aggs)
 
@@ -152,16 +185,18 @@ def with_labels(df: pl.DataFrame, context: Sequence[str] | None = None) -> pl.Da
 
 def compute_fronts(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
                    x: str = X, y: str = Y, stable_only: bool = True,
-                   seeds: str = "mean") -> dict[str, Front]:
+                   seeds: str = "mean", basis: str = "steady") -> dict[str, Front]:
     """One front per policy (and per profile/trace when the sweep varies them).
 
     ``seeds="mean"`` averages seeds of a point first; ``"all"`` keeps each seed's point.
-    Keys are labels ``policy`` or ``policy | profile | trace``.
+    Keys are labels ``policy`` or ``policy | profile | trace``. ``basis``: steady-state
+    (default) or whole-run figures (:func:`metric_view`).
     """
     if df.height == 0:
         return {}
     if "policy" not in df.columns:
         raise InputError("results", "no 'policy' column (not sweep results)")
+    df = metric_view(df, basis)
     context = _context_cols(df)
     d = aggregate_seeds(df) if seeds == "mean" else df
     d = usable(d, stable_only=stable_only, x=x, y=y)
@@ -267,23 +302,24 @@ def _concurrency_expr() -> pl.Expr:
         pl.Float64)).otherwise(pl.col("mean_concurrency")))
 
 
-def budget_table(df: pl.DataFrame) -> pl.DataFrame:
+def budget_table(df: pl.DataFrame, basis: str = "steady") -> pl.DataFrame:
     """Fig. 8 view: verification budget per request (tokens verified per request-step,
     bonus slot included, so MTP-1 = 2) and throughput against concurrency."""
-    d = aggregate_seeds(df)
+    d = aggregate_seeds(metric_view(df, basis))
     if "mean_concurrency" not in d.columns:
         d = d.with_columns(pl.lit(None, pl.Float64).alias("mean_concurrency"))
     cols = ["policy", *_context_cols(df), "load_kind", "load", "concurrency_x",
             "mean_verify_tokens_per_request_step", "spec_decode_acceptance_length",
-            "output_throughput_per_gpu", X, "mean_decode_batch", "stable"]
+            "output_throughput_per_gpu", X, "mean_decode_batch", "median_ttft_ms",
+            "p90_ttft_ms", "median_e2el_ms", "p90_e2el_ms", "stable", "steady_window_short"]
     d = d.with_columns(_concurrency_expr().alias("concurrency_x"))
     return d.select([c for c in cols if c in d.columns]).sort(
         ["policy", "load_kind", "concurrency_x"], nulls_last=True)
 
 
-def waste_table(df: pl.DataFrame) -> pl.DataFrame:
+def waste_table(df: pl.DataFrame, basis: str = "steady") -> pl.DataFrame:
     """Verification waste (rejected / verified draft tokens) and budget against load."""
-    d = aggregate_seeds(df)
+    d = aggregate_seeds(metric_view(df, basis))
     cols = ["policy", *_context_cols(df), "load_kind", "load", "verification_waste",
             "mean_draft_tokens_per_request_step", "mean_verify_tokens_per_request_step",
             "spec_decode_acceptance_length", "output_throughput_per_gpu", X, "stable"]
@@ -292,15 +328,18 @@ def waste_table(df: pl.DataFrame) -> pl.DataFrame:
 
 # -- headline -------------------------------------------------------------------------
 def headline(df: pl.DataFrame, *, candidate: str = "confidence-async", baseline: str = "mtp1",
-             tiers: Sequence[float] = DEFAULT_TIERS, stable_only: bool = True) -> list[dict]:
+             tiers: Sequence[float] = DEFAULT_TIERS, stable_only: bool = True,
+             basis: str = "steady") -> list[dict]:
     """Candidate vs baseline for each profile/trace context of the sweep.
 
     Each entry: ``context`` (label suffix), ``candidate``, ``baseline`` (front labels),
     ``matched`` (:func:`matched_throughput_gain`), ``tiers`` (:func:`tier_gain`),
-    ``candidate_front`` / ``baseline_front`` (:class:`Front`).
+    ``candidate_front`` / ``baseline_front`` (:class:`Front`), ``basis`` (``steady`` or
+    ``whole``: what the figures are; ``whole`` when the results have no steady columns).
     """
     cand, base = canonical_policy(candidate), canonical_policy(baseline)
-    fronts = compute_fronts(df, policies=[cand, base], stable_only=stable_only)
+    used = basis_used(df, basis)
+    fronts = compute_fronts(df, policies=[cand, base], stable_only=stable_only, basis=basis)
     out = []
     by_ctx: dict[str, dict[str, Front]] = {}
     for label, fr in fronts.items():
@@ -311,13 +350,24 @@ def headline(df: pl.DataFrame, *, candidate: str = "confidence-async", baseline:
         b = fr.get(base, Front(base, np.zeros(0), np.zeros(0)))
         out.append({"context": ctx, "candidate": cand, "baseline": base,
                     "matched": matched_throughput_gain(a, b), "tiers": tier_gain(a, b, tiers),
-                    "candidate_front": a, "baseline_front": b})
+                    "candidate_front": a, "baseline_front": b, "basis": used})
     if not out:
         out.append({"context": "", "candidate": cand, "baseline": base,
                     "matched": matched_throughput_gain(Front(cand, np.zeros(0), np.zeros(0)),
                                                        Front(base, np.zeros(0), np.zeros(0))),
-                    "tiers": [], "candidate_front": None, "baseline_front": None})
+                    "tiers": [], "candidate_front": None, "baseline_front": None,
+                    "basis": used})
     return out
+
+
+def basis_used(df: pl.DataFrame, basis: str = "steady") -> str:
+    """``"steady"`` when ``basis`` asks for it and the results carry the steady front
+    columns, else ``"whole"``."""
+    if basis not in BASES:
+        raise InputError("--basis", f"must be one of {', '.join(BASES)}, got {basis!r}")
+    has = {STEADY + X, STEADY + Y} <= set(df.columns) or {WHOLE + X, WHOLE + Y} <= set(
+        df.columns)
+    return "steady" if basis == "steady" and has else "whole"
 
 
 def headline_rows(h: list[dict]) -> list[dict[str, str]]:
@@ -338,7 +388,13 @@ def headline_rows(h: list[dict]) -> list[dict[str, str]]:
                          "metric": f"throughput gain at {t['tier']:g} tok/s/user, {vs}",
                          "value": f"{t['text']} [{e['candidate']}: {t['candidate'].text()}; "
                                   f"{e['baseline']}: {t['baseline'].text()}]"})
+        rows.append({"context": ctx, "metric": "figures", "value": BASIS_TEXT[
+            e.get("basis", "whole")]})
     return rows
+
+
+BASIS_TEXT = {"steady": "steady state (warm-up and drain excluded)",
+              "whole": "whole run (first arrival to last completion)"}
 
 
 def format_headline(h: list[dict]) -> str:
@@ -353,7 +409,8 @@ def format_headline(h: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DEFAULT_TIERS", "Front", "TierResult", "X", "Y", "aggregate_seeds", "budget_table",
-           "compute_fronts", "format_headline", "headline", "headline_rows",
+__all__ = ["BASES", "DEFAULT_TIERS", "Front", "TierResult", "X", "Y", "aggregate_seeds",
+           "basis_used", "budget_table", "compute_fronts", "format_headline", "headline",
+           "headline_rows", "metric_view",
            "matched_throughput_gain", "pareto_front", "tier_gain", "tier_throughput",
            "waste_table", "with_labels"]

@@ -3,8 +3,14 @@
 Sections: the throughput-vs-interactivity fronts (markers = sweep points with hover
 details, lines = Pareto fronts, one legend group per policy so a click toggles a
 policy), SLA tiers as dashed lines, the Fig. 8 view (throughput and verification
-budget against concurrency), verification waste against load, and the headline
-numbers. Measured vLLM ``bench serve`` results can be overlaid (:func:`read_vllm_results`).
+budget against concurrency), queueing (median TTFT and E2E against concurrency),
+verification waste against load, and the headline numbers. Measured vLLM ``bench
+serve`` results can be overlaid (:func:`read_vllm_results`).
+
+Figures are steady-state (``basis="steady"``, warm-up and drain excluded; see
+``dspark_sim.sim.metrics``) unless ``basis="whole"``; markers: circle = stable point,
+x = unstable (left off the fronts), open circle = steady window flagged short (run more
+requests).
 """
 
 from __future__ import annotations
@@ -25,15 +31,18 @@ from plotly.subplots import make_subplots
 from dspark_sim.errors import InputError
 from dspark_sim.io import write_text_atomic
 from dspark_sim.sim.frontier import (
+    BASIS_TEXT,
     DEFAULT_TIERS,
     X,
     Y,
+    basis_used,
     budget_table,
     canonical_policy,
     compute_fronts,
     format_headline,
     headline,
     headline_rows,
+    metric_view,
     waste_table,
     with_labels,
 )
@@ -44,8 +53,17 @@ HOVER_COLS = (("load_kind", "load", "{}"), ("spec_decode_acceptance_length", "ta
               ("mean_verify_tokens_per_request_step", "verify/request-step", "{:.2f}"),
               ("verification_waste", "waste", "{:.1%}"), ("median_tpot_ms", "median TPOT ms",
                                                           "{:.2f}"),
-              ("median_ttft_ms", "median TTFT ms", "{:.0f}"), ("mean_decode_batch",
-                                                              "decode batch", "{:.1f}"),
+              ("median_ttft_ms", "median TTFT ms", "{:.0f}"),
+              ("p90_ttft_ms", "p90 TTFT ms", "{:.0f}"),
+              ("median_e2el_ms", "median E2E ms", "{:.0f}"),
+              ("p90_e2el_ms", "p90 E2E ms", "{:.0f}"),
+              ("mean_concurrency", "requests in system", "{:.1f}"),
+              ("mean_decode_batch", "decode batch", "{:.1f}"),
+              ("whole_median_interactivity", "whole run: interactivity", "{:.1f}"),
+              ("whole_output_throughput_per_gpu", "whole run: tok/s/GPU", "{:,.0f}"),
+              ("steady_window_s", "steady window s", "{:.1f}"),
+              ("steady_window_requests", "requests in window", "{}"),
+              ("steady_window_note", "window", "{}"),
               ("stable", "stable", "{}"), ("seed", "seed", "{}"), ("point_id", "point", "{}"))
 
 
@@ -134,10 +152,18 @@ def _colors(labels: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def _symbol(row: dict) -> str:
+    if not bool(row.get("stable", True)):
+        return "x-open"
+    return "circle-open" if row.get("steady_window_short") else "circle"
+
+
 def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
                   tiers: Sequence[float] = DEFAULT_TIERS, stable_only: bool = True,
-                  vllm: pl.DataFrame | None = None, title: str = "") -> go.Figure:
+                  vllm: pl.DataFrame | None = None, title: str = "",
+                  basis: str = "steady") -> go.Figure:
     """Sweep points (markers) and Pareto fronts (lines), one legend group per policy."""
+    df = metric_view(df, basis)
     fronts = compute_fronts(df, policies=policies, stable_only=stable_only, seeds="all")
     colors = _colors(list(fronts))
     labelled = with_labels(df)
@@ -147,12 +173,11 @@ def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
         pts = labelled.filter((pl.col("front_label") == label) & pl.col(X).is_not_null()
                               & pl.col(Y).is_not_null())
         rows = pts.to_dicts()
-        stable = [bool(r.get("stable", True)) for r in rows]
         fig.add_trace(go.Scatter(
             x=pts[X].to_list(), y=pts[Y].to_list(), mode="markers", name=f"{label} points",
             legendgroup=label, showlegend=False,
             marker={"color": c, "size": 8, "opacity": 0.75,
-                    "symbol": ["circle" if s else "x-open" for s in stable]},
+                    "symbol": [_symbol(r) for r in rows]},
             hovertext=[_hover(r) for r in rows], hoverinfo="text"))
         fig.add_trace(go.Scatter(
             x=fr.x.tolist(), y=fr.y.tolist(), mode="lines", name=label, legendgroup=label,
@@ -178,18 +203,20 @@ def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
         fig.add_vline(x=float(t), line_dash="dash", line_color="grey",
                       annotation_text=f"SLA {t:g} tok/s/user", annotation_position="top")
     fig.update_layout(
-        title=title or "Throughput vs interactivity (markers: sweep points, x: unstable; "
-                       "lines: Pareto fronts)",
+        title=title or (f"Throughput vs interactivity, {BASIS_TEXT[basis_used(df, basis)]} "
+                        "(markers: sweep points, x: unstable, open: short window; lines: "
+                        "Pareto fronts)"),
         xaxis_title="median interactivity (tok/s/user = 1000 / TPOT ms)",
         yaxis_title="output throughput (tok/s/GPU)", hovermode="closest", height=600,
         legend={"groupclick": "togglegroup"}, template="plotly_white")
     return fig
 
 
-def budget_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None) -> go.Figure:
+def budget_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
+                  basis: str = "steady") -> go.Figure:
     """Fig. 8: throughput (top) and verification budget per request (bottom) vs
     concurrency."""
-    t = budget_table(df)
+    t = budget_table(df, basis)
     if policies:
         t = t.filter(pl.col("policy").is_in([canonical_policy(p) for p in policies]))
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
@@ -218,9 +245,44 @@ def budget_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None) ->
     return fig
 
 
-def waste_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None) -> go.Figure:
+def latency_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
+                   basis: str = "steady") -> go.Figure:
+    """Queueing made visible: median (solid) and p90 (dotted) TTFT and E2E latency
+    against concurrency. TPOT, and so interactivity, excludes the wait for admission;
+    these do not."""
+    t = budget_table(df, basis)
+    if policies:
+        t = t.filter(pl.col("policy").is_in([canonical_policy(p) for p in policies]))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("time to first token (ms)", "end-to-end latency (ms)"))
+    pols = list(dict.fromkeys(t["policy"].to_list()))
+    for i, pol in enumerate(pols):
+        g = t.filter((pl.col("policy") == pol) & pl.col("concurrency_x").is_not_null()).sort(
+            "concurrency_x")
+        c = PALETTE[i % len(PALETTE)]
+        for row, col in ((1, "ttft_ms"), (2, "e2el_ms")):
+            for q, dash in (("median", "solid"), ("p90", "dot")):
+                name = f"{q}_{col}"
+                if name not in g.columns:
+                    continue
+                fig.add_trace(go.Scatter(
+                    x=g["concurrency_x"].to_list(), y=g[name].to_list(), mode="lines+markers",
+                    name=pol if q == "median" else f"{pol} (p90)", legendgroup=pol,
+                    showlegend=row == 1 and q == "median", line={"color": c, "dash": dash},
+                    hovertemplate=f"{pol}<br>concurrency %{{x:.1f}}<br>{q} {col.split('_')[0]} "
+                                  "%{y:,.0f} ms<extra></extra>"), row=row, col=1)
+    fig.update_yaxes(type="log", title_text="ms")
+    fig.update_xaxes(title_text="concurrent requests (closed loop: clients; open loop: mean "
+                                "requests in the system)", row=2, col=1)
+    fig.update_layout(height=650, template="plotly_white", title="Queueing: TTFT and E2E vs "
+                      "load (solid: median, dotted: p90)", legend={"groupclick": "togglegroup"})
+    return fig
+
+
+def waste_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
+                 basis: str = "steady") -> go.Figure:
     """Verification waste (rejected / verified draft tokens) against load."""
-    t = waste_table(df)
+    t = waste_table(df, basis)
     if policies:
         t = t.filter(pl.col("policy").is_in([canonical_policy(p) for p in policies]))
     kinds = list(dict.fromkeys(t["load_kind"].to_list())) or ["qps"]
@@ -255,9 +317,10 @@ def _table_html(rows: list[dict], cols: Sequence[str] | None = None) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _fronts_rows(df: pl.DataFrame, policies, stable_only) -> list[dict]:
+def _fronts_rows(df: pl.DataFrame, policies, stable_only, basis) -> list[dict]:
     rows = []
-    for label, fr in compute_fronts(df, policies=policies, stable_only=stable_only).items():
+    for label, fr in compute_fronts(df, policies=policies, stable_only=stable_only,
+                                    basis=basis).items():
         for x, y in zip(fr.x, fr.y, strict=True):
             rows.append({"front": label, "interactivity (tok/s/user)": f"{x:.1f}",
                          "throughput (tok/s/GPU)": f"{y:,.0f}"})
@@ -277,27 +340,34 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
                  policies: Sequence[str] | None = None, candidate: str = "confidence-async",
                  baseline: str = "mtp1", tiers: Sequence[float] = DEFAULT_TIERS,
                  vllm_results: str | Path | None = None, gpus: int | None = None,
-                 stable_only: bool = True, title: str = "dspark-sim frontiers") -> Path:
+                 stable_only: bool = True, title: str = "dspark-sim frontiers",
+                 basis: str = "steady") -> Path:
     """Write the HTML report to ``out`` (a ``.html`` file, or a folder: ``out/report.html``).
 
     ``results``: a frame from :func:`run_sweep`, a sweep folder or a results.parquet.
     ``policies`` restricts (and orders) the policies shown; ``candidate``/``baseline``
-    are compared in the headline table (skipped when either is absent).
+    are compared in the headline table (skipped when either is absent). ``basis``:
+    ``"steady"`` (default) or ``"whole"``-run figures.
     """
     df = results if isinstance(results, pl.DataFrame) else load_results(results)
     if df.height == 0:
         raise InputError("results", "no sweep points to report")
+    used = basis_used(df, basis)
+    df = metric_view(df, basis)
     out = Path(out)
     if out.suffix.lower() not in (".html", ".htm"):
         out = out / "report.html"
     vllm = read_vllm_results(vllm_results, gpus) if vllm_results else None
     present = set(df["policy"].to_list())
     figs = [fronts_figure(df, policies=policies, tiers=tiers, stable_only=stable_only,
-                          vllm=vllm),
-            budget_figure(df, policies=policies), waste_figure(df, policies=policies)]
+                          vllm=vllm, basis=basis),
+            budget_figure(df, policies=policies, basis=basis),
+            latency_figure(df, policies=policies, basis=basis),
+            waste_figure(df, policies=policies, basis=basis)]
     cand, base = canonical_policy(candidate), canonical_policy(baseline)
     if cand in present and base in present:
-        h = headline(df, candidate=cand, baseline=base, tiers=tiers, stable_only=stable_only)
+        h = headline(df, candidate=cand, baseline=base, tiers=tiers, stable_only=stable_only,
+                     basis=basis)
         head_html = _table_html(headline_rows(h))
         head_md = format_headline(h)
     else:
@@ -306,6 +376,8 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
                      f"{html.escape(', '.join(sorted(present)))}).</p>")
         head_md = ""
     n_unstable = int((~df["stable"].fill_null(False)).sum()) if "stable" in df.columns else 0
+    n_short = (int(df["steady_window_short"].fill_null(False).sum())
+               if "steady_window_short" in df.columns else 0)
     divs = [pio.to_html(f, include_plotlyjs=(i == 0), full_html=False,
                         config={"displaylogo": False}) for i, f in enumerate(figs)]
     ctx = []
@@ -319,8 +391,9 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
 <style>{CSS}</style></head><body>
 <h1>{html.escape(title)}</h1>
 <p class="note">{df.height} sweep points ({n_unstable} unstable, drawn as x and left out of
-the fronts), generated {stamp}. Click a legend entry to hide or show a policy (points and
-front together).</p>
+the fronts; {n_short} with a steady-state window flagged short, drawn open: run more
+requests), generated {stamp}. Figures: {html.escape(BASIS_TEXT[used])}. Click a legend
+entry to hide or show a policy (points and front together).</p>
 <h2>Headline numbers</h2>
 {head_html}
 <p class="note">Matched-throughput gain: candidate's / baseline's interactivity at equal
@@ -332,10 +405,14 @@ front's lowest interactivity is still above the tier (a lower bound: extend the 
 {divs[0]}
 <h2>Verification budget vs concurrency (Fig. 8)</h2>
 {divs[1]}
-<h2>Verification waste vs load</h2>
+<h2>Queueing: TTFT and E2E vs load</h2>
+<p class="note">TPOT (and so interactivity) starts at the first token: a request waiting
+for admission shows here, not on the front.</p>
 {divs[2]}
+<h2>Verification waste vs load</h2>
+{divs[3]}
 <h2>Front points</h2>
-{_table_html(_fronts_rows(df, policies, stable_only))}
+{_table_html(_fronts_rows(df, policies, stable_only, basis))}
 <h2>Configuration</h2>
 {_table_html(ctx)}
 <!-- headline (markdown)
@@ -347,5 +424,5 @@ front's lowest interactivity is still above the tier (a lower bound: extend the 
     return out
 
 
-__all__ = ["budget_figure", "build_report", "fronts_figure", "read_vllm_results",
-           "waste_figure"]
+__all__ = ["budget_figure", "build_report", "fronts_figure", "latency_figure",
+           "read_vllm_results", "waste_figure"]

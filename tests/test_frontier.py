@@ -219,9 +219,9 @@ def test_report_is_self_contained_html(tmp_path):
     text = out.read_text()
     assert text.startswith("<!DOCTYPE html>")
     assert '<script src="http' not in text  # plotly.js inlined, no CDN
-    assert len(text) > 1_000_000 and text.count("Plotly.newPlot") == 3
+    assert len(text) > 1_000_000 and text.count("Plotly.newPlot") == 4
     for s in ("confidence-async", "mtp1", "vLLM measured: mtp1", "infeasible for mtp1",
-              "+129% to +300%", "Verification budget", "legendgroup"):
+              "+129% to +300%", "Verification budget", "legendgroup", "Queueing"):
         assert s in text, s
     with pytest.raises(InputError):
         build_report(_frame().head(0), tmp_path / "empty.html")
