@@ -229,10 +229,6 @@ def test_replay_is_lossless_for_any_policy(case):
         assert res.summary["num_accepted_tokens"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="sim/engine.py: a request still in the batch at the "
-                   "drain horizon never flushes its steps/drafts/accepted counters (or its "
-                   "generated tokens) to the request log, so per-request totals fall short "
-                   "of the summary's (issue 17, tests report)")
 def test_unfinished_requests_counters_add_up():
     cfg = SimConfig(policy="fixed:3", deployment=DeploymentConfig(replicas=1),
                     engine=EngineConfig(max_num_seqs=8),
