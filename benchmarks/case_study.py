@@ -6,11 +6,14 @@ the shipped synthetic traces (``dspark-synthetic`` for the block drafter,
 ``mtp1-synthetic`` for the MTP head), then the paper's headline numbers: per-user
 TPS gain at matched throughput and the throughput gain at the 80 and 120 tok/s/user
 SLA tiers, plus the Fig. 8 verification-budget table. Resumable: rerunning reuses
-finished points in ``--out``. Each point runs ``max(--num-requests,
---requests-per-client x concurrency)`` requests so high-concurrency points reach a steady
-state; ``max_num_seqs`` is raised to 1024 so the extended points are not capped at 256
-running requests (it never binds at <= 256 clients, so those points are the default
-engine's).
+finished points in ``--out``. Every figure is steady-state (warm-up and drain excluded,
+``dspark_sim.sim.metrics``; ``--basis whole`` for the whole-run figures). Each point runs
+``max(--num-requests, --requests-per-client x concurrency)`` requests, doubled up to
+``--max-doublings`` times while its steady window is flagged short (the sweep's
+``Sizing``; ``benchmarks/steady_sizing.py`` checks that doubling moves no headline
+figure by more than 2 %); ``max_num_seqs`` is raised to 1024 so the extended points are
+not capped at 256 running requests (it never binds at <= 256 clients, so those points
+are the default engine's).
 
     python benchmarks/case_study.py                      # ~1-2 min on 2 cores
     python benchmarks/case_study.py --num-requests 300 --concurrency 1,8,64  # smoke run
@@ -30,11 +33,16 @@ import polars as pl
 
 from dspark_sim.io import write_json_atomic
 from dspark_sim.sim.config import WorkloadConfig, preset
-from dspark_sim.sim.frontier import budget_table, format_headline, headline, waste_table
+from dspark_sim.sim.frontier import basis_used, budget_table, format_headline, headline, waste_table
 from dspark_sim.sim.report import build_report
-from dspark_sim.sim.sweep import parse_list, parse_numbers, run_sweep
+from dspark_sim.sim.sweep import Sizing, parse_list, parse_numbers, run_sweep
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,24,32,48,64,96,128,192,256"
+# The sizing rule, checked by benchmarks/steady_sizing.py (doubling moves no headline
+# figure by more than 2 %).
+SIZING_MIN_REQUESTS = 2000
+SIZING_PER_CLIENT = 32
+SIZING_DOUBLINGS = 2
 EXTENDED_CONCURRENCY = "384,512,768,1024"
 
 
@@ -51,8 +59,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="runs/case-study", help="sweep folder (resumable)")
     ap.add_argument("--concurrency", default=DEFAULT_CONCURRENCY)
     ap.add_argument("--policies", default="confidence-async,mtp1")
-    ap.add_argument("--num-requests", type=int, default=1000)
-    ap.add_argument("--requests-per-client", type=int, default=8)
+    ap.add_argument("--num-requests", type=int, default=SIZING_MIN_REQUESTS)
+    ap.add_argument("--requests-per-client", type=int, default=SIZING_PER_CLIENT)
+    ap.add_argument("--max-doublings", type=int, default=SIZING_DOUBLINGS)
+    ap.add_argument("--basis", default="steady", help="steady | whole")
     ap.add_argument("--extend", default=EXTENDED_CONCURRENCY,
                     help="extra concurrencies beyond 256 ('' for none)")
     ap.add_argument("--max-num-seqs", type=int, default=1024)
@@ -72,31 +82,26 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = parse_numbers(args.seeds, integer=True, option="--seeds", allow_zero=True)
     tiers = parse_numbers(args.tiers, option="--tiers")
     out = Path(args.out)
-    # one sweep per request count (points with the same count share a base config)
-    by_n: dict[int, list[int]] = {}
-    for c in [*conc, *ext]:
-        by_n.setdefault(max(args.num_requests, args.requests_per_client * c), []).append(c)
+    sizing = Sizing(requests_per_client=args.requests_per_client,
+                    max_doublings=args.max_doublings)
     t0 = time.perf_counter()
-    frames = []
-    for n, cs in by_n.items():
-        b = replace(base, workload=replace(base.workload, num_requests=n))
-        frames.append(run_sweep(b, concurrency=cs, policies=policies, seeds=seeds, out=out,
-                                executor=args.executor, workers=args.workers))
+    df = run_sweep(base, concurrency=[*conc, *ext], policies=policies, seeds=seeds, out=out,
+                   executor=args.executor, workers=args.workers, sizing=sizing)
     wall = time.perf_counter() - t0
-    df = pl.concat(frames, how="diagonal_relaxed")
+    basis = args.basis
     main_df = df.filter(pl.col("concurrency") <= max(conc))
-    h_main = headline(main_df, candidate=policies[0], baseline=policies[-1], tiers=tiers)
-    h = headline(df, candidate=policies[0], baseline=policies[-1], tiers=tiers)
+    h_main = headline(main_df, candidate=policies[0], baseline=policies[-1], tiers=tiers,
+                      basis=basis)
+    h = headline(df, candidate=policies[0], baseline=policies[-1], tiers=tiers, basis=basis)
     md = (f"### concurrency 1..{max(conc)}\n\n{format_headline(h_main)}\n\n"
           f"### concurrency 1..{max([*conc, *ext])}\n\n{format_headline(h)}")
-    budget = budget_table(df).select("policy", "concurrency_x",
-                                     "mean_verify_tokens_per_request_step",
-                                     "spec_decode_acceptance_length",
-                                     "output_throughput_per_gpu", "median_interactivity",
-                                     "mean_decode_batch", "stable")
-    waste = waste_table(df).select("policy", "load", "verification_waste")
+    budget = budget_table(df, basis).select(
+        "policy", "concurrency_x", "mean_verify_tokens_per_request_step",
+        "spec_decode_acceptance_length", "output_throughput_per_gpu", "median_interactivity",
+        "median_ttft_ms", "median_e2el_ms", "mean_decode_batch", "stable")
+    waste = waste_table(df, basis).select("policy", "load", "verification_waste")
     report = build_report(df, out / "report.html", policies=policies, candidate=policies[0],
-                          baseline=policies[-1], tiers=tiers,
+                          baseline=policies[-1], tiers=tiers, basis=basis,
                           title="DSpark §5.4 case study (simulated)")
 
     def pack(e: dict) -> dict:
@@ -120,8 +125,16 @@ def main(argv: list[str] | None = None) -> dict:
         "points": df.height,
         "sweep_wall_s": round(wall, 1),
         "cpu_s_points": round(float(df["wall_s"].sum()), 1),
+        "basis": basis_used(df, basis),
         "config": {"profile": base.deployment.profile, "replicas": base.deployment.replicas,
-                   "num_requests": {str(c): n for n, cs in by_n.items() for c in cs},
+                   "sizing": {"min_requests": args.num_requests,
+                              "requests_per_client": args.requests_per_client,
+                              "max_doublings": args.max_doublings},
+                   "num_requests": {f"{r['policy']}@{r['concurrency']}": r["num_requests"]
+                                    for r in df.select("policy", "concurrency",
+                                                       "num_requests").to_dicts()},
+                   "short_windows": int(df["steady_window_short"].sum())
+                   if "steady_window_short" in df.columns else None,
                    "max_num_seqs": args.max_num_seqs, "concurrency": [*conc, *ext],
                    "policies": policies, "seeds": seeds},
         "headline_main": pack(h_main[0]),

@@ -123,7 +123,10 @@ def test_steady_figures_by_hand():
     # completions in (2, 12]: r0, r1, r2, r5
     assert s["steady_window_completions"] == 4
     assert s["steady_request_throughput"] == pytest.approx(0.4)
-    # lifetimes inside [2, 12]: r1, r2, r5 (r0 arrived before, r3 ends after, r4 never)
+    # latency sample: arrivals in [2, 12 - H], H = p99 lifetime of the finished requests
+    # arriving in [2, 12] (r1 2.0, r2 1.1, r3 2.0, r5 0.9 s: numpy's p99 of four is 2.0),
+    # so arrivals in [2, 10]: r1, r2, r5 (r0 arrived before, r3 after, r4 never finished)
+    assert s["steady_latency_arrivals_end_s"] == pytest.approx(10.0)
     assert s["steady_window_requests"] == 3
     assert s["steady_median_ttft_ms"] == pytest.approx(200.0)
     assert s["steady_mean_ttft_ms"] == pytest.approx(200.0)
@@ -139,6 +142,24 @@ def test_steady_figures_by_hand():
     # time in [2, 12]: r0 1, r1 2, r2 1.1, r3 1, r4 4 (unfinished: to the end), r5 0.9
     assert s["steady_mean_in_system"] == pytest.approx(10.0 / 10)
     assert s["steady_window_short"] and "3 requests" in s["steady_window_note"]
+
+
+def test_latency_sample_is_chosen_by_arrival_not_by_finish():
+    """A 5 s request arriving at 97 s finishes after the window's end (100 s) but is in
+    the sample (selecting by finish would drop it, and with it long requests in
+    general); a 1 s request arriving at 99.5 s, after end - H (H = the p99 lifetime,
+    1 s here), is not."""
+    w = SteadyWindow(0.0, 100.0, 100.0, 0.0, 0.0, 1.0, 10, "hand")
+    arr = np.arange(0.0, 100.0, 0.5)  # 200 requests of 1 s ...
+    life = np.ones(arr.size)
+    life[194] = 5.0  # ... but the one arriving at 97 s lives 5 s
+    log = _log(arr, arr + 0.1, arr + life, np.full(arr.size, 11))
+    steps = StepSeries.of(np.linspace(0.5, 100.0, 200), 0.5, decode_batch=2.0,
+                          emitted_tokens=2.0)
+    s = steady_state(log, steps, w, gpus=1)
+    assert s["steady_latency_arrivals_end_s"] == pytest.approx(99.0)
+    assert s["steady_window_requests"] == 199  # arrivals 0 .. 99 s
+    assert s["steady_mean_e2el_ms"] == pytest.approx((198 * 1000.0 + 5000.0) / 199)
 
 
 # -- real runs -------------------------------------------------------------------------------
@@ -162,8 +183,11 @@ def test_open_loop_window_conservation_and_drain_excluded():
     assert completions == arrived + _in_system(arr, fin, t0) - _in_system(arr, fin, t1)
     assert s["steady_window_completions"] == completions
     assert s["steady_request_throughput"] == pytest.approx(completions / (t1 - t0))
-    # lifetimes in the window, counted from the rows
-    lived = (arr >= t0) & (fin <= t1)
+    # the latency sample, counted from the rows: arrivals in [t0, t1 - p99 lifetime]
+    came = (arr >= t0) & (arr <= t1)
+    cutoff = t1 - np.percentile(fin[came] - arr[came], 99)
+    assert s["steady_latency_arrivals_end_s"] == pytest.approx(cutoff)
+    lived = (arr >= t0) & (arr <= cutoff)
     assert s["steady_window_requests"] == int(lived.sum())
     assert s["steady_median_ttft_ms"] == pytest.approx(float(np.median(r["ttft_ms"].to_numpy()[
         lived])))
