@@ -130,10 +130,22 @@ def isotonic_map(xs, ys, drafter: str = "", source: str = "<fitted>") -> Calibra
 
 
 def _check_iso_row(source: str, i: int, x: np.ndarray, y: np.ndarray) -> None:
-    if x.size < 2 or x.shape != y.shape or np.any(np.diff(x) < 0) or np.any(np.diff(y) < 0):
-        raise InputError(source, f"isotonic row {i}: x, y must be monotone and equal length")
-    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y)) and y.min() >= 0 and y.max() <= 1):
-        raise InputError(source, f"isotonic row {i}: y must lie in [0, 1] (finite x, y)")
+    if x.ndim != 1 or x.size < 2 or x.shape != y.shape:
+        raise InputError(source, f"isotonic row {i}: x and y need the same length, at least 2")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise InputError(source, f"isotonic row {i}: knots must be finite numbers (no NaN/inf)")
+    if np.any(np.diff(x) < 0) or np.any(np.diff(y) < 0):
+        raise InputError(source, f"isotonic row {i}: x and y must be non-decreasing")
+    if y.min() < 0 or y.max() > 1:
+        raise InputError(source, f"isotonic row {i}: y must lie in [0, 1]")
+
+
+def _numbers(source: str, what: str, value) -> np.ndarray:
+    """A TOML list of numbers as a float array; anything else is a one-line error."""
+    if not isinstance(value, list) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+        raise InputError(source, f"{what} must be a list of numbers, got {value!r}")
+    return np.asarray(value, dtype=np.float64)
 
 
 def builtin_calibrations() -> list[str]:
@@ -169,32 +181,29 @@ def load_calibration(path: str | Path | None) -> CalibrationMap:
         data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(source, f"invalid TOML: {exc}") from exc
-    cal = data.get("calibration")
+    return _from_table(data.get("calibration"), source)
+
+
+def _from_table(cal, source: str) -> CalibrationMap:
+    """A map from the ``[calibration]`` table, every value type-checked (one definition of
+    what a valid map is: :func:`temperature_map` / :func:`isotonic_map`)."""
     if not isinstance(cal, dict):
         raise InputError(source, "missing [calibration] table")
     method = cal.get("method", "identity")
     if method not in METHODS:
         raise InputError(source, f"method must be one of {METHODS}, got {method!r}")
-    drafter = str(cal.get("drafter", ""))
+    drafter = cal.get("drafter", "")
+    if not isinstance(drafter, str):
+        raise InputError(source, f"drafter must be a string, got {drafter!r}")
     if method == "temperature":
-        t = np.asarray(cal.get("temperatures", []), dtype=np.float64)
-        if t.ndim != 1 or t.size == 0 or not np.all(np.isfinite(t)) or np.any(t <= 0):
-            raise InputError(source, "temperatures must be a non-empty list of positive numbers")
-        return CalibrationMap("temperature", temperatures=t, drafter=drafter, source=source)
+        return temperature_map(_numbers(source, "temperatures", cal.get("temperatures", [])),
+                               drafter, source)
     if method == "isotonic":
         rows = cal.get("isotonic", [])
-        if not rows:
+        if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
             raise InputError(source, "isotonic map needs [[calibration.isotonic]] rows")
-        xs, ys = [], []
-        for i, row in enumerate(rows):
-            x = np.asarray(row.get("x", []), float)
-            y = np.asarray(row.get("y", []), float)
-            if x.size < 2 or x.shape != y.shape or np.any(np.diff(x) < 0) or np.any(np.diff(y) < 0):
-                raise InputError(source, f"isotonic row {i}: x, y must be monotone and equal length")
-            if not (np.all(np.isfinite(y)) and y.min() >= 0 and y.max() <= 1):
-                raise InputError(source, f"isotonic row {i}: y must lie in [0, 1]")
-            xs.append(x)
-            ys.append(y)
-        return CalibrationMap("isotonic", iso_x=tuple(xs), iso_y=tuple(ys), drafter=drafter,
-                              source=source)
+        return isotonic_map([_numbers(source, f"isotonic row {i} x", r.get("x"))
+                             for i, r in enumerate(rows)],
+                            [_numbers(source, f"isotonic row {i} y", r.get("y"))
+                             for i, r in enumerate(rows)], drafter, source)
     return CalibrationMap(drafter=drafter, source=source)

@@ -234,3 +234,45 @@ def test_validate_checks_every_argument_before_loading_a_model(no_model_load, tm
     a_file = tmp_path / "f"
     a_file.write_text("x")
     one_line_error(invoke("validate", "--out", str(a_file)), "--out")
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("method = 'isotonic'\n[[calibration.isotonic]]\nx = [0.0, nan, 1.0]\ny = [0.0, 0.5, 1.0]\n",
+     "finite"),
+    ("method = 'isotonic'\n[[calibration.isotonic]]\nx = [0.0, 0.5, inf]\ny = [0.0, 0.5, 1.0]\n",
+     "finite"),
+    ("method = 'isotonic'\n[[calibration.isotonic]]\nx = [0.0, 0.7, 0.5]\ny = [0.0, 0.5, 1.0]\n",
+     "non-decreasing"),
+    ("method = 'isotonic'\n[[calibration.isotonic]]\nx = [0.0, 0.5, 1.0]\ny = [0.0, 0.9, 0.5]\n",
+     "non-decreasing"),
+    ("method = 'isotonic'\n[[calibration.isotonic]]\nx = [0.0, 1.0]\ny = [0.0, 1.5]\n", "[0, 1]"),
+    ("method = 'isotonic'\n[[calibration.isotonic]]\nx = ['a', 'b']\ny = [0.0, 1.0]\n",
+     "list of numbers"),
+    ("method = 'isotonic'\nisotonic = [1, 2]\n", "rows"),
+    ("method = 'temperature'\ntemperatures = ['hot']\n", "list of numbers"),
+    ("method = 'temperature'\ntemperatures = [1.0, nan]\n", "positive"),
+    ("method = 'temperature'\ntemperatures = 2.0\n", "list of numbers"),
+    ("method = 'temperature'\ndrafter = 5\ntemperatures = [1.0]\n", "drafter"),
+    ("method = 'magic'\n", "method"),
+])
+def test_bad_calibration_maps_are_one_line_errors(tmp_path, body, needle):
+    from dspark_sim.calibration.confmap import load_calibration
+    from dspark_sim.errors import InputError
+
+    p = tmp_path / "map.toml"
+    p.write_text("[calibration]\n" + body)
+    with pytest.raises(InputError) as err:
+        load_calibration(p)
+    assert str(p) in str(err.value) and needle in str(err.value), str(err.value)
+    one_line_error(invoke("run", *SMALL, "--calibration", str(p)), str(p), needle)
+
+
+def test_good_isotonic_map_loads_and_interpolates(tmp_path):
+    from dspark_sim.calibration.confmap import load_calibration
+
+    p = tmp_path / "map.toml"
+    p.write_text("[calibration]\nmethod = 'isotonic'\n[[calibration.isotonic]]\n"
+                 "x = [0, 0.5, 1]\ny = [0.0, 0.2, 0.9]\n")  # integer knots are numbers too
+    m = load_calibration(p)
+    # piecewise linear: 0.25 -> 0.1, 0.75 -> 0.55; every position reuses the one row
+    assert m.apply([[0.25, 0.75]]).tolist() == pytest.approx([[0.1, 0.55]])
