@@ -408,13 +408,14 @@ def _open_manifest(work: Path, plan_hash: str, resume: bool) -> dict[str, Any]:
     return manifest
 
 
-def _shard_frame(rows: dict[str, Any], chunk: list[int], recs: list[dict], gamma_max: int
-                 ) -> pl.DataFrame:
-    """One drafter's records of one chunk; request ids index the full prompt list."""
+def records_frame(rows: dict[str, Any], request_ids: Sequence[int], domains: Sequence[str],
+                  gamma_max: int) -> pl.DataFrame:
+    """:func:`draft_rows` output as trace records: sequence ``i`` becomes request
+    ``request_ids[i]`` of domain ``domains[i]`` with ``rows["per_seq"][i]`` positions."""
     n = rows["per_seq"]
     return pl.DataFrame({
-        "request_id": np.repeat(chunk, n).astype(np.int32),
-        "domain": np.repeat([r["domain"] for r in recs], n).astype(str),
+        "request_id": np.repeat(np.asarray(request_ids), n).astype(np.int32),
+        "domain": np.repeat(np.asarray(domains), n).astype(str),
         "position": np.concatenate([np.arange(k) for k in n]).astype(np.int32),
         "accept_len": rows["accept_len"].astype(np.int8),
         "conf": pl.Series("conf", rows["conf"], dtype=pl.Array(pl.Float32, gamma_max)),
@@ -439,8 +440,8 @@ def _capture_chunk(ci: int, chunk: list[int], prompts: list[Prompt], tgt: Target
         rows = draft_rows(model, store, shared, gamma_max, max_new_tokens, target_rows=trows)
         backend = rows["backend"] or backend
         meta = TraceMeta(drafter=name, target=tgt.name, gamma_max=gamma_max, source="captured")
-        write_trace(trace_from_frame(_shard_frame(rows, chunk, recs, gamma_max), meta,
-                                     "<capture>"), work / f"{name}-{ci:04d}.parquet")
+        frame = records_frame(rows, chunk, [r["domain"] for r in recs], gamma_max)
+        write_trace(trace_from_frame(frame, meta, "<capture>"), work / f"{name}-{ci:04d}.parquet")
     return {"prompts": [p.key for p in cp], "backend": backend,
             "greedy_agree": float(np.mean([float(r.get("greedy_agree", 1.0)) for r in recs]))}
 

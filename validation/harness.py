@@ -183,7 +183,7 @@ def learned_trace(target: Any, drafter: Any, prompts: list[list[int]], outputs: 
     output position, :func:`dspark_sim.traces.capture.draft_rows` verifies them."""
     import torch
 
-    from dspark_sim.traces.capture import draft_rows
+    from dspark_sim.traces.capture import draft_rows, records_frame
     from dspark_sim.traces.drafters import SequenceStore, Shared
 
     layers = list(drafter.cfg.feature_layers) + [target.num_layers]
@@ -197,15 +197,8 @@ def learned_trace(target: Any, drafter: Any, prompts: list[list[int]], outputs: 
         store = SequenceStore.from_records(recs)
         with torch.inference_mode():
             rows = draft_rows(drafter, store, shared, gamma, max(len(o) for o in outputs))
-        n = rows["per_seq"]
-        frames.append(pl.DataFrame({
-            "request_id": np.repeat(np.arange(lo, lo + len(recs)), n).astype(np.int32),
-            "domain": np.repeat(np.asarray(domains[lo : lo + len(recs)]), n).astype(str),
-            "position": np.concatenate([np.arange(k) for k in n]).astype(np.int32),
-            "accept_len": rows["accept_len"].astype(np.int8),
-            "conf": pl.Series("conf", rows["conf"].astype(np.float32),
-                              dtype=pl.Array(pl.Float32, gamma)),
-        }))
+        frames.append(records_frame(rows, range(lo, lo + len(recs)),
+                                    domains[lo : lo + len(recs)], gamma))
     meta = TraceMeta(drafter=kind, target=target.name, gamma_max=gamma, source="captured",
                      temperature=0.0,
                      generator={"tool": "dspark_sim.validation.harness", "from": "served sequences"})
