@@ -27,8 +27,9 @@ try:  # typer >= 0.22 parses with its own copy of click, older ones with click i
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as _click_errors
 
-console = Console()
-err_console = Console(stderr=True)
+# user text (paths, specs like "fixed:100:100") must print as given: no ":100:" emoji
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 
 def _error_line(text: str) -> None:
@@ -266,23 +267,23 @@ def traces_inspect(
     and the per-position acceptance of a trace."""
     from dspark_sim.traces.schema import load_trace
 
-    t = load_trace(trace)
-    m = t.meta
-    console.print(f"[bold]{t.source_path}[/]  drafter {m.drafter}, target {m.target}, "
-                  f"source {m.source}, gamma_max {m.gamma_max}, temperature {m.temperature:g}"
-                  f"{'' if m.replay_exact else ' (replay approximate: sampled decoding)'}")
-    console.print(f"{t.num_requests} requests, {t.num_positions:,} positions, "
-                  f"domains {', '.join(m.domains)}"
-                  f"{'' if t.has_conf else '; no confidences (conf column absent)'}"
-                  f"{'; per-request prompt/output lengths' if t.has_lengths else ''}")
+    tr = load_trace(trace)
+    meta = tr.meta
+    console.print(f"[bold]{tr.source_path}[/]  drafter {meta.drafter}, target {meta.target}, "
+                  f"source {meta.source}, gamma_max {meta.gamma_max}, temperature {meta.temperature:g}"
+                  f"{'' if meta.replay_exact else ' (replay approximate: sampled decoding)'}")
+    console.print(f"{tr.num_requests} requests, {tr.num_positions:,} positions, "
+                  f"domains {', '.join(meta.domains)}"
+                  f"{'' if tr.has_conf else '; no confidences (conf column absent)'}"
+                  f"{'; per-request prompt/output lengths' if tr.has_lengths else ''}")
     tab = Table(title="tau (tokens per verification step, incl. bonus) by verify length l")
     tab.add_column("domain: tau", no_wrap=True)
-    for ell in range(t.gamma_max + 1):
+    for ell in range(tr.gamma_max + 1):
         tab.add_column(f"l={ell}", justify="right")
-    parts = [("all", t)] + ([(d, t.select_domain(d)) for d in m.domains] if len(m.domains) > 1 else [])
+    parts = [("all", tr)] + ([(d, tr.select_domain(d)) for d in meta.domains] if len(meta.domains) > 1 else [])
     for name, sub in parts:
-        tab.add_row(f"{name}: served", *[f"{sub.served_tau(ell):.2f}" for ell in range(t.gamma_max + 1)])
-        tab.add_row(f"{name}: per-pos", *[f"{sub.tau(ell):.2f}" for ell in range(t.gamma_max + 1)])
+        tab.add_row(f"{name}: served", *[f"{sub.served_tau(ell):.2f}" for ell in range(tr.gamma_max + 1)])
+        tab.add_row(f"{name}: per-pos", *[f"{sub.tau(ell):.2f}" for ell in range(tr.gamma_max + 1)])
     console.print(tab)
     console.print("served: per verify step, a fixed-l chain replayed through each request, total "
                   "tokens / total steps: what a run reports (DSpark Table 1, vLLM "
@@ -292,7 +293,7 @@ def traces_inspect(
     pos = Table(title="per-position acceptance")
     pos.add_column("domain")
     pos.add_column("kind")
-    for k in range(1, t.gamma_max + 1):
+    for k in range(1, tr.gamma_max + 1):
         pos.add_column(f"k={k}", justify="right")
     for name, sub in parts:
         pos.add_row(name, "P(k | 1..k-1) (DSpark Fig. 2)",
@@ -313,8 +314,8 @@ def profiles_list() -> None:
     for col in ("name", "kind", "GPU/replica", "description"):
         tab.add_column(col)
     for name in builtin_profiles():
-        p = load_profile(name)
-        tab.add_row(name, p.kind, str(p.gpus_per_replica), p.description)
+        prof = load_profile(name)
+        tab.add_row(name, prof.kind, str(prof.gpus_per_replica), prof.description)
     console.print(tab)
 
 
@@ -323,23 +324,23 @@ def profiles_show(name: Annotated[str, typer.Argument(help="Built-in name or TOM
     """SPS(B) table and draft costs of a profile."""
     from dspark_sim.calibration.profile import load_profile
 
-    p = load_profile(name)
-    console.print(f"[bold]{p.summary()}[/]\n{p.description}")
+    prof = load_profile(name)
+    console.print(f"[bold]{prof.summary()}[/]\n{prof.description}")
     tab = Table(title="target step time and steps/s")
     for col in ("tokens B", "step (ms)", "SPS (1/s)", "B x SPS (tok/s)"):
         tab.add_column(col, justify="right")
-    for b, s in zip(p.tokens, p.step_s, strict=True):
+    for b, s in zip(prof.tokens, prof.step_s, strict=True):
         tab.add_row(str(b), f"{s * 1e3:.2f}", f"{1 / s:.1f}", f"{b / s:,.0f}")
     console.print(tab)
-    terms = [(f"kv {p.kv_s_per_token * 1e6:.4g} us/context token", True),
-             (f"multi-token blocks +{p.multi_kv_s_per_token * 1e6:.4g} us/context token",
-              p.multi_kv_s_per_token),
-             (f"attention {p.attn_s_per_query_ctx * 1e9:.4g} ns/(query x context)",
-              p.attn_s_per_query_ctx),
-             (f"LM head {p.logits_s_per_row * 1e6:.4g} us/logit row", p.logits_s_per_row),
-             (f"{p.request_s * 1e3:.4g} ms/request with a context", p.request_s)]
+    terms = [(f"kv {prof.kv_s_per_token * 1e6:.4g} us/context token", True),
+             (f"multi-token blocks +{prof.multi_kv_s_per_token * 1e6:.4g} us/context token",
+              prof.multi_kv_s_per_token),
+             (f"attention {prof.attn_s_per_query_ctx * 1e9:.4g} ns/(query x context)",
+              prof.attn_s_per_query_ctx),
+             (f"LM head {prof.logits_s_per_row * 1e6:.4g} us/logit row", prof.logits_s_per_row),
+             (f"{prof.request_s * 1e3:.4g} ms/request with a context", prof.request_s)]
     console.print("per-step terms: " + ", ".join(t for t, on in terms if on), markup=False)
-    for dname, d in p.drafts.items():
+    for dname, d in prof.drafts.items():
         costs = ", ".join(f"n={int(n)}: {t * 1e3:.2f} ms" for n, t in zip(d.batch, d.time_s, strict=True))
         console.print(f"draft [{dname}] gamma_ref {d.gamma_ref}: {costs}", markup=False)
 

@@ -35,6 +35,8 @@ MAX_NUM_SEQS = 1 << 16
 MAX_KV_CAPACITY_TOKENS = 1 << 40
 MAX_REPLICAS = 1024  # one SimPy process and one batch matrix each
 MAX_TOKENS_PER_REQUEST = 1 << 24  # prompt or output tokens in a --lengths spec
+# lognormal lengths: sigma 4 already spans a factor ~e^16 between the 0.01 % tails
+MAX_LOGNORMAL_SIGMA = 4.0
 # Simulated seconds: the float64 clock keeps ~2 ns resolution below 1e7 s (116 days);
 # longer arrival windows make step durations vanish into rounding (0.0 ms latencies).
 MAX_SIM_TIME_S = 1e7

@@ -26,7 +26,12 @@ import numpy as np
 import polars as pl
 
 from dspark_sim.errors import InputError
-from dspark_sim.sim.config import MAX_SIM_TIME_S, WorkloadConfig
+from dspark_sim.sim.config import (
+    MAX_LOGNORMAL_SIGMA,
+    MAX_SIM_TIME_S,
+    MAX_TOKENS_PER_REQUEST,
+    WorkloadConfig,
+)
 
 NAMED_LENGTHS = ("azure-conv", "azure-code", "mooncake")
 DEFAULT_LENGTHS = "azure-conv"
@@ -125,17 +130,22 @@ def sample_lengths(spec: str, n: int, rng: np.random.Generator) -> tuple[np.ndar
     except ValueError:
         raise InputError("--lengths", f"bad length spec {spec!r}") from None
     if kind in NAMED_LENGTHS and not args:
-        p, o = _named_lengths(kind)
-        idx = rng.integers(0, len(p), size=n)
-        return p[idx].astype(np.int64), o[idx].astype(np.int64), f"{kind} empirical lengths"
+        prompt_tokens, output_tokens = _named_lengths(kind)
+        idx = rng.integers(0, len(prompt_tokens), size=n)
+        return (prompt_tokens[idx].astype(np.int64), output_tokens[idx].astype(np.int64),
+                f"{kind} empirical lengths")
     if kind == "fixed" and len(nums) == 2 and min(nums) >= 1:
         return (np.full(n, int(nums[0]), np.int64), np.full(n, int(nums[1]), np.int64),
                 f"fixed {int(nums[0])} in / {int(nums[1])} out")
     if kind == "lognormal" and len(nums) in (2, 3) and min(nums) > 0:
         sigma = nums[2] if len(nums) == 3 else 0.8
-        p = np.maximum(1, np.round(nums[0] * np.exp(sigma * rng.standard_normal(n))))
-        o = np.maximum(1, np.round(nums[1] * np.exp(sigma * rng.standard_normal(n))))
-        return p.astype(np.int64), o.astype(np.int64), f"lognormal medians {nums[0]:g}/{nums[1]:g}"
+        if sigma > MAX_LOGNORMAL_SIGMA:
+            raise InputError("--lengths", f"{spec!r}: sigma {sigma:g} is above the limit of "
+                             f"{MAX_LOGNORMAL_SIGMA:g}")
+        # draws are capped at the per-request limit (a wide sigma's far tail)
+        draw = [np.clip(np.round(median * np.exp(sigma * rng.standard_normal(n))), 1,
+                        MAX_TOKENS_PER_REQUEST).astype(np.int64) for median in nums[:2]]
+        return draw[0], draw[1], f"lognormal medians {nums[0]:g}/{nums[1]:g}"
     raise InputError(
         "--lengths",
         f"bad length spec {spec!r}; use one of {', '.join(NAMED_LENGTHS)}, fixed:IN:OUT, "
@@ -163,9 +173,9 @@ def _file_requests(w: WorkloadConfig, df: pl.DataFrame, idx: np.ndarray,
     """The file's lengths for rows ``idx``, unless ``--lengths`` overrides them."""
     if w.lengths is not None:  # explicit lengths override the file's
         return sample_lengths(w.lengths, idx.size, rng)
-    p = df["prompt_tokens"].to_numpy()[idx].astype(np.int64)
-    o = df["output_tokens"].to_numpy()[idx].astype(np.int64)
-    return np.maximum(p, 1), np.maximum(o, 1), f"lengths of {Path(w.workload_path).name}"
+    prompt_tokens = df["prompt_tokens"].to_numpy()[idx].astype(np.int64)
+    output_tokens = df["output_tokens"].to_numpy()[idx].astype(np.int64)
+    return np.maximum(prompt_tokens, 1), np.maximum(output_tokens, 1), f"lengths of {Path(w.workload_path).name}"
 
 
 def _replay_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
@@ -189,27 +199,28 @@ def _replay_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream
         raise InputError("--replay-qps", f"the replay spans {arr[idx[-1]]:.3g} s; the simulated "
                          f"clock is limited to {MAX_SIM_TIME_S:g} s: raise the rate or cap "
                          "--num-requests / --duration-s")
-    p, o, _ = _file_requests(w, df, idx, rng)
-    return RequestStream(arr[idx], p, o, desc)
+    prompt_tokens, output_tokens, _ = _file_requests(w, df, idx, rng)
+    return RequestStream(arr[idx], prompt_tokens, output_tokens, desc)
 
 
 def _closed_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
     clients = f"closed loop, {w.max_concurrency} clients"
     if w.workload_path is None:
         n = int(w.num_requests)
-        p, o, ldesc = sample_lengths(w.lengths or DEFAULT_LENGTHS, n, rng)
-        return RequestStream(np.zeros(n), p, o, f"{clients}, {ldesc}")
+        prompt_tokens, output_tokens, ldesc = sample_lengths(w.lengths or DEFAULT_LENGTHS, n, rng)
+        return RequestStream(np.zeros(n), prompt_tokens, output_tokens, f"{clients}, {ldesc}")
     # The clients send the file's requests in timestamp order; the times play no part.
     df = read_workload(w.workload_path)
     n = df.height if w.num_requests is None else min(int(w.num_requests), df.height)
-    p, o, ldesc = _file_requests(w, df, np.arange(n), rng)
+    prompt_tokens, output_tokens, ldesc = _file_requests(w, df, np.arange(n), rng)
     if n < df.height:
         which = f"the file's first {n} of {df.height} requests"
     elif w.num_requests is not None and w.num_requests > n:
         which = f"all {n} requests of the file, fewer than --num-requests {w.num_requests}"
     else:
         which = f"all {n} requests of the file"
-    return RequestStream(np.zeros(n), p, o, f"{clients}, {ldesc} ({which}, in order)")
+    return RequestStream(np.zeros(n), prompt_tokens, output_tokens,
+                         f"{clients}, {ldesc} ({which}, in order)")
 
 
 def _open_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
@@ -229,6 +240,9 @@ def _open_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
                          f"{w.duration_s:g} s window at {w.qps:g} req/s: the run would "
                          "simulate nothing")
     arr = arr - arr[0]  # the first request arrives at t = 0
-    p, o, ldesc = sample_lengths(w.lengths or DEFAULT_LENGTHS, arr.size, rng)
-    kind = "Poisson" if w.arrival == "poisson" or w.burstiness == 1.0 else f"gamma(burstiness={w.burstiness:g})"
-    return RequestStream(arr, p, o, f"{kind} arrivals at {w.qps:g} req/s, {ldesc}")
+    prompt_tokens, output_tokens, ldesc = sample_lengths(w.lengths or DEFAULT_LENGTHS, arr.size,
+                                                         rng)
+    kind = "Poisson" if w.arrival == "poisson" or w.burstiness == 1.0 \
+        else f"gamma(burstiness={w.burstiness:g})"
+    return RequestStream(arr, prompt_tokens, output_tokens,
+                         f"{kind} arrivals at {w.qps:g} req/s, {ldesc}")

@@ -276,3 +276,19 @@ def test_good_isotonic_map_loads_and_interpolates(tmp_path):
     m = load_calibration(p)
     # piecewise linear: 0.25 -> 0.1, 0.75 -> 0.55; every position reuses the one row
     assert m.apply([[0.25, 0.75]]).tolist() == pytest.approx([[0.1, 0.55]])
+
+
+def test_user_text_is_printed_verbatim():
+    # rich would turn ":100:" into an emoji; the option must read back as given
+    one_line_error(invoke("run", "--lengths", "lognormal:100:100:1000"), "lognormal:100:100:1000",
+                   "sigma")
+
+
+def test_wide_lognormal_lengths_are_capped_not_garbage(tmp_path):
+    out = tmp_path / "o"
+    r = invoke("run", "--lengths", "lognormal:1000000:3:4", "--num-requests", "30",
+               "--replicas", "1", "--out", str(out), "--quiet")
+    assert r.exit_code == 0, r.output
+    req = pl.read_parquet(out / "requests.parquet")
+    assert req["prompt_tokens"].min() >= 1 and req["prompt_tokens"].max() <= 1 << 24
+    assert req["output_tokens"].min() >= 1
