@@ -275,7 +275,7 @@ def test_good_isotonic_map_loads_and_interpolates(tmp_path):
                  "x = [0, 0.5, 1]\ny = [0.0, 0.2, 0.9]\n")  # integer knots are numbers too
     m = load_calibration(p)
     # piecewise linear: 0.25 -> 0.1, 0.75 -> 0.55; every position reuses the one row
-    assert m.apply([[0.25, 0.75]]).tolist() == pytest.approx([[0.1, 0.55]])
+    assert m.apply([[0.25, 0.75]])[0].tolist() == pytest.approx([0.1, 0.55])
 
 
 def test_user_text_is_printed_verbatim():
