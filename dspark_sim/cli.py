@@ -72,7 +72,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     cls=OneLineErrors,
 )
-traces_app = typer.Typer(help="Write and inspect acceptance traces (schema v1).",
+traces_app = typer.Typer(help="Write, import, inspect and export acceptance traces (schema v1).",
                          no_args_is_help=True)
 profiles_app = typer.Typer(help="List and show engine profiles.", no_args_is_help=True)
 calibrate_app = typer.Typer(help="Measure engine profiles and calibrate drafter confidences.",
@@ -259,6 +259,87 @@ def traces_synth(
                   f"(per-position mean {t.tau():.3f})")
 
 
+@traces_app.command("import")
+def traces_import(
+    src: Annotated[Path, typer.Argument(help="Source file (JSONL, CSV, /metrics text or bench "
+                                             "serve JSON, by --format).")],
+    out: Annotated[Path, typer.Option(help="Output parquet path.")],
+    fmt: Annotated[str, typer.Option("--format", help="specdecode-bench | per-position | "
+                                     "vllm-counters")],
+    column: Annotated[str | None, typer.Option(
+        help="specdecode-bench: which acceptance column, eagle | ngram (default eagle).")] = None,
+    domain: Annotated[str | None, typer.Option(
+        help="Domain label (default: from the file name; per-position: its 'domain' column).")] = None,
+    gamma_max: Annotated[int | None, typer.Option(
+        help="Draft block length (default: the longest accepted run in the file; longer runs "
+             "are cut, exact for verify lengths up to it).")] = None,
+    drafter: Annotated[str | None, typer.Option(help="Drafter name in the trace metadata.")] = None,
+    target: Annotated[str | None, typer.Option(help="Target model name in the metadata.")] = None,
+    requests: Annotated[int | None, typer.Option(
+        help="vllm-counters: requests of the synthetic trace (default 64).")] = None,
+    positions: Annotated[int | None, typer.Option(
+        help="vllm-counters: positions per request (default 512).")] = None,
+    seed: Annotated[int | None, typer.Option(help="vllm-counters: seed (default 0).")] = None,
+) -> None:
+    """Import another engine's acceptance data as a schema-v1 trace (docs/traces.md)."""
+    from dspark_sim.traces.importers import FORMATS, import_trace
+    from dspark_sim.traces.schema import write_trace
+
+    fmt = fmt.strip().lower()
+    if fmt not in FORMATS:
+        raise InputError("--format", f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    given = {"--column": column, "--domain": domain, "--gamma-max": gamma_max,
+             "--requests": requests, "--positions": positions, "--seed": seed}
+    applies = {"specdecode-bench": {"--column", "--domain", "--gamma-max"},
+               "per-position": {"--domain", "--gamma-max"},
+               "vllm-counters": {"--domain", "--requests", "--positions", "--seed"}}[fmt]
+    for opt, val in given.items():
+        if val is not None and opt not in applies:
+            raise InputError(opt, f"does not apply to --format {fmt}")
+    check_writable(out, "--out", kind="file")
+    opts = {k: v for k, v in {"column": column, "domain": domain, "gamma_max": gamma_max,
+                               "drafter": drafter, "target": target, "requests": requests,
+                               "positions": positions, "seed": seed}.items() if v is not None}
+    t = import_trace(fmt, src, **opts)
+    write_trace(t, out)
+    console.print(f"wrote {out}: {t.num_requests} requests, {t.num_positions:,} positions, "
+                  f"gamma_max {t.gamma_max}, source {t.meta.source}"
+                  f"{'' if t.has_conf else ', no confidences'}"
+                  f"{', per-request lengths' if t.has_lengths else ''}; served tau "
+                  + ", ".join(f"k={k}: {t.served_tau(k):.2f}"
+                              for k in sorted({1, 3, 5, t.gamma_max}) if k <= t.gamma_max),
+                  markup=False, highlight=False)
+
+
+@traces_app.command("export")
+def traces_export(
+    trace: Annotated[str, typer.Argument(help="Trace path or built-in name.")],
+    out: Annotated[Path, typer.Option(help="Output file (JSON).")],
+    fmt: Annotated[str, typer.Option("--format", help="vllm-synthetic")] = "vllm-synthetic",
+    num_speculative_tokens: Annotated[int | None, typer.Option(
+        help="Draft tokens per step on the real engine (default: the trace's gamma_max).")] = None,
+    weighting: Annotated[str, typer.Option(
+        help="served (over the steps a fixed-K run visits: the engine then serves the "
+             "trace's served tau) | positions (every position once).")] = "served",
+    method: Annotated[str | None, typer.Option(help="Also write the drafter's 'method'.")] = None,
+    model: Annotated[str | None, typer.Option(help="Also write the drafter's 'model'.")] = None,
+) -> None:
+    """Write a trace's per-position acceptance for a real engine (vLLM's synthetic
+    rejection sampler: --speculative-config)."""
+    from dspark_sim.traces.export import export_trace
+    from dspark_sim.traces.schema import load_trace
+
+    check_writable(out, "--out", kind="file")
+    t = load_trace(trace)
+    cfg = export_trace(t, fmt, out, num_speculative_tokens=num_speculative_tokens,
+                       weighting=weighting, method=method, model=model)
+    k = cfg["num_speculative_tokens"]
+    console.print(f"wrote {out}: num_speculative_tokens {k}, synthetic_acceptance_rates "
+                  f"{cfg['synthetic_acceptance_rates']} ({weighting}); the engine will serve "
+                  f"tau = {1 + sum(cfg['synthetic_acceptance_rates']):.3f} (trace served tau "
+                  f"at k={k}: {t.served_tau(k):.3f})", markup=False, highlight=False)
+
+
 @traces_app.command("inspect")
 def traces_inspect(
     trace: Annotated[str, typer.Argument(help="Trace path or built-in name.")],
@@ -276,33 +357,37 @@ def traces_inspect(
                   f"domains {', '.join(meta.domains)}"
                   f"{'' if tr.has_conf else '; no confidences (conf column absent)'}"
                   f"{'; per-request prompt/output lengths' if tr.has_lengths else ''}")
-    tab = Table(title="tau (tokens per verification step, incl. bonus) by verify length l")
-    tab.add_column("domain: tau", no_wrap=True)
-    for ell in range(tr.gamma_max + 1):
-        tab.add_column(f"l={ell}", justify="right")
+    g = tr.gamma_max
     parts = [("all", tr)] + ([(d, tr.select_domain(d)) for d in meta.domains] if len(meta.domains) > 1 else [])
-    for name, sub in parts:
-        tab.add_row(f"{name}: served", *[f"{sub.served_tau(ell):.2f}" for ell in range(tr.gamma_max + 1)])
-        tab.add_row(f"{name}: per-pos", *[f"{sub.tau(ell):.2f}" for ell in range(tr.gamma_max + 1)])
+    # One row per verify length, so any gamma_max fits the terminal's width.
+    tab = Table(title="tau (tokens per verification step, incl. bonus) by verify length l")
+    tab.add_column("l", justify="right")
+    for name, _ in parts:
+        tab.add_column(f"{name}\nserved", justify="right", min_width=7)
+        tab.add_column(f"{name}\nper-pos", justify="right", min_width=7)
+    served = {name: [sub.served_tau(ell) for ell in range(g + 1)] for name, sub in parts}
+    for ell in range(g + 1):
+        tab.add_row(str(ell), *[f"{v:.2f}" for name, sub in parts
+                                for v in (served[name][ell], sub.tau(ell))])
     console.print(tab)
     console.print("served: per verify step, a fixed-l chain replayed through each request, total "
                   "tokens / total steps: what a run reports (DSpark Table 1, vLLM "
                   "spec_decode_acceptance_length). per-pos: min(l, m_t) + 1 "
                   "averaged over positions; higher when acceptance comes in easy and hard "
                   "stretches.", style="dim", markup=False)
-    pos = Table(title="per-position acceptance")
-    pos.add_column("domain")
-    pos.add_column("kind")
-    for k in range(1, tr.gamma_max + 1):
-        pos.add_column(f"k={k}", justify="right")
     for name, sub in parts:
-        pos.add_row(name, "P(k | 1..k-1) (DSpark Fig. 2)",
-                    *[f"{x:.3f}" for x in sub.conditional_acceptance()])
-        pos.add_row(name, "P(m >= k) (vLLM per-pos)", *[f"{x:.3f}" for x in sub.survival()])
+        pos = Table(title=f"per-position acceptance: {name}")
+        pos.add_column("k", justify="right")
+        cols = [("P(k | 1..k-1) (DSpark Fig. 2)", sub.conditional_acceptance()),
+                ("P(m >= k) per position", sub.survival()),
+                (f"P(m >= k) per step at l={g} (vLLM counters)", sub.served_survival())]
         if sub.conf is not None:
-            pos.add_row(name, "mean raw confidence",
-                        *[f"{x:.3f}" for x in sub.conf.mean(axis=0)])
-    console.print(pos)
+            cols.append(("mean raw confidence", sub.conf.mean(axis=0)))
+        for head, _ in cols:
+            pos.add_column(head, justify="right")
+        for k in range(1, g + 1):
+            pos.add_row(str(k), *[f"{v[k - 1]:.3f}" for _, v in cols])
+        console.print(pos)
 
 
 @profiles_app.command("list")

@@ -94,9 +94,7 @@ def test_inspect_names_both_taus(tmp_path):
     p = write_trace(_trace([[7] * 256 + [0] * 256], 7, conf=False), tmp_path / "b.parquet")
     r = CliRunner().invoke(app, ["traces", "inspect", str(p)])
     assert r.exit_code == 0, r.output
-    lines = r.output.splitlines()
-    served = next(ln for ln in lines if "all: served" in ln)
-    mean = next(ln for ln in lines if "all: per-pos" in ln)
-    assert served.rstrip(" │").endswith("1.78")  # 512 tokens / 288 steps at l = 7
-    assert mean.rstrip(" │").endswith("4.50")
+    row7 = next(ln for ln in r.output.splitlines() if ln.startswith("│ 7 "))
+    cells = [c.strip() for c in row7.strip("│ ").split("│")]
+    assert cells == ["7", "1.78", "4.50"]  # served 512 tokens / 288 steps; per-position 4.5
     assert "no confidences" in r.output and "mean raw confidence" not in r.output

@@ -158,6 +158,17 @@ class AcceptanceTrace:
         k = self.gamma_max if k is None else int(k)
         return _served_chain(self.accept_len, self.req_offsets, k)
 
+    def served_survival(self, k: int | None = None) -> np.ndarray:
+        """``P(m >= j)``, ``j = 1..k``, over the verify steps a fixed-``k`` chain visits:
+        what vLLM's per-position counters (``num_accepted_tokens_per_pos / num_drafts``)
+        report for a run at ``num_speculative_tokens = k``. ``1 + sum`` of it is
+        :meth:`served_tau`. :meth:`survival` weights every position once instead."""
+        k = self.gamma_max if k is None else int(k)
+        hist = np.zeros(k + 1, np.int64)
+        _served_chain(self.accept_len, self.req_offsets, k, hist)
+        ge = np.cumsum(hist[::-1])[::-1]  # ge[j] = steps with min(k, m) >= j
+        return ge[1:] / max(int(hist.sum()), 1)
+
     def conditional_acceptance(self) -> np.ndarray:
         """DSpark Fig. 2: P(position k accepted | 1..k-1 accepted), k = 1..gamma."""
         m = self.accept_len.astype(np.int64)
@@ -219,11 +230,12 @@ class AcceptanceTrace:
         return pl.DataFrame(cols)
 
 
-def _served_chain(accept_len: np.ndarray, offsets: np.ndarray,
-                  k: int) -> tuple[np.ndarray, np.ndarray]:
+def _served_chain(accept_len: np.ndarray, offsets: np.ndarray, k: int,
+                  hist: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Replay a fixed-``k`` chain through every request at once: one numpy pass per
     verify step over all requests still running (no per-position Python loop), so the
-    cost is (longest request's steps) x (vectorised gather)."""
+    cost is (longest request's steps) x (vectorised gather). ``hist`` (length ``k + 1``),
+    if given, counts the visited steps by accepted drafts ``min(k, m_t)``."""
     if k < 0:
         raise InputError("k", f"verify length must be >= 0, got {k}")
     m = accept_len.astype(np.int64)
@@ -235,6 +247,8 @@ def _served_chain(accept_len: np.ndarray, offsets: np.ndarray,
     live = np.flatnonzero(length > 0)
     while live.size:
         adv = np.minimum(m[start[live] + pos[live]], k) + 1
+        if hist is not None:
+            hist += np.bincount(adv - 1, minlength=k + 1)
         tokens[live] += adv
         steps[live] += 1
         pos[live] += adv

@@ -42,6 +42,15 @@ import numpy as np
 from dspark_sim.errors import InputError
 from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, _served_chain, concat_traces
 
+MAX_CELLS = 30_000_000  # requests x positions x draft width: ~240 MB per float64 latent
+
+
+def _check_size(requests: int, positions: int, width: int) -> None:
+    cells = requests * positions * width
+    if cells > MAX_CELLS:
+        raise InputError("--requests", f"requests x positions x gamma = {cells:,} exceeds "
+                                       f"{MAX_CELLS:,}; generate fewer or concatenate traces")
+
 
 @dataclass(frozen=True)
 class DomainCurve:
@@ -196,6 +205,7 @@ def synth_drafter(
         raise InputError("traces synth", "gamma, requests and positions must be >= 1")
     if gamma > 127:
         raise InputError("--gamma", f"must be <= 127, got {gamma}")
+    _check_size(requests_per_domain, positions, max([gamma, *(c.k for c in curves)]))
     s = signal or SignalModel()
     rng = np.random.default_rng(seed)
     parts, params = [], {}
@@ -249,6 +259,9 @@ def synth_iid(
         raise InputError("--gamma", f"must be >= 1, got {gamma}")
     if num_requests < 1 or positions < 1:
         raise InputError("traces synth", "requests and positions must be >= 1")
+    if gamma > 127:
+        raise InputError("--gamma", f"must be <= 127, got {gamma}")
+    _check_size(num_requests, positions, gamma)
     rng = np.random.default_rng(seed)
     n = num_requests * positions
     m = _leading_successes(np.full((n, gamma), alpha), rng)

@@ -1,0 +1,239 @@
+"""Importers (SpecDecode-Bench JSONL, generic per-position JSONL/CSV, vLLM counters) and
+the vLLM synthetic-sampler export: values checked against the source files read
+independently here, malformed input refused with one line naming the file and line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dspark_sim.cli import app
+from dspark_sim.errors import InputError
+from dspark_sim.traces.export import vllm_synthetic_config
+from dspark_sim.traces.importers import (
+    import_per_position,
+    import_specdecode_bench,
+    import_vllm_counters,
+    read_vllm_counters,
+)
+from dspark_sim.traces.schema import read_trace, write_trace
+from dspark_sim.traces.synth import synth_iid
+
+FIXTURE = Path(__file__).parent / "data" / "specdecode_bench" / "combined_fixture.jsonl"
+runner = CliRunner()
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("column", ["eagle", "ngram"])
+def test_specdecode_bench_fixture(tmp_path, column):
+    src = _rows(FIXTURE)
+    t = import_specdecode_bench(FIXTURE, column=column)
+    acc = [np.asarray(r[f"acc_{column}"]["acc_len"]) for r in src]
+    assert t.req_ids.tolist() == [r["id"] for r in src]  # the source's string ids, file order
+    assert t.meta.source == "imported" and t.conf is None
+    assert t.meta.domains == ("fixture",)  # combined_fixture.jsonl -> "fixture"
+    assert t.gamma_max == max(int(a.max()) for a in acc) - 1
+    assert t.req_prompt_tokens.tolist() == [len(r["prompt_token_ids"]) for r in src]
+    assert t.req_output_tokens.tolist() == [len(a) for a in acc]
+    for i, a in enumerate(acc):  # accepted drafts = tokens per step - 1
+        assert t.accept_len[t.req_offsets[i]:t.req_offsets[i + 1]].tolist() == (a - 1).tolist()
+    u = read_trace(write_trace(t, tmp_path / "sdb.parquet"))
+    assert u.req_ids.tolist() == t.req_ids.tolist()
+    assert np.array_equal(u.accept_len, t.accept_len)
+    assert u.req_output_tokens.tolist() == t.req_output_tokens.tolist()
+
+
+def test_specdecode_bench_gamma_cut_is_exact_below_it():
+    full = import_specdecode_bench(FIXTURE)
+    cut = import_specdecode_bench(FIXTURE, gamma_max=5)
+    assert cut.gamma_max == 5 and cut.meta.extra["clipped_positions"] > 0
+    for k in (1, 3, 5):
+        assert cut.served_tau(k) == full.served_tau(k)
+
+
+@pytest.mark.skipif(not os.environ.get("DSPARK_SPECDECODE_BENCH_FILE"),
+                    reason="set DSPARK_SPECDECODE_BENCH_FILE to a SpecDecode-Bench JSONL")
+def test_specdecode_bench_real_file():
+    p = Path(os.environ["DSPARK_SPECDECODE_BENCH_FILE"])
+    t = import_specdecode_bench(p)
+    src = [r for r in _rows(p) if r["acc_eagle"]["acc_len"]]
+    assert t.num_requests == len(src)
+    assert t.num_positions == sum(len(r["acc_eagle"]["acc_len"]) for r in src)
+
+
+@pytest.mark.parametrize("line,match", [
+    ('{"id": "1", "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1, 0]}}', "integers >= 1"),
+    ('{"id": "1", "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1, 2.5]}}', "integers >= 1"),
+    ('{"id": "1", "prompt_token_ids": [1]}', "no 'acc_eagle.acc_len'"),
+    ('{"id": [1], "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1]}}', "'id'"),
+    ('{"id": "1", "prompt_token_ids": 5, "acc_eagle": {"acc_len": [1]}}', "prompt_token_ids"),
+    ('{"id": "1", ', "not JSON"),
+    ('[1, 2]', "JSON object"),
+])
+def test_specdecode_bench_malformed(tmp_path, line, match):
+    good = '{"id": "0", "prompt_token_ids": [1, 2], "acc_eagle": {"acc_len": [2, 1]}}'
+    p = tmp_path / "bad.jsonl"
+    p.write_text(good + "\n\n" + line + "\n")
+    with pytest.raises(InputError, match=match) as exc:
+        import_specdecode_bench(p)
+    msg = str(exc.value)
+    assert str(p) in msg and "line 3" in msg and "\n" not in msg
+
+
+def test_specdecode_bench_duplicate_id(tmp_path):
+    row = '{"id": "7", "prompt_token_ids": [1], "acc_eagle": {"acc_len": [2]}}\n'
+    p = tmp_path / "dup.jsonl"
+    p.write_text(row * 2)
+    with pytest.raises(InputError, match="line 2: duplicate id '7'"):
+        import_specdecode_bench(p)
+
+
+def test_per_position_jsonl(tmp_path):
+    p = tmp_path / "pp.jsonl"
+    rows = [  # interleaved requests, positions out of order, one request with no domain change
+        {"request_id": "b", "position": 1, "tokens_per_step": 1, "domain": "chat",
+         "conf": [0.5, 0.2]},
+        {"request_id": "a", "position": 0, "tokens_per_step": 3, "domain": "code",
+         "conf": [0.9, 0.8]},
+        {"request_id": "b", "position": 0, "tokens_per_step": 2, "domain": "chat",
+         "conf": [0.7, 0.1]},
+    ]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t = import_per_position(p)
+    assert t.req_ids.tolist() == ["b", "a"]
+    assert t.accept_len.tolist() == [1, 0, 2]  # b: pos 0, 1; a: pos 0 (tokens - 1)
+    assert t.gamma_max == 2
+    assert np.allclose(t.conf, [[0.7, 0.1], [0.5, 0.2], [0.9, 0.8]])
+    assert t.req_domain.tolist() == ["chat", "code"]
+
+
+def test_per_position_csv_and_errors(tmp_path):
+    p = tmp_path / "pp.csv"
+    p.write_text("request_id,position,accept_len,prompt_tokens,output_tokens\n"
+                 "r1,0,3,50,3\nr1,1,0,50,3\nr1,2,1,50,3\nr2,0,0,9,1\n")
+    t = import_per_position(p, domain="gsm8k")
+    assert t.accept_len.tolist() == [3, 0, 1, 0] and t.conf is None
+    assert t.req_prompt_tokens.tolist() == [50, 9] and t.req_output_tokens.tolist() == [3, 1]
+    assert t.meta.domains == ("gsm8k",) and t.gamma_max == 3
+    cases = {
+        "request_id,position,accept_len\nr1,0,1\nr1,2,1\n": "line 3: positions of request 'r1'",
+        "request_id,position,accept_len\nr1,0,1\nr1,1,2.5\n": "line 3: accept_len must be an integer",
+        "request_id,position,accept_len,tokens_per_step\nr1,0,1,2\n": "exactly one",
+        "request_id,position,tokens_per_step\nr1,0,0\n": "line 2: tokens_per_step must be >= 1",
+        "request_id,position,accept_len,prompt_tokens\nr1,0,1,5\nr1,1,1,6\n":
+            "line 3: prompt_tokens differs",
+        "request_id,position,accept_len,conf_1\nr1,0,1,1.5\n": "line 2: conf values",
+        "request_id,position,accept_len,conf_1\nr1,0,2,0.5\n": "longer than the 1 confidences",
+    }
+    for text, match in cases.items():
+        p.write_text(text)
+        with pytest.raises(InputError, match=match) as exc:
+            import_per_position(p)
+        assert str(p) in str(exc.value)
+
+
+PROM = """# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 600.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 400.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 1800.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 480.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="0"} 320.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 330.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="1"} 220.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 180.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="2"} 120.0
+vllm:spec_decode_num_accepted_tokens_per_pos_created{engine="0",model_name="m",position="0"} 1.7e9
+"""
+
+
+def test_vllm_counters_prometheus_and_bench_serve(tmp_path):
+    p = tmp_path / "metrics.txt"
+    p.write_text(PROM)
+    c = read_vllm_counters(p)
+    # summed over engines: 800/1000, 550/1000, 300/1000
+    assert c["num_drafts"] == 1000 and c["survival"] == pytest.approx([0.8, 0.55, 0.3])
+    j = tmp_path / "bench.json"
+    j.write_text(json.dumps({"spec_decode_num_drafts": 1000, "spec_decode_acceptance_length": 2.65,
+                             "spec_decode_per_position_acceptance_rates": [0.8, 0.55, 0.3]}))
+    assert read_vllm_counters(j)["survival"] == pytest.approx([0.8, 0.55, 0.3])
+    t = import_vllm_counters(p, requests=64, positions=512, seed=3)
+    assert t.meta.source == "synthetic" and t.conf is None and t.gamma_max == 3
+    assert t.meta.generator["accepted_per_pos"] == [800, 550, 300]
+    assert t.survival() == pytest.approx([0.8, 0.55, 0.3], abs=0.01)
+    # i.i.d. positions: served tau at K is vLLM's acceptance length 1 + sum(rates)
+    assert t.served_tau(3) == pytest.approx(2.65, rel=0.01)
+    assert t.served_tau(1) == pytest.approx(1.8, rel=0.01)
+    # and the export hands the same rates back to a real engine
+    cfg = vllm_synthetic_config(t)
+    assert cfg["synthetic_acceptance_rates"] == pytest.approx([0.8, 0.55, 0.3], abs=0.015)
+
+
+@pytest.mark.parametrize("text,match", [
+    (PROM.replace('position="1"} 330.0', 'position="1"} 600.0'), "increase along the draft"),
+    ("\n".join(ln for ln in PROM.splitlines() if "num_drafts_total" not in ln), "no vllm:"),
+    (PROM.replace("600.0", "abc"), "line 3: value 'abc'"),
+    ('{"spec_decode_num_drafts": 0, "spec_decode_per_position_acceptance_rates": [0.5]}',
+     "positive integer"),
+    ('{"completed": 10}', "no 'spec_decode_per_position"),
+], ids=["increasing", "no-drafts", "bad-value", "zero-drafts", "no-rates"])
+def test_vllm_counters_malformed(tmp_path, text, match):
+    p = tmp_path / "m.txt"
+    p.write_text(text)
+    with pytest.raises(InputError, match=match) as exc:
+        import_vllm_counters(p)
+    assert str(p) in str(exc.value)
+
+
+def test_export_served_rates_reproduce_served_tau(tmp_path):
+    t = import_specdecode_bench(FIXTURE, gamma_max=7)
+    for k in (1, 3, 7):
+        cfg = vllm_synthetic_config(t, num_speculative_tokens=k)
+        rates = cfg["synthetic_acceptance_rates"]
+        assert len(rates) == k and all(a >= b for a, b in zip(rates, rates[1:], strict=False))
+        # vLLM's sampler draws each step independently: it serves 1 + sum(rates)
+        assert 1 + sum(rates) == pytest.approx(t.served_tau(k), abs=1e-5)
+        pos = vllm_synthetic_config(t, num_speculative_tokens=k, weighting="positions")
+        assert 1 + sum(pos["synthetic_acceptance_rates"]) == pytest.approx(t.tau(k), abs=1e-5)
+    with pytest.raises(InputError, match="--num-speculative-tokens"):
+        vllm_synthetic_config(t, num_speculative_tokens=8)
+
+
+def test_cli_import_run_export(tmp_path):
+    tr = tmp_path / "sdb.parquet"
+    r = runner.invoke(app, ["traces", "import", "--format", "specdecode-bench", str(FIXTURE),
+                            "--out", str(tr)])
+    assert r.exit_code == 0, r.output
+    assert read_trace(tr).num_requests == 6
+    r = runner.invoke(app, ["run", "--trace", str(tr), "--policy", "fixed:3", "--num-requests",
+                            "20", "--replicas", "1", "--qps", "5", "--quiet"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["run", "--trace", str(tr), "--policy", "confidence",
+                            "--num-requests", "20", "--replicas", "1", "--qps", "5", "--quiet"])
+    assert r.exit_code == 2 and "no 'conf' column" in r.output and str(tr) in r.output
+    out = tmp_path / "spec.json"
+    r = runner.invoke(app, ["traces", "export", str(tr), "--num-speculative-tokens", "3",
+                            "--method", "eagle3", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    cfg = json.loads(out.read_text())
+    assert cfg["rejection_sample_method"] == "synthetic" and cfg["method"] == "eagle3"
+    assert cfg["num_speculative_tokens"] == 3 and len(cfg["synthetic_acceptance_rates"]) == 3
+    r = runner.invoke(app, ["traces", "import", "--format", "per-position", str(FIXTURE),
+                            "--column", "ngram", "--out", str(tmp_path / "x.parquet")])
+    assert r.exit_code == 2 and "--column" in r.output
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_iid_export_equals_alpha_powers():
+    t = synth_iid(0.7, 4, num_requests=64, positions=600, seed=1)
+    rates = vllm_synthetic_config(t)["synthetic_acceptance_rates"]
+    assert rates == pytest.approx([0.7 ** j for j in range(1, 5)], abs=0.01)

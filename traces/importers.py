@@ -1,0 +1,545 @@
+"""Importers: other engines' acceptance data -> schema-v1 traces.
+
+Formats (``dspark-sim traces import --format F SRC --out trace.parquet``):
+
+``specdecode-bench``
+    The JSONL of SpecDecode-Bench (the simulator of "Speculative Decoding: Performance
+    or Illusion?", arXiv 2601.11580; github.com/SpecDecode-Bench/simulator,
+    ``data/<model>/combined_<dataset>.jsonl``). One request per line: ``id``,
+    ``prompt_token_ids``, ``generated_token_ids`` and, per output position,
+    ``acc_eagle.acc_len`` / ``acc_ngram.acc_len``: the tokens one verify step started
+    there produces (accepted drafts + 1). ``column`` picks the drafter. A request's
+    output length is the length of that list (what SpecDecode-Bench's simulator
+    replays), its prompt length that of ``prompt_token_ids``. Source ``imported``.
+
+``per-position``
+    A generic JSONL or CSV (by suffix), one row per (request, position): ``request_id``
+    (any string or integer), ``position`` (0-based), and exactly one of ``accept_len``
+    (accepted drafts) or ``tokens_per_step`` (accepted drafts + 1, SpecDecode-Bench's and
+    vLLM's acceptance-length unit); optionally ``domain``, ``prompt_tokens``,
+    ``output_tokens`` and confidences (JSONL: a list ``conf``; CSV: ``conf_1`` ..
+    ``conf_G``). Source ``imported``.
+
+``vllm-counters``
+    vLLM's speculative-decoding counters, from a ``/metrics`` Prometheus scrape
+    (``vllm:spec_decode_num_drafts_total`` and
+    ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}``, summed over
+    label sets) or a ``vllm bench serve`` result JSON
+    (``spec_decode_per_position_acceptance_rates``, ``spec_decode_num_drafts``). These
+    give only the unconditional survival ``r_j = P(m >= j)`` over verify steps at
+    ``num_speculative_tokens`` = ``len(r)``, nothing per request or per position. The
+    importer therefore writes a *synthetic* trace (source ``synthetic``, the counters in
+    ``generator``): ``m`` drawn independently per position with ``P(m >= j) = r_j``, so
+    its served tau at ``K = len(r)`` is vLLM's acceptance length ``1 + sum(r)`` in
+    expectation, and at ``k < K`` it is ``1 + sum(r[:k])``. Burstiness between
+    positions is not in the counters and not in the trace.
+
+Malformed input raises :class:`~dspark_sim.errors.InputError` naming the file and the
+line (or data row).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from dspark_sim.errors import InputError
+from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta
+
+FORMATS = ("specdecode-bench", "per-position", "vllm-counters")
+SPECDECODE_COLUMNS = ("eagle", "ngram")
+GAMMA_LIMIT = 127  # accept_len is stored as int8
+MAX_SYNTH_CELLS = 20_000_000  # requests x positions of a counters trace (~20 MB of int8)
+
+
+def import_trace(fmt: str, src: str | Path, **opts: Any) -> AcceptanceTrace:
+    """Dispatch on ``fmt`` (one of :data:`FORMATS`); options as the format's function."""
+    fmt = fmt.strip().lower()
+    if fmt == "specdecode-bench":
+        return import_specdecode_bench(src, **opts)
+    if fmt == "per-position":
+        return import_per_position(src, **opts)
+    if fmt == "vllm-counters":
+        return import_vllm_counters(src, **opts)
+    raise InputError("--format", f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+
+
+def _check_file(src: str | Path) -> tuple[Path, str]:
+    p = Path(src)
+    if not p.is_file():
+        raise InputError(str(src), "file not found")
+    return p, str(src)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _json_lines(p: Path, where: str):
+    """(line number, object) for every non-blank line; one-line errors for the rest."""
+    try:
+        fh = p.open(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(where, f"cannot read ({exc.strerror})") from exc
+    with fh:
+        try:
+            for i, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    d = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(where, f"line {i}: not JSON ({exc.msg})") from None
+                if not isinstance(d, dict):
+                    raise InputError(where, f"line {i}: expected a JSON object")
+                yield i, d
+        except UnicodeDecodeError as exc:
+            raise InputError(where, f"not UTF-8 text ({exc.reason})") from None
+
+
+def _gamma(observed_max: int, gamma_max: int | None, where: str) -> int:
+    if gamma_max is None:
+        g = max(1, observed_max)
+    else:
+        if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 1:
+            raise InputError("--gamma-max", f"must be an integer >= 1, got {gamma_max!r}")
+        g = gamma_max
+    if g > GAMMA_LIMIT:
+        raise InputError(where if gamma_max is None else "--gamma-max",
+                         f"gamma_max {g} exceeds {GAMMA_LIMIT}; pass a smaller --gamma-max "
+                         "(accepted runs are cut there, exact for verify lengths up to it)")
+    return g
+
+
+def _build(where: str, meta: TraceMeta, m_rows: list[np.ndarray], ids: list,
+           domains: list[str], prompt: list[int] | None, output: list[int] | None,
+           conf_rows: list[np.ndarray] | None = None) -> AcceptanceTrace:
+    lengths = np.fromiter((len(r) for r in m_rows), np.int64, len(m_rows))
+    if len(m_rows) == 0 or lengths.sum() == 0:
+        raise InputError(where, "no request with at least one output position")
+    all_int = all(_is_int(x) for x in ids)
+    if not all_int and any(_is_int(x) for x in ids):
+        raise InputError(where, "request ids mix integers and strings")
+    if all_int:
+        # integer ids are stored in ascending order (how a trace file is read back)
+        order = sorted(range(len(ids)), key=ids.__getitem__)
+        m_rows, ids, domains = [m_rows[i] for i in order], [ids[i] for i in order], \
+            [domains[i] for i in order]
+        prompt = None if prompt is None else [prompt[i] for i in order]
+        output = None if output is None else [output[i] for i in order]
+        conf_rows = None if conf_rows is None else [conf_rows[i] for i in order]
+        lengths = lengths[order]
+    g = meta.gamma_max
+    m = np.concatenate(m_rows).astype(np.int64)
+    clipped = int((m > g).sum())
+    m = np.minimum(m, g)
+    rid = np.asarray(ids, dtype=np.int64 if all_int else str)
+    if all_int and (rid.min() < np.iinfo(np.int32).min or rid.max() > np.iinfo(np.int32).max):
+        rid = rid.astype(str)
+    elif all_int:
+        rid = rid.astype(np.int32)
+    extra = dict(meta.extra)
+    if clipped:
+        extra["clipped_positions"] = clipped
+    meta = TraceMeta(drafter=meta.drafter, target=meta.target, gamma_max=g, source=meta.source,
+                     temperature=meta.temperature,
+                     domains=tuple(sorted(set(domains))), generator=meta.generator, extra=extra)
+    return AcceptanceTrace(
+        meta=meta,
+        accept_len=m.astype(np.int8),
+        conf=None if conf_rows is None else np.concatenate(conf_rows).astype(np.float32),
+        req_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        req_domain=np.asarray(domains, dtype=str),
+        req_ids=rid,
+        source_path=where,
+        req_prompt_tokens=None if prompt is None else np.asarray(prompt, np.int64),
+        req_output_tokens=None if output is None else np.asarray(output, np.int64),
+    )
+
+
+def _default_domain(p: Path) -> str:
+    stem = p.name.split(".")[0]
+    return stem.removeprefix("combined_") or "imported"
+
+
+# -- SpecDecode-Bench --------------------------------------------------------------------
+def import_specdecode_bench(src: str | Path, *, column: str = "eagle", domain: str | None = None,
+                            gamma_max: int | None = None, drafter: str | None = None,
+                            target: str = "llama3.1-8b-instruct (SpecDecode-Bench)",
+                            temperature: float = 0.0) -> AcceptanceTrace:
+    p, where = _check_file(src)
+    if column not in SPECDECODE_COLUMNS:
+        raise InputError("--column", f"must be one of {', '.join(SPECDECODE_COLUMNS)}, got {column!r}")
+    dom = domain or _default_domain(p)
+    key = f"acc_{column}"
+    m_rows: list[np.ndarray] = []
+    ids: list = []
+    prompt: list[int] = []
+    output: list[int] = []
+    seen: dict = {}
+    skipped = mismatched = 0
+    for i, d in _json_lines(p, where):
+        rid = d.get("id")
+        if not (_is_int(rid) or isinstance(rid, str)):
+            raise InputError(where, f"line {i}: 'id' must be a string or integer, got {rid!r}")
+        if rid in seen:
+            raise InputError(where, f"line {i}: duplicate id {rid!r} (first on line {seen[rid]})")
+        seen[rid] = i
+        toks = d.get("prompt_token_ids")
+        if not isinstance(toks, list):
+            raise InputError(where, f"line {i}: 'prompt_token_ids' must be a list")
+        # SpecDecode-Bench's request.py falls back to a single 'acc' table
+        acc = d.get(key, d.get("acc"))
+        if not isinstance(acc, dict) or not isinstance(acc.get("acc_len"), list):
+            raise InputError(where, f"line {i}: no '{key}.acc_len' list")
+        acc_len = acc["acc_len"]
+        if not all(_is_int(x) and x >= 1 for x in acc_len):
+            bad = next(x for x in acc_len if not (_is_int(x) and x >= 1))
+            raise InputError(where, f"line {i}: '{key}.acc_len' values must be integers >= 1 "
+                                    f"(tokens per verify step incl. bonus), got {bad!r}")
+        if not acc_len:  # SpecDecode-Bench's simulator drops these too
+            skipped += 1
+            continue
+        gen = d.get("generated_token_ids")
+        if isinstance(gen, list) and len(gen) != len(acc_len):
+            mismatched += 1
+        m_rows.append(np.asarray(acc_len, np.int64) - 1)
+        ids.append(rid)
+        prompt.append(len(toks))
+        output.append(len(acc_len))
+    observed = max((int(r.max()) for r in m_rows if r.size), default=0)
+    g = _gamma(observed, gamma_max, where)
+    meta = TraceMeta(
+        drafter=drafter or f"specdecode-bench-{column}", target=target, gamma_max=g,
+        source="imported", temperature=float(temperature),
+        generator={"kind": "import", "format": "specdecode-bench", "column": key + ".acc_len",
+                   "file": p.name, "observed_max_accept_len": observed,
+                   "skipped_empty_requests": skipped,
+                   "output_tokens": f"len({key}.acc_len), the positions SpecDecode-Bench's "
+                                    "simulator replays",
+                   "requests_where_generated_token_ids_length_differs": mismatched},
+    )
+    return _build(where, meta, m_rows, ids, [dom] * len(m_rows), prompt, output)
+
+
+# -- generic per-position ----------------------------------------------------------------
+_PP_INT = ("position", "accept_len", "tokens_per_step", "prompt_tokens", "output_tokens")
+
+
+def import_per_position(src: str | Path, *, domain: str | None = None,
+                        gamma_max: int | None = None, drafter: str | None = None,
+                        target: str = "unknown", temperature: float = 0.0) -> AcceptanceTrace:
+    p, where = _check_file(src)
+    if p.suffix.lower() in (".jsonl", ".json", ".ndjson"):
+        records, lines, conf = _pp_jsonl(p, where)
+    elif p.suffix.lower() in (".csv", ".tsv"):
+        records, lines, conf = _pp_csv(p, where)
+    else:
+        raise InputError(where, "per-position input must be .jsonl or .csv")
+    if not records["request_id"]:
+        raise InputError(where, "no rows")
+    has_m = "accept_len" in records
+    has_t = "tokens_per_step" in records
+    if has_m == has_t:
+        raise InputError(where, "needs exactly one of the columns 'accept_len' (accepted "
+                                "drafts) or 'tokens_per_step' (accepted drafts + 1)")
+    m = np.asarray(records["accept_len"] if has_m else records["tokens_per_step"], np.int64)
+    if has_t:
+        m = m - 1
+    if (m < 0).any():
+        j = int(np.flatnonzero(m < 0)[0])
+        what = "accept_len must be >= 0" if has_m else "tokens_per_step must be >= 1"
+        raise InputError(where, f"line {lines[j]}: {what}")
+    pos = np.asarray(records["position"], np.int64)
+    ids = records["request_id"]
+    # group rows by request in first-appearance order, positions sorted within each
+    order_key: dict = {}
+    first = np.fromiter((order_key.setdefault(r, len(order_key)) for r in ids), np.int64, len(ids))
+    order = np.lexsort((pos, first))
+    first_s, pos_s = first[order], pos[order]
+    starts = np.flatnonzero(np.r_[True, first_s[1:] != first_s[:-1]])
+    expect = np.arange(len(pos_s)) - np.repeat(starts, np.diff(np.r_[starts, len(pos_s)]))
+    if not np.array_equal(pos_s, expect):
+        j = int(np.flatnonzero(pos_s != expect)[0])
+        line = lines[order[j]]
+        rid = ids[order[j]]
+        raise InputError(where, f"line {line}: positions of request {rid!r} are not 0, 1, 2, ... "
+                                f"(duplicate or gap at position {pos_s[j]})")
+    req_ids = list(order_key)
+    bounds = np.r_[starts, len(pos_s)]
+    m_rows = [m[order[a:b]] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    observed = int(m.max(initial=0))
+    if conf is not None:
+        width = conf.shape[1]
+        if gamma_max is not None and gamma_max != width:
+            raise InputError("--gamma-max", f"the confidences have {width} columns; gamma_max "
+                                            f"must equal that, got {gamma_max}")
+        if observed > width:
+            j = int(np.flatnonzero(m > width)[0])
+            raise InputError(where, f"line {lines[j]}: accepted run {m[j]} is longer than the "
+                                    f"{width} confidences")
+        gamma_max = width
+    g = _gamma(observed, gamma_max, where)
+    per_req = {}
+    for col in ("prompt_tokens", "output_tokens", "domain"):
+        if col not in records:
+            continue
+        v = np.asarray(records[col], dtype=object)[order]
+        firsts = v[starts]
+        differ = v != np.repeat(firsts, np.diff(bounds))
+        if differ.any():
+            j = int(np.flatnonzero(differ)[0])
+            raise InputError(where, f"line {lines[order[j]]}: {col} differs between rows of "
+                                    f"request {ids[order[j]]!r}")
+        per_req[col] = firsts.tolist()
+    doms = per_req.get("domain") or [domain or _default_domain(p)] * len(req_ids)
+    conf_rows = None if conf is None else [conf[order[a:b]]
+                                           for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    meta = TraceMeta(drafter=drafter or "imported", target=target, gamma_max=g, source="imported",
+                     temperature=float(temperature),
+                     generator={"kind": "import", "format": "per-position", "file": p.name,
+                                "unit": "accept_len" if has_m else "tokens_per_step"})
+    return _build(where, meta, m_rows, req_ids, [str(x) for x in doms],
+                  per_req.get("prompt_tokens"), per_req.get("output_tokens"), conf_rows)
+
+
+def _pp_check_value(col: str, v: Any, where: str, line: int) -> Any:
+    if col == "request_id":
+        if not (_is_int(v) or (isinstance(v, str) and v != "")):
+            raise InputError(where, f"line {line}: request_id must be a non-empty string or "
+                                    f"an integer, got {v!r}")
+        return v
+    if col == "domain":
+        if not isinstance(v, str):
+            raise InputError(where, f"line {line}: domain must be a string, got {v!r}")
+        return v
+    if not _is_int(v) or v < 0:
+        raise InputError(where, f"line {line}: {col} must be an integer >= 0, got {v!r}")
+    return v
+
+
+def _conf_row(v: Any, where: str, line: int, width: int | None) -> list[float]:
+    if not isinstance(v, list) or not v:
+        raise InputError(where, f"line {line}: conf must be a non-empty list of numbers")
+    out = []
+    for x in v:
+        if isinstance(x, bool) or not isinstance(x, int | float) or not 0.0 <= x <= 1.0:
+            raise InputError(where, f"line {line}: conf values must be numbers in [0, 1], got {x!r}")
+        out.append(float(x))
+    if width is not None and len(out) != width:
+        raise InputError(where, f"line {line}: conf has {len(out)} values, earlier rows {width}")
+    return out
+
+
+def _pp_jsonl(p: Path, where: str):
+    cols = ("request_id", "position", "accept_len", "tokens_per_step", "domain",
+            "prompt_tokens", "output_tokens")
+    records: dict[str, list] = {"request_id": [], "position": []}
+    lines: list[int] = []
+    conf: list[list[float]] = []
+    width: int | None = None
+    present: set[str] | None = None
+    for i, d in _json_lines(p, where):
+        keys = {c for c in cols if c in d}
+        if "conf" in d:
+            keys.add("conf")
+        for need in ("request_id", "position"):
+            if need not in d:
+                raise InputError(where, f"line {i}: no '{need}'")
+        if present is None:
+            present = keys
+            for c in keys - {"conf"}:
+                records.setdefault(c, [])
+        elif keys != present:
+            diff = sorted(keys ^ present)
+            raise InputError(where, f"line {i}: fields {', '.join(diff)} present on some rows "
+                                    "but not others")
+        for c in keys - {"conf"}:
+            records[c].append(_pp_check_value(c, d[c], where, i))
+        if "conf" in keys:
+            row = _conf_row(d["conf"], where, i, width)
+            width = len(row)
+            conf.append(row)
+        lines.append(i)
+    return records, lines, (np.asarray(conf, np.float32) if conf else None)
+
+
+def _pp_csv(p: Path, where: str):
+    try:
+        df = pl.read_csv(p, infer_schema_length=0, separator="\t" if p.suffix == ".tsv" else ",")
+    except Exception as exc:  # polars raises a zoo of parse errors
+        raise InputError(where, f"cannot parse CSV ({exc.__class__.__name__})") from None
+    for need in ("request_id", "position"):
+        if need not in df.columns:
+            raise InputError(where, f"CSV needs a '{need}' column")
+    conf_cols = sorted((c for c in df.columns if re.fullmatch(r"conf_\d+", c)),
+                       key=lambda c: int(c[5:]))
+    if conf_cols and [int(c[5:]) for c in conf_cols] != list(range(1, len(conf_cols) + 1)):
+        raise InputError(where, f"confidence columns must be conf_1 .. conf_G, got {conf_cols}")
+    lines = list(range(2, df.height + 2))  # header is line 1
+    records: dict[str, list] = {}
+    for col in ("request_id", "domain"):
+        if col in df.columns:
+            s = df[col]
+            if s.null_count() or (s.str.len_chars() == 0).any():
+                j = int((s.is_null() | (s.str.len_chars() == 0)).arg_max())
+                raise InputError(where, f"line {lines[j]}: empty {col}")
+            records[col] = s.to_list()
+    for col in _PP_INT:
+        if col not in df.columns:
+            continue
+        v = df[col].str.strip_chars().cast(pl.Int64, strict=False)
+        bad = v.is_null() | (v < 0)
+        if bad.any():
+            j = int(bad.arg_max())
+            raise InputError(where, f"line {lines[j]}: {col} must be an integer >= 0, got "
+                                    f"{df[col][j]!r}")
+        records[col] = v.to_list()
+    conf = None
+    if conf_cols:
+        c = df.select(pl.col(conf_cols).str.strip_chars().cast(pl.Float64, strict=False))
+        arr = c.to_numpy()
+        bad = ~np.isfinite(arr) | (arr < 0) | (arr > 1)
+        if bad.any():
+            j = int(np.flatnonzero(bad.any(axis=1))[0])
+            raise InputError(where, f"line {lines[j]}: conf values must be numbers in [0, 1]")
+        conf = arr.astype(np.float32)
+    return records, lines, conf
+
+
+# -- vLLM counters -----------------------------------------------------------------------
+_PROM_LINE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+'
+                        r'(?P<value>\S+)(?:\s+\S+)?$')
+
+
+def read_vllm_counters(src: str | Path) -> dict[str, Any]:
+    """``{"num_drafts", "accepted_per_pos", "survival", "source_kind"}`` from a
+    ``/metrics`` scrape (text) or a ``vllm bench serve`` result (JSON)."""
+    p, where = _check_file(src)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(where, f"not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise InputError(where, f"cannot read ({exc.strerror})") from None
+    if text.lstrip().startswith("{"):
+        return _bench_serve_counters(text, where)
+    return _prometheus_counters(text, where)
+
+
+def _bench_serve_counters(text: str, where: str) -> dict[str, Any]:
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(where, f"line {exc.lineno}: not JSON ({exc.msg})") from None
+    rates = d.get("spec_decode_per_position_acceptance_rates")
+    drafts = d.get("spec_decode_num_drafts")
+    if not isinstance(rates, list) or not rates:
+        raise InputError(where, "bench serve result has no 'spec_decode_per_position_"
+                                "acceptance_rates' (was the server run with speculative decoding?)")
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in rates):
+        raise InputError(where, "spec_decode_per_position_acceptance_rates must be numbers")
+    if not (_is_int(drafts) or (isinstance(drafts, float) and drafts.is_integer())) or drafts <= 0:
+        raise InputError(where, f"spec_decode_num_drafts must be a positive integer, got {drafts!r}")
+    surv = [float(x) for x in rates]
+    return {"num_drafts": int(drafts), "survival": _check_survival(surv, where),
+            "accepted_per_pos": [round(x * drafts) for x in surv], "source_kind": "bench-serve"}
+
+
+def _prometheus_counters(text: str, where: str) -> dict[str, Any]:
+    drafts = 0.0
+    found_drafts = False
+    per_pos: dict[int, float] = {}
+    for i, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#") or not line.startswith("vllm:spec_decode_num_"):
+            continue
+        mt = _PROM_LINE.match(line)
+        if mt is None:
+            raise InputError(where, f"line {i}: not a Prometheus sample")
+        name = mt["name"]
+        try:
+            val = float(mt["value"])
+        except ValueError:
+            raise InputError(where, f"line {i}: value {mt['value']!r} is not a number") from None
+        if not math.isfinite(val) or val < 0:
+            raise InputError(where, f"line {i}: counter value must be finite and >= 0")
+        if name == "vllm:spec_decode_num_drafts_total":
+            drafts += val
+            found_drafts = True
+        elif name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+            lab = re.search(r'position="(\d+)"', mt["labels"] or "")
+            if lab is None:
+                raise InputError(where, f"line {i}: per-position counter without a position label")
+            k = int(lab.group(1))
+            per_pos[k] = per_pos.get(k, 0.0) + val
+    if not found_drafts or not per_pos:
+        raise InputError(where, "no vllm:spec_decode_num_drafts_total and "
+                                "vllm:spec_decode_num_accepted_tokens_per_pos_total samples")
+    if sorted(per_pos) != list(range(len(per_pos))):
+        raise InputError(where, f"per-position counters are not positions 0..K-1: {sorted(per_pos)}")
+    if drafts <= 0:
+        raise InputError(where, "vllm:spec_decode_num_drafts_total is 0: no drafts were verified")
+    acc = [per_pos[k] for k in range(len(per_pos))]
+    return {"num_drafts": int(drafts), "accepted_per_pos": [int(x) for x in acc],
+            "survival": _check_survival([x / drafts for x in acc], where),
+            "source_kind": "prometheus"}
+
+
+def _check_survival(surv: list[float], where: str) -> list[float]:
+    if any(not 0.0 <= x <= 1.0 for x in surv):
+        raise InputError(where, "per-position acceptance rates must lie in [0, 1]")
+    if any(b > a + 1e-9 for a, b in zip(surv, surv[1:], strict=False)):
+        raise InputError(where, "per-position acceptance rates increase along the draft; "
+                                "vLLM's counters are unconditional survival P(m >= k), which "
+                                "cannot increase")
+    return surv
+
+
+def survival_to_pmf(surv: np.ndarray) -> np.ndarray:
+    """P(m = j), j = 0..K, from the unconditional survival ``P(m >= j)``, j = 1..K."""
+    s = np.r_[1.0, np.asarray(surv, np.float64), 0.0]
+    return np.clip(s[:-1] - s[1:], 0.0, None)
+
+
+def import_vllm_counters(src: str | Path, *, requests: int = 64, positions: int = 512,
+                         seed: int = 0, domain: str = "vllm", drafter: str | None = None,
+                         target: str = "unknown (vLLM counters)") -> AcceptanceTrace:
+    where = str(src)
+    for name, v in (("--requests", requests), ("--positions", positions)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InputError(name, f"must be an integer >= 1, got {v!r}")
+    if requests * positions > MAX_SYNTH_CELLS:
+        raise InputError("--requests", f"requests x positions must be <= {MAX_SYNTH_CELLS:,}")
+    c = read_vllm_counters(src)
+    surv = np.asarray(c["survival"], np.float64)
+    k = len(surv)
+    if k > GAMMA_LIMIT:
+        raise InputError(where, f"{k} draft positions exceed {GAMMA_LIMIT}")
+    pmf = survival_to_pmf(surv)
+    rng = np.random.default_rng(seed)
+    n = requests * positions
+    m = rng.choice(k + 1, size=n, p=pmf / pmf.sum())
+    meta = TraceMeta(
+        drafter=drafter or "vllm-counters", target=target, gamma_max=k, source="synthetic",
+        domains=(domain,),
+        generator={"kind": "vllm-counters", "file": Path(src).name,
+                   "counters_from": c["source_kind"], "num_speculative_tokens": k,
+                   "num_drafts": c["num_drafts"], "accepted_per_pos": c["accepted_per_pos"],
+                   "survival_per_step": [round(x, 6) for x in surv.tolist()],
+                   "acceptance_length": round(1.0 + float(surv.sum()), 6),
+                   "model": "m i.i.d. per position with P(m >= j) = survival_per_step[j-1]",
+                   "requests": requests, "positions": positions, "seed": seed},
+    )
+    return AcceptanceTrace(
+        meta=meta, accept_len=m.astype(np.int8), conf=None,
+        req_offsets=np.arange(0, n + 1, positions, dtype=np.int64),
+        req_domain=np.full(requests, domain), req_ids=np.arange(requests, dtype=np.int32),
+        source_path=where,
+    )
