@@ -38,9 +38,24 @@ model evaluated per token:
   filled tokens): per-sequence attention set-up, cache indexing and masks. On the CPU
   default target it is ~4 ms per request per step, which a table in ``B`` alone charges
   to the wrong shapes (8 requests x 1 token and 1 request x 8 tokens share ``B = 8``).
+* ``attn_window_tokens`` (optional) caps the context one query token attends to in
+  the attention term (sparse or sliding-window attention: DeepSeek-V4 attends to at
+  most ~2k selected tokens however long the context).
 * ``draft_s`` is tabulated over the number of drafted requests for each drafter
   kind at ``gamma_ref``; ``gamma_slope`` is the extra fraction per drafted token
-  beyond ``gamma_ref`` (0 for a parallel drafter: one pass whatever ``gamma``).
+  beyond ``gamma_ref`` (0 for a parallel drafter in its memory-bound regime: one pass
+  whatever ``gamma``); ``kv_us_per_token`` (optional) charges the drafter's own reads of
+  the drafted requests' context (an autoregressive EAGLE head attends to the whole KV).
+  Which ``[draft.<name>]`` table a run uses: the one named like the trace's drafter
+  (``trace.meta.drafter``, e.g. ``dspark``, ``mtp1``, ``eagle``) when the profile has
+  it, else the policy's drafter kind (``dspark`` for block-drafter policies, ``mtp1``
+  for MTP-1); a missing table is an error listing the tables the profile has.
+* ``[engine]`` (optional) states the per-replica limits the deployment implies:
+  ``max_num_seqs``, ``max_num_batched_tokens``, ``kv_capacity_tokens`` (HBM left after
+  weights and activations, divided by the KV bytes per token) and ``max_model_len``
+  (prompt + output one request may have). Engine options given explicitly win; a
+  profile without the table falls back to the simulator's defaults, said in the
+  summary.
 
 File format (TOML)::
 
@@ -61,12 +76,19 @@ File format (TOML)::
     attn_ns_per_query_ctx = 0.0  # per query token x context token (optional)
     multi_kv_us_per_token = 0.0  # extra per context token of multi-token blocks (optional)
     request_us = 0.0             # per request with a KV context in the step (optional)
+    attn_window_tokens = 2048    # context per query token in the attention term (optional)
     eager_penalty_ms = 0.0
+    [engine]                     # per-replica limits (optional)
+    max_num_seqs = 256
+    max_num_batched_tokens = 8192
+    kv_capacity_tokens = 2000000
+    max_model_len = 131072
     [draft.dspark]
     batch = [1, 8, 64, 256]      # requests drafted in the step
     time_ms = [...]
     gamma_ref = 7
     gamma_slope = 0.0
+    kv_us_per_token = 0.0        # per context token of the drafted requests (optional)
     [draft.mtp1]
     ...
 """
@@ -84,7 +106,12 @@ import numpy as np
 
 from dspark_sim.errors import InputError
 
-PROFILE_KINDS = ("analytic", "measured")
+# analytic: a roofline from hardware/model sheets; measured: timed on a device;
+# published: a third party's published cost fit, transcribed (sourced in the file).
+PROFILE_KINDS = ("analytic", "measured", "published")
+ENGINE_LIMITS = ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens",
+                 "max_model_len", "prefill")
+PREFILL_MODES = ("chunked", "disaggregated")
 INTERPOLATIONS = ("step", "linear")
 
 
@@ -96,15 +123,36 @@ class DraftCost:
     time_s: np.ndarray
     gamma_ref: int = 1
     gamma_slope: float = 0.0
+    kv_s_per_token: float = 0.0  # per context token of the drafted requests
 
-    def time(self, n_requests: int, gamma: int) -> float:
+    def time(self, n_requests: int, gamma: int, kv_tokens: float = 0.0) -> float:
+        """Draft time for ``n_requests`` drafting ``gamma`` tokens each over
+        ``kv_tokens`` context tokens in all."""
         if n_requests <= 0 or gamma <= 0:
             return 0.0
+        return self.base_time(n_requests, gamma) + self.kv_s_per_token * kv_tokens
+
+    def base_time(self, n_requests: int, gamma: int) -> float:
+        """The table part (no context term)."""
         base = float(np.interp(n_requests, self.batch, self.time_s))
         if n_requests > self.batch[-1] and len(self.batch) > 1:
             slope = (self.time_s[-1] - self.time_s[-2]) / (self.batch[-1] - self.batch[-2])
             base = float(self.time_s[-1] + slope * (n_requests - self.batch[-1]))
         return base * max(0.0, 1.0 + self.gamma_slope * (gamma - self.gamma_ref))
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Per-replica limits a deployment implies (``None``: the profile does not say)."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_capacity_tokens: int | None = None
+    max_model_len: int | None = None
+    # "chunked": prompts are prefilled in the decode batch, sharing the token budget with
+    # verification (vLLM/SGLang colocated); "disaggregated": separate prefill instances
+    # send each request's KV and first token to the decode replica (DeepSeek's serving).
+    prefill: str | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,9 +170,11 @@ class EngineProfile:
     attn_s_per_query_ctx: float = 0.0
     multi_kv_s_per_token: float = 0.0
     request_s: float = 0.0
+    attn_window_tokens: int | None = None  # context cap per query in the attention term
     eager_penalty_s: float = 0.0
     interpolation: str = "step"
     drafts: dict[str, DraftCost] = field(default_factory=dict)
+    limits: EngineLimits = field(default_factory=EngineLimits)
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
     source: str = "<memory>"
@@ -161,14 +211,30 @@ class EngineProfile:
             )
         return float(out[0]) if scalar else out
 
-    def draft_time_s(self, drafter: str | None, n_requests: int, gamma: int) -> float:
+    def draft_key(self, trace_drafter: str | None, policy_drafter: str) -> str:
+        """The ``[draft.<name>]`` table a run uses: the trace's drafter's own table when
+        the profile has one, else the policy's drafter kind. A missing table is an
+        error naming the tables present (charging nothing would be silently wrong)."""
+        if trace_drafter and trace_drafter in self.drafts:
+            return trace_drafter
+        if policy_drafter in self.drafts:
+            return policy_drafter
+        have = ", ".join(f"[draft.{k}]" for k in self.drafts) or "none"
+        wanted = f"[draft.{policy_drafter}]" + (
+            f" (or [draft.{trace_drafter}] for the trace's drafter)"
+            if trace_drafter and trace_drafter != policy_drafter else "")
+        raise InputError(self.source, f"profile has no {wanted} table; it has {have}")
+
+    def draft_time_s(self, drafter: str | None, n_requests: int, gamma: int,
+                     kv_tokens: float = 0.0) -> float:
         if drafter is None or n_requests <= 0 or gamma <= 0:
             return 0.0
         cost = self.drafts.get(drafter)
         if cost is None:
             # A drafter the profile does not know: charge nothing, but never silently.
-            raise InputError(self.source, f"profile has no [draft.{drafter}] section")
-        return cost.time(n_requests, gamma)
+            raise InputError(self.source, f"profile has no [draft.{drafter}] table; it has "
+                             f"{', '.join(self.drafts) or 'none'}")
+        return cost.time(n_requests, gamma, kv_tokens)
 
     def step_time_s(self, batch_tokens, kv_tokens: float = 0.0, draft_s: float = 0.0):
         return self.target_time_s(batch_tokens) + self.kv_s_per_token * kv_tokens + draft_s
@@ -185,11 +251,35 @@ class EngineProfile:
         if self.logits_s_per_row:
             t = t + self.logits_s_per_row * verify
         if n_dec and self.attn_s_per_query_ctx:
-            t = t + self.attn_s_per_query_ctx * verify * mean_ctx
+            t = t + self.attn_s_per_query_ctx * verify * self.attended(mean_ctx)
         if n_dec and (self.multi_kv_s_per_token or self.request_s):
             t = t + self.request_s * n_dec + self.multi_kv_s_per_token * mean_ctx \
                 * np.minimum(verify - n_dec, n_dec)
         return t
+
+    def step_extra_s(self, n_dec: int, gamma: int, kv_tokens: float, batch_rows: int,
+                     draft_s: float) -> np.ndarray:
+        """The step time beyond the target table when ``i = 0..n_dec*gamma`` drafts are
+        admitted: the draft, the KV reads of the batch, and the LM head / attention terms
+        of the ``n_dec + i`` verify tokens. Shared by the simulator's schedulers and the
+        validation server's, so both price a verify length identically."""
+        verify = n_dec + np.arange(n_dec * gamma + 1, dtype=np.int64)
+        extra = np.full(verify.size, draft_s + self.kv_s_per_token * kv_tokens)
+        extra += self.verify_terms_s(verify, n_dec, kv_tokens / max(1, batch_rows))
+        return extra
+
+    def prefill_s_per_token(self, budget: int) -> float:
+        """What a prefill token pushed out of a step costs when it runs later: prompts
+        fill large steps, so the target table's secant slope over the top half of the
+        token budget (never negative)."""
+        top, half = self.target_time_s(np.array([budget, budget // 2]))
+        return max(0.0, float((top - half) / max(1, budget - budget // 2)))
+
+    def attended(self, context_tokens):
+        """Context one query token attends to (capped by ``attn_window_tokens``)."""
+        if self.attn_window_tokens is None:
+            return context_tokens
+        return np.minimum(context_tokens, self.attn_window_tokens)
 
     def sps(self, batch_tokens, kv_tokens: float = 0.0, draft_s: float = 0.0):
         """Engine steps per second at ``batch_tokens`` (the paper's SPS(B))."""
@@ -229,8 +319,14 @@ class EngineProfile:
             *([f"multi_kv_us_per_token = {self.multi_kv_s_per_token * 1e6!r}"]
               if self.multi_kv_s_per_token else []),
             *([f"request_us = {self.request_s * 1e6!r}"] if self.request_s else []),
+            *([f"attn_window_tokens = {int(self.attn_window_tokens)}"]
+              if self.attn_window_tokens is not None else []),
             f"eager_penalty_ms = {self.eager_penalty_s * 1e3!r}",
         ]
+        set_limits = [(k, getattr(self.limits, k)) for k in ENGINE_LIMITS
+                      if getattr(self.limits, k) is not None]
+        if set_limits:
+            lines += ["", "[engine]", *(f"{k} = {_toml_value(v)}" for k, v in set_limits)]
         for name, d in self.drafts.items():
             lines += [
                 "",
@@ -239,6 +335,7 @@ class EngineProfile:
                 f"time_ms = {_toml_value([round(float(x) * 1e3, 6) for x in d.time_s])}",
                 f"gamma_ref = {int(d.gamma_ref)}",
                 f"gamma_slope = {float(d.gamma_slope)!r}",
+                *([f"kv_us_per_token = {d.kv_s_per_token * 1e6!r}"] if d.kv_s_per_token else []),
             ]
         return "\n".join(lines) + "\n"
 
@@ -268,15 +365,19 @@ def _toml_value(v: Any) -> str:
     return _q(str(v))
 
 
+# Token counts above this are refused: the engine expands the step table to one float
+# per batch token, and int64 arithmetic on counts near 2**63 overflows silently.
+MAX_PROFILE_TOKENS = 1 << 30
+
+
 def _array(where: str, table: dict, key: str, *, positive: bool = True) -> np.ndarray:
     if key not in table:
         raise InputError(where, f"missing key '{key}'")
-    try:
-        arr = np.asarray(table[key], dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InputError(where, f"'{key}' must be a list of numbers") from exc
-    if arr.ndim != 1 or arr.size == 0:
+    values = table[key]
+    if not isinstance(values, list) or not values \
+            or any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
         raise InputError(where, f"'{key}' must be a non-empty list of numbers")
+    arr = np.asarray(values, dtype=np.float64)
     if not np.all(np.isfinite(arr)):
         raise InputError(where, f"'{key}' contains NaN or infinite values")
     if positive and np.any(arr <= 0):
@@ -284,62 +385,99 @@ def _array(where: str, table: dict, key: str, *, positive: bool = True) -> np.nd
     return arr
 
 
+def _number(where: str, table: dict, key: str, default: float = 0.0) -> float:
+    """An optional finite number >= 0 (a string or a bool is a type error, not a 0)."""
+    v = table.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        raise InputError(where, f"'{key}' must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def _count(where: str, table: dict, key: str, default: int | None = None,
+           minimum: int = 1) -> int | None:
+    """An optional whole count in [minimum, MAX_PROFILE_TOKENS]."""
+    v = table.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= MAX_PROFILE_TOKENS:
+        raise InputError(where, f"'{key}' must be an integer in [{minimum}, {MAX_PROFILE_TOKENS:,}]"
+                                f", got {v!r}")
+    return int(v)
+
+
+def _table(where: str, data: dict, key: str, *, required: bool = False) -> dict:
+    v = data.get(key)
+    if v is None and not required:
+        return {}
+    if not isinstance(v, dict):
+        raise InputError(where, f"[{key}] must be a table")
+    return v
+
+
+def _draft_cost(where: str, d: dict) -> DraftCost:
+    if not isinstance(d, dict):
+        raise InputError(where, "must be a table")
+    batch = _array(where, d, "batch")
+    time_ms = _array(where, d, "time_ms", positive=False)
+    if batch.shape != time_ms.shape or np.any(np.diff(batch) <= 0) or np.any(time_ms < 0):
+        raise InputError(where, "batch must increase and match time_ms (>= 0) in length")
+    slope = d.get("gamma_slope", 0.0)
+    if isinstance(slope, bool) or not isinstance(slope, int | float) or not math.isfinite(slope):
+        raise InputError(where, f"'gamma_slope' must be a finite number, got {slope!r}")
+    return DraftCost(
+        batch=batch,
+        time_s=time_ms / 1e3,
+        gamma_ref=_count(where, d, "gamma_ref", 1),
+        gamma_slope=float(slope),
+        kv_s_per_token=_number(where, d, "kv_us_per_token") / 1e6,
+    )
+
+
 def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
     """Validate a parsed profile document. Raises :class:`InputError` naming ``source``."""
     if not isinstance(data, dict) or "profile" not in data or "target" not in data:
         raise InputError(source, "not an engine profile: needs [profile] and [target] tables")
-    head, target = data["profile"], data["target"]
+    head = _table(source, data, "profile", required=True)
+    target = _table(source, data, "target", required=True)
+    where_t = f"{source} [target]"
     kind = head.get("kind", "analytic")
     if kind not in PROFILE_KINDS:
         raise InputError(source, f"[profile] kind must be one of {PROFILE_KINDS}, got {kind!r}")
     interp = head.get("interpolation", "step")
     if interp not in INTERPOLATIONS:
         raise InputError(source, f"[profile] interpolation must be one of {INTERPOLATIONS}")
-    gpus = head.get("gpus_per_replica", 1)
-    if not isinstance(gpus, int) or gpus < 1:
-        raise InputError(source, "[profile] gpus_per_replica must be a positive integer")
-    tokens = _array(f"{source} [target]", target, "tokens")
-    step_ms = _array(f"{source} [target]", target, "step_ms")
+    gpus = _count(f"{source} [profile]", head, "gpus_per_replica", 1)
+    tokens = _array(where_t, target, "tokens")
+    step_ms = _array(where_t, target, "step_ms")
     if tokens.shape != step_ms.shape:
         raise InputError(source, "[target] tokens and step_ms differ in length")
     if np.any(np.diff(tokens) <= 0) or np.any(tokens != np.round(tokens)):
         raise InputError(source, "[target] tokens must be strictly increasing integers")
+    if tokens[-1] > MAX_PROFILE_TOKENS:
+        raise InputError(source, f"[target] tokens above {MAX_PROFILE_TOKENS:,} are not supported")
     std = None
     if "step_std_ms" in target:
-        std = _array(f"{source} [target]", target, "step_std_ms", positive=False) / 1e3
+        std = _array(where_t, target, "step_std_ms", positive=False) / 1e3
         if std.shape != tokens.shape:
             raise InputError(source, "[target] step_std_ms differs in length from tokens")
-    kv_us = float(target.get("kv_us_per_token", 0.0))
-    logits_us = float(target.get("logits_us_per_row", 0.0))
-    if not (math.isfinite(logits_us) and logits_us >= 0):
-        raise InputError(source, "[target] logits_us_per_row must be >= 0")
-    attn_ns = float(target.get("attn_ns_per_query_ctx", 0.0))
-    if not (math.isfinite(attn_ns) and attn_ns >= 0):
-        raise InputError(source, "[target] attn_ns_per_query_ctx must be >= 0")
-    multi_kv_us = float(target.get("multi_kv_us_per_token", 0.0))
-    if not (math.isfinite(multi_kv_us) and multi_kv_us >= 0):
-        raise InputError(source, "[target] multi_kv_us_per_token must be >= 0")
-    request_us = float(target.get("request_us", 0.0))
-    if not (math.isfinite(request_us) and request_us >= 0):
-        raise InputError(source, "[target] request_us must be >= 0")
-    eager_ms = float(target.get("eager_penalty_ms", 0.0))
-    if not (math.isfinite(kv_us) and kv_us >= 0 and math.isfinite(eager_ms) and eager_ms >= 0):
-        raise InputError(source, "[target] kv_us_per_token and eager_penalty_ms must be >= 0")
-    drafts: dict[str, DraftCost] = {}
-    for name, d in (data.get("draft") or {}).items():
-        where = f"{source} [draft.{name}]"
-        if not isinstance(d, dict):
-            raise InputError(where, "must be a table")
-        batch = _array(where, d, "batch")
-        time_ms = _array(where, d, "time_ms", positive=False)
-        if batch.shape != time_ms.shape or np.any(np.diff(batch) <= 0) or np.any(time_ms < 0):
-            raise InputError(where, "batch must increase and match time_ms (>= 0) in length")
-        drafts[name] = DraftCost(
-            batch=batch,
-            time_s=time_ms / 1e3,
-            gamma_ref=int(d.get("gamma_ref", 1)),
-            gamma_slope=float(d.get("gamma_slope", 0.0)),
-        )
+    where_e = f"{source} [engine]"
+    engine = _table(source, data, "engine")
+    unknown = sorted(set(engine) - set(ENGINE_LIMITS))
+    if unknown:
+        raise InputError(where_e, f"unknown key(s) {', '.join(unknown)}; known: "
+                                  f"{', '.join(ENGINE_LIMITS)}")
+    prefill = engine.get("prefill")
+    if prefill is not None and prefill not in PREFILL_MODES:
+        raise InputError(where_e, f"'prefill' must be one of {', '.join(PREFILL_MODES)}, "
+                                  f"got {prefill!r}")
+    limits = EngineLimits(**{k: _count(where_e, engine, k) for k in ENGINE_LIMITS
+                             if k != "prefill"}, prefill=prefill)
+    drafts_table = _table(source, data, "draft")
+    drafts = {str(name): _draft_cost(f"{source} [draft.{name}]", d)
+              for name, d in drafts_table.items()}
+    params = head.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InputError(source, "[profile.parameters] must be a table")
     return EngineProfile(
         name=str(head.get("name", Path(source).stem)),
         kind=kind,
@@ -347,16 +485,18 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
         tokens=tokens.astype(np.int64),
         step_s=step_ms / 1e3,
         step_std_s=std,
-        kv_s_per_token=kv_us / 1e6,
-        logits_s_per_row=logits_us / 1e6,
-        attn_s_per_query_ctx=attn_ns / 1e9,
-        multi_kv_s_per_token=multi_kv_us / 1e6,
-        request_s=request_us / 1e6,
-        eager_penalty_s=eager_ms / 1e3,
+        kv_s_per_token=_number(where_t, target, "kv_us_per_token") / 1e6,
+        logits_s_per_row=_number(where_t, target, "logits_us_per_row") / 1e6,
+        attn_s_per_query_ctx=_number(where_t, target, "attn_ns_per_query_ctx") / 1e9,
+        multi_kv_s_per_token=_number(where_t, target, "multi_kv_us_per_token") / 1e6,
+        request_s=_number(where_t, target, "request_us") / 1e6,
+        attn_window_tokens=_count(where_t, target, "attn_window_tokens"),
+        eager_penalty_s=_number(where_t, target, "eager_penalty_ms") / 1e3,
         interpolation=interp,
         drafts=drafts,
+        limits=limits,
         description=str(head.get("description", "")),
-        parameters=dict(head.get("parameters", {})),
+        parameters=dict(params),
         source=source,
     )
 
@@ -376,8 +516,13 @@ def load_profile(path_or_name: str | Path | None = None) -> EngineProfile:
     if p.suffix == ".toml" or p.exists():
         if not p.is_file():
             raise InputError(spec, "profile file not found")
-        text = p.read_text()
         source = str(p)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise InputError(source, "not a TOML profile (binary or not UTF-8)") from None
+        except OSError as exc:
+            raise InputError(source, f"cannot read profile ({exc.strerror or exc})") from None
     else:
         res = resources.files("dspark_sim.calibration") / "data" / f"{spec}.toml"
         if not res.is_file():

@@ -187,6 +187,14 @@ def run(
     max_num_batched_tokens: Annotated[int | None, typer.Option(help="Per step, per replica.")] = None,
     kv_capacity_tokens: Annotated[int | None, typer.Option(help="KV cache per replica.")] = None,
     kv_mode: Annotated[str | None, typer.Option(help="preempt | reserve")] = None,
+    max_model_len: Annotated[int | None, typer.Option(
+        help="Refuse requests whose prompt + output exceed this (default: the profile's).")] = None,
+    prefill: Annotated[str | None, typer.Option(
+        help="chunked (prefill shares the step's token budget) | disaggregated (prefill "
+             "instances; default: the profile's choice)")] = None,
+    gamma_max: Annotated[int | None, typer.Option(
+        help="Draft block the block drafter proposes per step (DSpark-5: 5; default: the "
+             "trace's).")] = None,
     seed: Annotated[int | None, typer.Option(help="One seed for everything random [0].")] = None,
     slo: Annotated[str | None, typer.Option(help="Goodput SLO, e.g. ttft:2000,tpot:20")] = None,
     config: Annotated[Path | None, typer.Option(
@@ -207,7 +215,7 @@ def run(
     cfg = resolve_config(preset_name=preset_name, config_path=config, options=given)
     sched_profile = load_profile(policy_profile) if policy_profile is not None else None
     trace_obj = resolve_trace(cfg, get_policy(cfg.policy))
-    check_draft_length(get_policy(cfg.policy), trace_obj)
+    check_draft_length(get_policy(cfg.policy), trace_obj, cfg.gamma_max)
     t0 = time.perf_counter()
     result = simulate(cfg, trace=trace_obj, policy_profile=sched_profile)
     wall = time.perf_counter() - t0
@@ -417,17 +425,37 @@ def profiles_show(name: Annotated[str, typer.Argument(help="Built-in name or TOM
     for b, s in zip(prof.tokens, prof.step_s, strict=True):
         tab.add_row(str(b), f"{s * 1e3:.2f}", f"{1 / s:.1f}", f"{b / s:,.0f}")
     console.print(tab)
-    terms = [(f"kv {prof.kv_s_per_token * 1e6:.4g} us/context token", True),
-             (f"multi-token blocks +{prof.multi_kv_s_per_token * 1e6:.4g} us/context token",
-              prof.multi_kv_s_per_token),
-             (f"attention {prof.attn_s_per_query_ctx * 1e9:.4g} ns/(query x context)",
-              prof.attn_s_per_query_ctx),
-             (f"LM head {prof.logits_s_per_row * 1e6:.4g} us/logit row", prof.logits_s_per_row),
-             (f"{prof.request_s * 1e3:.4g} ms/request with a context", prof.request_s)]
-    console.print("per-step terms: " + ", ".join(t for t, on in terms if on), markup=False)
-    for dname, d in prof.drafts.items():
-        costs = ", ".join(f"n={int(n)}: {t * 1e3:.2f} ms" for n, t in zip(d.batch, d.time_s, strict=True))
-        console.print(f"draft [{dname}] gamma_ref {d.gamma_ref}: {costs}", markup=False)
+    console.print(profile_terms_text(prof), markup=False, highlight=False, soft_wrap=True)
+
+
+def profile_terms_text(p) -> str:
+    """Every term of a profile, one line each (0 and unset ones included, so nothing is
+    hidden): the per-step terms, the eager rule, the engine limits and each draft table."""
+    lim = p.limits
+    window = "unbounded" if p.attn_window_tokens is None else f"{p.attn_window_tokens:,} tokens"
+    lines = [
+        "per-step terms:",
+        f"  kv_us_per_token        {p.kv_s_per_token * 1e6:.6g}  (per context token in the batch)",
+        f"  multi_kv_us_per_token  {p.multi_kv_s_per_token * 1e6:.6g}  (extra, per context token "
+        "of multi-token blocks)",
+        f"  attn_ns_per_query_ctx  {p.attn_s_per_query_ctx * 1e9:.6g}  (per query token x "
+        f"attended context; window {window})",
+        f"  logits_us_per_row      {p.logits_s_per_row * 1e6:.6g}  (LM head + sampling per "
+        "logit row)",
+        f"  request_us             {p.request_s * 1e6:.6g}  (per request with a context)",
+        f"  eager_penalty_ms       {p.eager_penalty_s * 1e3:.6g}  (past the last table row, "
+        f"interpolation {p.interpolation})",
+        "engine limits (per replica; unset: the simulator's default):",
+        *(f"  {k:22s} {getattr(lim, k) if getattr(lim, k) is not None else 'unset'}"
+          for k in ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens",
+                    "max_model_len", "prefill")),
+    ]
+    for dname, d in p.drafts.items():
+        costs = ", ".join(f"n={int(n)}: {t * 1e3:.3g} ms"
+                          for n, t in zip(d.batch, d.time_s, strict=True))
+        lines.append(f"draft [{dname}] gamma_ref {d.gamma_ref}, gamma_slope {d.gamma_slope:.4g}, "
+                     f"kv_us_per_token {d.kv_s_per_token * 1e6:.4g}: {costs}")
+    return "\n".join(lines)
 
 
 @app.command()

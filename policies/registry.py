@@ -1,5 +1,7 @@
 """Verification policies, chosen by name: ``none``, ``mtp1``, ``fixed:K``,
-``confidence``, ``confidence-async``, ``threshold:P``.
+``confidence`` (the default: steady-state priced, asynchronous, global search),
+``confidence-sync`` (Algorithm 1 as written: early stop, decode tokens only),
+``confidence-async`` (§5.2 as vLLM prices it: pending prefill in B), ``threshold:P``.
 
 Each policy says which drafter it runs (its trace and draft cost come from that
 drafter), how many tokens that drafter proposes per step, and whether it needs
@@ -15,7 +17,14 @@ import numpy as np
 
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot
-from dspark_sim.policies.scheduler import schedule_async, schedule_sync
+from dspark_sim.policies.scheduler import (
+    budget_displacement,
+    schedule_async,
+    schedule_sync,
+    schedule_topk,
+    sorted_desc,
+    stretch_sorted,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +35,10 @@ class Policy:
     needs_sps: bool = False  # the snapshot carries the SPS curve (a table lookup per step)
     needs_lag: bool = False  # the snapshot carries the survival/SPS of two steps ago
     needs_survival: bool = False  # False: the snapshot's survival is zeros (cheaper)
+    needs_cost: bool = False  # the snapshot carries the step's cost ingredients (StepCost)
+    # the SPS curve's B is the decode tokens alone (Algorithm 1's B = sum(1 + l)), not
+    # plus the pending prefill that fits (vLLM's T + B)
+    sps_decode_only: bool = False
     draft_gamma: int | None = None  # tokens drafted per request; None = the trace's gamma_max
     description: str = ""
 
@@ -40,8 +53,19 @@ def _const(k: int) -> Callable[[BatchSnapshot], np.ndarray]:
     return decide
 
 
-def _confidence(s: BatchSnapshot) -> np.ndarray:
+def _confidence_sync(s: BatchSnapshot) -> np.ndarray:
     return schedule_sync(s.survival, s.sps)
+
+
+def _confidence(s: BatchSnapshot) -> np.ndarray:
+    """The budget for this step's costs, sized on the survivals of two steps ago (DSpark's
+    production pipeline: the decision never waits for this step's drafts), stretched to
+    this batch; tokens by current survival."""
+    if s.lagged_survival is None or s.lagged_survival.shape[0] == 0:
+        return schedule_topk(s.survival, budget_displacement(s.survival, s.cost))
+    n, gamma = s.survival.shape
+    estimate = stretch_sorted(sorted_desc(s.lagged_survival), n * gamma)
+    return schedule_topk(s.survival, budget_displacement(s.survival, s.cost, n, estimate))
 
 
 def _confidence_async(s: BatchSnapshot) -> np.ndarray:
@@ -88,9 +112,15 @@ def _make(spec: str) -> Policy:
         return Policy(name=f"fixed:{k}", drafter="dspark" if k else None, decide=_const(k),
                       draft_gamma=k, description=f"verify a fixed {k} draft tokens per request")
     if name == "confidence":
-        return Policy(name="confidence", drafter="dspark", decide=_confidence, needs_sps=True,
-                      needs_survival=True,
-                      description="Algorithm 1: survival-ranked prefix scheduling, early stop")
+        return Policy(name="confidence", drafter="dspark", decide=_confidence, needs_cost=True,
+                      needs_lag=True, needs_survival=True,
+                      description="budget from 2-step-old survivals at this step's costs "
+                                  "(global search, prefill displacement priced), top-K")
+    if name in ("confidence-sync", "alg1"):
+        return Policy(name="confidence-sync", drafter="dspark", decide=_confidence_sync,
+                      needs_sps=True, needs_survival=True, sps_decode_only=True,
+                      description="Algorithm 1 as written: survival-ranked prefix "
+                                  "scheduling, early stop")
     if name in ("confidence-async", "confidence_async"):
         return Policy(name="confidence-async", drafter="dspark", decide=_confidence_async,
                       needs_sps=True, needs_lag=True, needs_survival=True,
@@ -109,7 +139,8 @@ def _make(spec: str) -> Policy:
     raise InputError("--policy", f"unknown policy {spec!r}; known: {', '.join(POLICY_NAMES)}")
 
 
-POLICY_NAMES = ("none", "mtp1", "fixed:K", "confidence", "confidence-async", "threshold:P")
+POLICY_NAMES = ("none", "mtp1", "fixed:K", "confidence", "confidence-sync", "confidence-async",
+                "threshold:P")
 
 
 def get_policy(spec: str) -> Policy:

@@ -17,6 +17,26 @@ then position), which also keeps every request's admitted set a prefix. With
 * async (§5.2): the budget ``K = argmax_i Theta_i`` over the *whole* jagged table
   (no early stop), computed from survivals two steps old; the current step then
   admits its own top-``K`` tokens by current survival (dynamic top-K).
+* displacement-priced (the default ``confidence`` policy): the §5.2 scheme (the
+  verification budget sized without this step's drafts, global search, dynamic top-K)
+  over a step priced at what it really carries and displaces. The step's composition
+  (``n``, its pending prefill, the extra terms) is known when it is scheduled; only its
+  drafts' survivals are not. So the budget is the global optimum of ``tau_i / C_i`` with
+  the *current* costs and the survivals of two steps ago, their sorted curve stretched to
+  this batch's ``n * gamma`` candidates (quantile mapping): the budget follows requests
+  joining and leaving (a count sized on another batch misses by several tokens when the
+  batch is small) and sees this step's CUDA-graph cliff. ``C_i`` = the table at ``n + i``
+  verify tokens plus the pending prefill that still fits, plus the extra terms, plus the
+  prefill the verify tokens push out of the step priced at what it costs when it runs
+  later (the table's slope at large batches: prompts fill full steps). Pricing B as
+  ``n + i`` plus whatever prefill fits (vLLM's ``T + B``, ``confidence-async``) pins B
+  at the token budget under a backlog: every draft looks free while it pushes prefill,
+  and so the queue's first tokens, out of the step. With the displaced prefill priced a
+  draft is admitted only when ``a > (tau / C) * c_prefill``. The current step then
+  admits its top-K drafts by current survival, so decoding stays lossless (Appendix A).
+  (A single output-rate price instead of the step's own ``tau / C``, the Lagrangian of
+  ``sum tau / sum C``, was tried and lost ~2 % of throughput on a concave table: it
+  over-verifies decode-only steps.)
 """
 
 from __future__ import annotations
@@ -41,10 +61,10 @@ def _theta(n: int, sorted_survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
 
 def theta_curve(survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
     """Theta_i = (n + cumulative sorted survival) * sps[i] for i = 0..n*gamma."""
-    return _theta(survival.shape[0], _sorted_desc(survival), sps)
+    return _theta(survival.shape[0], sorted_desc(survival), sps)
 
 
-def _sorted_desc(survival: np.ndarray) -> np.ndarray:
+def sorted_desc(survival: np.ndarray) -> np.ndarray:
     """Survival values sorted descending (values only: ~4x cheaper than an argsort)."""
     return -np.sort(-np.ascontiguousarray(survival, dtype=np.float64).reshape(-1))
 
@@ -73,7 +93,7 @@ def schedule_sync(survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
     n = survival.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    a = _sorted_desc(survival)
+    a = sorted_desc(survival)
     theta = _theta(n, a, sps)
     rises = theta[1:] > theta[:-1]
     k = int(np.argmin(rises)) if not rises.all() else rises.size
@@ -92,7 +112,7 @@ def schedule_topk(survival: np.ndarray, k: int) -> np.ndarray:
     survival = np.asarray(survival, dtype=np.float64)
     n, g = survival.shape
     k = int(max(0, min(k, n * g)))
-    return _topk_lengths(survival, _sorted_desc(survival), k)
+    return _topk_lengths(survival, sorted_desc(survival), k)
 
 
 def schedule_async(
@@ -100,3 +120,31 @@ def schedule_async(
 ) -> np.ndarray:
     """§5.2: budget from the lagged snapshot, tokens by current survival."""
     return schedule_topk(survival, budget_global(lagged_survival, lagged_sps))
+
+
+def stretch_sorted(sorted_survival: np.ndarray, size: int) -> np.ndarray:
+    """A descending survival curve resampled to ``size`` candidates (quantile mapping):
+    another batch's drafts as an estimate of this batch's."""
+    if size <= 0 or sorted_survival.size == 0:
+        return np.zeros(max(size, 0))
+    idx = (np.arange(size) * sorted_survival.size) // size
+    return sorted_survival[idx]
+
+
+def budget_displacement(survival: np.ndarray, cost, n: int | None = None,
+                        sorted_survival: np.ndarray | None = None) -> int:
+    """K = argmax_i tau_i / C_i (first maximum) over the step's real composition; verify
+    tokens ``n + i`` never exceed the token budget. ``sorted_survival`` (descending)
+    replaces ``survival``'s values for a batch of ``n`` requests."""
+    a = sorted_desc(survival) if sorted_survival is None else sorted_survival
+    n = survival.shape[0] if n is None else n
+    if n == 0:
+        return 0
+    size = min(a.size + 1, cost.budget - n + 1)  # verify tokens n + i <= budget
+    if size <= 0:
+        return 0
+    tau = np.empty(size)
+    tau[0] = 0.0
+    np.cumsum(a[: size - 1], out=tau[1:])
+    tau += n
+    return int(np.argmax(tau / cost.step_s(n, size)))

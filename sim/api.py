@@ -23,7 +23,15 @@ from dspark_sim.io import jsonable
 from dspark_sim.policies.registry import Policy, get_policy
 from dspark_sim.sim.arrivals import ClosedLoop, OpenLoop
 from dspark_sim.sim.config import SimConfig
-from dspark_sim.sim.engine import RequestLog, Router, SimContext, request_rows
+from dspark_sim.sim.engine import (
+    OUTPUT_TOKENS,
+    PROMPT_TOKENS,
+    RequestLog,
+    Router,
+    SimContext,
+    prefill_instance_s,
+    request_rows,
+)
 from dspark_sim.sim.metrics import StepSeries, requests_frame, summarize
 from dspark_sim.sim.outputs import write_run
 from dspark_sim.sim.workload import build_stream
@@ -121,7 +129,6 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
                 raise InputError("trace_rows", f"need {n} row indices in [0, {trace.num_requests})")
             log.trace_row[:] = rows_in
 
-    rows = request_rows(stream.prompt_tokens, stream.output_tokens, trace, log.trace_row)
     source: OpenLoop | ClosedLoop | None = None
 
     def on_finish(k: int) -> None:
@@ -129,21 +136,30 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
 
     ctx = SimContext(cfg, profile, policy, trace, calibration, log, on_finish,
                      policy_profile=policy_profile)
+    disaggregated = ctx.limits.prefill == "disaggregated"
+    rows = request_rows(stream.prompt_tokens, stream.output_tokens, trace, log.trace_row,
+                        disaggregated=disaggregated)
+    prefill_s = prefill_instance_s(profile, stream.prompt_tokens, ctx.max_num_batched_tokens) \
+        if disaggregated else None
     ctx.set_rows(rows)
+    log.rejected[:] = rejections(rows, ctx)
     env = ctx.env
     router = Router(ctx.replicas, cfg.deployment.router)
     for rep in ctx.replicas:
         env.process(rep.run())
     closed = cfg.workload.arrival == "closed"
     if closed:
-        source = ClosedLoop(env, router, log, n, cfg.workload.max_concurrency)
-        horizon = 1e9
+        source = ClosedLoop(env, router, log, n, cfg.workload.max_concurrency, prefill_s)
+        horizon = CLOSED_LOOP_HORIZON_S
     else:
-        source = OpenLoop(env, router, log, stream.arrival_s)
+        source = OpenLoop(env, router, log, stream.arrival_s, prefill_s)
         horizon = source.last_arrival_s + cfg.drain_timeout_s
-    env.run(until=horizon)
+    env.process(_alarm(env, ctx.stop, horizon))
+    bounded_by = env.run(until=ctx.stop)
     for rep in ctx.replicas:  # requests still running or waiting keep their progress
         rep.flush()
+    if not int((np.isnan(log.finish_s) & (log.rejected == 0)).sum()):
+        bounded_by = None  # the bound was reached, but nothing was cut short
 
     gpus = cfg.deployment.replicas * profile.gpus_per_replica
     # Stability (unfinished requests, or requests in the system growing through the
@@ -151,6 +167,19 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
     summary = summarize(log, ctx.stats, gpus=gpus, slo_ttft_ms=cfg.slo_ttft_ms,
                         slo_tpot_ms=cfg.slo_tpot_ms,
                         steps=StepSeries.from_columns(ctx.steps.columns()), closed=closed)
+    lim = ctx.limits
+    summary |= {
+        "max_num_seqs": lim.max_num_seqs,
+        "max_num_batched_tokens": lim.max_num_batched_tokens,
+        "kv_capacity_tokens": lim.kv_capacity_tokens,
+        "max_model_len": lim.max_model_len,
+        "prefill": lim.prefill,
+        "gamma_max": ctx.gamma,
+        "engine_limits_source": dict(lim.sources),
+        "bounded_by": bounded_by,
+        "horizon_s": horizon,
+        "max_engine_steps": cfg.max_engine_steps,
+    }
     summary = {
         "policy": policy.name,
         "policy_description": policy.description,
@@ -169,6 +198,33 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
         **summary,
     }
     return SimResult(cfg, jsonable(summary), requests_frame(log))
+
+
+# A closed loop has no arrival window: it runs until its requests are done, bounded by
+# the step bound and this much simulated time (11.6 days; the clock keeps ns resolution).
+CLOSED_LOOP_HORIZON_S = 1e6
+
+
+def rejections(rows: np.ndarray, ctx: SimContext) -> np.ndarray:
+    """Reason code per request (0: servable) for requests that can never be served, as
+    vLLM refuses a prompt + max_tokens beyond max_model_len: longer than the model
+    length, or needing more KV than a replica has (prompt + output, plus the verify slots
+    a running request commits in preempt mode). Refused at arrival, counted with the
+    reason, never lost from the accounting."""
+    total = rows[:, PROMPT_TOKENS] + rows[:, OUTPUT_TOKENS]
+    need = total if ctx.reserve else total + ctx.verify_slots
+    code = np.zeros(len(rows), np.int8)
+    code[need > ctx.kv_capacity] = 2
+    if ctx.limits.max_model_len is not None:
+        code[total > ctx.limits.max_model_len] = 1
+    return code
+
+
+def _alarm(env, stop, at_s: float):
+    """Trigger ``stop`` at the time horizon (unless the step bound did first)."""
+    yield env.timeout(at_s)
+    if not stop.triggered:
+        stop.succeed("time")
 
 
 __all__ = ["SimResult", "simulate", "replace"]

@@ -7,31 +7,57 @@
 
 Both submit request ``rid`` to the replica the router picks and stamp its arrival time
 and replica in the request log; the closed loop is driven by the engine's finish
-callback (``on_finish``), one call per finishing step, never per token.
+callback (``on_finish``), one call per finishing step, never per token. With
+disaggregated prefill (``prefill_s`` given) a request first spends its prefill time on a
+prefill instance (one timeout per request) and reaches the decode replica with its first
+token, which is its TTFT.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import simpy
 
 from dspark_sim.sim.engine import RequestLog, Router
 
 
 class _Source:
-    def __init__(self, env: simpy.Environment, router: Router, log: RequestLog, n: int) -> None:
+    def __init__(self, env: simpy.Environment, router: Router, log: RequestLog, n: int,
+                 prefill_s: np.ndarray | None = None) -> None:
         self.env = env
         self.router = router
         self.log = log
         self.n = n
+        self.prefill_s = prefill_s  # per request, on a prefill instance (disaggregated)
         self.issued = 0  # requests submitted so far (ids 0..issued-1)
 
-    def submit_next(self) -> None:
+    def submit_next(self) -> bool:
+        """Send the next request; False when it was refused (``log.rejected``: it can
+        never be served), which leaves it unrouted and answered at once."""
         rid = self.issued
-        replica = self.router.route()
-        self.log.arrival_s[rid] = self.env.now
-        self.log.replica[rid] = replica.index
-        replica.submit(rid)
         self.issued += 1
+        self.log.arrival_s[rid] = self.env.now
+        if self.log.rejected[rid]:
+            return False
+        if self.prefill_s is None:
+            self._to_decode(rid)
+        else:
+            done = self.env.timeout(float(self.prefill_s[rid]))
+            done.callbacks.append(lambda _event, rid=rid: self._to_decode(rid, first_token=True))
+        return True
+
+    def _to_decode(self, rid: int, first_token: bool = False) -> None:
+        log = self.log
+        if first_token:  # the prefill instance sampled it
+            log.first_token_s[rid] = self.env.now
+            if log.output_tokens[rid] <= 1:  # and that was the whole answer
+                log.finish_s[rid] = self.env.now
+                log.generated[rid] = 1
+                self.on_finish(1)
+                return
+        replica = self.router.route()
+        log.replica[rid] = replica.index
+        replica.submit(rid)
 
     def on_finish(self, k: int) -> None:  # noqa: B027 - open loop ignores completions
         pass
@@ -40,8 +66,8 @@ class _Source:
 class OpenLoop(_Source):
     """Submit request ``i`` at ``arrival_s[i]`` (non-decreasing, seconds)."""
 
-    def __init__(self, env, router, log, arrival_s) -> None:
-        super().__init__(env, router, log, len(arrival_s))
+    def __init__(self, env, router, log, arrival_s, prefill_s=None) -> None:
+        super().__init__(env, router, log, len(arrival_s), prefill_s)
         self.arrival_s = arrival_s
         env.process(self._run())
 
@@ -62,11 +88,12 @@ class OpenLoop(_Source):
 class ClosedLoop(_Source):
     """``clients`` requests in flight: one new request per finished one, until ``n``."""
 
-    def __init__(self, env, router, log, n: int, clients: int) -> None:
-        super().__init__(env, router, log, n)
-        for _ in range(min(clients, n)):
-            self.submit_next()
+    def __init__(self, env, router, log, n: int, clients: int, prefill_s=None) -> None:
+        super().__init__(env, router, log, n, prefill_s)
+        self.on_finish(min(clients, n))
 
     def on_finish(self, k: int) -> None:
-        for _ in range(min(k, self.n - self.issued)):
-            self.submit_next()
+        """``k`` clients are free: each sends requests until one is accepted (a refused
+        request is answered at once, as a server's 400 is)."""
+        while k and self.issued < self.n:
+            k -= self.submit_next()

@@ -25,6 +25,7 @@ from dspark_sim.io import read_toml
 ARRIVALS = ("poisson", "gamma", "closed", "replay")
 ROUTERS = ("round-robin", "least-outstanding")
 KV_MODES = ("preempt", "reserve")
+PREFILL_MODES = ("chunked", "disaggregated")
 
 # -- limits ------------------------------------------------------------------------------
 # Beyond these a run allocates gigabytes at once or the simulated clock loses its
@@ -44,16 +45,25 @@ MAX_SIM_TIME_S = 1e7
 # scale 1/(qps * b) overflows for denormal b.
 BURSTINESS_RANGE = (1e-3, 1e3)
 MAX_SEED = 2**63 - 1
+MAX_ENGINE_STEPS = 100_000_000  # ~30 min of wall time
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """One replica's scheduler limits (vLLM names where they exist)."""
+    """One replica's scheduler limits (vLLM names where they exist). ``None``: take the
+    engine profile's ``[engine]`` value (what the deployment's HBM and graphs imply),
+    else the simulator's default (256 sequences, 8192 batched tokens, 2M KV tokens)."""
 
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     # KV-cache capacity of one replica in tokens (prompt + generated + verify slots).
-    kv_capacity_tokens: int = 2_000_000
+    kv_capacity_tokens: int | None = None
+    # Requests longer (prompt + output) than this are refused at arrival.
+    max_model_len: int | None = None
+    # "chunked": prefill shares each step's token budget with verification;
+    # "disaggregated": prefill instances hand the decode replica the prompt's KV and the
+    # first token (None: the profile's choice, else chunked).
+    prefill: str | None = None
     # "preempt": admit optimistically, recompute-preempt the newest request when KV
     # runs out (vLLM); "reserve": admit only if prompt + full output fits (never preempts).
     kv_mode: str = "preempt"
@@ -65,7 +75,9 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class DeploymentConfig:
-    replicas: int = 2
+    # Replicas (batches) behind the router. The default profile's replica is one
+    # data-parallel attention rank (one GPU) of an EP32 group: 8 of them are one node.
+    replicas: int = 8
     router: str = "least-outstanding"
     profile: str = "v4flash-h200"  # built-in name or TOML path
 
@@ -94,6 +106,9 @@ class SimConfig:
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     policy: str = "confidence"
+    # Draft block the block drafter proposes per step (DSpark-5 is 5); None: the trace's
+    # gamma_max. At most the trace's.
+    gamma_max: int | None = None
     trace: str | None = None  # schema-v1 trace for the block drafter; None: built-in
     mtp_trace: str | None = None  # trace for the MTP-1 head; None: built-in
     calibration: str | None = None  # confidence calibration map (TOML); None: identity
@@ -101,6 +116,9 @@ class SimConfig:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     drain_timeout_s: float = 120.0  # simulate at most this long after the last arrival
+    # Every run is bounded: it stops after this many engine steps (all replicas), and the
+    # summary says so (``bounded_by``). ~20 us of wall time per step: 5M steps ~ 2 min.
+    max_engine_steps: int = 5_000_000
 
     def validate(self) -> SimConfig:
         """Types, ranges and the limits above; returns ``self``."""
@@ -115,6 +133,8 @@ class SimConfig:
             if v is not None:
                 _pos_float("--slo", v)
         _pos_float("--drain-timeout-s", self.drain_timeout_s, MAX_SIM_TIME_S)
+        _pos_int("--max-engine-steps", self.max_engine_steps, MAX_ENGINE_STEPS)
+        _pos_int("--gamma-max", self.gamma_max, 64)
         return self
 
     def to_dict(self) -> dict:
@@ -129,6 +149,9 @@ def _validate_engine(e: EngineConfig) -> None:
             and e.max_num_seqs > e.max_num_batched_tokens:
         raise InputError("--max-num-seqs", "must not exceed max_num_batched_tokens")
     _choice("--kv-mode", e.kv_mode, KV_MODES)
+    _pos_int("--max-model-len", e.max_model_len, MAX_KV_CAPACITY_TOKENS)
+    if e.prefill is not None:
+        _choice("--prefill", e.prefill, PREFILL_MODES)
 
 
 def _validate_deployment(d: DeploymentConfig) -> None:
@@ -267,6 +290,8 @@ OPTION_FIELDS: dict[str, str] = {
     "router": "deployment.router",
     "max_num_seqs": "engine.max_num_seqs", "max_num_batched_tokens": "engine.max_num_batched_tokens",
     "kv_capacity_tokens": "engine.kv_capacity_tokens", "kv_mode": "engine.kv_mode",
+    "max_model_len": "engine.max_model_len", "prefill": "engine.prefill",
+    "gamma_max": "gamma_max",
 }
 
 # Workload fields that mean nothing under an arrival kind: setting one explicitly (at the
@@ -495,13 +520,19 @@ def load_config(path: str | Path, base: SimConfig | None = None) -> SimConfig:
     return cfg.validate()
 
 
-def check_draft_length(policy: Any, trace: Any) -> None:
+def check_draft_length(policy: Any, trace: Any, gamma_max: int | None = None) -> None:
     """A policy that verifies a fixed ``k`` draft tokens (``fixed:K``) cannot verify more
-    than the trace's drafter drafts (``gamma_max``): refuse rather than silently verify
-    fewer. ``policy`` is a registry Policy, ``trace`` an AcceptanceTrace or None."""
+    than the drafter drafts (the trace's ``gamma_max``, or the run's ``--gamma-max``):
+    refuse rather than silently verify fewer; nor can ``--gamma-max`` exceed what the
+    trace recorded. ``policy`` is a registry Policy, ``trace`` an AcceptanceTrace or None."""
+    if trace is None or getattr(policy, "drafter", None) is None:
+        return
+    if gamma_max is not None and gamma_max > trace.gamma_max:
+        raise InputError("--gamma-max", f"{gamma_max} exceeds the {trace.gamma_max} draft "
+                         f"positions {trace.source_path} records")
+    limit = trace.gamma_max if gamma_max is None else gamma_max
     k = getattr(policy, "draft_gamma", None)
-    if trace is None or k is None or k <= trace.gamma_max:
+    if k is None or k <= limit:
         return
     raise InputError("--policy", f"{policy.name} verifies {k} draft tokens per step but the "
-                     f"drafter of {trace.source_path} drafts at most gamma_max = "
-                     f"{trace.gamma_max}: use K <= {trace.gamma_max}")
+                     f"drafter drafts at most gamma_max = {limit}: use K <= {limit}")

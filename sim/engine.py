@@ -29,11 +29,11 @@ import numpy as np
 import simpy
 
 from dspark_sim.calibration.confmap import CalibrationMap
-from dspark_sim.calibration.profile import EngineProfile
+from dspark_sim.calibration.profile import ENGINE_LIMITS, EngineLimits, EngineProfile
 from dspark_sim.errors import InputError
-from dspark_sim.policies.base import BatchSnapshot, readonly
+from dspark_sim.policies.base import BatchSnapshot, StepCost, readonly
 from dspark_sim.policies.registry import Policy
-from dspark_sim.sim.config import SimConfig
+from dspark_sim.sim.config import EngineConfig, SimConfig, check_draft_length
 from dspark_sim.traces.schema import AcceptanceTrace
 
 # Columns of the running-batch matrix, one row per request. A request's row is built
@@ -54,6 +54,47 @@ STEPS = 9  # verification steps
 VERIFIED = 10  # draft tokens verified (sum of l)
 ACCEPTED = 11  # draft tokens accepted (sum of min(l, m))
 NUM_COLUMNS = 12
+
+# Why a request was refused at arrival (RequestLog.rejected): it can never be served.
+REJECT_REASONS = {1: "max_model_len", 2: "kv_capacity"}
+
+# Per-replica limits when neither the run's options nor the profile's [engine] table
+# state them (vLLM's defaults for the first two).
+DEFAULT_LIMITS = EngineLimits(max_num_seqs=256, max_num_batched_tokens=8192,
+                              kv_capacity_tokens=2_000_000, max_model_len=None,
+                              prefill="chunked")
+
+
+@dataclass(frozen=True)
+class ResolvedLimits:
+    """The per-replica limits a run uses and where each came from."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_capacity_tokens: int
+    max_model_len: int | None
+    prefill: str  # "chunked" (in the decode batch) | "disaggregated" (prefill instances)
+    sources: dict[str, str]  # limit -> "option" | "profile" | "default"
+
+
+def resolve_limits(engine: EngineConfig, profile: EngineProfile) -> ResolvedLimits:
+    """Explicit engine options win, then the profile's [engine] table, then defaults."""
+    values: dict[str, int | str | None] = {}
+    sources: dict[str, str] = {}
+    for name in ENGINE_LIMITS:
+        given = getattr(engine, name, None)
+        from_profile = getattr(profile.limits, name)
+        if given is not None:
+            values[name], sources[name] = given, "option"
+        elif from_profile is not None:
+            values[name], sources[name] = from_profile, "profile"
+        else:
+            values[name], sources[name] = getattr(DEFAULT_LIMITS, name), "default"
+    if values["max_num_seqs"] > values["max_num_batched_tokens"]:
+        raise InputError("--max-num-seqs", f"{values['max_num_seqs']} must not exceed "
+                         f"max_num_batched_tokens ({values['max_num_batched_tokens']})")
+    return ResolvedLimits(**values, sources=sources)
+
 
 # Inter-token-latency histogram: log-spaced bins from 10 us to 1000 s.
 ITL_EDGES_S = np.logspace(-5, 3, 801)
@@ -98,13 +139,15 @@ class RequestLog:
     accepted_tokens: np.ndarray  # sum of min(l, m) over its steps
     generated: np.ndarray
     preemptions: np.ndarray
+    rejected: np.ndarray  # 0, or a REJECT_REASONS code: refused at arrival, never served
 
     @classmethod
     def empty(cls, n: int) -> RequestLog:
         nan = np.full(n, np.nan)
         z = np.zeros(n, np.int64)
         return cls(nan.copy(), z.copy(), z.copy(), z.copy(), np.full(n, -1, np.int64),
-                   nan.copy(), nan.copy(), z.copy(), z.copy(), z.copy(), z.copy(), z.copy())
+                   nan.copy(), nan.copy(), z.copy(), z.copy(), z.copy(), z.copy(), z.copy(),
+                   np.zeros(n, np.int8))
 
 
 @dataclass
@@ -145,7 +188,7 @@ class Replica:
         self.batch = np.empty((0, NUM_COLUMNS), np.int64)
         self.wake: simpy.Event | None = None
         self.lag: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=2)
-        self.kv_tokens = 0  # sum(PREFILLED + GENERATED - GENERATED_AT_ADMIT): KV held by the batch
+        self.kv_tokens = 0  # sum(PREFILLED + GENERATED - GENERATED_AT_ADMIT): KV held
         self.pending_prefill = 0  # sum(PREFILL_TARGET - PREFILLED)
         self.n_prefilling = 0  # rows with PREFILLED < PREFILL_TARGET
 
@@ -199,10 +242,22 @@ class Replica:
             room -= 1
         if taken:
             new = rows[taken]
-            self.batch = np.concatenate([self.batch, new])
-            # admitted rows have PREFILLED = 0 and GENERATED = GENERATED_AT_ADMIT (new or recompute-preempted)
+            prefilled = new[:, PREFILLED] >= new[:, PREFILL_TARGET]
+            if prefilled.any():
+                # Disaggregated prefill: these arrive with their KV and first token from a
+                # prefill instance and decode at once; the batch stays [decoding | prefilling].
+                n_dec = len(self.batch) - self.n_prefilling
+                self.batch = np.concatenate([self.batch[:n_dec], new[prefilled],
+                                             self.batch[n_dec:], new[~prefilled]])
+                self.kv_tokens += int((new[prefilled, PREFILLED] + new[prefilled, GENERATED]
+                                       - new[prefilled, GENERATED_AT_ADMIT]).sum())
+                new = new[~prefilled]
+            else:
+                self.batch = np.concatenate([self.batch, new])
+            # the other admitted rows have PREFILLED = 0 and GENERATED = GENERATED_AT_ADMIT
+            # (new, or recompute-preempted)
             self.pending_prefill += int(new[:, PREFILL_TARGET].sum())
-            self.n_prefilling += len(taken)
+            self.n_prefilling += len(new)
 
     def _remove(self, keep: np.ndarray, *, finished: bool = False) -> np.ndarray:
         """Drop rows where ``keep`` is False; returns them, aggregates updated.
@@ -329,7 +384,7 @@ class Replica:
         context-dependent terms."""
         ctx = self.ctx
         prof = ctx.profile
-        dt = (ctx.draft_time(n_dec) if n_dec else 0.0) \
+        dt = (ctx.draft_time(n_dec, self.kv_tokens) if n_dec else 0.0) \
             + ctx.target_time(verify_tokens + prefill_tokens) \
             + prof.kv_s_per_token * self.kv_tokens
         if prof.logits_s_per_row:
@@ -337,7 +392,8 @@ class Replica:
             dt += prof.logits_s_per_row * (verify_tokens + finishing)
         if ctx.has_context_terms:
             query_ctx, multi_kv, ctx_requests = self._attention_units(
-                batch, decoding, ell, n_dec, prefilling, chunk if prefill_tokens else None)
+                batch, decoding, ell, n_dec, prefilling, chunk if prefill_tokens else None,
+                prof.attn_window_tokens)
             dt += prof.attn_s_per_query_ctx * query_ctx + prof.multi_kv_s_per_token * multi_kv \
                 + prof.request_s * ctx_requests
         return dt
@@ -351,6 +407,8 @@ class Replica:
         log = ctx.log
         now = ctx.env.now
         stats.steps += 1
+        if stats.steps >= ctx.max_engine_steps and not ctx.stop.triggered:
+            ctx.stop.succeed("steps")  # the run's step bound: stated in the summary
         stats.busy_s += dt
         stats.batch_tokens += verify_tokens + prefill_tokens
         stats.prefill_tokens += prefill_tokens
@@ -401,24 +459,29 @@ class Replica:
             ctx.on_finish(len(rids))
 
     @staticmethod
-    def _attention_units(batch, decoding, ell, n_dec, prefilling, chunk
+    def _attention_units(batch, decoding, ell, n_dec, prefilling, chunk, window=None
                          ) -> tuple[float, float, int]:
         """The step's units of the profile's context-dependent terms, in one pass over the
         batch slices: (sum over rows of query tokens x attended context, context tokens
         attended by multi-token query blocks, requests with a KV context). A decoding row
         is a multi-token block when it verifies ``l >= 1`` drafts; a prefill chunk of
         ``c`` after ``f`` filled tokens attends ``c * (f + c / 2)`` and is a multi-token
-        block with a context when ``f > 0``."""
+        block with a context when ``f > 0``. With an attention ``window`` each query
+        attends to at most ``window`` context tokens."""
         query_ctx = multi_kv = 0.0
         ctx_requests = n_dec
         if n_dec:
             context = batch[decoding, PREFILLED] + batch[decoding, GENERATED] \
                 - batch[decoding, GENERATED_AT_ADMIT]
-            query_ctx += float(((1 + ell) * context).sum())
+            attended = context if window is None else np.minimum(context, window)
+            query_ctx += float(((1 + ell) * attended).sum())
             multi_kv += float(context[ell > 0].sum())
         if chunk is not None:
             filled = batch[prefilling, PREFILLED]
-            query_ctx += float((chunk * (filled + chunk / 2.0)).sum())
+            attended = filled + chunk / 2.0
+            if window is not None:
+                attended = np.minimum(attended, window)
+            query_ctx += float((chunk * attended).sum())
             continuing = (chunk > 0) & (filled > 0)
             multi_kv += float(filled[continuing].sum())
             ctx_requests += int(np.count_nonzero(continuing))
@@ -432,11 +495,17 @@ class Replica:
             return policy(BatchSnapshot(ctx.empty_survival(n_dec), ctx.gamma,
                                         ctx.max_num_batched_tokens))
         survival = ctx.trace_survival[trace_idx]
-        sps = self._sps_curve(n_dec, len(batch)) if policy.needs_sps else None
-        lag_survival = lag_sps = None
-        if policy.needs_lag and len(self.lag) == 2:
-            lag_survival, lag_sps = self.lag[0]
-        # Both arrays are fresh (gathered / computed this step): freeze them in place.
+        sps = cost = None
+        if policy.needs_sps or policy.needs_cost:
+            extra = self._extra_s(n_dec, len(batch))
+            if policy.needs_sps:
+                sps = self._sps_curve(n_dec, extra, policy.sps_decode_only)
+            if policy.needs_cost:
+                extra.flags.writeable = False
+                cost = StepCost(ctx.sps_dense_step_s, extra, self.pending_prefill,
+                                ctx.sps_prefill_s_per_token)
+        lagged = self.lag[0] if policy.needs_lag and len(self.lag) == 2 else (None, None, None)
+        # The arrays are fresh (gathered / computed this step): freeze them in place.
         survival.flags.writeable = False
         if sps is not None:
             sps.flags.writeable = False
@@ -445,29 +514,38 @@ class Replica:
             gamma_max=ctx.gamma,
             token_budget=ctx.max_num_batched_tokens,
             sps=sps,
-            lagged_survival=lag_survival,
-            lagged_sps=lag_sps,
+            lagged_survival=lagged[0],
+            lagged_sps=lagged[1],
+            cost=cost,
+            lagged_cost=lagged[2],
         )
         ell = policy(snap)
         if ell.dtype != np.int64 or not ell.flags.writeable:
             ell = np.array(ell, dtype=np.int64)  # the engine trims it in place
         if policy.needs_lag:
-            self.lag.append((snap.survival, snap.sps))
+            self.lag.append((snap.survival, snap.sps, snap.cost))
         return ell
 
-    def _sps_curve(self, n_dec: int, batch_rows: int) -> np.ndarray:
-        """Steps/s when ``i`` draft tokens are admitted, i = 0..n*gamma, from the
-        *scheduler's* table (``policy_profile``; by default the cost profile). B is
-        ``n + i`` verify tokens plus whatever prefill still fits in the budget
-        (verification displaces prefill); entries past the budget are 0."""
+    def _extra_s(self, n_dec: int, batch_rows: int) -> np.ndarray:
+        """The step time beyond the target table when ``i`` drafts are admitted,
+        i = 0..n*gamma, as the *scheduler's* profile prices it (``policy_profile``; by
+        default the cost profile): draft, KV reads, and the LM head / attention terms of
+        the ``n + i`` verify tokens."""
         ctx = self.ctx
-        sched = ctx.sps_profile
+        return ctx.sps_profile.step_extra_s(n_dec, ctx.gamma, self.kv_tokens, batch_rows,
+                                            ctx.sps_draft_time(n_dec, self.kv_tokens))
+
+    def _sps_curve(self, n_dec: int, extra: np.ndarray, decode_only: bool) -> np.ndarray:
+        """Steps/s when ``i`` draft tokens are admitted. B is ``n + i`` verify tokens plus
+        whatever pending prefill still fits in the budget (vLLM's ``T + B``: verification
+        displaces prefill), or the verify tokens alone (Algorithm 1's ``sum(1 + l)``);
+        entries past the budget are 0."""
+        ctx = self.ctx
         budget = ctx.max_num_batched_tokens
         verify = n_dec + ctx.arange(n_dec * ctx.gamma + 1)
-        total = np.minimum(verify + self.pending_prefill, budget)
-        step_s = ctx.sps_dense_step_s[total]
-        step_s += ctx.sps_draft_time(n_dec) + sched.kv_s_per_token * self.kv_tokens
-        step_s += sched.verify_terms_s(verify, n_dec, self.kv_tokens / max(1, batch_rows))
+        total = verify if decode_only else verify + self.pending_prefill
+        step_s = ctx.sps_dense_step_s[np.minimum(total, budget)]
+        step_s += extra
         sps = np.reciprocal(step_s, out=step_s)
         over = n_dec * (1 + ctx.gamma) - budget
         if over > 0:
@@ -476,20 +554,38 @@ class Replica:
 
 
 def request_rows(prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                 trace: AcceptanceTrace | None, trace_row: np.ndarray) -> np.ndarray:
-    """Every request's batch row, built at once (vectorised); replicas index into it."""
+                 trace: AcceptanceTrace | None, trace_row: np.ndarray,
+                 disaggregated: bool = False) -> np.ndarray:
+    """Every request's batch row, built at once (vectorised); replicas index into it.
+    ``disaggregated``: a prefill instance has computed the prompt's KV and the first
+    token before the request reaches the decode replica."""
     n = len(prompt_tokens)
     rows = np.zeros((n, NUM_COLUMNS), np.int64)
     rows[:, REQUEST_ID] = np.arange(n)
     rows[:, PROMPT_TOKENS] = prompt_tokens
     rows[:, PREFILL_TARGET] = prompt_tokens
     rows[:, OUTPUT_TOKENS] = np.maximum(1, output_tokens)
+    if disaggregated:
+        rows[:, PREFILLED] = prompt_tokens
+        rows[:, GENERATED] = 1
     if trace is not None:
         rows[:, TRACE_START] = trace.req_offsets[trace_row]
         rows[:, TRACE_LEN] = trace.req_lengths[trace_row]
     else:
         rows[:, TRACE_LEN] = 1
     return rows
+
+
+def prefill_instance_s(profile: EngineProfile, prompt_tokens: np.ndarray, budget: int
+                       ) -> np.ndarray:
+    """Time a prefill instance of the same engine takes for each prompt on its own
+    (disaggregated prefill; its queueing is not modelled): full chunks of ``budget``
+    tokens plus the remainder, attention over the growing prompt, one logit row."""
+    prompt = np.asarray(prompt_tokens, dtype=np.int64)
+    full, rest = np.divmod(prompt, budget)
+    t = full * profile.target_time_s(budget) + profile.target_time_s(rest)
+    attended = profile.attended(prompt / 2.0)
+    return t + profile.attn_s_per_query_ctx * prompt * attended + profile.logits_s_per_row
 
 
 class SimContext:
@@ -506,25 +602,31 @@ class SimContext:
         self.trace_accept_len = trace.accept_len if trace is not None else None
         self.log = log
         self._on_finish = on_finish
-        e = cfg.engine
-        self.max_num_seqs = e.max_num_seqs
-        self.max_num_batched_tokens = e.max_num_batched_tokens
-        self.kv_capacity = e.kv_capacity_tokens
-        self.reserve = e.kv_mode == "reserve"
+        self.limits = resolve_limits(cfg.engine, profile)
+        self.max_num_seqs = self.limits.max_num_seqs
+        self.max_num_batched_tokens = self.limits.max_num_batched_tokens
+        self.kv_capacity = self.limits.kv_capacity_tokens
+        self.reserve = cfg.engine.kv_mode == "reserve"
+        self.max_engine_steps = cfg.max_engine_steps
+        self.stop = self.env.event()  # triggered by the step bound or the time horizon
         self.gamma = 0 if (trace is None or policy.drafter is None) else trace.gamma_max
+        if cfg.gamma_max is not None and policy.drafter is not None and trace is not None:
+            check_draft_length(policy, trace, cfg.gamma_max)
+            self.gamma = min(self.gamma, cfg.gamma_max)  # e.g. DSpark-5 on a gamma-7 trace
         self.draft_gamma = (policy.draft_gamma if policy.draft_gamma is not None else self.gamma)
         self.draft_gamma = min(self.draft_gamma, self.gamma)
         self.verify_slots = 1 + self.draft_gamma
         self.needs_survival = policy.needs_survival
         # Survival depends only on a trace row and the calibration map: compute it once
         # for the whole trace (N x gamma float64) instead of per step.
-        self.trace_survival = (calibration.survival(trace.conf)
+        self.trace_survival = (calibration.survival(trace.conf)[:, : self.gamma]
                                if self.needs_survival and trace is not None else None)
         self._draft_key = None
+        self._draft_kv_s = 0.0
         if policy.drafter is not None and self.draft_gamma > 0:
-            key = trace.meta.drafter if trace.meta.drafter in profile.drafts else policy.drafter
+            key = profile.draft_key(trace.meta.drafter, policy.drafter)  # fails if missing
             self._draft_key = key
-            profile.draft_time_s(key, 1, self.draft_gamma)  # fail early on a missing section
+            self._draft_kv_s = profile.drafts[key].kv_s_per_token
         # Target time for every B in 0..max_num_batched_tokens, looked up once: the hot
         # loop then indexes instead of searching (8k floats, 64 KiB).
         self.dense_step_s = np.asarray(
@@ -545,20 +647,24 @@ class SimContext:
                 sp.target_time_s(np.arange(self.max_num_batched_tokens + 1)), dtype=np.float64)
             key = self._draft_key
             if key is not None and key not in sp.drafts:
-                raise InputError(sp.source, f"policy profile has no [draft.{key}] section")
+                raise InputError(sp.source, f"policy profile has no [draft.{key}] table; it has "
+                                 f"{', '.join(sp.drafts) or 'none'}")
             cache: dict[int, float] = {}
+            kv_s = sp.drafts[key].kv_s_per_token if key is not None else 0.0
 
-            def sps_draft_time(n: int) -> float:
+            def sps_draft_time(n: int, kv_tokens: int = 0) -> float:
                 if key is None:
                     return 0.0
                 if n not in cache:
                     cache[n] = sp.draft_time_s(key, n, self.draft_gamma)
-                return cache[n]
+                return cache[n] + kv_s * kv_tokens
 
             self.sps_draft_time = sps_draft_time
         self.has_context_terms = bool(profile.attn_s_per_query_ctx or profile.multi_kv_s_per_token
                                       or profile.request_s)
         self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy
+        self.sps_prefill_s_per_token = self.sps_profile.prefill_s_per_token(
+            self.max_num_batched_tokens)
         self.stats = StepStats(self.gamma)
         self.steps = StepRecorder()
         self.record_step = self.steps.buf.extend  # bound once: the step's only recorder call
@@ -589,14 +695,16 @@ class SimContext:
         # A step never exceeds the token budget, so the dense table covers every B.
         return self._dense_list[batch_tokens]
 
-    def draft_time(self, n: int) -> float:
+    def draft_time(self, n: int, kv_tokens: int = 0) -> float:
+        """Draft time for ``n`` drafting requests (cached per n) plus the drafter's own
+        reads of ``kv_tokens`` context tokens."""
         if self._draft_key is None:
             return 0.0
         t = self._draft_cache.get(n)
         if t is None:
             t = self.profile.draft_time_s(self._draft_key, n, self.draft_gamma)
             self._draft_cache[n] = t
-        return t
+        return t + self._draft_kv_s * kv_tokens
 
     def on_finish(self, k: int) -> None:
         self._on_finish(k)

@@ -70,7 +70,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import polars as pl
 
-from dspark_sim.sim.engine import ITL_EDGES_S, STEP_FIELDS, RequestLog, StepStats
+from dspark_sim.sim.engine import ITL_EDGES_S, REJECT_REASONS, STEP_FIELDS, RequestLog, StepStats
 
 # The window is "short" below either bound (see the module docstring).
 MIN_WINDOW_LIFETIMES = 10.0  # window length in p90 request lifetimes (E2E)
@@ -103,6 +103,8 @@ def requests_frame(log: RequestLog) -> pl.DataFrame:
         "accepted_tokens": log.accepted_tokens,
         "preemptions": log.preemptions,
         "trace_row": log.trace_row,
+        "rejected_reason": pl.Series([REJECT_REASONS.get(int(c)) for c in log.rejected],
+                                     dtype=pl.String),
     }).with_columns(
         pl.col(c).fill_nan(None) for c in ("ttft_ms", "tpot_ms", "e2e_ms", "interactivity_tok_s")
     )
@@ -385,7 +387,11 @@ def summarize(
     s: dict = {
         "completed": n_done,
         "num_requests": int(len(log.arrival_s)),
-        "unfinished": int(len(log.arrival_s) - n_done),
+        "unfinished": int(len(log.arrival_s) - n_done - np.count_nonzero(log.rejected)),
+        "rejected": int(np.count_nonzero(log.rejected)),
+        "rejected_reasons": {name: int(np.count_nonzero(log.rejected == code))
+                             for code, name in REJECT_REASONS.items()
+                             if np.count_nonzero(log.rejected == code)},
         "preempted": int((log.preemptions > 0).sum()),
         "preemptions": int(log.preemptions.sum()),
         "duration": duration,

@@ -121,7 +121,10 @@ def test_arrival_kinds(workload):
 
 
 def test_burstiness_raises_tail_latency():
+    # chunked prefill: arrivals queue for the replica's prefill (disaggregated prefill
+    # instances are not queued in the model)
     base = SimConfig(policy="mtp1", deployment=DeploymentConfig(replicas=1),
+                     engine=EngineConfig(prefill="chunked"),
                      workload=WorkloadConfig(qps=40.0, num_requests=600, lengths="fixed:512:64"))
     smooth = simulate(base).summary
     bursty = simulate(replace(base, workload=replace(base.workload, arrival="gamma",
@@ -150,7 +153,8 @@ def test_over_verification_delays_prefill():
     wl = WorkloadConfig(arrival="closed", max_concurrency=200, num_requests=600,
                         lengths="fixed:512:256")
     base = SimConfig(deployment=DeploymentConfig(replicas=1),
-                     engine=EngineConfig(max_num_batched_tokens=1024, max_num_seqs=200),
+                     engine=EngineConfig(max_num_batched_tokens=1024, max_num_seqs=200,
+                                         prefill="chunked"),
                      workload=wl)
     one = simulate(replace(base, policy="fixed:1")).summary
     seven = simulate(replace(base, policy="fixed:7")).summary

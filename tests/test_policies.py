@@ -67,16 +67,20 @@ def test_ties_are_broken_row_major():
 
 
 @pytest.mark.parametrize("spec,drafter", [("none", None), ("mtp1", "mtp1"), ("fixed:4", "dspark"),
-                                          ("confidence", "dspark"), ("confidence-async", "dspark"),
+                                          ("confidence", "dspark"), ("confidence-sync", "dspark"),
+                                          ("confidence-async", "dspark"),
                                           ("threshold:0.3", "dspark")])
 def test_registry_policies_are_pure(spec, drafter):
+    from dspark_sim.policies.base import StepCost
+
     pol = get_policy(spec)
     assert pol.drafter == drafter
     rng = np.random.default_rng(2)
     a = readonly(_survival(rng, 8, 7))
     sps = readonly(1.0 / (1.0 + 0.01 * np.arange(57)))
+    cost = StepCost(readonly(0.01 + 1e-4 * np.arange(8193)), readonly(np.full(57, 1e-3)), 0, 1e-4)
     snap = BatchSnapshot(survival=a, gamma_max=7, token_budget=8192, sps=sps,
-                         lagged_survival=a, lagged_sps=sps)
+                         lagged_survival=a, lagged_sps=sps, cost=cost, lagged_cost=cost)
     before = a.copy()
     first = pol(snap)
     again = pol(snap)

@@ -157,8 +157,10 @@ def test_appendix_a_counterexample_by_hand():
     sps = np.array([1.0, 0.5, 0.45])
     assert schedule_sync(a, sps).tolist() == [0]
     assert budget_global(a, sps) == 2
-    assert get_policy("confidence")(BatchSnapshot(readonly(a), 2, 64, sps=readonly(sps))
-                                    ).tolist() == [0]
+    # the textbook variant keeps Algorithm 1's early stop (the default "confidence" is
+    # the production scheduler: a global search whose budget never sees the current drafts)
+    assert get_policy("confidence-sync")(BatchSnapshot(readonly(a), 2, 64, sps=readonly(sps))
+                                         ).tolist() == [0]
 
 
 # -- global budget and async -------------------------------------------------------------------

@@ -138,7 +138,10 @@ def test_conservation_per_request_and_in_total(case):
     n = cfg.workload.num_requests
     fin = r["finished"].to_numpy()
     assert s["num_requests"] == r.height == n
-    assert s["completed"] == int(fin.sum()) and s["unfinished"] == n - int(fin.sum())
+    rejected = r["rejected_reason"].is_not_null().to_numpy()
+    assert s["completed"] == int(fin.sum()) and s["rejected"] == int(rejected.sum())
+    assert s["unfinished"] == n - int(fin.sum()) - int(rejected.sum())
+    assert not (fin & rejected).any()
     out = np.maximum(1, r["output_tokens"].to_numpy())
     gen = r["generated_tokens"].to_numpy()
     steps = r["steps"].to_numpy()

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from dspark_sim.errors import InputError
 from dspark_sim.kernels import verify_greedy
-from dspark_sim.policies.base import BatchSnapshot, readonly
+from dspark_sim.policies.base import BatchSnapshot, StepCost, readonly
 from dspark_sim.sim.config import EngineConfig
 from dspark_sim.sim.engine import ITL_EDGES_S, RequestLog, StepStats
 from dspark_sim.validation.clock import CLOCKS, ServerClock, resolve_clock
@@ -397,22 +397,34 @@ class SpecServer:
         self.calibration = calibration
 
     # -- policy inputs ---------------------------------------------------------------------
+    def _extra(self, n_dec: int, gamma: int, kv_tokens: int, n_rows: int) -> np.ndarray:
+        # the same terms as the simulator's engine (EngineProfile.step_extra_s)
+        return self.profile.step_extra_s(n_dec, gamma, kv_tokens, n_rows or n_dec,
+                                         self._draft_time(n_dec, gamma))
+
     def _sps(self, n_dec: int, gamma: int, pending_prefill: int, kv_tokens: int,
-             n_rows: int = 0) -> np.ndarray:
+             n_rows: int = 0, decode_only: bool = False) -> np.ndarray:
         """Steps/s with i admitted draft tokens, priced like the simulator's scheduler:
-        ``EngineProfile.step_time_s`` of the verify + prefill tokens that fit the budget,
-        plus ``EngineProfile.verify_terms_s`` of the verify length; 0 past the budget."""
-        prof = self.profile
+        the target table at the verify tokens plus the prefill that fits the budget (or the
+        verify tokens alone, Algorithm 1's B), plus ``EngineProfile.step_extra_s``; 0 past
+        the budget."""
         budget = self.cfg.engine.max_num_batched_tokens
         verify = n_dec + np.arange(n_dec * gamma + 1)
-        t = prof.step_time_s(np.minimum(verify + pending_prefill, budget), kv_tokens,
-                             self._draft_time(n_dec, gamma))
-        t = t + prof.verify_terms_s(verify, n_dec, kv_tokens / max(1, n_rows or n_dec))
-        sps = 1.0 / np.asarray(t, dtype=np.float64)
+        total = np.minimum(verify if decode_only else verify + pending_prefill, budget)
+        t = np.asarray(self.profile.target_time_s(total), dtype=np.float64)
+        sps = 1.0 / (t + self._extra(n_dec, gamma, kv_tokens, n_rows))
         over = n_dec * (1 + gamma) - budget
         if over > 0:
             sps[-over:] = 0.0
         return sps
+
+    def _cost(self, n_dec: int, gamma: int, pending_prefill: int, kv_tokens: int,
+              n_rows: int) -> StepCost:
+        """The cost view a policy pricing verification itself reads (the engine's)."""
+        budget = self.cfg.engine.max_num_batched_tokens
+        table = np.asarray(self.profile.target_time_s(np.arange(budget + 1)), dtype=np.float64)
+        return StepCost(readonly(table), readonly(self._extra(n_dec, gamma, kv_tokens, n_rows)),
+                        int(pending_prefill), self.profile.prefill_s_per_token(budget))
 
     def _draft_time(self, n: int, gamma: int) -> float:
         prof = self.profile
@@ -507,16 +519,18 @@ class SpecServer:
                 surv = np.pad(surv, ((0, 0), (0, gamma_max - gamma)))
         else:
             surv = np.zeros((n_dec, gamma_max))
-        sps = (self._sps(n_dec, gamma_max, pending_prefill, kv_tokens, len(run.running))
-               if policy.needs_sps else None)
-        lag_s = lag_sps = None
-        if policy.needs_lag and len(run.lag) == 2:
-            lag_s, lag_sps = run.lag[0]
+        sps = (self._sps(n_dec, gamma_max, pending_prefill, kv_tokens, len(run.running),
+                         policy.sps_decode_only) if policy.needs_sps else None)
+        cost = (self._cost(n_dec, gamma_max, pending_prefill, kv_tokens, len(run.running))
+                if policy.needs_cost else None)
+        lagged = run.lag[0] if policy.needs_lag and len(run.lag) == 2 else (None, None, None)
         snap = BatchSnapshot(readonly(surv), gamma_max, budget,
-                             None if sps is None else readonly(sps), lag_s, lag_sps)
+                             sps=None if sps is None else readonly(sps),
+                             lagged_survival=lagged[0], lagged_sps=lagged[1],
+                             cost=cost, lagged_cost=lagged[2])
         ell = np.minimum(np.array(policy(snap), dtype=np.int64), gamma)
         if policy.needs_lag:
-            run.lag.append((snap.survival, snap.sps))
+            run.lag.append((snap.survival, snap.sps, snap.cost))
         if n_dec + int(ell.sum()) > budget:
             ell = np.minimum(ell, max(0, (budget - n_dec) // n_dec))
             run.stats.budget_limited_steps += 1
