@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from dspark_sim.calibration.profile import DraftCost, EngineProfile, load_profile
+from dspark_sim.policies.registry import Policy, get_policy
+from dspark_sim.sim import api
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
 from dspark_sim.traces.synth import synth_iid
@@ -186,21 +188,42 @@ def _smooth_profile() -> EngineProfile:
     )
 
 
+def _sync_global() -> Policy:
+    """The default scheduler's search on this step's own survivals (no two-step lag): an
+    oracle that knows the drafts before deciding, which a real pipeline cannot."""
+    from dspark_sim.policies.scheduler import budget_displacement, schedule_topk
+
+    base = get_policy("confidence")
+    return replace(base, name="sync-global",
+                   decide=lambda s: schedule_topk(s.survival, budget_displacement(s.survival, s.cost)))
+
+
 @pytest.mark.parametrize("concurrency", [4, 64, 384])
 def test_confidence_at_least_as_good_as_the_best_fixed_k_on_smooth_profile(concurrency):
-    """Deterministic runs: no slack for noise. On a smooth SPS curve the confidence
-    scheduler (which could always pick a fixed length) does at least as well as the best
-    fixed verify length k = 1..7."""
+    """Deterministic runs, so no slack for noise. On a smooth SPS curve the scheduler's
+    search on the step's own survivals (which could always pick a fixed length) does at
+    least as well as the best fixed verify length k = 1..7; the default, whose budget is
+    sized on survivals two steps old (the production pipeline), is never beaten on both
+    throughput and interactivity by more than 3 % (issue 11's contract)."""
     prof = _smooth_profile()
     wl = WorkloadConfig(arrival="closed", max_concurrency=concurrency,
                         num_requests=max(3 * concurrency, 60), lengths="fixed:256:192")
     base = SimConfig(deployment=DeploymentConfig(replicas=1),
                      engine=EngineConfig(max_num_seqs=384), workload=wl)
-    thr = {}
+    res = {}
     for pol in [f"fixed:{k}" for k in range(1, 8)] + ["confidence"]:
-        thr[pol] = simulate(replace(base, policy=pol), profile=prof).summary["output_throughput"]
+        res[pol] = simulate(replace(base, policy=pol), profile=prof).summary
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "get_policy", lambda spec: _sync_global())
+        res["sync-global"] = simulate(replace(base, policy="confidence"), profile=prof).summary
+    thr = {k: s["output_throughput"] for k, s in res.items()}
     best_fixed = max(v for k, v in thr.items() if k.startswith("fixed"))
-    assert thr["confidence"] >= best_fixed, thr
+    assert thr["sync-global"] >= best_fixed, thr
+    conf = res["confidence"]
+    for k in range(1, 8):
+        s = res[f"fixed:{k}"]
+        assert not (s["output_throughput"] > 1.03 * conf["output_throughput"]
+                    and s["median_interactivity"] > 1.03 * conf["median_interactivity"]), k
 
 
 def test_incremental_aggregates_stay_exact():
