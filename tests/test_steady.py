@@ -169,6 +169,7 @@ def _in_system(arr, fin, t):
 
 def test_open_loop_window_conservation_and_drain_excluded():
     cfg = SimConfig(policy="fixed:3", deployment=DeploymentConfig(replicas=1),
+                    engine=EngineConfig(prefill="chunked"),
                     workload=WorkloadConfig(qps=20.0, num_requests=1500,
                                             lengths="fixed:128:64"))
     res = simulate(cfg)
