@@ -472,6 +472,8 @@ def sweep(
     seeds: Annotated[str, typer.Option(help="Seeds to repeat each point with (error bars).")] = "0",
     num_requests: Annotated[int | None, typer.Option(help="Requests per point.")] = None,
     replicas: Annotated[int | None, typer.Option(help="Replicas per point.")] = None,
+    lengths: Annotated[str | None, typer.Option(
+        help="Request lengths, as for run (e.g. trace: each trace request's own).")] = None,
     executor: Annotated[str, typer.Option(help="process | serial | ray")] = "process",
     workers: Annotated[int | None, typer.Option(help="Parallel workers (default: cores).")] = None,
     sla: Annotated[str, typer.Option(help="Interactivity tiers (tok/s/user) for the headline.")] =
@@ -493,7 +495,8 @@ def sweep(
 
     check_writable(out, "--out")
     base = resolve_config(config_path=config,
-                          options={"num_requests": num_requests, "replicas": replicas})
+                          options={"num_requests": num_requests, "replicas": replicas,
+                                   "lengths": lengths})
     tiers = parse_numbers(sla, option="--sla")
     df = run_sweep(
         base,

@@ -34,7 +34,7 @@ from dspark_sim.sim.engine import (
 )
 from dspark_sim.sim.metrics import StepSeries, requests_frame, summarize
 from dspark_sim.sim.outputs import write_run
-from dspark_sim.sim.workload import build_stream
+from dspark_sim.sim.workload import build_stream, uses_trace_lengths
 from dspark_sim.traces.schema import AcceptanceTrace, load_trace
 
 DEFAULT_TRACE = "dspark-synthetic"
@@ -115,13 +115,22 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
     if calibration is None:
         calibration = resolve_calibration(cfg, trace)
     rng = np.random.default_rng(cfg.seed)
-    stream = build_stream(cfg.workload, rng)
+    # --lengths trace: lengths (and rows) from the trace, loaded even when the policy
+    # replays none (`none` then serves the same requests as the speculative runs).
+    length_trace = trace
+    if length_trace is None and uses_trace_lengths(cfg.workload):
+        length_trace = load_trace(cfg.trace or DEFAULT_TRACE)
+        if cfg.workload.domain:
+            length_trace = length_trace.select_domain(cfg.workload.domain)
+    stream = build_stream(cfg.workload, rng, trace=length_trace)
     n = stream.size
     log = RequestLog.empty(n)
     log.prompt_tokens[:] = stream.prompt_tokens
     log.output_tokens[:] = stream.output_tokens
     if trace is not None:
         log.trace_row[:] = rng.integers(0, trace.num_requests, size=n)
+        if stream.trace_rows is not None:  # each request replays the row its lengths came from
+            log.trace_row[:] = stream.trace_rows
         if trace_rows is not None:
             rows_in = np.asarray(trace_rows, dtype=np.int64)
             if rows_in.shape != (n,) or rows_in.min(initial=0) < 0 \

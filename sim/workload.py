@@ -12,7 +12,10 @@ the timestamps themselves play no part.
 
 Lengths: from the workload file, a named empirical distribution shipped with the
 package (``azure-conv``, ``azure-code``, ``mooncake``: samples of the public traces,
-CC-BY 4.0 / Apache-2.0), ``fixed:IN:OUT`` or ``lognormal:IN_MEDIAN:OUT_MEDIAN[:SIGMA]``.
+CC-BY 4.0 / Apache-2.0), ``fixed:IN:OUT`` or ``lognormal:IN_MEDIAN:OUT_MEDIAN[:SIGMA]``,
+or ``trace`` / ``trace:sample``: each request takes the prompt and output length of one
+acceptance-trace request (an imported trace carries them) and replays that request's
+row, rows cycled in order (``trace``) or drawn with the run's seed (``trace:sample``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dspark_sim.sim.config import (
 )
 
 NAMED_LENGTHS = ("azure-conv", "azure-code", "mooncake")
+TRACE_LENGTHS = ("trace", "trace:sample")
 DEFAULT_LENGTHS = "azure-conv"
 
 
@@ -43,6 +47,8 @@ class RequestStream:
     prompt_tokens: np.ndarray  # int64 [N]
     output_tokens: np.ndarray  # int64 [N]
     description: str
+    # --lengths trace: request i replays trace row trace_rows[i] (its lengths came from it)
+    trace_rows: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -149,8 +155,37 @@ def sample_lengths(spec: str, n: int, rng: np.random.Generator) -> tuple[np.ndar
     raise InputError(
         "--lengths",
         f"bad length spec {spec!r}; use one of {', '.join(NAMED_LENGTHS)}, fixed:IN:OUT, "
-        "lognormal:IN:OUT[:SIGMA]",
+        "lognormal:IN:OUT[:SIGMA], trace, trace:sample",
     )
+
+
+def uses_trace_lengths(w: WorkloadConfig) -> bool:
+    return w.lengths is not None and w.lengths.strip() in TRACE_LENGTHS
+
+
+def _lengths(w: WorkloadConfig, n: int, rng: np.random.Generator, trace,
+             default: str = DEFAULT_LENGTHS):
+    """``(prompt_tokens, output_tokens, description, trace_rows)`` for ``n`` requests;
+    ``trace_rows`` is set (and the lengths are the trace requests' own) for
+    ``--lengths trace`` / ``trace:sample``, else None."""
+    spec = (w.lengths or default).strip()
+    if spec not in TRACE_LENGTHS:
+        return (*sample_lengths(spec, n, rng), None)
+    if trace is None or not trace.has_lengths:
+        where = "no trace" if trace is None else f"trace {trace.source_path}"
+        raise InputError("--lengths", f"{spec!r} needs a trace whose requests carry their prompt "
+                         f"and output lengths (an imported trace); {where} has none")
+    if spec == "trace":
+        rows = np.arange(n, dtype=np.int64) % trace.num_requests
+        how = "cycled in order"
+    else:
+        rows = rng.integers(0, trace.num_requests, size=n)
+        how = "drawn with the seed"
+    prompt_tokens = np.maximum(trace.req_prompt_tokens[rows], 1).astype(np.int64)
+    output_tokens = np.maximum(trace.req_output_tokens[rows], 1).astype(np.int64)
+    return (prompt_tokens, output_tokens,
+            f"lengths of {trace.num_requests} trace requests ({how}), each replaying its own row",
+            rows)
 
 
 # -- streams --------------------------------------------------------------------
@@ -159,26 +194,29 @@ def _gaps(w: WorkloadConfig, n: int, rng: np.random.Generator) -> np.ndarray:
     return rng.gamma(shape, 1.0 / (w.qps * shape), size=n)
 
 
-def build_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
-    """Arrival times and lengths for an open-loop run (closed loop: lengths only)."""
+def build_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> RequestStream:
+    """Arrival times and lengths for an open-loop run (closed loop: lengths only).
+    ``trace`` (an :class:`~dspark_sim.traces.schema.AcceptanceTrace`) supplies the lengths
+    of ``--lengths trace``."""
     if w.arrival == "replay":
-        return _replay_stream(w, rng)
+        return _replay_stream(w, rng, trace)
     if w.arrival == "closed":
-        return _closed_stream(w, rng)
-    return _open_stream(w, rng)
+        return _closed_stream(w, rng, trace)
+    return _open_stream(w, rng, trace)
 
 
 def _file_requests(w: WorkloadConfig, df: pl.DataFrame, idx: np.ndarray,
-                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, str]:
+                   rng: np.random.Generator, trace=None):
     """The file's lengths for rows ``idx``, unless ``--lengths`` overrides them."""
     if w.lengths is not None:  # explicit lengths override the file's
-        return sample_lengths(w.lengths, idx.size, rng)
+        return _lengths(w, idx.size, rng, trace)
     prompt_tokens = df["prompt_tokens"].to_numpy()[idx].astype(np.int64)
     output_tokens = df["output_tokens"].to_numpy()[idx].astype(np.int64)
-    return np.maximum(prompt_tokens, 1), np.maximum(output_tokens, 1), f"lengths of {Path(w.workload_path).name}"
+    return (np.maximum(prompt_tokens, 1), np.maximum(output_tokens, 1),
+            f"lengths of {Path(w.workload_path).name}", None)
 
 
-def _replay_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
+def _replay_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> RequestStream:
     df = read_workload(w.workload_path)
     arr = df["arrival_s"].to_numpy().astype(np.float64)
     native_qps = (len(arr) - 1) / arr[-1] if arr[-1] > 0 else float("inf")
@@ -199,20 +237,21 @@ def _replay_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream
         raise InputError("--replay-qps", f"the replay spans {arr[idx[-1]]:.3g} s; the simulated "
                          f"clock is limited to {MAX_SIM_TIME_S:g} s: raise the rate or cap "
                          "--num-requests / --duration-s")
-    prompt_tokens, output_tokens, _ = _file_requests(w, df, idx, rng)
-    return RequestStream(arr[idx], prompt_tokens, output_tokens, desc)
+    prompt_tokens, output_tokens, _, rows = _file_requests(w, df, idx, rng, trace)
+    return RequestStream(arr[idx], prompt_tokens, output_tokens, desc, rows)
 
 
-def _closed_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
+def _closed_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> RequestStream:
     clients = f"closed loop, {w.max_concurrency} clients"
     if w.workload_path is None:
         n = int(w.num_requests)
-        prompt_tokens, output_tokens, ldesc = sample_lengths(w.lengths or DEFAULT_LENGTHS, n, rng)
-        return RequestStream(np.zeros(n), prompt_tokens, output_tokens, f"{clients}, {ldesc}")
+        prompt_tokens, output_tokens, ldesc, rows = _lengths(w, n, rng, trace)
+        return RequestStream(np.zeros(n), prompt_tokens, output_tokens, f"{clients}, {ldesc}",
+                             rows)
     # The clients send the file's requests in timestamp order; the times play no part.
     df = read_workload(w.workload_path)
     n = df.height if w.num_requests is None else min(int(w.num_requests), df.height)
-    prompt_tokens, output_tokens, ldesc = _file_requests(w, df, np.arange(n), rng)
+    prompt_tokens, output_tokens, ldesc, rows = _file_requests(w, df, np.arange(n), rng, trace)
     if n < df.height:
         which = f"the file's first {n} of {df.height} requests"
     elif w.num_requests is not None and w.num_requests > n:
@@ -220,10 +259,10 @@ def _closed_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream
     else:
         which = f"all {n} requests of the file"
     return RequestStream(np.zeros(n), prompt_tokens, output_tokens,
-                         f"{clients}, {ldesc} ({which}, in order)")
+                         f"{clients}, {ldesc} ({which}, in order)", rows)
 
 
-def _open_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
+def _open_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> RequestStream:
     """Poisson or gamma gaps, bounded by count and/or duration."""
     if w.num_requests is not None:
         arr = np.cumsum(_gaps(w, int(w.num_requests), rng))
@@ -240,9 +279,8 @@ def _open_stream(w: WorkloadConfig, rng: np.random.Generator) -> RequestStream:
                          f"{w.duration_s:g} s window at {w.qps:g} req/s: the run would "
                          "simulate nothing")
     arr = arr - arr[0]  # the first request arrives at t = 0
-    prompt_tokens, output_tokens, ldesc = sample_lengths(w.lengths or DEFAULT_LENGTHS, arr.size,
-                                                         rng)
+    prompt_tokens, output_tokens, ldesc, rows = _lengths(w, arr.size, rng, trace)
     kind = "Poisson" if w.arrival == "poisson" or w.burstiness == 1.0 \
         else f"gamma(burstiness={w.burstiness:g})"
     return RequestStream(arr, prompt_tokens, output_tokens,
-                         f"{kind} arrivals at {w.qps:g} req/s, {ldesc}")
+                         f"{kind} arrivals at {w.qps:g} req/s, {ldesc}", rows)
