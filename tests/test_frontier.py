@@ -225,3 +225,138 @@ def test_report_is_self_contained_html(tmp_path):
         assert s in text, s
     with pytest.raises(InputError):
         build_report(_frame().head(0), tmp_path / "empty.html")
+
+
+# -- edges, found by mutation testing (benchmarks/mutation.py) ------------------------------------
+def test_front_ends_are_inside_and_the_tolerance_is_tiny():
+    f = Front.from_points("a", [10, 20, 40], [300, 200, 100])
+    assert f.throughput_at(40) == pytest.approx(100.0)  # the last point is feasible
+    assert f.throughput_at(40 + 1e-13) == pytest.approx(100.0)
+    assert f.throughput_at(40.01) is None
+    assert f.interactivity_at(100) == pytest.approx(40.0)  # both ends of the range are in
+    assert f.interactivity_at(300) == pytest.approx(10.0)
+    assert f.interactivity_at(100 - 1e-13) == pytest.approx(40.0)
+    assert f.interactivity_at(300 + 1e-13) == pytest.approx(10.0)
+    assert f.interactivity_at(99.5) is None and f.interactivity_at(300.5) is None
+    empty = Front.from_points("e", [], [])
+    assert empty.empty and empty.throughput_at(1.0) is None and empty.interactivity_at(1) is None
+
+
+def test_matched_gain_edges():
+    empty = Front.from_points("e", [], [])
+    g = matched_throughput_gain(A, empty)
+    assert not g["feasible"] and g["reason"] == "a front is empty"
+    assert matched_throughput_gain(empty, A)["reason"] == "a front is empty"
+    # ranges touching at one throughput: a single matched point, x_a / x_b there
+    lo = Front.from_points("lo", [10, 20], [300, 200])
+    hi = Front.from_points("hi", [5, 8], [400, 300])
+    g = matched_throughput_gain(lo, hi)
+    assert g["feasible"] and g["y_lo"] == g["y_hi"] == 300.0
+    assert g["gain_min"] == g["gain_max"] == pytest.approx(10 / 8 - 1)
+    # the mean is over `samples` evenly spaced throughputs (401 by default): by hand from
+    # the analytic gain 1 + 200 / (900 - y) of the module's linear fronts A and B
+    ys = np.linspace(200.0, 800.0, 401)
+    assert matched_throughput_gain(A, B)["gain_mean"] == pytest.approx(
+        float(np.mean(1 + 200 / (900 - ys))), rel=1e-9)
+
+
+def test_tier_text_and_edges():
+    empty = Front.from_points("e", [], [])
+    r = tier_throughput(empty, 50)
+    assert r.status == "infeasible" and r.text() == "infeasible (no points)"
+    assert tier_throughput(B, 50).text() == "infeasible (max 40 tok/s/user)"
+    at_first = tier_throughput(A, 20)  # exactly the front's lowest interactivity: measured
+    assert at_first.status == "ok" and at_first.throughput == pytest.approx(800.0)
+    assert at_first.text() == "800 tok/s/GPU"
+    below = tier_throughput(A, 19)
+    assert below.status == "below-sweep" and below.text() == "800 tok/s/GPU (>=, below sweep)"
+    rows = tier_gain(A, B, [10])  # below A's sweep (A: 800 or more, B: 700): the text says so
+    assert rows[0]["gain"] == pytest.approx(800 / 700 - 1)
+    assert rows[0]["text"] == "+14% (a front does not fall to this tier: extend the load range)"
+    assert tier_gain(A, B, [30])[0]["text"] == f"{700 / 300 - 1:+.0%}"
+    # a baseline at zero throughput has no gain; at 0.5 tok/s/GPU it has one
+    zero = Front.from_points("z", [10, 30], [100, 0])
+    assert tier_gain(A, zero, [30])[0]["gain"] is None
+    half = Front.from_points("h", [10, 30], [100, 0.5])
+    assert tier_gain(A, half, [30])[0]["gain"] == pytest.approx(700 / 0.5 - 1)
+
+
+def test_aggregate_usable_and_labels():
+    df = _frame()
+    agg = fr.aggregate_seeds(df)
+    assert agg.height == 15 + 1  # 7 + 8 points, plus the unstable outlier (its own load)
+    assert set(agg["seeds"].to_list()) == {2, 1}
+    assert agg["policy"].to_list()[:7] == ["confidence-async"] * 7  # first-seen order
+    one_bad = df.with_columns(pl.when((pl.col("seed") == 1) & (pl.col("load") == 256.0))
+                              .then(False).otherwise(pl.col("stable")).alias("stable"))
+    agg = fr.aggregate_seeds(one_bad)
+    assert agg.filter(pl.col("load") == 256.0)["stable"].to_list() == [False, False]
+    single = df.head(1)
+    assert fr.aggregate_seeds(single)["seeds"].to_list() == [1]
+    no_seed = df.drop("seed")
+    assert fr.aggregate_seeds(no_seed).equals(no_seed)
+    # usable: finite x and y, stable unless asked otherwise; a missing stable flag is unstable
+    bad = pl.DataFrame({"policy": ["p"] * 5, fr.X: [1.0, None, 3.0, float("nan"), 5.0],
+                        fr.Y: [1.0, 2.0, None, 4.0, float("inf")],
+                        "stable": [True, True, True, True, True]})
+    assert fr.usable(bad)[fr.X].to_list() == [1.0]
+    flags = pl.DataFrame({"policy": ["p"] * 3, fr.X: [1.0, 2.0, 3.0], fr.Y: [3.0, 2.0, 1.0],
+                          "stable": [True, False, None]})
+    assert fr.usable(flags)[fr.X].to_list() == [1.0]
+    assert fr.usable(flags, stable_only=False).height == 3
+    two = df.with_columns(pl.when(pl.col("seed") == 0).then(pl.lit("v4flash-b200"))
+                          .otherwise(pl.col("profile_spec")).alias("profile_spec"))
+    labels = fr.with_labels(two)["front_label"].unique().sort().to_list()
+    assert "mtp1 | v4flash-b200" in labels and "mtp1 | v4flash-h200" in labels
+    assert fr.with_labels(df)["front_label"].unique().sort().to_list() == [
+        "confidence-async", "mtp1"]
+
+
+def test_compute_fronts_order_and_one_point_groups():
+    df = _frame()
+    assert list(compute_fronts(df, policies=["mtp1", "confidence-async"])) == [
+        "mtp1", "confidence-async"]
+    one = df.filter((pl.col("policy") == "mtp1") & (pl.col("load") == 256.0)
+                    & (pl.col("seed") == 0))
+    fronts = compute_fronts(one, seeds="all")
+    assert list(fronts) == ["mtp1"] and fronts["mtp1"].x.tolist() == [4.0]
+    assert compute_fronts(df.head(0)) == {}
+    with pytest.raises(InputError, match="policy"):
+        compute_fronts(df.drop("policy"))
+    # one point per group of a two-profile sweep (the group's first row is its label)
+    two = df.filter(pl.col("load") == 256.0).with_columns(
+        pl.when(pl.col("seed") == 0).then(pl.lit("v4flash-b200"))
+        .otherwise(pl.col("profile_spec")).alias("profile_spec"))
+    keys = list(compute_fronts(two, seeds="all"))
+    assert keys == ["confidence-async | v4flash-b200",
+                    "confidence-async | v4flash-h200",
+                    "mtp1 | v4flash-b200", "mtp1 | v4flash-h200"]
+
+
+def test_headline_defaults_and_missing_fronts():
+    df = _frame()
+    (e,) = fr.headline(df)
+    assert [t["tier"] for t in e["tiers"]] == list(fr.DEFAULT_TIERS) == [80.0, 120.0]
+    only_cand = df.filter(pl.col("policy") == "confidence-async")
+    (e,) = fr.headline(only_cand)
+    assert not e["matched"]["feasible"] and e["matched"]["reason"] == "a front is empty"
+    assert e["baseline_front"].empty and not e["candidate_front"].empty
+    only_base = df.filter(pl.col("policy") == "mtp1")
+    (e,) = fr.headline(only_base)
+    assert e["candidate_front"].empty and not e["baseline_front"].empty
+    unstable = df.with_columns(pl.lit(False).alias("stable"))
+    (e,) = fr.headline(unstable)
+    assert e["context"] == "" and e["tiers"] == [] and e["candidate_front"] is None
+    assert e["matched"]["reason"] == "a front is empty"
+    assert "no matched range: a front is empty" in fr.format_headline([e])
+
+
+def test_budget_table_puts_unknown_concurrency_last():
+    df = _frame().with_columns(
+        pl.when(pl.col("load") == 256.0).then(pl.lit("qps")).otherwise(pl.col("load_kind"))
+        .alias("load_kind"),
+        pl.when(pl.col("load") == 256.0).then(None).otherwise(pl.col("mean_concurrency"))
+        .alias("mean_concurrency"))
+    t = fr.budget_table(df).filter(pl.col("policy") == "mtp1")
+    xs = t["concurrency_x"].to_list()
+    assert xs[-1] is None and None not in xs[:-1]
