@@ -432,11 +432,12 @@ def relevant_tests(m: Mutant, cov: Coverage) -> list[str]:
     return sorted(hit, key=lambda t: (cov.duration_s.get(t, 0.0), cov.tests.index(t)))
 
 
-def run_module(module: str, tests: list[str], *, jobs: int, show: int, lines: tuple[int, int] | None,
+def run_module(module: str, tests: list[str], *, jobs: int, show: int,
+               lines: list[tuple[int, int]] | None,
                tmp: Path, log) -> Report:
     mutants = enumerate_mutants(module)
     if lines:
-        mutants = [m for m in mutants if lines[0] <= m.line <= lines[1]]
+        mutants = [m for m in mutants if any(a <= m.line <= b for a, b in lines)]
     rep = Report(module)
     t0 = time.monotonic()
     cov = baseline(module, tests, tmp / (module.replace("/", "_") + ".cov.json"))
@@ -515,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tests", default=",".join(DEFAULT_TESTS),
                     help="comma-separated test files judging the mutants")
     ap.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
-    ap.add_argument("--lines", help="only mutants on these lines, e.g. 120-180")
+    ap.add_argument("--lines", help="only mutants on these lines, e.g. 120-180,300")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     ap.add_argument("--show", type=int, default=0,
                     help="print the test output of the mutants (debugging, with --lines)")
@@ -523,7 +524,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.chdir(ROOT)
     modules = expand(args.modules)
-    lines = tuple(int(x) for x in args.lines.split("-")) if args.lines else None
+    lines = None
+    if args.lines:  # "120-180,300" -> [(120, 180), (300, 300)]
+        lines = [(int(a), int(b or a)) for a, _, b in
+                 (part.partition("-") for part in args.lines.split(","))]
     if args.list:
         for mod in modules:
             for m in enumerate_mutants(mod):

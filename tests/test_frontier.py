@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -238,6 +239,15 @@ def test_front_ends_are_inside_and_the_tolerance_is_tiny():
     assert f.interactivity_at(100 - 1e-13) == pytest.approx(40.0)
     assert f.interactivity_at(300 + 1e-13) == pytest.approx(10.0)
     assert f.interactivity_at(99.5) is None and f.interactivity_at(300.5) is None
+    # the tolerance is closed: exactly 1e-12 outside still counts as inside
+    assert f.throughput_at(f.x[-1] + 1e-12) == pytest.approx(100.0)
+    assert f.interactivity_at(f.y_range[0] - 1e-12) == pytest.approx(40.0)
+    assert f.interactivity_at(f.y_range[1] + 1e-12) == pytest.approx(10.0)
+    # fronts and tier results are values: frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        f.label = "b"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tier_throughput(f, 20).tier = 1.0
     empty = Front.from_points("e", [], [])
     assert empty.empty and empty.throughput_at(1.0) is None and empty.interactivity_at(1) is None
 
@@ -352,11 +362,11 @@ def test_headline_defaults_and_missing_fronts():
 
 
 def test_budget_table_puts_unknown_concurrency_last():
+    """Open-loop points take Little's-law concurrency; one without it sorts last."""
     df = _frame().with_columns(
-        pl.when(pl.col("load") == 256.0).then(pl.lit("qps")).otherwise(pl.col("load_kind"))
-        .alias("load_kind"),
+        pl.lit("qps").alias("load_kind"),
         pl.when(pl.col("load") == 256.0).then(None).otherwise(pl.col("mean_concurrency"))
         .alias("mean_concurrency"))
     t = fr.budget_table(df).filter(pl.col("policy") == "mtp1")
     xs = t["concurrency_x"].to_list()
-    assert xs[-1] is None and None not in xs[:-1]
+    assert xs[-1] is None and xs[:-1] == sorted(0.9 * float(256 >> i) for i in range(1, 8))
