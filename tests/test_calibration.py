@@ -133,23 +133,59 @@ def test_split_is_by_request_and_seeded(overconfident):
     assert a["split"]["test_rows"] == n_test * 50  # whole requests only
 
 
+def test_temperature_map_by_hand():
+    """c' = sigmoid(logit(c) / T): logit(0.8) = ln 4, so T = 2 gives sigmoid(ln 2) = 2/3;
+    logit(0.9) = ln 9 -> sigmoid(ln 3) = 3/4; logit(0.2) = -ln 4 -> 1/3; 0.5 stays 0.5.
+    Positions past the fitted block reuse the last temperature."""
+    cmap = temperature_map([2.0, 1.0])
+    conf = np.array([[0.8, 0.8, 0.9], [0.2, 0.5, 0.5], [0.5, 0.9, 0.2]])
+    expected = np.array([[2 / 3, 0.8, 0.9], [1 / 3, 0.5, 0.5], [0.5, 0.9, 0.2]])
+    np.testing.assert_allclose(cmap.apply(conf), expected, rtol=1e-12)
+    np.testing.assert_allclose(cmap.survival(conf), np.cumprod(expected, axis=1), rtol=1e-12)
+    # T = 1/2 sharpens: logit(0.8) * 2 = ln 16 -> 16/17
+    np.testing.assert_allclose(temperature_map([0.5]).apply(np.array([[0.8]])), [[16 / 17]])
+    np.testing.assert_array_equal(IDENTITY.apply(conf), conf)
+
+
+def test_isotonic_map_by_hand():
+    cmap = isotonic_map([[0.0, 0.5, 1.0], [0.0, 1.0]], [[0.1, 0.3, 0.9], [0.2, 0.4]])
+    conf = np.array([[0.25, 0.5, 1.0], [0.75, 0.0, 0.25]])
+    # position 1: 0.25 -> 0.2, 0.75 -> 0.6; position 2: 0.2 + 0.2 c; position 3 reuses 2
+    expected = np.array([[0.2, 0.3, 0.4], [0.6, 0.2, 0.25]])
+    np.testing.assert_allclose(cmap.apply(conf), expected, rtol=1e-12)
+
+
 def test_maps_round_trip(tmp_path, overconfident):
     conf = overconfident.conf[:500]
     for method in ("temperature", "isotonic"):
         cmap, _ = calibrate_confidence(overconfident, method, holdout=0.3)
         path = cmap.save(tmp_path / f"{method}.toml")
         back = load_calibration(path)
-        assert back.method == method
+        assert back.method == method and back.drafter == "synthetic"
+        if method == "temperature":
+            np.testing.assert_array_equal(back.temperatures, cmap.temperatures)
+        else:
+            for a, b in zip(back.iso_x + back.iso_y, cmap.iso_x + cmap.iso_y, strict=True):
+                np.testing.assert_array_equal(a, b)
         np.testing.assert_allclose(back.apply(conf), cmap.apply(conf), rtol=1e-12, atol=1e-12)
+        # the map changes the confidences (an identity would pass every check above)
+        assert np.abs(back.apply(conf) - conf).max() > 0.05
         s = back.survival(conf)
         assert np.all(np.diff(s, axis=1) <= 1e-12) and np.all((s >= 0) & (s <= 1))
 
 
-def test_temperature_preserves_per_position_order(overconfident):
+def test_temperature_pulls_overconfidence_towards_one_half(overconfident):
+    """STS on over-confident confidences fits T > 1 at every position, and T > 1 moves every
+    confidence towards 1/2 (without crossing it) while keeping each position's order."""
     temps = fit_sequential_temperature(overconfident.conf, overconfident.accept_len)
-    cal = temperature_map(temps).apply(overconfident.conf)
+    assert np.all(temps > 1.2), temps
+    raw = overconfident.conf.astype(np.float64)
+    cal = temperature_map(temps).apply(raw)
+    hi, lo = raw > 0.5 + 1e-6, raw < 0.5 - 1e-6
+    assert np.all(cal[hi] < raw[hi]) and np.all(cal[hi] > 0.5)
+    assert np.all(cal[lo] > raw[lo]) and np.all(cal[lo] < 0.5)
     for k in range(overconfident.gamma_max):
-        order = np.argsort(overconfident.conf[:, k], kind="stable")
+        order = np.argsort(raw[:, k], kind="stable")
         assert np.all(np.diff(cal[order, k]) >= -1e-12)
 
 
@@ -162,10 +198,74 @@ def test_isotonic_knots_are_monotone(overconfident):
     isotonic_map(xs, ys)  # validates
 
 
+def test_pav_by_hand():
+    """Pool adjacent violators on 4 points (x 0.1..0.4, outcomes 1, 0, 1, 1): the first two
+    violate and pool to 0.5 at x 0.15, the equal last two pool to 1 at x 0.35 (blocks
+    strictly increase); knots are the block centres, ends added at 0 and 1, values clipped
+    to [0.001, 0.999]."""
+    conf = np.array([[0.1], [0.2], [0.3], [0.4]])
+    accept = np.array([1, 0, 1, 1])
+    xs, ys = fit_isotonic(conf, accept, clip=1e-3)
+    np.testing.assert_allclose(xs[0], [0.0, 0.15, 0.35, 1.0])
+    np.testing.assert_allclose(ys[0], [0.5, 0.5, 0.999, 0.999])
+
+
 def test_metrics_identity_vs_map(overconfident):
-    base = calibration_metrics(overconfident.conf, overconfident.accept_len, IDENTITY)
-    assert len(base) == overconfident.gamma_max
-    assert base[0]["observed"] == pytest.approx(float((overconfident.accept_len >= 1).mean()))
+    """Per-position metrics of the raw confidences and of a temperature map, by hand."""
+    c = overconfident.conf.astype(np.float64)
+    m = overconfident.accept_len.astype(np.int64)
+    base = calibration_metrics(c, m, IDENTITY)
+    cmap = temperature_map([2.0] * overconfident.gamma_max)
+    mapped = calibration_metrics(c, m, cmap)
+    assert len(base) == len(mapped) == overconfident.gamma_max
+    surv_raw = np.cumprod(c, axis=1)
+    cc = np.clip(c, 1e-6, 1 - 1e-6)  # the map's logit is clipped so 0 and 1 stay finite
+    surv_map = np.cumprod(1 / (1 + np.exp(-np.log(cc / (1 - cc)) / 2.0)), axis=1)
+    for k in range(overconfident.gamma_max):
+        ev = m >= k + 1
+        for row, surv in ((base[k], surv_raw), (mapped[k], surv_map)):
+            assert row["k"] == k + 1 and row["n"] == len(m)
+            assert row["observed"] == pytest.approx(ev.mean())
+            assert row["predicted"] == pytest.approx(surv[:, k].mean(), rel=1e-9)
+            assert row["ece"] == pytest.approx(ece(surv[:, k], ev), rel=1e-9)
+            assert row["auc"] == pytest.approx(auc(surv[:, k], ev), rel=1e-9)
+            assert row["n_reached"] == int((m >= k).sum())
+    # the true temperature is 2: the map fixes most of the over-confidence
+    assert np.mean([r["ece"] for r in mapped]) < 0.5 * np.mean([r["ece"] for r in base])
+
+
+def test_fit_never_sees_the_held_out_requests(overconfident):
+    """The split depends on the request count, lengths and seed only. Rewriting every
+    held-out request's acceptance leaves the fitted map bit-identical (the fit never read
+    those rows) and changes only the held-out metrics; the held-out and fit request sets
+    are disjoint and cover the trace, whole requests each."""
+    from dataclasses import replace
+
+    cmap, rep = calibrate_confidence(overconfident, "temperature", holdout=0.3, seed=4)
+    test_ids = set(rep["split"]["test_request_ids"])
+    req_of_row = np.repeat(overconfident.req_ids, overconfident.req_lengths)
+    test_rows = np.isin(req_of_row, sorted(test_ids))
+    assert 0 < len(test_ids) < overconfident.num_requests
+    assert rep["split"]["test_rows"] == int(test_rows.sum())
+    assert rep["split"]["fit_rows"] == int((~test_rows).sum())
+    # fitted on exactly the other requests' rows
+    own = fit_sequential_temperature(overconfident.conf[~test_rows],
+                                     overconfident.accept_len[~test_rows])
+    np.testing.assert_array_equal(cmap.temperatures, own)
+    everything = fit_sequential_temperature(overconfident.conf, overconfident.accept_len)
+    assert not np.array_equal(own, everything)  # leaking test rows would be visible
+    poisoned = overconfident.accept_len.copy()
+    poisoned[test_rows] = 0
+    tr2 = replace(overconfident, accept_len=poisoned)
+    cmap2, rep2 = calibrate_confidence(tr2, "temperature", holdout=0.3, seed=4)
+    assert rep2["split"]["test_request_ids"] == rep["split"]["test_request_ids"]
+    np.testing.assert_array_equal(cmap2.temperatures, cmap.temperatures)
+    assert rep2["positions"][0]["observed"] == 0.0 != rep["positions"][0]["observed"]
+    # isotonic too
+    iso, _ = calibrate_confidence(overconfident, "isotonic", holdout=0.3, seed=4)
+    iso2, _ = calibrate_confidence(tr2, "isotonic", holdout=0.3, seed=4)
+    for a, b in zip(iso.iso_y, iso2.iso_y, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 # -- bad input -------------------------------------------------------------------------------

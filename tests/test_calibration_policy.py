@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -30,17 +33,50 @@ def test_calibration_lowers_ece(overconfident):
 
 
 @pytest.mark.parametrize("policy", ["confidence", "confidence-async"])
-def test_calibrated_confidence_policy_throughput_rises_or_stays(overconfident, policy):
+def test_calibrated_confidence_policy_throughput_rises(overconfident, policy):
+    """The runs are deterministic (same seed, same bytes), so there is no noise to allow
+    for: with the fitted map the throughput is strictly higher than with the raw,
+    over-confident survivals (+2.4 % for confidence, +0.4 % for confidence-async when
+    this was written), and verification wastes less."""
     t, path, _ = overconfident
     wl = WorkloadConfig(arrival="closed", max_concurrency=192, num_requests=576,
                         lengths="fixed:1024:256")
     base = SimConfig(policy=policy, deployment=DeploymentConfig(replicas=1), workload=wl,
                      calibration="identity")
     raw = simulate(base, trace=t).summary
-    cal = simulate(SimConfig(**{**base.__dict__, "calibration": str(path)}), trace=t).summary
-    assert cal["calibration"] == str(path)
-    # "rises or stays": within 2 % (sampling noise of one closed-loop run)
-    assert cal["output_throughput"] >= 0.98 * raw["output_throughput"]
+    cal = simulate(replace(base, calibration=str(path)), trace=t).summary
+    assert cal["calibration"] == str(path) and raw["calibration"] == "<identity>"
+    # calibrated survivals rank the drafts better: less of what is verified is rejected
+    assert cal["verification_waste"] < raw["verification_waste"]
+    assert cal["output_throughput"] > raw["output_throughput"]
+
+
+def test_the_scheduler_sees_the_calibrated_survival(overconfident, monkeypatch):
+    """Every survival row a confidence policy is handed is the map's survival of a trace
+    row, cumprod(map(conf)), not the raw cumprod(conf)."""
+    from dspark_sim.calibration.confmap import load_calibration
+    from dspark_sim.sim import api
+
+    t, path, _ = overconfident
+    cmap = load_calibration(path)
+    inner = api.get_policy("confidence")
+    rows = []
+
+    def decide(snap):
+        rows.append(np.array(snap.survival))
+        return inner(snap)
+
+    monkeypatch.setattr(api, "get_policy", lambda spec: replace(inner, decide=decide))
+    cfg = SimConfig(policy="confidence", deployment=DeploymentConfig(replicas=1),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=8, num_requests=16,
+                                            lengths="fixed:64:32"), calibration=str(path))
+    simulate(cfg, trace=t)
+    seen = np.concatenate(rows)
+    mapped = {tuple(r) for r in cmap.survival(t.conf).tolist()}
+    raw = {tuple(r) for r in np.cumprod(t.conf.astype(np.float64), axis=1).tolist()}
+    assert len(seen) > 100
+    assert all(tuple(r) in mapped for r in seen.tolist())
+    assert not any(tuple(r) in raw for r in seen.tolist())
 
 
 def test_calibrate_confidence_cli(tmp_path):
