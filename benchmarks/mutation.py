@@ -48,6 +48,7 @@ import importlib.abc
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -57,12 +58,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The run works on a snapshot of the working tree (see ``snapshot``) so that editing or
+# rebasing the checkout while it runs changes nothing under it.
+TREE = ROOT
 DEFAULT_MODULES = ("sim/engine.py", "sim/metrics.py", "sim/frontier.py", "policies/")
-# The fast, torch-free tests a mutant is judged by (the subprocess leg is left out: a
-# mutant lives in this process only).
+# The fast, torch-free tests a mutant is judged by (~1 min on 2 cores; the subprocess
+# legs are left out: a mutant lives in this process only).
 DEFAULT_TESTS = ("tests/test_engine.py", "tests/test_metrics.py", "tests/test_sim_properties.py",
                  "tests/test_scheduler_oracle.py", "tests/test_policies.py",
-                 "tests/test_frontier.py", "tests/test_sweep.py", "tests/test_config.py")
+                 "tests/test_frontier.py")
 
 CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
             ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
@@ -214,7 +218,7 @@ def _stmt_ranges(tree: ast.Module) -> dict[int, tuple[int, int]]:
 
 
 def enumerate_mutants(module: str) -> list[Mutant]:
-    src = (ROOT / module).read_text()
+    src = (TREE / module).read_text()
     tree = ast.parse(src)
     skip = _skip_ids(tree, src.splitlines())
     ranges = _stmt_ranges(tree)
@@ -231,19 +235,19 @@ def enumerate_mutants(module: str) -> list[Mutant]:
 def mutant_code(m: Mutant):
     """The mutated module, compiled (under its real file name: tracebacks and line
     numbers stay those of the source)."""
-    tree = ast.parse((ROOT / m.module).read_text())
+    tree = ast.parse((TREE / m.module).read_text())
     for i, (node, parent) in enumerate(_walk_with_parents(tree)):
         if i == m.index:
             new = _apply(node, m.what)
             if new is not None:
                 _replace_child(parent, node, new)
             break
-    return compile(ast.fix_missing_locations(tree), str(ROOT / m.module), "exec")
+    return compile(ast.fix_missing_locations(tree), str(TREE / m.module), "exec")
 
 
 def mutant_text(m: Mutant) -> str:
     """The mutated statement as source (for --show)."""
-    tree = ast.parse((ROOT / m.module).read_text())
+    tree = ast.parse((TREE / m.module).read_text())
     for i, (node, _parent) in enumerate(_walk_with_parents(tree)):
         if i == m.index:
             new = _apply(node, m.what)
@@ -343,34 +347,37 @@ class Coverage:
     tests: list[str]  # node ids in baseline order
     duration_s: dict[str, float]
     lines: dict[int, set[str]]  # line -> tests that executed it ("*" = at import)
-    ok: bool
-    detail: str = ""
 
 
-def baseline(module: str, tests: list[str], out_json: Path) -> Coverage:
-    """Run the unmutated module (compiled from its AST, as the mutants are) under a line
-    tracer: which test runs which line."""
-    path = str(ROOT / module)
-    name = module_name(module)
-    source = compile(ast.parse((ROOT / module).read_text()), path, "exec")
+def baseline(modules: list[str], tests: list[str], out_json: Path) -> dict[str, Coverage]:
+    """Run the tests once on the unmutated modules (each compiled from its AST, as the
+    mutants are) under a line tracer: which test runs which line of which module."""
+    paths = {str(TREE / m): m for m in modules}
 
     def child() -> int:
         _child_setup(quiet=True)
         import pytest
 
-        sys.meta_path.insert(0, _Serve(name, path, source))
-        hits: dict[int, set[str]] = defaultdict(set)
+        for m in modules:
+            path = str(TREE / m)
+            sys.meta_path.insert(0, _Serve(module_name(m), path,
+                                           compile(ast.parse((TREE / m).read_text()), path, "exec")))
+        import dspark_sim.io
+
+        if not dspark_sim.io.__file__.startswith(str(TREE)):
+            return 99  # the editable install won over the snapshot
+        hits: dict[tuple[str, int], set[str]] = defaultdict(set)
         durations: dict[str, float] = {}
         order: list[str] = []
         current = ["*"]
 
         def local(frame, event, arg):
             if event == "line":
-                hits[frame.f_lineno].add(current[0])
+                hits[frame.f_code.co_filename, frame.f_lineno].add(current[0])
             return local
 
         def glob(frame, event, arg):
-            return local if frame.f_code.co_filename == path else None
+            return local if frame.f_code.co_filename in paths else None
 
         class Plugin:
             def pytest_runtest_setup(self, item):
@@ -387,15 +394,21 @@ def baseline(module: str, tests: list[str], out_json: Path) -> Coverage:
         sys.settrace(None)
         out_json.write_text(json.dumps({
             "code": int(code), "order": order, "durations": durations,
-            "lines": {str(k): sorted(v) for k, v in hits.items()}}))
+            "lines": [[paths[f], k, sorted(v)] for (f, k), v in hits.items()]}))
         return 0
 
+    out_json.unlink(missing_ok=True)
     code, _ = _wait(_fork(child), None)
     data = json.loads(out_json.read_text()) if out_json.exists() else {"code": -1}
+    if code == 99:
+        raise SystemExit(f"dspark_sim did not import from the snapshot {TREE}")
     if code != 0 or data["code"] != 0:
-        return Coverage([], {}, {}, False, f"baseline run failed (pytest exit {data['code']})")
-    return Coverage(data["order"], data["durations"],
-                    {int(k): set(v) for k, v in data["lines"].items()}, True)
+        raise SystemExit(f"the unmutated baseline run failed (pytest exit {data['code']}): "
+                         "fix the suite before mutating")
+    out = {m: Coverage(data["order"], data["durations"], {}) for m in modules}
+    for m, line, who in data["lines"]:
+        out[m].lines[line] = set(who)
+    return out
 
 
 @dataclass
@@ -432,20 +445,14 @@ def relevant_tests(m: Mutant, cov: Coverage) -> list[str]:
     return sorted(hit, key=lambda t: (cov.duration_s.get(t, 0.0), cov.tests.index(t)))
 
 
-def run_module(module: str, tests: list[str], *, jobs: int, show: int,
-               lines: list[tuple[int, int]] | None,
-               tmp: Path, log) -> Report:
+def run_module(module: str, cov: Coverage, *, jobs: int, show: int,
+               lines: list[tuple[int, int]] | None, log) -> Report:
     mutants = enumerate_mutants(module)
     if lines:
         mutants = [m for m in mutants if any(a <= m.line <= b for a, b in lines)]
     rep = Report(module)
-    t0 = time.monotonic()
-    cov = baseline(module, tests, tmp / (module.replace("/", "_") + ".cov.json"))
-    if not cov.ok:
-        raise SystemExit(f"{module}: {cov.detail}; fix the suite before mutating")
-    log(f"{module}: {len(mutants)} mutants; baseline {len(cov.tests)} tests in "
-        f"{sum(cov.duration_s.values()):.1f} s (traced run {time.monotonic() - t0:.0f} s)")
-    name, path = module_name(module), str(ROOT / module)
+    log(f"{module}: {len(mutants)} mutants")
+    name, path = module_name(module), str(TREE / module)
     running: dict[int, tuple[Mutant, list[str], float, float]] = {}
     queue = list(mutants)
     done = 0
@@ -497,6 +504,34 @@ def run_module(module: str, tests: list[str], *, jobs: int, show: int,
     return rep
 
 
+def snapshot(tmp: Path) -> Path:
+    """Copy the working tree (sources, tests, data) to ``tmp`` and lay the package out
+    the way pyproject's ``package-dir`` maps it (``_pkg/dspark_sim/sim`` -> ``sim/``), so
+    the children import this copy (it comes first on ``sys.path``; the editable
+    install's finder comes after it)."""
+    dst = tmp / f"tree-{os.getpid()}"
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(ROOT, dst, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".cache", "__pycache__", "*.egg-info", ".hypothesis", ".pytest_cache",
+        ".ruff_cache", "runs", "notebooks", "build", "dist"))
+    cfg = tomllib.loads((dst / "pyproject.toml").read_text())
+    pkg = dst / "_pkg"
+    for name, folder in cfg["tool"]["setuptools"]["package-dir"].items():
+        parts = name.split(".")
+        target = pkg.joinpath(*parts)
+        if len(parts) == 1:  # the top package: its own files, beside the mapped folders
+            target.mkdir(parents=True, exist_ok=True)
+            for f in (dst / folder).iterdir():
+                (target / f.name).symlink_to(f)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(dst / folder, target_is_directory=True)
+    shared = tmp / "shared"  # tests find ../shared beside the checkout
+    if not shared.exists() and (ROOT.parent / "shared").is_dir():
+        shared.symlink_to(ROOT.parent / "shared", target_is_directory=True)
+    return dst
+
+
 def expand(paths: list[str]) -> list[str]:
     out = []
     for p in paths:
@@ -522,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="print the test output of the mutants (debugging, with --lines)")
     ap.add_argument("--json", type=Path, help="write every outcome to this JSON file")
     args = ap.parse_args(argv)
+    if args.json is not None:
+        args.json = Path(os.path.abspath(args.json))
     os.chdir(ROOT)
     modules = expand(args.modules)
     lines = None
@@ -545,15 +582,31 @@ def main(argv: list[str] | None = None) -> int:
     tests = [t for t in args.tests.split(",") if t]
     tmp = ROOT / ".cache" / "mutation"
     tmp.mkdir(parents=True, exist_ok=True)
+    global TREE
+    TREE = snapshot(tmp)
+    sys.path.insert(0, str(TREE / "_pkg"))
+    os.chdir(TREE)
+    try:
+        return _run(args, modules, tests, lines, tmp)
+    finally:
+        os.chdir(ROOT)
+        shutil.rmtree(TREE, ignore_errors=True)
+
+
+def _run(args, modules: list[str], tests: list[str], lines, tmp: Path) -> int:
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
     reports = []
     t0 = time.monotonic()
+    cov = baseline(modules, tests, tmp / "coverage.json")
+    c0 = next(iter(cov.values()))
+    log(f"baseline: {len(c0.tests)} tests, {sum(c0.duration_s.values()):.0f} s of test time "
+        f"(traced run {time.monotonic() - t0:.0f} s)")
     for mod in modules:
-        reports.append(run_module(mod, tests, jobs=args.jobs, show=args.show, lines=lines,
-                                  tmp=tmp, log=log))
+        reports.append(run_module(mod, cov[mod], jobs=args.jobs, show=args.show, lines=lines,
+                                  log=log))
     print(f"\nmutation testing: {time.monotonic() - t0:.0f} s, tests: {', '.join(tests)}\n")
     print(f"{'module':28} {'mutants':>8} {'killed':>7} {'timeout':>8} {'survived':>9} "
           f"{'uncovered':>10} {'kill rate':>10}")
@@ -565,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         surv = [o for o in r.outcomes if o.status in ("survived", "not covered")]
         if surv:
             print(f"\nsurviving in {r.module}:")
-            src = (ROOT / r.module).read_text().splitlines()
+            src = (TREE / r.module).read_text().splitlines()
             for o in surv:
                 tag = " (not covered)" if o.status == "not covered" else ""
                 print(f"  {o.mutant.line:4d}: {o.mutant.what:28} | "
