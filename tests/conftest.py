@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +31,37 @@ else:
                                          "ci" if os.environ.get("CI") else "dev"))
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+# Tests that need the capture stack carry the ``torch`` marker, so a torch-free run
+# (tests/test_torch_free.py, or ``pytest -m "not torch"``) deselects exactly them: every
+# test of a module that imports torch at module level (``pytest.importorskip("torch")``)
+# and every test whose body, or one of whose fixtures, does.
+_TORCH_AT_TOP = re.compile(r'^(\w+\s*=\s*)?pytest\.importorskip\(["\']torch["\']\)', re.M)
+_TORCH_IN_BODY = re.compile(r'importorskip\(["\']torch["\']\)')
+
+
+def pytest_collection_modifyitems(config, items):
+    top: dict[str, bool] = {}
+    for item in items:
+        path = str(getattr(item, "path", ""))
+        if path not in top:
+            try:
+                top[path] = bool(_TORCH_AT_TOP.search(Path(path).read_text()))
+            except OSError:
+                top[path] = False
+        funcs = [getattr(item, "function", None)]
+        info = getattr(item, "_fixtureinfo", None)
+        for defs in (info.name2fixturedefs.values() if info is not None else ()):
+            funcs += [d.func for d in defs]
+        body = False
+        for fn in funcs if not top[path] else ():
+            try:
+                body = body or bool(_TORCH_IN_BODY.search(inspect.getsource(fn)))
+            except (OSError, TypeError):
+                pass
+        if top[path] or body:
+            item.add_marker(pytest.mark.torch)
 
 
 @pytest.fixture(scope="session")
