@@ -29,7 +29,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from dspark_sim.policies.base import BatchSnapshot, readonly
+from dspark_sim.policies.base import BatchSnapshot, StepCost, readonly
 from dspark_sim.policies.registry import get_policy
 from dspark_sim.policies.scheduler import (
     budget_global,
@@ -37,6 +37,8 @@ from dspark_sim.policies.scheduler import (
     schedule_async,
     schedule_sync,
     schedule_topk,
+    sorted_desc,
+    stretch_sorted,
 )
 
 # -- the oracle ------------------------------------------------------------------------------
@@ -263,3 +265,96 @@ def test_fixed_policy_caps_at_gamma(k):
     snap = BatchSnapshot(readonly(np.zeros((3, 5))), 5, 100)
     assert pol(snap).tolist() == [min(k, 5)] * 3
     assert pol.draft_gamma == k and pol.drafter == ("dspark" if k else None)
+
+
+# -- the default: displacement-priced global search -------------------------------------------
+
+
+def step_cost_by_hand(cost: StepCost, n: int, i: int) -> Fraction:
+    """policies/base.py StepCost: the table at the tokens the step carries (n + i verify
+    tokens plus whatever pending prefill still fits in the token budget), the extra terms
+    at i drafts, and each displaced prefill token at its later price."""
+    budget = len(cost.table_s) - 1
+    verify = n + i
+    carried = min(cost.pending_prefill, max(budget - verify, 0))
+    displaced = cost.pending_prefill - carried
+    return (Fraction(float(cost.table_s[verify + carried])) + Fraction(float(cost.extra_s[i]))
+            + Fraction(float(cost.prefill_s_per_token)) * displaced)
+
+
+def stretched_by_hand(lagged: np.ndarray, size: int) -> list[Fraction]:
+    """The lagged survivals, sorted descending, resampled to ``size`` candidates: candidate
+    j takes the value at quantile j / size of the lagged curve."""
+    vals = sorted((Fraction(float(v)) for v in lagged.reshape(-1)), reverse=True)
+    return [vals[(j * len(vals)) // size] for j in range(size)] if vals else [Fraction(0)] * size
+
+
+@st.composite
+def costed(draw):
+    """(survival, lagged survival or None, StepCost): dyadic, so float ratios are exact
+    up to rounding that preserves order and equality."""
+    survival, _ = draw(batches())
+    n, g = survival.shape
+    budget = draw(st.integers(n, n * g + 6))
+    table = np.cumsum(np.array(draw(st.lists(st.integers(0, 8), min_size=budget + 1,
+                                              max_size=budget + 1)), float) / 4) + 1.0
+    extra = np.array(draw(st.lists(st.integers(0, 8), min_size=n * g + 1,
+                                   max_size=n * g + 1)), float) / 8
+    cost = StepCost(table_s=readonly(table), extra_s=readonly(extra),
+                    pending_prefill=draw(st.integers(0, 12)),
+                    prefill_s_per_token=draw(st.integers(0, 8)) / 16)
+    lagged = None
+    if draw(st.booleans()):
+        lagged, _ = draw(batches())
+    return survival, lagged, cost
+
+
+@given(costed())
+def test_step_cost_by_hand(case):
+    survival, _, cost = case
+    n, g = survival.shape
+    size = min(n * g + 1, cost.budget - n + 1)
+    got = cost.step_s(n, size)
+    assert [Fraction(float(v)) for v in got] == [step_cost_by_hand(cost, n, i)
+                                                 for i in range(size)]
+
+
+@given(costed())
+@example((np.array([[1.0, 1.0]]), None, StepCost(
+    table_s=readonly(np.array([1.0, 2.0, 2.0, 3.0])), extra_s=readonly(np.zeros(3)),
+    pending_prefill=0, prefill_s_per_token=0.0)))  # tau/C: 1/2, 2/2, 3/2: all drafts
+@example((np.array([[0.5, 0.25]]), None, StepCost(
+    table_s=readonly(np.array([1.0, 1.0, 1.0, 1.0])), extra_s=readonly(np.zeros(3)),
+    pending_prefill=2, prefill_s_per_token=1.0)))  # every verify token displaces prefill
+def test_default_confidence_equals_exhaustive_search(case):
+    """Budget K = the first maximiser of tau*_i / C_i over i = 0..min(n*gamma, budget - n),
+    tau*_i the best i drafts (by enumeration, or the stretched lagged curve when the
+    snapshot carries one); then the current batch's top-K drafts."""
+    survival, lagged, cost = case
+    n, g = survival.shape
+    size = min(n * g + 1, cost.budget - n + 1)
+    if lagged is None:
+        a = [[Fraction(float(v)) for v in row] for row in survival]
+        best = {}
+        for ell in itertools.product(range(g + 1), repeat=n):
+            i = sum(ell)
+            tau = n + sum(sum(a[r][: ell[r]], Fraction(0)) for r in range(n))
+            best[i] = max(best.get(i, tau), tau)
+        tau = [best[i] for i in range(size)]
+    else:
+        est = stretched_by_hand(lagged, n * g)
+        tau = [n + sum(est[:i], Fraction(0)) for i in range(size)]
+    ratio = [tau[i] / step_cost_by_hand(cost, n, i) for i in range(size)]
+    k = ratio.index(max(ratio))
+    snap = BatchSnapshot(readonly(survival), g, cost.budget, cost=cost,
+                         lagged_survival=None if lagged is None else readonly(lagged))
+    ell = get_policy("confidence")(snap)
+    assert ell.tolist() == topk_lengths(survival, k), (ratio, k)
+    assert n + int(ell.sum()) <= cost.budget
+
+
+@given(batches(), st.integers(1, 30))
+def test_stretch_is_a_quantile_map(batch, size):
+    lagged, _ = batch
+    got = stretch_sorted(sorted_desc(lagged), size)
+    assert [Fraction(float(v)) for v in got] == stretched_by_hand(lagged, size)

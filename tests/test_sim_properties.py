@@ -24,7 +24,7 @@ from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta
 
 GAMMA = 5
 POLICIES = ["none", "mtp1", "fixed:1", "fixed:3", "fixed:5", "fixed:9", "confidence",
-            "confidence-async", "threshold:0.3", "threshold:0.7", "topk:6"]
+            "confidence-sync", "confidence-async", "threshold:0.3", "threshold:0.7", "topk:6"]
 
 
 def coded_trace(n_req: int, positions: int, seed: int, p_accept: float) -> AcceptanceTrace:
