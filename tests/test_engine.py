@@ -358,3 +358,31 @@ def test_async_scheduler_is_fed_the_two_steps_old_snapshot(monkeypatch):
         others = {budget_global(prev.survival, prev.sps), budget_global(cur.survival, cur.sps)}
         differs += k_old not in others
     assert differs >= 5, differs
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_engine_serves_the_traces_served_tau_exactly(k):
+    """Two implementations of one chain: the engine replaying each trace request once
+    (request i pinned to row i, output = the row's positions + the prefill token) and
+    the trace's own fixed-k chain (AcceptanceTrace.served_tau) must agree exactly on
+    tokens per verify step, per request and pooled."""
+    from dspark_sim.traces.schema import load_trace
+
+    full = load_trace("dspark-synthetic").select_domain("chat")
+    trace = replace(full, req_offsets=full.req_offsets[:13], req_domain=full.req_domain[:12],
+                    req_ids=full.req_ids[:12])
+    positions = int(trace.req_lengths[0])
+    assert np.all(trace.req_lengths == positions)
+    n = trace.num_requests
+    cfg = SimConfig(policy=f"fixed:{k}", deployment=DeploymentConfig(replicas=1),
+                    engine=EngineConfig(prefill="chunked"),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=4, num_requests=n,
+                                            lengths=f"fixed:64:{positions + 1}"))
+    res = simulate(cfg, trace=trace, trace_rows=np.arange(n))
+    s, r = res.summary, res.requests
+    assert s["completed"] == n and s["budget_limited_steps"] == 0
+    tokens, steps = trace.served_tau_per_request(k)
+    np.testing.assert_array_equal(r["steps"].to_numpy(), steps)
+    np.testing.assert_array_equal(r["accepted_tokens"].to_numpy() + r["steps"].to_numpy(),
+                                  tokens)
+    assert s["spec_decode_acceptance_length"] == pytest.approx(trace.served_tau(k), rel=1e-12)
