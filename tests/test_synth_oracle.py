@@ -9,7 +9,6 @@ with another seed, i.e. the model serves the published tau, not one tuned draw.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from dspark_sim.traces.synth import DSPARK_CURVES, DomainCurve, synth_drafter, synth_iid
