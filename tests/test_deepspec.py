@@ -127,8 +127,11 @@ def test_load_and_draft(env):
         model.draft(store.batch(a, 64, BLOCK, None, with_future=False), shared, BLOCK + 1)
 
 
-def test_reference_single_anchor(env):
-    """Block drafting equals a direct full-prefix computation (no window, no padding)."""
+def test_window_and_padding_do_not_change_a_draft(env):
+    """Metamorphic: drafting one anchor through the store's padded window equals drafting
+    it from the bare full prefix (no window, no padding). The independent reference, the
+    checkpoint recomputed with transformers' Qwen3 modules, is
+    test_matches_transformers_qwen3_reference."""
     target = tiny_target()
     model, info = load_deepspec_drafter(write_checkpoint(env / "ref", seed=3), target)
     store = _store(target, info["feature_layers"])
@@ -137,7 +140,7 @@ def test_reference_single_anchor(env):
     a = s + p + 2
     b = store.batch(np.array([a]), 128, BLOCK, None, with_future=False)
     got = model.draft(b, shared, BLOCK)
-    # reference: context = every position before a, absolute positions from 0
+    # the bare prefix: context = every position before a, absolute positions from 0
     nf = store.hidden.shape[1] - 1
     feats = store.hidden[s:a, :nf].float()[None]
     ref_b = DraftBatch(feats=feats, h_last=feats[:, -1, 0], last_tok=store.tokens[a : a + 1])
