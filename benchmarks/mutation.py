@@ -422,6 +422,7 @@ class Outcome:
 @dataclass
 class Report:
     module: str
+    total: int = 0  # mutants of the module (more than were run under --sample)
     outcomes: list[Outcome] = field(default_factory=list)
 
     def count(self, *status: str) -> int:
@@ -431,6 +432,16 @@ class Report:
     def kill_rate(self) -> float:
         n = len(self.outcomes)
         return self.count("killed", "timeout") / n if n else 1.0
+
+    def interval(self) -> str:
+        """Wilson 95 % interval of the kill rate when only a sample was run."""
+        n = len(self.outcomes)
+        if n == 0 or n >= self.total:
+            return ""
+        p, z = self.kill_rate, 1.96
+        c = (p + z * z / (2 * n)) / (1 + z * z / n)
+        h = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+        return f"  (sample of {n}/{self.total}: 95 % {c - h:.0%}-{c + h:.0%})"
 
 
 def relevant_tests(m: Mutant, cov: Coverage) -> list[str]:
@@ -446,12 +457,18 @@ def relevant_tests(m: Mutant, cov: Coverage) -> list[str]:
 
 
 def run_module(module: str, cov: Coverage, *, jobs: int, show: int,
-               lines: list[tuple[int, int]] | None, log) -> Report:
+               lines: list[tuple[int, int]] | None, sample: int, log) -> Report:
     mutants = enumerate_mutants(module)
     if lines:
         mutants = [m for m in mutants if any(a <= m.line <= b for a, b in lines)]
-    rep = Report(module)
-    log(f"{module}: {len(mutants)} mutants")
+    rep = Report(module, total=len(mutants))
+    if 0 < sample < len(mutants):
+        import random
+
+        keep = sorted(random.Random(f"{module}:{len(mutants)}").sample(range(len(mutants)),
+                                                                        sample))
+        mutants = [mutants[i] for i in keep]
+    log(f"{module}: {len(mutants)} of {rep.total} mutants")
     name, path = module_name(module), str(TREE / module)
     running: dict[int, tuple[Mutant, list[str], float, float]] = {}
     queue = list(mutants)
@@ -553,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
     ap.add_argument("--lines", help="only mutants on these lines, e.g. 120-180,300")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    ap.add_argument("--sample", type=int, default=0,
+                    help="run a seeded random sample of this many mutants per module (the "
+                         "kill rate is then an estimate; its 95 %% interval is printed)")
     ap.add_argument("--show", type=int, default=0,
                     help="print the test output of the mutants (debugging, with --lines)")
     ap.add_argument("--json", type=Path, help="write every outcome to this JSON file")
@@ -606,14 +626,14 @@ def _run(args, modules: list[str], tests: list[str], lines, tmp: Path) -> int:
         f"(traced run {time.monotonic() - t0:.0f} s)")
     for mod in modules:
         reports.append(run_module(mod, cov[mod], jobs=args.jobs, show=args.show, lines=lines,
-                                  log=log))
+                                  sample=args.sample, log=log))
     print(f"\nmutation testing: {time.monotonic() - t0:.0f} s, tests: {', '.join(tests)}\n")
     print(f"{'module':28} {'mutants':>8} {'killed':>7} {'timeout':>8} {'survived':>9} "
           f"{'uncovered':>10} {'kill rate':>10}")
     for r in reports:
         print(f"{r.module:28} {len(r.outcomes):8d} {r.count('killed'):7d} "
               f"{r.count('timeout'):8d} {r.count('survived'):9d} {r.count('not covered'):10d} "
-              f"{r.kill_rate:10.1%}")
+              f"{r.kill_rate:10.1%}{r.interval()}")
     for r in reports:
         surv = [o for o in r.outcomes if o.status in ("survived", "not covered")]
         if surv:

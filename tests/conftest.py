@@ -19,14 +19,17 @@ if shutil.which("nvidia-smi") is None:
 # derandomized in CI so a run is reproducible, and no example database when the mutation
 # runner (benchmarks/mutation.py) replays the suite against thousands of mutants.
 try:
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
 except ImportError:  # the dev extra is not installed: the property tests fail to import
     pass
 else:
-    settings.register_profile("dev", deadline=None, print_blob=True,
+    settings.register_profile("dev", deadline=None, print_blob=True, max_examples=80,
                               suppress_health_check=[HealthCheck.too_slow])
     settings.register_profile("ci", parent=settings.get_profile("dev"), derandomize=True)
-    settings.register_profile("mutation", parent=settings.get_profile("ci"), database=None)
+    # a mutant is judged by fewer examples, found but not shrunk (thousands of runs)
+    settings.register_profile("mutation", parent=settings.get_profile("ci"), database=None,
+                              max_examples=25,
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate])
     settings.load_profile(os.environ.get("DSPARK_HYPOTHESIS_PROFILE",
                                          "ci" if os.environ.get("CI") else "dev"))
 

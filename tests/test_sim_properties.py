@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from dspark_sim.policies.registry import Policy, get_policy
@@ -125,10 +125,6 @@ def _gamma_eff(policy: str) -> int:
     return GAMMA if p.draft_gamma is None else min(p.draft_gamma, GAMMA)
 
 
-SETTINGS = settings(max_examples=80)
-
-
-@SETTINGS
 @given(configs())
 def test_conservation_per_request_and_in_total(case):
     policy, cfg, trace_seed, p_accept = case
@@ -184,7 +180,6 @@ def test_conservation_per_request_and_in_total(case):
         assert s["preemptions"] == 0
 
 
-@SETTINGS
 @given(configs(roomy=True))
 def test_replay_is_lossless_for_any_policy(case):
     """Replaying each request's recorded verify lengths against its trace row by hand
@@ -261,7 +256,7 @@ def mser_brute_force(z: list[float]) -> int:
         mean = sum(tail) / len(tail)
         crit.append(sum((v - mean) ** 2 for v in tail) / len(tail) ** 2)
     best = min(crit)
-    tol = 1e-9 * max(max(crit), 1e-300)
+    tol = 1e-12 * max(max(crit), 1e-300)  # "within rounding", relative to the largest
     return next(d for d, c in enumerate(crit) if c <= best + tol)
 
 
@@ -278,11 +273,11 @@ def test_mser_truncation_equals_its_definition(z):
             t = np.array(z[k:])
             return float(((t - t.mean()) ** 2).sum()) / (n - k) ** 2
 
-        assert crit(d) == pytest.approx(crit(ref), rel=1e-9, abs=1e-12)
+        scale = max(crit(k) for k in range(n // 2 + 1))
+        assert crit(d) == pytest.approx(crit(ref), rel=1e-9, abs=1e-9 * scale)
     assert 0 <= d <= len(z) // 2
 
 
-@SETTINGS
 @given(configs())
 def test_the_steady_window_holds_no_drain(case):
     """The window ends at the drain start (the last arrival; closed loop: the last request
