@@ -372,7 +372,7 @@ def execute(path: Path, env: dict[str, str], timeout_s: int = 300) -> nbformat.N
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
-def _scrub(nb: nbformat.NotebookNode, root: Path) -> None:
+def scrub(nb: nbformat.NotebookNode, root: Path) -> None:
     """Outputs that do not depend on where or when they ran: the example folder by a fixed
     name, no execution timestamps, the HTML views' random element ids numbered."""
     ids: dict[str, str] = {}
@@ -404,7 +404,7 @@ def build(out_dir: Path = HERE, run: bool = True) -> list[Path]:
             metadata = nbformat.read(path, as_version=4).metadata
             nb = execute(path, env)
             nb.metadata = metadata  # not the kernel's version strings: nothing machine-specific
-            _scrub(nb, root)
+            scrub(nb, root)
             nbformat.validate(nb)
             path.write_text(nbformat.writes(nb) + "\n")
     return paths
