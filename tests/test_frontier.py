@@ -370,3 +370,38 @@ def test_budget_table_puts_unknown_concurrency_last():
     t = fr.budget_table(df).filter(pl.col("policy") == "mtp1")
     xs = t["concurrency_x"].to_list()
     assert xs[-1] is None and xs[:-1] == sorted(0.9 * float(256 >> i) for i in range(1, 8))
+
+
+def test_metric_view_and_basis():
+    df = pl.DataFrame({"policy": ["p", "q"], fr.X: [1.0, 2.0], fr.Y: [10.0, 20.0],
+                       "steady_" + fr.X: [1.5, 2.5], "steady_" + fr.Y: [11.0, 21.0],
+                       "steady_only": [7.0, 8.0], "other": [0.0, 0.0],
+                       "cached_other": [5.0, 5.0]})  # a 7-letter prefix that is not steady_
+    v = fr.metric_view(df)
+    assert v["other"].to_list() == [0.0, 0.0] and "whole_other" not in v.columns
+    assert v[fr.X].to_list() == [1.5, 2.5] and v[fr.Y].to_list() == [11.0, 21.0]
+    assert v["whole_" + fr.X].to_list() == [1.0, 2.0] and v["whole_" + fr.Y].to_list() == [10.0, 20.0]
+    assert "whole_only" not in v.columns and "only" not in v.columns  # no plain twin: left
+    assert fr.metric_view(v).equals(v)  # idempotent
+    assert fr.metric_view(df, "whole").equals(df)
+    plain = df.select("policy", fr.X, fr.Y, "other")
+    assert fr.metric_view(plain).equals(plain)  # nothing steady to swap in
+    with pytest.raises(InputError, match="--basis"):
+        fr.metric_view(df, "bogus")
+    assert fr.basis_used(df) == "steady" and fr.basis_used(v) == "steady"
+    assert fr.basis_used(df, "whole") == "whole" and fr.basis_used(plain) == "whole"
+    assert fr.basis_used(df.drop("steady_" + fr.Y)) == "whole"  # needs both front columns
+    with pytest.raises(InputError, match="--basis"):
+        fr.basis_used(df, "bogus")
+
+
+def test_short_windows_and_the_figures_row():
+    df = _frame().with_columns(
+        (pl.col("seed") == 1).and_(pl.col("load") == 256.0).alias("steady_window_short"))
+    agg = fr.aggregate_seeds(df)
+    short = agg.filter(pl.col("steady_window_short"))
+    assert short["load"].to_list() == [256.0, 256.0]  # one short seed makes the point short
+    rows = fr.headline_rows(fr.headline(_frame(), tiers=[30]))
+    figures = [r for r in rows if r["metric"] == "figures"]
+    assert len(figures) == 1 and figures[0]["value"] == fr.BASIS_TEXT["whole"]
+    assert rows[-1] is figures[0]
