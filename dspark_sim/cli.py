@@ -498,14 +498,17 @@ def sweep(
                           options={"num_requests": num_requests, "replicas": replicas,
                                    "lengths": lengths})
     tiers = parse_numbers(sla, option="--sla")
+    policy_specs, profile_specs, trace_specs = (parse_list(policies), parse_list(profiles),
+                                                parse_list(traces))
+    _check_grid(base, policy_specs, profile_specs, trace_specs)
     df = run_sweep(
         base,
         qps=parse_numbers(qps) if qps else None,
         concurrency=parse_numbers(concurrency, integer=True, option="--concurrency")
         if concurrency else None,
-        policies=parse_list(policies),
-        profiles=parse_list(profiles),
-        traces=parse_list(traces),
+        policies=policy_specs,
+        profiles=profile_specs,
+        traces=trace_specs,
         seeds=parse_numbers(seeds, integer=True, allow_zero=True, option="--seeds"),
         out=out, executor=executor, workers=workers, progress=not quiet,
     )
@@ -516,6 +519,27 @@ def sweep(
     if candidate in pols and baseline in pols:
         console.print(format_headline(headline(df, candidate=candidate, baseline=baseline,
                                                tiers=tiers)), markup=False, highlight=False)
+
+
+def _check_grid(base, policies: list[str], profiles: list[str] | None,
+                traces: list[str] | None) -> None:
+    """Every policy, profile and trace of a sweep's grid, before any point runs (a bad name
+    found by a worker would surface only after other points ran); ``fixed:K`` must fit
+    each trace's ``gamma_max``."""
+    from dataclasses import replace
+
+    from dspark_sim.calibration.profile import load_profile
+    from dspark_sim.policies.registry import get_policy
+    from dspark_sim.sim.api import resolve_trace
+    from dspark_sim.sim.config import check_draft_length
+
+    for spec in profiles or ():
+        load_profile(spec)
+    pols = [get_policy(p) for p in policies]
+    for spec in traces or [None]:
+        cfg = base if spec is None else replace(base, trace=spec)
+        for pol in pols:
+            check_draft_length(pol, resolve_trace(cfg, pol))
 
 
 @app.command("train-drafter")

@@ -86,10 +86,6 @@ def test_sweep_options(tmp_path, args, needles):
     assert not (out / "results.parquet").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="sweep: --profiles/--traces are resolved only when a "
-                   "point runs: a bad name fails after points have run, with the progress bar "
-                   "printed (serial) or exit 1 and no error line (process executor) (issue 17, "
-                   "tests report)")
 @pytest.mark.parametrize("option", ["--profiles", "--traces"])
 def test_sweep_checks_profiles_and_traces_before_running(no_simulation, tmp_path, option):
     one_line_error(["sweep", "--out", str(tmp_path / "sw"), option, "no-such", "--qps", "1",

@@ -292,3 +292,9 @@ def test_wide_lognormal_lengths_are_capped_not_garbage(tmp_path):
     req = pl.read_parquet(out / "requests.parquet")
     assert req["prompt_tokens"].min() >= 1 and req["prompt_tokens"].max() <= 1 << 24
     assert req["output_tokens"].min() >= 1
+
+
+def test_sweep_refuses_a_fixed_k_the_drafter_cannot_draft(no_simulation, tmp_path):
+    one_line_error(invoke("sweep", "--out", str(tmp_path / "sw"), "--policies", "mtp1,fixed:9",
+                          "--qps", "1", "--executor", "serial"), "--policy", "gamma_max = 7")
+    assert not (tmp_path / "sw" / "results.parquet").exists()
