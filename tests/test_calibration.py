@@ -323,3 +323,61 @@ def test_reliability_html_self_contained(tmp_path, overconfident):
     assert "Position 1" in text and "Position 7" in text
     assert "after calibration" in text and len(text) > 1_000_000
     assert isinstance(cmap, CalibrationMap)
+
+
+# -- monotone survival (Hypothesis) ------------------------------------------------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra.numpy import arrays  # noqa: E402
+
+CONFS = arrays(np.float64, st.tuples(st.integers(1, 6), st.integers(1, 5)),
+               elements=st.floats(0.0, 1.0))
+
+
+@st.composite
+def maps(draw, gamma: int):
+    kind = draw(st.sampled_from(["identity", "temperature", "isotonic"]))
+    if kind == "identity":
+        return IDENTITY
+    if kind == "temperature":
+        return temperature_map(draw(st.lists(st.floats(0.05, 20.0), min_size=1,
+                                             max_size=gamma)))
+    xs, ys = [], []
+    for _ in range(draw(st.integers(1, gamma))):
+        k = draw(st.integers(2, 5))
+        x = np.sort(np.array(draw(st.lists(st.floats(0, 1), min_size=k, max_size=k))))
+        y = np.sort(np.array(draw(st.lists(st.floats(0, 1), min_size=k, max_size=k))))
+        x[0], x[-1] = 0.0, 1.0
+        xs.append(x)
+        ys.append(y)
+    return isotonic_map(xs, ys)
+
+
+@given(st.data(), CONFS)
+def test_survival_is_monotone_for_any_map(data, conf):
+    """a_k = prod_{i<=k} c'_i with every c'_i in [0, 1]: non-increasing along the block,
+    in [0, 1], and every calibrated confidence stays in [0, 1], for any valid map."""
+    cmap = data.draw(maps(conf.shape[1]))
+    cal = cmap.apply(conf)
+    assert cal.shape == conf.shape and np.all((cal >= 0) & (cal <= 1))
+    s = cmap.survival(conf)
+    assert np.all(np.diff(s, axis=1) <= 0) and np.all((s >= 0) & (s <= 1))
+    np.testing.assert_allclose(s[:, 0], cal[:, 0])
+
+
+@given(arrays(np.int8, st.integers(1, 60), elements=st.integers(0, 4)), st.integers(1, 4))
+def test_trace_survival_curves_are_monotone(m, k):
+    """P(m >= j) per position and per served step: non-increasing in j, and the served
+    curve sums to the served tau minus the bonus."""
+    n = len(m)
+    tr = AcceptanceTrace(meta=TraceMeta(drafter="x", target="y", gamma_max=4), accept_len=m,
+                         conf=np.full((n, 4), 0.5, np.float32),
+                         req_offsets=np.array([0, n // 2, n]), req_domain=np.array(["a", "a"]),
+                         req_ids=np.arange(2, dtype=np.int32))
+    per_pos = tr.survival()
+    assert np.all(np.diff(per_pos) <= 0)
+    np.testing.assert_allclose(per_pos, [(m >= j).mean() for j in range(1, 5)])
+    served = tr.served_survival(k)
+    assert np.all(np.diff(served) <= 0) and np.all((served >= 0) & (served <= 1))
+    assert 1 + served.sum() == pytest.approx(tr.served_tau(k))
