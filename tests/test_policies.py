@@ -96,3 +96,48 @@ def test_registry_policies_are_pure(spec, drafter):
 def test_bad_policy_specs(bad):
     with pytest.raises(InputError, match="--policy"):
         get_policy(bad)
+
+
+@pytest.mark.parametrize("spec,name,drafter,gamma,flags", [
+    ("none", "none", None, 0, set()),
+    (" MTP1 ", "mtp1", "mtp1", 1, set()),
+    ("fixed:0", "fixed:0", None, 0, set()),
+    ("Fixed: 3", "fixed:3", "dspark", 3, set()),
+    ("confidence", "confidence", "dspark", None, {"needs_cost", "needs_lag", "needs_survival"}),
+    ("confidence-sync", "confidence-sync", "dspark", None,
+     {"needs_sps", "needs_survival", "sps_decode_only"}),
+    ("alg1", "confidence-sync", "dspark", None, {"needs_sps", "needs_survival", "sps_decode_only"}),
+    ("confidence-async", "confidence-async", "dspark", None,
+     {"needs_sps", "needs_lag", "needs_survival"}),
+    ("confidence_async", "confidence-async", "dspark", None,
+     {"needs_sps", "needs_lag", "needs_survival"}),
+    ("threshold", "threshold:0.5", "dspark", None, {"needs_survival"}),
+    ("threshold:0", "threshold:0", "dspark", None, {"needs_survival"}),
+    ("threshold:1", "threshold:1", "dspark", None, {"needs_survival"}),
+])
+def test_registry_names_drafters_and_what_each_policy_asks_for(spec, name, drafter, gamma, flags):
+    """What the engine computes for a policy (SPS curve, step cost, lagged snapshot,
+    survival) is what the policy asks for: nothing more (it costs time), nothing less."""
+    pol = get_policy(spec)
+    assert (pol.name, pol.drafter, pol.draft_gamma) == (name, drafter, gamma)
+    asked = {f for f in ("needs_sps", "needs_cost", "needs_lag", "needs_survival",
+                         "sps_decode_only") if getattr(pol, f)}
+    assert asked == flags
+    assert pol.description
+
+
+def test_threshold_default_is_one_half():
+    a = readonly(np.array([[0.6, 0.5, 0.4]]))
+    assert get_policy("threshold")(BatchSnapshot(a, 3, 100)).tolist() == [2]
+
+
+@pytest.mark.parametrize("bad,message", [
+    ("fixed", "needs an argument"), ("fixed:x", "must be an integer"),
+    ("fixed:-1", "must be >= 0"), ("threshold:2", "[0, 1]"), ("threshold:-0.1", "[0, 1]"),
+    ("threshold:abc", "must be a number"), ("bogus", "unknown policy 'bogus'"),
+    ("", "empty policy name"), ("  ", "empty policy name"),
+])
+def test_bad_policy_messages(bad, message):
+    with pytest.raises(InputError, match="--policy") as e:
+        get_policy(bad)
+    assert message in str(e.value)
