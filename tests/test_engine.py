@@ -386,3 +386,17 @@ def test_engine_serves_the_traces_served_tau_exactly(k):
     np.testing.assert_array_equal(r["accepted_tokens"].to_numpy() + r["steps"].to_numpy(),
                                   tokens)
     assert s["spec_decode_acceptance_length"] == pytest.approx(trace.served_tau(k), rel=1e-12)
+
+
+def test_kv_blocked_steps_counted_by_hand():
+    """Reserve mode, room for one request (prompt 100 + output 20) at a time, two clients:
+    the second is held back at the admission of each of the first's 20 steps (1 prefill,
+    19 decode steps of one token under `none`), then admitted; nothing else waits."""
+    cfg = SimConfig(policy="none", deployment=DeploymentConfig(replicas=1),
+                    engine=EngineConfig(kv_mode="reserve", kv_capacity_tokens=130,
+                                        prefill="chunked"),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=2, num_requests=2,
+                                            lengths="fixed:100:20"))
+    s = simulate(cfg).summary
+    assert s["completed"] == 2 and s["engine_steps"] == 40
+    assert s["kv_blocked_steps"] == 20 and s["preemptions"] == 0

@@ -137,14 +137,15 @@ def test_summary_speculation_counters_by_hand():
     assert s["budget_limited_steps"] == 1 and s["kv_blocked_steps"] == 2
 
 
-def test_itl_mean_exact_and_percentiles_within_a_bin():
+def test_itl_mean_exact_and_percentiles_at_bin_centres():
     s = _summary()
     assert s["mean_itl_ms"] == pytest.approx(70 / 4)
-    # log bins of 1/100 decade: the percentile lands in the bin holding the value
-    width = 10 ** (8 / 800)
-    assert 10 / width <= s["median_itl_ms"] <= 10 * width
-    assert 40 / width <= s["p99_itl_ms"] <= 40 * width
-    assert 10 / width <= s["p90_itl_ms"] <= 40 * width
+    # 1/100-decade bins from 10 us: 10 ms sits on the edge 10^-2 s (bin (10^-2.01, 10^-2],
+    # centre 10^-2.005 s); 40 ms in (10^-1.40, 10^-1.39], centre 10^-1.395 s. Three of the
+    # four gaps are 10 ms, so the median and p90 (the 3rd and 4th of 4) pick those bins.
+    assert s["median_itl_ms"] == pytest.approx(10 ** -2.005 * 1e3, rel=1e-9)
+    assert s["p90_itl_ms"] == pytest.approx(10 ** -1.395 * 1e3, rel=1e-9)
+    assert s["p99_itl_ms"] == pytest.approx(10 ** -1.395 * 1e3, rel=1e-9)
 
 
 def test_slo_goodput_by_hand():
@@ -198,6 +199,16 @@ def test_tpot_of_one_request_from_its_step_times(k):
     assert s["median_tpot_ms"] == pytest.approx(11 + k)
     assert s["median_interactivity"] == pytest.approx(1000 / (11 + k))
     assert s["mean_itl_ms"] == pytest.approx(11 + k)
+    # ITL percentiles come from a histogram of 1/100-decade bins from 10 us (engine.py):
+    # a gap g falls in the bin (10^(j-1), 10^j] in those units, reported at its geometric
+    # centre 10^(j - 1/2)
+    j = math.ceil((math.log10((11 + k) / 1e3) + 5) * 100)
+    centre_ms = 10 ** (-5 + (j - 0.5) / 100) * 1e3
+    for q in ("median", "p90", "p99"):
+        assert s[f"{q}_itl_ms"] == pytest.approx(centre_ms, rel=1e-9)
+    # batch tokens: the prefill step carries the 10-token prompt, each decode step 1 + k
+    assert s["mean_batch_tokens"] == pytest.approx((10 + 10 * (1 + k)) / 11)
+    assert s["mean_step_ms"] == pytest.approx((11 + 10 * (11 + k)) / 11)
     assert s["engine_steps"] == 11 and s["num_drafts"] == 10
     assert s["num_draft_tokens_verified"] == 10 * k and s["num_accepted_tokens"] == 0
     assert s["duration"] == pytest.approx((11 + 10 * (11 + k)) / 1e3)

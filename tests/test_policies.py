@@ -141,3 +141,35 @@ def test_bad_policy_messages(bad, message):
     with pytest.raises(InputError, match="--policy") as e:
         get_policy(bad)
     assert message in str(e.value)
+
+
+def test_snapshots_and_costs_are_frozen():
+    """A policy is a pure function of a read-only snapshot: it can neither write the
+    arrays (read-only views) nor rebind a field."""
+    import dataclasses
+
+    from dspark_sim.policies.base import StepCost
+
+    snap = BatchSnapshot(readonly(np.ones((2, 3))), 3, 100)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.survival = np.zeros((2, 3))
+    cost = StepCost(readonly(np.ones(5)), readonly(np.zeros(7)), 0, 0.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cost.pending_prefill = 3
+
+
+@pytest.mark.parametrize("bad", [None, 5, 1.5])
+def test_non_string_policy_specs(bad):
+    with pytest.raises(InputError, match="empty policy name"):
+        get_policy(bad)
+
+
+def test_no_room_for_verification_means_no_drafts():
+    """A batch of n requests with a token budget of n (or less) verifies nothing."""
+    from dspark_sim.policies.base import StepCost
+    from dspark_sim.policies.scheduler import budget_displacement
+
+    a = np.ones((3, 2))
+    for budget in (1, 2, 3):
+        cost = StepCost(readonly(np.ones(budget + 1)), readonly(np.zeros(7)), 0, 0.0)
+        assert budget_displacement(a, cost) == 0
