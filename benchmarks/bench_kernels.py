@@ -26,6 +26,7 @@ import torch
 
 from dspark_sim.kernels import scheduler as ks
 from dspark_sim.kernels import survival as ksurv
+from dspark_sim.kernels import tree as ktree
 from dspark_sim.kernels import verify as kv
 from dspark_sim.policies import scheduler as np_sched
 
@@ -107,6 +108,20 @@ def best_stochastic(draft, pd, pt, num_req, gamma, uniforms):
     return acc, tok, tv.view(-1)
 
 
+def best_tree(logits, tokens, parents_local, anc, num_req, nodes):
+    """Equal-size trees: the dense ancestor mask [R, n, n] turns "all ancestors matched"
+    into one batched matmul (count of mismatched ancestors-or-self)."""
+    am = logits.argmax(dim=-1).view(num_req, nodes + 1)
+    judge = am.gather(1, (parents_local + 1).view(num_req, nodes))
+    miss = (tokens.view(num_req, nodes) != judge).to(torch.float32)
+    ok = torch.bmm(anc, miss.unsqueeze(2)).squeeze(2) == 0
+    depth = anc.sum(-1)
+    key = torch.where(ok, depth * (nodes + 1) + nodes - torch.arange(nodes, device=am.device), -1)
+    best_key = key.max(1).values
+    acc = torch.where(best_key >= 0, best_key // (nodes + 1), 0).long()
+    return acc
+
+
 def best_survival(z, temp, num_req, gamma):
     return torch.sigmoid(z.view(num_req, gamma) / temp[:gamma]).cumprod(1).view(-1)
 
@@ -140,6 +155,8 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=8, help="draft tokens per request")
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+    ap.add_argument("--tree-nodes", type=int, default=16,
+                    help="nodes per request's draft tree (a gamma-chain plus branches)")
     ap.add_argument("--sched-n", type=int, default=256, help="requests in the scheduler batch")
     ap.add_argument("--sched-gamma", type=int, default=7)
     ap.add_argument("--min-time-s", type=float, default=1.0, help="timing budget per path")
@@ -198,6 +215,37 @@ def main() -> None:
     if run_triton:
         row("stochastic", "triton", t(lambda: kv.verify_stochastic(
             draft, pd, pt, cu, uniforms=uni, max_seqlen=gamma, backend="triton")), nbytes, peak)
+
+    # Tree verification: a gamma-deep spine plus branches hanging off random spine nodes.
+    nodes = max(args.tree_nodes, 1)
+    spine = min(gamma, nodes)
+    par_one = [-1] + list(range(spine - 1)) + [
+        int(x) for x in torch.randint(-1, spine, (nodes - spine,), generator=torch.Generator().manual_seed(1))]
+    par_local = torch.tensor(par_one * num_req, dtype=torch.int64, device=device)
+    cu_t = torch.arange(num_req + 1, device=device, dtype=torch.int64) * nodes
+    t_logits = torch.randn(num_req * (nodes + 1), vocab, device=device, generator=gen).to(dtype)
+    am_t = t_logits.float().argmax(-1).view(num_req, nodes + 1)
+    t_tokens = am_t.gather(1, (par_local.view(num_req, nodes) + 1)).reshape(-1).clone()
+    t_tokens[::5] = 0  # some rejections
+    anc = ktree.tree_attention_mask(par_local, cu_t, backend="torch").mask[:, 1:, 1:].float()
+    t_ref = ktree.verify_tree_greedy(t_tokens, par_local, t_logits, cu_t, backend="torch")
+    assert torch.equal(best_tree(t_logits, t_tokens, par_local, anc, num_req, nodes), t_ref.accepted_len)
+    nbytes = num_req * (nodes + 1) * vocab * esize
+    kw = dict(max_nodes=nodes, max_depth=nodes, validate=False)
+    row("tree", "torch ref", t(lambda: ktree.verify_tree_greedy(
+        t_tokens, par_local, t_logits, cu_t, backend="torch", **kw)), nbytes, peak)
+    row("tree", "best torch", t(lambda: best_tree(t_logits, t_tokens, par_local, anc, num_req, nodes)),
+        nbytes, peak)
+    if run_triton:
+        row("tree", "triton", t(lambda: ktree.verify_tree_greedy(
+            t_tokens, par_local, t_logits, cu_t, backend="triton", **kw)), nbytes, peak)
+    # Tree attention mask: R x (n+1)^2 bools out (latency-bound).
+    nbytes = num_req * (nodes + 1) ** 2 + par_local.numel() * 16
+    row("tree-mask", "torch ref", t(lambda: ktree.tree_attention_mask(
+        par_local, cu_t, backend="torch", **kw)), nbytes, None)
+    if run_triton:
+        row("tree-mask", "triton", t(lambda: ktree.tree_attention_mask(
+            par_local, cu_t, backend="triton", **kw)), nbytes, None)
 
     # Survival: T logits in, T floats out.
     z = torch.randn(num_draft, device=device, generator=gen)

@@ -4,6 +4,8 @@ Public wrappers (each takes ``backend="auto" | "triton" | "torch"``):
 
 * :func:`verify_greedy`, :func:`verify_stochastic`, :func:`tv_acceptance`,
   :func:`draw_uniforms` -- varlen verification (:mod:`.verify`);
+* :func:`verify_tree_greedy`, :func:`tree_attention_mask` -- varlen draft-tree
+  verification and its ancestor mask (:mod:`.tree`);
 * :func:`survival_varlen`, :func:`survival_dense` -- confidence logits -> survival (:mod:`.survival`);
 * :func:`schedule_sync`, :func:`budget_global`, :func:`schedule_topk`,
   :func:`schedule_async` -- Algorithm 1 on device (:mod:`.scheduler`).
@@ -31,6 +33,10 @@ _EXPORTS = {
     "schedule_sync": "scheduler",
     "schedule_topk": "scheduler",
     "resolve_backend": "_backend",
+    "TreeMask": "tree",
+    "TreeVerify": "tree",
+    "tree_attention_mask": "tree",
+    "verify_tree_greedy": "tree",
 }
 
 __all__ = sorted(_EXPORTS)

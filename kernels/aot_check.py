@@ -19,6 +19,7 @@ import sys
 def _signatures():
     from . import scheduler_triton as sc
     from . import survival_triton as st
+    from . import tree_triton as tt
     from . import verify_triton as vt
 
     rows = {"pd_ptr": "*bf16", "stride_pd": "i32", "pt_ptr": "*bf16", "stride_pt": "i32"}
@@ -52,6 +53,15 @@ def _signatures():
     yield sc._admit_kernel, {
         "order_ptr": "*i64", "k_ptr": "*i64", "ell_ptr": "*i64", "N": "i32", "gamma": "i32",
     }, {"BLOCK": 1024}, 4
+    yield tt._tree_accept_kernel, {
+        "tok_ptr": "*i64", "par_ptr": "*i64", "am_ptr": "*i64", "cu_ptr": "*i64",
+        "acc_ptr": "*i64", "best_ptr": "*i64", "path_ptr": "*i64", "next_ptr": "*i64",
+        "max_depth": "i32", "path_width": "i32",
+    }, {"BLOCK_N": 64, "BLOCK_D": 16}, 4
+    yield tt._tree_mask_kernel, {
+        "par_ptr": "*i64", "cu_ptr": "*i64", "mask_ptr": "*i8", "depth_ptr": "*i64",
+        "M1": "i32", "max_depth": "i32",
+    }, {"BLOCK_M": 64}, 4
 
 
 def main(argv: list[str] | None = None) -> int:
