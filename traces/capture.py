@@ -49,6 +49,7 @@ import torch
 
 from dspark_sim.errors import InputError
 from dspark_sim.io import check_writable, write_json_atomic
+from dspark_sim.traces import capture_v2
 from dspark_sim.traces.drafters import (
     LEARNED_KINDS,
     LearnedDrafter,
@@ -203,8 +204,9 @@ def _positions(store: SequenceStore, i: int, max_new_tokens: int) -> int:
 
 def draft_rows(drafter: Any, store: SequenceStore, shared: Shared, gamma: int,
                max_new_tokens: int, sub_batch: int = 96,
-               target_rows: TargetRows | None = None) -> dict[str, Any]:
-    """accept_len / conf / tv_accept for every recorded position of every sequence."""
+               target_rows: TargetRows | None = None, v2: bool = True) -> dict[str, Any]:
+    """accept_len / conf / tv_accept for every recorded position of every sequence, and
+    with ``v2`` the schema-v2 columns (:mod:`dspark_sim.traces.capture_v2`) as ``"v2"``."""
     dev = shared.head_weight.device
     per_seq = [_positions(store, i, max_new_tokens) for i in range(len(store.lens))]
     anchors = np.concatenate([store.starts[i] + store.prompt_lens[i] + np.arange(n)
@@ -216,6 +218,7 @@ def draft_rows(drafter: Any, store: SequenceStore, shared: Shared, gamma: int,
     conf_all = np.zeros((len(anchors), gamma), np.float32)
     tv_all = np.zeros((len(anchors), gamma), np.float32)
     backend = ""
+    v2_parts: list[dict[str, np.ndarray]] = []
     V = shared.head_weight.shape[0]
     if isinstance(drafter, Lookup):
         toks_l, conf_l = [], []
@@ -241,7 +244,7 @@ def draft_rows(drafter: Any, store: SequenceStore, shared: Shared, gamma: int,
                 return torch.zeros(flat.numel(), V, device=dev).scatter_(1, flat[:, None], 1.0)
         else:
             b = store.batch(a, drafter.cfg.window, gamma, None, seq_of=seq_of[sl], device=dev,
-                            with_future=False)
+                            with_future=v2)  # future: the true tokens, for teacher forcing
             d = drafter.draft(b, shared, gamma)
             toks = d["tokens"]
             valid = left[sl].to(dev)
@@ -254,8 +257,14 @@ def draft_rows(drafter: Any, store: SequenceStore, shared: Shared, gamma: int,
         m_all[sl] = res["accept_len"]
         tv_all[sl] = res["tv"]
         backend = res["backend"]
+        if v2:
+            chain = torch.where(torch.arange(gamma, device=dev)[None] < valid[:, None], toks, -1)
+            v2_parts.append(capture_v2.rows_for_batch(
+                drafter, None if isinstance(drafter, Lookup) else b,
+                None if isinstance(drafter, Lookup) else d, store, a, valid, chain, shared,
+                target_rows, target_rows or (lambda i: target_probs(store, i, shared)), gamma))
     return {"accept_len": m_all, "conf": conf_all, "tv_accept": tv_all, "per_seq": per_seq,
-            "backend": backend}
+            "backend": backend, "v2": capture_v2.merge(v2_parts) if v2 else None}
 
 
 def _rel(path: str) -> str:

@@ -59,6 +59,11 @@ class DrafterConfig:
     n_feat: int = 3  # target layers concatenated for parallel/dspark
     feature_layers: list[int] = field(default_factory=list)  # hidden_states indices
     rank: int = 64  # Markov head rank
+    # How the parallel backbone's gamma query slots start: "mask" (DFlash: one learned mask
+    # embedding) or "fused" (each slot starts from W[RMSNorm(h_{t-1}); RMSNorm(E[y_t])],
+    # the MTP input, so that a one-block drafter need not squeeze the target's last
+    # hidden state through a single attention layer). Old checkpoints lack the key: "mask".
+    query_init: str = "mask"
     conf_dim: int = 64  # W1 width of the confidence head
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
@@ -290,6 +295,15 @@ class Parallel(LearnedDrafter):
         self.slot_emb = nn.Parameter(torch.randn(cfg.window + 1 + cfg.gamma, d) * 0.02)
         self.block = Block(cfg)
         self.final_norm = RMSNorm(d, cfg.rms_eps)
+        if cfg.query_init not in ("mask", "fused"):
+            raise InputError("query_init", f"must be 'mask' or 'fused', got {cfg.query_init!r}")
+        if cfg.query_init == "fused":
+            self.q_norm_h = RMSNorm(d, cfg.rms_eps)
+            self.q_norm_e = RMSNorm(d, cfg.rms_eps)
+            self.q_proj = nn.Linear(2 * d, d, bias=False)
+            with torch.no_grad():  # start as "the target's last hidden state" (as MTP1)
+                self.q_proj.weight.zero_()
+                self.q_proj.weight[:, :d].copy_(torch.eye(d))
 
     def backbone(self, b: DraftBatch, shared: Shared, gamma: int) -> torch.Tensor:
         """Hidden states of the ``gamma`` query slots [N, gamma, d], in one pass."""
@@ -298,6 +312,10 @@ class Parallel(LearnedDrafter):
         ctx = self.feat_proj(f)  # [N, W, d]
         tok = self.norm_e(shared.embed(b.last_tok))[:, None]
         q = self.mask_emb.expand(N, gamma, -1)
+        if self.cfg.query_init == "fused":
+            fused = self.q_proj(torch.cat([self.q_norm_h(b.h_last),
+                                           self.q_norm_e(shared.embed(b.last_tok))], -1))
+            q = q + fused[:, None]
         x = torch.cat([ctx, tok, q], 1) + self.slot_emb[None, : W + 1 + gamma]
         return self.block(x, causal=False)[:, W + 1 :]
 

@@ -16,6 +16,8 @@ Entry point (what ``dspark-sim train-drafter`` wraps)::
                   device="cpu", seed=0, split_seed=SPLIT_SEED, prompt_dir=PROMPT_DIR,
                   progress=True) -> dict   # the sidecar written next to the weights
 
+``drafter_kw`` goes to :class:`~dspark_sim.traces.drafters.DrafterConfig` (e.g.
+``{"query_init": "fused", "rank": 256}``); ``extra_sidecar`` is merged into the sidecar.
 ``kind``: mtp1 | parallel | dspark. ``prompts=None`` takes ``per_domain`` training-split
 prompts of each of math/code/chat. ``out_dir=None`` writes to the shipped location
 ``traces/data/drafters/<kind>/``. CUDA: pass ``device="cuda"`` (the target runs in bf16).
@@ -100,6 +102,8 @@ def train_drafter(
     progress: bool = True,
     store: SequenceStore | None = None,
     log_every: int = 10,
+    drafter_kw: dict[str, Any] | None = None,
+    extra_sidecar: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train one drafter by self-distillation; returns the sidecar dict it wrote."""
     if kind not in LEARNED_KINDS:
@@ -118,7 +122,7 @@ def train_drafter(
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    model = build_drafter(kind, tgt, gamma=gamma)
+    model = build_drafter(kind, tgt, gamma=gamma, **(drafter_kw or {}))
     model.train()
     shared = Shared.of(tgt)
     if shared.embed_weight.dtype != torch.float32:
@@ -195,7 +199,9 @@ def train_drafter(
         "trainable_params": num_params(model),
         "loss_curve": curve,
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "torch_threads": torch.get_num_threads(),
     }
+    sidecar.update(extra_sidecar or {})
     out = Path(out_dir) if out_dir is not None else SHIPPED_DIR / kind
     save_drafter(model, out, sidecar)
     sidecar["path"] = str(out)
