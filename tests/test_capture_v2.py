@@ -59,7 +59,8 @@ def test_v2_fields_consistent_with_chain(env, kind):
     target, root, store, _ = env
     shared = Shared.of(target)
     model, _ = load_drafter(root / kind, target)
-    rows = draft_rows(model, store, shared, GAMMA, NEW, target_rows=TargetRows(store, shared))
+    rows = draft_rows(model, store, shared, GAMMA, NEW, target_rows=TargetRows(store, shared),
+                      v2=True)
     v2 = rows["v2"]
     m = rows["accept_len"]
     rank = v2.true_rank.astype(np.int64)
@@ -114,7 +115,8 @@ def test_alternatives_match_brute_force_reverification(env, kind):
     target, root, store, recs = env
     shared = Shared.of(target)
     model, _ = load_drafter(root / kind, target)
-    rows = draft_rows(model, store, shared, GAMMA, NEW, target_rows=TargetRows(store, shared))
+    rows = draft_rows(model, store, shared, GAMMA, NEW, target_rows=TargetRows(store, shared),
+                      v2=True)
     v2, m = rows["v2"], rows["accept_len"]
     run_after = v2.run_after()
     per_seq = rows["per_seq"]
@@ -161,3 +163,36 @@ def test_tree_decoding_is_lossless(env, width):
         total += sum(got["accepted"])
     if width > 1:
         assert total > 0  # some tree paths were accepted: the check is not vacuous
+
+
+def test_capture_writes_schema_v2(env, tmp_path):
+    """capture() writes the v2 columns (v2 metadata), per-request labels, and the file
+    reads back with them; the lookup trace has no drafter distribution columns."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from dspark_sim.traces.capture import capture
+    from dspark_sim.traces.schema import META_KEY, read_trace
+
+    target, root, _, _ = env
+    paths = capture(target, [str(root / "dspark"), "lookup"], prompts=tiny_prompts(6),
+                    gamma_max=GAMMA, max_new_tokens=NEW, out=tmp_path, batch_size=3,
+                    progress=False, target_slug="tiny")
+    for name, path in paths.items():
+        md = json.loads(pq.ParquetFile(path).schema_arrow.metadata[META_KEY])
+        assert md["schema_version"] == 2
+        tr = read_trace(path)
+        v2 = tr.v2
+        assert v2 is not None and v2.tgt_token.shape == (tr.num_positions,)
+        # tiny_prompts cycle gsm8k / humaneval / mt-bench: only gsm8k has a key
+        ds = [tiny_prompts(6)[int(i)].dataset for i in tr.req_ids]
+        assert [c >= 0 for c in v2.req_correct] == [d == "gsm8k" for d in ds]
+        if name == "lookup":
+            assert v2.true_rank is None and v2.alt_prob is None
+        else:
+            lead = np.cumprod(v2.true_rank == 0, axis=1).sum(1)
+            assert np.array_equal(lead, tr.accept_len)
+        sub = tr.select_domain("math")
+        assert sub.v2.tgt_token.shape == (sub.num_positions,)
+        assert sub.v2.req_correct.shape == (sub.num_requests,)

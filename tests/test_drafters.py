@@ -33,6 +33,9 @@ class ByteTokenizer:
     def apply_chat_template(self, msgs, add_generation_prompt=True, tokenize=True):
         return self(self.chat_template.format(content=msgs[0]["content"]))["input_ids"]
 
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes((i - 3) % 256 for i in ids if i >= 3).decode("latin-1")
+
 
 def tiny_target(seed: int = 0):
     torch.manual_seed(seed)

@@ -49,7 +49,7 @@ import torch
 
 from dspark_sim.errors import InputError
 from dspark_sim.io import check_writable, write_json_atomic
-from dspark_sim.traces import capture_v2
+from dspark_sim.traces import capture_v2, schema_v2
 from dspark_sim.traces.drafters import (
     LEARNED_KINDS,
     LearnedDrafter,
@@ -204,7 +204,7 @@ def _positions(store: SequenceStore, i: int, max_new_tokens: int) -> int:
 
 def draft_rows(drafter: Any, store: SequenceStore, shared: Shared, gamma: int,
                max_new_tokens: int, sub_batch: int = 96,
-               target_rows: TargetRows | None = None, v2: bool = True) -> dict[str, Any]:
+               target_rows: TargetRows | None = None, v2: bool = False) -> dict[str, Any]:
     """accept_len / conf / tv_accept for every recorded position of every sequence, and
     with ``v2`` the schema-v2 columns (:mod:`dspark_sim.traces.capture_v2`) as ``"v2"``."""
     dev = shared.head_weight.device
@@ -396,6 +396,8 @@ def _plan_chunks(tgt: Target, prompts: list[Prompt], loaded: dict, *, gamma_max:
         "max_new_tokens": max_new_tokens,
         "prompts": [prompts[i].key for i in order],
         "batch_size": batch_size,
+        "schema": 2,  # shards carry the v2 columns: never resume onto v1 shards
+        "answer_tokens": capture_v2.ANSWER_TOKENS,
     }
     return chunks, hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -418,10 +420,14 @@ def _open_manifest(work: Path, plan_hash: str, resume: bool) -> dict[str, Any]:
 
 
 def records_frame(rows: dict[str, Any], request_ids: Sequence[int], domains: Sequence[str],
-                  gamma_max: int) -> pl.DataFrame:
+                  gamma_max: int, correct: np.ndarray | None = None) -> pl.DataFrame:
     """:func:`draft_rows` output as trace records: sequence ``i`` becomes request
-    ``request_ids[i]`` of domain ``domains[i]`` with ``rows["per_seq"][i]`` positions."""
+    ``request_ids[i]`` of domain ``domains[i]`` with ``rows["per_seq"][i]`` positions. The
+    schema-v2 columns ride along (``rows["v2"]`` and the per-request ``correct``)."""
     n = rows["per_seq"]
+    v2 = rows.get("v2")
+    if correct is not None:
+        v2 = schema_v2.with_correct(v2, correct)
     return pl.DataFrame({
         "request_id": np.repeat(np.asarray(request_ids), n).astype(np.int32),
         "domain": np.repeat(np.asarray(domains), n).astype(str),
@@ -430,6 +436,7 @@ def records_frame(rows: dict[str, Any], request_ids: Sequence[int], domains: Seq
         "conf": pl.Series("conf", rows["conf"], dtype=pl.Array(pl.Float32, gamma_max)),
         "tv_accept": pl.Series("tv_accept", rows["tv_accept"],
                                dtype=pl.Array(pl.Float32, gamma_max)),
+        **schema_v2.to_columns(v2, np.asarray(n), gamma_max),
     })
 
 
@@ -444,12 +451,14 @@ def _capture_chunk(ci: int, chunk: list[int], prompts: list[Prompt], tgt: Target
                            batch_size=len(cp), max_prompt_tokens=max_prompt_tokens)
     store = SequenceStore.from_records(recs)
     trows = TargetRows(store, shared)
+    correct = capture_v2.correctness_labels(tgt, cp, max_prompt_tokens)
     backend = ""
     for name, (model, _info) in loaded.items():
-        rows = draft_rows(model, store, shared, gamma_max, max_new_tokens, target_rows=trows)
+        rows = draft_rows(model, store, shared, gamma_max, max_new_tokens, target_rows=trows,
+                          v2=True)
         backend = rows["backend"] or backend
         meta = TraceMeta(drafter=name, target=tgt.name, gamma_max=gamma_max, source="captured")
-        frame = records_frame(rows, chunk, [r["domain"] for r in recs], gamma_max)
+        frame = records_frame(rows, chunk, [r["domain"] for r in recs], gamma_max, correct)
         write_trace(trace_from_frame(frame, meta, "<capture>"), work / f"{name}-{ci:04d}.parquet")
     return {"prompts": [p.key for p in cp], "backend": backend,
             "greedy_agree": float(np.mean([float(r.get("greedy_agree", 1.0)) for r in recs]))}

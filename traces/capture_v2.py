@@ -21,6 +21,29 @@ from dspark_sim.errors import InputError
 from dspark_sim.traces.schema_v2 import RANK_CAP, TOPK, V2Fields
 
 F16_MAX = 65504.0
+# The correctness label decodes each prompt that has an answer key this far (greedy, to
+# EOS at most): the trace's own positions stop at max_new_tokens, often before the answer.
+ANSWER_TOKENS = 512
+
+
+def correctness_labels(target: Any, prompts: list[Any], max_prompt_tokens: int) -> np.ndarray:
+    """[len(prompts)] int8: 1 / 0 where the prompt's dataset ships an answer key
+    (:mod:`dspark_sim.traces.answers`), -1 elsewhere. The target's greedy continuation
+    of up to ``ANSWER_TOKENS`` tokens (cached) is decoded and exact-matched."""
+    from dspark_sim.traces.answers import answer_key, correctness
+    from dspark_sim.traces.targets import generate_cached
+
+    out = np.full(len(prompts), -1, np.int8)
+    keyed = [i for i, p in enumerate(prompts) if answer_key(p.dataset) is not None]
+    if not keyed:
+        return out
+    recs = generate_cached(target, [prompts[i] for i in keyed], ANSWER_TOKENS,
+                           [target.num_layers], batch_size=len(keyed),
+                           max_prompt_tokens=max_prompt_tokens)
+    for i, r in zip(keyed, recs, strict=True):
+        text = target.tokenizer.decode(r["tokens"].tolist(), skip_special_tokens=True)
+        out[i] = correctness(prompts[i].dataset, prompts[i].index, text)
+    return out
 
 
 def _f16(x: torch.Tensor) -> np.ndarray:

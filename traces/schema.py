@@ -22,7 +22,12 @@ prompt_tokens   int32                    optional, per request (same on each of 
 output_tokens   int32                    optional, per request: its output length
 ==============  =======================  ==============================================
 
-File metadata (parquet key ``dspark_sim.trace``, JSON): ``schema_version`` (1),
+Schema v2 adds optional per-position columns for tree, long-context and lossy policies
+(draft alternatives, entropies, ASD's logits, a per-request correctness label); they are
+defined, read and validated in :mod:`dspark_sim.traces.schema_v2` and held in
+``AcceptanceTrace.v2``. Files with none of them are written as v1; v1 files still read.
+
+File metadata (parquet key ``dspark_sim.trace``, JSON): ``schema_version`` (1 or 2),
 ``drafter``, ``target``, ``gamma_max``, ``temperature``, ``source``
 (``synthetic`` | ``captured`` | ``imported``), ``domains``, ``generator``
 (parameters), optionally ``calibration`` (the built-in confidence map fitted for this
@@ -51,8 +56,11 @@ import pyarrow.parquet as pq
 
 from dspark_sim.errors import InputError
 from dspark_sim.io import atomic_path
+from dspark_sim.traces import schema_v2
+from dspark_sim.traces.schema_v2 import V2Fields
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # written for traces without v2 columns
+SCHEMA_VERSIONS = (1, 2)  # read
 META_KEY = b"dspark_sim.trace"
 SOURCES = ("synthetic", "captured", "imported")
 REQUIRED_COLUMNS = ("request_id", "domain", "position", "accept_len")
@@ -104,6 +112,7 @@ class AcceptanceTrace:
     source_path: str = "<memory>"
     req_prompt_tokens: np.ndarray | None = None  # int64 [R]: each request's prompt length
     req_output_tokens: np.ndarray | None = None  # int64 [R]: each request's output length
+    v2: V2Fields | None = None  # schema-v2 columns (see schema_v2); None: a v1 trace
 
     @property
     def gamma_max(self) -> int:
@@ -197,6 +206,7 @@ class AcceptanceTrace:
             req_ids=self.req_ids[keep],
             req_prompt_tokens=_take(self.req_prompt_tokens, keep),
             req_output_tokens=_take(self.req_output_tokens, keep),
+            v2=None if self.v2 is None else self.v2.take(rows, keep),
             meta=replace(self.meta, domains=(domain,)),
         )
 
@@ -227,7 +237,13 @@ class AcceptanceTrace:
             cols["prompt_tokens"] = np.repeat(self.req_prompt_tokens, lengths).astype(np.int32)
         if self.req_output_tokens is not None:
             cols["output_tokens"] = np.repeat(self.req_output_tokens, lengths).astype(np.int32)
+        cols.update(schema_v2.to_columns(self.v2, lengths, g))
         return pl.DataFrame(cols)
+
+    @property
+    def schema_version(self) -> int:
+        """2 when the trace carries any schema-v2 column, else 1."""
+        return 2 if self.v2 is not None and not self.v2.empty else SCHEMA_VERSION
 
 
 def _served_chain(accept_len: np.ndarray, offsets: np.ndarray, k: int,
@@ -344,7 +360,12 @@ def trace_from_frame(df: pl.DataFrame, meta: TraceMeta, source: str = "<memory>"
         source_path=source,
         req_prompt_tokens=req_len.get("prompt_tokens"),
         req_output_tokens=req_len.get("output_tokens"),
+        v2=_v2_or_none(schema_v2.from_frame(df, g, starts, source)),
     )
+
+
+def _v2_or_none(v: V2Fields) -> V2Fields | None:
+    return None if v.empty else v
 
 
 def _matrix(df: pl.DataFrame, col: str, g: int, source: str) -> np.ndarray:
@@ -372,7 +393,7 @@ def _meta_from_json(raw: bytes, source: str) -> TraceMeta:
         raise InputError(source, f"trace metadata is not valid JSON ({exc})") from exc
     if not isinstance(d, dict):
         raise InputError(source, "trace metadata must be a JSON object")
-    if d.get("schema_version") != SCHEMA_VERSION:
+    if d.get("schema_version") not in SCHEMA_VERSIONS:
         raise InputError(source, f"unsupported trace schema_version {d.get('schema_version')!r}")
     for key in ("drafter", "target", "gamma_max"):
         if key not in d:
@@ -437,7 +458,9 @@ def write_trace(trace: AcceptanceTrace, path: str | Path) -> Path:
     """Write atomically (a temporary file renamed into place)."""
     table = trace.to_polars().to_arrow()
     md = dict(table.schema.metadata or {})
-    md[META_KEY] = trace.meta.to_json().encode()
+    meta = json.loads(trace.meta.to_json())
+    meta["schema_version"] = trace.schema_version
+    md[META_KEY] = json.dumps(meta, sort_keys=True).encode()
     table = table.replace_schema_metadata(md)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
@@ -470,6 +493,8 @@ def concat_traces(traces: list[AcceptanceTrace], meta: TraceMeta | None = None) 
                            if has_len else None),
         req_output_tokens=(np.concatenate([t.req_output_tokens for t in traces])
                            if has_len else None),
+        v2=(_v2_or_none(schema_v2.concat([t.v2 for t in traces]))
+            if all(t.v2 is not None for t in traces) else None),
     )
 
 
