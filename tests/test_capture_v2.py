@@ -226,3 +226,43 @@ def test_tree_decoding_on_smollm2_is_lossless(monkeypatch):
         assert got["tokens"] == ref
         accepted += sum(got["accepted"])
     assert accepted > 0
+
+
+def test_dspark_design_options(env):
+    """Fused query init starts every slot from W[RMSNorm(h); RMSNorm(E[y_t])] (identity on
+    h at init); the configured loss weights are the ones applied; a checkpoint written
+    before these options existed loads with the old defaults."""
+    import json
+
+    from dspark_sim.traces.drafters import DrafterConfig, build_drafter, position_weights
+
+    target, root, store, _ = env
+    shared = Shared.of(target)
+    m = build_drafter("dspark", target, gamma=GAMMA, query_init="fused", rank=8,
+                      loss_weights=[1.0, 0.0, 0.0])
+    assert torch.equal(m.q_proj.weight[:, :64], torch.eye(64))
+    assert not hasattr(build_drafter("dspark", target, gamma=GAMMA), "q_proj")
+    b = store.batch(store.anchors(GAMMA, True)[:5], m.cfg.window, GAMMA, shared)
+    loss, logs = m.loss(b, shared)
+    logits = m.teacher_forced_logits(b, shared)
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), b.future.flatten(),
+                                           reduction="none").view(-1, GAMMA)
+    assert torch.allclose(loss, (ce * position_weights(GAMMA)).sum(-1).mean(), atol=1e-5)
+    cfg = json.loads((root / "dspark" / "drafter.json").read_text())["config"]
+    for key in ("query_init", "loss_weights"):
+        cfg.pop(key, None)
+    old = DrafterConfig(**cfg)
+    assert old.query_init == "mask" and old.loss_weights == [0.1, 0.9, 1.0]
+
+
+def test_warm_start_states_the_whole_budget(env, tmp_path):
+    target, root, _, _ = env
+    side = train_drafter("dspark", target, tiny_prompts(6), steps=2, out_dir=tmp_path / "w",
+                         gamma=GAMMA, batch_size=4, max_new_tokens=24, progress=False,
+                         drafter_kw={"query_init": "fused"}, init_from=root / "dspark")
+    assert side["total_steps"] == 5 + 2
+    assert side["warm_start"]["steps"] == 5 and side["warm_start"]["same_prompts"]
+    with pytest.raises(Exception, match="warm-start"):
+        train_drafter("dspark", target, tiny_prompts(6), steps=1, out_dir=tmp_path / "x",
+                      gamma=GAMMA, batch_size=4, max_new_tokens=24, progress=False,
+                      init_from=root / "dspark")  # mask init: different architecture

@@ -64,6 +64,11 @@ class DrafterConfig:
     # the MTP input, so that a one-block drafter need not squeeze the target's last
     # hidden state through a single attention layer). Old checkpoints lack the key: "mask".
     query_init: str = "mask"
+    # dspark loss weights (CE, TV, BCE). The paper's (0.1, 0.9, 1.0) targets temperature-1
+    # rejection sampling, where TV is the acceptance; under greedy verification the
+    # acceptance is argmax agreement, for which CE on the target's greedy token is the
+    # matched surrogate, so a greedy-served drafter may weight CE up.
+    loss_weights: list[float] = field(default_factory=lambda: [0.1, 0.9, 1.0])
     conf_dim: int = 64  # W1 width of the confidence head
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
@@ -334,7 +339,6 @@ class DSpark(Parallel):
     """Parallel backbone + low-rank Markov head + confidence head (DSpark §3)."""
 
     kind = "dspark"
-    loss_weights = (0.1, 0.9, 1.0)  # CE, TV, BCE
 
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__(cfg)
@@ -373,7 +377,7 @@ class DSpark(Parallel):
         tv = 0.5 * (p_d - p_t).abs().sum(-1)  # [N, g]
         c_star = (1.0 - tv).detach().clamp(0, 1)
         bce = F.binary_cross_entropy_with_logits(c_logit.float(), c_star, reduction="none")
-        a, bb, cc = self.loss_weights
+        a, bb, cc = self.cfg.loss_weights
         total = ((a * ce + bb * tv + cc * bce) * w).sum(-1).mean()
         with torch.no_grad():
             acc = (logits.argmax(-1) == b.future).float().mean(0)

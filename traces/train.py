@@ -104,6 +104,7 @@ def train_drafter(
     log_every: int = 10,
     drafter_kw: dict[str, Any] | None = None,
     extra_sidecar: dict[str, Any] | None = None,
+    init_from: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train one drafter by self-distillation; returns the sidecar dict it wrote."""
     if kind not in LEARNED_KINDS:
@@ -123,6 +124,16 @@ def train_drafter(
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = build_drafter(kind, tgt, gamma=gamma, **(drafter_kw or {}))
+    warm_info: dict[str, Any] | None = None
+    if init_from is not None:  # warm start: same architecture, weights from a checkpoint
+        from dspark_sim.traces.drafters import load_drafter
+
+        prev, warm_info = load_drafter(init_from, tgt)
+        if prev.kind != kind or {k: v.shape for k, v in prev.state_dict().items()} != \
+                {k: v.shape for k, v in model.state_dict().items()}:
+            raise InputError(str(init_from), f"cannot warm-start a {kind} drafter from this "
+                                             f"{prev.kind} checkpoint (different architecture)")
+        model.load_state_dict(prev.state_dict())
     model.train()
     shared = Shared.of(tgt)
     if shared.embed_weight.dtype != torch.float32:
@@ -181,8 +192,8 @@ def train_drafter(
         "batch_size": batch_size,
         "lr": lr,
         "seed": seed,
-        "objective": ("0.1*CE + 0.9*TV + 1.0*BCE(conf), positions weighted exp(-(k-1)/gamma)"
-                      if kind == "dspark" else "CE on target greedy tokens, positions weighted exp(-(k-1)/gamma)"),
+        "objective": ("{}*CE + {}*TV + {}*BCE(conf), positions weighted exp(-(k-1)/gamma)"
+                      .format(*model.cfg.loss_weights) if kind == "dspark" else "CE on target greedy tokens, positions weighted exp(-(k-1)/gamma)"),
         "init": "block from the target's last decoder layer; embedding + LM head shared, frozen",
         "train_prompts": {
             "split": "train",
@@ -201,6 +212,15 @@ def train_drafter(
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "torch_threads": torch.get_num_threads(),
     }
+    if warm_info is not None:  # the budget spent before this run, so the total stays stated
+        sidecar["warm_start"] = {k: warm_info.get(k) for k in
+                                 ("sha256", "steps", "train_seconds", "objective", "lr",
+                                  "train_positions", "config", "warm_start")}
+        sidecar["warm_start"]["train_prompts"] = {
+            k: v for k, v in warm_info.get("train_prompts", {}).items() if k != "keys"}
+        sidecar["warm_start"]["same_prompts"] = (
+            warm_info.get("train_prompts", {}).get("keys") == [p.key for p in prompts])
+        sidecar["total_steps"] = steps + int(warm_info.get("total_steps", warm_info.get("steps", 0)))
     sidecar.update(extra_sidecar or {})
     out = Path(out_dir) if out_dir is not None else SHIPPED_DIR / kind
     save_drafter(model, out, sidecar)
