@@ -454,13 +454,21 @@ def write_shipped_synthetic(trace_dir, calibration_dir) -> list:
                    write_shipped_synthetic('traces/data', 'calibration/data/calibration')"
     """
     from dspark_sim.traces.schema import write_trace
-    from dspark_sim.traces.synth import default_dspark_trace, default_mtp1_trace
+    from dspark_sim.traces.synth import (
+        default_dspark_trace,
+        default_mtp1_trace,
+        v4flash_live_trace,
+        v4pro_speedbench_trace,
+    )
 
     trace_dir, calibration_dir = Path(trace_dir), Path(calibration_dir)
-    d = default_dspark_trace()
-    written = [write_trace(d, trace_dir / "dspark-synthetic.parquet"),
-               write_trace(default_mtp1_trace(), trace_dir / "mtp1-synthetic.parquet")]
-    cmap, _ = calibrate_confidence(d, method="temperature", holdout=0.0, seed=0)
-    path = calibration_dir / f"{d.meta.extra['calibration']}.toml"
-    cmap.save(path)
-    return [*written, path]
+    written = [write_trace(default_mtp1_trace(), trace_dir / "mtp1-synthetic.parquet")]
+    for name, trace in (("dspark-synthetic", default_dspark_trace()),
+                        ("dspark-v4pro-synthetic", v4pro_speedbench_trace()),
+                        ("dspark-v4flash-synthetic", v4flash_live_trace())):
+        written.append(write_trace(trace, trace_dir / f"{name}.parquet"))
+        cmap, _ = calibrate_confidence(trace, method="temperature", holdout=0.0, seed=0)
+        path = calibration_dir / f"{trace.meta.extra['calibration']}.toml"
+        cmap.save(path)
+        written.append(path)
+    return written

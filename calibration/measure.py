@@ -723,9 +723,10 @@ def measure_drafts(runner: _Runner, drafter, batch_requests, gammas, context,
         elif name == "mtp1":
             costs[name] = DraftCost(np.asarray(batches, float), times[1], 1,
                                     fit_gamma_slope(times, 1))
-        else:
+        else:  # a block drafter drafts its whole block whatever is verified
             costs[name] = DraftCost(np.asarray(batches, float), times[gref], gref,
-                                    fit_gamma_slope(times, gref))
+                                    fit_gamma_slope(times, gref),
+                                    block=name in ("dspark", "parallel", "dflash"))
     return costs, label
 
 

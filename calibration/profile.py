@@ -89,6 +89,7 @@ File format (TOML)::
     gamma_ref = 7
     gamma_slope = 0.0
     kv_us_per_token = 0.0        # per context token of the drafted requests (optional)
+    block = true                 # drafts its whole block whatever is verified (optional)
     [draft.mtp1]
     ...
 """
@@ -124,6 +125,9 @@ class DraftCost:
     gamma_ref: int = 1
     gamma_slope: float = 0.0
     kv_s_per_token: float = 0.0  # per context token of the drafted requests
+    # A block drafter (DSpark, a parallel backbone) drafts its whole block every step,
+    # whatever the policy verifies; an autoregressive one stops at the verify length.
+    block: bool = False
 
     def time(self, n_requests: int, gamma: int, kv_tokens: float = 0.0) -> float:
         """Draft time for ``n_requests`` drafting ``gamma`` tokens each over
@@ -336,6 +340,7 @@ class EngineProfile:
                 f"gamma_ref = {int(d.gamma_ref)}",
                 f"gamma_slope = {float(d.gamma_slope)!r}",
                 *([f"kv_us_per_token = {d.kv_s_per_token * 1e6!r}"] if d.kv_s_per_token else []),
+                *(["block = true"] if d.block else []),
             ]
         return "\n".join(lines) + "\n"
 
@@ -405,6 +410,13 @@ def _count(where: str, table: dict, key: str, default: int | None = None,
     return int(v)
 
 
+def _flag(where: str, table: dict, key: str, default: bool = False) -> bool:
+    v = table.get(key, default)
+    if not isinstance(v, bool):
+        raise InputError(where, f"'{key}' must be true or false, got {v!r}")
+    return v
+
+
 def _table(where: str, data: dict, key: str, *, required: bool = False) -> dict:
     v = data.get(key)
     if v is None and not required:
@@ -430,6 +442,7 @@ def _draft_cost(where: str, d: dict) -> DraftCost:
         gamma_ref=_count(where, d, "gamma_ref", 1),
         gamma_slope=float(slope),
         kv_s_per_token=_number(where, d, "kv_us_per_token") / 1e6,
+        block=_flag(where, d, "block"),
     )
 
 

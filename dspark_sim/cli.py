@@ -111,39 +111,64 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
 
     t = Table(title="dspark-sim run", show_header=True, header_style="bold")
     t.add_column("metric")
-    t.add_column("value", justify="right")
+    t.add_column("steady state", justify="right")
+    t.add_column("whole run", justify="right")
+
+    def both(key: str, nd: int = 1) -> tuple[str, str]:
+        return _fmt(s.get(f"steady_{key}"), nd), _fmt(s.get(key), nd)
+
+    def pair(a: str, b: str, nd: int = 1) -> tuple[str, str]:
+        sa, wa = both(a, nd)
+        sb, wb = both(b, nd)
+        return f"{sa} / {sb}", f"{wa} / {wb}"
+
+    rejected = s.get("rejected", 0)
+    reasons = ", ".join(f"{v:,} {k}" for k, v in (s.get("rejected_reasons") or {}).items())
     rows = [
-        ("completed / unfinished", f"{s['completed']:,} / {s['unfinished']:,}"),
-        ("preempted requests / steps held back by KV",
+        ("completed / unfinished / rejected", "",
+         f"{s['completed']:,} / {s['unfinished']:,} / {rejected:,}"
+         + (f" ({reasons})" if reasons else "")),
+        ("preempted requests / steps held back by KV", "",
          f"{s['preempted']:,} / {s['kv_blocked_steps']:,}"),
-        ("benchmark duration (s)", _fmt(s["duration"], 2)),
-        ("request throughput (req/s)", _fmt(s["request_throughput"], 2)),
-        ("output throughput (tok/s)", _fmt(s["output_throughput"])),
-        ("output throughput per GPU (tok/s/GPU)", _fmt(s["output_throughput_per_gpu"])),
+        ("window (s)",
+         f"{_fmt(s.get('steady_window_start_s'), 2)} - {_fmt(s.get('steady_window_end_s'), 2)}",
+         f"0 - {_fmt(s['duration'], 2)}"),
+        ("request throughput (req/s)", *both("request_throughput", 2)),
+        ("output throughput (tok/s)", *both("output_throughput")),
+        ("output throughput per GPU (tok/s/GPU)", *both("output_throughput_per_gpu")),
         ("median / p90 interactivity (tok/s/user)",
-         f"{_fmt(s['median_interactivity'])} / {_fmt(s['p90_interactivity'])}"),
-        ("mean / median / p99 TTFT (ms)",
-         f"{_fmt(s['mean_ttft_ms'])} / {_fmt(s['median_ttft_ms'])} / {_fmt(s['p99_ttft_ms'])}"),
-        ("mean / median / p99 TPOT (ms)",
-         f"{_fmt(s['mean_tpot_ms'], 2)} / {_fmt(s['median_tpot_ms'], 2)} / {_fmt(s['p99_tpot_ms'], 2)}"),
-        ("mean / p99 ITL (ms)", f"{_fmt(s['mean_itl_ms'], 2)} / {_fmt(s['p99_itl_ms'], 2)}"),
-        ("median E2E latency (ms)", _fmt(s["median_e2el_ms"])),
-        ("acceptance length tau (incl. bonus)", _fmt(s["spec_decode_acceptance_length"], 2)),
+         *pair("median_interactivity", "p90_interactivity")),
+        ("median / p99 TTFT (ms)", *pair("median_ttft_ms", "p99_ttft_ms")),
+        ("median / p99 TPOT (ms)", *pair("median_tpot_ms", "p99_tpot_ms", 2)),
+        ("median E2E latency (ms)", *both("median_e2el_ms")),
+        ("acceptance length tau (incl. bonus)", *both("spec_decode_acceptance_length", 2)),
         ("verify tokens per request-step (incl. bonus)",
-         _fmt(s["mean_verify_tokens_per_request_step"], 2)),
-        ("verification waste (rejected / verified)", _fmt(s["verification_waste"], 3)),
-        ("acceptance per position, P(m >= k)",
+         *both("mean_verify_tokens_per_request_step", 2)),
+        ("verification waste (rejected / verified)", *both("verification_waste", 3)),
+        ("acceptance per position, P(m >= k)", "",
          " ".join(f"{x:.2f}" for x in s["acceptance_per_position"]) or "-"),
-        ("engine steps / mean step (ms) / mean decode batch",
-         f"{s['engine_steps']:,} / {_fmt(s['mean_step_ms'], 2)} / {_fmt(s['mean_decode_batch'])}"),
+        ("mean step (ms) / mean decode batch",
+         f"{_fmt(s.get('steady_mean_step_ms'), 2)} / {_fmt(s.get('steady_mean_decode_batch'))}",
+         f"{_fmt(s['mean_step_ms'], 2)} / {_fmt(s['mean_decode_batch'])}"),
+        ("engine steps", "", f"{s['engine_steps']:,}"),
     ]
     if s.get("goodput") is not None:
         rows.append((f"goodput (req/s, SLO ttft {s['slo_ttft_ms']} ms, tpot {s['slo_tpot_ms']} ms)",
-                     _fmt(s["goodput"], 2)))
-    rows.append(("stable", "yes" if s["stable"] else
-                 f"NO: queue grows {s['queue_growth_per_s']:.1f} req/s or requests unfinished"))
-    for k, v in rows:
-        t.add_row(k, v)
+                     "", _fmt(s["goodput"], 2)))
+    if "max_num_seqs" in s:
+        rows.append(("limits: seqs / batched tokens / KV tokens / prefill", "",
+                     f"{s['max_num_seqs']:,} / {s['max_num_batched_tokens']:,} / "
+                     f"{s['kv_capacity_tokens']:,} / {s['prefill']}"))
+    if s.get("bounded_by"):
+        rows.append(("stopped by", "", f"the {s['bounded_by']} bound (max_engine_steps "
+                                       f"{s['max_engine_steps']:,}, horizon "
+                                       f"{s['horizon_s']:,.0f} s): requests cut short"))
+    verdict = "yes" if s["stable"] else "NO: requests unfinished, or more in the system over the window"
+    if s.get("steady_window_short"):
+        verdict += f" (short window: {s.get('steady_window_note', 'run more requests')})"
+    rows.append(("stable", "", verdict))
+    for k, a, b in rows:
+        t.add_row(k, a, b)
     console.print(t)
     if wall_s is not None:
         steps = s["engine_steps"]
@@ -215,7 +240,8 @@ def run(
     cfg = resolve_config(preset_name=preset_name, config_path=config, options=given)
     sched_profile = load_profile(policy_profile) if policy_profile is not None else None
     trace_obj = resolve_trace(cfg, get_policy(cfg.policy))
-    check_draft_length(get_policy(cfg.policy), trace_obj, cfg.gamma_max)
+    pol = get_policy(cfg.policy)
+    check_draft_length(pol, trace_obj, cfg.gamma_max if pol.drafter == "dspark" else None)
     t0 = time.perf_counter()
     result = simulate(cfg, trace=trace_obj, policy_profile=sched_profile)
     wall = time.perf_counter() - t0
@@ -453,8 +479,9 @@ def profile_terms_text(p) -> str:
     for dname, d in p.drafts.items():
         costs = ", ".join(f"n={int(n)}: {t * 1e3:.3g} ms"
                           for n, t in zip(d.batch, d.time_s, strict=True))
-        lines.append(f"draft [{dname}] gamma_ref {d.gamma_ref}, gamma_slope {d.gamma_slope:.4g}, "
-                     f"kv_us_per_token {d.kv_s_per_token * 1e6:.4g}: {costs}")
+        lines.append(f"draft [{dname}] {'block' if d.block else 'autoregressive'}, gamma_ref "
+                     f"{d.gamma_ref}, gamma_slope {d.gamma_slope:.4g}, kv_us_per_token "
+                     f"{d.kv_s_per_token * 1e6:.4g}: {costs}")
     return "\n".join(lines)
 
 

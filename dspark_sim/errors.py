@@ -17,3 +17,7 @@ class InputError(ValueError):
         self.where = None if where is None else str(where)
         self.problem = " ".join(str(problem).split())  # keep it one line
         super().__init__(f"{self.where}: {self.problem}" if self.where else self.problem)
+
+    def __reduce__(self):
+        # picklable (a sweep worker's error reaches the parent process intact)
+        return (type(self), (self.where, self.problem))

@@ -35,17 +35,18 @@ class StepCost:
     def budget(self) -> int:
         return int(self.table_s.size - 1)
 
-    def step_s(self, n: int, size: int) -> np.ndarray:
+    def step_s(self, n: int, size: int, displacement: bool = True) -> np.ndarray:
         """Cost of the step with ``i = 0..size-1`` drafts admitted: the table at the tokens
         it carries (``n + i`` verify tokens plus the prefill that still fits), the extra
-        terms, and the prefill verification pushes out of the step, priced at what it
-        costs when it runs later."""
+        terms, and (``displacement``) the prefill verification pushes out of the step,
+        priced at what it costs when it runs later."""
         verify = n + np.arange(size)
         room = np.maximum(self.budget - verify, 0)
         carried = np.minimum(self.pending_prefill, room)
-        displaced = self.pending_prefill - carried
-        return self.table_s[verify + carried] + self.extra_s[:size] \
-            + self.prefill_s_per_token * displaced
+        step = self.table_s[verify + carried] + self.extra_s[:size]
+        if displacement:
+            step = step + self.prefill_s_per_token * (self.pending_prefill - carried)
+        return step
 
 
 @dataclass(frozen=True, eq=False)

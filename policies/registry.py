@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dspark_sim.errors import InputError
-from dspark_sim.policies.base import BatchSnapshot
+from dspark_sim.policies.base import BatchSnapshot, readonly
 from dspark_sim.policies.scheduler import (
     budget_displacement,
     schedule_async,
@@ -33,7 +33,9 @@ class Policy:
     drafter: str | None  # "dspark" | "mtp1" | None (no speculation)
     decide: Callable[[BatchSnapshot], np.ndarray]
     needs_sps: bool = False  # the snapshot carries the SPS curve (a table lookup per step)
-    needs_lag: bool = False  # the snapshot carries the survival/SPS of two steps ago
+    needs_lag: bool = False  # the snapshot carries the survival/SPS of lag_steps ago
+    lag_steps: int = 2  # DSpark's pipeline decides two steps ahead; vLLM's one
+    lag_rows: int = 0  # at least this many lagged survival rows (older steps stacked)
     needs_survival: bool = False  # False: the snapshot's survival is zeros (cheaper)
     needs_cost: bool = False  # the snapshot carries the step's cost ingredients (StepCost)
     # the SPS curve's B is the decode tokens alone (Algorithm 1's B = sum(1 + l)), not
@@ -44,6 +46,30 @@ class Policy:
 
     def __call__(self, snap: BatchSnapshot) -> np.ndarray:
         return self.decide(snap)
+
+    @property
+    def history(self) -> int:
+        """Snapshots the engine keeps for this policy's lagged view."""
+        return self.lag_steps + self.lag_rows if self.needs_lag else 0
+
+    def lagged(self, history) -> tuple:
+        """(survival, sps, cost) of ``lag_steps`` steps ago from ``history`` (oldest
+        first), or Nones; with ``lag_rows``, the survivals of that step and the ones before
+        it until they hold that many rows (a small batch's two-step-old drafts are a noisy
+        sample of its next ones). The engine and the validation server both call this."""
+        if not self.needs_lag or len(history) < self.lag_steps:
+            return None, None, None
+        newest = len(history) - self.lag_steps
+        survival, sps, cost = history[newest]
+        if self.lag_rows > len(survival):
+            parts, rows = [survival], len(survival)
+            for i in range(newest - 1, -1, -1):
+                parts.append(history[i][0])
+                rows += len(history[i][0])
+                if rows >= self.lag_rows:
+                    break
+            survival = readonly(np.concatenate(parts))
+        return survival, sps, cost
 
 
 def _const(k: int) -> Callable[[BatchSnapshot], np.ndarray]:
@@ -57,6 +83,12 @@ def _confidence_sync(s: BatchSnapshot) -> np.ndarray:
     return schedule_sync(s.survival, s.sps)
 
 
+# The default scheduler sizes its budget on at least this many draft rows two or more
+# steps old: one step of a large batch, the last few dozen steps of a small one (a single
+# request's drafts two steps ago say little about its next ones).
+CONFIDENCE_LAG_ROWS = 64
+
+
 def _confidence(s: BatchSnapshot) -> np.ndarray:
     """The budget for this step's costs, sized on the survivals of two steps ago (DSpark's
     production pipeline: the decision never waits for this step's drafts), stretched to
@@ -66,6 +98,19 @@ def _confidence(s: BatchSnapshot) -> np.ndarray:
     n, gamma = s.survival.shape
     estimate = stretch_sorted(sorted_desc(s.lagged_survival), n * gamma)
     return schedule_topk(s.survival, budget_displacement(s.survival, s.cost, n, estimate))
+
+
+def _vllm_adaptive(s: BatchSnapshot) -> np.ndarray:
+    """vLLM's ``enable_adaptive_verification`` (PR 47808): B* = argmax (N + sum of the B
+    best survivals) / (draft + verify_cost[T + B]) with T the step's non-draft tokens,
+    sized on the confidence array one step old, as it is (not stretched to this batch),
+    then the top-B drafts by current survival."""
+    if s.lagged_survival is None or s.lagged_survival.shape[0] == 0:
+        return schedule_topk(s.survival, budget_displacement(s.survival, s.cost,
+                                                             displacement=False))
+    lagged = sorted_desc(s.lagged_survival)
+    k = budget_displacement(s.survival, s.cost, s.num_requests, lagged, displacement=False)
+    return schedule_topk(s.survival, k)
 
 
 def _confidence_async(s: BatchSnapshot) -> np.ndarray:
@@ -113,7 +158,7 @@ def _make(spec: str) -> Policy:
                       draft_gamma=k, description=f"verify a fixed {k} draft tokens per request")
     if name == "confidence":
         return Policy(name="confidence", drafter="dspark", decide=_confidence, needs_cost=True,
-                      needs_lag=True, needs_survival=True,
+                      needs_lag=True, lag_rows=CONFIDENCE_LAG_ROWS, needs_survival=True,
                       description="budget from 2-step-old survivals at this step's costs "
                                   "(global search, prefill displacement priced), top-K")
     if name in ("confidence-sync", "alg1"):
@@ -126,6 +171,11 @@ def _make(spec: str) -> Policy:
                       needs_sps=True, needs_lag=True, needs_survival=True,
                       description="§5.2: budget from 2-step-old survivals, global search, "
                                   "dynamic top-K")
+    if name in ("vllm-adaptive", "vllm_adaptive"):
+        return Policy(name="vllm-adaptive", drafter="dspark", decide=_vllm_adaptive,
+                      needs_cost=True, needs_lag=True, lag_steps=1, needs_survival=True,
+                      description="vLLM adaptive verification: 1-step-old confidences, "
+                                  "current T + B cost table, global search, top-B")
     if name == "threshold":
         try:
             p = float(arg) if arg is not None else 0.5
@@ -140,7 +190,7 @@ def _make(spec: str) -> Policy:
 
 
 POLICY_NAMES = ("none", "mtp1", "fixed:K", "confidence", "confidence-sync", "confidence-async",
-                "threshold:P")
+                "vllm-adaptive", "threshold:P")
 
 
 def get_policy(spec: str) -> Policy:

@@ -132,19 +132,23 @@ def stretch_sorted(sorted_survival: np.ndarray, size: int) -> np.ndarray:
 
 
 def budget_displacement(survival: np.ndarray, cost, n: int | None = None,
-                        sorted_survival: np.ndarray | None = None) -> int:
+                        sorted_survival: np.ndarray | None = None,
+                        displacement: bool = True) -> int:
     """K = argmax_i tau_i / C_i (first maximum) over the step's real composition; verify
     tokens ``n + i`` never exceed the token budget. ``sorted_survival`` (descending)
-    replaces ``survival``'s values for a batch of ``n`` requests."""
+    replaces ``survival``'s values for a batch of ``n`` requests; ``displacement=False``
+    prices only what the step carries (vLLM's ``T + B``)."""
     a = sorted_desc(survival) if sorted_survival is None else sorted_survival
     n = survival.shape[0] if n is None else n
     if n == 0:
         return 0
-    size = min(a.size + 1, cost.budget - n + 1)  # verify tokens n + i <= budget
+    # verify tokens n + i <= budget; never more drafts than the batch has (extra_s has one
+    # entry per admissible count)
+    size = min(a.size + 1, cost.budget - n + 1, cost.extra_s.size)
     if size <= 0:
         return 0
     tau = np.empty(size)
     tau[0] = 0.0
     np.cumsum(a[: size - 1], out=tau[1:])
     tau += n
-    return int(np.argmax(tau / cost.step_s(n, size)))
+    return int(np.argmax(tau / cost.step_s(n, size, displacement)))

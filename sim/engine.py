@@ -187,7 +187,8 @@ class Replica:
         self.waiting: deque[int] = deque()
         self.batch = np.empty((0, NUM_COLUMNS), np.int64)
         self.wake: simpy.Event | None = None
-        self.lag: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=2)
+        # the policy's snapshots of the last steps (survival, sps, cost), newest last
+        self.lag: deque[tuple] = deque(maxlen=max(1, ctx.policy.history))
         self.kv_tokens = 0  # sum(PREFILLED + GENERATED - GENERATED_AT_ADMIT): KV held
         self.pending_prefill = 0  # sum(PREFILL_TARGET - PREFILLED)
         self.n_prefilling = 0  # rows with PREFILLED < PREFILL_TARGET
@@ -504,7 +505,7 @@ class Replica:
                 extra.flags.writeable = False
                 cost = StepCost(ctx.sps_dense_step_s, extra, self.pending_prefill,
                                 ctx.sps_prefill_s_per_token)
-        lagged = self.lag[0] if policy.needs_lag and len(self.lag) == 2 else (None, None, None)
+        lagged = policy.lagged(self.lag)
         # The arrays are fresh (gathered / computed this step): freeze them in place.
         survival.flags.writeable = False
         if sps is not None:
@@ -610,12 +611,14 @@ class SimContext:
         self.max_engine_steps = cfg.max_engine_steps
         self.stop = self.env.event()  # triggered by the step bound or the time horizon
         self.gamma = 0 if (trace is None or policy.drafter is None) else trace.gamma_max
-        if cfg.gamma_max is not None and policy.drafter is not None and trace is not None:
+        if cfg.gamma_max is not None and policy.drafter == "dspark" and trace is not None:
+            # the block drafter's block (DSpark-5 on a gamma-7 trace); MTP-1 keeps its one
             check_draft_length(policy, trace, cfg.gamma_max)
-            self.gamma = min(self.gamma, cfg.gamma_max)  # e.g. DSpark-5 on a gamma-7 trace
-        self.draft_gamma = (policy.draft_gamma if policy.draft_gamma is not None else self.gamma)
-        self.draft_gamma = min(self.draft_gamma, self.gamma)
-        self.verify_slots = 1 + self.draft_gamma
+            self.gamma = min(self.gamma, cfg.gamma_max)
+        # Verify at most this many drafts per request (fixed:K: K); a KV slot each.
+        self.verify_max = min(policy.draft_gamma if policy.draft_gamma is not None
+                              else self.gamma, self.gamma)
+        self.verify_slots = 1 + self.verify_max
         self.needs_survival = policy.needs_survival
         # Survival depends only on a trace row and the calibration map: compute it once
         # for the whole trace (N x gamma float64) instead of per step.
@@ -623,10 +626,16 @@ class SimContext:
                                if self.needs_survival and trace is not None else None)
         self._draft_key = None
         self._draft_kv_s = 0.0
-        if policy.drafter is not None and self.draft_gamma > 0:
+        # Tokens drafted per request and step: a block drafter (DSpark, a parallel
+        # backbone) proposes its whole block whatever is verified; an autoregressive one
+        # (EAGLE, MTP, lookup) stops at what the policy verifies.
+        self.draft_gamma = self.verify_max
+        if policy.drafter is not None and self.verify_max > 0:
             key = profile.draft_key(trace.meta.drafter, policy.drafter)  # fails if missing
             self._draft_key = key
             self._draft_kv_s = profile.drafts[key].kv_s_per_token
+            if profile.drafts[key].block:
+                self.draft_gamma = self.gamma
         # Target time for every B in 0..max_num_batched_tokens, looked up once: the hot
         # loop then indexes instead of searching (8k floats, 64 KiB).
         self.dense_step_s = np.asarray(

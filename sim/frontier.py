@@ -219,18 +219,23 @@ def compute_fronts(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
 
 
 # -- comparisons ----------------------------------------------------------------------
-def matched_throughput_gain(a: Front, b: Front, *, samples: int = 401) -> dict:
+def matched_throughput_gain(a: Front, b: Front, *, samples: int = 401,
+                            floor_fraction: float = 0.0, ceil_fraction: float = 1.0) -> dict:
     """Per-user TPS gain of ``a`` over ``b`` at equal throughput, over the overlap of
-    their throughput ranges. Keys: ``feasible``, ``y_lo``, ``y_hi`` (tok/s/GPU),
-    ``gain_min``, ``gain_max``, ``gain_mean`` (fractions, 0.6 = +60%), ``gain_at_lo``,
-    ``gain_at_hi``, ``reason`` (when not feasible)."""
+    their throughput ranges; ``floor_fraction`` / ``ceil_fraction`` keep only the part
+    between those fractions of the overlap's top (DSpark's "practical throughput levels":
+    near zero throughput the ratio is just the two drafters' tau at batch 1, and its
+    production runs below compute saturation, §5.3). Keys: ``feasible``,
+    ``y_lo``, ``y_hi`` (tok/s/GPU), ``gain_min``, ``gain_max``, ``gain_mean`` (fractions,
+    0.6 = +60%), ``gain_at_lo``, ``gain_at_hi``, ``reason`` (when not feasible)."""
     res = {"feasible": False, "y_lo": None, "y_hi": None, "gain_min": None, "gain_max": None,
            "gain_mean": None, "gain_at_lo": None, "gain_at_hi": None, "reason": None}
     if a.empty or b.empty:
         res["reason"] = "a front is empty"
         return res
-    lo = max(a.y_range[0], b.y_range[0])
-    hi = min(a.y_range[1], b.y_range[1])
+    top = min(a.y_range[1], b.y_range[1])
+    lo = max(a.y_range[0], b.y_range[0], floor_fraction * top)
+    hi = ceil_fraction * top
     if hi < lo:
         res["reason"] = (f"throughput ranges do not overlap ({a.label}: "
                          f"{a.y_range[0]:.0f}-{a.y_range[1]:.0f}, {b.label}: "

@@ -300,6 +300,10 @@ def test_the_steady_window_holds_no_drain(case):
         done = r["finished"].to_numpy()
         assert s["steady_window_requests"] == int(
             (done & (arrival >= start) & (arrival <= cut)).sum())
-        assert s["steady_window_completions"] == int(
-            (done & (finish > start) & (finish <= end)).sum())
+        # finish times rebuilt from rounded ms: a closed loop issues its last request at
+        # the instant one finishes, so allow a completion that far on the window's edges
+        eps = 1e-9 * max(1.0, end)
+        lo = int((done & (finish > start + eps) & (finish <= end - eps)).sum())
+        hi = int((done & (finish > start - eps) & (finish <= end + eps)).sum())
+        assert lo <= s["steady_window_completions"] <= hi
     assert s["steady_window_steps"] <= s["engine_steps"]

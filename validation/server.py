@@ -468,7 +468,12 @@ class SpecServer:
         log.replica[:] = 0
         clock_kind = resolve_clock(self.cfg.clock, self.engine.device.type, torch.get_num_threads())
         order = np.argsort(np.asarray(arrival_s, dtype=np.float64), kind="stable")
+        # a block drafter proposes its whole block whatever the policy verifies (as the
+        # simulator's engine prices it: DraftCost.block)
+        block = self.drafter.learned and self.drafter.kind in BLOCK_DRAFTERS
         return _Run(reqs=reqs, policy=policy, gamma=gamma, gamma_max=gamma_max, log=log,
+                    draft_len=gamma_max if (block and gamma) else gamma,
+                    lag=deque(maxlen=max(1, policy.history)),
                     stats=StepStats(gamma_max if speculate else 0), clock=ServerClock(clock_kind),
                     pending=deque(reqs[i] for i in order),
                     free_slots=list(range(self.cfg.engine.max_num_seqs)))
@@ -511,19 +516,19 @@ class SpecServer:
         if not (n_dec and gamma):
             return ell, np.zeros((n_dec, gamma), np.int64), np.zeros(n_dec, np.int64)
         budget = self.cfg.engine.max_num_batched_tokens
-        toks, conf, have = self.drafter.draft(dec, gamma)
+        toks, conf, have = self.drafter.draft(dec, run.draft_len)
         if policy.needs_survival:
             surv = self.calibration.survival(conf) if self.calibration is not None \
                 else np.cumprod(conf, axis=1)
-            if gamma < gamma_max:
-                surv = np.pad(surv, ((0, 0), (0, gamma_max - gamma)))
+            if run.draft_len < gamma_max:
+                surv = np.pad(surv, ((0, 0), (0, gamma_max - run.draft_len)))
         else:
             surv = np.zeros((n_dec, gamma_max))
         sps = (self._sps(n_dec, gamma_max, pending_prefill, kv_tokens, len(run.running),
                          policy.sps_decode_only) if policy.needs_sps else None)
         cost = (self._cost(n_dec, gamma_max, pending_prefill, kv_tokens, len(run.running))
                 if policy.needs_cost else None)
-        lagged = run.lag[0] if policy.needs_lag and len(run.lag) == 2 else (None, None, None)
+        lagged = policy.lagged(run.lag)
         snap = BatchSnapshot(readonly(surv), gamma_max, budget,
                              sps=None if sps is None else readonly(sps),
                              lagged_survival=lagged[0], lagged_sps=lagged[1],
@@ -664,6 +669,9 @@ class SpecServer:
 _ITL_EDGES = ITL_EDGES_S.tolist()  # bisect on a list, as the simulator's engine does
 
 
+BLOCK_DRAFTERS = ("dspark", "parallel", "dflash")
+
+
 @dataclass
 class _Run:
     """The state of one :meth:`SpecServer.serve` call."""
@@ -679,7 +687,8 @@ class _Run:
     free_slots: list[int]
     waiting: deque = field(default_factory=deque)
     running: list[ServeRequest] = field(default_factory=list)  # admission order
-    lag: deque = field(default_factory=lambda: deque(maxlen=2))  # (survival, sps) history
+    draft_len: int = 0  # tokens drafted per request and step (a block drafter: its block)
+    lag: deque = field(default_factory=deque)  # (survival, sps, cost) history, oldest first
     records: list[tuple] = field(default_factory=list)
     done: int = 0
     wall0: float = field(default_factory=time.perf_counter)

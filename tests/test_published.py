@@ -1,0 +1,31 @@
+"""Every published point a shipped profile is fitted to, or reproduces without being
+fitted, falls in its band (validation/published.py; docs/profiles.md lists them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dspark_sim.validation.published import POINTS, runner
+
+_RUNNERS: dict = {}
+
+
+def _runner(profile: str):
+    if profile not in _RUNNERS:
+        _RUNNERS[profile] = runner(profile)
+    return _RUNNERS[profile]
+
+
+@pytest.mark.parametrize("point", POINTS, ids=lambda p: f"{p.profile}: {p.name}")
+def test_published_point_in_band(point):
+    value, ok = point.check(_runner(point.profile))
+    assert ok, (f"{point.profile}: {point.name}: simulated {value:.3f}, published "
+                f"{point.published}, band {point.band} ({'fitted' if point.fitted else 'held out'})")
+
+
+def test_each_profile_has_held_out_points():
+    """Fitted points choose parameters; a profile's claim rests on the ones it was not
+    fitted to."""
+    for profile in {p.profile for p in POINTS}:
+        held = [p for p in POINTS if p.profile == profile and not p.fitted]
+        assert len(held) >= 2, profile

@@ -1,0 +1,231 @@
+"""Published points the shipped profiles are fitted to, or reproduce without being fitted.
+
+Each :class:`Point` runs the simulator in the published setup (closed-loop concurrency,
+prompt and output lengths, the drafter's acceptance as published) and reads one figure;
+``band`` is the range the simulated figure must fall in. ``fitted`` points chose the
+profile's free parameters (``benchmarks/fit_published.py``); the others are held out.
+``tests/test_published.py`` checks every point; ``docs/profiles.md`` lists them.
+
+Sources (figures in ../shared/reference/PUBLISHED_FIGURES.md):
+
+* ``v4pro-b300``: vLLM's adaptive-verification write-up (vllm-project.github.io,
+  2026-08-14): DeepSeek-V4-Pro, TP8 + EP on 8x B300, SPEED-Bench qualitative prompts,
+  512 output tokens, concurrency 1-256, ``num_speculative_tokens`` 7; its adaptive arm is
+  ``vllm-adaptive`` here (one-step-old confidences, current ``T + B`` costs, global search).
+* ``v4flash-h200``: DSpark §5.4 (Fig. 7, Fig. 8): DeepSeek-V4-Flash production decode
+  (data-parallel attention ranks of an expert-parallel group, disaggregated prefill),
+  DSpark-5 against MTP-1, per-rank concurrency 1-256.
+* ``llama31-8b-h100``: the published linear cost fit of "Speculative Decoding:
+  Performance or Illusion?" (arXiv 2601.11580): speedups over no speculation shrink as
+  the batch grows from 1 to 128.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import polars as pl
+
+from dspark_sim.calibration.profile import EngineProfile, load_profile
+from dspark_sim.sim.api import simulate
+from dspark_sim.sim.config import DeploymentConfig, SimConfig, WorkloadConfig
+from dspark_sim.sim.frontier import headline
+
+
+@dataclass
+class Runner:
+    """Runs (and caches) the simulations one profile's points read."""
+
+    profile: EngineProfile
+    base: SimConfig
+    requests: Callable[[int], int]  # requests per point at a concurrency
+    cache: dict = field(default_factory=dict)
+
+    def summary(self, policy: str, concurrency: int) -> dict:
+        key = (policy, concurrency)
+        if key not in self.cache:
+            w = replace(self.base.workload, max_concurrency=concurrency,
+                        num_requests=self.requests(concurrency))
+            cfg = replace(self.base, policy=policy, workload=w,
+                          gamma_max=None if policy in ("mtp1", "none") else self.base.gamma_max)
+            self.cache[key] = simulate(cfg, profile=self.profile).summary
+        return self.cache[key]
+
+    def steady(self, policy: str, concurrency: int, metric: str) -> float:
+        s = self.summary(policy, concurrency)
+        v = s.get(f"steady_{metric}")
+        return float(v if v is not None else s[metric])
+
+    def fronts(self, candidate: str, baseline: str, loads: list[int]):
+        from dspark_sim.sim.frontier import Front
+
+        out = []
+        for pol in (candidate, baseline):
+            x = [self.steady(pol, c, "median_interactivity") for c in loads]
+            y = [self.steady(pol, c, "output_throughput_per_gpu") for c in loads]
+            out.append(Front.from_points(pol, x, y))
+        return out
+
+    def matched_gain(self, candidate: str, baseline: str, loads: list[int],
+                     floor_fraction: float = 0.25, ceil_fraction: float = 0.75) -> dict:
+        from dspark_sim.sim.frontier import matched_throughput_gain
+
+        a, b = self.fronts(candidate, baseline, loads)
+        return matched_throughput_gain(a, b, floor_fraction=floor_fraction,
+                                       ceil_fraction=ceil_fraction)
+
+    def front_headline(self, candidate: str, baseline: str, loads: list[int],
+                       tiers=(80.0, 120.0)) -> dict:
+        rows = []
+        for pol in (candidate, baseline):
+            for c in loads:
+                rows.append({"policy": pol, "policy_spec": pol, "concurrency": c,
+                             "load": float(c), "load_kind": "concurrency", "seed": 0,
+                             "point_id": f"{pol}@{c}", "stable": True,
+                             "median_interactivity": self.steady(pol, c, "median_interactivity"),
+                             "output_throughput_per_gpu":
+                                 self.steady(pol, c, "output_throughput_per_gpu")})
+        return headline(pl.DataFrame(rows), candidate=candidate, baseline=baseline,
+                        tiers=list(tiers), basis="whole")[0]
+
+
+@dataclass(frozen=True)
+class Point:
+    profile: str
+    name: str
+    published: float | str
+    band: tuple[float, float]
+    fitted: bool
+    source: str
+    measure: Callable[[Runner], float]
+
+    def check(self, runner: Runner) -> tuple[float, bool]:
+        value = float(self.measure(runner))
+        return value, self.band[0] <= value <= self.band[1]
+
+
+# -- setups -------------------------------------------------------------------------------------
+
+V4PRO_LOADS = [1, 16, 32, 64, 128, 256]
+V4FLASH_LOADS = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256]
+
+
+def runner(profile_name: str, profile: EngineProfile | None = None) -> Runner:
+    """The published setup of ``profile_name`` (``profile`` overrides the shipped one,
+    e.g. a candidate during fitting)."""
+    prof = profile or load_profile(profile_name)
+    if profile_name == "v4pro-b300":
+        # SPEED-Bench qualitative: 880 prompts of ~1 kB (~250 tokens), 512 output tokens
+        base = SimConfig(policy="none", trace="dspark-v4pro-synthetic",
+                         deployment=DeploymentConfig(replicas=1, profile=profile_name),
+                         workload=WorkloadConfig(arrival="closed", num_requests=880,
+                                                 lengths="fixed:250:512"))
+        return Runner(prof, base, lambda c: 240 if c == 1 else 880)
+    if profile_name == "v4flash-h200":
+        # live chat traffic: Azure-conversation lengths; DSpark-5 (gamma 5) vs MTP-1
+        base = SimConfig(policy="none", gamma_max=5, trace="dspark-v4flash-synthetic",
+                         deployment=DeploymentConfig(replicas=1, profile=profile_name),
+                         workload=WorkloadConfig(arrival="closed", num_requests=400))
+        return Runner(prof, base, lambda c: max(400, 12 * c))
+    if profile_name == "llama31-8b-h100":
+        base = SimConfig(policy="none", trace="dspark-synthetic",
+                         deployment=DeploymentConfig(replicas=1, profile=profile_name),
+                         workload=WorkloadConfig(arrival="closed", num_requests=200,
+                                                 lengths="fixed:200:256", domain="chat"))
+        return Runner(prof, base, lambda c: max(120, 4 * c))
+    raise KeyError(profile_name)
+
+
+def _ratio(policy: str, baseline: str, c: int, metric: str = "output_throughput"):
+    return lambda r: r.steady(policy, c, metric) / r.steady(baseline, c, metric)
+
+
+def _peak_load(policy: str, loads: list[int]):
+    def measure(r: Runner) -> float:
+        t = [r.steady(policy, c, "output_throughput") for c in loads]
+        return float(loads[int(np.argmax(t))])
+
+    return measure
+
+
+def _budget(policy: str, c: int):
+    return lambda r: r.steady(policy, c, "mean_verify_tokens_per_request_step")
+
+
+def _speedup(k: int, c: int):
+    return _ratio(f"fixed:{k}", "none", c)
+
+
+VLLM = "vLLM adaptive verification, V4-Pro on 8x B300 (vllm-project.github.io 2026-08-14)"
+DSPARK = "DSpark §5.4 (Fig. 7, Fig. 8), DeepSeek-V4-Flash production"
+SDB = "SpecDecode-Bench Llama-3.1-8B H100 fit (arXiv 2601.11580)"
+
+POINTS: list[Point] = [
+    # -- v4pro-b300 (fitted: three free parameters, three points) --
+    Point("v4pro-b300", "none @ C=256: output tok/s", 6267, (5640, 6890), True, VLLM,
+          lambda r: r.steady("none", 256, "output_throughput")),
+    Point("v4pro-b300", "fixed:7 @ C=256 vs none", 0.47, (0.40, 0.55), True, VLLM,
+          _ratio("fixed:7", "none", 256)),
+    Point("v4pro-b300", "fixed:7 @ C=1: output tok/s", 264, (238, 290), True, VLLM,
+          lambda r: r.steady("fixed:7", 1, "output_throughput")),
+    # -- v4pro-b300 held out --
+    Point("v4pro-b300", "adaptive @ C=256 vs none", 1.41, (1.20, 1.65), False, VLLM,
+          _ratio("vllm-adaptive", "none", 256)),
+    Point("v4pro-b300", "adaptive TPOT @ C=256 vs none (26.0 / 33.8 ms)", 0.77, (0.60, 0.92),
+          False, VLLM, _ratio("vllm-adaptive", "none", 256, "median_tpot_ms")),
+    Point("v4pro-b300", "fixed:7 peaks at concurrency", 64, (32, 128), False, VLLM,
+          _peak_load("fixed:7", V4PRO_LOADS)),
+    Point("v4pro-b300", "adaptive tau @ C=1", 3.44, (3.25, 3.65), False, VLLM,
+          lambda r: r.steady("vllm-adaptive", 1, "spec_decode_acceptance_length")),
+    Point("v4pro-b300", "adaptive tau @ C=256", 2.65, (2.35, 2.95), False, VLLM,
+          lambda r: r.steady("vllm-adaptive", 256, "spec_decode_acceptance_length")),
+    # -- v4flash-h200 (fitted: MTP-1's boundary, the budget at ~200 concurrent) --
+    Point("v4flash-h200", "mtp1 @ C=1: tok/s/user (its 120 tok/s/user boundary)", "~125",
+          (115, 135), True, DSPARK, lambda r: r.steady("mtp1", 1, "median_interactivity")),
+    Point("v4flash-h200", "verification budget @ C=192 (Fig. 8)", "~4", (3.5, 4.6), True, DSPARK,
+          _budget("confidence", 192)),
+    Point("v4flash-h200", "DSpark-5 @ C=1: tok/s/user (Fig. 7's span; fits the trace's tau)",
+          "~225", (205, 245), True, DSPARK,
+          lambda r: r.steady("confidence", 1, "median_interactivity")),
+    # -- v4flash-h200 held out --
+    Point("v4flash-h200", "verification budget @ C=32 (Fig. 8: 4-6 below ~200)", "4-6",
+          (4.0, 6.0), False, DSPARK, _budget("confidence", 32)),
+    Point("v4flash-h200", "budget shrinks: @ C=256 minus @ C=8", "< 0", (-6.0, -0.5), False,
+          DSPARK, lambda r: _budget("confidence", 256)(r) - _budget("confidence", 8)(r)),
+    # "at matched practical throughput levels": the middle of the shared range, 25-75 % of
+    # its top (below, MTP-1 serves a handful of requests and the ratio is just the
+    # drafters' tau; above, MTP-1 saturates the GPU, which production avoids, §5.3)
+    Point("v4flash-h200", "per-user TPS gain at matched practical throughput, min", "+60 %",
+          (0.40, 0.80), False, DSPARK,
+          lambda r: r.matched_gain("confidence", "mtp1", V4FLASH_LOADS)["gain_min"]),
+    Point("v4flash-h200", "per-user TPS gain at matched practical throughput, max", "+85 %",
+          (0.65, 1.10), False, DSPARK,
+          lambda r: r.matched_gain("confidence", "mtp1", V4FLASH_LOADS)["gain_max"]),
+    Point("v4flash-h200", "throughput gain at 80 tok/s/user", "+51 %", (0.25, 0.90), False,
+          DSPARK, lambda r: next(t["gain"] for t in r.front_headline(
+              "confidence", "mtp1", V4FLASH_LOADS)["tiers"] if t["tier"] == 80.0)),
+    # -- llama31-8b-h100 (transcribed, nothing fitted) --
+    Point("llama31-8b-h100", "fixed:3 speedup @ batch 1 minus @ batch 128", "> 0", (0.05, 3.0),
+          False, SDB, lambda r: _speedup(3, 1)(r) - _speedup(3, 128)(r)),
+    Point("llama31-8b-h100", "fixed:1 speedup @ batch 128 minus @ batch 1", "< 0", (-3.0, -0.01),
+          False, SDB, lambda r: _speedup(1, 128)(r) - _speedup(1, 1)(r)),
+]
+
+
+# Published figures the shipped profiles do NOT reproduce, with what the simulator gives
+# and why; printed by benchmarks/fit_published.py and listed in docs/profiles.md, never
+# asserted (a test that expects a miss would pin a defect).
+NOT_REPRODUCED: list[tuple[Point, str]] = [
+    (Point("v4pro-b300", "fixed:5 @ C=256 vs none (k=6 the same)", 0.74, (0.55, 0.92), False,
+           VLLM, _ratio("fixed:5", "none", 256)),
+     "the simulator gives ~0.52, like fixed:7: both run 1,536+ verify tokens, past the "
+     "1,024-token CUDA-graph limit, on the same eager rule; vLLM's k = 5 and 6 stay at -26 % "
+     "while k = 7 falls to -53 %, a cliff between 1,792 and 2,048 decode tokens that the "
+     "blog does not explain and the profile's one eager rule cannot place"),
+]
+
+
+def points(profile: str | None = None) -> list[Point]:
+    return [p for p in POINTS if profile is None or p.profile == profile]
