@@ -11,9 +11,11 @@ Fig. 8 verification-budget table. Resumable: rerunning reuses
 finished points in ``--out``. Every figure is steady-state (warm-up and drain excluded,
 ``dspark_sim.sim.metrics``; ``--basis whole`` for the whole-run figures). Each point runs
 ``max(--num-requests, --requests-per-client x concurrency)`` requests, doubled up to
-``--max-doublings`` times while its steady window is flagged short (the sweep's
-``Sizing``; ``benchmarks/steady_sizing.py`` checks that doubling moves no headline
-figure by more than 2 %). ``--max-num-seqs`` overrides the profile's 256 seats.
+``--max-doublings`` times while its steady window is flagged short or its steady
+throughput or median interactivity has a relative standard error above
+``--target-rse`` (the sweep's ``Sizing``; ``benchmarks/steady_sizing.py --headline``
+checks that doubling every point's requests moves no headline figure by more than 2 %).
+``--max-num-seqs`` overrides the profile's 256 seats.
 
     python benchmarks/case_study.py                      # ~1-2 min on 2 cores
     python benchmarks/case_study.py --num-requests 300 --concurrency 1,8,64  # smoke run
@@ -32,7 +34,7 @@ from pathlib import Path
 import polars as pl
 
 from dspark_sim.io import write_json_atomic
-from dspark_sim.sim.config import WorkloadConfig, preset
+from dspark_sim.sim.config import SimConfig, WorkloadConfig, preset
 from dspark_sim.sim.frontier import (
     basis_used,
     budget_table,
@@ -49,7 +51,8 @@ DEFAULT_CONCURRENCY = "1,2,4,8,16,24,32,48,64,96,128,192,256"
 # figure by more than 2 %).
 SIZING_MIN_REQUESTS = 2000
 SIZING_PER_CLIENT = 32
-SIZING_DOUBLINGS = 2
+SIZING_DOUBLINGS = 3
+SIZING_TARGET_RSE = 0.005
 EXTENDED_CONCURRENCY = "384,512,768,1024"
 
 
@@ -59,6 +62,42 @@ def _git_rev() -> str:
                               text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def case_base(max_num_seqs: int | None, num_requests: int, trace: str | None,
+              gamma_max: int | None) -> SimConfig:
+    """One rank of the default profile, closed loop (``max_num_seqs`` None: the profile's
+    seats)."""
+    base = preset("single-replica")
+    return replace(base, engine=replace(base.engine, max_num_seqs=max_num_seqs),
+                   trace=trace, gamma_max=gamma_max,
+                   workload=replace(WorkloadConfig(), arrival="closed",
+                                    num_requests=num_requests))
+
+
+def headlines(df: pl.DataFrame, policies: list[str], main_max: int, tiers, basis: str
+              ) -> tuple[list[dict], list[dict]]:
+    """Candidate (first policy) vs baseline (last) over concurrency <= ``main_max`` and
+    over every point."""
+    main_df = df.filter(pl.col("concurrency") <= main_max)
+    kw = {"candidate": policies[0], "baseline": policies[-1], "tiers": tiers, "basis": basis}
+    return headline(main_df, **kw), headline(df, **kw)
+
+
+def pack(e: dict) -> dict:
+    """A headline entry as plain JSON."""
+    return {
+        "matched": e["matched"],
+        "tiers": [{"tier": t["tier"], "gain": t["gain"], "text": t["text"],
+                   "candidate": t["candidate"].throughput,
+                   "candidate_status": t["candidate"].status,
+                   "baseline": t["baseline"].throughput,
+                   "baseline_status": t["baseline"].status,
+                   "baseline_max_interactivity": t["baseline"].max_interactivity}
+                  for t in e["tiers"]],
+        "fronts": {f.label: {"x": f.x.round(1).tolist(), "y": f.y.round(1).tolist()}
+                   for f in (e["candidate_front"], e["baseline_front"]) if f is not None},
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -71,6 +110,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--num-requests", type=int, default=SIZING_MIN_REQUESTS)
     ap.add_argument("--requests-per-client", type=int, default=SIZING_PER_CLIENT)
     ap.add_argument("--max-doublings", type=int, default=SIZING_DOUBLINGS)
+    ap.add_argument("--target-rse", type=float, default=SIZING_TARGET_RSE,
+                    help="double a point while its steady throughput or median "
+                         "interactivity has a larger relative standard error")
     ap.add_argument("--basis", default="steady", help="steady | whole")
     ap.add_argument("--extend", default=EXTENDED_CONCURRENCY,
                     help="extra concurrencies beyond 256 ('' for none)")
@@ -81,11 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--executor", default="process")
     args = ap.parse_args(argv)
 
-    base = preset("single-replica")
-    base = replace(base, engine=replace(base.engine, max_num_seqs=args.max_num_seqs),
-                   trace=args.trace, gamma_max=args.gamma_max,
-                   workload=replace(WorkloadConfig(), arrival="closed",
-                                    num_requests=args.num_requests))
+    base = case_base(args.max_num_seqs, args.num_requests, args.trace, args.gamma_max)
     conc = parse_numbers(args.concurrency, integer=True, option="--concurrency")
     ext = parse_numbers(args.extend, integer=True, option="--extend") or []
     policies = parse_list(args.policies)
@@ -93,16 +131,13 @@ def main(argv: list[str] | None = None) -> dict:
     tiers = parse_numbers(args.tiers, option="--tiers")
     out = Path(args.out)
     sizing = Sizing(requests_per_client=args.requests_per_client,
-                    max_doublings=args.max_doublings)
+                    max_doublings=args.max_doublings, target_rse=args.target_rse)
     t0 = time.perf_counter()
     df = run_sweep(base, concurrency=[*conc, *ext], policies=policies, seeds=seeds, out=out,
                    executor=args.executor, workers=args.workers, sizing=sizing)
     wall = time.perf_counter() - t0
     basis = args.basis
-    main_df = df.filter(pl.col("concurrency") <= max(conc))
-    h_main = headline(main_df, candidate=policies[0], baseline=policies[-1], tiers=tiers,
-                      basis=basis)
-    h = headline(df, candidate=policies[0], baseline=policies[-1], tiers=tiers, basis=basis)
+    h_main, h = headlines(df, policies, max(conc), tiers, basis)
     practical = matched_throughput_gain(h_main[0]["candidate_front"], h_main[0]["baseline_front"],
                                         floor_fraction=0.25, ceil_fraction=0.75)
     md = (f"### concurrency 1..{max(conc)}\n\n{format_headline(h_main)}\n\n"
@@ -120,20 +155,6 @@ def main(argv: list[str] | None = None) -> dict:
                           baseline=policies[-1], tiers=tiers, basis=basis,
                           title="DSpark §5.4 case study (simulated)")
 
-    def pack(e: dict) -> dict:
-        return {
-            "matched": e["matched"],
-            "tiers": [{"tier": t["tier"], "gain": t["gain"], "text": t["text"],
-                       "candidate": t["candidate"].throughput,
-                       "candidate_status": t["candidate"].status,
-                       "baseline": t["baseline"].throughput,
-                       "baseline_status": t["baseline"].status,
-                       "baseline_max_interactivity": t["baseline"].max_interactivity}
-                      for t in e["tiers"]],
-            "fronts": {f.label: {"x": f.x.round(1).tolist(), "y": f.y.round(1).tolist()}
-                       for f in (e["candidate_front"], e["baseline_front"]) if f is not None},
-        }
-
     summary = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "git": _git_rev(),
@@ -145,7 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
         "config": {"profile": base.deployment.profile, "replicas": base.deployment.replicas,
                    "sizing": {"min_requests": args.num_requests,
                               "requests_per_client": args.requests_per_client,
-                              "max_doublings": args.max_doublings},
+                              "max_doublings": args.max_doublings,
+                              "target_rse": args.target_rse},
                    "num_requests": {f"{r['policy']}@{r['concurrency']}": r["num_requests"]
                                     for r in df.select("policy", "concurrency",
                                                        "num_requests").to_dicts()},

@@ -9,9 +9,10 @@ Two checks:
   requests, doubled while the steady window is short), then rerun with twice that
   count. For each figure: the value at N and 2N and the change, steady-state and
   whole-run side by side, and whether the steady change is within 2 %.
-* ``--headline``: the case study (``benchmarks/case_study.py``) at ``K`` and at ``2K``
-  requests per client (and twice the minimum), and the change of each headline number
-  (per-user TPS gain at matched throughput, min/max/mean; throughput at each SLA tier).
+* ``--headline``: the case study (``benchmarks/case_study.py``) sized by the rule (each
+  point ends at some count N*), then every point rerun at exactly 2 N*, and the change
+  of each headline number (per-user TPS gain at matched throughput, min/max/mean;
+  throughput at each SLA tier).
 
     python benchmarks/steady_sizing.py                      # points, ~2-4 min on 2 cores
     python benchmarks/steady_sizing.py --headline           # + case study twice, longer
@@ -31,6 +32,7 @@ from case_study import (  # noqa: E402
     SIZING_DOUBLINGS,
     SIZING_MIN_REQUESTS,
     SIZING_PER_CLIENT,
+    SIZING_TARGET_RSE,
 )
 
 from dspark_sim.sim.api import simulate  # noqa: E402
@@ -49,6 +51,10 @@ def _closed_base(max_num_seqs: int) -> SimConfig:
                    workload=replace(WorkloadConfig(), arrival="closed"))
 
 
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:.2%}"
+
+
 def _change(a, b) -> float | None:
     if a is None or b is None or a == 0:
         return None
@@ -57,7 +63,7 @@ def _change(a, b) -> float | None:
 
 def check_points(args) -> list[float]:
     sizing = Sizing(requests_per_client=args.requests_per_client,
-                    max_doublings=args.max_doublings)
+                    max_doublings=args.max_doublings, target_rse=args.target_rse)
     closed = _closed_base(1024)
     closed = replace(closed, workload=replace(closed.workload, num_requests=args.num_requests))
     points = build_points(closed, concurrency=args.concurrency, policies=args.policies,
@@ -67,8 +73,8 @@ def check_points(args) -> list[float]:
         points += build_points(open_, qps=args.qps, policies=args.open_policies, sizing=sizing)
     worst: list[float] = []
     print(f"sizing: max({args.num_requests}, {args.requests_per_client} x clients) requests, "
-          f"up to {args.max_doublings} doublings while the steady window is short; "
-          f"then 2x that count\n")
+          f"up to {args.max_doublings} doublings while the steady window is short or a "
+          f"front figure's RSE > {args.target_rse:.2%}; then 2x that count\n")
     for pt in points:
         t0 = time.perf_counter()
         row = run_point(pt)
@@ -80,7 +86,10 @@ def check_points(args) -> list[float]:
         s2 = simulate(twice).summary
         wall = time.perf_counter() - t0
         print(f"{row['policy']:17s} {pt.load_kind}={pt.load:g}: N={n:,} "
-              f"(doublings {row['size_doublings']}, window {row['steady_window_s']:.1f} s, "
+              f"(doublings {row['size_doublings']}, RSE throughput "
+              f"{_pct(row.get('steady_output_throughput_rse'))}, interactivity "
+              f"{_pct(row.get('steady_median_interactivity_rse'))}, "
+              f"window {row['steady_window_s']:.1f} s, "
               f"{row['steady_window_requests']:,} requests in it"
               f"{', SHORT' if row['steady_window_short'] else ''}) vs 2N; {wall:.0f} s wall")
         for f in FIGURES:
@@ -99,19 +108,38 @@ def check_points(args) -> list[float]:
 
 
 def check_headline(args) -> list[float]:
+    """The case study sized by the rule (N* per point), then every point rerun at exactly
+    2 N* (no sizing), and the headline numbers of both."""
     import case_study
+    import polars as pl
+
+    from dspark_sim.sim.sweep import run_points
 
     out = Path(args.out)
-    runs = {}
-    for k in (1, 2):
-        argv = ["--out", str(out / f"x{k}"), "--num-requests", str(args.num_requests * k),
-                "--requests-per-client", str(args.requests_per_client * k),
-                "--max-doublings", str(args.max_doublings),
-                "--executor", args.executor]
-        print(f"\ncase study at {k}x: {' '.join(argv)}")
-        runs[k] = case_study.main(argv)
+    argv = ["--out", str(out / "x1"), "--num-requests", str(args.num_requests),
+            "--requests-per-client", str(args.requests_per_client),
+            "--max-doublings", str(args.max_doublings), "--target-rse", str(args.target_rse),
+            "--executor", args.executor]
+    print(f"\ncase study sized by the rule: {' '.join(argv)}")
+    first = case_study.main(argv)
+    df1 = pl.read_parquet(out / "x1" / "results.parquet")
+    points = []
+    for pol, c, n in df1.select("policy_spec", "concurrency", "num_requests").iter_rows():
+        cfg = first["config"]
+        base = case_study.case_base(cfg["max_num_seqs"], 2 * int(n), cfg["trace"],
+                                    cfg["gamma_max"])
+        points += build_points(base, concurrency=[int(c)], policies=[pol])
+    print(f"\nthe same {len(points)} points at exactly twice their requests")
+    df2 = run_points(points, out=out / "x2", executor=args.executor)
+    policies = list(dict.fromkeys(df1["policy_spec"].to_list()))
+    conc = [int(c) for c in case_study.DEFAULT_CONCURRENCY.split(",")]
+    tiers = [80.0, 120.0]
+    runs = {1: first,
+            2: dict(zip(("headline_main", "headline_extended"),
+                        (case_study.pack(h[0]) for h in case_study.headlines(
+                            df2, policies, max(conc), tiers, "steady")), strict=True))}
     worst = []
-    print("\nheadline numbers, 1x -> 2x requests")
+    print("\nheadline numbers, N* -> 2 N* requests per point")
     for key in ("headline_main", "headline_extended"):
         a, b = runs[1][key], runs[2][key]
         items = [(f"matched gain {m}", a["matched"][m], b["matched"][m])
@@ -139,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--num-requests", type=int, default=SIZING_MIN_REQUESTS)
     ap.add_argument("--requests-per-client", type=int, default=SIZING_PER_CLIENT)
     ap.add_argument("--max-doublings", type=int, default=SIZING_DOUBLINGS)
+    ap.add_argument("--target-rse", type=float, default=SIZING_TARGET_RSE)
     ap.add_argument("--concurrency", default="8,64,256,1024")
     ap.add_argument("--policies", default="none,mtp1,confidence-async")
     ap.add_argument("--qps", default="200", help="open-loop points on the default deployment")

@@ -61,6 +61,11 @@ clients rose 11 % from 8xC to 32xC requests). The steady-state window
   ``10 + 5 %`` of the window's arrivals across the window, or requests were left
   unfinished at the horizon. A closed loop holds ``C`` requests in the system by
   construction, so it is stable unless requests are unfinished.
+* **precision**: ``steady_output_throughput_rse`` and ``steady_median_interactivity_rse``
+  are relative standard errors by batch means (the window cut into ``RSE_BATCHES`` equal
+  spans, the latency sample into as many arrival-ordered groups; SE = sd of the batch
+  figures / sqrt(batches)), which keeps the serial correlation of a queue's output out
+  of the error bar. Sweeps can size points until they fall below a target.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ from dspark_sim.sim.engine import ITL_EDGES_S, REJECT_REASONS, STEP_FIELDS, Requ
 MIN_WINDOW_LIFETIMES = 10.0  # window length in p90 request lifetimes (E2E)
 MIN_WINDOW_REQUESTS = 100  # requests in the latency sample
 MAX_WINDOW_BINS = 200
+RSE_BATCHES = 20  # batch means for the steady figures' relative standard errors
 
 
 def requests_frame(log: RequestLog) -> pl.DataFrame:
@@ -340,9 +346,39 @@ def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
         if lived.sum() < MIN_WINDOW_REQUESTS:
             notes.append(f"{int(lived.sum())} requests in the latency sample "
                          f"(< {MIN_WINDOW_REQUESTS})")
+    s["steady_output_throughput_rse"] = (
+        _rse_throughput(steps, t0, t1) if ok else None)
+    s["steady_median_interactivity_rse"] = _rse_median(
+        lat["interactivity"], log.arrival_s[lived])
     s["steady_window_short"] = bool(notes)
     s["steady_window_note"] = "; ".join(notes) + ": run more requests" if notes else None
     return s
+
+
+def _rse_throughput(steps: StepSeries, t0: float, t1: float,
+                    batches: int = RSE_BATCHES) -> float | None:
+    """Batch-means relative standard error of the output rate over ``(t0, t1]``."""
+    sel = (steps.end_s > t0) & (steps.end_s <= t1)
+    if t1 <= t0 or sel.sum() < 5 * batches:
+        return None
+    k = np.minimum(((steps.end_s[sel] - t0) / (t1 - t0) * batches).astype(np.int64),
+                   batches - 1)
+    rate = np.bincount(k, steps.emitted_tokens[sel], batches)
+    mean = rate.mean()
+    return float(rate.std(ddof=1) / np.sqrt(batches) / mean) if mean > 0 else None
+
+
+def _rse_median(values: np.ndarray, order_by: np.ndarray,
+                batches: int = RSE_BATCHES) -> float | None:
+    """Batch-medians relative standard error of the median of ``values`` (groups of
+    consecutive requests in ``order_by`` order; non-finite values dropped)."""
+    ok = np.isfinite(values)
+    v = values[ok][np.argsort(order_by[ok], kind="stable")]
+    if v.size < 5 * batches:
+        return None
+    med = float(np.median(v))
+    groups = np.array([np.median(g) for g in np.array_split(v, batches)])
+    return float(groups.std(ddof=1) / np.sqrt(batches) / med) if med > 0 else None
 
 
 def _hist_percentile(hist: np.ndarray, q: float) -> float | None:

@@ -29,7 +29,9 @@ request lifetimes (``dspark_sim.sim.metrics``). ``requests_per_client = K`` runs
 closed-loop point with ``max(num_requests, K x clients)`` requests (warm-up and drain
 each cost about one request per client, the window needs many more);
 ``max_doublings = D`` reruns a point with twice the requests (and twice the duration)
-while its steady window is flagged short, at most ``D`` times and up to
+while its steady window is flagged short or, with ``target_rse = r``, while the relative
+standard error of its steady throughput or median interactivity (batch means,
+``dspark_sim.sim.metrics``) exceeds ``r``; at most ``D`` times and up to
 ``max_requests``. ``benchmarks/steady_sizing.py`` checks the rule: doubling the request
 count moves no headline figure by more than 2 %.
 """
@@ -145,7 +147,8 @@ class Sizing:
     nothing: every point runs the base's ``num_requests`` / ``duration_s``."""
 
     requests_per_client: int = 0  # closed loop: at least this many requests per client
-    max_doublings: int = 0  # rerun with 2x requests while the steady window is short
+    max_doublings: int = 0  # rerun with 2x requests while the steady window is short ...
+    target_rse: float = 0.0  # ... or a front figure's relative standard error exceeds this
     max_requests: int = 1_000_000  # never size a point beyond this
 
     def validate(self) -> Sizing:
@@ -154,6 +157,9 @@ class Sizing:
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise InputError(f"--{name.replace('_', '-')}",
                                  f"must be a non-negative integer, got {v!r}")
+        if not isinstance(self.target_rse, int | float) or not 0 <= self.target_rse < 1:
+            raise InputError("--target-rse", f"must be a fraction in [0, 1), got "
+                                             f"{self.target_rse!r}")
         if not isinstance(self.max_requests, int) or self.max_requests < 1:
             raise InputError("--max-requests", f"must be a positive integer, got "
                                                f"{self.max_requests!r}")
@@ -263,7 +269,7 @@ def run_point(point: SweepPoint) -> dict:
     cfg = point.config
     res = simulate(cfg)
     doublings = 0
-    while res.summary.get("steady_window_short") and doublings < point.sizing.max_doublings:
+    while _needs_more(res.summary, point.sizing) and doublings < point.sizing.max_doublings:
         bigger = _doubled(cfg, point.sizing.max_requests)
         if bigger is None:
             break
@@ -284,6 +290,18 @@ def run_point(point: SweepPoint) -> dict:
     row["steady_mean_concurrency"] = row.get("steady_mean_in_system")
     row["wall_s"] = time.perf_counter() - t0
     return row
+
+
+def _needs_more(summary: dict, sizing: Sizing) -> bool:
+    """The point's steady window is short, or a front figure is less precise than
+    ``sizing.target_rse`` (an unknown error counts as too large)."""
+    if summary.get("steady_window_short"):
+        return True
+    if not sizing.target_rse:
+        return False
+    errs = [summary.get("steady_output_throughput_rse"),
+            summary.get("steady_median_interactivity_rse")]
+    return any(e is None or e > sizing.target_rse for e in errs)
 
 
 def _doubled(cfg: SimConfig, max_requests: int) -> SimConfig | None:
@@ -499,9 +517,19 @@ def run_sweep(
         raise InputError("--executor", f"must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise InputError("--workers", f"must be a positive integer, got {workers!r}")
-    out = Path(out)
     points = build_points(base, qps=qps, concurrency=concurrency, policies=policies,
                           profiles=profiles, traces=traces, seeds=seeds, sizing=sizing)
+    return run_points(points, out=out, executor=executor, workers=workers, progress=progress)
+
+
+def run_points(points: Sequence[SweepPoint], *, out: str | Path, executor: str = "process",
+               workers: int | None = None, progress: bool = True) -> pl.DataFrame:
+    """Run already-built points (any mix of configurations) into ``out`` as
+    :func:`run_sweep` does: resumable parts, ``results.parquet``; returns their rows."""
+    if executor not in EXECUTORS:
+        raise InputError("--executor", f"must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    points = list({p.point_id: p for p in points}.values())
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     done = finished_ids(out)
     todo = [p for p in points if p.point_id not in done]
@@ -563,4 +591,4 @@ def load_results(path: str | Path) -> pl.DataFrame:
 
 
 __all__ = ["Sizing", "SweepPoint", "build_points", "combine", "load_results", "parse_list",
-           "parse_numbers", "point_hash", "run_point", "run_sweep"]
+           "parse_numbers", "point_hash", "run_point", "run_points", "run_sweep"]

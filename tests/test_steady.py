@@ -195,6 +195,8 @@ def test_open_loop_window_conservation_and_drain_excluded():
     # the drain's emptying batch lowers the whole-run rate, never the window's
     assert s["steady_output_throughput"] > s["output_throughput"]
     assert s["stable"] and not s["steady_window_short"]
+    assert 0 < s["steady_output_throughput_rse"] < 0.05
+    assert 0 <= s["steady_median_interactivity_rse"] < 0.05
 
 
 def test_closed_loop_window_holds_the_clients():
@@ -299,3 +301,40 @@ def test_sweep_rows_carry_steady_columns(tmp_path):
                 "steady_mean_concurrency", "size_doublings"):
         assert col in df.columns, col
     assert df.schema["steady_window_note"] == pl.Utf8
+
+
+# -- precision (batch means) -------------------------------------------------------------------
+def test_batch_means_errors_by_hand():
+    from dspark_sim.sim.metrics import _rse_median, _rse_throughput
+
+    # 100 steps of 1 s ending at 0.5 .. 99.5: 20 batches of 5 steps; batches alternate
+    # 10 and 20 tokens (2 or 4 per step). Batch rates: ten 10s and ten 20s, mean 15,
+    # sd (n-1) = sqrt(20 * 25 / 19); SE = sd / sqrt(20); RSE = SE / 15.
+    end = np.arange(100) + 0.5
+    per_step = np.where((end // 5) % 2 == 0, 2.0, 4.0)
+    steps = StepSeries.of(end, 1.0, emitted_tokens=per_step)
+    sd = np.sqrt(20 * 25 / 19)
+    assert _rse_throughput(steps, 0.0, 100.0) == pytest.approx(sd / np.sqrt(20) / 15)
+    assert _rse_throughput(StepSeries.of(end, 1.0, emitted_tokens=3.0), 0.0, 100.0) == 0.0
+    # 100 requests in arrival order, 20 groups of 5 alike: group medians alternate 100 and
+    # 110, the overall median is 105
+    vals = np.repeat(np.where(np.arange(20) % 2 == 0, 100.0, 110.0), 5)
+    arrival = np.arange(100.0)[::-1]  # ordered by arrival, not by position
+    got = _rse_median(vals[::-1], arrival)
+    assert got == pytest.approx(sd / np.sqrt(20) / 105)
+    assert _rse_median(vals[:50], arrival[:50]) is None  # too few for 20 batches of 5
+
+
+def test_sizing_target_rse_decides_doubling():
+    from dspark_sim.sim.sweep import Sizing, _needs_more
+
+    sz = Sizing(max_doublings=2, target_rse=0.005)
+    ok = {"steady_window_short": False, "steady_output_throughput_rse": 0.004,
+          "steady_median_interactivity_rse": 0.002}
+    assert not _needs_more(ok, sz)
+    assert _needs_more(dict(ok, steady_median_interactivity_rse=0.006), sz)
+    assert _needs_more(dict(ok, steady_output_throughput_rse=None), sz)  # unknown: too large
+    assert _needs_more(dict(ok, steady_window_short=True), sz)
+    assert not _needs_more(dict(ok, steady_median_interactivity_rse=0.5), Sizing(2))
+    with pytest.raises(Exception, match="target-rse"):
+        Sizing(target_rse=-0.1).validate()
