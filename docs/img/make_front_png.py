@@ -17,12 +17,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from dspark_sim.sim.frontier import compute_fronts  # noqa: E402
+from dspark_sim.sim.frontier import compute_fronts, metric_view  # noqa: E402
 from dspark_sim.sim.sweep import load_results  # noqa: E402
 
 
 def main(results: str = "runs/case-study", out: str = "docs/img/front-defaults.png") -> None:
-    df = load_results(results)
+    df = metric_view(load_results(results))  # steady-state figures, as the fronts
     fig, ax = plt.subplots(figsize=(8, 4.6), dpi=110)
     for (label, front), color in zip(compute_fronts(df).items(), ("C3", "C0", "C2", "C1"),
                                      strict=False):
@@ -33,8 +33,8 @@ def main(results: str = "runs/case-study", out: str = "docs/img/front-defaults.p
     for tier in (80, 120):
         ax.axvline(tier, color="grey", lw=0.8, ls="--")
         ax.text(tier, ax.get_ylim()[1] * 0.97, f" {tier} tok/s/user", fontsize=8, va="top")
-    ax.set_xlabel("median interactivity (tok/s/user)")
-    ax.set_ylabel("output throughput (tok/s/GPU)")
+    ax.set_xlabel("median interactivity (tok/s/user, steady state)")
+    ax.set_ylabel("output throughput (tok/s/GPU, steady state)")
     ax.set_title("V4-Flash-like MoE on 32 H200, closed loop 1..1024 clients", fontsize=10)
     ax.legend()
     ax.grid(alpha=0.3)
