@@ -17,8 +17,10 @@ throughput or median interactivity has a relative standard error above
 checks that doubling every point's requests moves no headline figure by more than 2 %).
 ``--max-num-seqs`` overrides the profile's 256 seats.
 
-    python benchmarks/case_study.py                      # ~1-2 min on 2 cores
-    python benchmarks/case_study.py --num-requests 300 --concurrency 1,8,64  # smoke run
+    python benchmarks/case_study.py            # ~12 min on 2 cores (docs/frontiers.md#enough-requests)
+    python benchmarks/case_study.py --target-rse 0.005 --max-doublings 3  # ~3x faster, looser
+    python benchmarks/case_study.py --num-requests 300 --concurrency 1,8,64 --extend "" \
+        --max-doublings 0                               # smoke run
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ DEFAULT_CONCURRENCY = "1,2,4,8,16,24,32,48,64,96,128,192,256"
 # figure by more than 2 %).
 SIZING_MIN_REQUESTS = 2000
 SIZING_PER_CLIENT = 32
-SIZING_DOUBLINGS = 3
-SIZING_TARGET_RSE = 0.005
+SIZING_DOUBLINGS = 4
+SIZING_TARGET_RSE = 0.0025
 EXTENDED_CONCURRENCY = "384,512,768,1024"
 
 
