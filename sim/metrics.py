@@ -104,6 +104,9 @@ def requests_frame(log: RequestLog) -> pl.DataFrame:
         "tpot_ms": tpot * 1e3,
         "e2e_ms": e2e * 1e3,
         "interactivity_tok_s": inter,
+        # exact event times (the ms columns are differences): window membership needs them
+        "first_token_s": log.first_token_s,
+        "finish_s": log.finish_s,
         "steps": log.steps,
         "draft_tokens_verified": log.draft_tokens_verified,
         "accepted_tokens": log.accepted_tokens,
@@ -112,7 +115,8 @@ def requests_frame(log: RequestLog) -> pl.DataFrame:
         "rejected_reason": pl.Series([REJECT_REASONS.get(int(c)) for c in log.rejected],
                                      dtype=pl.String),
     }).with_columns(
-        pl.col(c).fill_nan(None) for c in ("ttft_ms", "tpot_ms", "e2e_ms", "interactivity_tok_s")
+        pl.col(c).fill_nan(None) for c in ("ttft_ms", "tpot_ms", "e2e_ms", "interactivity_tok_s",
+                                           "first_token_s", "finish_s")
     )
 
 
