@@ -56,6 +56,8 @@ SIZING_PER_CLIENT = 32
 SIZING_DOUBLINGS = 4
 SIZING_TARGET_RSE = 0.0025
 EXTENDED_CONCURRENCY = "384,512,768,1024"
+DEFAULT_TRACE = "dspark-v4flash-synthetic"
+DEFAULT_GAMMA_MAX = 5  # DSpark-5
 
 
 def _git_rev() -> str:
@@ -107,8 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="runs/case-study", help="sweep folder (resumable)")
     ap.add_argument("--concurrency", default=DEFAULT_CONCURRENCY)
     ap.add_argument("--policies", default="confidence,mtp1")
-    ap.add_argument("--trace", default="dspark-v4flash-synthetic")
-    ap.add_argument("--gamma-max", type=int, default=5, help="DSpark-5")
+    ap.add_argument("--trace", default=DEFAULT_TRACE)
+    ap.add_argument("--gamma-max", type=int, default=DEFAULT_GAMMA_MAX, help="DSpark-5")
     ap.add_argument("--num-requests", type=int, default=SIZING_MIN_REQUESTS)
     ap.add_argument("--requests-per-client", type=int, default=SIZING_PER_CLIENT)
     ap.add_argument("--max-doublings", type=int, default=SIZING_DOUBLINGS)
