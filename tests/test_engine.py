@@ -400,3 +400,19 @@ def test_kv_blocked_steps_counted_by_hand():
     s = simulate(cfg).summary
     assert s["completed"] == 2 and s["engine_steps"] == 40
     assert s["kv_blocked_steps"] == 20 and s["preemptions"] == 0
+
+
+def test_admission_commits_kv_for_the_verify_slots():
+    """Preempt mode admits a request when its prompt plus 1 + gamma verify slots fit:
+    fixed:3 on 100-token prompts needs 104 tokens each, so a 200-token cache holds one at a
+    time (two would need 208; without the verify slots they would fit in 200)."""
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    cfg = SimConfig(policy="fixed:3", deployment=DeploymentConfig(replicas=1),
+                    engine=EngineConfig(kv_capacity_tokens=200, prefill="chunked"),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=2, num_requests=2,
+                                            lengths="fixed:100:2"))
+    res = simulate(cfg, trace=trace, trace_rows=np.arange(2))
+    s, r = res.summary, res.requests.sort("request_id")
+    assert s["completed"] == 2 and s["kv_blocked_steps"] > 0 and s["preemptions"] == 0
+    first_done = r["arrival_s"][0] + r["e2e_ms"][0] / 1e3
+    assert r["arrival_s"][1] + r["ttft_ms"][1] / 1e3 > first_done  # prefilled after
