@@ -264,12 +264,22 @@ class EngineProfile:
     def step_extra_s(self, n_dec: int, gamma: int, kv_tokens: float, batch_rows: int,
                      draft_s: float) -> np.ndarray:
         """The step time beyond the target table when ``i = 0..n_dec*gamma`` drafts are
-        admitted: the draft, the KV reads of the batch, and the LM head / attention terms
-        of the ``n_dec + i`` verify tokens. Shared by the simulator's schedulers and the
-        validation server's, so both price a verify length identically."""
-        verify = n_dec + np.arange(n_dec * gamma + 1, dtype=np.int64)
-        extra = np.full(verify.size, draft_s + self.kv_s_per_token * kv_tokens)
-        extra += self.verify_terms_s(verify, n_dec, kv_tokens / max(1, batch_rows))
+        admitted: the draft, the KV reads of the batch, and the terms of the ``n_dec + i``
+        verify tokens (:meth:`verify_terms_s`, written out here as one linear function of
+        ``i`` plus the multi-token-block kink: this runs every engine step). Shared by the
+        simulator's schedulers and the validation server's, so both price a verify length
+        identically."""
+        mean_ctx = kv_tokens / max(1, batch_rows)
+        per_token = self.logits_s_per_row
+        base = draft_s + self.kv_s_per_token * kv_tokens
+        if n_dec:
+            per_token += self.attn_s_per_query_ctx * float(self.attended(mean_ctx))
+            base += self.request_s * n_dec
+        i = np.arange(n_dec * gamma + 1, dtype=np.float64)
+        extra = i * per_token
+        extra += base + per_token * n_dec
+        if n_dec and self.multi_kv_s_per_token:
+            extra += self.multi_kv_s_per_token * mean_ctx * np.minimum(i, n_dec)
         return extra
 
     def prefill_s_per_token(self, budget: int) -> float:

@@ -3,6 +3,14 @@
 A policy is a pure function ``snapshot -> ell`` (verify length per decoding
 request). It holds no state: anything historical (the async scheduler's
 two-steps-old survivals) is carried in the snapshot by the engine.
+
+Chain policies return ``ell`` and the engine replays ``min(ell, m)``. Tree and lossy
+policies return a :class:`Verification` (the batch tokens each request verifies and the
+policy's own plan) and provide a ``replay`` that judges the plan against the trace's
+ground truth (:class:`ReplayView`, never shown to the decision) and says what each request
+emits (:class:`Replayed`): accepted drafts, how many of them differ from the target's
+greedy tokens (lossy policies), whether the target's bonus token came, and the
+per-request state it carries forward (e.g. ASD's cumulative regret).
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ class StepCost:
         it carries (``n + i`` verify tokens plus the prefill that still fits), the extra
         terms, and (``displacement``) the prefill verification pushes out of the step,
         priced at what it costs when it runs later."""
+        if not self.pending_prefill:  # decode-only step (e.g. disaggregated prefill)
+            return self.table_s[n: n + size] + self.extra_s[:size]
         verify = n + np.arange(size)
         room = np.maximum(self.budget - verify, 0)
         carried = np.minimum(self.pending_prefill, room)
@@ -72,10 +82,65 @@ class BatchSnapshot:
     lagged_sps: np.ndarray | None = None
     cost: StepCost | None = None
     lagged_cost: StepCost | None = None
+    # Drafter-visible per-position fields the policy asked for (``Policy.fields``: e.g.
+    # schema-v2 ``alt_prob``, ``draft_entropy``), gathered at the decoding rows, and the
+    # per-request state its replay carries (read-only).
+    fields: dict[str, np.ndarray] | None = None
+    state: np.ndarray | None = None
 
     @property
     def num_requests(self) -> int:
         return int(self.survival.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class Verification:
+    """A tree or lossy policy's decision for the decoding requests.
+
+    tokens:       [n] batch tokens each request verifies beyond its bonus slot (a chain of
+                  ``l`` drafts: ``l``; a tree: its nodes); the engine may trim it to the
+                  token budget, and the replay then sees the trimmed counts.
+    plan:         the policy's own description of what it verifies, handed to its replay.
+    draft_tokens: [n] tokens the drafter proposes beyond its block (tree branches, a Markov
+                  head re-run per parent), priced at the draft table's per-token slope.
+    """
+
+    tokens: np.ndarray
+    plan: object = None
+    draft_tokens: np.ndarray | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayView:
+    """Ground truth at each decoding request's position, for a policy's replay only.
+
+    accept_len: [n] the chain's accepted run ``m_t`` (drafts the target accepts in a row).
+    rows:       [n] trace rows (index the trace's v2 fields: ``trace.v2``).
+    trace:      the acceptance trace being replayed.
+    state:      [n] per-request state carried by the replay (0 at admission).
+    """
+
+    accept_len: np.ndarray
+    rows: np.ndarray
+    trace: object
+    state: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class Replayed:
+    """What each decoding request emits this step.
+
+    accepted: [n] draft tokens committed before the bonus token.
+    changed:  [n] of them that differ from the target's greedy tokens (lossy), or None.
+    bonus:    [n] bool: the target's bonus token came (False when the request skipped
+              the verifier this step), or None (all True).
+    state:    [n] the per-request state after this step, or None (unchanged).
+    """
+
+    accepted: np.ndarray
+    changed: np.ndarray | None = None
+    bonus: np.ndarray | None = None
+    state: np.ndarray | None = None
 
 
 def readonly(a: np.ndarray) -> np.ndarray:

@@ -43,6 +43,16 @@ class Policy:
     sps_decode_only: bool = False
     draft_gamma: int | None = None  # tokens drafted per request; None = the trace's gamma_max
     description: str = ""
+    # Tree and lossy policies (they return a Verification): the replay that judges a plan
+    # against the trace's ground truth, the most batch tokens one request may verify (tree
+    # nodes; None: the verify length), the drafter-visible trace fields the decision reads
+    # (schema v2), whether the replay carries per-request state, and whether the emitted
+    # tokens may differ from the target's (drawn on their own axis, never as lossless).
+    replay: Callable | None = None
+    max_tokens: int | None = None
+    fields: tuple[str, ...] = ()
+    uses_state: bool = False
+    lossy: bool = False
 
     def __call__(self, snap: BatchSnapshot) -> np.ndarray:
         return self.decide(snap)

@@ -65,18 +65,24 @@ def theta_curve(survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
 
 
 def sorted_desc(survival: np.ndarray) -> np.ndarray:
-    """Survival values sorted descending (values only: ~4x cheaper than an argsort)."""
-    return -np.sort(-np.ascontiguousarray(survival, dtype=np.float64).reshape(-1))
+    """Survival values sorted descending (values only: ~4x cheaper than an argsort; a
+    reversed view of one ascending sort)."""
+    return np.sort(np.asarray(survival, dtype=np.float64).reshape(-1))[::-1]
 
 
 def _topk_lengths(survival: np.ndarray, a_sorted: np.ndarray, k: int) -> np.ndarray:
-    """Per-request counts of the k best candidates under the stable row-major order,
-    without an argsort: everything above the k-th value ``t`` is in, and the ties at ``t``
-    are taken in flat (row-major) order until k is reached."""
-    n, g = survival.shape
+    """Per-request counts of the k best candidates under the stable row-major order
+    (``a_sorted``: the survivals sorted descending)."""
     if k <= 0:
-        return np.zeros(n, dtype=np.int64)
-    t = a_sorted[k - 1]
+        return np.zeros(survival.shape[0], dtype=np.int64)
+    return _counts_at(survival, a_sorted[k - 1], k)
+
+
+def _counts_at(survival: np.ndarray, t: float, k: int) -> np.ndarray:
+    """Per-request counts of the k best candidates when the k-th best value is ``t``,
+    without an argsort: everything above ``t`` is in, and the ties at ``t`` are taken in
+    flat (row-major) order until k is reached."""
+    n, g = survival.shape
     at_least = survival >= t
     if np.count_nonzero(at_least) == k:  # no tie straddles the cut: the common case
         return at_least.sum(axis=1, dtype=np.int64)
@@ -112,7 +118,11 @@ def schedule_topk(survival: np.ndarray, k: int) -> np.ndarray:
     survival = np.asarray(survival, dtype=np.float64)
     n, g = survival.shape
     k = int(max(0, min(k, n * g)))
-    return _topk_lengths(survival, sorted_desc(survival), k)
+    if k == 0 or k == n * g:
+        return np.full(n, 0 if k == 0 else g, dtype=np.int64)
+    # only the k-th largest value matters: a partition, not a sort (O(n) instead of n log n)
+    kth = np.partition(survival.reshape(-1), n * g - k)[n * g - k]
+    return _counts_at(survival, kth, k)
 
 
 def schedule_async(

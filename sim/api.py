@@ -192,6 +192,9 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
     summary = {
         "policy": policy.name,
         "policy_description": policy.description,
+        # lossy: emitted tokens may differ from the target's (changed_tokens says how many);
+        # never to be drawn or compared as lossless throughput
+        "lossy": policy.lossy,
         "deployment": _deployment_text(cfg, profile),
         "replicas": cfg.deployment.replicas,
         "gpus_per_replica": profile.gpus_per_replica,

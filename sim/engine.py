@@ -23,7 +23,7 @@ import bisect
 from array import array
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import simpy
@@ -31,7 +31,13 @@ import simpy
 from dspark_sim.calibration.confmap import CalibrationMap
 from dspark_sim.calibration.profile import ENGINE_LIMITS, EngineLimits, EngineProfile
 from dspark_sim.errors import InputError
-from dspark_sim.policies.base import BatchSnapshot, StepCost, readonly
+from dspark_sim.policies.base import (
+    BatchSnapshot,
+    ReplayView,
+    StepCost,
+    Verification,
+    readonly,
+)
 from dspark_sim.policies.registry import Policy
 from dspark_sim.sim.config import EngineConfig, SimConfig, check_draft_length
 from dspark_sim.traces.schema import AcceptanceTrace
@@ -140,6 +146,7 @@ class RequestLog:
     generated: np.ndarray
     preemptions: np.ndarray
     rejected: np.ndarray  # 0, or a REJECT_REASONS code: refused at arrival, never served
+    changed_tokens: np.ndarray  # emitted tokens that differ from the target's (lossy)
 
     @classmethod
     def empty(cls, n: int) -> RequestLog:
@@ -147,7 +154,7 @@ class RequestLog:
         z = np.zeros(n, np.int64)
         return cls(nan.copy(), z.copy(), z.copy(), z.copy(), np.full(n, -1, np.int64),
                    nan.copy(), nan.copy(), z.copy(), z.copy(), z.copy(), z.copy(), z.copy(),
-                   np.zeros(n, np.int8))
+                   np.zeros(n, np.int8), z.copy())
 
 
 @dataclass
@@ -163,10 +170,13 @@ class StepStats:
     batch_tokens: int = 0
     budget_limited_steps: int = 0
     kv_blocked_steps: int = 0  # steps whose admission stopped at the KV capacity
+    changed_tokens: int = 0  # tokens a lossy policy emitted that differ from the target's
+    hist_size: int = 0  # bins of the per-step accepted / verified histograms (0: gamma + 2)
 
     def __post_init__(self) -> None:
-        self.accept_hist = np.zeros(self.gamma + 2, np.int64)  # index = accepted count
-        self.ell_hist = np.zeros(self.gamma + 2, np.int64)
+        size = max(self.gamma + 2, self.hist_size)
+        self.accept_hist = np.zeros(size, np.int64)  # index = accepted count
+        self.ell_hist = np.zeros(size, np.int64)
         self.itl_hist = np.zeros(len(ITL_EDGES_S) + 1, np.int64)
         self.itl_sum_s = 0.0
 
@@ -335,36 +345,67 @@ class Replica:
             n_dec = len(batch) - self.n_prefilling
             decoding = slice(0, n_dec)
             prefilling = slice(n_dec, None) if self.n_prefilling else None
-            ell, accept_len = self._verify_lengths(batch, n_dec)
+            ell, accepted, lossy = self._verify_lengths(batch, n_dec)
             verify_tokens = n_dec + int(ell.sum())
             chunk, remaining = self._prefill_chunks(batch, prefilling, verify_tokens)
             prefill_tokens = int(chunk.sum()) if chunk is not None else 0
             if verify_tokens + prefill_tokens == 0:  # a prefill chunk always makes progress
                 raise RuntimeError("engine step with no work")
             dt = self._step_time_s(batch, decoding, prefilling, ell, n_dec, verify_tokens,
-                                   prefill_tokens, chunk, remaining)
+                                   prefill_tokens, chunk, remaining, lossy)
             yield env.timeout(dt)
-            self._replay(batch, decoding, prefilling, ell, accept_len, n_dec, verify_tokens,
-                         chunk, prefill_tokens, dt)
+            self._replay(batch, decoding, prefilling, ell, accepted, n_dec, verify_tokens,
+                         chunk, prefill_tokens, dt, lossy)
 
-    def _verify_lengths(self, batch: np.ndarray, n_dec: int) -> tuple[np.ndarray, np.ndarray]:
+    def _verify_lengths(self, batch: np.ndarray, n_dec: int):
         """Step 3: ``l`` per decoding request (the policy's choice, capped at gamma and
-        at the token budget) and the trace's accepted run ``m`` at each one's position."""
+        at the token budget) and the drafts each accepts: ``min(l, m)`` at its position
+        for a chain; for a :class:`Verification` (tree / lossy) policy, what its replay
+        says against the trace's ground truth. Returns (l, accepted, replayed-or-None)."""
         ctx = self.ctx
         if not (n_dec and ctx.gamma):
             none = np.zeros(n_dec, np.int64)
-            return none, none
+            return none, none, None
         decoding = slice(0, n_dec)
         trace_idx = batch[decoding, TRACE_START] \
             + (batch[decoding, GENERATED] - 1) % batch[decoding, TRACE_LEN]
         accept_len = ctx.trace_accept_len[trace_idx]
-        ell = self._decide(trace_idx, n_dec, batch)
+        decision = self._decide(trace_idx, n_dec, batch)
+        if isinstance(decision, Verification):
+            return self._replay_plan(decision, batch, n_dec, trace_idx, accept_len)
+        ell = decision
         np.minimum(ell, ctx.gamma, out=ell)
         budget = ctx.max_num_batched_tokens
         if n_dec + int(ell.sum()) > budget:  # never exceed the token budget: trim uniformly
             np.minimum(ell, max(0, (budget - n_dec) // n_dec), out=ell)
             ctx.stats.budget_limited_steps += 1
-        return ell, accept_len
+        return ell, np.minimum(ell, accept_len), None
+
+    def _replay_plan(self, plan: Verification, batch, n_dec, trace_idx, accept_len):
+        """A tree or lossy policy: its tokens trimmed to the budget and its own replay of
+        the plan against the ground truth (checked: it can emit no more than it verified,
+        unless it commits drafts without the verifier)."""
+        ctx = self.ctx
+        tokens = np.maximum(np.asarray(plan.tokens, dtype=np.int64), 0)
+        np.minimum(tokens, ctx.verify_max, out=tokens)
+        budget = ctx.max_num_batched_tokens
+        if n_dec + int(tokens.sum()) > budget:
+            np.minimum(tokens, max(0, (budget - n_dec) // n_dec), out=tokens)
+            ctx.stats.budget_limited_steps += 1
+        plan = replace(plan, tokens=readonly(tokens))  # the replay sees what is verified
+        rids = batch[:n_dec, REQUEST_ID]
+        state = readonly(ctx.request_state[rids]) if ctx.request_state is not None \
+            else None
+        rep = ctx.policy.replay(plan, ReplayView(readonly(accept_len), readonly(trace_idx),
+                                                 ctx.trace, state))
+        accepted = np.asarray(rep.accepted, dtype=np.int64)
+        bonus = None if rep.bonus is None else np.asarray(rep.bonus, dtype=bool)
+        verified = tokens if bonus is None else np.where(bonus, tokens, ctx.gamma)
+        if accepted.shape != (n_dec,) or (accepted < 0).any() or (accepted > verified).any():
+            raise RuntimeError(f"policy {ctx.policy.name}: replay accepted outside 0..tokens")
+        if rep.state is not None and ctx.request_state is not None:
+            ctx.request_state[rids] = rep.state
+        return tokens, accepted, (rep, bonus, plan.draft_tokens)
 
     def _prefill_chunks(self, batch: np.ndarray, prefilling: slice | None, verify_tokens: int
                         ) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -379,7 +420,7 @@ class Replica:
         return chunk, remaining
 
     def _step_time_s(self, batch, decoding, prefilling, ell, n_dec, verify_tokens,
-                     prefill_tokens, chunk, remaining) -> float:
+                     prefill_tokens, chunk, remaining, lossy=None) -> float:
         """Step 5: draft + target at B tokens + KV reads of the batch + the LM head for
         rows whose logits are needed (verify rows, finishing prefills) + the optional
         context-dependent terms."""
@@ -388,6 +429,9 @@ class Replica:
         dt = (ctx.draft_time(n_dec, self.kv_tokens) if n_dec else 0.0) \
             + ctx.target_time(verify_tokens + prefill_tokens) \
             + prof.kv_s_per_token * self.kv_tokens
+        if lossy is not None and lossy[2] is not None and n_dec:
+            # tree branches: the drafter's per-token share of its block, per extra token
+            dt += ctx.draft_branch_s(n_dec) * float(np.sum(lossy[2])) / n_dec
         if prof.logits_s_per_row:
             finishing = int(np.count_nonzero(chunk == remaining)) if prefill_tokens else 0
             dt += prof.logits_s_per_row * (verify_tokens + finishing)
@@ -399,10 +443,12 @@ class Replica:
                 + prof.request_s * ctx_requests
         return dt
 
-    def _replay(self, batch, decoding, prefilling, ell, accept_len, n_dec, verify_tokens,
-                chunk, prefill_tokens, dt) -> None:
-        """Step 6: a decoding request accepts ``min(l, m)`` and emits a bonus token; a
-        request completing prefill emits its first token; finished requests leave."""
+    def _replay(self, batch, decoding, prefilling, ell, accepted, n_dec, verify_tokens,
+                chunk, prefill_tokens, dt, lossy=None) -> None:
+        """Step 6: a decoding request emits its accepted drafts and a bonus token (a
+        chain: ``min(l, m)``; a tree or lossy policy: what its replay said, the bonus only
+        when the verifier ran for it); a request completing prefill emits its first token;
+        finished requests leave."""
         ctx = self.ctx
         stats = ctx.stats
         log = ctx.log
@@ -415,9 +461,13 @@ class Replica:
         stats.prefill_tokens += prefill_tokens
         emitted = n_accepted = 0
         if n_dec:
-            accepted = np.minimum(ell, accept_len)
             generated = batch[decoding, GENERATED]
-            advance = np.minimum(accepted + 1, batch[decoding, OUTPUT_TOKENS] - generated)
+            bonus = 1 if lossy is None or lossy[1] is None else lossy[1].astype(np.int64)
+            advance = np.minimum(accepted + bonus, batch[decoding, OUTPUT_TOKENS] - generated)
+            if lossy is not None and lossy[0].changed is not None:
+                changed = np.minimum(np.asarray(lossy[0].changed, dtype=np.int64), advance)
+                log.changed_tokens[batch[decoding, REQUEST_ID]] += changed
+                stats.changed_tokens += int(changed.sum())
             batch[decoding, GENERATED] = generated + advance
             batch[decoding, STEPS] += 1
             batch[decoding, VERIFIED] += ell
@@ -510,6 +560,12 @@ class Replica:
         survival.flags.writeable = False
         if sps is not None:
             sps.flags.writeable = False
+        fields = state = None
+        if policy.fields:
+            v2 = ctx.trace.v2
+            fields = {f: readonly(getattr(v2, f)[trace_idx]) for f in policy.fields}
+        if ctx.request_state is not None:
+            state = readonly(ctx.request_state[batch[:n_dec, REQUEST_ID]])
         snap = BatchSnapshot(
             survival=survival,
             gamma_max=ctx.gamma,
@@ -519,8 +575,14 @@ class Replica:
             lagged_sps=lagged[1],
             cost=cost,
             lagged_cost=lagged[2],
+            fields=fields,
+            state=state,
         )
         ell = policy(snap)
+        if isinstance(ell, Verification):
+            if policy.needs_lag:
+                self.lag.append((snap.survival, snap.sps, snap.cost))
+            return ell
         if ell.dtype != np.int64 or not ell.flags.writeable:
             ell = np.array(ell, dtype=np.int64)  # the engine trims it in place
         if policy.needs_lag:
@@ -618,6 +680,8 @@ class SimContext:
         # Verify at most this many drafts per request (fixed:K: K); a KV slot each.
         self.verify_max = min(policy.draft_gamma if policy.draft_gamma is not None
                               else self.gamma, self.gamma)
+        if policy.max_tokens is not None and self.gamma:  # a tree verifies nodes, not depth
+            self.verify_max = int(policy.max_tokens)
         self.verify_slots = 1 + self.verify_max
         self.needs_survival = policy.needs_survival
         # Survival depends only on a trace row and the calibration map: compute it once
@@ -674,7 +738,14 @@ class SimContext:
         self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy
         self.sps_prefill_s_per_token = self.sps_profile.prefill_s_per_token(
             self.max_num_batched_tokens)
-        self.stats = StepStats(self.gamma)
+        self.stats = StepStats(self.gamma, hist_size=self.verify_max + 2)
+        if policy.fields and self.gamma:
+            missing = [f for f in policy.fields
+                       if trace.v2 is None or getattr(trace.v2, f, None) is None]
+            if missing:
+                raise InputError(trace.source_path, f"policy {policy.name} needs the trace's "
+                                 f"{', '.join(missing)} (schema v2); this trace has none")
+        self.request_state: np.ndarray | None = None  # per request, set with the rows
         self.steps = StepRecorder()
         self.record_step = self.steps.buf.extend  # bound once: the step's only recorder call
         self.replicas = [Replica(i, self) for i in range(cfg.deployment.replicas)]
@@ -686,6 +757,8 @@ class SimContext:
     def set_rows(self, rows: np.ndarray) -> None:
         self.rows = rows
         self.admit_need = rows[:, PROMPT_TOKENS] + rows[:, OUTPUT_TOKENS]
+        if self.policy.uses_state:
+            self.request_state = np.zeros(len(rows))
 
     def arange(self, n: int) -> np.ndarray:
         a = self._arange
@@ -703,6 +776,14 @@ class SimContext:
     def target_time(self, batch_tokens: int) -> float:
         # A step never exceeds the token budget, so the dense table covers every B.
         return self._dense_list[batch_tokens]
+
+    def draft_branch_s(self, n: int) -> float:
+        """What one more drafted token per request costs the whole batch of ``n``: the
+        draft table's per-token share (``gamma_slope``) of its block time."""
+        if self._draft_key is None:
+            return 0.0
+        d = self.profile.drafts[self._draft_key]
+        return d.base_time(n, d.gamma_ref) * d.gamma_slope
 
     def draft_time(self, n: int, kv_tokens: int = 0) -> float:
         """Draft time for ``n`` drafting requests (cached per n) plus the drafter's own

@@ -47,19 +47,19 @@ def _ramp_series(dt=1 / 128, n_total=3600, plateau_k=400, level=50, drain_from=3
 def test_window_on_hand_built_ramp():
     """Drain starts at the last arrival, 25 s (step 3200). 3200 steps before it -> 200
     bins of 0.125 s, 16 steps each. Plateau bins hold a decode batch of exactly 50 (the
-    median of the second half = the steady occupancy); the first bin entirely on the
-    plateau is bin 25 (steps 400..415), so the fill ends at 26 x 0.125 = 3.25 s. MSER
-    on the throughput bins cuts the 25 ramp bins: 25 x 0.125 = 3.125 s. The window is
-    [3.25, 25]."""
+    median of the second half = the steady occupancy). Ramp bin m (steps 16m..16m+15)
+    averages 2m + 0.5; the first to reach 90 % of 50 is m = 23 (46.5; m = 22 has 44.5),
+    so the fill ends at 24 x 0.125 = 3.0 s. MSER on the throughput bins cuts the 25 ramp
+    bins: 25 x 0.125 = 3.125 s, the later of the two. The window is [3.125, 25]."""
     steps = _ramp_series()
     arrivals = np.linspace(0.0, 25.0, 300)
     w = steady_window(steps, arrivals, closed=False)
     assert w.drain_start_s == 25.0 and w.end_s == 25.0
     assert w.bins == 200
     assert w.occupancy == 50.0
-    assert w.fill_s == pytest.approx(3.25)
+    assert w.fill_s == pytest.approx(3.0)
     assert w.mser_s == pytest.approx(3.125)
-    assert w.start_s == pytest.approx(3.25)
+    assert w.start_s == pytest.approx(3.125)
     assert "last arrival" in w.rule and "open loop" in w.rule
     wc = steady_window(steps, arrivals, closed=True)
     assert "last request issued" in wc.rule and wc.start_s == w.start_s
@@ -75,8 +75,9 @@ def test_window_mser_catches_a_transient_after_the_fill():
     emitted = np.where(t <= 2.0, 3 * n, 2 * n)  # 16 bins of overshoot, then flat
     steps = StepSeries.of(t, dt, decode_batch=n, emitted_tokens=emitted)
     w = steady_window(steps, np.array([0.0, 25.0]), closed=True)
-    # bin 0 holds 15 steps (ends 1/128 .. 15/128): 40 x 15/16 < 40; bin 1 is full
-    assert w.fill_s == pytest.approx(0.25)
+    # bin 0 holds 15 steps (ends 1/128 .. 15/128): 40 x 15/16 = 37.5, already within
+    # 90 % of 40, so the fill ends with bin 0
+    assert w.fill_s == pytest.approx(0.125)
     # the step ending at exactly 2.0 s opens bin 16 (bins hold ends in [m w, (m+1) w)),
     # so bin 16 is part overshoot: MSER cuts 17 bins
     assert w.mser_s == pytest.approx(17 * 0.125)

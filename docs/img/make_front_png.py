@@ -35,7 +35,8 @@ def main(results: str = "runs/case-study", out: str = "docs/img/front-defaults.p
         ax.text(tier, ax.get_ylim()[1] * 0.97, f" {tier} tok/s/user", fontsize=8, va="top")
     ax.set_xlabel("median interactivity (tok/s/user, steady state)")
     ax.set_ylabel("output throughput (tok/s/GPU, steady state)")
-    ax.set_title("V4-Flash-like MoE on 32 H200, closed loop 1..1024 clients", fontsize=10)
+    ax.set_title("DSpark-5 vs MTP-1: one V4-Flash-like EP32 decode rank (H200), "
+                 "closed loop 1..1024 clients", fontsize=9)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
