@@ -179,6 +179,10 @@ POINTS: list[Point] = [
           _peak_load("fixed:7", V4PRO_LOADS)),
     Point("v4pro-b300", "adaptive tau @ C=256", 2.65, (2.35, 2.95), False, VLLM,
           lambda r: r.steady("vllm-adaptive", 256, "spec_decode_acceptance_length")),
+    # the shape (tau falls with load) without the C = 1 level (NOT_REPRODUCED below)
+    Point("v4pro-b300", "adaptive tau falls with load: C=256 / C=1", 2.65 / 3.44, (0.70, 0.92),
+          False, VLLM, lambda r: r.steady("vllm-adaptive", 256, "spec_decode_acceptance_length")
+          / r.steady("vllm-adaptive", 1, "spec_decode_acceptance_length")),
     # -- v4flash-h200 (fitted: MTP-1's boundary, the budget at ~200 concurrent) --
     Point("v4flash-h200", "mtp1 @ C=1: tok/s/user (its 120 tok/s/user boundary)", "~125",
           (115, 135), True, DSPARK, lambda r: r.steady("mtp1", 1, "median_interactivity")),
