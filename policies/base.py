@@ -32,12 +32,15 @@ class StepCost:
                          verification leaves of the token budget.
     prefill_s_per_token: what a displaced prefill token costs when it runs later: prompts
                          fill large steps, so the table's slope at large batches.
+    draft_token_s:       what one drafted token beyond the block costs the step (tree
+                         branches: ``Verification.draft_tokens``), as the engine prices it.
     """
 
     table_s: np.ndarray
     extra_s: np.ndarray
     pending_prefill: int
     prefill_s_per_token: float
+    draft_token_s: float = 0.0
 
     @property
     def budget(self) -> int:

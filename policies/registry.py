@@ -25,6 +25,7 @@ from dspark_sim.policies.scheduler import (
     sorted_desc,
     stretch_sorted,
 )
+from dspark_sim.policies.trees import TREE_SPECS, tree_policy_kwargs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,11 +197,14 @@ def _make(spec: str) -> Policy:
         return Policy(name=f"threshold:{p:g}", drafter="dspark", decide=_threshold(p),
                       needs_survival=True,
                       description=f"verify draft tokens whose survival >= {p:g}")
+    if name in TREE_SPECS:  # cure, pctree, dspark-tree (policies/trees.py)
+        return Policy(**tree_policy_kwargs(spec, name, arg))
     raise InputError("--policy", f"unknown policy {spec!r}; known: {', '.join(POLICY_NAMES)}")
 
 
 POLICY_NAMES = ("none", "mtp1", "fixed:K", "confidence", "confidence-sync", "confidence-async",
-                "vllm-adaptive", "threshold:P")
+                "vllm-adaptive", "threshold:P", "cure:N,b,F,M", "pctree:N,k",
+                "dspark-tree:N,k")
 
 
 def get_policy(spec: str) -> Policy:

@@ -554,7 +554,8 @@ class Replica:
             if policy.needs_cost:
                 extra.flags.writeable = False
                 cost = StepCost(ctx.sps_dense_step_s, extra, self.pending_prefill,
-                                ctx.sps_prefill_s_per_token)
+                                ctx.sps_prefill_s_per_token,
+                                ctx.draft_branch_s(n_dec) / n_dec if policy.replay else 0.0)
         lagged = policy.lagged(self.lag)
         # The arrays are fresh (gathered / computed this step): freeze them in place.
         survival.flags.writeable = False
