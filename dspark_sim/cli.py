@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 
 from dspark_sim.errors import InputError
 from dspark_sim.io import check_writable
+from dspark_sim.sim.quality import quality_rows
 
 try:  # typer >= 0.22 parses with its own copy of click, older ones with click itself
     from typer._click import exceptions as _click_errors
@@ -109,7 +110,8 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
     head.add_row("calibration", s["calibration"])
     console.print(head)
 
-    t = Table(title="dspark-sim run", show_header=True, header_style="bold")
+    lossy = " (LOSSY policy: output differs from the target's greedy)" if s.get("lossy") else ""
+    t = Table(title="dspark-sim run" + lossy, show_header=True, header_style="bold")
     t.add_column("metric")
     t.add_column("steady state", justify="right")
     t.add_column("whole run", justify="right")
@@ -167,6 +169,7 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
     if s.get("steady_window_short"):
         verdict += f" (short window: {s.get('steady_window_note', 'run more requests')})"
     rows.append(("stable", "", verdict))
+    rows += quality_rows(s)
     for k, a, b in rows:
         t.add_row(k, a, b)
     console.print(t)
@@ -180,7 +183,8 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
 @app.command()
 def run(
     policy: Annotated[str | None, typer.Option(help="NAME[:ARG]: none, mtp1, fixed:K, confidence, "
-                                               "confidence-async, threshold:P [confidence]")] = None,
+                                               "confidence-async, threshold:P; lossy: "
+                                               "asd:g,m,B, skip:P [confidence]")] = None,
     qps: Annotated[float | None, typer.Option(
         help="Open-loop request rate (req/s); with --workload: rescale its timestamps.")] = None,
     burstiness: Annotated[float | None, typer.Option(

@@ -16,7 +16,12 @@ class InputError(ValueError):
     def __init__(self, where: str | Path | None, problem: str) -> None:
         self.where = None if where is None else str(where)
         self.problem = " ".join(str(problem).split())  # keep it one line
-        super().__init__(f"{self.where}: {self.problem}" if self.where else self.problem)
+        # args are the constructor's: SimPy re-raises a process's error as
+        # ``type(e)(*e.args)`` (a policy's replay may find bad input mid-run)
+        super().__init__(self.where, self.problem)
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.problem}" if self.where else self.problem
 
     def __reduce__(self):
         # picklable (a sweep worker's error reaches the parent process intact)

@@ -106,11 +106,15 @@ class Verification:
     plan:         the policy's own description of what it verifies, handed to its replay.
     draft_tokens: [n] tokens the drafter proposes beyond its block (tree branches, a Markov
                   head re-run per parent), priced at the draft table's per-token slope.
+    fill_tokens:  [n] target input tokens beyond the verify slots: tokens committed earlier
+                  without the verifier (``skip``) whose KV the target writes in this
+                  forward. Priced as batch tokens; neither drafts nor verified.
     """
 
     tokens: np.ndarray
     plan: object = None
     draft_tokens: np.ndarray | None = None
+    fill_tokens: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)

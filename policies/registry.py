@@ -199,12 +199,16 @@ def _make(spec: str) -> Policy:
                       description=f"verify draft tokens whose survival >= {p:g}")
     if name in TREE_SPECS:  # cure, pctree, dspark-tree (policies/trees.py)
         return Policy(**tree_policy_kwargs(spec, name, arg))
+    if name.partition("@")[0] in ("asd", "skip"):  # lossy (policies/lossy.py): wrap a chain
+        from dspark_sim.policies import lossy
+
+        return lossy.make(spec.strip(), get_policy)
     raise InputError("--policy", f"unknown policy {spec!r}; known: {', '.join(POLICY_NAMES)}")
 
 
 POLICY_NAMES = ("none", "mtp1", "fixed:K", "confidence", "confidence-sync", "confidence-async",
                 "vllm-adaptive", "threshold:P", "cure:N,b,F,M", "pctree:N,k",
-                "dspark-tree:N,k")
+                "dspark-tree:N,k", "asd:g,m,B", "skip:P")
 
 
 def get_policy(spec: str) -> Policy:

@@ -34,6 +34,7 @@ from dspark_sim.sim.engine import (
 )
 from dspark_sim.sim.metrics import StepSeries, requests_frame, summarize
 from dspark_sim.sim.outputs import write_run
+from dspark_sim.sim.quality import task_score
 from dspark_sim.sim.workload import build_stream, uses_trace_lengths
 from dspark_sim.traces.schema import AcceptanceTrace, load_trace
 
@@ -209,6 +210,14 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
         "seed": cfg.seed,
         **summary,
     }
+    if policy.lossy:  # the quality cost, on its own axis (docs/lossy.md)
+        labels = None if trace is None or trace.v2 is None else trace.v2.req_correct
+        summary |= task_score(log.changed_tokens, ~np.isnan(log.finish_s), log.trace_row,
+                              labels)
+        steps = ctx.stats.request_steps
+        summary["verifier_skipped_request_steps"] = ctx.stats.skipped_request_steps
+        summary["verifier_call_fraction"] = \
+            1.0 - ctx.stats.skipped_request_steps / steps if steps else None
     return SimResult(cfg, jsonable(summary), requests_frame(log))
 
 

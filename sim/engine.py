@@ -171,6 +171,7 @@ class StepStats:
     budget_limited_steps: int = 0
     kv_blocked_steps: int = 0  # steps whose admission stopped at the KV capacity
     changed_tokens: int = 0  # tokens a lossy policy emitted that differ from the target's
+    skipped_request_steps: int = 0  # request-steps that committed without the verifier
     hist_size: int = 0  # bins of the per-step accepted / verified histograms (0: gamma + 2)
 
     def __post_init__(self) -> None:
@@ -347,10 +348,19 @@ class Replica:
             prefilling = slice(n_dec, None) if self.n_prefilling else None
             ell, accepted, lossy = self._verify_lengths(batch, n_dec)
             verify_tokens = n_dec + int(ell.sum())
+            skipped = 0
+            if lossy is not None:
+                if lossy[1] is not None:
+                    # requests that commit drafts without the verifier take no bonus slot
+                    skipped = int(np.count_nonzero(~lossy[1]))
+                    verify_tokens -= skipped
+                    self.ctx.stats.skipped_request_steps += skipped
+                if lossy[3] is not None:  # KV writes of earlier unverified commits
+                    verify_tokens += int(lossy[3].sum())
             chunk, remaining = self._prefill_chunks(batch, prefilling, verify_tokens)
             prefill_tokens = int(chunk.sum()) if chunk is not None else 0
-            if verify_tokens + prefill_tokens == 0:  # a prefill chunk always makes progress
-                raise RuntimeError("engine step with no work")
+            if verify_tokens + prefill_tokens == 0 and not skipped:
+                raise RuntimeError("engine step with no work")  # a prefill chunk always progresses
             dt = self._step_time_s(batch, decoding, prefilling, ell, n_dec, verify_tokens,
                                    prefill_tokens, chunk, remaining, lossy)
             yield env.timeout(dt)
@@ -389,8 +399,11 @@ class Replica:
         tokens = np.maximum(np.asarray(plan.tokens, dtype=np.int64), 0)
         np.minimum(tokens, ctx.verify_max, out=tokens)
         budget = ctx.max_num_batched_tokens
-        if n_dec + int(tokens.sum()) > budget:
-            np.minimum(tokens, max(0, (budget - n_dec) // n_dec), out=tokens)
+        fill = None if plan.fill_tokens is None else \
+            np.maximum(np.asarray(plan.fill_tokens, dtype=np.int64), 0)
+        filled = 0 if fill is None else int(fill.sum())
+        if n_dec + int(tokens.sum()) + filled > budget:
+            np.minimum(tokens, max(0, (budget - n_dec - filled) // n_dec), out=tokens)
             ctx.stats.budget_limited_steps += 1
         plan = replace(plan, tokens=readonly(tokens))  # the replay sees what is verified
         rids = batch[:n_dec, REQUEST_ID]
@@ -405,7 +418,7 @@ class Replica:
             raise RuntimeError(f"policy {ctx.policy.name}: replay accepted outside 0..tokens")
         if rep.state is not None and ctx.request_state is not None:
             ctx.request_state[rids] = rep.state
-        return tokens, accepted, (rep, bonus, plan.draft_tokens)
+        return tokens, accepted, (rep, bonus, plan.draft_tokens, fill)
 
     def _prefill_chunks(self, batch: np.ndarray, prefilling: slice | None, verify_tokens: int
                         ) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -426,9 +439,16 @@ class Replica:
         context-dependent terms."""
         ctx = self.ctx
         prof = ctx.profile
+        target_kv = self.kv_tokens
+        skip = None if lossy is None or lossy[1] is None or lossy[1].all() else ~lossy[1]
+        if skip is not None:
+            # rows that skip the verifier are not in the target's forward: it reads none
+            # of their KV (and a step where every row skips runs no target forward at all)
+            target_kv -= int(self._context(batch, decoding)[skip].sum())
         dt = (ctx.draft_time(n_dec, self.kv_tokens) if n_dec else 0.0) \
-            + ctx.target_time(verify_tokens + prefill_tokens) \
-            + prof.kv_s_per_token * self.kv_tokens
+            + (ctx.target_time(verify_tokens + prefill_tokens)
+               if verify_tokens + prefill_tokens else 0.0) \
+            + prof.kv_s_per_token * target_kv
         if lossy is not None and lossy[2] is not None and n_dec:
             # tree branches: the drafter's per-token share of its block, per extra token
             dt += ctx.draft_branch_s(n_dec) * float(np.sum(lossy[2])) / n_dec
@@ -436,9 +456,10 @@ class Replica:
             finishing = int(np.count_nonzero(chunk == remaining)) if prefill_tokens else 0
             dt += prof.logits_s_per_row * (verify_tokens + finishing)
         if ctx.has_context_terms:
+            query = ell if lossy is None or lossy[3] is None else ell + lossy[3]
             query_ctx, multi_kv, ctx_requests = self._attention_units(
-                batch, decoding, ell, n_dec, prefilling, chunk if prefill_tokens else None,
-                prof.attn_window_tokens)
+                batch, decoding, query, n_dec, prefilling, chunk if prefill_tokens else None,
+                prof.attn_window_tokens, skip)
             dt += prof.attn_s_per_query_ctx * query_ctx + prof.multi_kv_s_per_token * multi_kv \
                 + prof.request_s * ctx_requests
         return dt
@@ -498,8 +519,9 @@ class Replica:
                 rids = batch[done, REQUEST_ID]
                 first = log.first_token_s[rids]
                 log.first_token_s[rids] = np.where(np.isnan(first), now, first)
+        verified_drafts = int(ell.sum()) if lossy is not None else verify_tokens - n_dec
         ctx.record_step((now, dt, self.index, n_dec, len(batch), len(self.waiting),
-                         verify_tokens + prefill_tokens, prefill_tokens, verify_tokens - n_dec,
+                         verify_tokens + prefill_tokens, prefill_tokens, verified_drafts,
                          emitted, n_accepted))
         finished = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
         if finished.any():
@@ -510,20 +532,30 @@ class Replica:
             ctx.on_finish(len(rids))
 
     @staticmethod
-    def _attention_units(batch, decoding, ell, n_dec, prefilling, chunk, window=None
-                         ) -> tuple[float, float, int]:
+    def _context(batch, decoding) -> np.ndarray:
+        """KV context tokens of the decoding rows."""
+        return batch[decoding, PREFILLED] + batch[decoding, GENERATED] \
+            - batch[decoding, GENERATED_AT_ADMIT]
+
+    @staticmethod
+    def _attention_units(batch, decoding, ell, n_dec, prefilling, chunk, window=None,
+                         skip=None) -> tuple[float, float, int]:
         """The step's units of the profile's context-dependent terms, in one pass over the
         batch slices: (sum over rows of query tokens x attended context, context tokens
         attended by multi-token query blocks, requests with a KV context). A decoding row
         is a multi-token block when it verifies ``l >= 1`` drafts; a prefill chunk of
         ``c`` after ``f`` filled tokens attends ``c * (f + c / 2)`` and is a multi-token
         block with a context when ``f > 0``. With an attention ``window`` each query
-        attends to at most ``window`` context tokens."""
+        attends to at most ``window`` context tokens. Rows in ``skip`` (lossy policies
+        that commit without the verifier) are not in the target's forward."""
         query_ctx = multi_kv = 0.0
         ctx_requests = n_dec
         if n_dec:
             context = batch[decoding, PREFILLED] + batch[decoding, GENERATED] \
                 - batch[decoding, GENERATED_AT_ADMIT]
+            if skip is not None:
+                context = np.where(skip, 0, context)
+                ctx_requests -= int(np.count_nonzero(skip))
             attended = context if window is None else np.minimum(context, window)
             query_ctx += float(((1 + ell) * attended).sum())
             multi_kv += float(context[ell > 0].sum())

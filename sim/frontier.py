@@ -28,6 +28,12 @@ column (the figure over the run's steady-state window, warm-up and drain exclude
 ``whole_<metric>``; results without steady columns (older sweeps) are used as they are.
 Unstable points (requests unfinished, or requests in the system growing through the
 steady window) are left off the fronts.
+
+**Lossy policies** (``asd``, ``skip``; results column ``lossy``) emit tokens that may differ
+from the target's greedy output: their points never join a lossless front.
+:func:`compute_fronts` draws lossless fronts by default, ``lossy=True`` the lossy ones
+(the report draws them as diamonds with dashed fronts, labelled LOSSY, and on a lossy
+axis of their own: throughput against changed tokens).
 """
 
 from __future__ import annotations
@@ -183,21 +189,39 @@ def with_labels(df: pl.DataFrame, context: Sequence[str] | None = None) -> pl.Da
     return df.with_columns(pl.concat_str(parts, separator=" | ").alias("front_label"))
 
 
+def is_lossy(df: pl.DataFrame) -> pl.Expr:
+    """Rows of lossy policies (``asd``, ``skip``: output differs from the target's greedy
+    output); results without the column are lossless."""
+    return pl.col("lossy").fill_null(False) if "lossy" in df.columns else pl.lit(False)
+
+
+def select_lossy(df: pl.DataFrame, lossy: bool | None) -> pl.DataFrame:
+    """``False``: lossless rows only; ``True``: lossy rows only; ``None``: all."""
+    if lossy is None:
+        return df
+    m = is_lossy(df)
+    return df.filter(m if lossy else ~m)
+
+
 def compute_fronts(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
                    x: str = X, y: str = Y, stable_only: bool = True,
-                   seeds: str = "mean", basis: str = "steady") -> dict[str, Front]:
+                   seeds: str = "mean", basis: str = "steady",
+                   lossy: bool | None = False) -> dict[str, Front]:
     """One front per policy (and per profile/trace when the sweep varies them).
 
     ``seeds="mean"`` averages seeds of a point first; ``"all"`` keeps each seed's point.
     Keys are labels ``policy`` or ``policy | profile | trace``. ``basis``: steady-state
-    (default) or whole-run figures (:func:`metric_view`).
+    (default) or whole-run figures (:func:`metric_view`). ``lossy``: lossless fronts only
+    by default (a lossy policy's throughput is not comparable: its output differs from
+    the target's); ``True`` only lossy ones, ``None`` both (asked for).
     """
     if df.height == 0:
         return {}
     if "policy" not in df.columns:
         raise InputError("results", "no 'policy' column (not sweep results)")
     df = metric_view(df, basis)
-    context = _context_cols(df)
+    context = _context_cols(df)  # over the whole sweep: lossy and lossless labels agree
+    df = select_lossy(df, lossy)
     d = aggregate_seeds(df) if seeds == "mean" else df
     d = usable(d, stable_only=stable_only, x=x, y=y)
     if policies:
@@ -344,7 +368,9 @@ def headline(df: pl.DataFrame, *, candidate: str = "confidence-async", baseline:
     """
     cand, base = canonical_policy(candidate), canonical_policy(baseline)
     used = basis_used(df, basis)
-    fronts = compute_fronts(df, policies=[cand, base], stable_only=stable_only, basis=basis)
+    # naming a lossy policy as candidate or baseline asks for its front
+    fronts = compute_fronts(df, policies=[cand, base], stable_only=stable_only, basis=basis,
+                            lossy=None)
     out = []
     by_ctx: dict[str, dict[str, Front]] = {}
     for label, fr in fronts.items():
@@ -416,6 +442,6 @@ def format_headline(h: list[dict]) -> str:
 
 __all__ = ["BASES", "DEFAULT_TIERS", "Front", "TierResult", "X", "Y", "aggregate_seeds",
            "basis_used", "budget_table", "compute_fronts", "format_headline", "headline",
-           "headline_rows", "metric_view",
+           "headline_rows", "is_lossy", "metric_view", "select_lossy",
            "matched_throughput_gain", "pareto_front", "tier_gain", "tier_throughput",
            "waste_table", "with_labels"]

@@ -42,7 +42,9 @@ from dspark_sim.sim.frontier import (
     format_headline,
     headline,
     headline_rows,
+    is_lossy,
     metric_view,
+    select_lossy,
     waste_table,
     with_labels,
 )
@@ -133,13 +135,21 @@ def _fmt(v, f: str) -> str:
 
 
 def _hover(row: dict) -> str:
-    lines = [f"<b>{html.escape(str(row.get('policy')))}</b>",
+    lossy = bool(row.get("lossy"))
+    lines = [f"<b>{'LOSSY ' if lossy else ''}{html.escape(str(row.get('policy')))}</b>",
              f"interactivity {_fmt(row.get(X), '{:.1f}')} tok/s/user",
              f"throughput {_fmt(row.get(Y), '{:,.0f}')} tok/s/GPU"]
-    for col, name, f in HOVER_COLS:
+    for col, name, f in HOVER_COLS + (LOSSY_HOVER_COLS if lossy else ()):
         if col in row:
             lines.append(f"{name}: {_fmt(row[col], f)}")
     return "<br>".join(lines)
+
+
+LOSSY_HOVER_COLS = (("changed_token_fraction", "LOSSY changed tokens", "{:.2%}"),
+                    ("changed_requests", "requests with a change", "{:.0f}"),
+                    ("task_score_greedy", "task score, greedy", "{:.1%}"),
+                    ("task_score_low", "task score, low bound", "{:.1%}"),
+                    ("task_score_high", "task score, high bound", "{:.1%}"))
 
 
 def _colors(labels: Sequence[str]) -> dict[str, str]:
@@ -153,9 +163,11 @@ def _colors(labels: Sequence[str]) -> dict[str, str]:
 
 
 def _symbol(row: dict) -> str:
+    """circle (lossless) or diamond (lossy); x = unstable, open = short window."""
     if not bool(row.get("stable", True)):
         return "x-open"
-    return "circle-open" if row.get("steady_window_short") else "circle"
+    shape = "diamond" if row.get("lossy") else "circle"
+    return f"{shape}-open" if row.get("steady_window_short") else shape
 
 
 def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
@@ -165,23 +177,30 @@ def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
     """Sweep points (markers) and Pareto fronts (lines), one legend group per policy."""
     df = metric_view(df, basis)
     fronts = compute_fronts(df, policies=policies, stable_only=stable_only, seeds="all")
-    colors = _colors(list(fronts))
-    labelled = with_labels(df)
+    # lossy policies: their own marker (diamond), dashed fronts, labelled LOSSY; never
+    # merged into a lossless front
+    lossy = compute_fronts(df, policies=policies, stable_only=stable_only, seeds="all",
+                           lossy=True)
+    colors = _colors(list(fronts) + list(lossy))
     fig = go.Figure()
-    for label, fr in fronts.items():
-        c = colors[label]
-        pts = labelled.filter((pl.col("front_label") == label) & pl.col(X).is_not_null()
-                              & pl.col(Y).is_not_null())
-        rows = pts.to_dicts()
-        fig.add_trace(go.Scatter(
-            x=pts[X].to_list(), y=pts[Y].to_list(), mode="markers", name=f"{label} points",
-            legendgroup=label, showlegend=False,
-            marker={"color": c, "size": 8, "opacity": 0.75,
-                    "symbol": [_symbol(r) for r in rows]},
-            hovertext=[_hover(r) for r in rows], hoverinfo="text"))
-        fig.add_trace(go.Scatter(
-            x=fr.x.tolist(), y=fr.y.tolist(), mode="lines", name=label, legendgroup=label,
-            line={"color": c, "width": 2.5}, hoverinfo="skip"))
+    for kind, group in ((False, fronts), (True, lossy)):
+        labelled = with_labels(select_lossy(df, kind), with_labels_context(df))
+        for label, fr in group.items():
+            c = colors[label]
+            name = f"LOSSY {label}" if kind else label
+            pts = labelled.filter((pl.col("front_label") == label) & pl.col(X).is_not_null()
+                                  & pl.col(Y).is_not_null())
+            rows = pts.to_dicts()
+            fig.add_trace(go.Scatter(
+                x=pts[X].to_list(), y=pts[Y].to_list(), mode="markers",
+                name=f"{name} points", legendgroup=name, showlegend=False,
+                marker={"color": c, "size": 10 if kind else 8, "opacity": 0.75,
+                        "symbol": [_symbol(r) for r in rows]},
+                hovertext=[_hover(r) for r in rows], hoverinfo="text"))
+            fig.add_trace(go.Scatter(
+                x=fr.x.tolist(), y=fr.y.tolist(), mode="lines", name=name, legendgroup=name,
+                line={"color": c, "width": 2.5, "dash": "dash" if kind else "solid"},
+                hoverinfo="skip"))
     if vllm is not None and vllm.height:
         for i, (lab, g) in enumerate(vllm.group_by("label", maintain_order=True)):
             lab = lab[0] if isinstance(lab, tuple) else lab
@@ -205,10 +224,46 @@ def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
     fig.update_layout(
         title=title or (f"Throughput vs interactivity, {BASIS_TEXT[basis_used(df, basis)]} "
                         "(markers: sweep points, x: unstable, open: short window; lines: "
-                        "Pareto fronts)"),
+                        "Pareto fronts; diamonds / dashed: LOSSY policies)"),
         xaxis_title="median interactivity (tok/s/user = 1000 / TPOT ms)",
         yaxis_title="output throughput (tok/s/GPU)", hovermode="closest", height=600,
         legend={"groupclick": "togglegroup"}, template="plotly_white")
+    return fig
+
+
+def with_labels_context(df: pl.DataFrame) -> list[str]:
+    """The context columns the whole sweep varies (labels agree across both kinds)."""
+    return [c for c in ("profile_spec", "trace_spec") if c in df.columns
+            and df[c].n_unique() > 1]
+
+
+def lossy_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
+                 basis: str = "steady") -> go.Figure:
+    """The lossy axis: each lossy point's throughput against its quality cost (the
+    fraction of emitted tokens that differ from the target's greedy output), the
+    task-score bounds in the hover. Lossless points sit at 0 % for reference."""
+    d = metric_view(df, basis).filter(pl.col(Y).is_not_null())
+    if policies:
+        d = d.filter(pl.col("policy").is_in([canonical_policy(p) for p in policies]))
+    if "changed_token_fraction" not in d.columns:
+        d = d.with_columns(pl.lit(0.0).alias("changed_token_fraction"))
+    fig = go.Figure()
+    pols = list(dict.fromkeys(d["policy"].to_list()))
+    for i, pol in enumerate(pols):
+        g = d.filter(pl.col("policy") == pol)
+        rows = g.to_dicts()
+        lossy = bool(rows and rows[0].get("lossy"))
+        fig.add_trace(go.Scatter(
+            x=[100 * (r.get("changed_token_fraction") or 0.0) for r in rows],
+            y=g[Y].to_list(), mode="markers", name=f"LOSSY {pol}" if lossy else pol,
+            marker={"color": PALETTE[i % len(PALETTE)], "size": 10 if lossy else 7,
+                    "symbol": [_symbol(r) for r in rows], "opacity": 0.8},
+            hovertext=[_hover(r) for r in rows], hoverinfo="text"))
+    fig.update_layout(height=450, template="plotly_white",
+                      title="Lossy axis: throughput against the tokens changed from the "
+                            "target's greedy output (not comparable as lossless)",
+                      xaxis_title="changed tokens (% of emitted)",
+                      yaxis_title="output throughput (tok/s/GPU)")
     return fig
 
 
@@ -319,13 +374,24 @@ def _table_html(rows: list[dict], cols: Sequence[str] | None = None) -> str:
 
 def _fronts_rows(df: pl.DataFrame, policies, stable_only, basis) -> list[dict]:
     rows = []
-    for label, fr in compute_fronts(df, policies=policies, stable_only=stable_only,
-                                    basis=basis).items():
-        for x, y in zip(fr.x, fr.y, strict=True):
-            rows.append({"front": label, "interactivity (tok/s/user)": f"{x:.1f}",
-                         "throughput (tok/s/GPU)": f"{y:,.0f}"})
+    for kind in (False, True):
+        for label, fr in compute_fronts(df, policies=policies, stable_only=stable_only,
+                                        basis=basis, lossy=kind).items():
+            for x, y in zip(fr.x, fr.y, strict=True):
+                rows.append({"front": f"LOSSY {label}" if kind else label,
+                             "interactivity (tok/s/user)": f"{x:.1f}",
+                             "throughput (tok/s/GPU)": f"{y:,.0f}"})
     return rows
 
+
+LOSSY_SECTION = """<h2>Lossy axis</h2>
+<p class="note">Lossy policies (diamonds, dashed fronts, labelled LOSSY) emit tokens that may
+differ from the target's greedy output: their throughput is bought with quality and is never
+part of a lossless front. Here: throughput against the fraction of changed tokens; the hover
+gives the task-score bounds (requests with no changed token keep their label exactly; a
+changed one counts wrong for the low bound, keeps its label for the high). See
+docs/lossy.md.</p>
+{div}"""
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
@@ -364,6 +430,9 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
             budget_figure(df, policies=policies, basis=basis),
             latency_figure(df, policies=policies, basis=basis),
             waste_figure(df, policies=policies, basis=basis)]
+    has_lossy = bool(df.select(is_lossy(df).any()).item())
+    if has_lossy:
+        figs.append(lossy_figure(df, policies=policies, basis=basis))
     cand, base = canonical_policy(candidate), canonical_policy(baseline)
     if cand in present and base in present:
         h = headline(df, candidate=cand, baseline=base, tiers=tiers, stable_only=stable_only,
@@ -411,6 +480,7 @@ for admission shows here, not on the front.</p>
 {divs[2]}
 <h2>Verification waste vs load</h2>
 {divs[3]}
+{LOSSY_SECTION.format(div=divs[4]) if has_lossy else ""}
 <h2>Front points</h2>
 {_table_html(_fronts_rows(df, policies, stable_only, basis))}
 <h2>Configuration</h2>
@@ -424,5 +494,5 @@ for admission shows here, not on the front.</p>
     return out
 
 
-__all__ = ["budget_figure", "build_report", "fronts_figure", "latency_figure",
+__all__ = ["budget_figure", "build_report", "fronts_figure", "latency_figure", "lossy_figure",
            "read_vllm_results", "waste_figure"]

@@ -132,12 +132,27 @@ def _parse_item(item: str, option: str) -> list[float]:
 
 
 def parse_list(spec: str | Sequence[str] | None) -> list[str] | None:
-    """``"mtp1,confidence-async"`` -> list; ``None``/``""`` -> None."""
+    """``"mtp1,confidence-async"`` -> list; ``None``/``""`` -> None. A bare number right
+    after an item with arguments continues it: ``"asd:0.5,1,8,mtp1"`` -> ``["asd:0.5,1,8",
+    "mtp1"]`` (policies whose argument is a comma-separated tuple)."""
     if spec is None:
         return None
     items = spec.split(",") if isinstance(spec, str) else list(spec)
-    items = [s.strip() for s in items if s and s.strip()]
-    return list(dict.fromkeys(items)) or None
+    out: list[str] = []
+    for s in (s.strip() for s in items if s and s.strip()):
+        if isinstance(spec, str) and out and ":" in out[-1] and _is_number(s):
+            out[-1] += f",{s}"
+        else:
+            out.append(s)
+    return list(dict.fromkeys(out)) or None
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s.partition("@")[0])  # asd:g,m,B@BASE: the base rides on the last number
+    except ValueError:
+        return False
+    return True
 
 
 # -- points ---------------------------------------------------------------------
