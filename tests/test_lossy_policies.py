@@ -335,3 +335,69 @@ def test_lossless_fronts_never_hold_lossy_points_unless_asked(tmp_path):
     assert "Lossy axis" not in build_report(df.filter(~df["lossy"]), tmp_path / "l.html",
                                             candidate="confidence",
                                             baseline="confidence").read_text()
+
+
+# -- from the command line, on the shipped trace -------------------------------------------
+def _by_hand_quality(out, trace) -> dict:
+    """The quality figures recomputed from requests.parquet and the trace's labels."""
+    import polars as pl
+
+    req = pl.read_parquet(out / "requests.parquet")
+    changed = req["changed_tokens"].to_numpy() > 0
+    fin = req["finished"].to_numpy()
+    label = trace.v2.req_correct[req["trace_row"].to_numpy()]
+    keyed = fin & (label >= 0)
+    return {"changed_tokens": int(req["changed_tokens"].sum()),
+            "changed_token_fraction": req["changed_tokens"].sum() / req["generated_tokens"].sum(),
+            "changed_requests": int((changed & fin).sum()),
+            "task_score_requests": int(keyed.sum()),
+            "task_score_greedy": float(((label == 1) & keyed).sum() / keyed.sum()),
+            "task_score_low": float(((label == 1) & keyed & ~changed).sum() / keyed.sum())}
+
+
+def test_cli_run_and_sweep_report_the_quality_cost(shipped, tmp_path):
+    """Done-when of issue 16 for asd/skip: `run` and `sweep` on the shipped trace, the
+    quality cost in summary.json, the printed table and the report, lossy points apart."""
+    import polars as pl
+    from typer.testing import CliRunner
+
+    from dspark_sim.cli import app
+
+    runner = CliRunner()
+    small = ["--trace", LOSSY_TRACE, "--max-concurrency", "4", "--num-requests", "24",
+             "--replicas", "1", "--lengths", "fixed:64:128"]
+    for spec in ("asd:2,2,inf@fixed:7", "skip:0.5@fixed:7"):
+        out = tmp_path / spec.partition(":")[0]
+        r = runner.invoke(app, ["run", "--policy", spec, *small, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        assert "LOSSY" in r.output and "task score" in r.output
+        s = json.loads((out / "summary.json").read_text())
+        assert s["lossy"] is True and s["policy"] == spec
+        want = _by_hand_quality(out, shipped)
+        assert want["changed_tokens"] > 0  # generous settings: the quality cost is not vacuous
+        for k, v in want.items():
+            assert s[k] == pytest.approx(v, rel=1e-12), k
+        assert s["task_score_low"] < s["task_score_high"] == s["task_score_greedy"]
+    assert s["verifier_skipped_request_steps"] > 0 and s["verifier_call_fraction"] < 1
+    # a lossless run carries no quality keys and no LOSSY rows
+    r = runner.invoke(app, ["run", "--policy", "fixed:7", *small, "--out", str(tmp_path / "f")])
+    assert r.exit_code == 0 and "LOSSY" not in r.output
+    assert "task_score_low" not in json.loads((tmp_path / "f" / "summary.json").read_text())
+
+    out = tmp_path / "sw"
+    r = runner.invoke(app, ["sweep", "--out", str(out), "--policies",
+                            "fixed:7,asd:2,2,inf@fixed:7,skip:0.5@fixed:7", "--traces",
+                            LOSSY_TRACE, "--concurrency", "2,8", "--num-requests", "24",
+                            "--replicas", "1", "--lengths", "fixed:64:128",
+                            "--executor", "serial", "--baseline", "fixed:7",
+                            "--candidate", "fixed:7", "--quiet"])
+    assert r.exit_code == 0, r.output
+    df = pl.read_parquet(out / "results.parquet")
+    assert df.height == 6
+    lossy_rows = df.filter(pl.col("lossy"))
+    assert set(lossy_rows["policy"]) == {"asd:2,2,inf@fixed:7", "skip:0.5@fixed:7"}
+    assert (lossy_rows["changed_token_fraction"] > 0).all()
+    assert lossy_rows["task_score_low"].is_not_null().all()
+    html = (out / "report.html").read_text()
+    assert "Lossy axis" in html and "LOSSY asd:2,2,inf@fixed:7" in html
+    assert "LOSSY skip:0.5@fixed:7" in html and "LOSSY fixed:7" not in html
