@@ -290,6 +290,15 @@ def test_step_cost_is_exact_table_lookup_plus_logit_rows():
     r0 = simulate(cfg0, profile=prof3, trace=trace)
     base0 = simulate(cfg0, profile=prof, trace=trace)
     assert r0.requests["e2e_ms"][0] == pytest.approx(base0.requests["e2e_ms"][0] + 10 * 2)
+    # KV reads: the target reads every KV token held (2e-4 s each), the drafter its own
+    # context (1e-4 s each, [draft.dspark] kv_s_per_token). Decode step k starts holding
+    # 10 + k tokens (prompt, first token, k - 1 emitted), 155 in all: + 31 + 15.5 ms.
+    # The prefill step holds none yet, and drafts nothing.
+    prof4 = replace(prof, kv_s_per_token=2e-4, drafts={"dspark": DraftCost(
+        np.array([1.0, 2.0]), np.array([0.0, 0.0]), 7, kv_s_per_token=1e-4)})
+    r4 = simulate(cfg, profile=prof4, trace=trace)
+    assert r4.requests["ttft_ms"][0] == pytest.approx(11)
+    assert r4.requests["e2e_ms"][0] == pytest.approx(151 + 31 + 15.5)
 
 
 def test_extrapolation_past_a_noisy_table_never_goes_negative():

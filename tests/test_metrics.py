@@ -170,6 +170,22 @@ def test_no_speculation_and_no_requests():
     assert s["median_tpot_ms"] is None and s["median_interactivity"] is None
 
 
+@pytest.mark.parametrize(("gap_bin", "centre_bin"), [(0, 1), (len(ITL_EDGES_S), len(ITL_EDGES_S) - 1)],
+                         ids=["below-first-edge", "above-last-edge"])
+def test_itl_percentiles_outside_the_histogram_report_its_end_bins(gap_bin, centre_bin):
+    """Gaps at or below the first edge (10 us) land in bin 0, gaps above the last
+    (1000 s) in bin len(edges): there is no bin centre beyond the edges, so they are
+    reported at the first / last bin's geometric centre (ITL_EDGES_S[j-1] x [j])."""
+    st = StepStats(gamma=0)
+    st.itl_hist[gap_bin] = 3
+    st.itl_sum_s = 3 * (5e-6 if gap_bin == 0 else 2e3)
+    s = summarize(RequestLog.empty(0), st, gpus=1, slo_ttft_ms=None, slo_tpot_ms=None,
+                  stable=True, queue_growth_per_s=0.0)
+    centre_ms = math.sqrt(ITL_EDGES_S[centre_bin - 1] * ITL_EDGES_S[centre_bin]) * 1e3
+    for q in ("median", "p90", "p99"):
+        assert s[f"{q}_itl_ms"] == pytest.approx(centre_ms, rel=1e-12)
+
+
 # -- one request through an engine whose step times are known -------------------------------
 
 

@@ -12,13 +12,14 @@ import pytest
 from dspark_sim.sim import frontier as fr
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
-from dspark_sim.sim.engine import RequestLog
+from dspark_sim.sim.engine import RequestLog, StepStats
 from dspark_sim.sim.metrics import (
     SteadyWindow,
     StepSeries,
     mser_truncation,
     steady_state,
     steady_window,
+    summarize,
 )
 
 
@@ -88,10 +89,64 @@ def test_no_steady_state_when_all_requests_issued_at_once():
     steps = _ramp_series(n_total=200)
     w = steady_window(steps, np.zeros(16), closed=True)
     assert w.duration_s == 0.0 and "no steady state" in w.rule
+    # nothing was measured: no bins, no fill, no MSER, no occupancy
+    assert (w.bins, w.fill_s, w.mser_s, w.occupancy) == (0, None, None, None)
+    assert w.start_s == w.end_s == w.drain_start_s == 0.0
     log = _log([0.0] * 2, [0.1] * 2, [1.0] * 2, [5] * 2)
     s = steady_state(log, steps, w, gpus=1)
     assert s["steady_output_throughput"] is None and s["steady_window_short"]
     assert "num_requests <= concurrency" in s["steady_window_note"]
+
+
+def test_step_series_fields_left_out_are_zeros():
+    s = StepSeries.of([0.5, 1.0, 1.5], 0.5, decode_batch=[1, 2, 3])
+    assert s.dt_s.tolist() == [0.5] * 3 and s.decode_batch.tolist() == [1.0, 2.0, 3.0]
+    for f in ("replica", "running", "waiting", "batch_tokens", "prefill_tokens",
+              "verified_drafts", "emitted_tokens", "accepted_tokens"):
+        assert getattr(s, f).tolist() == [0.0] * 3, f
+    with pytest.raises(TypeError, match="unknown step fields: bogus"):
+        StepSeries.of([1.0], 1.0, bogus=1)
+
+
+def _eight_bin_series(batch_per_bin):
+    """80 steps of 1/16 s ending mid-step, (k - 0.5)/16 for k = 1..80, with the last
+    arrival at 5 s: 80 // 10 = 8 bins of 0.625 s holding exactly steps 10m+1..10m+10,
+    so bin m's time-averaged decode batch is the batch its steps carry. 2 tokens a step:
+    a flat output rate, so MSER cuts nothing."""
+    k = np.arange(1, 81)
+    batch = np.repeat(np.asarray(batch_per_bin, dtype=float), 10)
+    return StepSeries.of((k - 0.5) / 16, 1 / 16, decode_batch=batch, emitted_tokens=2.0)
+
+
+def test_steady_occupancy_is_the_median_bin_of_the_second_half():
+    """Bins 0-7 carry 0, 10, 20, 30, 44, 48, 60, 70. The steady occupancy is the median
+    of bins 4-7, (48 + 60) / 2 = 54 (the median of bins 2-7 would be 46); 90 % of it is
+    48.6, first reached by bin 6 (60 > 48.6 > 48), so the fill ends at 7 x 0.625 s."""
+    steps = _eight_bin_series([0, 10, 20, 30, 44, 48, 60, 70])
+    w = steady_window(steps, np.array([0.0, 2.0, 5.0]), closed=False)
+    assert w.bins == 8
+    assert w.occupancy == pytest.approx(54.0)
+    assert w.mser_s == 0.0
+    assert w.fill_s == pytest.approx(4.375)
+    assert (w.start_s, w.end_s) == (pytest.approx(4.375), 5.0)
+
+
+@pytest.mark.parametrize(("margin", "stable"), [(-0.025, True), (0.025, False)])
+def test_stability_threshold_counts_the_arrivals_on_the_window_edges(margin, stable):
+    """Window [4.375, 5] (the series above; 0.625 s long). Arrivals 0, 1, 2, 3, 4.375,
+    4.5, 4.75, 5: the four from 4.375 to 5, both edges included, are the window's
+    arrivals, so a run is unstable when the queue grows by more than 10 + 0.05 x 4 =
+    10.2 requests across the window. A growth 0.025 below that is stable, 0.025 above
+    is not (counting either edge out would make the threshold 10.15)."""
+    arrival = [0.0, 1.0, 2.0, 3.0, 4.375, 4.5, 4.75, 5.0]
+    log = _log(arrival, [a + 0.1 for a in arrival], [a + 0.5 for a in arrival], [5] * 8)
+    steps = _eight_bin_series([0, 10, 20, 30, 44, 48, 60, 70])
+    growth_per_s = (10.2 + margin) / 0.625
+    s = summarize(log, StepStats(gamma=3), gpus=1, slo_ttft_ms=None, slo_tpot_ms=None,
+                  queue_growth_per_s=growth_per_s, steps=steps)
+    assert s["steady_window_start_s"] == pytest.approx(4.375)
+    assert s["stable"] is stable
+    assert s["queue_growth_per_s"] == growth_per_s
 
 
 # -- the figures over a window, by hand ------------------------------------------------------
@@ -115,7 +170,7 @@ def test_steady_figures_by_hand():
     steps = StepSeries.of([1.9, 2.0, 3.0, 6.0, 12.0, 12.5], 0.1,
                           decode_batch=[9, 9, 2, 4, 2, 9], verified_drafts=[9, 9, 6, 8, 2, 9],
                           accepted_tokens=[9, 9, 4, 4, 2, 9], emitted_tokens=[9, 9, 7, 10, 5, 9],
-                          running=[9, 9, 3, 5, 2, 9])
+                          running=[9, 9, 3, 5, 2, 9], batch_tokens=[1, 1, 30, 12, 6, 1])
     s = steady_state(log, steps, w, gpus=2)
     # steps ending in (2, 12]: the 3rd, 4th, 5th
     assert s["steady_window_steps"] == 3
@@ -139,6 +194,8 @@ def test_steady_figures_by_hand():
     assert s["steady_mean_verify_tokens_per_request_step"] == pytest.approx(24 / 8)
     assert s["steady_verification_waste"] == pytest.approx(6 / 16)
     assert s["steady_mean_decode_batch"] == pytest.approx(8 / 3)
+    assert s["steady_mean_step_ms"] == pytest.approx(100.0)
+    assert s["steady_mean_batch_tokens"] == pytest.approx(48 / 3)
     assert s["steady_mean_running"] == pytest.approx((3 + 5 + 2) * 0.1 / 10)
     # time in [2, 12]: r0 1, r1 2, r2 1.1, r3 1, r4 4 (unfinished: to the end), r5 0.9
     assert s["steady_mean_in_system"] == pytest.approx(10.0 / 10)
