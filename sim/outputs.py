@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -47,43 +48,64 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def write_run(out: str | Path, summary: dict, requests: pl.DataFrame) -> Path:
+def write_run(out: str | Path, summary: dict, requests: pl.DataFrame, *,
+              extra: dict[str, pl.DataFrame] | None = None) -> Path:
     """Write ``summary.json`` (with the manifest) and ``requests.parquet`` into ``out``
-    as one unit (module docstring). Returns ``out``."""
+    as one unit (module docstring); ``extra`` adds more tables to the same unit (file
+    name -> frame, e.g. a real server's ``steps.parquet``), each in the manifest and
+    committed, or rolled back, with the pair. Returns ``out``."""
+    tables = {REQUESTS: requests, **(extra or {})}
+    return write_unit(out, SUMMARY, summary,
+                      {name: frame.write_parquet for name, frame in tables.items()})
+
+
+def write_unit(out: str | Path, index: str, obj: dict,
+               files: dict[str, Callable[[Path], object]]) -> Path:
+    """The general form of :func:`write_run`: each ``files[name](path)`` writes one
+    file, then the JSON ``index`` file (``obj`` plus the manifest of the others) is
+    committed last; a failure before the commit restores every file it replaced."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".run-", dir=out))
+    umask = os.umask(0)
+    os.umask(umask)
+    placed: list[tuple[str, bool]] = []  # (name, had a previous file) renamed into place
     try:
-        new_req = stage / REQUESTS
-        requests.write_parquet(new_req)
-        manifest = {REQUESTS: {"sha256": sha256_file(new_req), "bytes": new_req.stat().st_size}}
-        new_sum = stage / SUMMARY
-        new_sum.write_text(json.dumps({**summary, MANIFEST_KEY: manifest}, indent=2,
-                                      sort_keys=True) + "\n")
-        for p in (new_req, new_sum):  # the mode a plain open() gives (mkdtemp is 0700)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(p, 0o666 & ~umask)
-        prev = stage / f"previous-{REQUESTS}"
-        had_prev = (out / REQUESTS).is_file()
-        if had_prev:
-            try:
-                os.link(out / REQUESTS, prev)
-            except OSError:  # no hard links here (some network / FAT file systems)
-                shutil.copy2(out / REQUESTS, prev)
-        os.replace(new_req, out / REQUESTS)
+        manifest = {}
+        for name, write in files.items():
+            write(stage / name)
+            manifest[name] = {"sha256": sha256_file(stage / name),
+                              "bytes": (stage / name).stat().st_size}
+        (stage / index).write_text(json.dumps({**obj, MANIFEST_KEY: manifest}, indent=2,
+                                              sort_keys=True) + "\n")
+        for name in [*files, index]:  # the mode a plain open() gives (mkdtemp is 0700)
+            os.chmod(stage / name, 0o666 & ~umask)
         try:
-            os.replace(new_sum, out / SUMMARY)
+            for name in files:
+                had_prev = (out / name).is_file()
+                if had_prev:
+                    _keep_previous(out / name, stage / f"previous-{name}")
+                os.replace(stage / name, out / name)
+                placed.append((name, had_prev))
+            os.replace(stage / index, out / index)  # the commit point
         except BaseException:
-            if had_prev:
-                os.replace(prev, out / REQUESTS)
-            else:
-                with contextlib.suppress(OSError):
-                    (out / REQUESTS).unlink()
+            for name, had_prev in reversed(placed):
+                if had_prev:
+                    os.replace(stage / f"previous-{name}", out / name)
+                else:
+                    with contextlib.suppress(OSError):
+                        (out / name).unlink()
             raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return out
+
+
+def _keep_previous(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # no hard links here (some network / FAT file systems)
+        shutil.copy2(src, dst)
 
 
 def read_run(out: str | Path) -> tuple[dict, pl.DataFrame]:
@@ -102,10 +124,14 @@ def read_run(out: str | Path) -> tuple[dict, pl.DataFrame]:
         raise InputError(str(s_path), f"not a JSON file ({exc})") from exc
     if not isinstance(summary, dict):
         raise InputError(str(s_path), "not a run summary")
-    entry = (summary.get(MANIFEST_KEY) or {}).get(REQUESTS)
-    if entry is not None and sha256_file(r_path) != entry.get("sha256"):
-        raise InputError(str(s_path), f"does not match {REQUESTS} (sha256 differs): the two "
-                                      "come from different runs or a write was interrupted")
+    manifest = summary.get(MANIFEST_KEY) or {}
+    for name, entry in manifest.items():  # requests.parquet, and any extra table
+        path = out / name
+        if not path.is_file():
+            raise InputError(str(path), f"not found, but {SUMMARY}'s manifest lists it")
+        if sha256_file(path) != (entry or {}).get("sha256"):
+            raise InputError(str(s_path), f"does not match {name} (sha256 differs): the two "
+                                          "come from different runs or a write was interrupted")
     try:
         requests = pl.read_parquet(r_path)
     except Exception as exc:  # polars raises several kinds on a damaged file
@@ -113,4 +139,4 @@ def read_run(out: str | Path) -> tuple[dict, pl.DataFrame]:
     return summary, requests
 
 
-__all__ = ["MANIFEST_KEY", "read_run", "sha256_file", "write_run"]
+__all__ = ["MANIFEST_KEY", "read_run", "sha256_file", "write_run", "write_unit"]

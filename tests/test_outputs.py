@@ -103,3 +103,57 @@ def test_read_run_errors_name_the_file(tmp_path):
     (tmp_path / "summary.json").write_text("{}")  # no manifest (older version): unchecked
     with pytest.raises(InputError, match="not a parquet file"):
         read_run(tmp_path)
+
+
+def test_extra_tables_are_part_of_the_unit(tmp_path, two_runs, monkeypatch):
+    """A third table (a real server's steps.parquet) is in the manifest, rolled back with
+    the pair when the commit fails, and checked by readers."""
+    import polars as pl
+
+    a, b = two_runs
+    steps_a = pl.DataFrame({"step_s": [0.5, 0.25]})
+    steps_b = pl.DataFrame({"step_s": [1.0]})
+    out = write_run(tmp_path / "run", a.summary, a.requests, extra={"steps.parquet": steps_a})
+    summary, _ = read_run(out)
+    assert set(summary["outputs"]) == {"requests.parquet", "steps.parquet"}
+    assert summary["outputs"]["steps.parquet"]["sha256"] == sha256_file(out / "steps.parquet")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = os.replace
+
+    def failing(src, dst):
+        if os.path.basename(dst) == "summary.json":
+            raise OSError("disk full (simulated)")
+        return real(src, dst)
+
+    monkeypatch.setattr(outputs.os, "replace", failing)
+    with pytest.raises(OSError, match="simulated"):
+        write_run(out, b.summary, b.requests, extra={"steps.parquet": steps_b})
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # both rolled back
+    assert pl.read_parquet(out / "steps.parquet").equals(steps_a)
+    steps_b.write_parquet(out / "steps.parquet")  # another run's steps beside this summary
+    with pytest.raises(InputError, match="does not match steps.parquet"):
+        read_run(out)
+    (out / "steps.parquet").unlink()
+    with pytest.raises(InputError, match="steps.parquet: not found"):
+        read_run(out)
+
+
+def test_validation_harness_writes_its_run_folders_as_one_unit(tmp_path, two_runs):
+    """validation/harness.py's real/sim folders (summary + requests [+ steps]) go
+    through the same writer: a manifest readers check (issue 12, item 8)."""
+    import polars as pl
+
+    from dspark_sim.validation.harness import STEP_COLUMNS, _write_run
+
+    a, _ = two_runs
+    records = [tuple(float(i + j) for j in range(len(STEP_COLUMNS))) for i in range(3)]
+    _write_run(tmp_path / "real", a.summary, a.requests, steps=records)
+    summary, req = read_run(tmp_path / "real")
+    assert req.equals(a.requests)
+    steps = pl.read_parquet(tmp_path / "real" / "steps.parquet")
+    assert steps.columns == STEP_COLUMNS and steps.row(2) == records[2]
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == [
+        "requests.parquet", "steps.parquet", "summary.json"]
+    _write_run(tmp_path / "paired", a.summary, None)  # a summary alone: one atomic file
+    assert [p.name for p in (tmp_path / "paired").iterdir()] == ["summary.json"]

@@ -61,7 +61,6 @@ from dspark_sim.calibration.confmap import CalibrationMap, load_calibration
 from dspark_sim.calibration.profile import EngineProfile, builtin_profiles, load_profile
 from dspark_sim.errors import InputError
 from dspark_sim.io import (
-    atomic_path,
     check_writable,
     jsonable,
     write_json_atomic,
@@ -71,6 +70,7 @@ from dspark_sim.policies.registry import get_policy
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
 from dspark_sim.sim.metrics import requests_frame, summarize
+from dspark_sim.sim.outputs import write_run, write_unit
 from dspark_sim.sim.workload import build_stream
 from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, trace_from_frame
 
@@ -566,8 +566,7 @@ def _real_runs(setup: ValidationSetup, rig: _Rig, log) -> list[_RealRun]:
             real = jsonable({"policy": pol.name, "source": "real server", "clock": res.clock,
                              "drafter": rig.kind, "rate": float(rate), "wall_s": res.wall_s,
                              "cpu_s": res.cpu_s, **real})
-            _write_run(out / tag / "real", real, requests_frame(res.log))
-            _write_steps(out / tag / "real" / "steps.parquet", res.step_records)
+            _write_run(out / tag / "real", real, requests_frame(res.log), steps=res.step_records)
             # greedy decoding is lossless, so every policy and rate serves the same tokens:
             # the trace of the same models on the same sequences is built once
             key = tuple(tuple(o) for o in res.outputs)
@@ -674,12 +673,10 @@ def _write_comparison(setup: ValidationSetup, rig: _Rig, profiles: _Profiles,
     import torch
 
     out = Path(setup.out_dir)
-    with atomic_path(out / "comparison.parquet") as tmp:
-        df.write_parquet(tmp)
-    with atomic_path(out / "comparison.csv") as tmp:
-        df.write_csv(tmp)
     head = profiles.headline
-    write_json_atomic(out / "validation.json", jsonable({
+    # one unit (sim.outputs.write_unit): the tables first, validation.json (with their
+    # hashes) last, so a failure never leaves one run's table beside another's verdict
+    write_unit(out, "validation.json", jsonable({
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()} {platform.processor()} ({platform.node()})",
         "device": setup.device, "threads": int(torch.get_num_threads()), "clock": rig.clock,
@@ -689,25 +686,28 @@ def _write_comparison(setup: ValidationSetup, rig: _Rig, profiles: _Profiles,
         "rates": [float(r) for r in setup.rates], "num_requests": setup.num_requests,
         "max_new_tokens": setup.max_new_tokens, "max_num_seqs": setup.max_num_seqs,
         "max_num_batched_tokens": setup.max_num_batched_tokens, "sim_seeds": setup.sim_seeds,
-        "elapsed_s": elapsed_s, "points": points}))
+        "elapsed_s": elapsed_s, "points": points}),
+        {"comparison.parquet": df.write_parquet, "comparison.csv": df.write_csv})
 
 
 STEP_COLUMNS = ["step_s", "forward_s", "decoding", "verify_tokens", "prefill_tokens",
                 "kv_tokens", "finishing_prefills", "query_ctx", "multi_ctx", "ctx_requests"]
 
 
-def _write_steps(path: Path, records: list[tuple]) -> None:
-    with atomic_path(path) as tmp:
-        pl.DataFrame(np.asarray(records, dtype=np.float64).reshape(-1, len(STEP_COLUMNS)),
-                     schema=STEP_COLUMNS, orient="row").write_parquet(tmp)
-
-
-def _write_run(d: Path, summary: dict, requests: pl.DataFrame | None) -> None:
-    d.mkdir(parents=True, exist_ok=True)
-    if requests is not None:
-        with atomic_path(d / "requests.parquet") as tmp:
-            requests.write_parquet(tmp)
-    write_json_atomic(d / "summary.json", jsonable(summary))
+def _write_run(d: Path, summary: dict, requests: pl.DataFrame | None,
+               steps: list[tuple] | None = None) -> None:
+    """A run folder as one unit (``sim.outputs.write_run``: summary.json with a manifest
+    of the tables, ordered renames, rollback); a summary alone is one atomic file."""
+    if requests is None:
+        d.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(d / "summary.json", jsonable(summary))
+        return
+    extra = None
+    if steps is not None:
+        extra = {"steps.parquet": pl.DataFrame(
+            np.asarray(steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS)),
+            schema=STEP_COLUMNS, orient="row")}
+    write_run(d, jsonable(summary), requests, extra=extra)
 
 
 def _fmt(v: float | None, err: bool = False) -> str:
