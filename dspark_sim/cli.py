@@ -516,14 +516,31 @@ def sweep(
         help="Folder of vLLM `bench serve` result JSON files to overlay.")] = None,
     gpus: Annotated[int | None, typer.Option(help="GPUs behind the vLLM results (per-GPU).")] = None,
     config: Annotated[Path | None, typer.Option(help="Base TOML config.")] = None,
+    basis: Annotated[str, typer.Option(
+        help="Figures of the fronts, headline and report: steady (warm-up and drain "
+             "excluded) | whole (whole-run, vLLM bench serve).")] = "steady",
+    requests_per_client: Annotated[int, typer.Option(
+        help="Closed loop: run each point with at least this many requests per client.")] = 0,
+    max_doublings: Annotated[int, typer.Option(
+        help="Rerun a point with 2x requests, at most this often, while its steady window "
+             "is short (or --target-rse is missed).")] = 0,
+    target_rse: Annotated[float, typer.Option(
+        help="Also double while steady throughput or median interactivity has a larger "
+             "relative standard error (0: off).")] = 0.0,
+    max_requests: Annotated[int, typer.Option(
+        help="Never size a point beyond this many requests.")] = 1_000_000,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Sweep loads x policies (x profiles x traces x seeds); write results and a report."""
     from dspark_sim.sim.config import resolve_config
-    from dspark_sim.sim.frontier import format_headline, headline
+    from dspark_sim.sim.frontier import BASES, BASIS_TEXT, basis_used, format_headline, headline
     from dspark_sim.sim.report import build_report
-    from dspark_sim.sim.sweep import parse_list, parse_numbers, run_sweep
+    from dspark_sim.sim.sweep import Sizing, parse_list, parse_numbers, run_sweep
 
+    if basis not in BASES:
+        raise InputError("--basis", f"must be one of {', '.join(BASES)}, got {basis!r}")
+    sizing = Sizing(requests_per_client=requests_per_client, max_doublings=max_doublings,
+                    target_rse=target_rse, max_requests=max_requests).validate()
     check_writable(out, "--out")
     base = resolve_config(config_path=config,
                           options={"num_requests": num_requests, "replicas": replicas,
@@ -541,15 +558,17 @@ def sweep(
         profiles=profile_specs,
         traces=trace_specs,
         seeds=parse_numbers(seeds, integer=True, allow_zero=True, option="--seeds"),
-        out=out, executor=executor, workers=workers, progress=not quiet,
+        out=out, executor=executor, workers=workers, progress=not quiet, sizing=sizing,
     )
     report = build_report(df, out / "report.html", candidate=candidate, baseline=baseline,
-                          tiers=tiers, vllm_results=vllm_results, gpus=gpus)
+                          tiers=tiers, vllm_results=vllm_results, gpus=gpus, basis=basis)
     console.print(f"{df.height} points -> {out / 'results.parquet'}; report {report}")
+    console.print(f"figures: {BASIS_TEXT[basis_used(df, basis)]}")
     pols = set(df["policy_spec"].to_list())
     if candidate in pols and baseline in pols:
         console.print(format_headline(headline(df, candidate=candidate, baseline=baseline,
-                                               tiers=tiers)), markup=False, highlight=False)
+                                               tiers=tiers, basis=basis)),
+                      markup=False, highlight=False)
 
 
 def _check_grid(base, policies: list[str], profiles: list[str] | None,

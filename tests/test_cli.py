@@ -172,6 +172,23 @@ def test_sweep_cli_writes_results_report_and_headline(tmp_path):
     _one_line_error(invoke("sweep", "--out", str(tmp_path / "x"), "--qps", "5:1:0"), "--qps")
 
 
+def test_sweep_cli_basis_and_sizing(tmp_path):
+    """--requests-per-client sizes each closed-loop point at max(--num-requests, K x C);
+    --basis whole draws the headline from the whole-run columns, and says so."""
+    out = tmp_path / "sw"
+    args = ["sweep", "--out", str(out), "--policies", "mtp1,confidence-async",
+            "--concurrency", "2,8", "--num-requests", "20", "--replicas", "1",
+            "--requests-per-client", "5", "--executor", "serial", "--quiet"]
+    r = invoke(*args, "--basis", "whole")
+    assert r.exit_code == 0, r.output
+    assert "figures: whole run" in r.output and "| figures | whole run" in r.output
+    df = pl.read_parquet(out / "results.parquet").sort("policy_spec", "concurrency")
+    assert df["num_requests"].to_list() == [20, 40, 20, 40]  # max(20, 5 x {2, 8})
+    r = invoke(*args)  # resumed: the same points, the default (steady) figures
+    assert r.exit_code == 0, r.output
+    assert "figures: steady state" in r.output and "| figures | steady state" in r.output
+
+
 def test_validate_cli_rejects_bad_options():
     _one_line_error(invoke("validate", "--rates", "-1"), "--rates")
     _one_line_error(invoke("validate", "--policies", "bogus", "--rates", "0.5"), "--policy")

@@ -79,6 +79,12 @@ def test_run_files_and_names(tmp_path, args, needles):
     (["--seeds", "-1", "--qps", "1"], ["--seeds", "non-negative", "'-1'"]),
     (["--executor", "bogus", "--qps", "1"], ["--executor", "process, ray, serial", "'bogus'"]),
     (["--policies", "bogus", "--qps", "1"], ["--policy", "unknown policy 'bogus'"]),
+    (["--basis", "median", "--qps", "1"], ["--basis", "steady, whole", "'median'"]),
+    (["--target-rse", "1.5", "--qps", "1"], ["--target-rse", "[0, 1)", "1.5"]),
+    (["--max-doublings", "-1", "--qps", "1"], ["--max-doublings", "non-negative", "-1"]),
+    (["--requests-per-client", "-2", "--qps", "1"],
+     ["--requests-per-client", "non-negative", "-2"]),
+    (["--max-requests", "0", "--qps", "1"], ["--max-requests", "positive", "0"]),
 ])
 def test_sweep_options(tmp_path, args, needles):
     out = tmp_path / "sw"
