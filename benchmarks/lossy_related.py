@@ -16,9 +16,10 @@ profile, 48 requests of 128 prompt + 384 output tokens replaying the shipped
   of ``traces/asd_decode.py`` (docs/lossy.md).
 
 Prints markdown; ``--write-doc PATH`` replaces the block between this script's markers
-in PATH (docs/related-work.md)::
+in PATH (docs/lossy.md), ``--doc PATH`` the combined table's ``<!-- bench: lossy_related
+PROFILE -->`` block (docs/related-work.md, benchmarks/doc_blocks.py)::
 
-    python benchmarks/lossy_related.py --write-doc docs/related-work.md   # ~1 min
+    python benchmarks/lossy_related.py --write-doc docs/lossy.md --doc docs/related-work.md
 """
 
 from __future__ import annotations
@@ -62,9 +63,13 @@ def _bounds(s: dict) -> str:
     return f"[{_pct(s['task_score_low'])}, {_pct(s['task_score_high'])}]"
 
 
-def tables(requests: int = 48) -> str:
+def serial_runs(requests: int = 48) -> dict:
     trace = load_trace(LOSSY_TRACE)
-    runs = {spec: _run(spec, trace, requests) for spec in dict.fromkeys(ASD_SPECS + SKIP_SPECS)}
+    return {spec: _run(spec, trace, requests) for spec in dict.fromkeys(ASD_SPECS + SKIP_SPECS)}
+
+
+def tables(requests: int = 48, runs: dict | None = None) -> str:
+    runs = runs or serial_runs(requests)
     strict = runs["fixed:7"]
     out = summary(runs) + ["", f"Serial, {requests} requests x 384 output tokens, `{LOSSY_TRACE}`, "
            f"profile `{strict['profile']}` (the default), seed 0 (`python benchmarks/lossy_related.py`):", "",
@@ -127,6 +132,25 @@ def summary(runs: dict) -> list[str]:
     return rows
 
 
+def combined(runs: dict) -> list[str]:
+    """One table of every serial run (docs/related-work.md's block): ASD's and skipping's
+    figures side by side against the strict chain."""
+    strict = runs["fixed:7"]
+    rows = ["| policy | τ | output tok/s | Δ tok/s | verifier calls | fewer calls | "
+            "changed tokens | requests changed | task score bounds |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for spec in dict.fromkeys(ASD_SPECS + SKIP_SPECS):
+        s = runs[spec]
+        calls = s["num_drafts"] - s.get("verifier_skipped_request_steps", 0)
+        gain = s["output_throughput"] / strict["output_throughput"] - 1
+        fewer = 1 - calls / strict["num_drafts"]
+        rows.append(f"| `{spec}` | {s['spec_decode_acceptance_length']:.3f} | "
+                    f"{s['output_throughput']:.1f} | {gain:+.1%} | {calls:,} | {fewer:.1%} | "
+                    f"{_pct(s.get('changed_token_fraction', 0.0), 2)} | "
+                    f"{s.get('changed_requests') or 0}/{s['completed']} | {_bounds(s)} |")
+    return rows
+
+
 def write_doc(path: str | Path, block: str) -> None:
     text = Path(path).read_text()
     if BEGIN not in text or END not in text:
@@ -139,11 +163,23 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--write-doc", nargs="*", default=(),
-                    help="markdown files whose block to replace")
+                    help="markdown files whose lossy-related block to replace (docs/lossy.md)")
+    ap.add_argument("--doc", default=None,
+                    help="also write the combined table into this doc's `<!-- bench: "
+                         "lossy_related PROFILE -->` block (benchmarks/doc_blocks.py)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    block = tables(args.requests)
+    runs = serial_runs(args.requests)
+    block = tables(args.requests, runs)
     print(block)
+    table = combined(runs)
+    print("\n" + "\n".join(table))
+    if args.doc:
+        from doc_blocks import command_line, replace_blocks  # benchmarks/ is the script's path
+
+        key = f"lossy_related {runs['fixed:7']['profile']}"
+        replace_blocks(args.doc, {key: table},
+                       command_line("benchmarks/lossy_related.py", argv))
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     for path in args.write_doc:
         write_doc(path, block)
