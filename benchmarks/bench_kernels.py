@@ -20,6 +20,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -148,7 +149,25 @@ def row(name: str, path: str, sec: float | None, nbytes: int, peak_gbs: float | 
     print(f"  {name:<12} {path:<14} {sec * 1e6:11.1f} us  {gbs:9.2f} GB/s{frac}")
 
 
-def main() -> None:
+@dataclass(frozen=True)
+class Bench:
+    """What every phase needs: the shape, where it runs and how it is timed."""
+
+    args: argparse.Namespace
+    device: str
+    dtype: torch.dtype
+    peak: float | None  # HBM GB/s for the % column
+    gen: torch.Generator
+
+    @property
+    def triton(self) -> bool:
+        return self.device == "cuda"
+
+    def t(self, fn: Callable[[], object]) -> float:
+        return timeit_s(fn, self.device, self.args.min_time_s, self.args.max_iters)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--num-req", type=int, default=32, help="requests R in the verify batch")
@@ -163,23 +182,16 @@ def main() -> None:
     ap.add_argument("--max-iters", type=int, default=50)
     ap.add_argument("--peak-gbs", type=float, default=None,
                     help="HBM peak GB/s for the %% column (default 4800 = H200 on CUDA)")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
 
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    run_triton = device == "cuda"
-    peak = args.peak_gbs if args.peak_gbs else (4800.0 if device == "cuda" else None)
-    dtype = DTYPES[args.dtype]
-    num_req, gamma, vocab = args.num_req, args.gamma, args.vocab
+
+def bench_verify(b: Bench) -> None:
+    """Greedy and stochastic chain verification, after checking that the comparison
+    formulations compute what the references compute."""
+    num_req, gamma, vocab = b.args.num_req, b.args.gamma, b.args.vocab
     num_draft = num_req * gamma
+    device, gen, dtype, t, peak = b.device, b.gen, b.dtype, b.t, b.peak
     esize = torch.tensor([], dtype=dtype).element_size()
-    what = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
-    print(f"device {device} ({what}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"cpus {os.cpu_count()}")
-    print(f"verify: R={num_req} gamma={gamma} V={vocab} {args.dtype}; "
-          f"schedule: {args.sched_n}x{args.sched_gamma}")
-    t = lambda fn: timeit_s(fn, device, args.min_time_s, args.max_iters)  # noqa: E731
-
-    gen = torch.Generator(device=device).manual_seed(0)
     cu = torch.arange(num_req + 1, device=device, dtype=torch.int64) * gamma
     logits = torch.randn(num_draft + num_req, vocab, device=device, generator=gen).to(dtype)
     pt = torch.softmax(logits.float(), -1).to(dtype)
@@ -202,7 +214,7 @@ def main() -> None:
     row("greedy", "torch ref", t(lambda: kv.verify_greedy(
         draft, logits, cu, max_seqlen=gamma, backend="torch")), nbytes, peak)
     row("greedy", "best torch", t(lambda: best_greedy(draft, logits, num_req, gamma)), nbytes, peak)
-    if run_triton:
+    if b.triton:
         row("greedy", "triton", t(lambda: kv.verify_greedy(
             draft, logits, cu, max_seqlen=gamma, backend="triton")), nbytes, peak)
 
@@ -212,18 +224,24 @@ def main() -> None:
         draft, pd, pt, cu, uniforms=uni, max_seqlen=gamma, backend="torch")), nbytes, peak)
     row("stochastic", "best torch", t(lambda: best_stochastic(draft, pd, pt, num_req, gamma, uni)),
         nbytes, peak)
-    if run_triton:
+    if b.triton:
         row("stochastic", "triton", t(lambda: kv.verify_stochastic(
             draft, pd, pt, cu, uniforms=uni, max_seqlen=gamma, backend="triton")), nbytes, peak)
 
-    # Tree verification: a gamma-deep spine plus branches hanging off random spine nodes.
-    nodes = max(args.tree_nodes, 1)
+
+def bench_tree(b: Bench) -> None:
+    """Tree verification (a gamma-deep spine plus branches hanging off random spine
+    nodes) and the tree attention mask."""
+    num_req, gamma, vocab = b.args.num_req, b.args.gamma, b.args.vocab
+    device, gen, t, peak = b.device, b.gen, b.t, b.peak
+    esize = torch.tensor([], dtype=b.dtype).element_size()
+    nodes = max(b.args.tree_nodes, 1)
     spine = min(gamma, nodes)
     par_one = [-1] + list(range(spine - 1)) + [
         int(x) for x in torch.randint(-1, spine, (nodes - spine,), generator=torch.Generator().manual_seed(1))]
     par_local = torch.tensor(par_one * num_req, dtype=torch.int64, device=device)
     cu_t = torch.arange(num_req + 1, device=device, dtype=torch.int64) * nodes
-    t_logits = torch.randn(num_req * (nodes + 1), vocab, device=device, generator=gen).to(dtype)
+    t_logits = torch.randn(num_req * (nodes + 1), vocab, device=device, generator=gen).to(b.dtype)
     am_t = t_logits.float().argmax(-1).view(num_req, nodes + 1)
     t_tokens = am_t.gather(1, (par_local.view(num_req, nodes) + 1)).reshape(-1).clone()
     t_tokens[::5] = 0  # some rejections
@@ -236,20 +254,25 @@ def main() -> None:
         t_tokens, par_local, t_logits, cu_t, backend="torch", **kw)), nbytes, peak)
     row("tree", "best torch", t(lambda: best_tree(t_logits, t_tokens, par_local, anc, num_req, nodes)),
         nbytes, peak)
-    if run_triton:
+    if b.triton:
         row("tree", "triton", t(lambda: ktree.verify_tree_greedy(
             t_tokens, par_local, t_logits, cu_t, backend="triton", **kw)), nbytes, peak)
     # Tree attention mask: R x (n+1)^2 bools out (latency-bound).
     nbytes = num_req * (nodes + 1) ** 2 + par_local.numel() * 16
     row("tree-mask", "torch ref", t(lambda: ktree.tree_attention_mask(
         par_local, cu_t, backend="torch", **kw)), nbytes, None)
-    if run_triton:
+    if b.triton:
         row("tree-mask", "triton", t(lambda: ktree.tree_attention_mask(
             par_local, cu_t, backend="triton", **kw)), nbytes, None)
 
-    # Survival: T logits in, T floats out.
-    z = torch.randn(num_draft, device=device, generator=gen)
-    temp = 0.5 + torch.rand(gamma, device=device, generator=gen)
+
+def bench_survival(b: Bench) -> None:
+    """Survival: T logits in, T floats out."""
+    num_req, gamma, t = b.args.num_req, b.args.gamma, b.t
+    num_draft = num_req * gamma
+    cu = torch.arange(num_req + 1, device=b.device, dtype=torch.int64) * gamma
+    z = torch.randn(num_draft, device=b.device, generator=b.gen)
+    temp = 0.5 + torch.rand(gamma, device=b.device, generator=b.gen)
     nbytes = num_draft * 8 + gamma * 4
     torch.testing.assert_close(
         best_survival(z, temp, num_req, gamma), ksurv.survival_varlen(z, cu, temp, backend="torch")
@@ -257,28 +280,49 @@ def main() -> None:
     row("survival", "torch ref", t(lambda: ksurv.survival_varlen(
         z, cu, temp, max_seqlen=gamma, backend="torch")), nbytes, None)
     row("survival", "best torch", t(lambda: best_survival(z, temp, num_req, gamma)), nbytes, None)
-    if run_triton:
+    if b.triton:
         row("survival", "triton", t(lambda: ksurv.survival_varlen(
             z, cu, temp, max_seqlen=gamma, backend="triton")), nbytes, None)
 
-    # Scheduler (latency-bound: bytes are tiny; time is the figure of merit).
+
+def bench_schedule(b: Bench) -> None:
+    """Scheduler (latency-bound: bytes are tiny; time is the figure of merit)."""
+    t, n = b.t, b.args.sched_n
     rng = np.random.default_rng(0)
-    surv_np = np.cumprod(rng.uniform(0.3, 1.0, (args.sched_n, args.sched_gamma)), axis=1)
+    surv_np = np.cumprod(rng.uniform(0.3, 1.0, (n, b.args.sched_gamma)), axis=1)
     sps_np = np.sort(rng.uniform(10, 100, surv_np.size + 1))[::-1].copy()
-    surv = torch.tensor(surv_np, device=device)
-    sps = torch.tensor(sps_np, device=device)
-    nbytes = surv.numel() * 8 + sps.numel() * 8 + args.sched_n * 8
+    surv = torch.tensor(surv_np, device=b.device)
+    sps = torch.tensor(sps_np, device=b.device)
+    nbytes = surv.numel() * 8 + sps.numel() * 8 + n * 8
     assert best_schedule(surv, sps).tolist() == np_sched.schedule_sync(surv_np, sps_np).tolist()
     row("schedule", "numpy", t(lambda: np_sched.schedule_sync(surv_np, sps_np)), nbytes, None)
     row("schedule", "torch ref", t(lambda: ks.schedule_sync(surv, sps, backend="torch")), nbytes, None)
     row("schedule", "best torch", t(lambda: best_schedule(surv, sps)), nbytes, None)
-    if run_triton:
+    if b.triton:
         fn = lambda: ks.schedule_sync(surv, sps, backend="triton")  # noqa: E731
         row("schedule", "triton", t(fn), nbytes, None)
         row("schedule", "triton graph", graph_time_s(fn), nbytes, None)
         fn_async = lambda: ks.schedule_async(surv, surv, sps, backend="triton")  # noqa: E731
         row("sched-async", "triton", t(fn_async), nbytes, None)
         row("sched-async", "triton graph", graph_time_s(fn_async), nbytes, None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    peak = args.peak_gbs if args.peak_gbs else (4800.0 if device == "cuda" else None)
+    what = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
+    print(f"device {device} ({what}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"cpus {os.cpu_count()}")
+    print(f"verify: R={args.num_req} gamma={args.gamma} V={args.vocab} {args.dtype}; "
+          f"schedule: {args.sched_n}x{args.sched_gamma}")
+    b = Bench(args, device, DTYPES[args.dtype], peak,
+              torch.Generator(device=device).manual_seed(0))
+    # one generator through the phases, in this order: the same inputs as ever
+    bench_verify(b)
+    bench_tree(b)
+    bench_survival(b)
+    bench_schedule(b)
 
 
 if __name__ == "__main__":

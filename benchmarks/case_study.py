@@ -104,7 +104,7 @@ def pack(e: dict) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/case-study", help="sweep folder (resumable)")
     ap.add_argument("--concurrency", default=DEFAULT_CONCURRENCY)
@@ -125,7 +125,42 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tiers", default="80,120")
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--executor", default="process")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def _summary(args, base, df, wall, grid: dict, h_main, h, practical, budget, waste) -> dict:
+    """What case_study.json holds: provenance, the configuration and sizing used,
+    the headline numbers and the budget and waste tables."""
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "git": _git_rev(),
+        "host": platform.node(),
+        "points": df.height,
+        "sweep_wall_s": round(wall, 1),
+        "cpu_s_points": round(float(df["wall_s"].sum()), 1),
+        "basis": basis_used(df, args.basis),
+        "config": {"profile": base.deployment.profile, "replicas": base.deployment.replicas,
+                   "sizing": {"min_requests": args.num_requests,
+                              "requests_per_client": args.requests_per_client,
+                              "max_doublings": args.max_doublings,
+                              "target_rse": args.target_rse},
+                   "num_requests": {f"{r['policy']}@{r['concurrency']}": r["num_requests"]
+                                    for r in df.select("policy", "concurrency",
+                                                       "num_requests").to_dicts()},
+                   "short_windows": int(df["steady_window_short"].sum())
+                   if "steady_window_short" in df.columns else None,
+                   "trace": args.trace, "gamma_max": args.gamma_max,
+                   "max_num_seqs": args.max_num_seqs, **grid},
+        "headline_main": pack(h_main[0]),
+        "matched_practical": practical,
+        "headline_extended": pack(h[0]),
+        "budget": budget.to_dicts(),
+        "waste": waste.to_dicts(),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
 
     base = case_base(args.max_num_seqs, args.num_requests, args.trace, args.gamma_max)
     conc = parse_numbers(args.concurrency, integer=True, option="--concurrency")
@@ -159,33 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
                           baseline=policies[-1], tiers=tiers, basis=basis,
                           title="DSpark §5.4 case study (simulated)")
 
-    summary = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "git": _git_rev(),
-        "host": platform.node(),
-        "points": df.height,
-        "sweep_wall_s": round(wall, 1),
-        "cpu_s_points": round(float(df["wall_s"].sum()), 1),
-        "basis": basis_used(df, basis),
-        "config": {"profile": base.deployment.profile, "replicas": base.deployment.replicas,
-                   "sizing": {"min_requests": args.num_requests,
-                              "requests_per_client": args.requests_per_client,
-                              "max_doublings": args.max_doublings,
-                              "target_rse": args.target_rse},
-                   "num_requests": {f"{r['policy']}@{r['concurrency']}": r["num_requests"]
-                                    for r in df.select("policy", "concurrency",
-                                                       "num_requests").to_dicts()},
-                   "short_windows": int(df["steady_window_short"].sum())
-                   if "steady_window_short" in df.columns else None,
-                   "trace": args.trace, "gamma_max": args.gamma_max,
-                   "max_num_seqs": args.max_num_seqs, "concurrency": [*conc, *ext],
-                   "policies": policies, "seeds": seeds},
-        "headline_main": pack(h_main[0]),
-        "matched_practical": practical,
-        "headline_extended": pack(h[0]),
-        "budget": budget.to_dicts(),
-        "waste": waste.to_dicts(),
-    }
+    grid = {"concurrency": [*conc, *ext], "policies": policies, "seeds": seeds}
+    summary = _summary(args, base, df, wall, grid, h_main, h, practical, budget, waste)
     write_json_atomic(out / "case_study.json", summary)
     print(md)
     with pl.Config(tbl_rows=60, tbl_cols=12, tbl_width_chars=160):

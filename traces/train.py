@@ -124,16 +124,44 @@ def train_drafter(
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = build_drafter(kind, tgt, gamma=gamma, **(drafter_kw or {}))
-    warm_info: dict[str, Any] | None = None
-    if init_from is not None:  # warm start: same architecture, weights from a checkpoint
-        from dspark_sim.traces.drafters import load_drafter
+    warm_info = _warm_start(model, kind, init_from, tgt)
+    t0 = time.time()
+    curve = _optimise(model, kind, tgt, store, anchors, seq_of, rng, steps=steps, gamma=gamma,
+                      batch_size=batch_size, lr=lr, log_every=log_every, progress=progress)
+    sidecar = _sidecar(model, kind, tgt, prompts, warm_info, curve, time.time() - t0,
+                       gamma=gamma, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                       split_seed=split_seed, max_new_tokens=max_new_tokens,
+                       train_positions=int(anchors.size))
+    sidecar.update(extra_sidecar or {})
+    out = Path(out_dir) if out_dir is not None else SHIPPED_DIR / kind
+    save_drafter(model, out, sidecar)
+    sidecar["path"] = str(out)
+    return sidecar
 
-        prev, warm_info = load_drafter(init_from, tgt)
-        if prev.kind != kind or {k: v.shape for k, v in prev.state_dict().items()} != \
-                {k: v.shape for k, v in model.state_dict().items()}:
-            raise InputError(str(init_from), f"cannot warm-start a {kind} drafter from this "
-                                             f"{prev.kind} checkpoint (different architecture)")
-        model.load_state_dict(prev.state_dict())
+
+def _warm_start(model, kind: str, init_from: str | Path | None, tgt: Target
+                ) -> dict[str, Any] | None:
+    """Same architecture, weights from a checkpoint; returns its sidecar (None: cold)."""
+    if init_from is None:
+        return None
+    from dspark_sim.traces.drafters import load_drafter
+
+    prev, warm_info = load_drafter(init_from, tgt)
+    if prev.kind != kind or {k: v.shape for k, v in prev.state_dict().items()} != \
+            {k: v.shape for k, v in model.state_dict().items()}:
+        raise InputError(str(init_from), f"cannot warm-start a {kind} drafter from this "
+                                         f"{prev.kind} checkpoint (different architecture)")
+    model.load_state_dict(prev.state_dict())
+    return warm_info
+
+
+def _optimise(model, kind: str, tgt: Target, store: SequenceStore, anchors: np.ndarray,
+              seq_of: np.ndarray, rng: np.random.Generator, *, steps: int, gamma: int,
+              batch_size: int, lr: float, log_every: int, progress: bool
+              ) -> list[dict[str, float]]:
+    """AdamW with linear warm-up then cosine decay to 10 %, gradients clipped at 1;
+    returns the loss curve (every ``log_every`` steps and the last). Leaves the model in
+    eval mode."""
     model.train()
     shared = Shared.of(tgt)
     if shared.embed_weight.dtype != torch.float32:
@@ -148,7 +176,6 @@ def train_drafter(
         return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
 
     curve: list[dict[str, float]] = []
-    t0 = time.time()
     window = model.cfg.window
     need_tl = kind == "dspark"
     bar = None
@@ -182,7 +209,14 @@ def train_drafter(
         if bar is not None:
             bar.stop()
     model.eval()
-    secs = time.time() - t0
+    return curve
+
+
+def _sidecar(model, kind: str, tgt: Target, prompts: list[Prompt],
+             warm_info: dict[str, Any] | None, curve: list[dict[str, float]], secs: float, *,
+             gamma: int, steps: int, batch_size: int, lr: float, seed: int, split_seed: int,
+             max_new_tokens: int, train_positions: int) -> dict[str, Any]:
+    """``drafter.json``: what was trained, on which prompts, how long, the loss curve."""
     by_ds = Counter(p.dataset for p in prompts)
     sidecar = {
         "target": tgt.name,
@@ -204,7 +238,7 @@ def train_drafter(
             "keys": [p.key for p in prompts],
         },
         "max_new_tokens": max_new_tokens,
-        "train_positions": int(anchors.size),
+        "train_positions": train_positions,
         "train_seconds": round(secs, 1),
         "device": str(tgt.device),
         "trainable_params": num_params(model),
@@ -221,10 +255,6 @@ def train_drafter(
         sidecar["warm_start"]["same_prompts"] = (
             warm_info.get("train_prompts", {}).get("keys") == [p.key for p in prompts])
         sidecar["total_steps"] = steps + int(warm_info.get("total_steps", warm_info.get("steps", 0)))
-    sidecar.update(extra_sidecar or {})
-    out = Path(out_dir) if out_dir is not None else SHIPPED_DIR / kind
-    save_drafter(model, out, sidecar)
-    sidecar["path"] = str(out)
     return sidecar
 
 
