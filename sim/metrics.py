@@ -412,23 +412,35 @@ def summarize(
 ) -> dict:
     """Whole-run figures, and with ``steps`` (the engine's per-step series) the
     ``steady_*`` figures and the stability verdict over the steady window. ``stable`` /
-    ``queue_growth_per_s`` given explicitly win (a real server's log has no series)."""
+    ``queue_growth_per_s`` given explicitly win (a real server's log has no series).
+
+    Built in phases, in the order the summary lists them: the request accounting and
+    throughputs, the latency percentiles, speculation, goodput, then steady state and
+    stability."""
     fin = ~np.isnan(log.finish_s)
+    lat = _latencies(log, fin)
+    s = _accounting(log, fin, gpus)
+    for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+        s |= _stats(name, lat[name])
+    s |= _itl(stats)
+    s |= _interactivity("", lat["interactivity"])
+    s |= _speculation(log, stats)
+    s |= _goodput(lat, s["duration"], slo_ttft_ms, slo_tpot_ms)
+    s |= _stability(log, steps, s["unfinished"], gpus=gpus, closed=closed, stable=stable,
+                    queue_growth_per_s=queue_growth_per_s)
+    return s
+
+
+def _accounting(log: RequestLog, fin: np.ndarray, gpus: int) -> dict:
+    """Where every request ended up, the token totals and the whole-run throughputs
+    (first arrival to last finish)."""
     n_done = int(fin.sum())
     start = float(np.nanmin(log.arrival_s)) if len(log.arrival_s) else 0.0
     end = float(np.nanmax(log.finish_s)) if n_done else start
     duration = max(end - start, 1e-9)
     out_tokens = int(log.generated[fin].sum())
     in_tokens = int(log.prompt_tokens[fin].sum())
-    ttft = (log.first_token_s - log.arrival_s)[fin] * 1e3
-    e2e = (log.finish_s - log.arrival_s)[fin] * 1e3
-    n = log.generated[fin]
-    multi = n > 1
-    tpot = np.full(n_done, np.nan)
-    tpot[multi] = (e2e[multi] - ttft[multi]) / (n[multi] - 1)
-    inter = np.where(tpot > 0, 1000.0 / tpot, np.nan)
-
-    s: dict = {
+    return {
         "completed": n_done,
         "num_requests": int(len(log.arrival_s)),
         "unfinished": int(len(log.arrival_s) - n_done - np.count_nonzero(log.rejected)),
@@ -449,30 +461,36 @@ def summarize(
         "output_throughput_per_gpu": out_tokens / duration / gpus,
         "num_gpus": gpus,
     }
-    for name, v in (("ttft_ms", ttft), ("tpot_ms", tpot), ("e2el_ms", e2e)):
-        s |= _stats(name, v)
-    itl_n = int(stats.itl_hist.sum())
-    s["mean_itl_ms"] = stats.itl_sum_s / itl_n * 1e3 if itl_n else None
-    for q in (50, 90, 99):
-        p = _hist_percentile(stats.itl_hist, q)
-        s[f"{'median' if q == 50 else f'p{q}'}_itl_ms"] = None if p is None else p * 1e3
-    fi = inter[np.isfinite(inter)]
-    s["median_interactivity"] = float(np.median(fi)) if fi.size else None
-    s["p90_interactivity"] = float(np.percentile(fi, 90)) if fi.size else None
-    s["p10_interactivity"] = float(np.percentile(fi, 10)) if fi.size else None
 
+
+def _itl(stats: StepStats) -> dict[str, float | None]:
+    """Inter-token latency: the exact mean, percentiles from the step histogram."""
+    itl_n = int(stats.itl_hist.sum())
+    s: dict[str, float | None] = {
+        "mean_itl_ms": stats.itl_sum_s / itl_n * 1e3 if itl_n else None}
+    for q, name in ((50, "median_itl_ms"), (90, "p90_itl_ms"), (99, "p99_itl_ms")):
+        p = _hist_percentile(stats.itl_hist, q)
+        s[name] = None if p is None else p * 1e3
+    return s
+
+
+def _speculation(log: RequestLog, stats: StepStats) -> dict:
+    """Drafts, acceptance (overall and per position), verification budget and waste,
+    and the engine's step figures."""
     drafts = stats.request_steps
     accepted = int((stats.accept_hist * np.arange(stats.accept_hist.size)).sum())
     verified = int((stats.ell_hist * np.arange(stats.ell_hist.size)).sum())
-    s["num_drafts"] = drafts
-    s["num_draft_tokens_verified"] = verified
-    s["num_accepted_tokens"] = accepted
-    # lossy policies: emitted tokens that differ from the target's greedy output
-    s["changed_tokens"] = int(stats.changed_tokens)
     total_emitted = int(log.generated.sum())
-    s["changed_token_fraction"] = stats.changed_tokens / total_emitted if total_emitted else 0.0
-    s["spec_decode_acceptance_length"] = 1.0 + accepted / drafts if drafts else None
-    s["spec_decode_acceptance_rate"] = accepted / verified if verified else None
+    s: dict = {
+        "num_drafts": drafts,
+        "num_draft_tokens_verified": verified,
+        "num_accepted_tokens": accepted,
+        # lossy policies: emitted tokens that differ from the target's greedy output
+        "changed_tokens": int(stats.changed_tokens),
+        "changed_token_fraction": stats.changed_tokens / total_emitted if total_emitted else 0.0,
+        "spec_decode_acceptance_length": 1.0 + accepted / drafts if drafts else None,
+        "spec_decode_acceptance_rate": accepted / verified if verified else None,
+    }
     if drafts and stats.gamma:
         ge = stats.accept_hist[::-1].cumsum()[::-1]  # count of steps with accepted >= k
         s["acceptance_per_position"] = [float(x) / drafts for x in ge[1 : stats.gamma + 1]]
@@ -490,16 +508,28 @@ def summarize(
     s["mean_decode_batch"] = drafts / stats.steps if stats.steps else None
     s["budget_limited_steps"] = stats.budget_limited_steps
     s["kv_blocked_steps"] = stats.kv_blocked_steps
+    return s
 
-    ok = np.ones(n_done, bool)
+
+def _goodput(lat: dict[str, np.ndarray], duration: float, slo_ttft_ms: float | None,
+             slo_tpot_ms: float | None) -> dict:
+    """Finished requests per second that met every SLO given (None: no SLO given)."""
+    ttft, tpot = lat["ttft_ms"], lat["tpot_ms"]
+    ok = np.ones(ttft.size, bool)
     if slo_ttft_ms is not None:
         ok &= ttft <= slo_ttft_ms
     if slo_tpot_ms is not None:
         ok &= ~(tpot > slo_tpot_ms)  # single-token requests have no TPOT: they pass
-    s["slo_ttft_ms"] = slo_ttft_ms
-    s["slo_tpot_ms"] = slo_tpot_ms
-    s["goodput"] = float(ok.sum()) / duration if (slo_ttft_ms or slo_tpot_ms) else None
-    unfinished = s["unfinished"]
+    return {"slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms,
+            "goodput": float(ok.sum()) / duration if (slo_ttft_ms or slo_tpot_ms) else None}
+
+
+def _stability(log: RequestLog, steps: StepSeries | None, unfinished: int, *, gpus: int,
+               closed: bool, stable: bool | None, queue_growth_per_s: float | None) -> dict:
+    """The ``steady_*`` figures (with a step series) and the verdict: stable when nothing
+    is left unfinished and the queue does not grow by more than 10 + 5 % of the window's
+    arrivals over the steady window. ``stable`` / ``queue_growth_per_s`` given win."""
+    s: dict = {}
     if steps is not None:
         win = steady_window(steps, log.arrival_s, closed=closed)
         s |= steady_state(log, steps, win, gpus=gpus)
