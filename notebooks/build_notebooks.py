@@ -49,7 +49,8 @@ POLICIES = None  # e.g. ["confidence-async", "mtp1"]; None: every policy in the 
 PROFILES = None  # e.g. ["v4flash-h200"]; None: every profile
 CANDIDATE, BASELINE = "confidence-async", "mtp1"
 SLA_TIERS = [80, 120]  # tok/s/user
-STABLE_ONLY = True  # leave unstable (overloaded) points out of the fronts"""),
+STABLE_ONLY = True  # leave unstable (overloaded) points out of the fronts
+BASIS = "steady"  # "steady": warm-up and drain excluded (the default); "whole": whole-run"""),
     ("code", """import plotly.graph_objects as go
 import polars as pl
 from dspark_sim.sim import frontier as fr
@@ -61,15 +62,20 @@ if PROFILES:
     df = df.filter(pl.col("profile_spec").is_in(PROFILES))
 if POLICIES:
     df = df.filter(pl.col("policy").is_in([fr.canonical_policy(p) for p in POLICIES]))
-print(f"{df.height} points; policies: {sorted(set(df['policy']))}")
-df.select("policy", "profile_spec", "load_kind", "load", fr.X, fr.Y,
-          "spec_decode_acceptance_length", "mean_verify_tokens_per_request_step", "stable")"""),
+print(f"{df.height} points; policies: {sorted(set(df['policy']))}; "
+      f"figures: {fr.basis_used(df, BASIS)}")
+# the same figures the fronts below use (metric_view puts the basis's columns under
+# the plain names)
+fr.metric_view(df, BASIS).select(
+    "policy", "profile_spec", "load_kind", "load", fr.X, fr.Y,
+    "spec_decode_acceptance_length", "mean_verify_tokens_per_request_step", "stable")"""),
     ("md", "## Fronts\nMarkers are sweep points (hover for details, x = unstable), lines the "
            "Pareto fronts; click a legend entry to toggle a policy."),
-    ("code", """fig = fronts_figure(df, policies=POLICIES, tiers=SLA_TIERS, stable_only=STABLE_ONLY)
+    ("code", """fig = fronts_figure(df, policies=POLICIES, tiers=SLA_TIERS, stable_only=STABLE_ONLY,
+                    basis=BASIS)
 fig.show()"""),
     ("md", "## Fronts by hand\nThe same fronts from `compute_fronts`, drawn with plain Plotly."),
-    ("code", """fronts = fr.compute_fronts(df, policies=POLICIES, stable_only=STABLE_ONLY)
+    ("code", """fronts = fr.compute_fronts(df, policies=POLICIES, stable_only=STABLE_ONLY, basis=BASIS)
 fig = go.Figure()
 for label, f in fronts.items():
     fig.add_trace(go.Scatter(x=f.x, y=f.y, mode="lines+markers", name=label))
@@ -87,14 +93,14 @@ pl.DataFrame([{"front": k, "points": len(f.x), "interactivity range": f"{f.x_ran
     ("code", """present = set(df["policy"])
 if fr.canonical_policy(CANDIDATE) in present and fr.canonical_policy(BASELINE) in present:
     h = fr.headline(df, candidate=CANDIDATE, baseline=BASELINE, tiers=SLA_TIERS,
-                    stable_only=STABLE_ONLY)
+                    stable_only=STABLE_ONLY, basis=BASIS)
     print(fr.format_headline(h))
 else:
     print(f"need both {CANDIDATE} and {BASELINE} in the sweep; present: {sorted(present)}")"""),
     ("md", "## Verification budget vs concurrency (Fig. 8) and waste vs load"),
-    ("code", """budget_figure(df, policies=POLICIES).show()
-waste_figure(df, policies=POLICIES).show()
-fr.budget_table(df)"""),
+    ("code", """budget_figure(df, policies=POLICIES, basis=BASIS).show()
+waste_figure(df, policies=POLICIES, basis=BASIS).show()
+fr.budget_table(df, BASIS)"""),
 ]
 
 TRACE = [

@@ -75,6 +75,8 @@ def test_notebook_executes(name, small_inputs):
     text = "\n".join(_texts(nb))
     if name == "frontier_explorer.ipynb":
         assert "4 points" in text and "confidence-async vs mtp1" in text
+        # the table shows the figures the fronts are drawn from (steady state)
+        assert "figures: steady" in text
     elif name == "trace_explorer.ipynb":
         assert "small_trace.parquet" in text and "12 requests" in text
     else:
