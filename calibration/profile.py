@@ -535,6 +535,8 @@ DEFAULT_PROFILE = "v4flash-h200"
 def load_profile(path_or_name: str | Path | None = None) -> EngineProfile:
     """Load a profile from a TOML path or a built-in name (default: the V4-like H200 one)."""
     spec = str(path_or_name) if path_or_name is not None else DEFAULT_PROFILE
+    if not spec.strip():  # Path("") is the working directory: name the option instead
+        raise InputError("--profile", "empty profile name or path")
     p = Path(spec)
     if p.suffix == ".toml" or p.exists():
         if not p.is_file():

@@ -511,7 +511,23 @@ def resolve_config(*, preset_name: str | None = None, config_path: str | Path | 
         layers.append(layer)
         cfg, arrival_layer = _apply(cfg, layer, arrival_layer, len(layers) - 1)
     _check_conflicts(cfg, layers, arrival_layer)
-    return cfg.validate()
+    return _validate_blaming(cfg, layers)
+
+
+def _validate_blaming(cfg: SimConfig, layers: list[_Layer]) -> SimConfig:
+    """``cfg.validate()``, with an error about a setting that a config file gave (not the
+    command line) naming the file, table and key instead of the option the user never
+    typed: ``c.toml [deployment] replicas: must be a positive integer, got 0``."""
+    try:
+        return cfg.validate()
+    except InputError as err:
+        for flag in (err.where or "").split("/"):
+            path = OPTION_FIELDS.get(flag.removeprefix("--").replace("-", "_"))
+            given = next((layer.where[path] for layer in reversed(layers)
+                          if path is not None and path in layer), None)
+            if given is not None and given != flag:
+                raise InputError(given, err.problem) from None
+        raise
 
 
 def load_config(path: str | Path, base: SimConfig | None = None) -> SimConfig:
@@ -522,7 +538,7 @@ def load_config(path: str | Path, base: SimConfig | None = None) -> SimConfig:
     layers = [_Layer("base config"), _toml_layer(read_toml(path, "config file"), str(path))]
     cfg, arrival_layer = _apply(base, layers[1], 0, 1)
     _check_conflicts(cfg, layers, arrival_layer)
-    return cfg.validate()
+    return _validate_blaming(cfg, layers)
 
 
 def check_draft_length(policy: Any, trace: Any, gamma_max: int | None = None) -> None:

@@ -65,13 +65,39 @@ def test_run_options_are_refused_before_simulating(no_simulation, args, needles)
     (["--workload", "/no/such.csv"], ["/no/such.csv", "workload file not found"]),
     (["--policy-profile", "no-such-profile", "--policy", "confidence"],
      ["unknown profile 'no-such-profile'"]),
-    (["--domain", "klingon"], ["no requests of domain 'klingon'"]),
+    (["--domain", "klingon"], ["--domain", "no requests of domain 'klingon'", "math"]),
+    (["--profile", ""], ["--profile", "empty profile name"]),  # not "" (the working dir)
 ])
 def test_run_files_and_names(tmp_path, args, needles):
     out = tmp_path / "out"
     one_line_error(["run", "--num-requests", "20", "--replicas", "1", *args, "--out", str(out)],
                    *needles)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("body,needles", [
+    ("[deployment]\nreplicas = 0\n", ["[deployment] replicas", "positive integer, got 0"]),
+    ("[engine]\nmax_num_seqs = 9000\nmax_num_batched_tokens = 100\n",
+     ["[engine] max_num_seqs", "must not exceed"]),
+    ("[run]\nseed = -1\n", ["[run] seed", "[0, 2**63)"]),
+])
+def test_a_bad_value_in_the_config_file_names_the_file_and_key(tmp_path, body, needles):
+    """A value the config file gave wrongly is blamed on the file's table and key, not on
+    an option the user never typed (found by tests/test_hostile_properties.py)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(body)
+    out = tmp_path / "out"
+    line = one_line_error(["run", "--config", str(cfg), "--num-requests", "20", "--out",
+                           str(out)], str(cfg), *needles)
+    assert "--" not in line.split(":")[1]
+    assert not out.exists()
+
+
+def test_the_same_bad_value_given_as_an_option_names_the_option(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[deployment]\nreplicas = 2\n")
+    one_line_error(["run", "--config", str(cfg), "--replicas", "0", "--num-requests", "20",
+                    "--out", str(tmp_path / "out")], "--replicas", "got 0")
 
 
 @pytest.mark.parametrize("args,needles", [

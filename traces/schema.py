@@ -193,7 +193,9 @@ class AcceptanceTrace:
     def select_domain(self, domain: str) -> AcceptanceTrace:
         keep = np.flatnonzero(self.req_domain == domain)
         if keep.size == 0:
-            raise InputError(self.source_path, f"no requests of domain {domain!r}")
+            # the option is what the user can change; the trace is named beside it
+            raise InputError("--domain", f"no requests of domain {domain!r} in "
+                             f"{self.source_path}; it has {', '.join(sorted(map(str, set(self.req_domain))))}")
         rows = np.concatenate([np.arange(self.req_offsets[r], self.req_offsets[r + 1]) for r in keep])
         lengths = self.req_lengths[keep]
         return replace(
