@@ -184,7 +184,9 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
 def run(
     policy: Annotated[str | None, typer.Option(help="NAME[:ARG]: none, mtp1, fixed:K, confidence, "
                                                "confidence-async, threshold:P; lossy: "
-                                               "asd:g,m,B, skip:P [confidence]")] = None,
+                                               "asd:g,m,B, skip:P; trees on a v2 trace: "
+                                               "cure:N,b,F,M, pctree:N,k, dspark-tree:N,k "
+                                               "(docs/trees.md) [confidence]")] = None,
     qps: Annotated[float | None, typer.Option(
         help="Open-loop request rate (req/s); with --workload: rescale its timestamps.")] = None,
     burstiness: Annotated[float | None, typer.Option(
@@ -200,7 +202,9 @@ def run(
         help="Time-scale a replayed workload to this rate.")] = None,
     lengths: Annotated[str | None, typer.Option(
         help="azure-conv | azure-code | mooncake | fixed:IN:OUT | lognormal:IN:OUT[:SIGMA]")] = None,
-    trace: Annotated[str | None, typer.Option(help="Schema-v1 trace (path or built-in name).")] = None,
+    trace: Annotated[str | None, typer.Option(
+        help="Acceptance trace, schema v1 or v2 (path or built-in name; tree policies need "
+             "v2, e.g. cure-qwen3-8b-synthetic).")] = None,
     mtp_trace: Annotated[str | None, typer.Option(help="Trace for the mtp1 policy.")] = None,
     domain: Annotated[str | None, typer.Option(help="Use only this domain of the trace.")] = None,
     profile: Annotated[str | None, typer.Option(help="Engine profile: TOML path or built-in name.")] = None,
@@ -492,7 +496,9 @@ def profile_terms_text(p) -> str:
 @app.command()
 def sweep(
     out: Annotated[Path, typer.Option(help="Folder for points/, results.parquet, report.html.")],
-    policies: Annotated[str, typer.Option(help="Comma-separated policy specs.")] =
+    policies: Annotated[str, typer.Option(
+        help="Comma-separated policy specs (a spec's numeric arguments may follow: "
+             "'confidence,cure:24,2,3,0.4').")] =
         "mtp1,fixed:3,fixed:5,confidence,confidence-async,none",
     qps: Annotated[str | None, typer.Option(
         help="Open-loop rates: 10:400:20 (inclusive), 1:256:x2 (geometric) or 1,2,4.")] = None,

@@ -56,6 +56,9 @@ def test_parse_lists_geometric_and_mixed():
     assert parse_numbers("0,1", integer=True, allow_zero=True) == [0, 1]
     assert parse_list("mtp1, confidence-async,,mtp1") == ["mtp1", "confidence-async"]
     assert parse_list("") is None
+    # tree specs carry commas in their arguments (a leading empty one too)
+    assert parse_list("fixed:16, pctree:16,1,cure:24,2,3,0.4,dspark-tree:,2,none") == [
+        "fixed:16", "pctree:16,1", "cure:24,2,3,0.4", "dspark-tree:,2", "none"]
 
 
 @pytest.mark.parametrize("spec", ["a", "1:2", "10:5:1", "1:10:0", "1:10:x1", "0:10:x2", "0",

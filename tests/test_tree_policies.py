@@ -307,3 +307,59 @@ def test_policy_is_pure(trace):
     snap, _ = _random_snapshot(3, 4, 5)
     a, b = pol(snap), pol(snap)
     assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.plan.order, b.plan.order)
+
+
+# -- the command line on the shipped v2 traces (issue 15's "done when") ---------------
+
+
+@pytest.mark.parametrize("spec,budget", [("cure", 32), ("pctree:24,3", 24),
+                                         ("dspark-tree:20,2", 20)])
+def test_cli_run_tree_policy_on_a_shipped_v2_trace(tmp_path, spec, budget):
+    """``dspark-sim run --policy <tree>`` on a shipped v2 trace by its built-in name: every
+    request completes, nothing is changed (lossless), and no request step verifies more
+    than the policy's node budget plus its root (the bonus slot)."""
+    from typer.testing import CliRunner
+
+    from dspark_sim.cli import app
+
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["run", "--policy", spec, "--trace",
+                                 "cure-qwen3-8b-synthetic", "--num-requests", "24",
+                                 "--replicas", "1", "--max-concurrency", "6",
+                                 "--lengths", "fixed:64:96", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["policy"] == get_policy(spec).name and s["completed"] == 24
+    assert s["trace"] == "builtin:cure-qwen3-8b-synthetic" and s["trace_gamma_max"] == 16
+    assert s["changed_tokens"] == 0 and not s["lossy"]
+    assert 1.0 < s["mean_verify_tokens_per_request_step"] <= budget + 1
+    assert s["total_output_tokens"] == 24 * 96
+
+
+def test_cli_sweep_and_report_show_tree_policies(tmp_path):
+    """The sweep runs tree policies beside a chain on a shipped v2 trace, and its report
+    names them; the width-1 tree (one branch per depth) serves exactly the chain's
+    accepted tokens and steps (the chain takes the engine's fast path, the tree the
+    replay)."""
+    import polars as pl
+    from typer.testing import CliRunner
+
+    from dspark_sim.cli import app
+
+    out = tmp_path / "sw"
+    pols = ["fixed:16", "pctree:16,1", "cure:24,2,3,0.4", "dspark-tree"]
+    r = CliRunner().invoke(app, ["sweep", "--out", str(out), "--policies", ",".join(pols),
+                                 "--traces", "pctree-qwen3-4b-gsm8k-synthetic",
+                                 "--concurrency", "4", "--num-requests", "16",
+                                 "--replicas", "1", "--lengths", "fixed:64:96",
+                                 "--executor", "serial", "--quiet"])
+    assert r.exit_code == 0, r.output
+    df = pl.read_parquet(out / "results.parquet")
+    assert sorted(df["policy_spec"]) == sorted(pols)
+    by = {row["policy_spec"]: row for row in df.iter_rows(named=True)}
+    assert by["cure:24,2,3,0.4"]["mean_verify_tokens_per_request_step"] <= 24 + 1
+    for key in ("num_accepted_tokens", "engine_steps", "num_draft_tokens_verified"):
+        assert by["pctree:16,1"][key] == by["fixed:16"][key], key
+    html = (out / "report.html").read_text()
+    for spec in pols[1:]:
+        assert get_policy(spec).name in html, spec
