@@ -246,7 +246,7 @@ def md_summary(result: dict) -> str:
     return "### Papers beside the simulator\n\n" + "\n".join(rows) + "\n"
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=f"{PCTREE_TRACE},{CURE_TRACE}")
     ap.add_argument("--profile", default="qwen3-8b-h100",
@@ -269,7 +269,21 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--markdown", default=None,
                     help="write the tables here; a file with the trees:begin/end markers "
                          "(docs/trees.md) gets them spliced between the markers")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def write_markdown(path: str | Path, md: str) -> None:
+    """Write ``md``; a file holding the markers gets it spliced between them."""
+    path = Path(path)
+    old = path.read_text() if path.exists() else ""
+    if BEGIN in old and END in old:  # splice between the markers (docs/trees.md)
+        head, rest = old.split(BEGIN, 1)
+        md = head + BEGIN + "\n" + md + END + rest.split(END, 1)[1]
+    write_text_atomic(path, md)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
 
     t0 = time.perf_counter()
     blocks: list[str] = []
@@ -339,13 +353,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out:
         write_json_atomic(Path(args.out) / "trees.json", result)
     if args.markdown:
-        md = "\n".join([summary, *blocks]).rstrip() + "\n"
-        path = Path(args.markdown)
-        old = path.read_text() if path.exists() else ""
-        if BEGIN in old and END in old:  # splice between the markers (docs/trees.md)
-            head, rest = old.split(BEGIN, 1)
-            md = head + BEGIN + "\n" + md + END + rest.split(END, 1)[1]
-        write_text_atomic(path, md)
+        write_markdown(args.markdown, "\n".join([summary, *blocks]).rstrip() + "\n")
     return result
 
 
