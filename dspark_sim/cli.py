@@ -496,9 +496,7 @@ def profile_terms_text(p) -> str:
 @app.command()
 def sweep(
     out: Annotated[Path, typer.Option(help="Folder for points/, results.parquet, report.html.")],
-    policies: Annotated[str, typer.Option(
-        help="Comma-separated policy specs (a spec's numeric arguments may follow: "
-             "'confidence,cure:24,2,3,0.4').")] =
+    policies: Annotated[str, typer.Option(help="Comma-separated policy specs.")] =
         "mtp1,fixed:3,fixed:5,confidence,confidence-async,none",
     qps: Annotated[str | None, typer.Option(
         help="Open-loop rates: 10:400:20 (inclusive), 1:256:x2 (geometric) or 1,2,4.")] = None,
