@@ -279,3 +279,16 @@ def test_tpot_by_hand_from_per_request_times_in_a_loaded_run():
         a + e / 1e3 for a, e in zip(req["arrival_s"], req["e2e_ms"], strict=True))
     assert s["duration"] == pytest.approx(last - first, rel=1e-12)
     assert s["output_throughput"] == pytest.approx(int(n.sum()) / (last - first), rel=1e-12)
+
+
+def test_without_a_step_series_stability_is_nothing_left_unfinished():
+    """A real server's log has no step series: ``stable`` then means no request was left
+    unfinished (kills ``unfinished == 0`` -> ``== 1``). Request 3 of ``_log`` is unfinished;
+    finishing it by hand (at 2.5 s, 9 tokens) makes the run stable."""
+    args = dict(gpus=1, slo_ttft_ms=None, slo_tpot_ms=None)
+    assert summarize(_log(), _stats(), **args)["stable"] is False
+    done = _log()
+    done.finish_s[3], done.generated[3] = 2.5, 9
+    s = summarize(done, _stats(), **args)
+    assert s["unfinished"] == 0 and s["stable"] is True
+    assert s["queue_growth_per_s"] == 0.0
