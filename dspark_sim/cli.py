@@ -183,7 +183,7 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
 @app.command()
 def run(
     policy: Annotated[str | None, typer.Option(help="NAME[:ARG]: none, mtp1, fixed:K, confidence, "
-                                               "confidence-async, threshold:P; lossy: "
+                                               "confidence-async, threshold:P, dfly, dcut; lossy: "
                                                "asd:g,m,B, skip:P; trees on a v2 trace: "
                                                "cure:N,b,F,M, pctree:N,k, dspark-tree:N,k "
                                                "(docs/trees.md) [confidence]")] = None,

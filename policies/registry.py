@@ -25,6 +25,7 @@ from dspark_sim.policies.scheduler import (
     sorted_desc,
     stretch_sorted,
 )
+from dspark_sim.policies.shared_budget import make_shared_budget
 from dspark_sim.policies.trees import TREE_SPECS, tree_policy_kwargs
 
 
@@ -203,12 +204,14 @@ def _make(spec: str) -> Policy:
         from dspark_sim.policies import lossy
 
         return lossy.make(spec.strip(), get_policy)
+    if name in ("dfly", "dcut"):  # batch-shared budgets (policies/shared_budget.py)
+        return make_shared_budget(name, spec, arg, Policy)
     raise InputError("--policy", f"unknown policy {spec!r}; known: {', '.join(POLICY_NAMES)}")
 
 
 POLICY_NAMES = ("none", "mtp1", "fixed:K", "confidence", "confidence-sync", "confidence-async",
                 "vllm-adaptive", "threshold:P", "cure:N,b,F,M", "pctree:N,k",
-                "dspark-tree:N,k", "asd:g,m,B", "skip:P")
+                "dspark-tree:N,k", "asd:g,m,B", "skip:P", "dfly[:R,...]", "dcut")
 
 
 def get_policy(spec: str) -> Policy:
