@@ -90,6 +90,14 @@ File format (TOML)::
     gamma_slope = 0.0
     kv_us_per_token = 0.0        # per context token of the drafted requests (optional)
     block = true                 # drafts its whole block whatever is verified (optional)
+    [draft.selfspec]             # self-speculation over a sparse KV (optional terms)
+    batch = [1, 8, 64, 256]      # one draft pass (a token per request) at no context
+    time_ms = [...]
+    gamma_ref = 1
+    gamma_slope = 1.0            # each drafted token is one more pass
+    kv_budget_tokens = 2048      # KV tokens each drafted token attends (sparse budget)
+    sparse_kv_us_per_token = 0.0 # per attended KV token per drafted token
+    select_us_per_context_token = 0.0  # per context token of a drafting request, per step
     [draft.mtp1]
     ...
 """
@@ -128,6 +136,33 @@ class DraftCost:
     # A block drafter (DSpark, a parallel backbone) drafts its whole block every step,
     # whatever the policy verifies; an autoregressive one stops at the verify length.
     block: bool = False
+    # Self-speculation over a sparse KV (``[draft.selfspec]``): each drafted token attends
+    # at most ``kv_budget_tokens`` of its request's context (``sparse_kv_s_per_token`` per
+    # attended token), and each drafting step first selects that budget from the whole
+    # context (``select_s_per_context_token`` per context token of a drafting request).
+    kv_budget_tokens: int | None = None
+    sparse_kv_s_per_token: float = 0.0
+    select_s_per_context_token: float = 0.0
+
+    @property
+    def has_context_terms(self) -> bool:
+        """The draft cost depends on each request's own context (not just the batch's)."""
+        return bool(self.sparse_kv_s_per_token or self.select_s_per_context_token)
+
+    def context_s(self, context_tokens: np.ndarray, drafted: np.ndarray) -> float:
+        """The context-dependent part for requests of ``context_tokens`` each drafting
+        ``drafted`` tokens: ``sparse * sum(drafted * min(context, budget)) + select *
+        sum(context of the requests that draft)``."""
+        ctx = np.asarray(context_tokens, dtype=np.float64)
+        d = np.asarray(drafted, dtype=np.float64)
+        t = 0.0
+        if self.sparse_kv_s_per_token:
+            attended = ctx if self.kv_budget_tokens is None \
+                else np.minimum(ctx, self.kv_budget_tokens)
+            t += self.sparse_kv_s_per_token * float(np.dot(d, attended))
+        if self.select_s_per_context_token:
+            t += self.select_s_per_context_token * float(ctx[d > 0].sum())
+        return t
 
     def time(self, n_requests: int, gamma: int, kv_tokens: float = 0.0) -> float:
         """Draft time for ``n_requests`` drafting ``gamma`` tokens each over
@@ -227,7 +262,9 @@ class EngineProfile:
         wanted = f"[draft.{policy_drafter}]" + (
             f" (or [draft.{trace_drafter}] for the trace's drafter)"
             if trace_drafter and trace_drafter != policy_drafter else "")
-        raise InputError(self.source, f"profile has no {wanted} table; it has {have}")
+        hint = (" (the shipped selfspec-llama8b-8xh200 and selfspec-v3-h200 profiles have one)"
+                if policy_drafter == "selfspec" else "")
+        raise InputError(self.source, f"profile has no {wanted} table; it has {have}{hint}")
 
     def draft_time_s(self, drafter: str | None, n_requests: int, gamma: int,
                      kv_tokens: float = 0.0) -> float:
@@ -351,6 +388,12 @@ class EngineProfile:
                 f"gamma_slope = {float(d.gamma_slope)!r}",
                 *([f"kv_us_per_token = {d.kv_s_per_token * 1e6!r}"] if d.kv_s_per_token else []),
                 *(["block = true"] if d.block else []),
+                *([f"kv_budget_tokens = {int(d.kv_budget_tokens)}"]
+                  if d.kv_budget_tokens is not None else []),
+                *([f"sparse_kv_us_per_token = {d.sparse_kv_s_per_token * 1e6!r}"]
+                  if d.sparse_kv_s_per_token else []),
+                *([f"select_us_per_context_token = {d.select_s_per_context_token * 1e6!r}"]
+                  if d.select_s_per_context_token else []),
             ]
         return "\n".join(lines) + "\n"
 
@@ -436,9 +479,22 @@ def _table(where: str, data: dict, key: str, *, required: bool = False) -> dict:
     return v
 
 
+DRAFT_KEYS = ("batch", "time_ms", "gamma_ref", "gamma_slope", "kv_us_per_token", "block",
+              "kv_budget_tokens", "sparse_kv_us_per_token", "select_us_per_context_token")
+
+
 def _draft_cost(where: str, d: dict) -> DraftCost:
     if not isinstance(d, dict):
         raise InputError(where, "must be a table")
+    unknown = sorted(set(d) - set(DRAFT_KEYS))
+    if unknown:  # a misspelt cost term would otherwise be a silent zero
+        raise InputError(where, f"unknown key(s) {', '.join(unknown)}; known: "
+                                f"{', '.join(DRAFT_KEYS)}")
+    sparse_us = _number(where, d, "sparse_kv_us_per_token")
+    budget = _count(where, d, "kv_budget_tokens")
+    if sparse_us and budget is None:
+        raise InputError(where, "'sparse_kv_us_per_token' needs 'kv_budget_tokens' (the KV "
+                                "tokens each drafted token attends)")
     batch = _array(where, d, "batch")
     time_ms = _array(where, d, "time_ms", positive=False)
     if batch.shape != time_ms.shape or np.any(np.diff(batch) <= 0) or np.any(time_ms < 0):
@@ -453,6 +509,9 @@ def _draft_cost(where: str, d: dict) -> DraftCost:
         gamma_slope=float(slope),
         kv_s_per_token=_number(where, d, "kv_us_per_token") / 1e6,
         block=_flag(where, d, "block"),
+        kv_budget_tokens=budget,
+        sparse_kv_s_per_token=sparse_us / 1e6,
+        select_s_per_context_token=_number(where, d, "select_us_per_context_token") / 1e6,
     )
 
 

@@ -201,7 +201,8 @@ def run(
     replay_qps: Annotated[float | None, typer.Option(
         help="Time-scale a replayed workload to this rate.")] = None,
     lengths: Annotated[str | None, typer.Option(
-        help="azure-conv | azure-code | mooncake | fixed:IN:OUT | lognormal:IN:OUT[:SIGMA]")] = None,
+        help="azure-conv | azure-code | mooncake | long-context[:IN:OUT] | fixed:IN:OUT | "
+             "lognormal:IN:OUT[:SIGMA]")] = None,
     trace: Annotated[str | None, typer.Option(
         help="Acceptance trace, schema v1 or v2 (path or built-in name; tree policies need "
              "v2, e.g. cure-qwen3-8b-synthetic).")] = None,

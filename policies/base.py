@@ -34,6 +34,10 @@ class StepCost:
                          fill large steps, so the table's slope at large batches.
     draft_token_s:       what one drafted token beyond the block costs the step (tree
                          branches: ``Verification.draft_tokens``), as the engine prices it.
+    draft_pass_s:        (a policy whose drafter stops at its verify length,
+    draft_fixed_s:       ``Policy.stops_drafting``; else 0) one more draft pass over the
+                         batch, and what a drafting step pays once (sparse-KV selection,
+                         the drafter's KV reads); ``extra_s`` then holds no draft term.
     """
 
     table_s: np.ndarray
@@ -41,6 +45,8 @@ class StepCost:
     pending_prefill: int
     prefill_s_per_token: float
     draft_token_s: float = 0.0
+    draft_pass_s: float = 0.0
+    draft_fixed_s: float = 0.0
 
     @property
     def budget(self) -> int:

@@ -26,6 +26,7 @@ from dspark_sim.policies.scheduler import (
     stretch_sorted,
 )
 from dspark_sim.policies.shared_budget import make_shared_budget
+from dspark_sim.policies.sparsespec import make_sparsespec
 from dspark_sim.policies.trees import TREE_SPECS, tree_policy_kwargs
 
 
@@ -55,6 +56,9 @@ class Policy:
     fields: tuple[str, ...] = ()
     uses_state: bool = False
     lossy: bool = False
+    # The drafter stops at each request's verify length this step (a controller deciding
+    # while it drafts, SparseSpec-L): the engine charges the passes it ran, not a block.
+    stops_drafting: bool = False
 
     def __call__(self, snap: BatchSnapshot) -> np.ndarray:
         return self.decide(snap)
@@ -206,12 +210,15 @@ def _make(spec: str) -> Policy:
         return lossy.make(spec.strip(), get_policy)
     if name in ("dfly", "dcut"):  # batch-shared budgets (policies/shared_budget.py)
         return make_shared_budget(name, spec, arg, Policy)
+    if name == "sparsespec":  # long-context self-speculation (policies/sparsespec.py)
+        return make_sparsespec(spec, arg, Policy)
     raise InputError("--policy", f"unknown policy {spec!r}; known: {', '.join(POLICY_NAMES)}")
 
 
 POLICY_NAMES = ("none", "mtp1", "fixed:K", "confidence", "confidence-sync", "confidence-async",
                 "vllm-adaptive", "threshold:P", "cure:N,b,F,M", "pctree:N,k",
-                "dspark-tree:N,k", "asd:g,m,B", "skip:P", "dfly[:R,...]", "dcut")
+                "dspark-tree:N,k", "asd:g,m,B", "skip:P", "dfly[:R,...]", "dcut",
+                "sparsespec[:T|:conf]")
 
 
 def get_policy(spec: str) -> Policy:

@@ -39,6 +39,8 @@ from dspark_sim.sim.workload import build_stream, uses_trace_lengths
 from dspark_sim.traces.schema import AcceptanceTrace, load_trace
 
 DEFAULT_TRACE = "dspark-synthetic"
+# Self-speculation (sparsespec) replays a target-drafting-for-itself trace with entropies
+DEFAULT_SELFSPEC_TRACE = "selfspec-synthetic"
 DEFAULT_MTP_TRACE = "mtp1-synthetic"
 
 
@@ -65,7 +67,8 @@ def resolve_trace(cfg: SimConfig, policy: Policy) -> AcceptanceTrace | None:
         # MTP-1 replays the MTP head's own trace, never the block drafter's.
         spec = cfg.mtp_trace or DEFAULT_MTP_TRACE
     else:
-        spec = cfg.trace or DEFAULT_TRACE
+        spec = cfg.trace or (DEFAULT_SELFSPEC_TRACE if policy.drafter == "selfspec"
+                             else DEFAULT_TRACE)
     trace = load_trace(spec)
     if cfg.workload.domain:
         trace = trace.select_domain(cfg.workload.domain)

@@ -445,10 +445,17 @@ class Replica:
             # rows that skip the verifier are not in the target's forward: it reads none
             # of their KV (and a step where every row skips runs no target forward at all)
             target_kv -= int(self._context(batch, decoding)[skip].sum())
-        dt = (ctx.draft_time(n_dec, self.kv_tokens) if n_dec else 0.0) \
-            + (ctx.target_time(verify_tokens + prefill_tokens)
-               if verify_tokens + prefill_tokens else 0.0) \
-            + prof.kv_s_per_token * target_kv
+        if n_dec and ctx.draft_per_request:
+            # the draft's cost depends on each request's context (self-speculation over a
+            # sparse KV) or on what each request drafts this step (a stopping controller)
+            dt = ctx.draft_step_s(self._decode_context(batch, n_dec), ell, self.kv_tokens)
+        else:
+            dt = ctx.draft_time(n_dec, self.kv_tokens) if n_dec else 0.0
+        # two additions, in the order of the sum before the draft was priced per request:
+        # (draft + target) + KV, so a drafter without context terms gives the same bits
+        dt += ctx.target_time(verify_tokens + prefill_tokens) \
+            if verify_tokens + prefill_tokens else 0.0
+        dt += prof.kv_s_per_token * target_kv
         if lossy is not None and lossy[2] is not None and n_dec:
             # tree branches: the drafter's per-token share of its block, per extra token
             dt += ctx.draft_branch_s(n_dec) * float(np.sum(lossy[2])) / n_dec
@@ -538,6 +545,12 @@ class Replica:
             - batch[decoding, GENERATED_AT_ADMIT]
 
     @staticmethod
+    def _decode_context(batch: np.ndarray, n_dec: int) -> np.ndarray:
+        """Context tokens (KV held) of each decoding row."""
+        return batch[:n_dec, PREFILLED] + batch[:n_dec, GENERATED] \
+            - batch[:n_dec, GENERATED_AT_ADMIT]
+
+    @staticmethod
     def _attention_units(batch, decoding, ell, n_dec, prefilling, chunk, window=None,
                          skip=None) -> tuple[float, float, int]:
         """The step's units of the profile's context-dependent terms, in one pass over the
@@ -580,7 +593,7 @@ class Replica:
         survival = ctx.trace_survival[trace_idx]
         sps = cost = None
         if policy.needs_sps or policy.needs_cost:
-            extra = self._extra_s(n_dec, len(batch))
+            extra = self._extra_s(n_dec, batch)
             if policy.needs_sps:
                 sps = self._sps_curve(n_dec, extra, policy.sps_decode_only)
             if policy.needs_cost:
@@ -588,6 +601,10 @@ class Replica:
                 cost = StepCost(ctx.sps_dense_step_s, extra, self.pending_prefill,
                                 ctx.sps_prefill_s_per_token,
                                 ctx.draft_branch_s(n_dec) / n_dec if policy.replay else 0.0)
+                if policy.stops_drafting:  # the draft is priced apart: per pass, per step
+                    context = self._decode_context(batch, n_dec)
+                    cost = replace(cost, draft_pass_s=ctx.sps_draft_pass_s(n_dec, context),
+                                   draft_fixed_s=ctx.sps_draft_fixed_s(context, self.kv_tokens))
         lagged = policy.lagged(self.lag)
         # The arrays are fresh (gathered / computed this step): freeze them in place.
         survival.flags.writeable = False
@@ -622,14 +639,23 @@ class Replica:
             self.lag.append((snap.survival, snap.sps, snap.cost))
         return ell
 
-    def _extra_s(self, n_dec: int, batch_rows: int) -> np.ndarray:
+    def _extra_s(self, n_dec: int, batch: np.ndarray) -> np.ndarray:
         """The step time beyond the target table when ``i`` drafts are admitted,
         i = 0..n*gamma, as the *scheduler's* profile prices it (``policy_profile``; by
         default the cost profile): draft, KV reads, and the LM head / attention terms of
-        the ``n + i`` verify tokens."""
+        the ``n + i`` verify tokens. A stopping controller's draft is left out (its
+        :class:`StepCost` carries the draft per pass and per step instead)."""
         ctx = self.ctx
-        return ctx.sps_profile.step_extra_s(n_dec, ctx.gamma, self.kv_tokens, batch_rows,
-                                            ctx.sps_draft_time(n_dec, self.kv_tokens))
+        if ctx.policy.stops_drafting:
+            draft_s = 0.0
+        elif ctx.sps_draft_context is not None and n_dec:
+            context = self._decode_context(batch, n_dec)
+            draft_s = ctx.sps_draft_time(n_dec, self.kv_tokens) + ctx.sps_draft_context.context_s(
+                context, np.full(n_dec, ctx.draft_gamma))
+        else:
+            draft_s = ctx.sps_draft_time(n_dec, self.kv_tokens)
+        return ctx.sps_profile.step_extra_s(n_dec, ctx.gamma, self.kv_tokens, len(batch),
+                                            draft_s)
 
     def _sps_curve(self, n_dec: int, extra: np.ndarray, decode_only: bool) -> np.ndarray:
         """Steps/s when ``i`` draft tokens are admitted. B is ``n + i`` verify tokens plus
@@ -739,6 +765,7 @@ class SimContext:
             profile.target_time_s(np.arange(self.max_num_batched_tokens + 1)), dtype=np.float64)
         self._dense_list = self.dense_step_s.tolist()
         self._draft_cache: dict[int, float] = {}
+        self._pass_cache: dict[tuple[int, int], float] = {}
         # The table the *scheduler* believes (SPS curve of the confidence policies): the
         # cost profile unless a separate one is given, e.g. the profile a real server's
         # scheduler was configured with while the step costs come from another source,
@@ -766,6 +793,16 @@ class SimContext:
                 return cache[n] + kv_s * kv_tokens
 
             self.sps_draft_time = sps_draft_time
+        # Per-request draft pricing: a drafter whose cost depends on each request's own
+        # context (sparse-KV self-speculation) or a policy whose drafter stops at each
+        # request's verify length this step (a controller deciding while it drafts).
+        draft = profile.drafts[self._draft_key] if self._draft_key is not None else None
+        self.draft_per_request = draft is not None and (draft.has_context_terms
+                                                        or policy.stops_drafting)
+        sps_draft = (self.sps_profile.drafts[self._draft_key]
+                     if self._draft_key is not None else None)
+        self.sps_draft_context = sps_draft if sps_draft is not None \
+            and sps_draft.has_context_terms else None
         self.has_context_terms = bool(profile.attn_s_per_query_ctx or profile.multi_kv_s_per_token
                                       or profile.request_s)
         self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy
@@ -828,6 +865,59 @@ class SimContext:
             t = self.profile.draft_time_s(self._draft_key, n, self.draft_gamma)
             self._draft_cache[n] = t
         return t + self._draft_kv_s * kv_tokens
+
+    def drafted_tokens(self, ell: np.ndarray) -> np.ndarray:
+        """Tokens each decoding request drafts this step: a stopping controller's drafter
+        stops at the verify length; every other drafter drafts ``draft_gamma``."""
+        if self.policy.stops_drafting:
+            return ell
+        return np.full(ell.shape[0], self.draft_gamma, dtype=np.int64)
+
+    def draft_step_s(self, context: np.ndarray, ell: np.ndarray, kv_tokens: int) -> float:
+        """Draft time of a step whose decoding requests hold ``context`` tokens and verify
+        ``ell`` drafts: the table's passes, the drafter's reads of the batch's KV, and the
+        sparse-KV / selection terms of each request's own context. A stopping controller
+        runs pass ``j`` over the requests still drafting at depth ``j``, each pass at the
+        table's one-token cost; every other drafter is the table at ``draft_gamma``."""
+        d = self.profile.drafts[self._draft_key]
+        drafted = self.drafted_tokens(ell)
+        n = drafted.shape[0]
+        if self.policy.stops_drafting:
+            if not drafted.any():
+                return 0.0
+            # requests still drafting at depth j = 1..max: n minus those that stopped before
+            still = n - np.cumsum(np.bincount(drafted, minlength=int(drafted.max()) + 1))[:-1]
+            t = sum(self.draft_pass_table_s(d, int(k)) for k in still)
+            t += d.kv_s_per_token * kv_tokens
+        else:
+            t = self.draft_time(n, kv_tokens)
+        return t + d.context_s(context, drafted)
+
+    def draft_pass_table_s(self, d, n: int) -> float:
+        """One draft pass (a token per request) over ``n`` requests, from the table."""
+        key = (id(d), n)
+        t = self._pass_cache.get(key)
+        if t is None:
+            t = self._pass_cache[key] = d.base_time(n, 1)
+        return t
+
+    def sps_draft_pass_s(self, n: int, context: np.ndarray) -> float:
+        """What one more draft pass over the ``n`` decoding requests costs, as the
+        scheduler's profile prices it: the table's one-token pass plus each request's
+        sparse-KV reads."""
+        if self._draft_key is None:
+            return 0.0
+        d = self.sps_profile.drafts[self._draft_key]
+        return self.draft_pass_table_s(d, n) + d.context_s(context, np.ones(n)) \
+            - d.select_s_per_context_token * float(context.sum())
+
+    def sps_draft_fixed_s(self, context: np.ndarray, kv_tokens: int) -> float:
+        """The draft cost a drafting step pays once whatever its length: the selection of
+        each request's sparse KV from its context and the drafter's KV reads."""
+        if self._draft_key is None:
+            return 0.0
+        d = self.sps_profile.drafts[self._draft_key]
+        return d.select_s_per_context_token * float(context.sum()) + d.kv_s_per_token * kv_tokens
 
     def on_finish(self, k: int) -> None:
         self._on_finish(k)

@@ -12,7 +12,9 @@ the timestamps themselves play no part.
 
 Lengths: from the workload file, a named empirical distribution shipped with the
 package (``azure-conv``, ``azure-code``, ``mooncake``: samples of the public traces,
-CC-BY 4.0 / Apache-2.0), ``fixed:IN:OUT`` or ``lognormal:IN_MEDIAN:OUT_MEDIAN[:SIGMA]``,
+CC-BY 4.0 / Apache-2.0; ``sim/data/LENGTHS.md`` says which files and how they were
+sampled), ``fixed:IN:OUT`` or ``lognormal:IN_MEDIAN:OUT_MEDIAN[:SIGMA]``, the synthetic
+``long-context[:IN:OUT[:SIGMA]]`` (lognormal, default 32768 / 512 / 0.5),
 or ``trace`` / ``trace:sample``: each request takes the prompt and output length of one
 acceptance-trace request (an imported trace carries them) and replays that request's
 row, rows cycled in order (``trace``) or drawn with the run's seed (``trace:sample``).
@@ -37,6 +39,10 @@ from dspark_sim.sim.config import (
 )
 
 NAMED_LENGTHS = ("azure-conv", "azure-code", "mooncake")
+# Synthetic long-context preset: lognormal prompts around 32k tokens (sigma 0.5: ~90 %
+# between 17k and 62k), outputs around 512 (long-context serving: documents, agents).
+LONG_CONTEXT = "long-context"
+LONG_CONTEXT_DEFAULT = (32768.0, 512.0, 0.5)
 TRACE_LENGTHS = ("trace", "trace:sample")
 DEFAULT_LENGTHS = "azure-conv"
 
@@ -143,6 +149,12 @@ def sample_lengths(spec: str, n: int, rng: np.random.Generator) -> tuple[np.ndar
     if kind == "fixed" and len(nums) == 2 and min(nums) >= 1:
         return (np.full(n, int(nums[0]), np.int64), np.full(n, int(nums[1]), np.int64),
                 f"fixed {int(nums[0])} in / {int(nums[1])} out")
+    if kind == LONG_CONTEXT and len(nums) in (0, 2, 3) and min(nums, default=1) > 0:
+        # synthetic long-context prompts: lognormal around a long median, a narrow spread
+        nums = nums or list(LONG_CONTEXT_DEFAULT)
+        if len(nums) == 2:
+            nums.append(LONG_CONTEXT_DEFAULT[2])
+        kind = "lognormal"
     if kind == "lognormal" and len(nums) in (2, 3) and min(nums) > 0:
         sigma = nums[2] if len(nums) == 3 else 0.8
         if sigma > MAX_LOGNORMAL_SIGMA:
@@ -155,7 +167,7 @@ def sample_lengths(spec: str, n: int, rng: np.random.Generator) -> tuple[np.ndar
     raise InputError(
         "--lengths",
         f"bad length spec {spec!r}; use one of {', '.join(NAMED_LENGTHS)}, fixed:IN:OUT, "
-        "lognormal:IN:OUT[:SIGMA], trace, trace:sample",
+        "lognormal:IN:OUT[:SIGMA], long-context[:IN:OUT[:SIGMA]], trace, trace:sample",
     )
 
 
