@@ -4,24 +4,43 @@ For each profile and a ladder of closed-loop concurrencies, runs ``none`` (autor
 ``fixed:gamma`` (= ``dfly:100``), ``dfly`` (K from 25/50/75/100 % of the slots), ``dcut``
 (the cut at any slot, this step's survivals) and ``confidence`` (the default continuous
 budget, sized on two-step-old survivals) and prints steady-state output throughput per
-GPU, the speed-up over autoregressive decoding, the mean verify length per request and
-step, and two ratios: ``dcut / dfly`` (the cost of the 25-point grid: the two differ in
+GPU, the speed-up over autoregressive decoding, the mean verify tokens per request and
+step (the bonus included), and two ratios: ``dcut / dfly`` (the cost of the 25-point grid: the two differ in
 nothing else) and ``confidence / dcut`` (the cost of deciding without this step's drafts).
 
     python benchmarks/shared_budget.py                          # 2 profiles x 11 loads (~3 min)
     python benchmarks/shared_budget.py --profiles v4flash-h200 --loads 4,16,64
+    python benchmarks/shared_budget.py --loads 4,8,16,32,48,64,96,128 \
+        --profiles benchmarks/sheets/a21b-8xh20.sheet.toml     # the papers' setting, approximated
+
+A ``*.sheet.toml`` profile is built from its roofline sheets first
+(``profile_from_sheets``; ``benchmarks/sheets/a21b-8xh20.sheet.toml`` approximates DFly's
+Hy3-A21B on 8 x H20, its assumptions stated in the file).
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 from dspark_sim.calibration.profile import load_profile
+from dspark_sim.calibration.roofline import profile_from_sheets
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import DeploymentConfig, SimConfig, WorkloadConfig
 
 POLICIES = ("none", "fixed:7", "dfly", "dcut", "confidence")
+
+
+def resolve_profile(spec: str, tmp: Path) -> str:
+    """A profile name or TOML path as is; a roofline sheet built into a profile file."""
+    if not spec.endswith(".sheet.toml"):
+        return spec
+    prof = profile_from_sheets(spec)
+    out = tmp / f"{prof.name}.toml"
+    out.write_text(prof.to_toml())
+    return str(out)
 
 
 def point(profile: str, load: int, requests_per_client: int, lengths: str | None,
@@ -53,11 +72,13 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default=None, help="as for run (default: the preset's)")
     ap.add_argument("--trace", default=None)
     args = ap.parse_args(argv)
-    for profile in args.profiles.split(","):
-        print(f"\n## {profile}  (tok/s/GPU; x AR = over `none`; l = mean verify drafts "
+    tmp = Path(tempfile.mkdtemp(prefix="shared-budget-"))
+    for spec in args.profiles.split(","):
+        profile = resolve_profile(spec, tmp)
+        print(f"\n## {spec}  (tok/s/GPU; x AR = over `none`; l = mean verify drafts "
               "per request step)")
         print("| C | none | fixed:7 | dfly | dcut | confidence | dfly x AR | dcut x AR "
-              "| l dfly / dcut / conf | dcut/dfly | conf/dcut |")
+              "| 1+l dfly / dcut / conf | dcut/dfly | conf/dcut |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
         for load in (int(x) for x in args.loads.split(",")):
             r = point(profile, load, args.requests_per_client, args.lengths, args.trace)

@@ -491,6 +491,11 @@ def profile_terms_text(p) -> str:
         lines.append(f"draft [{dname}] {'block' if d.block else 'autoregressive'}, gamma_ref "
                      f"{d.gamma_ref}, gamma_slope {d.gamma_slope:.4g}, kv_us_per_token "
                      f"{d.kv_s_per_token * 1e6:.4g}: {costs}")
+        if d.has_context_terms or d.kv_budget_tokens is not None:
+            lines.append(f"  sparse KV: kv_budget_tokens {d.kv_budget_tokens}, "
+                         f"sparse_kv_us_per_token {d.sparse_kv_s_per_token * 1e6:.4g} (per "
+                         "attended token per drafted token), select_us_per_context_token "
+                         f"{d.select_s_per_context_token * 1e6:.4g} (per context token per step)")
     return "\n".join(lines)
 
 

@@ -233,9 +233,15 @@ def test_the_two_regimes_price_verify_tokens_differently():
 
 def test_length_presets_ship_inside_the_package(monkeypatch, tmp_path):
     """`mooncake` and `long-context` need nothing outside the installed package."""
+    from pathlib import Path
+
+    import dspark_sim.sim
     from dspark_sim.sim.workload import sample_lengths
 
     monkeypatch.chdir(tmp_path)  # no ../shared relative to here
+    data = Path(dspark_sim.sim.__file__).parent / "data"
+    assert (data / "lengths.parquet").is_file()  # package data, with its sources stated
+    assert "Apache-2.0" in (data / "LENGTHS.md").read_text()
     p, o, desc = sample_lengths("mooncake", 2000, np.random.default_rng(0))
     assert p.size == 2000 and 4000 < np.median(p) < 10000 and p.max() > 32000
     assert "mooncake" in desc
@@ -283,3 +289,40 @@ def test_shipped_selfspec_trace_is_current():
     assert np.array_equal(shipped.accept_len, fresh.accept_len)
     assert np.array_equal(shipped.v2.draft_entropy, fresh.v2.draft_entropy)
     assert shipped.meta.drafter == "selfspec" and shipped.schema_version == 2
+
+
+# -- the CLI -----------------------------------------------------------------------------------
+
+
+def test_cli_runs_and_sweeps_the_new_policies_on_shipped_traces(tmp_path):
+    """`run` and `sweep` with dfly, dcut and sparsespec on the shipped traces and profiles;
+    sparsespec on a profile without a self-speculation table is a one-line error."""
+    import json
+
+    import polars as pl
+    from typer.testing import CliRunner
+
+    from dspark_sim.cli import app
+
+    runner = CliRunner()
+    small = ["--num-requests", "40", "--replicas", "1", "--max-concurrency", "8"]
+    for policy, extra in (("dfly", []), ("dcut", []),
+                          ("sparsespec", ["--profile", "selfspec-llama8b-8xh200",
+                                          "--lengths", "long-context:8192:64"])):
+        out = tmp_path / policy
+        r = runner.invoke(app, ["run", "--policy", policy, *small, *extra, "--quiet",
+                                "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        s = json.loads((out / "summary.json").read_text())
+        assert s["policy"] == policy and s["completed"] == 40
+    assert s["trace"].endswith("selfspec-synthetic")
+    r = runner.invoke(app, ["run", "--policy", "sparsespec", *small, "--quiet"])
+    assert r.exit_code == 2
+    assert "[draft.selfspec]" in r.output and "selfspec-llama8b-8xh200" in r.output
+    r = runner.invoke(app, ["sweep", "--policies", "sparsespec,sparsespec:conf",
+                            "--profiles", "selfspec-v3-h200", "--concurrency", "4",
+                            "--num-requests", "16", "--lengths", "mooncake",
+                            "--executor", "serial", "--quiet", "--candidate", "sparsespec",
+                            "--baseline", "sparsespec:conf", "--out", str(tmp_path / "sw")])
+    assert r.exit_code == 0, r.output
+    assert pl.read_parquet(tmp_path / "sw" / "results.parquet").height == 2
