@@ -29,7 +29,8 @@ PROFILES = "selfspec-llama8b-8xh200,selfspec-v3-h200"
 POLICIES = ("fixed:1", "fixed:3", "fixed:7", "sparsespec", "sparsespec:conf")
 
 
-def point(profile: str, load: int, lengths: str, requests_per_client: int) -> dict:
+def point(profile: str, load: int, lengths: str, requests_per_client: int,
+          policies: tuple[str, ...] = POLICIES) -> dict:
     prof = load_profile(profile)
     base = SimConfig(trace="selfspec-synthetic",
                      deployment=DeploymentConfig(replicas=1, profile=profile),
@@ -38,7 +39,7 @@ def point(profile: str, load: int, lengths: str, requests_per_client: int) -> di
                                              num_requests=max(32, requests_per_client * load),
                                              lengths=lengths))
     out = {}
-    for pol in ("none", *POLICIES):
+    for pol in ("none", *policies):
         s = simulate(replace(base, policy=pol), profile=prof).summary
 
         def get(key: str, s=s) -> float:
@@ -56,19 +57,29 @@ def main(argv=None) -> int:
     ap.add_argument("--loads", default="4,16,32,64,128,256")
     ap.add_argument("--lengths", default="long-context")
     ap.add_argument("--requests-per-client", type=int, default=4)
+    ap.add_argument("--doc", default=None, help="also write each profile's table into this "
+                    "doc's `<!-- bench: long_context PROFILE LENGTHS -->` block")
     args = ap.parse_args(argv)
+    tables: dict[str, list[str]] = {}
     for profile in args.profiles.split(","):
         print(f"\n## {profile}, lengths {args.lengths}  (tok/s/GPU; x = over `none`; "
               "batch = decode requests per step; k = sparsespec's mean draft length)")
-        print("| C | batch | none | " + " | ".join(POLICIES) + " | k sparsespec / :conf |")
-        print("|---:|---:|---:|" + "---:|" * len(POLICIES) + "---|")
+        lines = tables[f"long_context {profile} {args.lengths}"] = [
+            "| C | batch | none | " + " | ".join(POLICIES) + " | k sparsespec / :conf |",
+            "|---:|---:|---:|" + "---:|" * len(POLICIES) + "---|"]
+        print("\n".join(lines))
         for load in (int(x) for x in args.loads.split(",")):
             r = point(profile, load, args.lengths, args.requests_per_client)
             ar = r["none"]["thr"]
             cells = " | ".join(f"{r[p]['thr']:,.0f} ({r[p]['thr'] / ar:.2f}x)" for p in POLICIES)
-            print(f"| {load} | {r['none']['batch']:.0f} | {ar:,.0f} | {cells} "
+            lines.append(f"| {load} | {r['none']['batch']:.0f} | {ar:,.0f} | {cells} "
                   f"| {r['sparsespec']['verify'] - 1:.2f} / "
-                  f"{r['sparsespec:conf']['verify'] - 1:.2f} |", flush=True)
+                  f"{r['sparsespec:conf']['verify'] - 1:.2f} |")
+            print(lines[-1], flush=True)
+    if args.doc:
+        from doc_blocks import command_line, replace_blocks  # benchmarks/ is the script's path
+
+        replace_blocks(args.doc, tables, command_line("benchmarks/long_context.py", argv))
     return 0
 
 

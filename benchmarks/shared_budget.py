@@ -71,25 +71,34 @@ def main(argv=None) -> int:
     ap.add_argument("--requests-per-client", type=int, default=6)
     ap.add_argument("--lengths", default=None, help="as for run (default: the preset's)")
     ap.add_argument("--trace", default=None)
+    ap.add_argument("--doc", default=None, help="also write each profile's table into this "
+                    "doc's `<!-- bench: shared_budget PROFILE -->` block (benchmarks/doc_blocks.py)")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="shared-budget-"))
+    tables: dict[str, list[str]] = {}
     for spec in args.profiles.split(","):
         profile = resolve_profile(spec, tmp)
-        print(f"\n## {spec}  (tok/s/GPU; x AR = over `none`; l = mean verify drafts "
-              "per request step)")
-        print("| C | none | fixed:7 | dfly | dcut | confidence | dfly x AR | dcut x AR "
-              "| 1+l dfly / dcut / conf | dcut/dfly | conf/dcut |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
+        print(f"\n## {spec}  (tok/s/GPU; x AR = over `none`; 1+l = mean verify tokens "
+              "per request step, the bonus included)")
+        lines = tables[f"shared_budget {spec}"] = [
+            "| C | none | fixed:7 | dfly | dcut | confidence | dfly × AR | dcut × AR "
+            "| 1+l dfly / dcut / conf | dcut ÷ dfly | conf ÷ dcut |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+        print("\n".join(lines))
         for load in (int(x) for x in args.loads.split(",")):
             r = point(profile, load, args.requests_per_client, args.lengths, args.trace)
             t = {p: r[p]["thr"] for p in POLICIES}
-            print(f"| {load} | {t['none']:,.0f} | {t['fixed:7']:,.0f} | {t['dfly']:,.0f} "
+            lines.append(f"| {load} | {t['none']:,.0f} | {t['fixed:7']:,.0f} | {t['dfly']:,.0f} "
                   f"| {t['dcut']:,.0f} | {t['confidence']:,.0f} "
                   f"| {t['dfly'] / t['none']:.2f} | {t['dcut'] / t['none']:.2f} "
                   f"| {r['dfly']['verify']:.2f} / {r['dcut']['verify']:.2f} / "
                   f"{r['confidence']['verify']:.2f} "
-                  f"| {t['dcut'] / t['dfly'] - 1:+.1%} | {t['confidence'] / t['dcut'] - 1:+.1%} |",
-                  flush=True)
+                  f"| {t['dcut'] / t['dfly'] - 1:+.1%} | {t['confidence'] / t['dcut'] - 1:+.1%} |")
+            print(lines[-1], flush=True)
+    if args.doc:
+        from doc_blocks import command_line, replace_blocks  # benchmarks/ is the script's path
+
+        replace_blocks(args.doc, tables, command_line("benchmarks/shared_budget.py", argv))
     return 0
 
 

@@ -326,3 +326,58 @@ def test_cli_runs_and_sweeps_the_new_policies_on_shipped_traces(tmp_path):
                             "--baseline", "sparsespec:conf", "--out", str(tmp_path / "sw")])
     assert r.exit_code == 0, r.output
     assert pl.read_parquet(tmp_path / "sw" / "results.parquet").height == 2
+    # the batch-shared budgets on a sweep's fronts and report, with the baseline they
+    # are compared against (the headline runs when both are in the sweep)
+    sw = tmp_path / "sw2"
+    r = runner.invoke(app, ["sweep", "--policies", "dfly,dcut,none", "--concurrency", "2,8",
+                            "--num-requests", "24", "--replicas", "1", "--executor", "serial",
+                            "--quiet", "--candidate", "dcut", "--baseline", "dfly",
+                            "--out", str(sw)])
+    assert r.exit_code == 0, r.output
+    from dspark_sim.sim.frontier import compute_fronts
+
+    df = pl.read_parquet(sw / "results.parquet")
+    fronts = compute_fronts(df, stable_only=False)
+    assert {"dfly", "dcut", "none"} <= set(fronts)
+    html = (sw / "report.html").read_text()
+    for name in ("dfly", "dcut", "none"):
+        assert f'"name":"{name}"' in html.replace(": ", ":"), name
+    html = (tmp_path / "sw" / "report.html").read_text().replace(": ", ":")
+    assert '"name":"sparsespec"' in html and '"name":"sparsespec:conf"' in html
+
+
+# -- the two regimes, measured -----------------------------------------------------------------
+
+
+def test_kv_bound_keeps_speculation_profitable_at_large_batch_compute_bound_does_not():
+    """``benchmarks/long_context.py`` at small scale (its own ``point``: 32k prompts,
+    disaggregated prefill, reserved KV, the self-speculation trace). On the KV-bound profile
+    a verify token rides on a step dominated by each request's KV read, so the gain of
+    drafting grows with the batch and is large at the largest one; on the compute-bound one
+    every verify token pays its own attention over the context and each draft pass reads
+    the whole MoE, so drafting three tokens never gains much and seven lose, at any batch."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "long_context.py"
+    spec = importlib.util.spec_from_file_location("long_context_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    pols = ("fixed:3", "fixed:7")
+    gain = {}
+    for profile in ("selfspec-llama8b-8xh200", "selfspec-v3-h200"):
+        for load in (4, 64):
+            r = bench.point(profile, load, "long-context:32768:96", 2, policies=pols)
+            gain[profile, load] = {p: r[p]["thr"] / r["none"]["thr"] for p in pols}
+            gain[profile, load]["batch"] = r["none"]["batch"]
+    kv, cb = gain["selfspec-llama8b-8xh200", 64], gain["selfspec-v3-h200", 64]
+    small = gain["selfspec-llama8b-8xh200", 4]
+    # KV-bound: the large batch runs (KV capacity admits it), drafting pays there, and
+    # pays more than at a batch of 4 (where a self-draft pass costs as much as the step)
+    assert kv["batch"] > 32
+    assert kv["fixed:3"] > 1.2 and kv["fixed:3"] > small["fixed:3"] + 0.2
+    # compute-bound: at the same load the gain of three drafts is at most marginal, seven
+    # lose, and the KV-bound profile's gain is well above it
+    assert cb["fixed:3"] < 1.1 and cb["fixed:7"] < 1.0
+    assert kv["fixed:3"] > cb["fixed:3"] + 0.15
