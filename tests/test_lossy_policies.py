@@ -401,3 +401,39 @@ def test_cli_run_and_sweep_report_the_quality_cost(shipped, tmp_path):
     html = (out / "report.html").read_text()
     assert "Lossy axis" in html and "LOSSY asd:2,2,inf@fixed:7" in html
     assert "LOSSY skip:0.5@fixed:7" in html and "LOSSY fixed:7" not in html
+
+
+# -- docs/related-work.md: the lossy section quotes its bench table --------------------------
+def test_related_work_lossy_prose_quotes_its_table():
+    """The lossy section's simulator numbers are the `lossy_related` block's rows (written by
+    benchmarks/lossy_related.py --doc), recomputed here; the papers' figures sit beside."""
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "related-work.md"
+    text = doc.read_text()
+    m = re.search(r"<!-- bench: lossy_related (\S+) -->\n<!-- (python benchmarks/"
+                  r"lossy_related.py[^>]*) -->\n(.*?)\n<!-- /bench -->", text, re.S)
+    assert m is not None
+    lines = m[3].splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {r["policy"].strip("`"): r for r in
+            (dict(zip(head, (c.strip() for c in ln.strip("|").split("|")), strict=True))
+             for ln in lines[2:])}
+    prose = " ".join(text.split())
+    strict, asd = rows["fixed:7"], rows["asd@fixed:7"]
+    t0, t1 = float(strict["τ"]), float(asd["τ"])
+    assert "τ 4.65 → 4.93" in prose and "−0.8 pp accuracy" in prose
+    assert f"{t0:.3f} → {t1:.3f} ({100 * (t1 / t0 - 1):+.1f} %)" in prose
+    assert (f"{strict['output tok/s']} → {asd['output tok/s']} "
+            f"({asd['Δ tok/s'].replace('%', ' %')})") in prose
+    assert f"{asd['task score bounds']} ({asd['changed tokens']} of tokens changed)" in prose
+    # the skip settings whose saving falls in the paper's 9.6-13.5 % are the ones quoted
+    near = [p for p, r in rows.items() if p.startswith("skip:")
+            and 0.096 <= float(r["fewer calls"].rstrip("%")) / 100 <= 0.135]
+    assert near
+    for p in near:
+        r = rows[p]
+        assert (f"`{p}`: {r['fewer calls'].replace('%', ' %')} fewer calls, "
+                f"{r['changed tokens']} of tokens changed in {r['requests changed']} requests, "
+                f"task-score bounds {r['task score bounds']}") in prose
