@@ -13,7 +13,7 @@ profile, 48 requests of 128 prompt + 384 output tokens replaying the shipped
 * The replay on the real captured SmolLM2 trace (``captured-smollm2-dspark``, its math
   requests), serial chain of 7 through every request (``validation.lossy.served_asd``):
   tau and the changed fraction the replay predicts, to set beside the real ASD decoding
-  of ``traces/asd_decode.py`` (docs/lossy.md).
+  of ``validation/asd_decode.py`` (docs/lossy.md).
 
 Prints markdown; ``--write-doc PATH`` replaces the block between this script's markers
 in PATH (docs/lossy.md), ``--doc PATH`` the combined table's ``<!-- bench: lossy_related

@@ -38,6 +38,11 @@ def test_no_package_level_import_cycle(rooms):
     # the intended direction, spelled out
     assert graph["kernels"] == set() and graph["base"] == set()
     assert "validation" not in graph["sim"] | graph["policies"] | graph["traces"]
+    # the brief's data flow, kernels -> traces -> calibration -> (policies, sim): nothing
+    # below imports what is downstream of it
+    assert graph["traces"] <= {"kernels", "base"}
+    assert graph["calibration"] <= {"traces", "kernels", "base"}
+    assert "sim" not in graph["policies"]
     assert "cli" not in set().union(*(v for k, v in graph.items() if k != "cli"))
 
 

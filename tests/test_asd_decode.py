@@ -14,9 +14,9 @@ from test_capture_v2 import varied_target  # noqa: E402
 from test_drafters import tiny_prompts  # noqa: E402
 
 from dspark_sim.policies.lossy import AsdConfig  # noqa: E402
-from dspark_sim.traces.asd_decode import asd_decode_greedy  # noqa: E402
 from dspark_sim.traces.drafters import Shared, load_drafter  # noqa: E402
 from dspark_sim.traces.train import train_drafter  # noqa: E402
+from dspark_sim.validation.asd_decode import asd_decode_greedy  # noqa: E402
 
 GAMMA = 4
 NEW = 24

@@ -17,7 +17,7 @@ as the simulator counts it) and how many answers flipped. Slow on CPU (minutes f
 dozen prompts); kept out of CI. The recorded result is in docs/lossy.md, written there
 by ``--write-doc`` (the command it was made with is in the block)::
 
-    nice -n 10 python -m dspark_sim.traces.asd_decode --prompts 30 --max-new-tokens 192 \\
+    nice -n 10 python -m dspark_sim.validation.asd_decode --prompts 30 --max-new-tokens 192 \\
         --settings 0,0,0 0.5,1,8 2,2,inf --time-limit-s 1020 --write-doc docs/lossy.md
 """
 
@@ -179,7 +179,7 @@ def measure_gsm8k(settings: list[AsdConfig], *, prompts: int = 40, max_new_token
     return report
 
 
-DOC_BEGIN = "<!-- asd-decode: begin (written by python -m dspark_sim.traces.asd_decode) -->"
+DOC_BEGIN = "<!-- asd-decode: begin (written by python -m dspark_sim.validation.asd_decode) -->"
 DOC_END = "<!-- asd-decode: end -->"
 
 
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
                            drafter_spec=args.drafter, time_limit_s=args.time_limit_s)
     print(json.dumps(report, indent=1))
     if args.write_doc:
-        cmd = "python -m dspark_sim.traces.asd_decode " + " ".join(
+        cmd = "python -m dspark_sim.validation.asd_decode " + " ".join(
             a for a in (argv if argv is not None else sys.argv[1:]) if a)
         write_doc(args.write_doc, doc_block(report, cmd))
 
