@@ -466,9 +466,18 @@ def write_shipped_synthetic(trace_dir, calibration_dir) -> list:
     for name, trace in (("dspark-synthetic", default_dspark_trace()),
                         ("dspark-v4pro-synthetic", v4pro_speedbench_trace()),
                         ("dspark-v4flash-synthetic", v4flash_live_trace())):
-        written.append(write_trace(trace, trace_dir / f"{name}.parquet"))
-        cmap, _ = calibrate_confidence(trace, method="temperature", holdout=0.0, seed=0)
-        path = calibration_dir / f"{trace.meta.extra['calibration']}.toml"
-        cmap.save(path)
-        written.append(path)
+        written += write_trace_with_map(trace, trace_dir / f"{name}.parquet", calibration_dir)
     return written
+
+
+def write_trace_with_map(trace, trace_path, calibration_dir) -> list:
+    """Write a shipped trace and the STS map its metadata names (``extra["calibration"]``),
+    fitted on every request (holdout 0, seed 0), as ``dspark-sim calibrate confidence``
+    does: the two files a shipped synthetic trace is made of."""
+    from dspark_sim.traces.schema import write_trace
+
+    written = [write_trace(trace, trace_path)]
+    cmap, _ = calibrate_confidence(trace, method="temperature", holdout=0.0, seed=0)
+    path = Path(calibration_dir) / f"{trace.meta.extra['calibration']}.toml"
+    cmap.save(path)
+    return [*written, path]

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dspark_sim.calibration.fit import calibrate_confidence
+from dspark_sim.calibration.fit import write_trace_with_map
 from dspark_sim.policies.base import BatchSnapshot, Verification, readonly
 from dspark_sim.policies.registry import get_policy
 from dspark_sim.policies.trees import tree_accepted
-from dspark_sim.traces.schema import AcceptanceTrace, _served_chain, write_trace
+from dspark_sim.traces.schema import AcceptanceTrace, _served_chain
 from dspark_sim.traces.synth_v2 import (
     CURE_CURVES,
     PCTREE_CURVES,
@@ -88,9 +88,5 @@ def write_shipped(trace_dir, calibration_dir) -> list[Path]:
     rm = RankModel(**pc.meta.generator["rank_model"])
     written = []
     for name, trace in ((PCTREE_TRACE, pc), (CURE_TRACE, cure_trace(rm))):
-        written.append(write_trace(trace, trace_dir / f"{name}.parquet"))
-        cmap, _ = calibrate_confidence(trace, method="temperature", holdout=0.0, seed=0)
-        path = calibration_dir / f"{trace.meta.extra['calibration']}.toml"
-        cmap.save(path)
-        written.append(path)
+        written += write_trace_with_map(trace, trace_dir / f"{name}.parquet", calibration_dir)
     return written
