@@ -90,3 +90,14 @@ def with_policy():
         return replace(cfg, policy=policy)
 
     return f
+
+
+@pytest.fixture
+def no_simulation(monkeypatch):
+    """Fails the test if anything reaches the simulator: input checks must come first."""
+    from dspark_sim.sim import api
+
+    def boom(*_a, **_k):
+        raise AssertionError("simulate() ran before the input was checked")
+
+    monkeypatch.setattr(api, "simulate", boom)

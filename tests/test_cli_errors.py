@@ -5,31 +5,16 @@ traceback, and nothing written."""
 from __future__ import annotations
 
 import pytest
+from test_cli_input import one_line_error as judged_one_line
 from typer.testing import CliRunner
 
 from dspark_sim.cli import app
-from dspark_sim.sim import api
 
 runner = CliRunner()
 
 
 def one_line_error(args: list[str], *needles: str) -> str:
-    r = runner.invoke(app, args)
-    assert r.exit_code == 2, r.output
-    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, r.output
-    assert lines[0].startswith("error: ") and "Traceback" not in r.output
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
-
-
-@pytest.fixture
-def no_simulation(monkeypatch):
-    def boom(*_a, **_k):
-        raise AssertionError("simulate() ran before the input was checked")
-
-    monkeypatch.setattr(api, "simulate", boom)
+    return judged_one_line(runner.invoke(app, args), *needles)
 
 
 @pytest.mark.parametrize("args,needles", [

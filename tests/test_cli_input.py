@@ -10,7 +10,6 @@ import pytest
 from typer.testing import CliRunner
 
 from dspark_sim.cli import app
-from dspark_sim.sim import api
 
 runner = CliRunner()
 SMALL = ["--num-requests", "40", "--replicas", "1", "--qps", "20", "--quiet"]
@@ -28,15 +27,6 @@ def one_line_error(r, *needles: str) -> str:
     for n in needles:
         assert n in lines[0], (n, lines[0])
     return lines[0]
-
-
-@pytest.fixture
-def no_simulation(monkeypatch):
-    """Fails the test if anything reaches the simulator: checks must come first."""
-    def boom(*_a, **_k):
-        raise AssertionError("simulate() ran before the input was checked")
-
-    monkeypatch.setattr(api, "simulate", boom)
 
 
 @pytest.mark.parametrize("args,needles", [
