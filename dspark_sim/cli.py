@@ -97,7 +97,8 @@ def _fmt(v, nd: int = 1) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-def print_summary(s: dict, wall_s: float | None = None) -> None:
+def _print_head(s: dict) -> None:
+    """What ran: policy, deployment, workload, trace and calibration, one line each."""
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold cyan")
     head.add_column()
@@ -110,6 +111,9 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
     head.add_row("calibration", s["calibration"])
     console.print(head)
 
+
+def print_summary(s: dict, wall_s: float | None = None) -> None:
+    _print_head(s)
     lossy = " (LOSSY policy: output differs from the target's greedy)" if s.get("lossy") else ""
     t = Table(title="dspark-sim run" + lossy, show_header=True, header_style="bold")
     t.add_column("metric")

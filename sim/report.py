@@ -402,6 +402,29 @@ th{background:#f3f3f3} .note{color:#555;font-size:0.9em}
 """
 
 
+def _headline_parts(df: pl.DataFrame, present: set, cand: str, base: str, tiers,
+                    stable_only: bool, basis: str) -> tuple[str, str]:
+    """The headline table as HTML and as markdown (kept in the page as a comment), or a
+    note naming what is missing when the sweep lacks the candidate or the baseline."""
+    if cand in present and base in present:
+        h = headline(df, candidate=cand, baseline=base, tiers=tiers, stable_only=stable_only,
+                     basis=basis)
+        return _table_html(headline_rows(h)), format_headline(h)
+    return (f"<p>Headline comparison needs both {html.escape(cand)} and "
+            f"{html.escape(base)} in the sweep (present: "
+            f"{html.escape(', '.join(sorted(present)))}).</p>"), ""
+
+
+def _context_rows(df: pl.DataFrame) -> list[dict]:
+    """The configuration table: each context column's distinct values, in sweep order."""
+    ctx = []
+    for col in ("deployment", "workload", "profile", "trace"):
+        if col in df.columns:
+            vals = [str(v) for v in dict.fromkeys(df[col].to_list()) if v is not None]
+            ctx.append({"field": col, "values": "; ".join(vals)})
+    return ctx
+
+
 def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
                  policies: Sequence[str] | None = None, candidate: str = "confidence-async",
                  baseline: str = "mtp1", tiers: Sequence[float] = DEFAULT_TIERS,
@@ -433,27 +456,14 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
     has_lossy = bool(df.select(is_lossy(df).any()).item())
     if has_lossy:
         figs.append(lossy_figure(df, policies=policies, basis=basis))
-    cand, base = canonical_policy(candidate), canonical_policy(baseline)
-    if cand in present and base in present:
-        h = headline(df, candidate=cand, baseline=base, tiers=tiers, stable_only=stable_only,
-                     basis=basis)
-        head_html = _table_html(headline_rows(h))
-        head_md = format_headline(h)
-    else:
-        head_html = (f"<p>Headline comparison needs both {html.escape(cand)} and "
-                     f"{html.escape(base)} in the sweep (present: "
-                     f"{html.escape(', '.join(sorted(present)))}).</p>")
-        head_md = ""
+    head_html, head_md = _headline_parts(df, present, canonical_policy(candidate),
+                                         canonical_policy(baseline), tiers, stable_only, basis)
     n_unstable = int((~df["stable"].fill_null(False)).sum()) if "stable" in df.columns else 0
     n_short = (int(df["steady_window_short"].fill_null(False).sum())
                if "steady_window_short" in df.columns else 0)
     divs = [pio.to_html(f, include_plotlyjs=(i == 0), full_html=False,
                         config={"displaylogo": False}) for i, f in enumerate(figs)]
-    ctx = []
-    for col in ("deployment", "workload", "profile", "trace"):
-        if col in df.columns:
-            vals = [str(v) for v in dict.fromkeys(df[col].to_list()) if v is not None]
-            ctx.append({"field": col, "values": "; ".join(vals)})
+    ctx = _context_rows(df)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     doc = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>

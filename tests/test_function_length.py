@@ -14,7 +14,7 @@ MAX_LINES = 80
 # environments and caches.
 SKIP = {"kernels", ".venv", "venv", ".cache", "build", "dist", ".git", "node_modules"}
 
-# "path:qualified name" -> why it stays long. Session 4 (2026-11-30): these four sit in
+# "path:qualified name" -> why it stays long. Session 4 (2026-11-30): these sit in
 # files that other engineers were changing in parallel (engine hooks for tree/lossy
 # policies, shared budgets, the lossy summary); splitting them at the same time would
 # have collided. Each is one sequence of phases to split next (issue #13.3).
@@ -23,10 +23,6 @@ EXCEPTIONS: dict[str, str] = {
                            "phases to split, the arrival closures to sim/workload.py",
     "sim/engine.py:SimContext.__init__": "the per-run arrays and the cost model's tables, "
                                          "set up in one place; edited in parallel",
-    "sim/report.py:build_report": "one HTML page's sections in order; edited in parallel "
-                                  "(lossy points drawn apart)",
-    "dspark_sim/cli.py:print_summary": "the printed table's row groups (lossy rows added "
-                                       "in parallel)",
 }
 
 
