@@ -99,26 +99,10 @@ def _deployment_text(cfg: SimConfig, profile: EngineProfile) -> str:
             f"({profile.kind}), router {d.router}")
 
 
-def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
-             trace: AcceptanceTrace | None = None,
-             calibration: CalibrationMap | None = None,
-             trace_rows: np.ndarray | None = None,
-             policy_profile: EngineProfile | None = None) -> SimResult:
-    """Run one simulation. ``profile``/``trace``/``calibration`` override the config's
-    (already loaded). ``trace_rows`` pins request ``i`` to trace row ``trace_rows[i]``
-    (validation replays each served request's own row); by default rows are drawn from
-    the seeded generator. ``policy_profile`` is the table the scheduler's SPS curve comes
-    from when it differs from the one the steps cost (``profile``): a real server's
-    configured table, or a what-if on a stale one."""
-    cfg = cfg.validate()
-    policy = get_policy(cfg.policy)
-    profile = profile or load_profile(cfg.deployment.profile)
-    if trace is None:
-        trace = resolve_trace(cfg, policy)
-    require_trace_columns(trace, policy)
-    if calibration is None:
-        calibration = resolve_calibration(cfg, trace)
-    rng = np.random.default_rng(cfg.seed)
+def _request_log(cfg: SimConfig, rng: np.random.Generator, trace: AcceptanceTrace | None,
+                 trace_rows: np.ndarray | None):
+    """The request stream and its log: lengths, arrivals and each request's trace row
+    (drawn from ``rng`` after the stream, so the same seed gives the same rows)."""
     # --lengths trace: lengths (and rows) from the trace, loaded even when the policy
     # replays none (`none` then serves the same requests as the speculative runs).
     length_trace = trace
@@ -141,39 +125,14 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
                     or rows_in.max(initial=0) >= trace.num_requests:
                 raise InputError("trace_rows", f"need {n} row indices in [0, {trace.num_requests})")
             log.trace_row[:] = rows_in
+    return stream, log
 
-    source: OpenLoop | ClosedLoop | None = None
 
-    def on_finish(k: int) -> None:
-        source.on_finish(k)
-
-    ctx = SimContext(cfg, profile, policy, trace, calibration, log, on_finish,
-                     policy_profile=policy_profile)
-    disaggregated = ctx.limits.prefill == "disaggregated"
-    rows = request_rows(stream.prompt_tokens, stream.output_tokens, trace, log.trace_row,
-                        disaggregated=disaggregated)
-    prefill_s = prefill_instance_s(profile, stream.prompt_tokens, ctx.max_num_batched_tokens) \
-        if disaggregated else None
-    ctx.set_rows(rows)
-    log.rejected[:] = rejections(rows, ctx)
-    env = ctx.env
-    router = Router(ctx.replicas, cfg.deployment.router)
-    for rep in ctx.replicas:
-        env.process(rep.run())
-    closed = cfg.workload.arrival == "closed"
-    if closed:
-        source = ClosedLoop(env, router, log, n, cfg.workload.max_concurrency, prefill_s)
-        horizon = CLOSED_LOOP_HORIZON_S
-    else:
-        source = OpenLoop(env, router, log, stream.arrival_s, prefill_s)
-        horizon = source.last_arrival_s + cfg.drain_timeout_s
-    env.process(_alarm(env, ctx.stop, horizon))
-    bounded_by = env.run(until=ctx.stop)
-    for rep in ctx.replicas:  # requests still running or waiting keep their progress
-        rep.flush()
-    if not int((np.isnan(log.finish_s) & (log.rejected == 0)).sum()):
-        bounded_by = None  # the bound was reached, but nothing was cut short
-
+def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
+             trace: AcceptanceTrace | None, calibration: CalibrationMap, log: RequestLog,
+             ctx: SimContext, *, closed: bool, bounded_by, horizon: float) -> dict:
+    """summary.json's fields: what ran, the engine's limits, the metrics (whole run and
+    steady state) and, for a lossy policy, its quality cost."""
     gpus = cfg.deployment.replicas * profile.gpus_per_replica
     # Stability (unfinished requests, or requests in the system growing through the
     # steady window) and the steady-state figures come from the per-step series.
@@ -221,6 +180,66 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
         summary["verifier_skipped_request_steps"] = ctx.stats.skipped_request_steps
         summary["verifier_call_fraction"] = \
             1.0 - ctx.stats.skipped_request_steps / steps if steps else None
+    return summary
+
+
+def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
+             trace: AcceptanceTrace | None = None,
+             calibration: CalibrationMap | None = None,
+             trace_rows: np.ndarray | None = None,
+             policy_profile: EngineProfile | None = None) -> SimResult:
+    """Run one simulation. ``profile``/``trace``/``calibration`` override the config's
+    (already loaded). ``trace_rows`` pins request ``i`` to trace row ``trace_rows[i]``
+    (validation replays each served request's own row); by default rows are drawn from
+    the seeded generator. ``policy_profile`` is the table the scheduler's SPS curve comes
+    from when it differs from the one the steps cost (``profile``): a real server's
+    configured table, or a what-if on a stale one."""
+    cfg = cfg.validate()
+    policy = get_policy(cfg.policy)
+    profile = profile or load_profile(cfg.deployment.profile)
+    if trace is None:
+        trace = resolve_trace(cfg, policy)
+    require_trace_columns(trace, policy)
+    if calibration is None:
+        calibration = resolve_calibration(cfg, trace)
+    rng = np.random.default_rng(cfg.seed)
+    stream, log = _request_log(cfg, rng, trace, trace_rows)
+    n = stream.size
+
+    source: OpenLoop | ClosedLoop | None = None
+
+    def on_finish(k: int) -> None:
+        source.on_finish(k)
+
+    ctx = SimContext(cfg, profile, policy, trace, calibration, log, on_finish,
+                     policy_profile=policy_profile)
+    disaggregated = ctx.limits.prefill == "disaggregated"
+    rows = request_rows(stream.prompt_tokens, stream.output_tokens, trace, log.trace_row,
+                        disaggregated=disaggregated)
+    prefill_s = prefill_instance_s(profile, stream.prompt_tokens, ctx.max_num_batched_tokens) \
+        if disaggregated else None
+    ctx.set_rows(rows)
+    log.rejected[:] = rejections(rows, ctx)
+    env = ctx.env
+    router = Router(ctx.replicas, cfg.deployment.router)
+    for rep in ctx.replicas:
+        env.process(rep.run())
+    closed = cfg.workload.arrival == "closed"
+    if closed:
+        source = ClosedLoop(env, router, log, n, cfg.workload.max_concurrency, prefill_s)
+        horizon = CLOSED_LOOP_HORIZON_S
+    else:
+        source = OpenLoop(env, router, log, stream.arrival_s, prefill_s)
+        horizon = source.last_arrival_s + cfg.drain_timeout_s
+    env.process(_alarm(env, ctx.stop, horizon))
+    bounded_by = env.run(until=ctx.stop)
+    for rep in ctx.replicas:  # requests still running or waiting keep their progress
+        rep.flush()
+    if not int((np.isnan(log.finish_s) & (log.rejected == 0)).sum()):
+        bounded_by = None  # the bound was reached, but nothing was cut short
+
+    summary = _summary(cfg, policy, profile, stream, trace, calibration, log, ctx,
+                       closed=closed, bounded_by=bounded_by, horizon=horizon)
     return SimResult(cfg, jsonable(summary), requests_frame(log))
 
 

@@ -19,8 +19,6 @@ SKIP = {"kernels", ".venv", "venv", ".cache", "build", "dist", ".git", "node_mod
 # policies, shared budgets, the lossy summary); splitting them at the same time would
 # have collided. Each is one sequence of phases to split next (issue #13.3).
 EXCEPTIONS: dict[str, str] = {
-    "sim/api.py:simulate": "build config/trace/policy, arrivals, replicas, summary: "
-                           "phases to split, the arrival closures to sim/workload.py",
     "sim/engine.py:SimContext.__init__": "the per-run arrays and the cost model's tables, "
                                          "set up in one place; edited in parallel",
 }
