@@ -710,6 +710,17 @@ def prefill_instance_s(profile: EngineProfile, prompt_tokens: np.ndarray, budget
     return t + profile.attn_s_per_query_ctx * prompt * attended + profile.logits_s_per_row
 
 
+def _check_policy_fields(policy: Policy, trace: AcceptanceTrace | None, gamma: int) -> None:
+    """A policy that reads schema-v2 fields (trees, lossy) fails up front, naming them,
+    on a trace that lacks them."""
+    if policy.fields and gamma:
+        missing = [f for f in policy.fields
+                   if trace.v2 is None or getattr(trace.v2, f, None) is None]
+        if missing:
+            raise InputError(trace.source_path, f"policy {policy.name} needs the trace's "
+                             f"{', '.join(missing)} (schema v2); this trace has none")
+
+
 class SimContext:
     """Everything the replicas share: config, profile, trace, policy, outputs."""
 
@@ -766,6 +777,36 @@ class SimContext:
         self._dense_list = self.dense_step_s.tolist()
         self._draft_cache: dict[int, float] = {}
         self._pass_cache: dict[tuple[int, int], float] = {}
+        self._init_sps_table(profile, policy_profile)
+        # Per-request draft pricing: a drafter whose cost depends on each request's own
+        # context (sparse-KV self-speculation) or a policy whose drafter stops at each
+        # request's verify length this step (a controller deciding while it drafts).
+        draft = profile.drafts[self._draft_key] if self._draft_key is not None else None
+        self.draft_per_request = draft is not None and (draft.has_context_terms
+                                                        or policy.stops_drafting)
+        sps_draft = (self.sps_profile.drafts[self._draft_key]
+                     if self._draft_key is not None else None)
+        self.sps_draft_context = sps_draft if sps_draft is not None \
+            and sps_draft.has_context_terms else None
+        self.has_context_terms = bool(profile.attn_s_per_query_ctx or profile.multi_kv_s_per_token
+                                      or profile.request_s)
+        self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy
+        self.sps_prefill_s_per_token = self.sps_profile.prefill_s_per_token(
+            self.max_num_batched_tokens)
+        self.stats = StepStats(self.gamma, hist_size=self.verify_max + 2)
+        _check_policy_fields(policy, trace, self.gamma)
+        self.request_state: np.ndarray | None = None  # per request, set with the rows
+        self.steps = StepRecorder()
+        self.record_step = self.steps.buf.extend  # bound once: the step's only recorder call
+        self.replicas = [Replica(i, self) for i in range(cfg.deployment.replicas)]
+        self.rows = np.empty((0, NUM_COLUMNS), np.int64)  # every request's row, set by the runner
+        self.admit_need = np.empty(0, np.int64)  # reserve mode: prompt + output per request
+        self._empty: dict[int, np.ndarray] = {}
+        self._arange = np.arange(4096, dtype=np.int64)
+
+    def _init_sps_table(self, profile: EngineProfile,
+                        policy_profile: EngineProfile | None) -> None:
+        """The scheduler's own step-time table and draft cost (``sps_*``)."""
         # The table the *scheduler* believes (SPS curve of the confidence policies): the
         # cost profile unless a separate one is given, e.g. the profile a real server's
         # scheduler was configured with while the step costs come from another source,
@@ -793,36 +834,6 @@ class SimContext:
                 return cache[n] + kv_s * kv_tokens
 
             self.sps_draft_time = sps_draft_time
-        # Per-request draft pricing: a drafter whose cost depends on each request's own
-        # context (sparse-KV self-speculation) or a policy whose drafter stops at each
-        # request's verify length this step (a controller deciding while it drafts).
-        draft = profile.drafts[self._draft_key] if self._draft_key is not None else None
-        self.draft_per_request = draft is not None and (draft.has_context_terms
-                                                        or policy.stops_drafting)
-        sps_draft = (self.sps_profile.drafts[self._draft_key]
-                     if self._draft_key is not None else None)
-        self.sps_draft_context = sps_draft if sps_draft is not None \
-            and sps_draft.has_context_terms else None
-        self.has_context_terms = bool(profile.attn_s_per_query_ctx or profile.multi_kv_s_per_token
-                                      or profile.request_s)
-        self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy
-        self.sps_prefill_s_per_token = self.sps_profile.prefill_s_per_token(
-            self.max_num_batched_tokens)
-        self.stats = StepStats(self.gamma, hist_size=self.verify_max + 2)
-        if policy.fields and self.gamma:
-            missing = [f for f in policy.fields
-                       if trace.v2 is None or getattr(trace.v2, f, None) is None]
-            if missing:
-                raise InputError(trace.source_path, f"policy {policy.name} needs the trace's "
-                                 f"{', '.join(missing)} (schema v2); this trace has none")
-        self.request_state: np.ndarray | None = None  # per request, set with the rows
-        self.steps = StepRecorder()
-        self.record_step = self.steps.buf.extend  # bound once: the step's only recorder call
-        self.replicas = [Replica(i, self) for i in range(cfg.deployment.replicas)]
-        self.rows = np.empty((0, NUM_COLUMNS), np.int64)  # every request's row, set by the runner
-        self.admit_need = np.empty(0, np.int64)  # reserve mode: prompt + output per request
-        self._empty: dict[int, np.ndarray] = {}
-        self._arange = np.arange(4096, dtype=np.int64)
 
     def set_rows(self, rows: np.ndarray) -> None:
         self.rows = rows

@@ -14,14 +14,10 @@ MAX_LINES = 80
 # environments and caches.
 SKIP = {"kernels", ".venv", "venv", ".cache", "build", "dist", ".git", "node_modules"}
 
-# "path:qualified name" -> why it stays long. Session 4 (2026-11-30): these sit in
-# files that other engineers were changing in parallel (engine hooks for tree/lossy
-# policies, shared budgets, the lossy summary); splitting them at the same time would
-# have collided. Each is one sequence of phases to split next (issue #13.3).
-EXCEPTIONS: dict[str, str] = {
-    "sim/engine.py:SimContext.__init__": "the per-run arrays and the cost model's tables, "
-                                         "set up in one place; edited in parallel",
-}
+# "path:qualified name" -> why it stays long. Empty since session 4 (2026-11-30), when
+# the last four (simulate, SimContext.__init__, build_report, print_summary) were split
+# into named phases; an entry needs a reason a reviewer accepts.
+EXCEPTIONS: dict[str, str] = {}
 
 
 def _functions(path: Path):
