@@ -66,7 +66,10 @@ DEFAULT_MODULES = ("sim/engine.py", "sim/metrics.py", "sim/frontier.py", "polici
 # legs are left out: a mutant lives in this process only).
 DEFAULT_TESTS = ("tests/test_engine.py", "tests/test_metrics.py", "tests/test_sim_properties.py",
                  "tests/test_scheduler_oracle.py", "tests/test_policies.py",
-                 "tests/test_frontier.py", "tests/test_steady.py", "tests/test_limits.py")
+                 "tests/test_frontier.py", "tests/test_steady.py", "tests/test_limits.py",
+                 # the engine's tree / lossy hooks and the stored golden runs (torch-free)
+                 "tests/test_verification_hook.py", "tests/test_tree_policies.py",
+                 "tests/test_lossy_policies.py", "tests/test_golden.py")
 
 CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
             ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
