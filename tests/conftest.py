@@ -39,9 +39,11 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 # Tests that need the capture stack carry the ``torch`` marker, so a torch-free run
 # (tests/test_torch_free.py, or ``pytest -m "not torch"``) deselects exactly them: every
-# test of a module that imports torch at module level (``pytest.importorskip("torch")``)
-# and every test whose body, or one of whose fixtures, does.
-_TORCH_AT_TOP = re.compile(r'^(\w+\s*=\s*)?pytest\.importorskip\(["\']torch["\']\)', re.M)
+# test of a module that imports torch at module level (``pytest.importorskip("torch")``, or
+# ``from kernel_env import ...``, which does it for the kernel tests) and every test whose
+# body, or one of whose fixtures, does.
+_TORCH_AT_TOP = re.compile(
+    r'^((\w+\s*=\s*)?pytest\.importorskip\(["\']torch["\']\)|from kernel_env import )', re.M)
 _TORCH_IN_BODY = re.compile(r'importorskip\(["\']torch["\']\)')
 
 

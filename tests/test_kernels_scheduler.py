@@ -1,23 +1,13 @@
 """Prefix scheduler on device: torch reference and Triton kernel vs the numpy reference
 (:mod:`dspark_sim.policies.scheduler`), exact equality of every l_r and budget K."""
 
-import importlib.util
-import os
-
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
-CUDA = torch.cuda.is_available()
-if not CUDA:  # must precede the first Triton kernel definition in this process
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernel_env import CUDA, DEV, TRITON_OK, torch  # sets the device env first
 
 from dspark_sim.kernels import scheduler as ks  # noqa: E402
 from dspark_sim.policies import scheduler as ref  # noqa: E402
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-DEV = "cuda" if CUDA else "cpu"
-TRITON_OK = HAS_TRITON and (CUDA or os.environ.get("TRITON_INTERPRET") == "1")
 BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not TRITON_OK, reason="no triton"))]
 
 

@@ -1,24 +1,12 @@
 """Fused confidence -> survival kernel: Triton vs torch reference vs a Python oracle."""
 
-import importlib.util
 import math
-import os
 
 import pytest
-
-torch = pytest.importorskip("torch")
-CUDA = torch.cuda.is_available()
-if not CUDA:  # must precede the first Triton kernel definition in this process
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernel_env import DEV, needs_triton, torch  # sets the device env first
 
 from dspark_sim.kernels import survival_dense, survival_varlen  # noqa: E402
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-DEV = "cuda" if CUDA else "cpu"
-needs_triton = pytest.mark.skipif(
-    not HAS_TRITON or (not CUDA and os.environ.get("TRITON_INTERPRET") != "1"),
-    reason="needs triton on CUDA or TRITON_INTERPRET=1",
-)
 LENGTHS = [3, 0, 7, 1, 5, 7]
 
 

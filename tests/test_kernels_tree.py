@@ -1,25 +1,12 @@
 """Tree verification kernels: Triton (CUDA, or the CPU interpreter) vs torch reference vs a
 per-request Python oracle written from the definition; chains equal the chain kernel."""
 
-import importlib.util
-import os
 
 import pytest
-
-torch = pytest.importorskip("torch")
-CUDA = torch.cuda.is_available()
-if not CUDA:  # must precede the first Triton kernel definition in this process
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernel_env import DEV, needs_triton, torch  # sets the device env first
 
 from dspark_sim.kernels import tree_attention_mask, verify_greedy, verify_tree_greedy  # noqa: E402
 from dspark_sim.kernels.tree import chain_parents  # noqa: E402
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-DEV = "cuda" if CUDA else "cpu"
-needs_triton = pytest.mark.skipif(
-    not HAS_TRITON or (not CUDA and os.environ.get("TRITON_INTERPRET") != "1"),
-    reason="needs triton on CUDA or TRITON_INTERPRET=1",
-)
 
 
 def _cu(lengths, device=DEV):

@@ -1,15 +1,10 @@
 """Varlen verification kernels: Triton (CUDA, or the CPU interpreter) vs torch reference
 vs a per-request Python oracle, plus a statistical test that rejection sampling is exact."""
 
-import importlib.util
 import os
 
 import pytest
-
-torch = pytest.importorskip("torch")
-CUDA = torch.cuda.is_available()
-if not CUDA:  # must precede the first Triton kernel definition in this process
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernel_env import CUDA, DEV, HAS_TRITON, needs_triton, torch  # sets the device env first
 
 from dspark_sim.kernels import (  # noqa: E402
     Uniforms,
@@ -20,12 +15,6 @@ from dspark_sim.kernels import (  # noqa: E402
     verify_stochastic,
 )
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-DEV = "cuda" if CUDA else "cpu"
-needs_triton = pytest.mark.skipif(
-    not HAS_TRITON or (not CUDA and os.environ.get("TRITON_INTERPRET") != "1"),
-    reason="needs triton on CUDA or TRITON_INTERPRET=1",
-)
 cuda_only = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 
 
