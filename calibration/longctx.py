@@ -46,6 +46,7 @@ import numpy as np
 from dspark_sim.calibration.profile import DraftCost, EngineProfile
 from dspark_sim.calibration.roofline import (
     H200_BF16,
+    MODELS,
     DeploymentSheet,
     HardwareSheet,
     ModelSheet,
@@ -59,22 +60,9 @@ from dspark_sim.calibration.roofline import (
 KV_BUDGET_TOKENS = 2048  # SparseSpec / MagicDec-scale sparse KV budgets are 0.5-4k tokens
 PAGE_TOKENS = 16  # selection granularity: one score per page per layer
 
-# Llama-3.1-8B-like: 8.0B parameters, 32 layers, GQA 32/8 heads of 128, BF16 weights and
-# KV (2 x 32 x 8 x 128 x 2 bytes = 128 KiB per token), attention 4 x 32 x 32 x 128 FLOPs
-# per query token per context token.
-LLAMA31_8B_LIKE = ModelSheet(
-    name="Llama-3.1-8B-like dense (8.0B, GQA 32/8)",
-    active_params=8.0e9,
-    dense_params=8.0e9,
-    routed_params=0.0,
-    layers=32,
-    bytes_per_param=2.0,
-    kv_bytes_per_token=131072.0,
-    attn_flops_per_ctx_token=524288.0,
-    hidden_size=4096,
-    vocab_size=128256,
-    max_model_len=131072,
-)
+# Llama-3.1-8B-like: 8.0B parameters, 32 layers, GQA 32/8 heads, BF16 weights and KV
+# (128 KiB per token); the sheet and its sources are in calibration/data/sheets/models.toml.
+LLAMA31_8B_LIKE = MODELS["llama31-8b"]
 # Tensor-parallel over one 8-GPU node (MagicDec's long-context setting: batch 32-256,
 # TP over 8 GPUs): one all-reduce pair per layer in the fixed overhead.
 TP8_LONGCTX = DeploymentSheet(gpus_per_replica=8, overhead_ms=4.0, per_token_overhead_us=2.0,

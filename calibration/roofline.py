@@ -149,81 +149,10 @@ HARDWARE: dict[str, HardwareSheet] = {
     "H100-bf16": H100_BF16, "H200-bf16": H200_BF16, "B200-bf16": B200_BF16,
 }
 
-# DeepSeek-V4-Flash-like MoE (284B total, 13B active; FP4 experts, FP8 elsewhere, as the
-# instruct checkpoints ship): 256 routed experts top-6 over 43 layers, compressed KV and
-# sparse attention over <= 2048 selected tokens with an FP8 indexer over all of them.
-V4_FLASH_LIKE = ModelSheet(
-    name="DeepSeek-V4-Flash-like MoE (284B total, 13B active)",
-    active_params=13e9,
-    dense_params=6.5e9,
-    routed_params=277.5e9,
-    experts=256,
-    top_k=6,
-    layers=43,
-    bytes_per_param=1.0,
-    routed_bytes_per_param=0.5,
-    kv_bytes_per_token=20e3,
-    attn_flops_per_ctx_token=3e6,
-    attn_window_tokens=2048,
-    sparse_attention=True,
-    index_bytes_per_token=43 * 128.0,
-    hidden_size=4096,
-    max_model_len=1 << 20,
-)
-# DeepSeek-V4-Pro-like MoE (1.6T total, 49B active; FP4 experts): 384 routed experts
-# top-6 over 61 layers, hidden 7168, the same compressed sparse attention.
-V4_PRO_LIKE = ModelSheet(
-    name="DeepSeek-V4-Pro-like MoE (1.6T total, 49B active)",
-    active_params=49e9,
-    dense_params=20e9,
-    routed_params=1580e9,
-    experts=384,
-    top_k=6,
-    layers=61,
-    bytes_per_param=1.0,
-    routed_bytes_per_param=0.5,
-    kv_bytes_per_token=35e3,
-    attn_flops_per_ctx_token=10e6,
-    attn_window_tokens=2048,
-    sparse_attention=True,
-    index_bytes_per_token=61 * 128.0,
-    hidden_size=7168,
-    max_model_len=1 << 20,
-)
-# DeepSeek-V3-like MoE: 671B total / 37B active, 256 routed experts top-8 over 58 MoE
-# layers (+3 dense), FP8 weights, MLA KV (512 + 64 latent dims x 61 layers, BF16) and
-# full attention (no sparse window).
-V3_LIKE = ModelSheet(
-    name="DeepSeek-V3-like MoE (671B total, 37B active)",
-    active_params=37e9,
-    dense_params=16.5e9,
-    routed_params=654.5e9,
-    experts=256,
-    top_k=8,
-    layers=61,
-    bytes_per_param=1.0,
-    kv_bytes_per_token=70.3e3,
-    attn_flops_per_ctx_token=17e6,
-    hidden_size=7168,
-    max_model_len=163840,
-)
-# Qwen3-8B-like dense model: 8.2B parameters, 36 layers, GQA 32/8 heads of 128, BF16.
-QWEN3_8B_LIKE = ModelSheet(
-    name="Qwen3-8B-like dense (8.2B)",
-    active_params=8.2e9,
-    dense_params=8.2e9,
-    routed_params=0.0,
-    layers=36,
-    bytes_per_param=2.0,
-    kv_bytes_per_token=147.5e3,
-    attn_flops_per_ctx_token=0.59e6,
-    hidden_size=4096,
-    vocab_size=151936,
-    max_model_len=40960,
-)
-
-MODELS: dict[str, ModelSheet] = {"v4flash": V4_FLASH_LIKE, "v4pro": V4_PRO_LIKE, "v3": V3_LIKE,
-                                 "qwen3-8b": QWEN3_8B_LIKE}
+# Model presets live in one data file (calibration/data/sheets/models.toml: the
+# DeepSeek-V4-Flash/V4-Pro/V3-like MoEs, Qwen3-8B-like and Llama-3.1-8B-like dense models,
+# each sourced there), read by the same validator as a user's sheet file.
+MODELS: dict[str, ModelSheet] = {}  # filled below, once _sheet is defined
 
 
 # -- the terms ------------------------------------------------------------------------------
@@ -466,19 +395,20 @@ def builtin_analytic_specs() -> dict[str, tuple[HardwareSheet, ModelSheet, Deplo
     """Name -> (hardware, model, deployment) of every shipped analytic profile."""
     moe = {"H100": replace(H100, flop_efficiency=_MOE_EFF), "H200": V4_FLASH_H200_HW,
            "B200": replace(B200, flop_efficiency=_MOE_EFF)}  # one efficiency for MoE decode
+    m = MODELS
     return {
-        "v4flash-h100": (moe["H100"], V4_FLASH_LIKE, _MOE_HOPPER_EP32),
-        "v4flash-h200": (V4_FLASH_H200_HW, V4_FLASH_LIKE, V4_FLASH_DP_EP32),
-        "v4flash-b200": (moe["B200"], V4_FLASH_LIKE, _MOE_B200_EP8),
-        "v4pro-b300": (V4_PRO_B300_HW, V4_PRO_LIKE, V4_PRO_B300_TP8),
-        "v3-h100": (moe["H100"], V3_LIKE, _MOE_HOPPER_EP32),
-        "v3-h200": (moe["H200"], V3_LIKE, _MOE_HOPPER_EP32),
-        "v3-b200": (moe["B200"], V3_LIKE, _MOE_B200_EP8),
-        "qwen3-8b-h100": (replace(H100_BF16, flop_efficiency=_DENSE_EFF), QWEN3_8B_LIKE,
+        "v4flash-h100": (moe["H100"], m["v4flash"], _MOE_HOPPER_EP32),
+        "v4flash-h200": (V4_FLASH_H200_HW, m["v4flash"], V4_FLASH_DP_EP32),
+        "v4flash-b200": (moe["B200"], m["v4flash"], _MOE_B200_EP8),
+        "v4pro-b300": (V4_PRO_B300_HW, m["v4pro"], V4_PRO_B300_TP8),
+        "v3-h100": (moe["H100"], m["v3"], _MOE_HOPPER_EP32),
+        "v3-h200": (moe["H200"], m["v3"], _MOE_HOPPER_EP32),
+        "v3-b200": (moe["B200"], m["v3"], _MOE_B200_EP8),
+        "qwen3-8b-h100": (replace(H100_BF16, flop_efficiency=_DENSE_EFF), m["qwen3-8b"],
                           _DENSE_ONE_GPU),
-        "qwen3-8b-h200": (replace(H200_BF16, flop_efficiency=_DENSE_EFF), QWEN3_8B_LIKE,
+        "qwen3-8b-h200": (replace(H200_BF16, flop_efficiency=_DENSE_EFF), m["qwen3-8b"],
                           _DENSE_ONE_GPU),
-        "qwen3-8b-b200": (replace(B200_BF16, flop_efficiency=_DENSE_EFF), QWEN3_8B_LIKE,
+        "qwen3-8b-b200": (replace(B200_BF16, flop_efficiency=_DENSE_EFF), m["qwen3-8b"],
                           _DENSE_ONE_GPU),
     }
 
@@ -567,6 +497,16 @@ def _sheet(cls, where: str, table: Any, defaults: dict[str, Any] | None = None):
         if k in merged and not 0.0 < merged[k] <= 1.0:
             raise InputError(where, f"'{k}' must lie in (0, 1], got {merged[k]!r}")
     return cls(**merged)
+
+
+def _load_model_presets() -> dict[str, ModelSheet]:
+    path = resources.files("dspark_sim.calibration") / "data" / "sheets" / "models.toml"
+    where = "calibration/data/sheets/models.toml"
+    return {key: _sheet(ModelSheet, f"{where} [{key}]", table)
+            for key, table in read_toml(Path(str(path)), "model presets").items()}
+
+
+MODELS.update(_load_model_presets())
 
 
 def model_sheet_from_hf_config(cfg: dict[str, Any], *, bytes_per_param: float | None = None,
