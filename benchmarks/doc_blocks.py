@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from dspark_sim.errors import InputError
@@ -49,3 +50,19 @@ def command_line(script: str, argv: list[str] | None) -> str:
         elif not a.startswith("--doc="):
             kept.append(a)
     return " ".join(["python", script, *kept])
+
+
+def print_table(lines: list[str], rows: Iterable[str]) -> None:
+    """Print a table's header ``lines``, then each row as soon as it is measured (a point
+    takes seconds to minutes), appending every row to ``lines`` for :func:`write_tables`."""
+    print("\n".join(lines))
+    for row in rows:
+        lines.append(row)
+        print(row, flush=True)
+
+
+def write_tables(doc: str | Path | None, tables: dict[str, list[str]], script: str,
+              argv: list[str] | None) -> None:
+    """``--doc PATH``: replace each measured table's block in PATH (nothing without it)."""
+    if doc:
+        replace_blocks(doc, tables, command_line(script, argv))

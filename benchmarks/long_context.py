@@ -60,27 +60,27 @@ def main(argv=None) -> int:
     ap.add_argument("--doc", default=None, help="also write each profile's table into this "
                     "doc's `<!-- bench: long_context PROFILE LENGTHS -->` block")
     args = ap.parse_args(argv)
+    from doc_blocks import print_table, write_tables  # benchmarks/ is the script's path
+
     tables: dict[str, list[str]] = {}
     for profile in args.profiles.split(","):
         print(f"\n## {profile}, lengths {args.lengths}  (tok/s/GPU; x = over `none`; "
               "batch = decode requests per step; k = sparsespec's mean draft length)")
-        lines = tables[f"long_context {profile} {args.lengths}"] = [
+        tables[f"long_context {profile} {args.lengths}"] = lines = [
             "| C | batch | none | " + " | ".join(POLICIES) + " | k sparsespec / :conf |",
             "|---:|---:|---:|" + "---:|" * len(POLICIES) + "---|"]
-        print("\n".join(lines))
-        for load in (int(x) for x in args.loads.split(",")):
-            r = point(profile, load, args.lengths, args.requests_per_client)
-            ar = r["none"]["thr"]
-            cells = " | ".join(f"{r[p]['thr']:,.0f} ({r[p]['thr'] / ar:.2f}x)" for p in POLICIES)
-            lines.append(f"| {load} | {r['none']['batch']:.0f} | {ar:,.0f} | {cells} "
-                  f"| {r['sparsespec']['verify'] - 1:.2f} / "
-                  f"{r['sparsespec:conf']['verify'] - 1:.2f} |")
-            print(lines[-1], flush=True)
-    if args.doc:
-        from doc_blocks import command_line, replace_blocks  # benchmarks/ is the script's path
-
-        replace_blocks(args.doc, tables, command_line("benchmarks/long_context.py", argv))
+        print_table(lines, (_row(load, point(profile, load, args.lengths,
+                                             args.requests_per_client))
+                            for load in (int(x) for x in args.loads.split(","))))
+    write_tables(args.doc, tables, "benchmarks/long_context.py", argv)
     return 0
+
+
+def _row(load: int, r: dict) -> str:
+    ar = r["none"]["thr"]
+    cells = " | ".join(f"{r[p]['thr']:,.0f} ({r[p]['thr'] / ar:.2f}x)" for p in POLICIES)
+    return (f"| {load} | {r['none']['batch']:.0f} | {ar:,.0f} | {cells} "
+            f"| {r['sparsespec']['verify'] - 1:.2f} / {r['sparsespec:conf']['verify'] - 1:.2f} |")
 
 
 if __name__ == "__main__":

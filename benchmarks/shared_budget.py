@@ -74,6 +74,8 @@ def main(argv=None) -> int:
     ap.add_argument("--doc", default=None, help="also write each profile's table into this "
                     "doc's `<!-- bench: shared_budget PROFILE -->` block (benchmarks/doc_blocks.py)")
     args = ap.parse_args(argv)
+    from doc_blocks import print_table, write_tables  # benchmarks/ is the script's path
+
     tmp = Path(tempfile.mkdtemp(prefix="shared-budget-"))
     tables: dict[str, list[str]] = {}
     for spec in args.profiles.split(","):
@@ -84,22 +86,21 @@ def main(argv=None) -> int:
             "| C | none | fixed:7 | dfly | dcut | confidence | dfly × AR | dcut × AR "
             "| 1+l dfly / dcut / conf | dcut ÷ dfly | conf ÷ dcut |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
-        print("\n".join(lines))
-        for load in (int(x) for x in args.loads.split(",")):
-            r = point(profile, load, args.requests_per_client, args.lengths, args.trace)
-            t = {p: r[p]["thr"] for p in POLICIES}
-            lines.append(f"| {load} | {t['none']:,.0f} | {t['fixed:7']:,.0f} | {t['dfly']:,.0f} "
-                  f"| {t['dcut']:,.0f} | {t['confidence']:,.0f} "
-                  f"| {t['dfly'] / t['none']:.2f} | {t['dcut'] / t['none']:.2f} "
-                  f"| {r['dfly']['verify']:.2f} / {r['dcut']['verify']:.2f} / "
-                  f"{r['confidence']['verify']:.2f} "
-                  f"| {t['dcut'] / t['dfly'] - 1:+.1%} | {t['confidence'] / t['dcut'] - 1:+.1%} |")
-            print(lines[-1], flush=True)
-    if args.doc:
-        from doc_blocks import command_line, replace_blocks  # benchmarks/ is the script's path
-
-        replace_blocks(args.doc, tables, command_line("benchmarks/shared_budget.py", argv))
+        print_table(lines, (_row(load, point(profile, load, args.requests_per_client,
+                                             args.lengths, args.trace))
+                            for load in (int(x) for x in args.loads.split(","))))
+    write_tables(args.doc, tables, "benchmarks/shared_budget.py", argv)
     return 0
+
+
+def _row(load: int, r: dict) -> str:
+    t = {p: r[p]["thr"] for p in POLICIES}
+    return (f"| {load} | {t['none']:,.0f} | {t['fixed:7']:,.0f} | {t['dfly']:,.0f} "
+            f"| {t['dcut']:,.0f} | {t['confidence']:,.0f} "
+            f"| {t['dfly'] / t['none']:.2f} | {t['dcut'] / t['none']:.2f} "
+            f"| {r['dfly']['verify']:.2f} / {r['dcut']['verify']:.2f} / "
+            f"{r['confidence']['verify']:.2f} "
+            f"| {t['dcut'] / t['dfly'] - 1:+.1%} | {t['confidence'] / t['dcut'] - 1:+.1%} |")
 
 
 if __name__ == "__main__":
