@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 
 from ._backend import resolve_backend, same_device
-from .verify import _check_varlen, _request_ids
+from .verify import _check_varlen, _max_seqlen, _request_ids
 
 
 class TreeVerify(NamedTuple):
@@ -73,14 +73,6 @@ def _check_tree(node_tokens: torch.Tensor, parents: torch.Tensor, cu_nodes: torc
             raise ValueError(f"parents must satisfy -1 <= parent < local index (topological "
                              f"order); node {i} has parent {int(parents[i])}")
     return num_req
-
-
-def _max_nodes(cu_nodes: torch.Tensor, max_nodes: int | None) -> int:
-    if max_nodes is not None:
-        return int(max_nodes)
-    if cu_nodes.numel() < 2:
-        return 0
-    return int((cu_nodes[1:] - cu_nodes[:-1]).max().item())
 
 
 def _argmax_rows(target: torch.Tensor, rows: int) -> torch.Tensor | None:
@@ -217,7 +209,7 @@ def verify_tree_greedy(
     num_req = _check_tree(node_tokens, parents, cu_nodes, validate)
     am = _argmax_rows(target, num_nodes + num_req)
     same_device(node_tokens, parents, target, cu_nodes)
-    width = _max_nodes(cu_nodes, max_nodes)
+    width = _max_seqlen(cu_nodes, max_nodes)  # the largest tree: same contract as verify
     depth = width if max_depth is None else int(max_depth)
     if resolve_backend(backend, target) == "torch":
         if am is None:
@@ -250,7 +242,7 @@ def tree_attention_mask(
     row and is not part of this mask."""
     dummy_tokens = parents  # shape/dtype checks only
     _check_tree(dummy_tokens, parents, cu_nodes, validate)
-    width = _max_nodes(cu_nodes, max_nodes)
+    width = _max_seqlen(cu_nodes, max_nodes)  # the largest tree: same contract as verify
     depth = width if max_depth is None else int(max_depth)
     if resolve_backend(backend, parents) == "torch":
         return tree_attention_mask_torch(parents, cu_nodes, width, depth)
