@@ -9,6 +9,7 @@ with another seed, i.e. the model serves the published tau, not one tuned draw.
 
 from __future__ import annotations
 
+import hand_oracles
 import pytest
 
 from dspark_sim.traces.synth import DSPARK_CURVES, DomainCurve, synth_drafter, synth_iid
@@ -17,18 +18,10 @@ TABLE1 = {"math": 5.57, "code": 5.12, "chat": 3.49}  # DSpark Table 1, served at
 
 
 def served_tau_by_hand(trace, k: int) -> float:
-    """Tokens per verify step of a fixed-k chain: each request from position 0, a step at
-    position t accepts min(k, m_t) plus the bonus and moves past what it produced."""
-    tokens = steps = 0
-    for r in range(trace.num_requests):
-        m = trace.accept_len[trace.req_offsets[r]:trace.req_offsets[r + 1]].tolist()
-        t = 0
-        while t < len(m):
-            adv = min(k, m[t]) + 1
-            tokens += adv
-            steps += 1
-            t += adv
-    return tokens / steps
+    """The trace's fixed-k served tau by a plain per-request loop (tests/hand_oracles.py)."""
+    rows = [trace.accept_len[trace.req_offsets[r]:trace.req_offsets[r + 1]].tolist()
+            for r in range(trace.num_requests)]
+    return hand_oracles.served_tau_by_hand(rows, k)
 
 
 @pytest.fixture(scope="module")

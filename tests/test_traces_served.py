@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hand_oracles import served_tau_by_hand as _served_by_hand
 
 from dspark_sim.errors import InputError
 from dspark_sim.sim.api import simulate
@@ -26,18 +27,6 @@ def _trace(rows: list[list[int]], gamma: int, conf: bool = True) -> AcceptanceTr
         req_domain=np.full(len(rows), "x"),
         req_ids=np.arange(len(rows), dtype=np.int32),
     )
-
-
-def _served_by_hand(rows: list[list[int]], k: int) -> float:
-    tokens = steps = 0
-    for r in rows:
-        t = 0
-        while t < len(r):
-            adv = min(k, r[t]) + 1
-            tokens += adv
-            steps += 1
-            t += adv
-    return tokens / steps
 
 
 def test_served_tau_matches_a_step_by_step_chain():
