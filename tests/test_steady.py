@@ -281,13 +281,13 @@ def test_growing_queue_is_unstable_even_when_everything_finishes():
 
 
 # -- unfinished requests keep their progress (#12.7) ----------------------------------------
-@pytest.mark.parametrize("kv", [None, 6000], ids=["overload", "kv-preempt"])
-def test_unfinished_requests_keep_progress_and_totals_add_up(kv):
-    eng = EngineConfig(max_num_seqs=16) if kv is None else EngineConfig(
-        max_num_seqs=64, kv_capacity_tokens=kv)
+@pytest.mark.parametrize("seqs, kv, qps, lengths", [
+    (16, None, 100.0, "fixed:256:400"), (64, 6000, 100.0, "fixed:256:400"),
+    (8, None, 400.0, "fixed:128:400")], ids=["overload", "kv-preempt", "overload-8-seqs"])
+def test_unfinished_requests_keep_progress_and_totals_add_up(seqs, kv, qps, lengths):
+    eng = EngineConfig(max_num_seqs=seqs, kv_capacity_tokens=kv)
     cfg = SimConfig(policy="fixed:3", deployment=DeploymentConfig(replicas=1), engine=eng,
-                    workload=WorkloadConfig(qps=100.0, num_requests=300,
-                                            lengths="fixed:256:400"),
+                    workload=WorkloadConfig(qps=qps, num_requests=300, lengths=lengths),
                     drain_timeout_s=0.5)
     res = simulate(cfg)
     s, r = res.summary, res.requests
