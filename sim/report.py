@@ -267,22 +267,40 @@ def lossy_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
     return fig
 
 
-def budget_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
-                  basis: str = "steady") -> go.Figure:
-    """Fig. 8: throughput (top) and verification budget per request (bottom) vs
-    concurrency."""
+def _two_rows_by_concurrency(df: pl.DataFrame, policies: Sequence[str] | None, basis: str,
+                             subplot_titles: tuple[str, str]):
+    """A two-row figure sharing the concurrency axis, and per policy (in the table's order,
+    ``policies`` only when given) its colour and its points with a concurrency, in load
+    order: what the budget and latency figures plot."""
     t = budget_table(df, basis)
     if policies:
         t = t.filter(pl.col("policy").is_in([canonical_policy(p) for p in policies]))
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=("throughput vs concurrency",
-                                        "verification budget per request (tokens verified per "
-                                        "request-step, bonus included; MTP-1 = 2)"))
+                        subplot_titles=subplot_titles)
     pols = list(dict.fromkeys(t["policy"].to_list()))
-    for i, pol in enumerate(pols):
-        g = t.filter((pl.col("policy") == pol) & pl.col("concurrency_x").is_not_null()).sort(
-            "concurrency_x")
-        c = PALETTE[i % len(PALETTE)]
+    groups = [(pol, PALETTE[i % len(PALETTE)],
+               t.filter((pl.col("policy") == pol) & pl.col("concurrency_x").is_not_null())
+               .sort("concurrency_x")) for i, pol in enumerate(pols)]
+    return fig, groups
+
+
+def _concurrency_layout(fig: go.Figure, open_loop_x: str, height: int, title: str) -> go.Figure:
+    fig.update_xaxes(title_text=f"concurrent requests (closed loop: clients; open loop: "
+                                f"{open_loop_x})", row=2, col=1)
+    fig.update_layout(height=height, template="plotly_white", title=title,
+                      legend={"groupclick": "togglegroup"})
+    return fig
+
+
+def budget_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
+                  basis: str = "steady") -> go.Figure:
+    """Fig. 8: throughput (top) and verification budget per request (bottom) vs
+    concurrency."""
+    fig, groups = _two_rows_by_concurrency(
+        df, policies, basis, ("throughput vs concurrency",
+                              "verification budget per request (tokens verified per "
+                              "request-step, bonus included; MTP-1 = 2)"))
+    for pol, c, g in groups:
         fig.add_trace(go.Scatter(x=g["concurrency_x"].to_list(),
                                  y=g["output_throughput_per_gpu"].to_list(),
                                  mode="lines+markers", name=pol, legendgroup=pol,
@@ -293,11 +311,8 @@ def budget_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
                                  showlegend=False, line={"color": c}), row=2, col=1)
     fig.update_yaxes(title_text="tok/s/GPU", row=1, col=1)
     fig.update_yaxes(title_text="tokens / request-step", row=2, col=1)
-    fig.update_xaxes(title_text="concurrent requests (closed loop: clients; open loop: "
-                                "Little's-law mean)", row=2, col=1)
-    fig.update_layout(height=700, template="plotly_white", title="Load-adaptive verification "
-                      "budget (DSpark Fig. 8 view)", legend={"groupclick": "togglegroup"})
-    return fig
+    return _concurrency_layout(fig, "Little's-law mean", 700,
+                               "Load-adaptive verification budget (DSpark Fig. 8 view)")
 
 
 def latency_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
@@ -305,16 +320,9 @@ def latency_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
     """Queueing made visible: median (solid) and p90 (dotted) TTFT and E2E latency
     against concurrency. TPOT, and so interactivity, excludes the wait for admission;
     these do not."""
-    t = budget_table(df, basis)
-    if policies:
-        t = t.filter(pl.col("policy").is_in([canonical_policy(p) for p in policies]))
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=("time to first token (ms)", "end-to-end latency (ms)"))
-    pols = list(dict.fromkeys(t["policy"].to_list()))
-    for i, pol in enumerate(pols):
-        g = t.filter((pl.col("policy") == pol) & pl.col("concurrency_x").is_not_null()).sort(
-            "concurrency_x")
-        c = PALETTE[i % len(PALETTE)]
+    fig, groups = _two_rows_by_concurrency(
+        df, policies, basis, ("time to first token (ms)", "end-to-end latency (ms)"))
+    for pol, c, g in groups:
         for row, col in ((1, "ttft_ms"), (2, "e2el_ms")):
             for q, dash in (("median", "solid"), ("p90", "dot")):
                 name = f"{q}_{col}"
@@ -327,11 +335,8 @@ def latency_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
                     hovertemplate=f"{pol}<br>concurrency %{{x:.1f}}<br>{q} {col.split('_')[0]} "
                                   "%{y:,.0f} ms<extra></extra>"), row=row, col=1)
     fig.update_yaxes(type="log", title_text="ms")
-    fig.update_xaxes(title_text="concurrent requests (closed loop: clients; open loop: mean "
-                                "requests in the system)", row=2, col=1)
-    fig.update_layout(height=650, template="plotly_white", title="Queueing: TTFT and E2E vs "
-                      "load (solid: median, dotted: p90)", legend={"groupclick": "togglegroup"})
-    return fig
+    return _concurrency_layout(fig, "mean requests in the system", 650,
+                               "Queueing: TTFT and E2E vs load (solid: median, dotted: p90)")
 
 
 def waste_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
