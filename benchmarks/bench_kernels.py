@@ -166,6 +166,17 @@ class Bench:
     def t(self, fn: Callable[[], object]) -> float:
         return timeit_s(fn, self.device, self.args.min_time_s, self.args.max_iters)
 
+    def rows(self, name: str, run: Callable[[str], object], nbytes: int, peak: float | None,
+             best: Callable[[], object] | None = None) -> None:
+        """One op's rows, timed in this order: ``run("torch")`` (the reference), ``best``
+        (the fastest plain-torch formulation, when there is one) and, on CUDA,
+        ``run("triton")``."""
+        row(name, "torch ref", self.t(lambda: run("torch")), nbytes, peak)
+        if best is not None:
+            row(name, "best torch", self.t(best), nbytes, peak)
+        if self.triton:
+            row(name, "triton", self.t(lambda: run("triton")), nbytes, peak)
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -190,7 +201,7 @@ def bench_verify(b: Bench) -> None:
     formulations compute what the references compute."""
     num_req, gamma, vocab = b.args.num_req, b.args.gamma, b.args.vocab
     num_draft = num_req * gamma
-    device, gen, dtype, t, peak = b.device, b.gen, b.dtype, b.t, b.peak
+    device, gen, dtype, peak = b.device, b.gen, b.dtype, b.peak
     esize = torch.tensor([], dtype=dtype).element_size()
     cu = torch.arange(num_req + 1, device=device, dtype=torch.int64) * gamma
     logits = torch.randn(num_draft + num_req, vocab, device=device, generator=gen).to(dtype)
@@ -211,29 +222,21 @@ def bench_verify(b: Bench) -> None:
 
     # Greedy: every target row read once.
     nbytes = (num_draft + num_req) * vocab * esize
-    row("greedy", "torch ref", t(lambda: kv.verify_greedy(
-        draft, logits, cu, max_seqlen=gamma, backend="torch")), nbytes, peak)
-    row("greedy", "best torch", t(lambda: best_greedy(draft, logits, num_req, gamma)), nbytes, peak)
-    if b.triton:
-        row("greedy", "triton", t(lambda: kv.verify_greedy(
-            draft, logits, cu, max_seqlen=gamma, backend="triton")), nbytes, peak)
+    b.rows("greedy", lambda be: kv.verify_greedy(draft, logits, cu, max_seqlen=gamma, backend=be),
+           nbytes, peak, best=lambda: best_greedy(draft, logits, num_req, gamma))
 
     # Stochastic: draft rows + their target rows + bonus rows (lower bound).
     nbytes = (2 * num_draft + num_req) * vocab * esize
-    row("stochastic", "torch ref", t(lambda: kv.verify_stochastic(
-        draft, pd, pt, cu, uniforms=uni, max_seqlen=gamma, backend="torch")), nbytes, peak)
-    row("stochastic", "best torch", t(lambda: best_stochastic(draft, pd, pt, num_req, gamma, uni)),
-        nbytes, peak)
-    if b.triton:
-        row("stochastic", "triton", t(lambda: kv.verify_stochastic(
-            draft, pd, pt, cu, uniforms=uni, max_seqlen=gamma, backend="triton")), nbytes, peak)
+    b.rows("stochastic", lambda be: kv.verify_stochastic(
+        draft, pd, pt, cu, uniforms=uni, max_seqlen=gamma, backend=be), nbytes, peak,
+        best=lambda: best_stochastic(draft, pd, pt, num_req, gamma, uni))
 
 
 def bench_tree(b: Bench) -> None:
     """Tree verification (a gamma-deep spine plus branches hanging off random spine
     nodes) and the tree attention mask."""
     num_req, gamma, vocab = b.args.num_req, b.args.gamma, b.args.vocab
-    device, gen, t, peak = b.device, b.gen, b.t, b.peak
+    device, gen, peak = b.device, b.gen, b.peak
     esize = torch.tensor([], dtype=b.dtype).element_size()
     nodes = max(b.args.tree_nodes, 1)
     spine = min(gamma, nodes)
@@ -250,25 +253,18 @@ def bench_tree(b: Bench) -> None:
     assert torch.equal(best_tree(t_logits, t_tokens, par_local, anc, num_req, nodes), t_ref.accepted_len)
     nbytes = num_req * (nodes + 1) * vocab * esize
     kw = dict(max_nodes=nodes, max_depth=nodes, validate=False)
-    row("tree", "torch ref", t(lambda: ktree.verify_tree_greedy(
-        t_tokens, par_local, t_logits, cu_t, backend="torch", **kw)), nbytes, peak)
-    row("tree", "best torch", t(lambda: best_tree(t_logits, t_tokens, par_local, anc, num_req, nodes)),
-        nbytes, peak)
-    if b.triton:
-        row("tree", "triton", t(lambda: ktree.verify_tree_greedy(
-            t_tokens, par_local, t_logits, cu_t, backend="triton", **kw)), nbytes, peak)
+    b.rows("tree", lambda be: ktree.verify_tree_greedy(
+        t_tokens, par_local, t_logits, cu_t, backend=be, **kw), nbytes, peak,
+        best=lambda: best_tree(t_logits, t_tokens, par_local, anc, num_req, nodes))
     # Tree attention mask: R x (n+1)^2 bools out (latency-bound).
     nbytes = num_req * (nodes + 1) ** 2 + par_local.numel() * 16
-    row("tree-mask", "torch ref", t(lambda: ktree.tree_attention_mask(
-        par_local, cu_t, backend="torch", **kw)), nbytes, None)
-    if b.triton:
-        row("tree-mask", "triton", t(lambda: ktree.tree_attention_mask(
-            par_local, cu_t, backend="triton", **kw)), nbytes, None)
+    b.rows("tree-mask", lambda be: ktree.tree_attention_mask(par_local, cu_t, backend=be, **kw),
+           nbytes, None)
 
 
 def bench_survival(b: Bench) -> None:
     """Survival: T logits in, T floats out."""
-    num_req, gamma, t = b.args.num_req, b.args.gamma, b.t
+    num_req, gamma = b.args.num_req, b.args.gamma
     num_draft = num_req * gamma
     cu = torch.arange(num_req + 1, device=b.device, dtype=torch.int64) * gamma
     z = torch.randn(num_draft, device=b.device, generator=b.gen)
@@ -277,12 +273,8 @@ def bench_survival(b: Bench) -> None:
     torch.testing.assert_close(
         best_survival(z, temp, num_req, gamma), ksurv.survival_varlen(z, cu, temp, backend="torch")
     )
-    row("survival", "torch ref", t(lambda: ksurv.survival_varlen(
-        z, cu, temp, max_seqlen=gamma, backend="torch")), nbytes, None)
-    row("survival", "best torch", t(lambda: best_survival(z, temp, num_req, gamma)), nbytes, None)
-    if b.triton:
-        row("survival", "triton", t(lambda: ksurv.survival_varlen(
-            z, cu, temp, max_seqlen=gamma, backend="triton")), nbytes, None)
+    b.rows("survival", lambda be: ksurv.survival_varlen(z, cu, temp, max_seqlen=gamma, backend=be),
+           nbytes, None, best=lambda: best_survival(z, temp, num_req, gamma))
 
 
 def bench_schedule(b: Bench) -> None:

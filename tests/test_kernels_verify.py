@@ -128,6 +128,18 @@ def test_stochastic_torch_accept_rule_and_tv():
     torch.testing.assert_close(out.tv_accept.double(), _tv_oracle(pd, pt, lengths), atol=1e-5, rtol=0)
 
 
+def _stochastic_backends_agree(draft, pd, pt, cu, seeds: int, atol: float):
+    """Triton and torch stochastic verification, seed by seed: the same accepted lengths
+    and next tokens, TV acceptance within ``atol``. Returns the last torch result."""
+    for seed in range(seeds):
+        ref = verify_stochastic(draft, pd, pt, cu, seed=seed, backend="torch")
+        got = verify_stochastic(draft, pd, pt, cu, seed=seed, backend="triton")
+        assert torch.equal(ref.accepted_len, got.accepted_len)
+        assert torch.equal(ref.next_token, got.next_token)
+        torch.testing.assert_close(got.tv_accept, ref.tv_accept, atol=atol, rtol=0)
+    return ref
+
+
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("vocab", [64, 300])
@@ -136,12 +148,7 @@ def test_stochastic_triton_matches_torch(dtype, vocab):
     lengths = [4, 0, 2, 6, 1]
     draft, pd, pt = _stoch_case(lengths, vocab, dtype, gen)
     cu = _cu(lengths)
-    for seed in range(4):
-        ref = verify_stochastic(draft, pd, pt, cu, seed=seed, backend="torch")
-        got = verify_stochastic(draft, pd, pt, cu, seed=seed, backend="triton")
-        assert torch.equal(ref.accepted_len, got.accepted_len)
-        assert torch.equal(ref.next_token, got.next_token)
-        torch.testing.assert_close(got.tv_accept, ref.tv_accept, atol=2e-6, rtol=0)
+    ref = _stochastic_backends_agree(draft, pd, pt, cu, seeds=4, atol=2e-6)
     tv = tv_acceptance(pd, pt, cu, backend="triton")
     torch.testing.assert_close(tv, ref.tv_accept, atol=2e-6, rtol=0)
 
@@ -153,12 +160,7 @@ def test_stochastic_large_vocab_streamed():
     lengths = [2, 1]
     draft, pd, pt = _stoch_case(lengths, 32768, torch.bfloat16, gen)
     cu = _cu(lengths)
-    for seed in range(2):
-        ref = verify_stochastic(draft, pd, pt, cu, seed=seed, backend="torch")
-        got = verify_stochastic(draft, pd, pt, cu, seed=seed, backend="triton")
-        assert torch.equal(ref.accepted_len, got.accepted_len)
-        assert torch.equal(ref.next_token, got.next_token)
-        torch.testing.assert_close(got.tv_accept, ref.tv_accept, atol=1e-5, rtol=0)
+    _stochastic_backends_agree(draft, pd, pt, cu, seeds=2, atol=1e-5)
     logits = pt.float().log()
     g_ref = verify_greedy(draft, logits, cu, backend="torch")
     g_got = verify_greedy(draft, logits, cu, backend="triton")
