@@ -10,12 +10,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from capture_env import cache_root, train_tiny_drafters  # noqa: E402
 from test_capture_v2 import varied_target  # noqa: E402
 from test_drafters import tiny_prompts  # noqa: E402
 
 from dspark_sim.policies.lossy import AsdConfig  # noqa: E402
 from dspark_sim.traces.drafters import Shared, load_drafter  # noqa: E402
-from dspark_sim.traces.train import train_drafter  # noqa: E402
 from dspark_sim.validation.asd_decode import asd_decode_greedy  # noqa: E402
 
 GAMMA = 4
@@ -24,17 +24,11 @@ NEW = 24
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    torch.set_num_threads(2)
-    root = tmp_path_factory.mktemp("asd")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("DSPARK_SIM_CACHE", str(root / "cache"))
-    target = varied_target()
-    train_drafter("dspark", target, tiny_prompts(6), steps=5, out_dir=root / "dspark",
-                  gamma=GAMMA, batch_size=8, max_new_tokens=24, progress=False,
-                  drafter_kw={"query_init": "fused"})
-    model, _ = load_drafter(root / "dspark", target)
-    yield target, model, Shared.of(target)
-    mp.undo()
+    with cache_root(tmp_path_factory, "asd") as root:
+        target = varied_target()
+        train_tiny_drafters(target, root, ("dspark",), GAMMA, dspark_kw={"query_init": "fused"})
+        model, _ = load_drafter(root / "dspark", target)
+        yield target, model, Shared.of(target)
 
 
 def test_strict_asd_is_greedy_decoding(env):

@@ -10,12 +10,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from capture_env import cache_root, train_tiny_drafters  # noqa: E402
 from test_drafters import tiny_prompts, tiny_target  # noqa: E402
 
 from dspark_sim.traces.capture import capture  # noqa: E402
 from dspark_sim.traces.drafters import Lookup, SequenceStore, Shared, load_drafter  # noqa: E402
 from dspark_sim.traces.schema import read_trace  # noqa: E402
-from dspark_sim.traces.train import train_drafter  # noqa: E402
 
 GAMMA = 4
 NEW = 20
@@ -24,16 +24,10 @@ _USER_CACHE = os.environ.get("DSPARK_SIM_CACHE")
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    torch.set_num_threads(2)
-    root = tmp_path_factory.mktemp("cap")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("DSPARK_SIM_CACHE", str(root / "cache"))
-    target = tiny_target()
-    for kind in ("mtp1", "dspark"):
-        train_drafter(kind, target, tiny_prompts(6), steps=5, out_dir=root / kind, gamma=GAMMA,
-                      batch_size=8, max_new_tokens=24, progress=False)
-    yield target, root
-    mp.undo()
+    with cache_root(tmp_path_factory, "cap") as root:
+        target = tiny_target()
+        train_tiny_drafters(target, root, ("mtp1", "dspark"), GAMMA)
+        yield target, root
 
 
 def _run(env, out, **kw):

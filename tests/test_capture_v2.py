@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from capture_env import cache_root, train_tiny_drafters  # noqa: E402
 from test_drafters import ByteTokenizer, tiny_prompts  # noqa: E402
 
 from dspark_sim.traces.capture import TargetRows, draft_rows  # noqa: E402
@@ -41,20 +42,14 @@ def varied_target():
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    torch.set_num_threads(2)
-    root = tmp_path_factory.mktemp("v2")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("DSPARK_SIM_CACHE", str(root / "cache"))
-    target = varied_target()
-    for kind in ("mtp1", "dspark"):
-        train_drafter(kind, target, tiny_prompts(6), steps=5, out_dir=root / kind, gamma=GAMMA,
-                      batch_size=8, max_new_tokens=24, progress=False,
-                      drafter_kw={"query_init": "fused"} if kind == "dspark" else None)
-    layers = target.feature_layers(3) + [target.num_layers]
-    recs = generate_cached(target, tiny_prompts(6), NEW + GAMMA, layers, batch_size=6)
-    store = SequenceStore.from_records(recs)
-    yield target, root, store, recs
-    mp.undo()
+    with cache_root(tmp_path_factory, "v2") as root:
+        target = varied_target()
+        train_tiny_drafters(target, root, ("mtp1", "dspark"), GAMMA,
+                            dspark_kw={"query_init": "fused"})
+        layers = target.feature_layers(3) + [target.num_layers]
+        recs = generate_cached(target, tiny_prompts(6), NEW + GAMMA, layers, batch_size=6)
+        store = SequenceStore.from_records(recs)
+        yield target, root, store, recs
 
 
 @pytest.mark.parametrize("kind", ["mtp1", "dspark"])

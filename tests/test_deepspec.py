@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from capture_env import cache_root  # noqa: E402
 from test_drafters import tiny_prompts, tiny_target  # noqa: E402
 
 from dspark_sim.errors import InputError  # noqa: E402
@@ -83,12 +84,8 @@ def write_checkpoint(out, hidden=D, markov=True, confidence=True, arch="Qwen3DSp
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    torch.set_num_threads(2)
-    root = tmp_path_factory.mktemp("deepspec")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("DSPARK_SIM_CACHE", str(root / "cache"))
-    yield root
-    mp.undo()
+    with cache_root(tmp_path_factory, "deepspec") as root:
+        yield root
 
 
 def _store(target, layers, n_new=10):
