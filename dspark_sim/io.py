@@ -1,11 +1,13 @@
 """Atomic file output: write to a temporary sibling, then rename.
 
 A crash or a validation error half-way never leaves a truncated file behind and
-never clobbers a good file that was already there.
+never clobbers a good file that was already there. Also the one file digest the
+run manifests and the drafter/target caches key on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -32,6 +34,15 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB chunks (checkpoints are gigabytes)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def write_atomic(path: str | Path, writer: Callable[[Path], None]) -> Path:

@@ -23,7 +23,6 @@ requests. Other files in the output folder are never touched.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -34,18 +33,11 @@ from pathlib import Path
 import polars as pl
 
 from dspark_sim.errors import InputError
+from dspark_sim.io import sha256_file
 
 SUMMARY = "summary.json"
 REQUESTS = "requests.parquet"
 MANIFEST_KEY = "outputs"
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_run(out: str | Path, summary: dict, requests: pl.DataFrame, *,

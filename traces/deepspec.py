@@ -157,11 +157,11 @@ def _weight_files(p: Path) -> list[Path]:
 
 def checkpoint_sha256(files: list[Path]) -> str:
     """sha256 of the single weight file; for shards, of the sorted ``name:sha256`` lines."""
-    from dspark_sim.traces.targets import file_sha256
+    from dspark_sim.io import sha256_file
 
     if len(files) == 1:
-        return file_sha256(files[0])
-    lines = "".join(f"{f.name}:{file_sha256(f)}\n" for f in sorted(files))
+        return sha256_file(files[0])
+    lines = "".join(f"{f.name}:{sha256_file(f)}\n" for f in sorted(files))
     return hashlib.sha256(lines.encode()).hexdigest()
 
 

