@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from input_checks import assert_rejects_file
 
 from dspark_sim.calibration.confmap import (
     IDENTITY,
@@ -302,14 +303,11 @@ def test_bad_inputs_raise_input_error(overconfident):
         isotonic_map([[0.0, 1.0]], [[0.5, 0.2]])
 
 
-def test_load_calibration_rejects_bad_files(tmp_path):
-    p = tmp_path / "bad_cal.toml"
-    p.write_text('[calibration]\nmethod = "temperature"\ntemperatures = [1.0, nan]\n')
-    with pytest.raises(InputError, match="bad_cal.toml"):
-        load_calibration(p)
-    p.write_text('[calibration]\nmethod = "magic"\n')
-    with pytest.raises(InputError, match="bad_cal.toml"):
-        load_calibration(p)
+@pytest.mark.parametrize("text", [
+    '[calibration]\nmethod = "temperature"\ntemperatures = [1.0, nan]\n',
+    '[calibration]\nmethod = "magic"\n'], ids=["nan-temperature", "unknown-method"])
+def test_load_calibration_rejects_bad_files(tmp_path, text):
+    assert_rejects_file(tmp_path / "bad_cal.toml", text, load_calibration, "bad_cal.toml")
 
 
 # -- reliability diagram ---------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from input_checks import assert_rejects_file
 
 from dspark_sim.errors import InputError
 from dspark_sim.sim.api import simulate
@@ -27,11 +28,7 @@ def test_toml_config_composes_with_preset(tmp_path):
     ("[engine\n", "invalid TOML"),
 ])
 def test_bad_config(tmp_path, text, needle):
-    p = tmp_path / "bad.toml"
-    p.write_text(text)
-    with pytest.raises(InputError, match=needle) as err:
-        load_config(p)
-    assert str(p) in str(err.value)
+    assert_rejects_file(tmp_path / "bad.toml", text, load_config, needle)
 
 
 def test_unknown_preset():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from input_checks import assert_rejects_file
 
 from dspark_sim.calibration.profile import (
     builtin_profiles,
@@ -185,22 +186,17 @@ def test_profile_from_hf_config(tmp_path):
     assert p.step_s[0] > 3e-3 and p.gpus_per_replica == 1
 
 
-def test_bad_sheets(tmp_path):
-    sheet = tmp_path / "bad-sheet.toml"
-    sheet.write_text('hardware = "H999"\nmodel = "v3"\n')
-    with pytest.raises(InputError, match="bad-sheet.toml.*H999"):
-        profile_from_sheets(sheet)
-    sheet.write_text('hardware = "H100"\nmodel = "v3"\n[deployment]\noverhead_ms = 1\n')
-    with pytest.raises(InputError, match="bad-sheet.toml.*gpus_per_replica"):
-        profile_from_sheets(sheet)
-    sheet.write_text('hardware = "H100"\nmodel = "v3"\n[deployment]\ngpus_per_replica = 8\n'
-                     "overhead_ms = 1\nwarp_factor = 9\n")
-    with pytest.raises(InputError, match="warp_factor"):
-        profile_from_sheets(sheet)
-    sheet.write_text('hardware = "H100"\nmodel = "v3"\n[deployment]\ngpus_per_replica = 8\n'
-                     "overhead_ms = nan\n")
-    with pytest.raises(InputError, match="overhead_ms"):
-        profile_from_sheets(sheet)
+@pytest.mark.parametrize("text, match", [
+    ('hardware = "H999"\nmodel = "v3"\n', "bad-sheet.toml.*H999"),
+    ('hardware = "H100"\nmodel = "v3"\n[deployment]\noverhead_ms = 1\n',
+     "bad-sheet.toml.*gpus_per_replica"),
+    ('hardware = "H100"\nmodel = "v3"\n[deployment]\ngpus_per_replica = 8\n'
+     "overhead_ms = 1\nwarp_factor = 9\n", "warp_factor"),
+    ('hardware = "H100"\nmodel = "v3"\n[deployment]\ngpus_per_replica = 8\n'
+     "overhead_ms = nan\n", "overhead_ms"),
+], ids=["unknown-hardware", "missing-key", "unknown-key", "nan"])
+def test_bad_sheets(tmp_path, text, match):
+    assert_rejects_file(tmp_path / "bad-sheet.toml", text, profile_from_sheets, match)
 
 
 # -- measurement -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from input_checks import assert_rejects_file
 from typer.testing import CliRunner
 
 from dspark_sim.cli import app
@@ -187,11 +188,7 @@ def test_vllm_counters_prometheus_and_bench_serve(tmp_path):
     ('{"completed": 10}', "no 'spec_decode_per_position"),
 ], ids=["increasing", "no-drafts", "bad-value", "zero-drafts", "no-rates"])
 def test_vllm_counters_malformed(tmp_path, text, match):
-    p = tmp_path / "m.txt"
-    p.write_text(text)
-    with pytest.raises(InputError, match=match) as exc:
-        import_vllm_counters(p)
-    assert str(p) in str(exc.value)
+    assert_rejects_file(tmp_path / "m.txt", text, import_vllm_counters, match)
 
 
 def test_export_served_rates_reproduce_served_tau(tmp_path):
