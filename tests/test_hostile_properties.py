@@ -158,22 +158,26 @@ CERTAINLY_BAD = {
 }
 
 
+def run_drawn_option(tmp_path_factory, data, table: dict, *, must_refuse: bool) -> None:
+    """Run the small config with one option of ``table`` set to a value drawn from its
+    strategy: refused in one line naming it, or run cleanly (``must_refuse``: refused)."""
+    option = data.draw(st.sampled_from(sorted(table)), label="option")
+    value = data.draw(table[option], label="value")
+    out = fresh(tmp_path_factory)
+    refused_or_conserved(run_cli([*SMALL, option, value], out), option, out,
+                         must_refuse=must_refuse)
+
+
 @HOSTILE
 @given(data=st.data())
 def test_any_option_value_is_refused_in_one_line_or_run_cleanly(tmp_path_factory, data):
-    option = data.draw(st.sampled_from(sorted(OPTIONS)), label="option")
-    value = data.draw(OPTIONS[option], label="value")
-    out = fresh(tmp_path_factory)
-    refused_or_conserved(run_cli([*SMALL, option, value], out), option, out)
+    run_drawn_option(tmp_path_factory, data, OPTIONS, must_refuse=False)
 
 
 @HOSTILE
 @given(data=st.data())
 def test_certainly_bad_option_values_are_refused(tmp_path_factory, data):
-    option = data.draw(st.sampled_from(sorted(CERTAINLY_BAD)), label="option")
-    value = data.draw(CERTAINLY_BAD[option], label="value")
-    out = fresh(tmp_path_factory)
-    refused_or_conserved(run_cli([*SMALL, option, value], out), option, out, must_refuse=True)
+    run_drawn_option(tmp_path_factory, data, CERTAINLY_BAD, must_refuse=True)
 
 
 @HOSTILE

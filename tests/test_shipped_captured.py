@@ -57,13 +57,16 @@ def test_shipped_trace_came_from_the_shipped_drafter(traces, name):
     assert traces[name].meta.extra["drafter_checkpoint_sha256"] == hashlib.sha256(blob).hexdigest()
 
 
+def _chain(tr):
+    """A shipped trace's schema-v2 fields, its gamma, the chain's accepted length per
+    position (int64) and the depth index row [1, gamma] to compare them against."""
+    return tr.v2, tr.gamma_max, tr.accept_len.astype(np.int64), np.arange(tr.gamma_max)[None, :]
+
+
 @pytest.mark.parametrize("name", LEARNED)
 def test_tree_fields_agree_with_the_chain(traces, name):
-    tr = traces[name]
-    v, g = tr.v2, tr.gamma_max
-    m = tr.accept_len.astype(np.int64)
+    v, g, m, depth = _chain(traces[name])
     rank = v.true_rank.astype(np.int64)
-    depth = np.arange(g)[None, :]
     # the chain accepts exactly the leading depths where the teacher-forced drafter's
     # argmax is the target's token (brute force over rows, not tree_accept_len)
     lead = np.array([next((j for j in range(g) if rank[i, j] != 0), g) for i in range(len(m))])
@@ -100,11 +103,9 @@ def test_tree_fields_agree_with_the_chain(traces, name):
 @pytest.mark.parametrize("name", DRAFTERS)
 def test_lossy_fields_agree_with_the_chain(traces, name):
     tr = traces[name]
-    v, g = tr.v2, tr.gamma_max
-    m = tr.accept_len.astype(np.int64)
+    v, g, m, depth = _chain(tr)
     top = v.tgt_top1_logit.astype(np.float32)
     dl = v.draft_tgt_logit.astype(np.float32)
-    depth = np.arange(g)[None, :]
     acc = depth < m[:, None]
     # an accepted chain token is the target's argmax: regret exactly 0
     assert np.array_equal(dl[acc], top[acc])
