@@ -181,49 +181,44 @@ def no_model_load(monkeypatch):
     monkeypatch.setattr(targets, "_load_dir", boom)
 
 
-@pytest.mark.parametrize("args,needles", [
-    (["--drafters", "bogus"], ["--drafters", "bogus"]),
-    (["--drafters", "mtp1,nope"], ["--drafters", "nope"]),
-    (["--drafters", "deepspec:/no/such/dir"], ["--drafters", "/no/such/dir"]),
-    (["--target", "/no/such/model"], ["--target"]),
-    (["--device", "tpu"], ["--device"]),
-    (["--gamma-max", "0"], ["--gamma-max"]),
-    (["--max-new-tokens", "1"], ["--max-new-tokens"]),
-    (["--prompts", "/no/such/prompts"], ["--prompts"]),
+# what each model-loading command needs besides --out and the argument under test
+LOADING_BASE = {"capture": ["--drafters", "lookup"], "validate": []}
+
+
+@pytest.mark.parametrize("command,args,needles", [
+    ("capture", ["--drafters", "bogus"], ["--drafters", "bogus"]),
+    ("capture", ["--drafters", "mtp1,nope"], ["--drafters", "nope"]),
+    ("capture", ["--drafters", "deepspec:/no/such/dir"], ["--drafters", "/no/such/dir"]),
+    ("capture", ["--target", "/no/such/model"], ["--target"]),
+    ("capture", ["--device", "tpu"], ["--device"]),
+    ("capture", ["--gamma-max", "0"], ["--gamma-max"]),
+    ("capture", ["--max-new-tokens", "1"], ["--max-new-tokens"]),
+    ("capture", ["--prompts", "/no/such/prompts"], ["--prompts"]),
+    ("validate", ["--drafter", "bogus"], ["--drafter", "bogus"]),
+    ("validate", ["--profile", "no-such-profile"], ["--profile"]),
+    ("validate", ["--profile", "insitu"], ["--profile", "insitu"]),
+    ("validate", ["--clock", "sundial"], ["--clock"]),
+    ("validate", ["--device", "tpu"], ["--device"]),
+    ("validate", ["--num-requests", "0"], ["--num-requests"]),
+    ("validate", ["--sim-seeds", "0"], ["--sim-seeds"]),
+    ("validate", ["--rates", "0.5,-1"], ["--rates"]),
 ])
-def test_capture_checks_every_argument_before_loading_a_model(no_model_load, tmp_path, args,
-                                                             needles):
-    one_line_error(invoke("capture", "--out", str(tmp_path / "c"), "--drafters", "lookup",
+def test_model_loading_commands_check_every_argument_first(no_model_load, tmp_path, command,
+                                                            args, needles):
+    one_line_error(invoke(command, "--out", str(tmp_path / command), *LOADING_BASE[command],
                           *args), *needles)
 
 
-def test_capture_out_and_train_arguments_checked_first(no_model_load, tmp_path):
+def test_out_and_train_arguments_checked_first(no_model_load, tmp_path):
     a_file = tmp_path / "f"
     a_file.write_text("x")
-    one_line_error(invoke("capture", "--out", str(a_file), "--drafters", "lookup"), "--out")
+    for command, base in LOADING_BASE.items():
+        one_line_error(invoke(command, "--out", str(a_file), *base), "--out")
     one_line_error(invoke("train-drafter", "--drafter", "bogus"), "--drafter")
     one_line_error(invoke("train-drafter", "--steps", "0"), "--steps")
     one_line_error(invoke("train-drafter", "--target", "/no/such"), "--target")
     one_line_error(invoke("train-drafter", "--device", "gpu"), "--device")
     one_line_error(invoke("train-drafter", "--out", str(a_file)), "--out")
-
-
-@pytest.mark.parametrize("args,needles", [
-    (["--drafter", "bogus"], ["--drafter", "bogus"]),
-    (["--profile", "no-such-profile"], ["--profile"]),
-    (["--profile", "insitu"], ["--profile", "insitu"]),
-    (["--clock", "sundial"], ["--clock"]),
-    (["--device", "tpu"], ["--device"]),
-    (["--num-requests", "0"], ["--num-requests"]),
-    (["--sim-seeds", "0"], ["--sim-seeds"]),
-    (["--rates", "0.5,-1"], ["--rates"]),
-])
-def test_validate_checks_every_argument_before_loading_a_model(no_model_load, tmp_path, args,
-                                                              needles):
-    one_line_error(invoke("validate", "--out", str(tmp_path / "v"), *args), *needles)
-    a_file = tmp_path / "f"
-    a_file.write_text("x")
-    one_line_error(invoke("validate", "--out", str(a_file)), "--out")
 
 
 @pytest.mark.parametrize("body,needle", [
