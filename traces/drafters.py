@@ -213,6 +213,13 @@ def position_weights(gamma: int, device: Any = None) -> torch.Tensor:
 # -- learned drafters --------------------------------------------------------------------
 
 
+def _drafted(logits: torch.Tensor, toks: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A drafted block [N, gamma]: its tokens, each token's probability under the drafter
+    (the confidence a policy reads) and the logits."""
+    conf = torch.softmax(logits.float(), -1).gather(-1, toks[..., None])[..., 0]
+    return {"tokens": toks, "conf": conf, "logits": logits}
+
+
 class LearnedDrafter(nn.Module, ABC):
     kind = "base"
 
@@ -282,9 +289,7 @@ class MTP1(LearnedDrafter):
 
     @torch.no_grad()
     def draft(self, b: DraftBatch, shared: Shared, gamma: int | None = None) -> dict[str, torch.Tensor]:
-        logits, toks = self._unroll(b, shared, gamma or self.cfg.gamma, None)
-        conf = torch.softmax(logits.float(), -1).gather(-1, toks[..., None])[..., 0]
-        return {"tokens": toks, "conf": conf, "logits": logits}
+        return _drafted(*self._unroll(b, shared, gamma or self.cfg.gamma, None))
 
 
 class Parallel(LearnedDrafter):
@@ -330,9 +335,7 @@ class Parallel(LearnedDrafter):
     @torch.no_grad()
     def draft(self, b: DraftBatch, shared: Shared, gamma: int | None = None) -> dict[str, torch.Tensor]:
         logits = shared.head(self.final_norm(self.backbone(b, shared, gamma or self.cfg.gamma)))
-        toks = logits.argmax(-1)
-        conf = torch.softmax(logits.float(), -1).gather(-1, toks[..., None])[..., 0]
-        return {"tokens": toks, "conf": conf, "logits": logits}
+        return _drafted(logits, logits.argmax(-1))
 
 
 class DSpark(Parallel):
