@@ -82,6 +82,13 @@ app.add_typer(traces_app, name="traces")
 app.add_typer(profiles_app, name="profiles")
 app.add_typer(calibrate_app, name="calibrate")
 
+# Options several commands take, declared once (the parameter's name makes the flag).
+Device = Annotated[str, typer.Option(help="cpu | cuda")]
+Seed = Annotated[int, typer.Option()]
+PromptDir = Annotated[Path | None, typer.Option(help="Folder of {turns: [...]} JSONL prompts.")]
+OutParquet = Annotated[Path, typer.Option(help="Output parquet path.")]
+TraceArg = Annotated[str, typer.Argument(help="Trace path or built-in name.")]
+
 
 def guarded(fn):
     """Kept for commands written against the old layer: :class:`OneLineErrors` now turns
@@ -268,7 +275,7 @@ def run(
 
 @traces_app.command("synth")
 def traces_synth(
-    out: Annotated[Path, typer.Option(help="Output parquet path.")],
+    out: OutParquet,
     kind: Annotated[str, typer.Option(help="iid | dspark | mtp1")] = "iid",
     alpha: Annotated[float, typer.Option(help="iid: per-token acceptance probability.")] = 0.8,
     gamma: Annotated[int, typer.Option(help="Draft block length gamma_max.")] = 7,
@@ -276,7 +283,7 @@ def traces_synth(
     positions: Annotated[int, typer.Option(help="Output positions per request.")] = 512,
     overconfidence: Annotated[float, typer.Option(help="dspark/mtp1: raw-confidence sharpening.")] = 1.3,
     noise: Annotated[float, typer.Option(help="dspark/mtp1: confidence noise (lowers AUC).")] = 0.35,
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Seed = 0,
 ) -> None:
     """Write a synthetic schema-v1 trace."""
     from dspark_sim.traces.schema import write_trace
@@ -310,7 +317,7 @@ def traces_synth(
 def traces_import(
     src: Annotated[Path, typer.Argument(help="Source file (JSONL, CSV, /metrics text or bench "
                                              "serve JSON, by --format).")],
-    out: Annotated[Path, typer.Option(help="Output parquet path.")],
+    out: OutParquet,
     fmt: Annotated[str, typer.Option("--format", help="specdecode-bench | per-position | "
                                      "vllm-counters")],
     column: Annotated[str | None, typer.Option(
@@ -360,7 +367,7 @@ def traces_import(
 
 @traces_app.command("export")
 def traces_export(
-    trace: Annotated[str, typer.Argument(help="Trace path or built-in name.")],
+    trace: TraceArg,
     out: Annotated[Path, typer.Option(help="Output file (JSON).")],
     fmt: Annotated[str, typer.Option("--format", help="vllm-synthetic")] = "vllm-synthetic",
     num_speculative_tokens: Annotated[int | None, typer.Option(
@@ -389,7 +396,7 @@ def traces_export(
 
 @traces_app.command("inspect")
 def traces_inspect(
-    trace: Annotated[str, typer.Argument(help="Trace path or built-in name.")],
+    trace: TraceArg,
 ) -> None:
     """Print tau by verify length (served per verify step, and the per-position mean)
     and the per-position acceptance of a trace."""
@@ -614,9 +621,9 @@ def train_drafter_cmd(
     steps: Annotated[int, typer.Option(help="Optimizer steps per drafter.")] = 300,
     out: Annotated[Path | None, typer.Option(
         help="Checkpoint root (default: the package's traces/data/drafters).")] = None,
-    prompts: Annotated[Path | None, typer.Option(help="Folder of {turns: [...]} JSONL prompts.")] = None,
-    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
-    seed: Annotated[int, typer.Option()] = 0,
+    prompts: PromptDir = None,
+    device: Device = "cpu",
+    seed: Seed = 0,
 ) -> None:
     """Self-distil drafters on the target's own greedy generations (training prompts only)."""
     from dspark_sim.traces.targets import PROMPT_DIR, check_device, check_target_spec
@@ -653,9 +660,9 @@ def capture(
     gamma_max: Annotated[int, typer.Option(help="Draft block length recorded per position.")] = 7,
     max_new_tokens: Annotated[int, typer.Option(help="Greedy output tokens per prompt.")] = 160,
     per_domain: Annotated[int, typer.Option(help="Held-out prompts per domain.")] = 20,
-    prompts: Annotated[Path | None, typer.Option(help="Folder of {turns: [...]} JSONL prompts.")] = None,
+    prompts: PromptDir = None,
     resume: Annotated[bool, typer.Option(help="Continue a killed capture from its shards.")] = False,
-    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    device: Device = "cpu",
 ) -> None:
     """Decode the target greedily and record every drafter's acceptance at every position."""
     from dspark_sim.sim.sweep import parse_list
@@ -678,7 +685,7 @@ def validate(
     rates: Annotated[str, typer.Option(help="Poisson request rates (req/s).")] = "0.25,0.6",
     num_requests: Annotated[int, typer.Option(help="Requests per point.")] = 10,
     max_new_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
-    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    device: Device = "cpu",
     drafter: Annotated[str, typer.Option(help="auto | dspark | mtp1 | parallel | lookup")] = "auto",
     profile: Annotated[str, typer.Option(
         help="Cost tables to compare: built-in/TOML, 'measure' (re-measure now), 'insitu'.")] =
@@ -688,7 +695,7 @@ def validate(
         help="Also write the engine-in-the-loop profile measured for 'measure'/'auto' here.")] =
         None,
     sim_seeds: Annotated[int, typer.Option(help="Simulator seeds averaged per point.")] = 5,
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Seed = 0,
     strict: Annotated[bool, typer.Option(
         help="Exit 1 when a point misses 10 % on throughput or median TPOT.")] = False,
 ) -> None:
@@ -729,7 +736,7 @@ def calibrate_engine(
              "Weights are random: only the architecture is timed.")] = None,
     sheet: Annotated[Path | None, typer.Option(
         help="Instead of measuring: an analytic profile from a hardware+model sheet TOML.")] = None,
-    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    device: Device = "cpu",
     batch_requests: Annotated[str, typer.Option(help="Requests per timed batch.")] = "1,2,3,6",
     verify_lengths: Annotated[str, typer.Option(help="Draft tokens verified per request.")] = "0,1,3,7",
     context_lengths: Annotated[str, typer.Option(help="KV context lengths.")] = "128,512",
@@ -774,7 +781,7 @@ def calibrate_confidence_cmd(
     method: Annotated[str, typer.Option(help="temperature (sequential) | isotonic")] = "temperature",
     holdout: Annotated[float, typer.Option(help="Fraction of requests held out for the report.")] = 0.3,
     html: Annotated[Path | None, typer.Option(help="Also write a reliability diagram (HTML).")] = None,
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Seed = 0,
 ) -> None:
     """Fit sequential temperature scaling (or isotonic) on a trace; report ECE/AUC."""
     from dspark_sim.calibration.fit import (
