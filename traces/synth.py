@@ -45,7 +45,17 @@ from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, _served_chain, 
 MAX_CELLS = 30_000_000  # requests x positions x draft width: ~240 MB per float64 latent
 
 
-def _check_size(requests: int, positions: int, width: int) -> None:
+def _check_shape(gamma: int, requests: int, positions: int, width: int,
+                 max_gamma: int = 127) -> None:
+    """A trace the generators can build: 1 <= gamma <= ``max_gamma`` (accepted lengths are
+    int8), at least one request and position, and a latent block of ``width`` columns
+    within MAX_CELLS."""
+    if gamma < 1:
+        raise InputError("--gamma", f"must be >= 1, got {gamma}")
+    if requests < 1 or positions < 1:
+        raise InputError("traces synth", "requests and positions must be >= 1")
+    if gamma > max_gamma:
+        raise InputError("--gamma", f"must be <= {max_gamma}, got {gamma}")
     cells = requests * positions * width
     if cells > MAX_CELLS:
         raise InputError("--requests", f"requests x positions x gamma = {cells:,} exceeds "
@@ -213,11 +223,7 @@ def synth_drafter(
     at its curve's ``k`` solved to the curve's target (see the module docstring). The
     latent block is ``max(gamma, k)`` wide so a target published at ``k`` holds for a
     trace drafting fewer tokens too (``m`` is then cut at ``gamma``)."""
-    if gamma < 1 or requests_per_domain < 1 or positions < 1:
-        raise InputError("traces synth", "gamma, requests and positions must be >= 1")
-    if gamma > 127:
-        raise InputError("--gamma", f"must be <= 127, got {gamma}")
-    _check_size(requests_per_domain, positions, max([gamma, *(c.k for c in curves)]))
+    _check_shape(gamma, requests_per_domain, positions, max([gamma, *(c.k for c in curves)]))
     s = signal or SignalModel()
     rng = np.random.default_rng(seed)
     parts, params = [], {}
@@ -267,13 +273,7 @@ def synth_iid(
     """i.i.d. acceptance ``alpha`` per draft token; confidences are exactly ``alpha``."""
     if not 0.0 <= alpha <= 1.0:
         raise InputError("--alpha", f"must lie in [0, 1], got {alpha}")
-    if gamma < 1:
-        raise InputError("--gamma", f"must be >= 1, got {gamma}")
-    if num_requests < 1 or positions < 1:
-        raise InputError("traces synth", "requests and positions must be >= 1")
-    if gamma > 127:
-        raise InputError("--gamma", f"must be <= 127, got {gamma}")
-    _check_size(num_requests, positions, gamma)
+    _check_shape(gamma, num_requests, positions, gamma)
     rng = np.random.default_rng(seed)
     n = num_requests * positions
     m = _leading_successes(np.full((n, gamma), alpha), rng)

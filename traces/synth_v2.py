@@ -44,7 +44,7 @@ from dspark_sim.traces.synth import (
     DomainCurve,
     SignalModel,
     _bisect,
-    _check_size,
+    _check_shape,
     _fit_curve,
     _leading,
     _logit,
@@ -121,13 +121,9 @@ def synth_tree(
     in :func:`~dspark_sim.traces.synth.synth_drafter`). ``reference = (tau, served)``:
     solve ``rank_model.h_mean`` so that ``served(trace) == tau`` (``served`` must fall as
     ``h_mean`` grows: a tree's tau does)."""
-    if gamma < 1 or requests_per_domain < 1 or positions < 1:
-        raise InputError("traces synth", "gamma, requests and positions must be >= 1")
-    if gamma > RANK_CAP:
-        raise InputError("--gamma", f"must be <= {RANK_CAP}, got {gamma}")
+    _check_shape(gamma, requests_per_domain, positions, gamma * TOPK, max_gamma=RANK_CAP)
     if any(c.k > gamma for c in curves):
         raise InputError("--gamma", "every curve's k must be <= gamma for tree fields")
-    _check_size(requests_per_domain, positions, gamma * TOPK)
     s = signal or SignalModel()
     rm = rank_model or RankModel()
     rng = np.random.default_rng(seed)
