@@ -9,13 +9,13 @@ import triton
 import triton.language as tl
 
 from ._backend import next_pow2
+from .verify_triton import request_span
 
 
 @triton.jit
 def _survival_kernel(z_ptr, cu_ptr, temp_ptr, out_ptr, BLOCK_G: tl.constexpr):
     r = tl.program_id(0)
-    start = tl.load(cu_ptr + r).to(tl.int64)
-    n = tl.load(cu_ptr + r + 1).to(tl.int64) - start
+    start, n = request_span(cu_ptr, r)
     k = tl.arange(0, BLOCK_G)
     valid = k < n
     z = tl.load(z_ptr + start + k, mask=valid, other=0.0).to(tl.float32)

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ._backend import next_pow2
 from .tree import TreeMask, TreeVerify
-from .verify_triton import _block_v, _row_argmax_kernel
+from .verify_triton import _block_v, _row_argmax_kernel, request_span
 
 
 @triton.jit
@@ -28,8 +28,7 @@ def _tree_accept_kernel(
     max_depth, path_width, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     r = tl.program_id(0)
-    start = tl.load(cu_ptr + r).to(tl.int64)
-    n = tl.load(cu_ptr + r + 1).to(tl.int64) - start
+    start, n = request_span(cu_ptr, r)
     row0 = start + r + 1  # row of local node 0; the root row is row0 - 1
     i = tl.arange(0, BLOCK_N)
     valid = i < n
@@ -70,8 +69,7 @@ def _tree_mask_kernel(par_ptr, cu_ptr, mask_ptr, depth_ptr, M1, max_depth,
                       BLOCK_M: tl.constexpr):
     r = tl.program_id(0)
     q = tl.program_id(1)  # block row: 0 = root, 1 + i = node i
-    start = tl.load(cu_ptr + r).to(tl.int64)
-    n = tl.load(cu_ptr + r + 1).to(tl.int64) - start
+    start, n = request_span(cu_ptr, r)
     cols = tl.arange(0, BLOCK_M)
     row = cols == q  # self; padding rows (q > n) see only themselves
     if q <= n:

@@ -29,6 +29,14 @@ def _block_v(vocab: int, elem_bytes: int) -> tuple[int, int]:
     return min(next_pow2(vocab), 4096 if elem_bytes <= 2 else 2048), 8
 
 
+@triton.jit
+def request_span(cu_ptr, r):
+    """Request ``r``'s draft rows in the varlen layout: its first row and its length
+    (``cu[r]``, ``cu[r + 1] - cu[r]``; int64, so row offsets times a stride never wrap)."""
+    start = tl.load(cu_ptr + r).to(tl.int64)
+    return start, tl.load(cu_ptr + r + 1).to(tl.int64) - start
+
+
 # ---------------------------------------------------------------------------------------
 # Greedy.
 
@@ -39,9 +47,8 @@ def _row_argmax_kernel(
 ):
     r = tl.program_id(0)
     k = tl.program_id(1)
-    start = tl.load(cu_ptr + r).to(tl.int64)
-    end = tl.load(cu_ptr + r + 1).to(tl.int64)
-    if k <= end - start:
+    start, n = request_span(cu_ptr, r)
+    if k <= n:
         row = start + r + k
         base = logits_ptr + row * stride_row
         offs = tl.arange(0, BLOCK_V)
@@ -64,8 +71,7 @@ def _greedy_accept_kernel(
     draft_ptr, argmax_ptr, cu_ptr, acc_ptr, next_ptr, BLOCK_G: tl.constexpr
 ):
     r = tl.program_id(0)
-    start = tl.load(cu_ptr + r).to(tl.int64)
-    n = tl.load(cu_ptr + r + 1).to(tl.int64) - start
+    start, n = request_span(cu_ptr, r)
     k = tl.arange(0, BLOCK_G)
     valid = k < n
     d = tl.load(draft_ptr + start + k, mask=valid, other=0)
@@ -111,8 +117,7 @@ def _stoch_rows_kernel(
     Bonus rows (WITH_ACCEPT only): mass sum(max(0, p_t)) for the bonus sample."""
     r = tl.program_id(0)
     k = tl.program_id(1)
-    start = tl.load(cu_ptr + r).to(tl.int64)
-    n = tl.load(cu_ptr + r + 1).to(tl.int64) - start
+    start, n = request_span(cu_ptr, r)
     offs = tl.arange(0, BLOCK_V)
     if k < n:
         i = start + k
@@ -157,8 +162,7 @@ def _stoch_sample_kernel(
     """Accepted length = first rejection; then one inverse-CDF scan of the stop row:
     residual max(0, p_t - p_d) after a rejection, p_t itself at the bonus row."""
     r = tl.program_id(0)
-    start = tl.load(cu_ptr + r).to(tl.int64)
-    n = tl.load(cu_ptr + r + 1).to(tl.int64) - start
+    start, n = request_span(cu_ptr, r)
     k = tl.arange(0, BLOCK_G)
     valid = k < n
     ok = tl.load(ok_ptr + start + k, mask=valid, other=1)
