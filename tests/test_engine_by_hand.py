@@ -1,0 +1,552 @@
+"""Engine mechanics on hand-built batches and tiny runs, every expected value worked out by
+hand in the test: recompute preemption (which rows, what they keep), the token budget's
+trim of chain and tree/lossy plans, what a step costs (tree branches, skipped verifiers,
+attention units), the scheduler's SPS curve, the router's order and the default limits.
+Each test pins a behaviour a plausible one-token slip in ``sim/engine.py`` would change
+(see docs/testing.md, "Mutation testing")."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dspark_sim.calibration.confmap import CalibrationMap
+from dspark_sim.calibration.profile import DraftCost, EngineLimits, EngineProfile
+from dspark_sim.policies.base import Replayed, Verification
+from dspark_sim.policies.registry import Policy, get_policy
+from dspark_sim.sim import api, engine
+from dspark_sim.sim.api import simulate
+from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
+from dspark_sim.sim.engine import (
+    ACCEPTED,
+    GENERATED,
+    GENERATED_AT_ADMIT,
+    NUM_COLUMNS,
+    OUTPUT_TOKENS,
+    PREFILL_TARGET,
+    PREFILLED,
+    PROMPT_TOKENS,
+    REQUEST_ID,
+    STEPS,
+    VERIFIED,
+    RequestLog,
+    SimContext,
+)
+from dspark_sim.traces.synth import synth_iid
+
+
+def _flat(step_s: float = 0.010, *, draft_s: float = 0.0, **kw) -> EngineProfile:
+    """A target that costs ``step_s`` at any batch size and a constant-cost drafter."""
+    drafts = {"dspark": DraftCost(np.array([1.0, 2.0]), np.array([draft_s, draft_s]), 7)}
+    return EngineProfile(name="flat", kind="measured", gpus_per_replica=1,
+                         tokens=np.array([1, 8192]), step_s=np.array([step_s, step_s]),
+                         interpolation="step", drafts=kw.pop("drafts", drafts), **kw)
+
+
+def _run_with(policy: Policy, cfg: SimConfig, **kw):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "get_policy", lambda spec: policy)
+        return simulate(cfg, **kw)
+
+
+def _one_replica(policy: str = "none", *, engine_cfg: EngineConfig | None = None,
+                 n: int = 1, lengths: str = "fixed:10:11", concurrency: int = 1) -> SimConfig:
+    return SimConfig(policy=policy, deployment=DeploymentConfig(replicas=1),
+                     engine=engine_cfg or EngineConfig(prefill="chunked"),
+                     workload=WorkloadConfig(arrival="closed", max_concurrency=concurrency,
+                                             num_requests=n, lengths=lengths))
+
+
+# -- recompute preemption on a hand-built batch ------------------------------------------------
+
+def _row(rid, prompt, target, prefilled, generated, at_admit, steps=0, verified=0, accepted=0):
+    r = np.zeros(NUM_COLUMNS, np.int64)
+    r[[REQUEST_ID, PROMPT_TOKENS, PREFILL_TARGET, PREFILLED, GENERATED, GENERATED_AT_ADMIT,
+       OUTPUT_TOKENS, STEPS, VERIFIED, ACCEPTED]] = \
+        (rid, prompt, target, prefilled, generated, at_admit, 1000, steps, verified, accepted)
+    return r
+
+
+def _replica_holding(capacity: int):
+    """A replica (policy ``none``, no trace: one verify slot per row) whose batch is, oldest
+    first:
+
+    ====  ======  =======================  ==========  =========  ===================
+    rid   prompt  prefill target / done    generated   at admit   KV held / freed
+    ====  ======  =======================  ==========  =========  ===================
+    0     100     100 / 100                20          0          120 / 121
+    2     30      30 / 30                  5           0          35 / 36
+    1     50      60 / 60 (preempted once  15          10         65 / 66
+                  with 10 tokens out)
+    3     40      40 / 25 (mid-prefill)    0           0          25 / 41
+    ====  ======  =======================  ==========  =========  ===================
+
+    "freed": what preempting the row returns (prefill target + generated since admission
+    + its verify slot). KV held 245, pending prefill 15, committed 245 + 15 + 4 = 264.
+    Request 9 waits."""
+    cfg = SimConfig(policy="none", deployment=DeploymentConfig(replicas=1),
+                    engine=EngineConfig(kv_capacity_tokens=capacity, prefill="chunked"))
+    ctx = SimContext(cfg, _flat(), get_policy("none"), None, CalibrationMap(),
+                     RequestLog.empty(10), lambda k: None)
+    assert ctx.verify_slots == 1
+    ctx.rows = np.zeros((10, NUM_COLUMNS), np.int64)
+    rep = ctx.replicas[0]
+    rep.batch = np.stack([_row(0, 100, 100, 100, 20, 0, steps=20, verified=0),
+                          _row(2, 30, 30, 30, 5, 0, steps=5),
+                          _row(1, 50, 60, 60, 15, 10, steps=7, verified=9, accepted=4),
+                          _row(3, 40, 40, 25, 0, 0)])
+    rep.kv_tokens, rep.pending_prefill, rep.n_prefilling = 245, 15, 1
+    rep.waiting = deque([9])
+    rep.check_invariants()
+    assert rep._committed_kv() == 264
+    return ctx, rep
+
+
+def test_preemption_frees_the_fewest_newest_rows_and_requeues_them_first():
+    """264 committed in a 159-token cache: 105 over. The newest row frees 41, the next 66
+    (107 >= 105): two victims, requests 3 and 1, back at the queue's front in admission
+    order, rows reset for recompute (prompt + what they generated), counters flushed to
+    the log, one preemption each; the mid-prefill victim takes its 15 pending prefill
+    tokens with it."""
+    ctx, rep = _replica_holding(264 - 105)
+    rep._preempt_if_full()
+    assert rep.batch[:, REQUEST_ID].tolist() == [0, 2]
+    assert list(rep.waiting) == [1, 3, 9]
+    assert (rep.kv_tokens, rep.pending_prefill, rep.n_prefilling) == (120 + 35, 0, 0)
+    rep.check_invariants()
+    log = ctx.log
+    assert log.preemptions.tolist() == [0, 1, 0, 1, 0, 0, 0, 0, 0, 0]
+    assert (log.steps[1], log.draft_tokens_verified[1], log.accepted_tokens[1]) == (7, 9, 4)
+    assert log.steps[[0, 2, 3]].tolist() == [0, 0, 0]  # still running / never stepped
+    one, three = ctx.rows[1], ctx.rows[3]
+    # request 1 recomputes its prompt and all 15 tokens it generated (not 60 + 15)
+    assert (one[PROMPT_TOKENS], one[PREFILL_TARGET], one[PREFILLED]) == (50, 65, 0)
+    assert (one[GENERATED], one[GENERATED_AT_ADMIT]) == (15, 15)
+    assert one[STEPS:].tolist() == [0, 0, 0]
+    assert (three[PREFILL_TARGET], three[PREFILLED], three[GENERATED]) == (40, 0, 0)
+
+
+def test_preemption_takes_one_more_row_when_two_do_not_free_enough():
+    """110 over: the two newest free 107, so the third newest (request 2, 36) goes too."""
+    ctx, rep = _replica_holding(264 - 110)
+    rep._preempt_if_full()
+    assert rep.batch[:, REQUEST_ID].tolist() == [0]
+    assert list(rep.waiting) == [2, 1, 3, 9]
+    assert (rep.kv_tokens, rep.pending_prefill, rep.n_prefilling) == (120, 0, 0)
+    rep.check_invariants()
+    assert ctx.log.preemptions.tolist() == [0, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+
+
+def test_preemption_keeps_one_row_and_leaves_an_exact_fit_alone():
+    ctx, rep = _replica_holding(264)  # committed == capacity: nothing to free
+    rep._preempt_if_full()
+    assert rep.batch[:, REQUEST_ID].tolist() == [0, 2, 1, 3] and list(rep.waiting) == [9]
+    ctx, rep = _replica_holding(10)  # everything over: all but the oldest go
+    rep._preempt_if_full()
+    assert rep.batch[:, REQUEST_ID].tolist() == [0]
+    assert list(rep.waiting) == [2, 1, 3, 9]
+    # a two-row batch over capacity gives up its newer row
+    ctx, rep = _replica_holding(200)
+    rep.batch = rep.batch[:2]
+    rep.kv_tokens, rep.pending_prefill, rep.n_prefilling = 155, 0, 0
+    assert rep._committed_kv() == 157
+    rep._preempt_if_full()
+    assert rep.batch[:, REQUEST_ID].tolist() == [0, 2]  # 157 fits in 200
+    ctx.kv_capacity = 156
+    rep._preempt_if_full()
+    assert rep.batch[:, REQUEST_ID].tolist() == [0] and list(rep.waiting) == [2, 9]
+
+
+def test_requests_that_exactly_fill_the_cache_run_together():
+    """Two 100-token prompts, one output token each (the prefill step emits it and they
+    finish), policy none: each commits 100 + 1 verify slot, 202 in all, exactly the
+    cache. Both are admitted, prefilled in one step and never preempted."""
+    cfg = _one_replica(engine_cfg=EngineConfig(kv_capacity_tokens=202, prefill="chunked"),
+                       n=2, concurrency=2, lengths="fixed:100:1")
+    s = simulate(cfg, profile=_flat()).summary
+    assert (s["completed"], s["engine_steps"], s["preemptions"]) == (2, 1, 0)
+    tight = simulate(replace(cfg, engine=replace(cfg.engine, kv_capacity_tokens=201)),
+                     profile=_flat()).summary
+    assert (tight["completed"], tight["engine_steps"]) == (2, 2)  # one at a time
+
+
+# -- the token budget --------------------------------------------------------------------------
+
+def test_a_chain_over_the_token_budget_is_trimmed_and_counted():
+    """One request, a 4-token budget, fixed:7 on a trace that accepts nothing: each of the
+    10 decode steps trims 1 + 7 to 1 + 3 tokens and counts one budget-limited step."""
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    cfg = _one_replica("fixed:7", engine_cfg=EngineConfig(
+        max_num_batched_tokens=4, max_num_seqs=1, prefill="chunked"), lengths="fixed:4:11")
+    s = simulate(cfg, profile=_flat(), trace=trace).summary
+    assert s["engine_steps"] == 11 and s["budget_limited_steps"] == 10
+    assert s["num_draft_tokens_verified"] == 30 and s["num_accepted_tokens"] == 0
+
+
+def _plan(tokens: int, *, fill: int | None = None, draft: int | None = None,
+          bonus: bool = True, lossy: bool = False) -> Policy:
+    """A toy tree/lossy policy: every decoding request verifies ``tokens`` (plus ``fill``
+    earlier commits, ``draft`` extra drafted tokens); its replay accepts nothing and
+    takes the bonus token unless ``bonus`` is False (it skips the verifier)."""
+    def decide(s):
+        n = s.num_requests
+        return Verification(np.full(n, tokens, np.int64),
+                            fill_tokens=None if fill is None else np.full(n, fill, np.int64),
+                            draft_tokens=None if draft is None else np.full(n, draft, np.int64))
+
+    def replay(p, v):
+        n = len(p.tokens)
+        if bonus:
+            return Replayed(np.zeros(n, np.int64))
+        return Replayed(np.minimum(p.tokens, 1), bonus=np.zeros(n, bool))
+
+    return replace(get_policy("fixed:7"), name="plan", decide=decide, replay=replay, lossy=lossy)
+
+
+@pytest.mark.parametrize("budget,fill,verified,limited", [
+    (8, None, 7, 0),  # 1 + 7 = 8 fits exactly: no trim
+    (6, None, 5, 10),  # trimmed to (6 - 1) // 1 = 5
+    (8, 2, 5, 10),  # 1 + 7 + 2 fill > 8: trimmed to (8 - 1 - 2) // 1 = 5
+    (8, 7, 0, 10),  # the fill leaves no room: (8 - 1 - 7) // 1 = 0
+])
+def test_a_plan_over_the_token_budget_is_trimmed_around_its_fill(budget, fill, verified,
+                                                                limited):
+    """One request, 10 decode steps of a plan verifying 7 tokens (nothing accepted)."""
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    cfg = _one_replica(engine_cfg=EngineConfig(max_num_batched_tokens=budget, max_num_seqs=1,
+                                               prefill="chunked"), lengths="fixed:4:11")
+    s = _run_with(_plan(7, fill=fill), cfg, profile=_flat(), trace=trace).summary
+    assert s["engine_steps"] == 11 and s["budget_limited_steps"] == limited
+    assert s["num_draft_tokens_verified"] == 10 * verified
+
+
+# -- what a step costs -------------------------------------------------------------------------
+
+def test_tree_branches_cost_the_draft_tables_per_token_share():
+    """Two requests (10-token prompts, 11 output tokens) prefill in one 10 ms step, then
+    decode together for 10 steps of 10 ms target + the 7-token draft at 2 requests (4 ms x
+    (1 + 0.5 x (7 - 1)) = 16 ms). Drafting 3 extra tree tokens each adds, per step, 3 x
+    the table's per-token share at 2 requests (4 ms x gamma_slope 0.5 = 2 ms): 10 x 6 ms."""
+    drafts = {"dspark": DraftCost(np.array([1.0, 2.0]), np.array([0.002, 0.004]), 1,
+                                  gamma_slope=0.5)}
+    prof = _flat(drafts=drafts)
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    cfg = _one_replica(n=2, concurrency=2)
+    plain = _run_with(_plan(3), cfg, profile=prof, trace=trace).requests
+    branched = _run_with(_plan(3, draft=3), cfg, profile=prof, trace=trace).requests
+    assert plain["e2e_ms"].to_list() == pytest.approx([10 + 10 * (10 + 16)] * 2)
+    np.testing.assert_allclose(branched["e2e_ms"] - plain["e2e_ms"], [60.0, 60.0])
+
+
+def test_rows_that_skip_the_verifier_read_no_target_kv():
+    """A lossy plan whose rows all commit without the verifier: the target reads none of
+    their KV, so a KV price changes nothing; the same plan through the verifier pays it."""
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    cfg = _one_replica(n=2, concurrency=2, lengths="fixed:10:21")
+    free, priced = _flat(), _flat(kv_s_per_token=1e-4)
+    skip = _plan(3, bonus=False, lossy=True)
+    a = _run_with(skip, cfg, profile=free, trace=trace).summary
+    b = _run_with(skip, cfg, profile=priced, trace=trace).summary
+    assert a["engine_steps"] == b["engine_steps"] == 21
+    assert b["mean_step_ms"] == pytest.approx(a["mean_step_ms"], rel=1e-12)
+    verified = _plan(3)
+    c = _run_with(verified, cfg, profile=free, trace=trace).summary
+    d = _run_with(verified, cfg, profile=priced, trace=trace).summary
+    assert d["mean_step_ms"] > c["mean_step_ms"]
+
+
+def test_attention_units_by_hand():
+    """Two decoding rows (contexts 10 and 20; the second admitted after 5 tokens out), one
+    prefilling row 30 tokens in that gets a 6-token chunk and one 4 tokens in that gets
+    none this step."""
+    batch = np.stack([_row(0, 8, 8, 8, 3, 1),  # context 8 + 3 - 1 = 10
+                      _row(1, 15, 15, 15, 10, 5),  # context 20
+                      _row(2, 50, 50, 30, 0, 0),
+                      _row(3, 50, 50, 4, 0, 0),
+                      _row(4, 50, 50, 1, 0, 0),
+                      _row(5, 50, 50, 0, 0, 0)])
+    ell = np.array([2, 0])
+    chunk = np.array([6, 0, 1, 2])
+    units = engine.Replica._attention_units(batch, slice(0, 2), ell, 2, slice(2, None), chunk)
+    # decode: (1 + 2) x 10 + (1 + 0) x 20 = 50; prefill chunks: 6 x (30 + 6/2) + 0
+    # + 1 x (1 + 1/2) + 2 x (0 + 2/2) = 198 + 1.5 + 2; multi-token blocks: row 0 (l = 2)
+    # over 10, the continuing chunks over 30 and 1 (row 3 runs nothing, row 5 starts from
+    # nothing); rows with a context: both decoding rows and the two continuing chunks
+    assert units == (50 + 201.5, 10.0 + 30 + 1, 4)
+    # a window of 12 tokens caps each query's context: 3 x 10 + 12 + 6 x min(33, 12) + ...
+    units = engine.Replica._attention_units(batch, slice(0, 2), ell, 2, slice(2, None), chunk,
+                                            window=12)
+    assert units == (30.0 + 12 + 72 + 1.5 + 2, 41.0, 4)
+    # a row that skips the verifier is not in the forward
+    units = engine.Replica._attention_units(batch, slice(0, 2), ell, 2, None, None,
+                                            skip=np.array([True, False]))
+    assert units == (20.0, 0.0, 1)
+
+
+def _recorded(policy_name: str):
+    inner = get_policy(policy_name)
+    seen = []
+
+    def decide(snap):
+        seen.append(snap)
+        return inner(snap)
+
+    return replace(inner, decide=decide), seen
+
+
+def test_the_scheduler_sees_the_step_time_it_will_pay():
+    """Two requests decoding, a linear table t(B) = 10 ms + 1 ms x (B - 1), a constant 4 ms
+    draft, a 12-token budget: admitting i drafts makes B = 2 + i, so SPS[i] = 1 / (t(2 + i)
+    + 4 ms) up to i = 10; past the budget (i = 11..14) it is 0 (confidence-async's curve).
+    The step cost the confidence scheduler gets has the 4 ms draft as the only extra and,
+    for a chain policy, charges no tree branches."""
+    prof = replace(_flat(draft_s=0.004), interpolation="linear", tokens=np.array([1, 64]),
+                   step_s=np.array([0.010, 0.073]))
+    trace = synth_iid(0.5, 7, num_requests=4, positions=64, seed=2)
+    cfg = _one_replica("confidence", engine_cfg=EngineConfig(
+        max_num_batched_tokens=12, max_num_seqs=2, prefill="chunked"), n=2, concurrency=2,
+        lengths="fixed:6:20")
+    i = np.arange(15)
+    want = np.where(i <= 10, 1.0 / (0.010 + 0.001 * (2 + i - 1) + 0.004), 0.0)
+    pol, seen = _recorded("confidence-async")
+    _run_with(pol, cfg, profile=prof, trace=trace)
+    both = [snap for snap in seen if snap.num_requests == 2]  # both prefill at once
+    assert len(both) >= 5
+    for snap in both:
+        np.testing.assert_allclose(snap.sps, want, rtol=1e-12)
+    pol, seen = _recorded("confidence")
+    _run_with(pol, cfg, profile=prof, trace=trace)
+    assert len(seen) >= 5
+    for snap in seen:
+        assert snap.cost.pending_prefill == 0
+        np.testing.assert_allclose(snap.cost.extra_s, np.full(1 + 7 * snap.num_requests, 0.004),
+                                   rtol=1e-12)
+        assert snap.cost.draft_token_s == 0.0
+
+
+def test_lengths_of_any_numeric_dtype_or_read_only_are_taken():
+    """A policy that reads survivals may hand back its lengths as floats, int32 or a
+    read-only array: the engine trims its own int64 copy and the run equals fixed:3."""
+    trace = synth_iid(0.6, 7, num_requests=4, positions=64, seed=1)
+    cfg = _one_replica("fixed:3", n=3, concurrency=3, lengths="fixed:10:30")
+    want = simulate(cfg, profile=_flat(), trace=trace).summary
+
+    def frozen(n):
+        a = np.full(n, 3, np.int64)
+        a.flags.writeable = False
+        return a
+
+    for make in (lambda n: np.full(n, 3.0), lambda n: np.full(n, 3, np.int32), frozen):
+        pol = replace(get_policy("fixed:3"), needs_survival=True,
+                      decide=lambda s, make=make: make(s.num_requests))
+        got = _run_with(pol, cfg, profile=_flat(), trace=trace).summary
+        assert got["num_accepted_tokens"] == want["num_accepted_tokens"] > 0
+        assert got["engine_steps"] == want["engine_steps"]
+
+
+def test_a_trace_without_confidences_serves_a_fixed_length():
+    """fixed:k never reads the confidences, so a trace without them is enough."""
+    trace = synth_iid(0.6, 7, num_requests=4, positions=64, seed=1)
+    cfg = _one_replica("fixed:3", n=3, concurrency=3, lengths="fixed:10:30")
+    want = simulate(cfg, profile=_flat(), trace=trace).summary
+    got = simulate(cfg, profile=_flat(), trace=replace(trace, conf=None)).summary
+    assert got["num_accepted_tokens"] == want["num_accepted_tokens"]
+
+
+def test_no_drafter_prices_no_draft():
+    cfg = SimConfig(policy="none", deployment=DeploymentConfig(replicas=1))
+    ctx = SimContext(cfg, _flat(draft_s=0.5), get_policy("none"), None, CalibrationMap(),
+                     RequestLog.empty(0), lambda k: None)
+    context = np.array([10, 20])
+    assert ctx.draft_time(2, 100) == ctx.draft_branch_s(2) == 0.0
+    assert ctx.sps_draft_pass_s(2, context) == ctx.sps_draft_fixed_s(context, 100) == 0.0
+    assert ctx.trace_survival is None
+
+
+def test_a_trees_step_cost_prices_each_branch_token_at_the_tables_share():
+    """A tree policy that prices its own branches sees, per drafted token beyond the block,
+    the engine's price: the table's per-token share at n requests over n (2 requests: 4 ms
+    x 0.5 / 2 = 1 ms)."""
+    drafts = {"dspark": DraftCost(np.array([1.0, 2.0]), np.array([0.002, 0.004]), 1,
+                                  gamma_slope=0.5)}
+    seen = []
+    plan = _plan(3, draft=1)
+
+    def decide(snap):
+        seen.append(snap)
+        return plan.decide(snap)
+
+    pol = replace(plan, decide=decide, needs_cost=True, needs_survival=True)
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    _run_with(pol, _one_replica(n=2, concurrency=2), profile=_flat(drafts=drafts), trace=trace)
+    assert len(seen) == 10
+    assert [s.cost.draft_token_s for s in seen] == pytest.approx([0.001] * 10, rel=1e-12)
+
+
+def test_the_step_range_cache_grows_past_its_first_size():
+    """``arange`` serves 0..n-1 from one cached range (4,096 to start), regrown on demand;
+    a batch of 1,200 decoding requests at gamma 7 asks for 8,401."""
+    cfg = SimConfig(policy="none", deployment=DeploymentConfig(replicas=1))
+    ctx = SimContext(cfg, _flat(), get_policy("none"), None, CalibrationMap(),
+                     RequestLog.empty(0), lambda k: None)
+    for n in (10, 8401, 4097, 9000, 20000, 3):
+        np.testing.assert_array_equal(ctx.arange(n), np.arange(n))
+
+
+# -- routing and defaults ----------------------------------------------------------------------
+
+def test_round_robin_sends_request_i_to_replica_i_mod_n():
+    cfg = SimConfig(deployment=DeploymentConfig(replicas=3, router="round-robin"),
+                    workload=WorkloadConfig(qps=50.0, num_requests=10, lengths="fixed:8:4"))
+    r = simulate(cfg, profile=_flat()).requests.sort("arrival_s")
+    assert r["replica"].to_list() == [i % 3 for i in range(10)]
+
+
+def test_default_limits_are_vllms():
+    """With neither an option nor a profile [engine] table: vLLM's max_num_seqs 256 and
+    max_num_batched_tokens 8192, a 2M-token KV cache, chunked prefill."""
+    lim = engine.resolve_limits(EngineConfig(), replace(_flat(), limits=EngineLimits()))
+    assert (lim.max_num_seqs, lim.max_num_batched_tokens, lim.kv_capacity_tokens,
+            lim.max_model_len, lim.prefill) == (256, 8192, 2_000_000, None, "chunked")
+    assert set(lim.sources.values()) == {"default"}
+
+
+def test_least_outstanding_fills_the_emptiest_replica_first():
+    """Six clients start at once on three replicas: each submission goes to the replica
+    with the fewest outstanding requests (ties: the lowest index), 0, 1, 2, 0, 1, 2."""
+    cfg = SimConfig(policy="none", deployment=DeploymentConfig(replicas=3,
+                                                               router="least-outstanding"),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=6,
+                                            num_requests=6, lengths="fixed:8:4"))
+    r = simulate(cfg, profile=_flat()).requests.sort("request_id")
+    assert r["replica"].to_list() == [0, 1, 2, 0, 1, 2]
+
+
+# -- admission ---------------------------------------------------------------------------------
+
+def _admitting(capacity: int, *, max_num_seqs: int = 8, kv_mode: str = "preempt"):
+    """A replica holding request 0 (decoding: 10 prompt + 3 generated in KV) and request 1
+    (prefilling, 5 of 20 done), committed 18 + 15 + 2 verify slots = 35; waiting: request 2
+    (arrived prefilled by a prefill instance: 8 + its first token), request 3 (preempted
+    after 4 tokens: recomputes 6 + 4 = 10), request 4 (a new 30-token prompt)."""
+    cfg = SimConfig(policy="none", deployment=DeploymentConfig(replicas=1),
+                    engine=EngineConfig(kv_capacity_tokens=capacity, max_num_seqs=max_num_seqs,
+                                        kv_mode=kv_mode, prefill="chunked"))
+    ctx = SimContext(cfg, _flat(), get_policy("none"), None, CalibrationMap(),
+                     RequestLog.empty(5), lambda k: None)
+    rows = np.stack([_row(0, 10, 10, 10, 3, 0), _row(1, 20, 20, 5, 0, 0),
+                     _row(2, 8, 8, 8, 1, 0), _row(3, 6, 10, 0, 4, 4), _row(4, 30, 30, 0, 0, 0)])
+    rows[:, OUTPUT_TOKENS] = [20, 10, 5, 10, 10]
+    ctx.set_rows(rows)
+    rep = ctx.replicas[0]
+    rep.batch = rows[:2].copy()
+    rep.kv_tokens, rep.pending_prefill, rep.n_prefilling = 18, 15, 1
+    rep.waiting = deque([2, 3, 4])
+    rep.check_invariants()
+    return ctx, rep
+
+
+def test_admission_takes_what_fits_in_order_and_keeps_decoders_first():
+    """Capacity 35 + 9 + 11 = 55: requests 2 (needs 8 + 1 + 1 slot) and 3 (10 + 1) fit
+    exactly, 4 (31) is held back, once. Request 2 decodes at once, so it joins the
+    decoding rows ahead of request 1's prefill; request 3 prefills after it."""
+    ctx, rep = _admitting(55)
+    rep._admit()
+    assert rep.batch[:, REQUEST_ID].tolist() == [0, 2, 1, 3] and list(rep.waiting) == [4]
+    assert (rep.kv_tokens, rep.pending_prefill, rep.n_prefilling) == (18 + 9, 15 + 10, 2)
+    rep.check_invariants()
+    assert ctx.stats.kv_blocked_steps == 1
+    ctx, rep = _admitting(54)  # one token short for request 3: it blocks request 4 too
+    rep._admit()
+    assert rep.batch[:, REQUEST_ID].tolist() == [0, 2, 1] and list(rep.waiting) == [3, 4]
+    ctx, rep = _admitting(1000, max_num_seqs=3)  # room for one more: no KV hold-up counted
+    rep._admit()
+    assert rep.batch[:, REQUEST_ID].tolist() == [0, 2, 1] and ctx.stats.kv_blocked_steps == 0
+    ctx, rep = _admitting(1000)  # everything fits
+    rep._admit()
+    assert rep.batch[:, REQUEST_ID].tolist() == [0, 2, 1, 3, 4]
+    assert (rep.kv_tokens, rep.pending_prefill, rep.n_prefilling) == (27, 55, 3)
+    rep.check_invariants()
+
+
+def test_reserve_admission_counts_prompt_plus_output():
+    """Reserve mode holds prompt + output for each running request: 30 + 30 = 60 in use;
+    request 2 needs 8 + 5, request 3 6 + 10 (its prompt, not its recompute), request 4
+    30 + 10. Capacity 89 takes 2 and 3 and holds 4 back."""
+    ctx, rep = _admitting(89, kv_mode="reserve")
+    rep._admit()
+    assert rep.batch[:, REQUEST_ID].tolist() == [0, 2, 1, 3] and list(rep.waiting) == [4]
+    assert ctx.stats.kv_blocked_steps == 1
+    ctx, rep = _admitting(88, kv_mode="reserve")
+    rep._admit()
+    assert rep.batch[:, REQUEST_ID].tolist() == [0, 2, 1] and list(rep.waiting) == [3, 4]
+
+
+def test_an_empty_replica_admits_its_head_request_whatever_it_needs():
+    ctx, rep = _admitting(10)
+    rep.batch = rep.batch[:0]
+    rep.kv_tokens = rep.pending_prefill = rep.n_prefilling = 0
+    rep._admit()  # request 2 needs 10: fits; request 3 would need 21
+    assert rep.batch[:, REQUEST_ID].tolist() == [2]
+    rep.waiting.popleft()
+    rep.batch = rep.batch[:0]
+    rep.kv_tokens = 0
+    rep._admit()  # request 4 alone needs 31 > 10: admitted anyway (it runs, or nothing does)
+    assert rep.batch[:, REQUEST_ID].tolist() == [4]
+
+
+# -- prefill -----------------------------------------------------------------------------------
+
+def test_a_prefill_instance_runs_full_chunks_then_the_rest():
+    """Budget 8: a 20-token prompt runs 8 + 8 + 4, a 16-token one 8 + 8 (no empty third
+    pass); on top, attention over the growing prompt (20 x 20/2 query-context units) and
+    one logit row. Table: 10 ms at B <= 4, 12 ms above."""
+    prof = EngineProfile(name="t", kind="measured", gpus_per_replica=1,
+                         tokens=np.array([4, 8]), step_s=np.array([0.010, 0.012]),
+                         attn_s_per_query_ctx=1e-6, logits_s_per_row=5e-4)
+    got = engine.prefill_instance_s(prof, np.array([20, 16, 3]), 8)
+    want = [2 * 0.012 + 0.010 + 1e-6 * 20 * 10 + 5e-4,
+            2 * 0.012 + 1e-6 * 16 * 8 + 5e-4,
+            0.010 + 1e-6 * 3 * 1.5 + 5e-4]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_chunked_prefill_pays_the_logit_row_only_on_its_last_chunk():
+    """A 10-token prompt in a 4-token budget: chunks 4, 4, 2 at 10 ms each, the last also
+    computes the first token's logit row (1 ms): TTFT 31 ms."""
+    cfg = _one_replica(engine_cfg=EngineConfig(max_num_batched_tokens=4, max_num_seqs=1,
+                                               prefill="chunked"), lengths="fixed:10:1")
+    r = simulate(cfg, profile=_flat(logits_s_per_row=0.001)).requests
+    assert r["ttft_ms"].to_list() == pytest.approx([31.0])
+
+
+def test_a_run_cut_short_keeps_each_requests_progress():
+    """The step bound stops a run mid-flight: request 0 (alone, fixed:3, nothing accepted)
+    has had its prefill step and 4 decode steps of 3 verified drafts, 5 tokens out."""
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    cfg = replace(_one_replica("fixed:3", lengths="fixed:10:100"), max_engine_steps=5)
+    res = simulate(cfg, profile=_flat(), trace=trace)
+    r = res.requests
+    assert (r["steps"][0], r["draft_tokens_verified"][0], r["generated_tokens"][0]) == (4, 12, 5)
+    assert res.summary["unfinished"] == 1
+
+
+# -- policies that read schema-v2 fields -------------------------------------------------------
+
+def test_a_policy_needing_a_v2_field_the_trace_lacks_fails_up_front():
+    from dspark_sim.errors import InputError
+    from dspark_sim.traces.schema_v2 import V2Fields
+
+    pol = get_policy("sparsespec")
+    assert pol.fields == ("draft_entropy",)
+    trace = synth_iid(0.5, 7, num_requests=2, positions=8)
+    other = replace(trace, v2=V2Fields(true_prob=np.ones((16, 7), np.float32)))
+    for t in (trace, other):
+        with pytest.raises(InputError, match="draft_entropy"):
+            engine._check_policy_fields(pol, t, 7)
+    engine._check_policy_fields(pol, other, 0)  # nothing drafted: nothing read
+    has = replace(trace, v2=V2Fields(draft_entropy=np.ones((16, 7), np.float16)))
+    engine._check_policy_fields(pol, has, 7)
