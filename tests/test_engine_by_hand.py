@@ -206,21 +206,36 @@ def _plan(tokens: int, *, fill: int | None = None, draft: int | None = None,
     return replace(get_policy("fixed:7"), name="plan", decide=decide, replay=replay, lossy=lossy)
 
 
-@pytest.mark.parametrize("budget,fill,verified,limited", [
-    (8, None, 7, 0),  # 1 + 7 = 8 fits exactly: no trim
-    (6, None, 5, 10),  # trimmed to (6 - 1) // 1 = 5
-    (8, 2, 5, 10),  # 1 + 7 + 2 fill > 8: trimmed to (8 - 1 - 2) // 1 = 5
-    (8, 7, 0, 10),  # the fill leaves no room: (8 - 1 - 7) // 1 = 0
+@pytest.mark.parametrize("budget,tokens,fill,verified,limited", [
+    (8, 7, None, 7, 0),  # 1 + 7 = 8 fits exactly: no trim
+    (6, 7, None, 5, 10),  # trimmed to (6 - 1) // 1 = 5
+    (8, 7, 2, 5, 10),  # 1 + 7 + 2 fill > 8: trimmed to (8 - 1 - 2) // 1 = 5
+    (8, 7, 7, 0, 10),  # the fill leaves no room: (8 - 1 - 7) // 1 = 0
+    (8, 7, 0, 7, 0),  # no fill: as without one
+    (6, 7, -3, 5, 10),  # a negative fill counts as none: it frees no budget
+    (64, 9, None, 7, 0),  # at most verify_max (7) tokens
+    (64, -2, None, 0, 0),  # a negative count verifies nothing
 ])
-def test_a_plan_over_the_token_budget_is_trimmed_around_its_fill(budget, fill, verified,
-                                                                limited):
-    """One request, 10 decode steps of a plan verifying 7 tokens (nothing accepted)."""
+def test_a_plan_over_the_token_budget_is_trimmed_around_its_fill(budget, tokens, fill,
+                                                                verified, limited):
+    """One request, 10 decode steps of a plan (nothing accepted)."""
     trace = synth_iid(0.0, 7, num_requests=2, positions=64)
     cfg = _one_replica(engine_cfg=EngineConfig(max_num_batched_tokens=budget, max_num_seqs=1,
                                                prefill="chunked"), lengths="fixed:4:11")
-    s = _run_with(_plan(7, fill=fill), cfg, profile=_flat(), trace=trace).summary
+    s = _run_with(_plan(tokens, fill=fill), cfg, profile=_flat(), trace=trace).summary
     assert s["engine_steps"] == 11 and s["budget_limited_steps"] == limited
     assert s["num_draft_tokens_verified"] == 10 * verified
+
+
+@pytest.mark.parametrize("accepted", [[-1, 0], [0, 4], [0, 0, 0]],
+                         ids=["negative", "beyond-tokens", "shape"])
+def test_a_replay_claiming_what_was_not_verified_is_refused(accepted):
+    """Two requests verify 3 tokens each: a replay may accept 0..3 per request, no more,
+    no fewer, one count per request."""
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    pol = replace(_plan(3), replay=lambda p, v: Replayed(np.array(accepted)))
+    with pytest.raises(RuntimeError, match="replay accepted outside"):
+        _run_with(pol, _one_replica(n=2, concurrency=2), profile=_flat(), trace=trace)
 
 
 # -- what a step costs -------------------------------------------------------------------------
@@ -550,3 +565,59 @@ def test_a_policy_needing_a_v2_field_the_trace_lacks_fails_up_front():
     engine._check_policy_fields(pol, other, 0)  # nothing drafted: nothing read
     has = replace(trace, v2=V2Fields(draft_entropy=np.ones((16, 7), np.float16)))
     engine._check_policy_fields(pol, has, 7)
+
+
+# -- the scheduler's draft prices --------------------------------------------------------------
+
+def test_a_separate_scheduler_profile_prices_the_draft_its_own_way():
+    """``policy_profile``: the scheduler's draft price is its table at the run's draft
+    length plus its own KV price (none unless KV tokens are given); the steps still cost
+    the run's profile. A scheduler profile without the run's draft table is refused."""
+    from dspark_sim.errors import InputError
+
+    trace = synth_iid(0.5, 7, num_requests=2, positions=8)
+    cfg = SimConfig(policy="confidence", deployment=DeploymentConfig(replicas=1))
+    cost = _flat(draft_s=0.004, drafts={"dspark": DraftCost(
+        np.array([1.0, 2.0]), np.array([0.004, 0.004]), 7, kv_s_per_token=1e-4)})
+    sched = _flat(0.020, drafts={"dspark": DraftCost(np.array([1.0, 3.0]),
+                                                     np.array([0.001, 0.003]), 7,
+                                                     kv_s_per_token=1e-5)})
+
+    def ctx_for(policy_profile):
+        return SimContext(cfg, cost, get_policy("confidence"), trace, CalibrationMap(),
+                          RequestLog.empty(0), lambda k: None, policy_profile=policy_profile)
+
+    ctx = ctx_for(sched)
+    assert ctx.sps_draft_time(2, 100) == pytest.approx(0.002 + 1e-5 * 100, rel=1e-12)
+    assert ctx.sps_draft_time(2) == pytest.approx(0.002, rel=1e-12)
+    assert ctx.sps_draft_time(3, 10) == pytest.approx(0.003 + 1e-4, rel=1e-12)
+    assert ctx.draft_time(2, 100) == pytest.approx(0.004 + 1e-4 * 100, rel=1e-12)
+    assert ctx.draft_time(2) == pytest.approx(0.004, rel=1e-12)
+    assert ctx.sps_dense_step_s[[1, 5000]].tolist() == [0.020, 0.020]
+    assert ctx.dense_step_s[[1, 5000]].tolist() == [0.010, 0.010]
+    with pytest.raises(InputError, match=r"\[draft.dspark\]"):
+        ctx_for(replace(sched, drafts={}))
+
+
+def test_a_stopping_drafters_pass_and_fixed_prices_by_hand():
+    """A drafter that stops at each request's verify length (sparsespec over a sparse KV):
+    one more pass over 3 requests is the table's one-token time at 3 plus each request's
+    sparse reads, min(context, 1000 budget) at 0.05 us; what a drafting step pays once is
+    the selection over the whole context (0.003 us per token) and the KV reads (0.002 us)."""
+    d = DraftCost(np.array([1.0, 64.0]), np.array([0.008, 0.012]), 1, gamma_slope=1.0,
+                  kv_s_per_token=2e-9, kv_budget_tokens=1000, sparse_kv_s_per_token=5e-8,
+                  select_s_per_context_token=3e-9)
+    prof = _flat(drafts={"selfspec": d})
+    trace = synth_iid(0.5, 7, num_requests=2, positions=8)
+    cfg = SimConfig(policy="sparsespec:conf", deployment=DeploymentConfig(replicas=1))
+    ctx = SimContext(cfg, prof, get_policy("sparsespec:conf"), trace, CalibrationMap(),
+                     RequestLog.empty(0), lambda k: None)
+    context = np.array([500, 3000, 20000])
+    table3 = 0.008 + 0.004 * 2 / 63
+    assert ctx.sps_draft_pass_s(3, context) == pytest.approx(
+        table3 + 5e-8 * (500 + 1000 + 1000), rel=1e-12)
+    assert ctx.sps_draft_fixed_s(context, 1234) == pytest.approx(
+        3e-9 * 23500 + 2e-9 * 1234, rel=1e-12)
+    # the engine's own pass price is the same table lookup, cached per (table, n)
+    assert ctx.draft_pass_table_s(d, 3) == ctx.draft_pass_table_s(d, 3) == \
+        pytest.approx(table3, rel=1e-12)
