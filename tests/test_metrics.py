@@ -105,6 +105,7 @@ def test_summary_latency_and_throughput_by_hand():
     assert s["mean_tpot_ms"] == pytest.approx(1600 / 3)
     assert s["median_tpot_ms"] == pytest.approx(500.0)
     assert s["p90_tpot_ms"] == pytest.approx(500 + 0.8 * 500)  # linear between 500 and 1000
+    assert s["p99_tpot_ms"] == pytest.approx(500 + 0.98 * 500)
     # E2E: 1200, 2500, 100, 4000 ms
     assert s["mean_e2el_ms"] == pytest.approx(7800 / 4)
     assert s["median_e2el_ms"] == pytest.approx(1850.0)
@@ -167,6 +168,7 @@ def test_no_speculation_and_no_requests():
     assert s["completed"] == 0 and s["num_drafts"] == 0
     assert s["spec_decode_acceptance_length"] is None and s["acceptance_per_position"] == []
     assert s["verification_waste"] == 0.0 and s["mean_itl_ms"] is None
+    assert s["changed_token_fraction"] == 0.0
     assert s["median_tpot_ms"] is None and s["median_interactivity"] is None
 
 
@@ -184,6 +186,72 @@ def test_itl_percentiles_outside_the_histogram_report_its_end_bins(gap_bin, cent
     centre_ms = math.sqrt(ITL_EDGES_S[centre_bin - 1] * ITL_EDGES_S[centre_bin]) * 1e3
     for q in ("median", "p90", "p99"):
         assert s[f"{q}_itl_ms"] == pytest.approx(centre_ms, rel=1e-12)
+
+def _log_short_and_rejected() -> RequestLog:
+    """0: two tokens, TTFT 500 ms, the second 4 ms later (TPOT 4 ms, 250 tok/s);
+    1: eleven tokens, 5 ms apart in all (TPOT 0.5 ms, 2000 tok/s); 2 and 3: refused at
+    arrival for KV capacity (never served); 4: unfinished after 3 tokens."""
+    log = RequestLog.empty(5)
+    log.arrival_s[:] = [0.0, 1.0, 2.0, 3.0, 3.5]
+    log.prompt_tokens[:] = [8, 8, 8, 8, 8]
+    log.output_tokens[:] = [2, 11, 4, 4, 9]
+    log.first_token_s[:] = [0.5, 1.25, NAN, NAN, 4.0]
+    log.finish_s[:] = [0.504, 1.255, NAN, NAN, NAN]
+    log.generated[:] = [2, 11, 0, 0, 3]
+    log.rejected[:] = [0, 0, 2, 2, 0]
+    return log
+
+
+def test_two_token_and_sub_millisecond_tpot_and_rejections():
+    log = _log_short_and_rejected()
+    r = requests_frame(log)
+    tpot = r["tpot_ms"].to_list()
+    assert tpot[0] == pytest.approx(4.0) and tpot[1] == pytest.approx(0.5)
+    assert tpot[2:] == [None, None, None]
+    assert r["interactivity_tok_s"].to_list()[:2] == pytest.approx([250.0, 2000.0])
+    assert r["rejected_reason"].to_list() == [None, None, "kv_capacity", "kv_capacity", None]
+    s = summarize(log, StepStats(gamma=0), gpus=1, slo_ttft_ms=None, slo_tpot_ms=None)
+    assert s["median_tpot_ms"] == pytest.approx((4.0 + 0.5) / 2)
+    assert s["median_interactivity"] == pytest.approx((250.0 + 2000.0) / 2)
+    # 5 requests: 2 completed, 2 rejected, so 1 unfinished; only the reason seen is listed
+    assert (s["completed"], s["rejected"], s["unfinished"]) == (2, 2, 1)
+    assert s["rejected_reasons"] == {"kv_capacity": 2}
+    assert s["stable"] is False  # something was left unfinished
+
+
+@pytest.mark.parametrize(("counts", "bins"), [
+    # the q-th percentile is the bin holding the ceil(q/100 x n)-th smallest gap
+    ({100: 50, 200: 40, 300: 9, 400: 1}, (100, 200, 300)),  # 50th, 90th, 99th of 100
+    ({250: 1}, (250, 250, 250)),  # one gap is every percentile
+    ({100: 985, 200: 15}, (100, 100, 200)),  # the 990th of 1000 is past the 985th
+])
+def test_itl_percentiles_pick_the_bin_of_the_rank(counts, bins):
+    """Bin j of the ITL histogram is (10^(-5 + (j-1)/100), 10^(-5 + j/100)] s, reported
+    at its geometric centre 10^(-5 + (j - 1/2)/100) s."""
+    st = StepStats(gamma=0)
+    for j, c in counts.items():
+        st.itl_hist[j] = c
+        st.itl_sum_s += c * 10 ** (-5 + (j - 0.5) / 100)
+    s = summarize(RequestLog.empty(0), st, gpus=1, slo_ttft_ms=None, slo_tpot_ms=None)
+    for name, j in zip(("median_itl_ms", "p90_itl_ms", "p99_itl_ms"), bins, strict=True):
+        assert s[name] == pytest.approx(10 ** (-5 + (j - 0.5) / 100) * 1e3, rel=1e-9), name
+    assert s["mean_itl_ms"] == pytest.approx(st.itl_sum_s / sum(counts.values()) * 1e3)
+
+
+def test_slo_goodput_passes_a_request_exactly_at_the_slo():
+    # request 1 has TTFT 500 ms and TPOT 500 ms exactly (binary-exact times): at an SLO of
+    # 500 ms on both it passes, with 0 and 2 (request 4's TTFT is 1000 ms)
+    s = _summary(slo_ttft_ms=500.0, slo_tpot_ms=500.0)
+    assert s["goodput"] == pytest.approx(3 / 6)
+
+
+def test_changed_token_fraction_is_over_all_generated_tokens():
+    st = _stats()
+    st.changed_tokens = 3
+    s = summarize(_log(), st, gpus=1, slo_ttft_ms=None, slo_tpot_ms=None)
+    # 11 + 5 + 1 + 0 + 4 = 21 tokens generated
+    assert s["changed_tokens"] == 3 and s["changed_token_fraction"] == pytest.approx(3 / 21)
+
 
 
 # -- one request through an engine whose step times are known -------------------------------

@@ -3,7 +3,8 @@ window on a hand-built log, and the window on real runs (conservation identities
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
+from fractions import Fraction
 
 import numpy as np
 import polars as pl
@@ -131,13 +132,14 @@ def test_steady_occupancy_is_the_median_bin_of_the_second_half():
     assert (w.start_s, w.end_s) == (pytest.approx(4.375), 5.0)
 
 
-@pytest.mark.parametrize(("margin", "stable"), [(-0.025, True), (0.025, False)])
+@pytest.mark.parametrize(("margin", "stable"), [(-0.025, True), (0.0, True), (0.025, False)])
 def test_stability_threshold_counts_the_arrivals_on_the_window_edges(margin, stable):
     """Window [4.375, 5] (the series above; 0.625 s long). Arrivals 0, 1, 2, 3, 4.375,
     4.5, 4.75, 5: the four from 4.375 to 5, both edges included, are the window's
     arrivals, so a run is unstable when the queue grows by more than 10 + 0.05 x 4 =
     10.2 requests across the window. A growth 0.025 below that is stable, 0.025 above
-    is not (counting either edge out would make the threshold 10.15)."""
+    is not (counting either edge out would make the threshold 10.15), and a growth of
+    exactly 10.2 (16.32 x 0.625 is 10.2 in floating point too) is not "more than"."""
     arrival = [0.0, 1.0, 2.0, 3.0, 4.375, 4.5, 4.75, 5.0]
     log = _log(arrival, [a + 0.1 for a in arrival], [a + 0.5 for a in arrival], [5] * 8)
     steps = _eight_bin_series([0, 10, 20, 30, 44, 48, 60, 70])
@@ -147,6 +149,127 @@ def test_stability_threshold_counts_the_arrivals_on_the_window_edges(margin, sta
     assert s["steady_window_start_s"] == pytest.approx(4.375)
     assert s["stable"] is stable
     assert s["queue_growth_per_s"] == growth_per_s
+
+
+def _mser_exact(z) -> int:
+    """White's MSER by brute force in exact rational arithmetic: for every ``d`` in
+    ``0..n//2``, ``sum_{i>=d} (z_i - mean(z[d:]))^2 / (n - d)^2``; the smallest ``d`` on
+    ties (exact ties: no rounding to absorb)."""
+    z = [Fraction(float(v)) for v in z]
+    n = len(z)
+    if n < 2:
+        return 0
+    crit = []
+    for d in range(n // 2 + 1):
+        tail = z[d:]
+        mean = sum(tail) / len(tail)
+        crit.append(sum((v - mean) ** 2 for v in tail) / len(tail) ** 2)
+    return crit.index(min(crit))
+
+
+def test_mser_truncation_equals_exact_brute_force_on_random_series():
+    """Random series of odd and even lengths, with a transient or without, at scales
+    from 1e-7 to 1e4 (the criterion's floor and tie tolerance must be relative)."""
+    rng = np.random.default_rng(17)
+    for case in range(60):
+        n = int(rng.integers(2, 41))
+        z = rng.normal(0.0, 1.0, n)
+        if case % 3 == 0:  # a decaying warm-up transient
+            z += 4.0 * np.exp(-np.arange(n) / 3.0)
+        z *= 10.0 ** rng.integers(-7, 5)
+        assert mser_truncation(z) == _mser_exact(z), (case, z.tolist())
+
+
+def test_mser_truncation_short_and_flat_tails():
+    assert mser_truncation([]) == 0 and mser_truncation([7.0]) == 0
+    # two points: cutting the first leaves one point, SSE 0 (d = n // 2 = 1 is allowed)
+    assert mser_truncation([5.0, 1.0]) == 1
+    # a spike then a constant tail of a value binary floats cannot hold (0.3): every cut
+    # from 1 to 10 leaves SSE 0 up to rounding (~1e-18 here, not exactly 0 in every
+    # suffix); those are ties, and the smallest cut wins
+    assert mser_truncation([5.0] + [0.3] * 19) == 1
+    # the best cut (6, after the six 1s) is past half the series: MSER stops at n // 2
+    z = [1.0] * 6 + [100.0] * 4
+    assert _mser_exact(z) == mser_truncation(z) <= 5
+
+
+# -- the window's edge cases ------------------------------------------------------------------
+def _uniform_series(n: int, dt: float, **cols) -> StepSeries:
+    """``n`` steps of ``dt`` ending at ``dt, 2 dt, ..., n dt``."""
+    return StepSeries.of(np.arange(1, n + 1) * dt, dt, **cols)
+
+
+def test_window_counts_the_step_ending_at_the_drain_start():
+    """80 steps of 1/16 s ending at k/16, the last (k = 80) exactly at the last arrival,
+    5 s: all 80 count, so 8 bins of 0.625 s; bin m holds the steps ending in
+    [0.625 m, 0.625 (m + 1)), i.e. k = 10m .. 10m + 9, and the last bin also holds the
+    step ending at 5 s itself. Decode batches: 40, 50, 60 on bins 4-6, 30 on steps 70-79
+    and 150 on step 80, so bin 7 averages (10 x 30 + 150) / 10 = 45 (a bin's average is
+    its steps' batches x 1/16 s / 0.625 s). The steady occupancy is the median of bins
+    4-7, (45 + 50) / 2 = 47.5; 90 % of it, 42.75, is first reached by bin 5 (bin 4 has
+    40), so the fill ends at 6 x 0.625 = 3.75 s."""
+    k = np.arange(1, 81)
+    batch = np.select([k >= 80, k >= 70, k >= 60, k >= 50, k >= 40], [150, 30, 60, 50, 40], 0)
+    steps = _uniform_series(80, 1 / 16, decode_batch=batch, emitted_tokens=2.0)
+    w = steady_window(steps, np.array([0.0, 1.0, 5.0]), closed=False)
+    assert w.bins == 8
+    assert w.occupancy == pytest.approx(47.5)
+    assert w.fill_s == pytest.approx(3.75)
+
+
+def test_window_needs_eight_steps_before_the_drain():
+    """Eight steps of 1/8 s up to a last arrival at 1 s: enough for a window, of the
+    minimum 4 bins (8 // 10 = 0, clipped up to 4) of 0.25 s. They hold 1, 2, 2 and 3
+    steps (the step ending at 1 s joins the last bin), so with a decode batch of 4 the
+    bins average 4 x n x 1/8 s / 0.25 s = 2, 4, 4, 6: the steady occupancy (median of
+    bins 2-3) is 5."""
+    steps = _uniform_series(8, 1 / 8, decode_batch=4.0, emitted_tokens=4.0)
+    w = steady_window(steps, np.array([0.0, 1.0]), closed=False)
+    assert w.bins == 4 and "no steady state" not in w.rule
+    assert w.occupancy == pytest.approx(5.0) and w.end_s == 1.0
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_window_with_too_few_steps_says_how_many(closed):
+    """Three steps end before the last arrival (0.5 s): no window, and the reason names
+    the step count and the drain start, in either loop (a closed loop's "all requests
+    issued at once" is only for a drain start at 0)."""
+    steps = StepSeries.of([0.1, 0.2, 0.3, 0.6], 0.1, decode_batch=1.0)
+    w = steady_window(steps, np.array([0.0, 0.5]), closed=closed)
+    what = "last request issued" if closed else "last arrival"
+    loop = "closed loop" if closed else "open loop"
+    assert w.rule == f"{loop}: no steady state (only 3 engine steps before the {what} at 0.500 s)"
+    assert (w.start_s, w.end_s, w.bins) == (0.5, 0.5, 0)
+
+
+def test_window_without_arrivals_is_empty_at_zero():
+    """No finite arrival time (every request rejected before a time was kept): the drain
+    start is 0, so nothing counts, however many steps ran."""
+    steps = _uniform_series(50, 1 / 64, decode_batch=2.0, emitted_tokens=2.0)
+    w = steady_window(steps, np.array([np.nan, np.nan]), closed=False)
+    assert (w.start_s, w.end_s, w.bins, w.occupancy) == (0.0, 0.0, 0, None)
+    assert w.rule == "open loop: no steady state (only 0 engine steps before the last arrival at 0.000 s)"
+
+
+def test_fill_is_the_first_bin_at_exactly_ninety_percent():
+    """Bins 0-7 carry 0, 10, 45, 46, 50, 50, 50, 50: steady occupancy 50, and bin 2's 45
+    is exactly 90 % of it (0.9 x 50 is 45.0 in floating point, and 45 x 10 steps x 1/16 s
+    / 0.625 s is exact): "reaches" includes equality, so the fill ends at 3 x 0.625 s."""
+    steps = _eight_bin_series([0, 10, 45, 46, 50, 50, 50, 50])
+    w = steady_window(steps, np.array([0.0, 5.0]), closed=False)
+    assert w.occupancy == 50.0
+    assert w.fill_s == pytest.approx(3 * 0.625)
+
+
+def test_window_types_are_frozen():
+    w = SteadyWindow(0.0, 1.0, 1.0, None, None, None, 0, "hand")
+    with pytest.raises(FrozenInstanceError):
+        w.start_s = 0.5
+    s = StepSeries.of([1.0], 1.0)
+    with pytest.raises(FrozenInstanceError):
+        s.dt_s = np.ones(1)
+    # a window cannot run backwards
+    assert SteadyWindow(3.0, 2.0, 2.0, None, None, None, 0, "hand").duration_s == 0.0
 
 
 # -- the figures over a window, by hand ------------------------------------------------------
@@ -218,6 +341,115 @@ def test_latency_sample_is_chosen_by_arrival_not_by_finish():
     assert s["steady_latency_arrivals_end_s"] == pytest.approx(99.0)
     assert s["steady_window_requests"] == 199  # arrivals 0 .. 99 s
     assert s["steady_mean_e2el_ms"] == pytest.approx((198 * 1000.0 + 5000.0) / 199)
+
+
+def _flat_steps(t0: float, t1: float, n: int = 20) -> StepSeries:
+    """``n`` steps of equal length ending evenly over ``(t0, t1]``, 2 requests decoding,
+    2 tokens each."""
+    dt = (t1 - t0) / n
+    return StepSeries.of(t0 + dt * np.arange(1, n + 1), dt, decode_batch=2.0,
+                         emitted_tokens=2.0)
+
+
+@pytest.mark.parametrize(("edge", "cutoff"), [
+    # lifetimes 5 (arriving at t0 = 2) and 1: numpy's p99 of two interpolates,
+    # 1 + 0.99 x (5 - 1) = 4.96
+    ("start", 12.0 - 4.96),
+    # lifetimes 1 and 7 (arriving at t1 = 12, finishing at 19): 1 + 0.99 x 6 = 6.94
+    ("end", 12.0 - 6.94),
+])
+def test_latency_cutoff_lifetimes_include_arrivals_on_both_window_edges(edge, cutoff):
+    """The p99 lifetime H is over the requests arriving in [t0, t1], both edges in: a
+    request arriving exactly on an edge moves the latency cut-off t1 - H."""
+    w = SteadyWindow(2.0, 12.0, 12.0, 2.0, 2.0, 2.0, 10, "hand")
+    arrival, life = ([2.0, 3.0], [5.0, 1.0]) if edge == "start" else ([3.0, 12.0], [1.0, 7.0])
+    arrival, life = np.array(arrival), np.array(life)
+    log = _log(arrival, arrival + 0.25, arrival + life, [9, 9])
+    s = steady_state(log, _flat_steps(2.0, 12.0), w, gpus=1)
+    assert s["steady_latency_arrivals_end_s"] == pytest.approx(cutoff)
+
+
+def test_completions_count_finishes_in_the_half_open_window():
+    """Completions are the requests finishing in (t0, t1]: one finishing exactly at t0
+    is the previous window's, one finishing exactly at t1 is this one's."""
+    w = SteadyWindow(2.0, 12.0, 12.0, 2.0, 2.0, 2.0, 10, "hand")
+    log = _log([1.0, 5.0, 11.0], [1.5, 5.5, 11.5], [2.0, 7.0, 12.0], [9, 9, 9])
+    s = steady_state(log, _flat_steps(2.0, 12.0), w, gpus=1)
+    assert s["steady_window_completions"] == 2
+    assert s["steady_request_throughput"] == pytest.approx(2 / 10)
+
+
+def test_window_at_the_short_thresholds_exactly_is_not_short():
+    """Window [0, 10] s; 100 requests arriving every 1/16 s from 0, each living exactly
+    1 s (dyadic times: no rounding). The p90 lifetime is 1 s, so the window spans exactly
+    MIN_WINDOW_LIFETIMES = 10 of them, and the latency sample (arrivals up to 10 - 1 s)
+    holds exactly MIN_WINDOW_REQUESTS = 100: at both bounds, not below them."""
+    w = SteadyWindow(0.0, 10.0, 10.0, 0.0, 0.0, 2.0, 10, "hand")
+    arrival = np.arange(100) / 16
+    log = _log(arrival, arrival + 0.25, arrival + 1.0, np.full(100, 9))
+    s = steady_state(log, _flat_steps(0.0, 10.0), w, gpus=1)
+    assert s["steady_window_requests"] == 100
+    assert s["steady_window_short"] is False and s["steady_window_note"] is None
+
+
+def test_window_under_ten_p90_lifetimes_is_short_and_says_so():
+    """Window [0, 10] s; 200 requests arriving every 1/32 s (by 6.22 s), every 10th
+    living 3 s, the rest 1 s. The p99 lifetime is 3 s, so the latency sample (arrivals
+    up to 7 s) holds all 200: the sample is not what is short. The p90 lifetime falls
+    between the 180th and 181st of the 200 sorted (1 and 3 s), at numpy's position
+    0.9 x 199 = 179.1 counted from 0: 1 + 0.1 x 2 = 1.2 s, and 10 s is under 10 x 1.2 s."""
+    w = SteadyWindow(0.0, 10.0, 10.0, 0.0, 0.0, 2.0, 10, "hand")
+    arrival = np.arange(200) / 32
+    life = np.where(np.arange(200) % 10 == 0, 3.0, 1.0)
+    log = _log(arrival, arrival + 0.25, arrival + life, np.full(200, 9))
+    s = steady_state(log, _flat_steps(0.0, 10.0), w, gpus=1)
+    assert s["steady_window_requests"] == 200
+    assert s["steady_window_short"] is True
+    assert s["steady_window_note"] == (
+        "window 10.00 s is under 10 p90 request lifetimes (1.20 s): run more requests")
+
+
+def test_window_shorter_than_a_second():
+    """A 0.5 s window is a window (no floor on its length): steps ending at 1.25 and 1.5 s
+    emit 2 + 2 tokens in [1, 1.5]."""
+    w = SteadyWindow(1.0, 1.5, 1.5, 1.0, 1.0, 2.0, 4, "hand")
+    log = _log([0.9, 1.1], [1.0, 1.2], [1.3, 1.4], [3, 3])
+    steps = StepSeries.of([1.0, 1.25, 1.5], 0.25, decode_batch=1.0, emitted_tokens=2.0)
+    s = steady_state(log, steps, w, gpus=1)
+    assert s["steady_window_s"] == 0.5
+    assert s["steady_output_throughput"] == pytest.approx(4 / 0.5)
+    assert s["steady_request_throughput"] == pytest.approx(2 / 0.5)
+
+
+def test_window_without_a_step_in_it_has_no_figures():
+    """A window of positive length in which no step ends measures nothing: the
+    throughputs are None (not 0), and the note gives the window's rule."""
+    w = SteadyWindow(2.0, 3.0, 3.0, 2.0, 2.0, 2.0, 4, "hand")
+    log = _log([1.0, 2.5], [1.1, 2.6], [1.5, 2.9], [3, 3])
+    steps = StepSeries.of([1.0, 1.5, 3.5], 0.5, decode_batch=1.0, emitted_tokens=2.0)
+    s = steady_state(log, steps, w, gpus=1)
+    assert s["steady_window_steps"] == 0
+    assert s["steady_output_throughput"] is None and s["steady_request_throughput"] is None
+    assert s["steady_mean_decode_batch"] is None and s["steady_mean_in_system"] is None
+    assert s["steady_output_throughput_rse"] is None
+    assert s["steady_window_short"] is True
+    assert s["steady_window_note"] == "hand: run more requests"
+
+
+@pytest.mark.parametrize(("verified", "accepted", "waste"), [
+    ([0, 0], [0, 0], 0.0),  # requests decode, nothing drafted: nothing wasted
+    ([4, 4], [1, 3], 4 / 8),
+])
+def test_steady_speculation_figures_by_hand(verified, accepted, waste):
+    """Two steps in the window, 2 decoding requests each (4 request-steps)."""
+    w = SteadyWindow(0.0, 2.0, 2.0, 0.0, 0.0, 2.0, 4, "hand")
+    log = _log([0.1], [0.2], [1.9], [5])
+    steps = StepSeries.of([1.0, 2.0], 1.0, decode_batch=2.0, emitted_tokens=2.0,
+                          verified_drafts=verified, accepted_tokens=accepted)
+    s = steady_state(log, steps, w, gpus=1)
+    assert s["steady_verification_waste"] == pytest.approx(waste)
+    assert s["steady_mean_draft_tokens_per_request_step"] == pytest.approx(sum(verified) / 4)
+    assert s["steady_spec_decode_acceptance_length"] == pytest.approx(1 + sum(accepted) / 4)
 
 
 # -- real runs -------------------------------------------------------------------------------
@@ -381,6 +613,53 @@ def test_batch_means_errors_by_hand():
     got = _rse_median(vals[::-1], arrival)
     assert got == pytest.approx(sd / np.sqrt(20) / 105)
     assert _rse_median(vals[:50], arrival[:50]) is None  # too few for 20 batches of 5
+
+def test_batch_means_window_is_half_open_and_small_rates_count():
+    """101 steps ending at 0, 1, ..., 100 s, 0.1 token each, window (0, 100]: the step
+    ending at 0 is outside, the one at 100 inside, so 100 steps in 20 batches of 5 s:
+    batch 0 holds the steps ending at 1-4 s (4), batches 1-18 five each, batch 19 the
+    ones at 95-100 s (6). Rates 0.4, 0.5 x 18, 0.6: mean 0.5 (under one token per batch
+    is still a rate), sd (n-1) = sqrt(2 x 0.01 / 19)."""
+    from dspark_sim.sim.metrics import _rse_throughput
+
+    steps = StepSeries.of(np.arange(101.0), 1.0, emitted_tokens=0.1)
+    sd = np.sqrt(2 * 0.01 / 19)
+    assert _rse_throughput(steps, 0.0, 100.0) == pytest.approx(sd / np.sqrt(20) / 0.5)
+    # nothing emitted: no relative error
+    assert _rse_throughput(StepSeries.of(np.arange(101.0), 1.0), 0.0, 100.0) is None
+    # too few steps for 20 batches of 5: the 99 steps of (1, 100]
+    assert _rse_throughput(steps, 1.0, 100.0) is None
+
+
+def test_batch_medians_of_small_and_zero_values():
+    from dspark_sim.sim.metrics import _rse_median
+
+    # the by-hand groups above scaled by 1/1000: medians under 1 are still medians
+    vals = np.repeat(np.where(np.arange(20) % 2 == 0, 0.100, 0.110), 5)
+    sd = np.sqrt(20 * 0.005 ** 2 / 19)
+    assert _rse_median(vals, np.arange(100.0)) == pytest.approx(sd / np.sqrt(20) / 0.105)
+    # a median of 0 has no relative error
+    assert _rse_median(np.zeros(100), np.arange(100.0)) is None
+
+
+def test_queue_growth_by_hand():
+    """Arrivals every 0.1 s and nothing finishing: the requests in the system climb 10 a
+    second (a staircase; its least-squares line over [0, 10] has slope 10 to within the
+    step's 1/10)."""
+    from dspark_sim.sim.metrics import in_system, queue_growth
+
+    arr = np.arange(100) / 10
+    fin = np.full(100, np.nan)
+    assert queue_growth(arr, fin, 0.0, 10.0) == pytest.approx(10.0, rel=0.02)
+    # in the system at t: arrived at or before t, not finished at or before t. Those
+    # arriving before 5 s live 0.5 s. At 0: the one arriving at 0. At 0.45 s: 5 arrived
+    # (0-0.4 s), none finished. At 5 s: 51 arrived (0-5 s) and 46 finished (arrivals
+    # 0-4.5 s, the last exactly at 5 s)
+    assert in_system(arr, np.where(arr < 5, arr + 0.5, np.nan),
+                     np.array([0.0, 0.45, 5.0])).tolist() == [1.0, 5.0, 5.0]
+    # a window of no length has no growth
+    assert queue_growth(arr, fin, 3.0, 3.0) == 0.0
+
 
 
 def test_sizing_target_rse_decides_doubling():
