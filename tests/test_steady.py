@@ -147,6 +147,7 @@ def test_stability_threshold_counts_the_arrivals_on_the_window_edges(margin, sta
     s = summarize(log, StepStats(gamma=3), gpus=1, slo_ttft_ms=None, slo_tpot_ms=None,
                   queue_growth_per_s=growth_per_s, steps=steps)
     assert s["steady_window_start_s"] == pytest.approx(4.375)
+    assert s["steady_window_rule"].startswith("open loop:")  # summarize's default loop
     assert s["stable"] is stable
     assert s["queue_growth_per_s"] == growth_per_s
 
