@@ -530,9 +530,12 @@ def sweep(
     workers: Annotated[int | None, typer.Option(help="Parallel workers (default: cores).")] = None,
     sla: Annotated[str, typer.Option(help="Interactivity tiers (tok/s/user) for the headline.")] =
         "80,120",
-    candidate: Annotated[str, typer.Option(help="Policy compared in the headline.")] =
-        "confidence-async",
-    baseline: Annotated[str, typer.Option(help="Baseline policy of the headline.")] = "mtp1",
+    candidate: Annotated[str | None, typer.Option(
+        help="Policy compared in the headline (one of --policies; default "
+             "confidence-async when swept).")] = None,
+    baseline: Annotated[str | None, typer.Option(
+        help="Baseline policy of the headline (one of --policies; default mtp1 when "
+             "swept).")] = None,
     vllm_results: Annotated[Path | None, typer.Option(
         help="Folder of vLLM `bench serve` result JSON files to overlay.")] = None,
     gpus: Annotated[int | None, typer.Option(help="GPUs behind the vLLM results (per-GPU).")] = None,
@@ -569,7 +572,12 @@ def sweep(
     tiers = parse_numbers(sla, option="--sla")
     policy_specs, profile_specs, trace_specs = (parse_list(policies), parse_list(profiles),
                                                 parse_list(traces))
+    if not policy_specs:
+        raise InputError("--policies", f"no policy in {policies!r}")
+    candidate = _headline_policy("--candidate", candidate, "confidence-async", policy_specs)
+    baseline = _headline_policy("--baseline", baseline, "mtp1", policy_specs)
     _check_grid(base, policy_specs, profile_specs, trace_specs)
+    _check_overlay(vllm_results, gpus)
     df = run_sweep(
         base,
         qps=parse_numbers(qps) if qps else None,
@@ -581,7 +589,8 @@ def sweep(
         seeds=parse_numbers(seeds, integer=True, allow_zero=True, option="--seeds"),
         out=out, executor=executor, workers=workers, progress=not quiet, sizing=sizing,
     )
-    report = build_report(df, out / "report.html", candidate=candidate, baseline=baseline,
+    report = build_report(df, out / "report.html", candidate=candidate or "confidence-async",
+                          baseline=baseline or "mtp1",
                           tiers=tiers, vllm_results=vllm_results, gpus=gpus, basis=basis)
     console.print(f"{df.height} points -> {out / 'results.parquet'}; report {report}")
     console.print(f"figures: {BASIS_TEXT[basis_used(df, basis)]}")
@@ -592,6 +601,30 @@ def sweep(
                       markup=False, highlight=False)
 
 
+def _headline_policy(option: str, given: str | None, default: str,
+                     policies: list[str]) -> str | None:
+    """The headline's candidate or baseline: a policy the user names must be swept (a
+    typo would silently drop the headline); the default is used only when swept."""
+    from dspark_sim.sim.frontier import canonical_policy
+
+    swept = {canonical_policy(p): p for p in policies}
+    if given is None:
+        return swept.get(canonical_policy(default))
+    if canonical_policy(given.strip()) not in swept:
+        raise InputError(option, f"{given!r} is not one of --policies ({', '.join(policies)})")
+    return swept[canonical_policy(given.strip())]
+
+
+def _check_overlay(vllm_results: Path | None, gpus: int | None) -> None:
+    """--gpus and the vLLM result files, read before any point runs."""
+    from dspark_sim.sim.report import read_vllm_results
+
+    if gpus is not None and gpus < 1:
+        raise InputError("--gpus", f"must be a positive integer, got {gpus}")
+    if vllm_results is not None:
+        read_vllm_results(vllm_results, gpus)
+
+
 def _check_grid(base, policies: list[str], profiles: list[str] | None,
                 traces: list[str] | None) -> None:
     """Every policy, profile and trace of a sweep's grid, before any point runs (a bad name
@@ -599,13 +632,19 @@ def _check_grid(base, policies: list[str], profiles: list[str] | None,
     each trace's ``gamma_max``."""
     from dataclasses import replace
 
+    import numpy as np
+
     from dspark_sim.calibration.profile import load_profile
     from dspark_sim.policies.registry import get_policy
     from dspark_sim.sim.api import resolve_trace
     from dspark_sim.sim.config import check_draft_length
+    from dspark_sim.sim.workload import sample_lengths, uses_trace_lengths
 
     for spec in profiles or ():
         load_profile(spec)
+    lengths = base.workload.lengths
+    if lengths is not None and not uses_trace_lengths(base.workload):
+        sample_lengths(lengths, 1, np.random.default_rng(0))  # names a bad spec
     pols = [get_policy(p) for p in policies]
     for spec in traces or [None]:
         cfg = base if spec is None else replace(base, trace=spec)

@@ -60,6 +60,12 @@ from dspark_sim.sim.config import SimConfig
 ROW_FORMAT = 2  # 2: steady-state columns, sizing
 EXECUTORS = ("process", "ray", "serial")
 LIST_METRICS = ("acceptance_per_position", "verified_per_position")
+# A grid option expands to at most this many values, and a grid to at most this many
+# points: a typo like 1:1000000:1 is refused in microseconds instead of building (and
+# then simulating) a million points. 100k points is already weeks of simulation.
+MAX_VALUES_PER_OPTION = 10_000
+MAX_POINTS = 100_000
+MAX_INTEGER_VALUE = 2**63 - 1  # seeds and client counts are int64 downstream
 STRING_COLUMNS = ("policy_spec", "profile_spec", "trace_spec", "load_kind", "arrival", "trace",
                   "trace_drafter", "trace_source", "point_id", "policy", "profile",
                   "steady_window_rule", "steady_window_note")
@@ -88,6 +94,9 @@ def parse_numbers(spec: str | Sequence[float] | None, *, integer: bool = False,
     out: list[float] = []
     for item in items:
         out.extend(_parse_item(item, option))
+        if len(out) > MAX_VALUES_PER_OPTION:
+            raise InputError(option, f"{spec!r} expands to more than "
+                                     f"{MAX_VALUES_PER_OPTION:,} values")
     if not out:
         raise InputError(option, f"no values in {spec!r}")
     if any(not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero) for v in out):
@@ -96,6 +105,8 @@ def parse_numbers(spec: str | Sequence[float] | None, *, integer: bool = False,
     if integer:
         if any(abs(v - round(v)) > 1e-9 for v in out):
             raise InputError(option, f"values must be integers, got {spec!r}")
+        if any(v > MAX_INTEGER_VALUE for v in out):
+            raise InputError(option, f"values must be below 2**63, got {spec!r}")
         return list(dict.fromkeys(int(round(v)) for v in out))
     return list(dict.fromkeys(round(v, 9) for v in out))
 
@@ -114,12 +125,15 @@ def _parse_item(item: str, option: str) -> list[float]:
     except ValueError:
         raise InputError(option, f"bad value {item!r}: use N, START:STOP:STEP or "
                                  "START:STOP:xFACTOR") from None
+    if not all(math.isfinite(v) for v in (start, stop, f)):
+        raise InputError(option, f"bad range {item!r}: start, stop and step must be finite")
     if stop < start:
         raise InputError(option, f"bad range {item!r}: stop < start")
     if geometric:
         if f <= 1 or start <= 0:
             raise InputError(option, f"bad range {item!r}: geometric ranges need "
                                      "start > 0 and factor > 1")
+        _check_count(item, option, math.log(stop / start) / math.log(f))
         vals, v = [], start
         while v <= stop * (1 + 1e-9):
             vals.append(v)
@@ -127,8 +141,16 @@ def _parse_item(item: str, option: str) -> list[float]:
         return vals
     if f <= 0:
         raise InputError(option, f"bad range {item!r}: step must be > 0")
+    _check_count(item, option, (stop - start) / f)
     n = int(math.floor((stop - start) / f + 1e-9))
     return [start + i * f for i in range(n + 1)]
+
+
+def _check_count(item: str, option: str, steps: float) -> None:
+    """Refuse a range of more than MAX_VALUES_PER_OPTION values before building it."""
+    if not steps + 1 <= MAX_VALUES_PER_OPTION:  # also catches a NaN / inf step count
+        raise InputError(option, f"range {item!r} expands to more than "
+                                 f"{MAX_VALUES_PER_OPTION:,} values")
 
 
 def parse_list(spec: str | Sequence[str] | None) -> list[str] | None:
@@ -248,6 +270,11 @@ def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
     if not loads:
         w = base.workload
         loads = [("base", float(w.max_concurrency if w.arrival == "closed" else w.qps))]
+    size = len(loads) * len(profiles) * len(traces) * len(policies) * len(seeds)
+    if size > MAX_POINTS:
+        raise InputError("--qps/--concurrency", f"the grid has {size:,} points "
+                         f"(loads x profiles x traces x policies x seeds); the limit is "
+                         f"{MAX_POINTS:,}")
     points: list[SweepPoint] = []
     for kind, load in loads:
         w = base.workload

@@ -111,6 +111,44 @@ def test_sweep_checks_profiles_and_traces_before_running(no_simulation, tmp_path
 
 
 @pytest.mark.parametrize("args,needles", [
+    (["--policies", ",,,"], ["--policies", "no policy", "',,,'"]),
+    (["--concurrency", "1:1000000:1"], ["--concurrency", "'1:1000000:1'", "10,000 values"]),
+    (["--qps", "1:1e12:1"], ["--qps", "'1:1e12:1'", "10,000 values"]),
+    (["--qps", "1:2:x1.0000001"], ["--qps", "10,000 values"]),
+    (["--qps", "1:1e400:1"], ["--qps", "'1:1e400:1'", "finite"]),
+    (["--qps", "1", "--seeds", "1e30"], ["--seeds", "2**63", "'1e30'"]),
+    (["--qps", "1:300:1", "--seeds", "0:400:1"], ["grid has 240,600 points", "100,000"]),
+    (["--qps", "1", "--candidate", "fixed:9"], ["--candidate", "'fixed:9'", "mtp1, none"]),
+    (["--qps", "1", "--baseline", "bogus"], ["--baseline", "'bogus'", "mtp1, none"]),
+    (["--qps", "1", "--gpus", "0"], ["--gpus", "positive integer", "got 0"]),
+    (["--qps", "1", "--vllm-results", "/no/such/dir"], ["--vllm-results", "/no/such/dir",
+                                                         "not found"]),
+    (["--qps", "1", "--lengths", "bogus"], ["--lengths", "'bogus'", "fixed:IN:OUT"]),
+])
+def test_sweep_grid_and_headline_options_are_refused_before_any_point_runs(
+        no_simulation, tmp_path, args, needles):
+    """Found by poking the sweep as the hostile-input suite pokes run: an empty policy
+    list was a TypeError traceback, a million-value range built a million points, a
+    misspelt --candidate silently dropped the headline, --gpus 0 was taken, and
+    --lengths / --vllm-results were read only after the points had run."""
+    out = tmp_path / "sw"
+    one_line_error(["sweep", "--out", str(out), "--policies", "mtp1,none", "--num-requests",
+                    "10", "--executor", "serial", *args], *needles)
+    assert not out.exists()
+
+
+def test_sweep_headline_names_match_by_alias(tmp_path):
+    """--candidate is matched to the swept spec by the policy it names (an alias is the
+    same policy), and the headline is printed for it."""
+    out = tmp_path / "sw"
+    r = runner.invoke(app, ["sweep", "--out", str(out), "--policies", "mtp1,fixed:3",
+                            "--candidate", "FIXED:3", "--qps", "2", "--num-requests", "30",
+                            "--executor", "serial", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "fixed:3" in r.output and "vs mtp1" in r.output
+
+
+@pytest.mark.parametrize("args,needles", [
     (["traces", "synth", "--kind", "bogus"], ["--kind", "iid, dspark or mtp1", "'bogus'"]),
     (["traces", "synth", "--kind", "iid", "--gamma", "0"], ["--gamma", ">= 1", "got 0"]),
     (["traces", "synth", "--kind", "iid", "--requests", "0"], ["requests", ">= 1"]),
