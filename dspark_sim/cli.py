@@ -559,7 +559,13 @@ def sweep(
     from dspark_sim.sim.config import resolve_config
     from dspark_sim.sim.frontier import BASES, BASIS_TEXT, basis_used, format_headline, headline
     from dspark_sim.sim.report import build_report
-    from dspark_sim.sim.sweep import Sizing, parse_list, parse_numbers, run_sweep
+    from dspark_sim.sim.sweep import (
+        Sizing,
+        as_sweep_error,
+        parse_list,
+        parse_numbers,
+        run_sweep,
+    )
 
     if basis not in BASES:
         raise InputError("--basis", f"must be one of {', '.join(BASES)}, got {basis!r}")
@@ -576,7 +582,10 @@ def sweep(
         raise InputError("--policies", f"no policy in {policies!r}")
     candidate = _headline_policy("--candidate", candidate, "confidence-async", policy_specs)
     baseline = _headline_policy("--baseline", baseline, "mtp1", policy_specs)
-    _check_grid(base, policy_specs, profile_specs, trace_specs)
+    try:
+        _check_grid(base, policy_specs, profile_specs, trace_specs)
+    except InputError as exc:
+        raise as_sweep_error(exc) from None
     _check_overlay(vllm_results, gpus)
     df = run_sweep(
         base,

@@ -248,6 +248,26 @@ def point_hash(cfg: SimConfig, sizing: Sizing | None = None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# a point's config names run's options; the sweep's user typed these instead
+SWEEP_OPTION = {"--max-concurrency": "--concurrency", "--seed": "--seeds",
+                "--policy": "--policies", "--profile": "--profiles", "--trace": "--traces"}
+
+
+def as_sweep_error(exc: InputError) -> InputError:
+    """``exc`` re-addressed to the sweep option the user typed (a point's check names
+    run's singular option)."""
+    if exc.where in SWEEP_OPTION:
+        return InputError(SWEEP_OPTION[exc.where], exc.problem)
+    return exc
+
+
+def _validate_point(cfg: SimConfig) -> None:
+    try:
+        cfg.validate()
+    except InputError as exc:
+        raise as_sweep_error(exc) from None
+
+
 def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
                  concurrency: Sequence[int] | None = None, policies: Sequence[str],
                  profiles: Sequence[str] | None = None,
@@ -296,7 +316,7 @@ def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
                         cfg = replace(base, workload=w, policy=policy, seed=int(seed),
                                       deployment=replace(base.deployment, profile=profile),
                                       trace=trace if trace is not None else base.trace)
-                        cfg.validate()
+                        _validate_point(cfg)
                         points.append(SweepPoint(cfg, policy, profile, trace, kind, load,
                                                  sizing))
     unique = {p.point_id: p for p in points}

@@ -89,7 +89,7 @@ def test_the_same_bad_value_given_as_an_option_names_the_option(tmp_path):
     (["--concurrency", "0"], ["--concurrency", "positive", "'0'"]),
     (["--seeds", "-1", "--qps", "1"], ["--seeds", "non-negative", "'-1'"]),
     (["--executor", "bogus", "--qps", "1"], ["--executor", "process, ray, serial", "'bogus'"]),
-    (["--policies", "bogus", "--qps", "1"], ["--policy", "unknown policy 'bogus'"]),
+    (["--policies", "bogus", "--qps", "1"], ["--policies", "unknown policy 'bogus'"]),
     (["--basis", "median", "--qps", "1"], ["--basis", "steady, whole", "'median'"]),
     (["--target-rse", "1.5", "--qps", "1"], ["--target-rse", "[0, 1)", "1.5"]),
     (["--max-doublings", "-1", "--qps", "1"], ["--max-doublings", "non-negative", "-1"]),
@@ -107,7 +107,7 @@ def test_sweep_options(tmp_path, args, needles):
 def test_sweep_checks_profiles_and_traces_before_running(no_simulation, tmp_path, option):
     one_line_error(["sweep", "--out", str(tmp_path / "sw"), option, "no-such", "--qps", "1",
                     "--num-requests", "10", "--replicas", "1", "--executor", "serial"],
-                   option.rstrip("s"), "no-such")
+                   option, "no-such")
 
 
 @pytest.mark.parametrize("args,needles", [
@@ -124,6 +124,7 @@ def test_sweep_checks_profiles_and_traces_before_running(no_simulation, tmp_path
     (["--qps", "1", "--vllm-results", "/no/such/dir"], ["--vllm-results", "/no/such/dir",
                                                          "not found"]),
     (["--qps", "1", "--lengths", "bogus"], ["--lengths", "'bogus'", "fixed:IN:OUT"]),
+    (["--concurrency", "1000001"], ["--concurrency", "1,000,001", "limit"]),
 ])
 def test_sweep_grid_and_headline_options_are_refused_before_any_point_runs(
         no_simulation, tmp_path, args, needles):
@@ -168,4 +169,27 @@ def test_inspect_profiles_and_calibrate(tmp_path):
     one_line_error([*base, "--holdout", "1.5"], "holdout", "[0, 1)", "1.5")
     one_line_error(["calibrate", "confidence", "--trace", "/no/such.parquet", "--out", str(out)],
                    "/no/such.parquet", "not found")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name,body,needles", [
+    ("combined_x.jsonl", '{"id": "1", "prompt_token_ids": [1], "acc_eagle": {"acc_len": '
+     '[1000000000000000000000000000000, 2]}}\n', ["line 1", "acc_eagle.acc_len", "2**31"]),
+    ("combined_y.jsonl", '{"id": 100000000000000000000000, "prompt_token_ids": [1], '
+     '"acc_eagle": {"acc_len": [1, 2]}}\n', ["line 1", "'id'", "int64"]),
+    ("pp.jsonl", '{"request_id": 100000000000000000000000, "position": 0, "accept_len": 1}\n',
+     ["line 1", "request_id", "int64"]),
+    ("pp2.jsonl", '{"request_id": 1, "position": 0, "accept_len": 1, "prompt_tokens": '
+     '100000000000000000000000}\n', ["line 1", "prompt_tokens", "2**31"]),
+    ("pp.csv", "request_id,position,accept_len\n1,0,9000000000000000000\n",
+     ["line 2", "accept_len", "2**31"]),
+])
+def test_imported_integers_past_int64_are_one_line_errors(tmp_path, name, body, needles):
+    """JSON integers have no size limit: past int64 numpy overflowed with a traceback."""
+    src = tmp_path / name
+    src.write_text(body)
+    fmt = "specdecode-bench" if name.startswith("combined") else "per-position"
+    out = tmp_path / "t.parquet"
+    one_line_error(["traces", "import", str(src), "--out", str(out), "--format", fmt],
+                   str(src), *needles)
     assert not out.exists()

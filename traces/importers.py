@@ -55,6 +55,9 @@ from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta
 FORMATS = ("specdecode-bench", "per-position", "vllm-counters")
 SPECDECODE_COLUMNS = ("eagle", "ngram")
 GAMMA_LIMIT = 127  # accept_len is stored as int8
+# Any count read from a file (accepted runs, token counts) above this is refused as
+# garbage before numpy sees it: a JSON integer past int64 would overflow there.
+MAX_COUNT = 1 << 31
 MAX_SYNTH_CELLS = 20_000_000  # requests x positions of a counters trace (~20 MB of int8)
 
 
@@ -79,6 +82,12 @@ def _check_file(src: str | Path) -> tuple[Path, str]:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_id(x: Any) -> bool:
+    """A request id: a non-empty string, or an integer that fits int64 (ids become a
+    column; a JSON integer past int64 would overflow there)."""
+    return (isinstance(x, str) and x != "") or (_is_int(x) and -(1 << 63) <= x < (1 << 63))
 
 
 def _json_lines(p: Path, where: str):
@@ -186,8 +195,9 @@ def import_specdecode_bench(src: str | Path, *, column: str = "eagle", domain: s
     skipped = mismatched = 0
     for i, d in _json_lines(p, where):
         rid = d.get("id")
-        if not (_is_int(rid) or isinstance(rid, str)):
-            raise InputError(where, f"line {i}: 'id' must be a string or integer, got {rid!r}")
+        if not _is_id(rid):
+            raise InputError(where, f"line {i}: 'id' must be a non-empty string or an int64 "
+                                    f"integer, got {rid!r}")
         if rid in seen:
             raise InputError(where, f"line {i}: duplicate id {rid!r} (first on line {seen[rid]})")
         seen[rid] = i
@@ -199,10 +209,11 @@ def import_specdecode_bench(src: str | Path, *, column: str = "eagle", domain: s
         if not isinstance(acc, dict) or not isinstance(acc.get("acc_len"), list):
             raise InputError(where, f"line {i}: no '{key}.acc_len' list")
         acc_len = acc["acc_len"]
-        if not all(_is_int(x) and x >= 1 for x in acc_len):
-            bad = next(x for x in acc_len if not (_is_int(x) and x >= 1))
-            raise InputError(where, f"line {i}: '{key}.acc_len' values must be integers >= 1 "
-                                    f"(tokens per verify step incl. bonus), got {bad!r}")
+        if not all(_is_int(x) and 1 <= x <= MAX_COUNT for x in acc_len):
+            bad = next(x for x in acc_len if not (_is_int(x) and 1 <= x <= MAX_COUNT))
+            raise InputError(where, f"line {i}: '{key}.acc_len' values must be integers in "
+                                    f"[1, 2**31] (tokens per verify step incl. bonus), "
+                                    f"got {bad!r}")
         if not acc_len:  # SpecDecode-Bench's simulator drops these too
             skipped += 1
             continue
@@ -311,16 +322,17 @@ def import_per_position(src: str | Path, *, domain: str | None = None,
 
 def _pp_check_value(col: str, v: Any, where: str, line: int) -> Any:
     if col == "request_id":
-        if not (_is_int(v) or (isinstance(v, str) and v != "")):
+        if not _is_id(v):
             raise InputError(where, f"line {line}: request_id must be a non-empty string or "
-                                    f"an integer, got {v!r}")
+                                    f"an int64 integer, got {v!r}")
         return v
     if col == "domain":
         if not isinstance(v, str):
             raise InputError(where, f"line {line}: domain must be a string, got {v!r}")
         return v
-    if not _is_int(v) or v < 0:
-        raise InputError(where, f"line {line}: {col} must be an integer >= 0, got {v!r}")
+    if not _is_int(v) or not 0 <= v <= MAX_COUNT:
+        raise InputError(where, f"line {line}: {col} must be an integer in [0, 2**31], "
+                                f"got {v!r}")
     return v
 
 
@@ -395,11 +407,11 @@ def _pp_csv(p: Path, where: str):
         if col not in df.columns:
             continue
         v = df[col].str.strip_chars().cast(pl.Int64, strict=False)
-        bad = v.is_null() | (v < 0)
+        bad = v.is_null() | (v < 0) | (v > MAX_COUNT)
         if bad.any():
             j = int(bad.arg_max())
-            raise InputError(where, f"line {lines[j]}: {col} must be an integer >= 0, got "
-                                    f"{df[col][j]!r}")
+            raise InputError(where, f"line {lines[j]}: {col} must be an integer in "
+                                    f"[0, 2**31], got {df[col][j]!r}")
         records[col] = v.to_list()
     conf = None
     if conf_cols:
