@@ -1018,12 +1018,50 @@ def _draft_section(plan: _MeasurePlan, torch, runner: _Runner, clock: str, log
     return drafts, label
 
 
+def _free_bytes(torch, dev) -> int | None:
+    """Memory free for the timed shapes on ``dev`` (None: unknown)."""
+    try:
+        if dev.type == "cuda":
+            return int(torch.cuda.mem_get_info(dev)[0])
+        import os
+
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError, RuntimeError):
+        return None
+
+
+def _check_fits(plan: _MeasurePlan, cfg, torch) -> None:
+    """Refuse, before a model is built, shapes longer than the model's positions or whose
+    static KV cache cannot fit in free memory (a typo like --batch-requests 100000000 was
+    an allocator traceback after the model load)."""
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    positions = max(plan.context_lengths) + max(plan.verify_lengths) + 1
+    max_pos = int(getattr(text, "max_position_embeddings", 0) or 0)
+    if max_pos and positions > max_pos:
+        raise InputError("--context-lengths", f"context {max(plan.context_lengths):,} + "
+                         f"verify {max(plan.verify_lengths)} + 1 exceeds the model's "
+                         f"{max_pos:,} positions")
+    width = torch.tensor([], dtype=plan.torch_dtype(torch)).element_size()
+    kv_bytes = (2 * int(text.num_hidden_layers) * kv_heads * head_dim * width
+                * max(plan.batch_requests) * positions)
+    free = _free_bytes(torch, plan.dev(torch))
+    if free is not None and kv_bytes > free:
+        raise InputError("--batch-requests/--context-lengths",
+                         f"the largest timed shape ({max(plan.batch_requests):,} requests x "
+                         f"{positions:,} positions) needs {kv_bytes / 2**30:,.1f} GiB of KV "
+                         f"cache; {plan.device} has {free / 2**30:,.1f} GiB free")
+
+
 def _measure(plan: _MeasurePlan, torch, log) -> EngineProfile:
     """Time, fit, and assemble the profile (see :func:`measure_engine`)."""
     t_start = time.perf_counter()
     dev = plan.dev(torch)
     clock = plan.timing_clock(torch)
     cfg = load_model_config(plan.model_source)
+    _check_fits(plan, cfg, torch)
     runner = _Runner(cfg, str(dev), plan.torch_dtype(torch))
     timed = _time_all(plan, torch, runner, clock, log)
     head_med = [float(statistics.median(ts)) for ts in timed.head_times]

@@ -766,13 +766,15 @@ def validate(
         raise typer.Exit(1)
 
 
-def _ints(option: str, spec: str) -> tuple[int, ...]:
+def _ints(option: str, spec: str, lo: int = 1) -> tuple[int, ...]:
     try:
         vals = tuple(int(x) for x in spec.split(",") if x.strip())
     except ValueError:
         raise InputError(option, f"expected comma-separated integers, got {spec!r}") from None
     if not vals:
         raise InputError(option, "needs at least one value")
+    if min(vals) < lo:
+        raise InputError(option, f"values must be integers >= {lo}, got {spec!r}")
     return vals
 
 
@@ -794,6 +796,7 @@ def calibrate_engine(
     name: Annotated[str | None, typer.Option(help="Profile name.")] = None,
 ) -> None:
     """Measure SPS(B) and draft cost on this device (or build an analytic profile)."""
+    check_writable(out, "--out", kind="file")
     if sheet is not None:
         from dspark_sim.calibration.profile import load_profile
         from dspark_sim.calibration.roofline import profile_from_sheets
@@ -806,11 +809,19 @@ def calibrate_engine(
         console.print(f"wrote {out}: {prof.summary()}")
         return
     from dspark_sim.calibration.measure import measure_engine, write_profile
+    from dspark_sim.traces.targets import check_device
 
+    # every option before a model is built (#12.10)
+    check_device(device)
+    shapes = {"batch_requests": _ints("--batch-requests", batch_requests),
+              "verify_lengths": _ints("--verify-lengths", verify_lengths, lo=0),
+              "context_lengths": _ints("--context-lengths", context_lengths, lo=0)}
+    if warmup < 0:
+        raise InputError("--warmup", f"must be >= 0, got {warmup}")
+    if repeats < 1:
+        raise InputError("--repeats", f"must be >= 1, got {repeats}")
     prof = measure_engine(
-        model, device=device, batch_requests=_ints("--batch-requests", batch_requests),
-        verify_lengths=_ints("--verify-lengths", verify_lengths),
-        context_lengths=_ints("--context-lengths", context_lengths), warmup=warmup,
+        model, device=device, **shapes, warmup=warmup,
         repeats=repeats, cuda_graphs=cuda_graphs, name=name,
         log=lambda msg: console.print(msg, style="dim", markup=False),
     )
@@ -833,12 +844,23 @@ def calibrate_confidence_cmd(
 ) -> None:
     """Fit sequential temperature scaling (or isotonic) on a trace; report ECE/AUC."""
     from dspark_sim.calibration.fit import (
+        METHODS,
         calibrate_confidence,
         format_report,
         write_reliability_html,
     )
     from dspark_sim.traces.schema import load_trace
 
+    # every option before the trace is read and anything fitted (#12.10)
+    if method not in METHODS:
+        raise InputError("--method", f"must be one of {', '.join(METHODS)}, got {method!r}")
+    if not 0.0 <= holdout < 1.0:  # also refuses NaN
+        raise InputError("--holdout", f"must lie in [0, 1), got {holdout}")
+    if seed < 0:
+        raise InputError("--seed", f"must be a non-negative integer, got {seed}")
+    check_writable(out, "--out", kind="file")
+    if html is not None:
+        check_writable(html, "--html", kind="file")
     t = load_trace(trace)
     fitted, report = calibrate_confidence(t, method=method, holdout=holdout, seed=seed)
     console.print(format_report(report), markup=False, highlight=False)

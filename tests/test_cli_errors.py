@@ -165,8 +165,13 @@ def test_inspect_profiles_and_calibrate(tmp_path):
     one_line_error(["profiles", "show", "no-such"], "--profile", "unknown profile 'no-such'")
     out = tmp_path / "map.toml"
     base = ["calibrate", "confidence", "--trace", "dspark-synthetic", "--out", str(out)]
-    one_line_error([*base, "--method", "bogus"], "method", "temperature", "isotonic", "'bogus'")
-    one_line_error([*base, "--holdout", "1.5"], "holdout", "[0, 1)", "1.5")
+    one_line_error([*base, "--method", "bogus"], "--method", "temperature", "isotonic",
+                   "'bogus'")
+    one_line_error([*base, "--holdout", "1.5"], "--holdout", "[0, 1)", "1.5")
+    one_line_error([*base, "--holdout", "nan"], "--holdout", "[0, 1)", "nan")
+    one_line_error([*base, "--seed", "-1"], "--seed", "non-negative", "-1")  # was a traceback
+    one_line_error([*base[:-1], "/proc/map.toml"], "--out", "/proc")  # was a traceback
+    one_line_error([*base, "--html", "/proc/r.html"], "--html", "/proc")
     one_line_error(["calibrate", "confidence", "--trace", "/no/such.parquet", "--out", str(out)],
                    "/no/such.parquet", "not found")
     assert not out.exists()
@@ -192,4 +197,27 @@ def test_imported_integers_past_int64_are_one_line_errors(tmp_path, name, body, 
     out = tmp_path / "t.parquet"
     one_line_error(["traces", "import", str(src), "--out", str(out), "--format", fmt],
                    str(src), *needles)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--batch-requests", "0"], ["--batch-requests", ">= 1", "'0'"]),
+    (["--verify-lengths", "1,-1"], ["--verify-lengths", ">= 0", "'1,-1'"]),
+    (["--context-lengths", "x"], ["--context-lengths", "integers", "'x'"]),
+    (["--warmup", "-1"], ["--warmup", ">= 0"]),
+    (["--repeats", "0"], ["--repeats", ">= 1"]),
+    (["--device", "tpu"], ["--device", "cpu or cuda", "'tpu'"]),
+    (["--out", "/proc/p.toml"], ["--out", "/proc"]),
+    # SmolLM2-135M: 8,192 positions; 30 layers x 2 x 3 KV heads x 64 x 4 bytes per token
+    (["--context-lengths", "1000000000000"], ["--context-lengths", "8,192 positions"]),
+    (["--batch-requests", "100000000"],
+     ["--batch-requests/--context-lengths", "100,000,000 requests x 520 positions",
+      "2,231,597.9 GiB"]),
+])
+def test_calibrate_engine_refuses_before_building_a_model(tmp_path, args, needles):
+    """Each was a traceback (an allocator error after the model load, torch's device
+    parser) or went on to measure; now one line before any model is built."""
+    pytest.importorskip("torch")
+    out = tmp_path / "p.toml"
+    one_line_error(["calibrate", "engine", "--out", str(out), *args], *needles)
     assert not out.exists()
