@@ -281,5 +281,5 @@ def test_wide_lognormal_lengths_are_capped_not_garbage(tmp_path):
 
 def test_sweep_refuses_a_fixed_k_the_drafter_cannot_draft(no_simulation, tmp_path):
     one_line_error(invoke("sweep", "--out", str(tmp_path / "sw"), "--policies", "mtp1,fixed:9",
-                          "--qps", "1", "--executor", "serial"), "--policy", "gamma_max = 7")
+                          "--qps", "1", "--executor", "serial"), "--policies", "gamma_max = 7")
     assert not (tmp_path / "sw" / "results.parquet").exists()
