@@ -42,6 +42,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -153,17 +154,27 @@ def _check_count(item: str, option: str, steps: float) -> None:
                                  f"{MAX_VALUES_PER_OPTION:,} values")
 
 
+# policies whose one argument is a scalar: a bare number after one is another of them
+SCALAR_ARG = re.compile(r"^(?P<name>fixed|threshold|skip):[^,@]*$", re.I)
+
+
 def parse_list(spec: str | Sequence[str] | None) -> list[str] | None:
     """``"mtp1,confidence-async"`` -> list; ``None``/``""`` -> None. A bare number right
     after an item with arguments continues it: ``"asd:0.5,1,8,mtp1"`` -> ``["asd:0.5,1,8",
-    "mtp1"]`` (policies whose argument is a comma-separated tuple)."""
+    "mtp1"]`` (policies whose argument is a comma-separated tuple), except after a
+    one-scalar policy, where it is another of the same: ``"fixed:3,5,7"`` -> ``["fixed:3",
+    "fixed:5", "fixed:7"]``."""
     if spec is None:
         return None
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     out: list[str] = []
     for s in (s.strip() for s in items if s and s.strip()):
         if isinstance(spec, str) and out and ":" in out[-1] and _is_number(s):
-            out[-1] += f",{s}"
+            scalar = SCALAR_ARG.match(out[-1])
+            if scalar:
+                out.append(f"{scalar['name']}:{s}")
+            else:
+                out[-1] += f",{s}"
         else:
             out.append(s)
     return list(dict.fromkeys(out)) or None

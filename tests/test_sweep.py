@@ -59,6 +59,11 @@ def test_parse_lists_geometric_and_mixed():
     # tree specs carry commas in their arguments (a leading empty one too)
     assert parse_list("fixed:16, pctree:16,1,cure:24,2,3,0.4,dspark-tree:,2,none") == [
         "fixed:16", "pctree:16,1", "cure:24,2,3,0.4", "dspark-tree:,2", "none"]
+    # one-scalar policies: a bare number is another of the same policy, not a tuple
+    assert parse_list("fixed:3,5,7,threshold:0.5,0.7,skip:0.9,0.95,asd:0.5,1,8") == [
+        "fixed:3", "fixed:5", "fixed:7", "threshold:0.5", "threshold:0.7", "skip:0.9",
+        "skip:0.95", "asd:0.5,1,8"]
+    assert parse_list("skip:0.9@fixed:3,4") == ["skip:0.9@fixed:3,4"]  # refused by the registry
 
 
 @pytest.mark.parametrize("spec", ["a", "1:2", "10:5:1", "1:10:0", "1:10:x1", "0:10:x2", "0",
