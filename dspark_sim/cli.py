@@ -557,15 +557,8 @@ def sweep(
 ) -> None:
     """Sweep loads x policies (x profiles x traces x seeds); write results and a report."""
     from dspark_sim.sim.config import resolve_config
-    from dspark_sim.sim.frontier import BASES, BASIS_TEXT, basis_used, format_headline, headline
-    from dspark_sim.sim.report import build_report
-    from dspark_sim.sim.sweep import (
-        Sizing,
-        as_sweep_error,
-        parse_list,
-        parse_numbers,
-        run_sweep,
-    )
+    from dspark_sim.sim.frontier import BASES
+    from dspark_sim.sim.sweep import Sizing, parse_list, parse_numbers, run_sweep
 
     if basis not in BASES:
         raise InputError("--basis", f"must be one of {', '.join(BASES)}, got {basis!r}")
@@ -582,10 +575,7 @@ def sweep(
         raise InputError("--policies", f"no policy in {policies!r}")
     candidate = _headline_policy("--candidate", candidate, "confidence-async", policy_specs)
     baseline = _headline_policy("--baseline", baseline, "mtp1", policy_specs)
-    try:
-        _check_grid(base, policy_specs, profile_specs, trace_specs)
-    except InputError as exc:
-        raise as_sweep_error(exc) from None
+    _check_grid(base, policy_specs, profile_specs, trace_specs)
     _check_overlay(vllm_results, gpus)
     df = run_sweep(
         base,
@@ -598,6 +588,16 @@ def sweep(
         seeds=parse_numbers(seeds, integer=True, allow_zero=True, option="--seeds"),
         out=out, executor=executor, workers=workers, progress=not quiet, sizing=sizing,
     )
+    _report_sweep(df, out, candidate, baseline, tiers=tiers, vllm_results=vllm_results,
+                  gpus=gpus, basis=basis)
+
+
+def _report_sweep(df, out: Path, candidate: str | None, baseline: str | None, *, tiers,
+                  vllm_results: Path | None, gpus: int | None, basis: str) -> None:
+    """Write the sweep's report and print where it went, its basis and the headline."""
+    from dspark_sim.sim.frontier import BASIS_TEXT, basis_used, format_headline, headline
+    from dspark_sim.sim.report import build_report
+
     report = build_report(df, out / "report.html", candidate=candidate or "confidence-async",
                           baseline=baseline or "mtp1",
                           tiers=tiers, vllm_results=vllm_results, gpus=gpus, basis=basis)
@@ -638,7 +638,17 @@ def _check_grid(base, policies: list[str], profiles: list[str] | None,
                 traces: list[str] | None) -> None:
     """Every policy, profile and trace of a sweep's grid, before any point runs (a bad name
     found by a worker would surface only after other points ran); ``fixed:K`` must fit
-    each trace's ``gamma_max``."""
+    each trace's ``gamma_max``. Errors name the sweep's options."""
+    from dspark_sim.sim.sweep import as_sweep_error
+
+    try:
+        _check_grid_names(base, policies, profiles, traces)
+    except InputError as exc:
+        raise as_sweep_error(exc) from None
+
+
+def _check_grid_names(base, policies: list[str], profiles: list[str] | None,
+                      traces: list[str] | None) -> None:
     from dataclasses import replace
 
     import numpy as np
