@@ -264,6 +264,9 @@ def test_warm_start_states_the_whole_budget(env, tmp_path):
                          drafter_kw={"query_init": "fused"}, init_from=root / "dspark")
     assert side["total_steps"] == 5 + 2
     assert side["warm_start"]["steps"] == 5 and side["warm_start"]["same_prompts"]
+    # wall time too: this leg's plus the checkpoint's it started from
+    assert side["total_train_seconds"] == pytest.approx(
+        side["train_seconds"] + side["warm_start"]["train_seconds"], abs=0.11)
     with pytest.raises(Exception, match="warm-start"):
         train_drafter("dspark", target, tiny_prompts(6), steps=1, out_dir=tmp_path / "x",
                       gamma=GAMMA, batch_size=4, max_new_tokens=24, progress=False,

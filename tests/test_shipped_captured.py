@@ -12,6 +12,7 @@ judged by the same target row as depth 1 at position t + j - 1."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -55,6 +56,9 @@ def test_shipped_trace_is_schema_v2_with_its_columns(traces, name):
 def test_shipped_trace_came_from_the_shipped_drafter(traces, name):
     blob = (DATA / "drafters" / name / "drafter.safetensors").read_bytes()
     assert traces[name].meta.extra["drafter_checkpoint_sha256"] == hashlib.sha256(blob).hexdigest()
+    # the trace states the drafter's whole training budget (a warm start's chain included)
+    side = json.loads((DATA / "drafters" / name / "drafter.json").read_text())
+    assert traces[name].meta.extra["drafter_train_steps"] == side.get("total_steps", side["steps"])
 
 
 def _chain(tr):

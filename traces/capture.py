@@ -516,7 +516,8 @@ def _final_meta(name: str, info: dict[str, Any], tgt: Target, prompts: list[Prom
         extra={
             "drafter_checkpoint": _rel(info.get("path", "")),
             "drafter_checkpoint_sha256": info.get("sha256", ""),
-            "drafter_train_steps": info.get("steps"),
+            # the whole budget, warm-start chain included (a warm start's own "steps" is its last leg)
+            "drafter_train_steps": info.get("total_steps", info.get("steps")),
             "target_source": tgt.source,
             "device": _device_desc(tgt),
             "kernel_backend": ",".join(sorted(backends)) or "none",

@@ -255,6 +255,8 @@ def _sidecar(model, kind: str, tgt: Target, prompts: list[Prompt],
         sidecar["warm_start"]["same_prompts"] = (
             warm_info.get("train_prompts", {}).get("keys") == [p.key for p in prompts])
         sidecar["total_steps"] = steps + int(warm_info.get("total_steps", warm_info.get("steps", 0)))
+        sidecar["total_train_seconds"] = round(secs + float(warm_info.get(
+            "total_train_seconds", warm_info.get("train_seconds", 0.0)) or 0.0), 1)
     return sidecar
 
 
