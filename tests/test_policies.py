@@ -111,6 +111,10 @@ def test_bad_policy_specs(bad):
      {"needs_sps", "needs_lag", "needs_survival"}),
     ("confidence_async", "confidence-async", "dspark", None,
      {"needs_sps", "needs_lag", "needs_survival"}),
+    ("vllm-adaptive", "vllm-adaptive", "dspark", None, {"needs_cost", "needs_lag",
+                                                          "needs_survival"}),
+    ("vllm_adaptive", "vllm-adaptive", "dspark", None, {"needs_cost", "needs_lag",
+                                                          "needs_survival"}),
     ("threshold", "threshold:0.5", "dspark", None, {"needs_survival"}),
     ("threshold:0", "threshold:0", "dspark", None, {"needs_survival"}),
     ("threshold:1", "threshold:1", "dspark", None, {"needs_survival"}),
@@ -124,6 +128,42 @@ def test_registry_names_drafters_and_what_each_policy_asks_for(spec, name, draft
                          "sps_decode_only") if getattr(pol, f)}
     assert asked == flags
     assert pol.description
+
+
+def test_history_and_lagged_view_by_hand():
+    """The engine keeps ``lag_steps + lag_rows`` snapshots for a lagged policy (none for
+    the others) and hands it the one ``lag_steps`` old; ``confidence`` stacks older
+    survivals under it until they hold 64 rows (or the history runs out)."""
+    import dataclasses
+
+    conf, asyn, vllm = (get_policy(p) for p in ("confidence", "confidence-async",
+                                                "vllm-adaptive"))
+    assert (conf.history, asyn.history, vllm.history, get_policy("fixed:3").history) == (
+        2 + 64, 2, 1, 0)
+
+    def hist(*rows):  # snapshot i: `rows[i]` survival rows, all holding the value i
+        return [(readonly(np.full((r, 2), float(i))), f"sps{i}", f"cost{i}")
+                for i, r in enumerate(rows)]
+
+    # too little history: nothing lagged yet
+    assert asyn.lagged(hist(5)) == (None, None, None)
+    assert get_policy("fixed:3").lagged(hist(5, 5, 5)) == (None, None, None)
+    # two steps old is the second newest... of three: snapshot 1; one step old: the newest
+    surv, sps, cost = asyn.lagged(hist(5, 5, 5))
+    assert surv.shape == (5, 2) and (surv == 1.0).all() and (sps, cost) == ("sps1", "cost1")
+    assert vllm.lagged(hist(5, 5, 5))[1:] == ("sps2", "cost2")
+    # 30-row snapshots: snapshot 3 (two steps old of five) then 2, then 1 reach 90 >= 64
+    surv, sps, cost = conf.lagged(hist(30, 30, 30, 30, 30))
+    assert surv[:, 0].tolist() == [3.0] * 30 + [2.0] * 30 + [1.0] * 30
+    assert (sps, cost) == ("sps3", "cost3") and not surv.flags.writeable
+    # the history runs out first: all of it up to two steps old
+    assert conf.lagged(hist(10, 10, 10))[0][:, 0].tolist() == [1.0] * 10 + [0.0] * 10
+    # exactly 64 rows two steps old: nothing stacked; 63: one more snapshot
+    assert conf.lagged(hist(10, 64, 5))[0].shape == (64, 2)
+    assert conf.lagged(hist(10, 63, 5))[0][:, 0].tolist() == [1.0] * 63 + [0.0] * 10
+    assert conf.lagged(hist(1, 60, 4, 5))[0].shape == (64, 2)  # 4 + 60 = 64: stop there
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        conf.lag_steps = 1
 
 
 def test_threshold_default_is_one_half():
@@ -156,6 +196,18 @@ def test_snapshots_and_costs_are_frozen():
     cost = StepCost(readonly(np.ones(5)), readonly(np.zeros(7)), 0, 0.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cost.pending_prefill = 3
+    # a chain policy's cost has no tree, stopping-drafter or fixed draft terms
+    assert (cost.draft_token_s, cost.draft_pass_s, cost.draft_fixed_s) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="read-only"):
+        snap.survival[0, 0] = 0.5
+    # nor can a tree / lossy policy's decision, its replay's view or its outcome change
+    from dspark_sim.policies.base import Replayed, ReplayView, Verification
+
+    for obj, name in ((Verification(np.ones(2)), "tokens"),
+                      (ReplayView(np.ones(2), np.zeros(2), None, np.zeros(2)), "state"),
+                      (Replayed(np.ones(2)), "accepted")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, name, np.zeros(2))
 
 
 @pytest.mark.parametrize("bad", [None, 5, 1.5])
