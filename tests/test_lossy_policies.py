@@ -211,6 +211,57 @@ def test_skip_counts_unverified_wrong_drafts_as_changed():
     assert (r["changed_tokens"] == 72).all() and (r["steps"] == 47).all()
     assert res.summary["changed_token_fraction"] == pytest.approx(72 / 96)
 
+def _skip_by_brute_force(survival, ell, pending, p, cap, accept_len, regret):
+    """One request at a time, straight from the docstrings of ``skip_block`` and
+    ``skip_replay``: (tokens, fill, accepted, changed, bonus, state) per request."""
+    out = []
+    for r in range(len(ell)):
+        k = 0
+        while k < survival.shape[1] and survival[r, k] >= p:  # leading drafts clearing P
+            k += 1
+        k = min(k, cap)
+        skip = k >= 1 and pending[r] + k <= cap
+        m = int(accept_len[r])
+        if skip:
+            # committed drafts the target would have rejected: the first miss (depth m)
+            # and every deeper one, unless the recorded row has it as the greedy token
+            changed = sum(1 for j in range(k) if j == m or (j > m and regret[r, j] != 0.0))
+            out.append((0, 0, k, changed, False, pending[r] + k))
+        else:
+            out.append((int(ell[r]), int(pending[r]), min(int(ell[r]), m), 0, True, 0))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_skip_block_and_replay_equal_a_brute_force(seed):
+    from types import SimpleNamespace
+
+    from dspark_sim.policies.base import ReplayView
+    from dspark_sim.policies.lossy import skip_block, skip_replay
+
+    rng = np.random.default_rng(seed)
+    n, g = 40, 6
+    # prefix survivals (non-increasing), with exact values at P = 0.5 among them
+    survival = np.sort(rng.choice([0.2, 0.5, 0.7, 0.9, 1.0], (n, g)), axis=1)[:, ::-1]
+    ell = rng.integers(0, g + 1, n)
+    cap = int(rng.integers(2, g + 1))
+    pending = rng.integers(0, cap + 1, n)
+    accept_len = rng.integers(0, g + 1, n)
+    # integer logits: regret max(top - draft, 0) is exactly 0 at a tie or a larger draft
+    top = rng.integers(0, 3, (n, g)).astype(np.float32)
+    dtl = rng.integers(0, 3, (n, g)).astype(np.float32)
+    regret = np.maximum(top - dtl, 0.0)
+    trace = SimpleNamespace(v2=SimpleNamespace(tgt_top1_logit=top, draft_tgt_logit=dtl))
+    ver = skip_block(survival, ell, pending, 0.5, cap)
+    got = skip_replay(ver, ReplayView(accept_len, np.arange(n), trace, pending))
+    want = _skip_by_brute_force(survival, ell, pending, 0.5, cap, accept_len, regret)
+    cols = list(zip(ver.tokens, ver.fill_tokens, got.accepted, got.changed, got.bonus,
+                    got.state, strict=True))
+    assert [tuple(int(v) for v in c) for c in cols] == [
+        tuple(int(v) for v in w) for w in want]
+    assert any(w[4] is False for w in want) and any(w[4] is True for w in want)
+
+
 
 def test_a_step_where_every_request_skips_runs_no_target_forward():
     from dspark_sim.sim import engine
