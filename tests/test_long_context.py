@@ -87,6 +87,42 @@ def test_sparsespec_names_and_needs():
     assert get_policy("sparsespec:conf").fields == ()
     assert get_policy("sparsespec:2").name == "sparsespec:2"
 
+@pytest.mark.parametrize(("n", "gamma", "budget"), [(3, 4, 20), (1, 5, 64), (4, 3, 9), (2, 3, 1)])
+def test_verify_cost_by_k_by_hand(n, gamma, budget):
+    """C_v(k) is the step with n * k drafts admitted (table at n + n k tokens, the extra
+    terms of n k drafts) plus the once-per-step draft cost; inf where n + n k exceeds the
+    token budget. A linear table and no pending prefill make it a formula."""
+    from dspark_sim.policies.sparsespec import verify_cost_by_k
+
+    table = 0.01 + 1e-3 * np.arange(budget + 1)  # table_s[B] = 10 ms + 1 ms per token
+    extra = 2e-4 * np.arange(n * gamma + 1)  # extra_s[i] = 0.2 ms per draft
+    cost = StepCost(readonly(table), readonly(extra), 0, 0.0, draft_fixed_s=5e-3)
+    want = [0.01 + 1e-3 * (n + n * k) + 2e-4 * n * k + 5e-3 if n + n * k <= budget
+            else np.inf for k in range(gamma + 1)]
+    assert verify_cost_by_k(cost, n, gamma).tolist() == pytest.approx(want)
+
+
+def test_entropy_survival_and_the_controller_on_one_request_and_one_draft():
+    from dspark_sim.policies.sparsespec import entropy_survival
+
+    h = np.array([[0.5, 0.25, 1.0]])
+    # default T = 1: p_i = exp(-H_i), survival = exp(-cumulative H)
+    assert entropy_survival(h)[0].tolist() == pytest.approx(np.exp(-np.array([0.5, 0.75, 1.75])))
+    assert entropy_survival(h, 2.0)[0].tolist() == pytest.approx(
+        np.exp(-np.array([0.25, 0.375, 0.875])))
+    # a single request with certain drafts and free draft passes over a flat verify cost
+    # verifies all of them; so does one request with one draft (gamma = 1)
+    for g in (3, 1):
+        cost = StepCost(readonly(np.full(16, 0.01)), readonly(np.zeros(g + 1)), 0, 0.0)
+        snap = BatchSnapshot(readonly(np.ones((1, g))), g, 16, cost=cost,
+                             fields={"draft_entropy": readonly(np.zeros((1, g)))})
+        assert get_policy("sparsespec")(snap).tolist() == [g]
+        assert get_policy("sparsespec:conf")(snap).tolist() == [g]
+    # the temperature's range is [0.01, 100], both ends in
+    assert get_policy("sparsespec:100").name == "sparsespec:100"
+    assert get_policy("sparsespec:0.01").name == "sparsespec:0.01"
+
+
 
 # -- the context-dependent draft cost ---------------------------------------------------------
 
