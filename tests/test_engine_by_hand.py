@@ -227,13 +227,16 @@ def test_a_plan_over_the_token_budget_is_trimmed_around_its_fill(budget, tokens,
     assert s["num_draft_tokens_verified"] == 10 * verified
 
 
-@pytest.mark.parametrize("accepted", [[-1, 0], [0, 4], [0, 0, 0]],
-                         ids=["negative", "beyond-tokens", "shape"])
-def test_a_replay_claiming_what_was_not_verified_is_refused(accepted):
-    """Two requests verify 3 tokens each: a replay may accept 0..3 per request, no more,
-    no fewer, one count per request."""
+@pytest.mark.parametrize("claim", [
+    lambda p: np.r_[-1, np.zeros(len(p.tokens) - 1, np.int64)],  # a negative count
+    lambda p: np.r_[np.zeros(len(p.tokens) - 1, np.int64), p.tokens[-1] + 1],  # > tokens
+    lambda p: np.zeros(len(p.tokens) + 1, np.int64),  # one count too many
+], ids=["negative", "beyond-tokens", "shape"])
+def test_a_replay_claiming_what_was_not_verified_is_refused(claim):
+    """Two requests verify 3 tokens each: a replay may accept 0..3 per request, one count
+    per request; one bad count among good ones is enough to refuse it."""
     trace = synth_iid(0.0, 7, num_requests=2, positions=64)
-    pol = replace(_plan(3), replay=lambda p, v: Replayed(np.array(accepted)))
+    pol = replace(_plan(3), replay=lambda p, v: Replayed(claim(p)))
     with pytest.raises(RuntimeError, match="replay accepted outside"):
         _run_with(pol, _one_replica(n=2, concurrency=2), profile=_flat(), trace=trace)
 
@@ -267,10 +270,85 @@ def test_rows_that_skip_the_verifier_read_no_target_kv():
     b = _run_with(skip, cfg, profile=priced, trace=trace).summary
     assert a["engine_steps"] == b["engine_steps"] == 21
     assert b["mean_step_ms"] == pytest.approx(a["mean_step_ms"], rel=1e-12)
+    # both requests skip the verifier in each of the 20 decode steps; each step's batch is
+    # their 2 x 3 tokens without the bonus slots, after one 20-token prefill step
+    assert (a["verifier_skipped_request_steps"], a["verifier_call_fraction"]) == (40, 0.0)
+    assert a["mean_batch_tokens"] == pytest.approx((20 + 20 * 6) / 21)
     verified = _plan(3)
     c = _run_with(verified, cfg, profile=free, trace=trace).summary
     d = _run_with(verified, cfg, profile=priced, trace=trace).summary
     assert d["mean_step_ms"] > c["mean_step_ms"]
+
+
+def test_rows_that_skip_the_verifier_are_left_out_of_the_targets_kv_reads():
+    """Request 0 always commits without the verifier, request 1 always verifies; both emit
+    one token a step, so at decode step k = 1..20 each holds 10 + k tokens. The target
+    reads request 1's only: 1e-4 s x (200 + 210) = 41 ms more with the KV priced."""
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    cfg = _one_replica(n=2, concurrency=2, lengths="fixed:10:21")
+
+    def replay(p, v):
+        return Replayed(np.array([1, 0]), bonus=np.array([False, True]))
+
+    mixed = replace(_plan(3, lossy=True), replay=replay)
+    free = _run_with(mixed, cfg, profile=_flat(), trace=trace).requests
+    priced = _run_with(mixed, cfg, profile=_flat(kv_s_per_token=1e-4), trace=trace).requests
+    assert free["generated_tokens"].to_list() == [21, 21]
+    np.testing.assert_allclose(priced["e2e_ms"] - free["e2e_ms"], [41.0, 41.0])
+
+
+def test_a_step_with_as_many_verify_as_prefill_tokens_runs_the_target():
+    """Budget 8, fixed:3: request 0 (4-token prompt) prefills beside request 1's first 4
+    of 12 tokens, then each decode step verifies 1 + 3 tokens and leaves 4 for request 1's
+    prefill: three 10 ms steps to request 1's first token."""
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    cfg = SimConfig(policy="fixed:3", deployment=DeploymentConfig(replicas=1),
+                    engine=EngineConfig(max_num_batched_tokens=8, max_num_seqs=2,
+                                        prefill="chunked"),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=2, num_requests=2,
+                                            lengths="fixed:4:6"))
+    pinned = replace(trace, req_prompt_tokens=np.array([4, 12]),
+                     req_output_tokens=np.array([6, 6]))
+    r = simulate(replace(cfg, workload=replace(cfg.workload, lengths="trace")),
+                 profile=_flat(), trace=pinned, trace_rows=np.arange(2)).requests
+    assert r["prompt_tokens"].to_list() == [4, 12]
+    assert r["ttft_ms"].to_list() == pytest.approx([10.0, 30.0])
+
+
+def test_the_step_series_by_hand():
+    """The per-step record of the all-skipping plan (two 10-token prompts, 21 tokens out):
+    one 20-token prefill step emitting both first tokens, then 20 steps of 2 x 3 batch
+    tokens (no bonus slots), 6 drafts verified, 2 accepted and emitted, 10 ms each."""
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    cfg = _one_replica(n=2, concurrency=2, lengths="fixed:10:21")
+    made = []
+
+    def context(*a, **k):
+        made.append(SimContext(*a, **k))
+        return made[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "SimContext", context)
+        _run_with(_plan(3, bonus=False, lossy=True), cfg, profile=_flat(), trace=trace)
+    cols = made[0].steps.columns()
+    assert len(cols["end_s"]) == 21
+    np.testing.assert_allclose(cols["end_s"], 0.010 * np.arange(1, 22), rtol=1e-9)
+    np.testing.assert_allclose(cols["dt_s"], 0.010, rtol=1e-12)
+    want = {"replica": 0, "decode_batch": 2, "running": 2, "waiting": 0, "batch_tokens": 6,
+            "prefill_tokens": 0, "verified_drafts": 6, "emitted_tokens": 2,
+            "accepted_tokens": 2}
+    first = {"decode_batch": 0, "batch_tokens": 20, "prefill_tokens": 20, "verified_drafts": 0,
+             "accepted_tokens": 0}
+    for name, value in want.items():
+        assert cols[name].tolist() == [first.get(name, value)] + [value] * 20, name
+
+
+def test_decode_context_counts_kv_held_since_admission():
+    batch = np.stack([_row(0, 8, 8, 8, 3, 1),  # 8 prefilled + 3 generated, 1 of them
+                      _row(1, 15, 20, 20, 10, 5),  # before admission (re-prefilled)
+                      _row(2, 50, 50, 30, 0, 0)])
+    assert engine.Replica._decode_context(batch, 2).tolist() == [10, 25]
+    assert engine.Replica._context(batch, slice(0, 2)).tolist() == [10, 25]
 
 
 def test_attention_units_by_hand():
@@ -332,6 +410,15 @@ def test_the_scheduler_sees_the_step_time_it_will_pay():
     assert len(both) >= 5
     for snap in both:
         np.testing.assert_allclose(snap.sps, want, rtol=1e-12)
+    # a 16-token budget holds all 2 x (1 + 7): nothing is past it
+    pol, seen = _recorded("confidence-async")
+    wide = replace(cfg, engine=replace(cfg.engine, max_num_batched_tokens=16))
+    _run_with(pol, wide, profile=prof, trace=trace)
+    both = [snap for snap in seen if snap.num_requests == 2]
+    assert len(both) >= 5
+    for snap in both:
+        np.testing.assert_allclose(snap.sps, 1.0 / (0.010 + 0.001 * (2 + i - 1) + 0.004),
+                                   rtol=1e-12)
     pol, seen = _recorded("confidence")
     _run_with(pol, cfg, profile=prof, trace=trace)
     assert len(seen) >= 5
@@ -399,6 +486,14 @@ def test_a_trees_step_cost_prices_each_branch_token_at_the_tables_share():
     _run_with(pol, _one_replica(n=2, concurrency=2), profile=_flat(drafts=drafts), trace=trace)
     assert len(seen) == 10
     assert [s.cost.draft_token_s for s in seen] == pytest.approx([0.001] * 10, rel=1e-12)
+
+
+def test_without_a_trace_nothing_is_drafted_and_no_draft_table_is_needed():
+    cfg = SimConfig(policy="fixed:3", deployment=DeploymentConfig(replicas=1))
+    ctx = SimContext(cfg, _flat(drafts={}), get_policy("fixed:3"), None, CalibrationMap(),
+                     RequestLog.empty(0), lambda k: None)
+    assert (ctx.gamma, ctx.verify_max, ctx.verify_slots) == (0, 0, 1)
+    assert ctx.draft_time(4, 100) == 0.0
 
 
 def test_the_step_range_cache_grows_past_its_first_size():
