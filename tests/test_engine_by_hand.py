@@ -229,16 +229,18 @@ def test_a_plan_over_the_token_budget_is_trimmed_around_its_fill(budget, tokens,
 
 @pytest.mark.parametrize("claim", [
     lambda p: np.r_[-1, np.zeros(len(p.tokens) - 1, np.int64)],  # a negative count
-    lambda p: np.r_[np.zeros(len(p.tokens) - 1, np.int64), p.tokens[-1] + 1],  # > tokens
+    lambda p: p.tokens + np.r_[np.zeros(len(p.tokens) - 1, np.int64), 1],  # > tokens
     lambda p: np.zeros(len(p.tokens) + 1, np.int64),  # one count too many
 ], ids=["negative", "beyond-tokens", "shape"])
 def test_a_replay_claiming_what_was_not_verified_is_refused(claim):
     """Two requests verify 3 tokens each: a replay may accept 0..3 per request, one count
-    per request; one bad count among good ones is enough to refuse it."""
+    per request; one bad count among good ones is enough to refuse it (both would finish
+    in their first decode step: 5 tokens out)."""
     trace = synth_iid(0.0, 7, num_requests=2, positions=64)
     pol = replace(_plan(3), replay=lambda p, v: Replayed(claim(p)))
     with pytest.raises(RuntimeError, match="replay accepted outside"):
-        _run_with(pol, _one_replica(n=2, concurrency=2), profile=_flat(), trace=trace)
+        _run_with(pol, _one_replica(n=2, concurrency=2, lengths="fixed:10:5"),
+                  profile=_flat(), trace=trace)
 
 
 # -- what a step costs -------------------------------------------------------------------------
@@ -295,6 +297,21 @@ def test_rows_that_skip_the_verifier_are_left_out_of_the_targets_kv_reads():
     priced = _run_with(mixed, cfg, profile=_flat(kv_s_per_token=1e-4), trace=trace).requests
     assert free["generated_tokens"].to_list() == [21, 21]
     np.testing.assert_allclose(priced["e2e_ms"] - free["e2e_ms"], [41.0, 41.0])
+
+
+def test_a_step_where_every_request_skips_the_verifier_costs_only_the_draft():
+    """A lossy plan verifying nothing that commits one draft per request and step without
+    the verifier: the 20 decode steps run no target forward, only the 2 ms draft."""
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    n = 2
+
+    def replay(p, v):
+        return Replayed(np.ones(n, np.int64), bonus=np.zeros(n, bool))
+
+    pol = replace(_plan(0, lossy=True), replay=replay)
+    r = _run_with(pol, _one_replica(n=n, concurrency=n, lengths="fixed:10:21"),
+                  profile=_flat(draft_s=0.002), trace=trace).requests
+    assert r["e2e_ms"].to_list() == pytest.approx([10 + 20 * 2.0] * 2)
 
 
 def test_a_step_with_as_many_verify_as_prefill_tokens_runs_the_target():
@@ -390,35 +407,27 @@ def _recorded(policy_name: str):
     return replace(inner, decide=decide), seen
 
 
-def test_the_scheduler_sees_the_step_time_it_will_pay():
+@pytest.mark.parametrize("budget", [12, 15, 16])
+def test_the_scheduler_sees_the_step_time_it_will_pay(budget):
     """Two requests decoding, a linear table t(B) = 10 ms + 1 ms x (B - 1), a constant 4 ms
-    draft, a 12-token budget: admitting i drafts makes B = 2 + i, so SPS[i] = 1 / (t(2 + i)
-    + 4 ms) up to i = 10; past the budget (i = 11..14) it is 0 (confidence-async's curve).
-    The step cost the confidence scheduler gets has the 4 ms draft as the only extra and,
-    for a chain policy, charges no tree branches."""
+    draft: admitting i of the 2 x 7 drafts makes B = 2 + i, so SPS[i] = 1 / (t(2 + i) +
+    4 ms) while 2 + i fits in the budget, 0 past it (confidence-async's curve). The step
+    cost the confidence scheduler gets has the 4 ms draft as the only extra and, for a
+    chain policy, charges no tree branches."""
     prof = replace(_flat(draft_s=0.004), interpolation="linear", tokens=np.array([1, 64]),
                    step_s=np.array([0.010, 0.073]))
     trace = synth_iid(0.5, 7, num_requests=4, positions=64, seed=2)
     cfg = _one_replica("confidence", engine_cfg=EngineConfig(
-        max_num_batched_tokens=12, max_num_seqs=2, prefill="chunked"), n=2, concurrency=2,
+        max_num_batched_tokens=budget, max_num_seqs=2, prefill="chunked"), n=2, concurrency=2,
         lengths="fixed:6:20")
     i = np.arange(15)
-    want = np.where(i <= 10, 1.0 / (0.010 + 0.001 * (2 + i - 1) + 0.004), 0.0)
+    want = np.where(2 + i <= budget, 1.0 / (0.010 + 0.001 * (2 + i - 1) + 0.004), 0.0)
     pol, seen = _recorded("confidence-async")
     _run_with(pol, cfg, profile=prof, trace=trace)
     both = [snap for snap in seen if snap.num_requests == 2]  # both prefill at once
     assert len(both) >= 5
     for snap in both:
         np.testing.assert_allclose(snap.sps, want, rtol=1e-12)
-    # a 16-token budget holds all 2 x (1 + 7): nothing is past it
-    pol, seen = _recorded("confidence-async")
-    wide = replace(cfg, engine=replace(cfg.engine, max_num_batched_tokens=16))
-    _run_with(pol, wide, profile=prof, trace=trace)
-    both = [snap for snap in seen if snap.num_requests == 2]
-    assert len(both) >= 5
-    for snap in both:
-        np.testing.assert_allclose(snap.sps, 1.0 / (0.010 + 0.001 * (2 + i - 1) + 0.004),
-                                   rtol=1e-12)
     pol, seen = _recorded("confidence")
     _run_with(pol, cfg, profile=prof, trace=trace)
     assert len(seen) >= 5
