@@ -112,7 +112,8 @@ def test_dfly_at_all_slots_is_fixed_gamma_in_the_engine(tiny_cfg):
 
 
 @pytest.mark.parametrize("bad,message", [
-    ("dfly:0", "1..100"), ("dfly:101", "1..100"), ("dfly:50,50", "distinct"),
+    ("dfly:0", "1..100"), ("dfly:101", "1..100"), ("dfly:0,50", "1..100"),
+    ("dfly:50,50", "distinct"),
     ("dfly:x", "integer percentages"), ("dcut:3", "no argument"),
 ])
 def test_bad_shared_budget_specs(bad, message):
@@ -128,3 +129,20 @@ def test_names_and_what_they_ask_for():
         p = get_policy(spec)
         assert (p.drafter, p.needs_cost, p.needs_survival, p.needs_lag) == \
             ("dspark", True, True, False)
+
+
+def test_dfly_budget_edges_by_hand():
+    from dspark_sim.policies.shared_budget import dfly_budget
+
+    # the default ratio set is 25/50/75/100 %: spelled out, it is plain "dfly"
+    assert get_policy("dfly:25,50,75,100").name == "dfly"
+    flat = StepCost(readonly(np.ones(9)), readonly(np.zeros(9)), 0, 0.0)
+    assert dfly_budget(np.zeros((0, 3)), flat) == 0  # no requests, no slots
+    # 2 requests x 2 drafts, certain: ratios give K = 1, 2, 3, 4 and with a flat cost the
+    # largest that fits wins; a token budget of 5 fits n + K <= 5, so K = 3, not 4
+    cost = StepCost(readonly(np.ones(6)), readonly(np.zeros(5)), 0, 0.0)
+    assert dfly_budget(np.ones((2, 2)), cost) == 3
+    # 1 request x 1 draft: 25 % of one slot rounds to K = 0, the others to 1. Survival 0.5,
+    # C_0 = 1.0 s, C_1 = 1.2 s: progress / latency 1 / 1.0 < (1 + 0.5) / 1.2, so K = 1
+    cost = StepCost(readonly(np.array([0.5, 1.0, 1.2])), readonly(np.zeros(2)), 0, 0.0)
+    assert dfly_budget(np.array([[0.5]]), cost) == 1
