@@ -73,7 +73,8 @@ def test_sparsespec_policy_reads_entropy_and_prices_by_hand():
 
 @pytest.mark.parametrize("bad,message", [("sparsespec:x", "temperature"),
                                          ("sparsespec:0", "temperature"),
-                                         ("sparsespec:1000", "temperature")])
+                                         ("sparsespec:1000", "temperature"),
+                                         ("sparsespec:100.5", "temperature")])
 def test_bad_sparsespec_specs(bad, message):
     with pytest.raises(InputError, match="--policy") as e:
         get_policy(bad)
@@ -87,7 +88,11 @@ def test_sparsespec_names_and_needs():
     assert get_policy("sparsespec:conf").fields == ()
     assert get_policy("sparsespec:2").name == "sparsespec:2"
 
-@pytest.mark.parametrize(("n", "gamma", "budget"), [(3, 4, 20), (1, 5, 64), (4, 3, 9), (2, 3, 1)])
+@pytest.mark.parametrize(("n", "gamma", "budget"), [
+    (3, 4, 20), (1, 5, 64), (4, 3, 9), (2, 3, 1),
+    (3, 2, 3),  # the budget holds the bonus slots alone: k = 0 only
+    (2, 3, 5),  # n + n k = 6 is one past the budget at k = 2
+])
 def test_verify_cost_by_k_by_hand(n, gamma, budget):
     """C_v(k) is the step with n * k drafts admitted (table at n + n k tokens, the extra
     terms of n k drafts) plus the once-per-step draft cost; inf where n + n k exceeds the
