@@ -241,8 +241,10 @@ def test_skip_block_and_replay_equal_a_brute_force(seed):
 
     rng = np.random.default_rng(seed)
     n, g = 40, 6
-    # prefix survivals (non-increasing), with exact values at P = 0.5 among them
-    survival = np.sort(rng.choice([0.2, 0.5, 0.7, 0.9, 1.0], (n, g)), axis=1)[:, ::-1]
+    # prefix survivals (non-increasing), with exact values at P = 0.5 among them and
+    # every count of leading drafts clearing it (one included) common
+    survival = np.sort(rng.choice([0.1, 0.2, 0.3, 0.5, 0.7, 1.0], (n, g),
+                                  p=[0.2, 0.2, 0.2, 0.15, 0.1, 0.15]), axis=1)[:, ::-1]
     ell = rng.integers(0, g + 1, n)
     cap = int(rng.integers(2, g + 1))
     pending = rng.integers(0, cap + 1, n)
@@ -260,6 +262,30 @@ def test_skip_block_and_replay_equal_a_brute_force(seed):
     assert [tuple(int(v) for v in c) for c in cols] == [
         tuple(int(v) for v in w) for w in want]
     assert any(w[4] is False for w in want) and any(w[4] is True for w in want)
+    assert any(w[2] == 1 and w[4] is False for w in want)  # a skip of a single draft
+
+
+def test_asd_accepts_a_mismatch_at_exactly_g_and_exactly_the_budget():
+    """One mismatching draft (accept_len 0) with regret 0.5 and draft probability 0.5:
+    rho = 1. At g = 1 and B = 1 it is accepted (both bounds are <=) and spends the whole
+    budget."""
+    acc, ch, spent = asd_block(np.array([1]), np.array([0]), np.array([[0.5]], np.float32),
+                               np.array([[0.5]]), np.array([0.0]), AsdConfig(1.0, 1, 1.0))
+    assert (acc.tolist(), ch.tolist(), spent.tolist()) == ([1], [1], [1.0])
+
+
+def test_asd_refuses_a_captured_trace_at_a_nonzero_temperature():
+    from types import SimpleNamespace
+
+    def trace(source, temperature):
+        return SimpleNamespace(meta=SimpleNamespace(source=source, temperature=temperature),
+                               source_path="t.parquet")
+
+    with pytest.raises(InputError, match="greedy decoding only") as e:
+        lossy.check_greedy(trace("captured", 1.0))
+    assert "temperature 1" in str(e.value) and "t.parquet" in str(e.value)
+    lossy.check_greedy(trace("captured", 0.0))  # greedy: fine
+    lossy.check_greedy(trace("synthetic", 1.0))  # synthetic traces have no sampling
 
 
 
