@@ -71,6 +71,22 @@ DEFAULT_LIMITS = EngineLimits(max_num_seqs=256, max_num_batched_tokens=8192,
                               prefill="chunked")
 
 
+def _lengths(ell, policy: str, n_dec: int) -> np.ndarray:
+    """A policy's verify lengths as the engine's own writable int64 array (it trims them
+    in place). Any integer-valued array is taken; a wrong shape, a fraction or a
+    negative length is the policy's bug, named here rather than as a numpy error later."""
+    arr = np.asarray(ell)
+    integral = np.issubdtype(arr.dtype, np.integer)  # the built-ins': one cheap check
+    if arr.shape != (n_dec,) or not (integral or np.issubdtype(arr.dtype, np.floating)) \
+            or (arr < 0).any() or (not integral and not (np.isfinite(arr)
+                                                         & (arr == np.floor(arr))).all()):
+        raise RuntimeError(f"policy {policy}: verify lengths must be {n_dec} non-negative "
+                           f"integers, got {arr.dtype} {arr.shape}")
+    if arr.dtype != np.int64 or not arr.flags.writeable or arr is not ell:
+        return arr.astype(np.int64)  # a copy: the policy's array stays as it was
+    return arr
+
+
 @dataclass(frozen=True)
 class ResolvedLimits:
     """The per-replica limits a run uses and where each came from."""
@@ -588,8 +604,9 @@ class Replica:
         ctx = self.ctx
         policy = ctx.policy
         if not ctx.needs_survival:
-            return policy(BatchSnapshot(ctx.empty_survival(n_dec), ctx.gamma,
-                                        ctx.max_num_batched_tokens))
+            ell = policy(BatchSnapshot(ctx.empty_survival(n_dec), ctx.gamma,
+                                       ctx.max_num_batched_tokens))
+            return ell if isinstance(ell, Verification) else _lengths(ell, policy.name, n_dec)
         survival = ctx.trace_survival[trace_idx]
         sps = cost = None
         if policy.needs_sps or policy.needs_cost:
@@ -633,8 +650,7 @@ class Replica:
             if policy.needs_lag:
                 self.lag.append((snap.survival, snap.sps, snap.cost))
             return ell
-        if ell.dtype != np.int64 or not ell.flags.writeable:
-            ell = np.array(ell, dtype=np.int64)  # the engine trims it in place
+        ell = _lengths(ell, policy.name, n_dec)
         if policy.needs_lag:
             self.lag.append((snap.survival, snap.sps, snap.cost))
         return ell

@@ -450,12 +450,33 @@ def test_lengths_of_any_numeric_dtype_or_read_only_are_taken():
         a.flags.writeable = False
         return a
 
-    for make in (lambda n: np.full(n, 3.0), lambda n: np.full(n, 3, np.int32), frozen):
-        pol = replace(get_policy("fixed:3"), needs_survival=True,
-                      decide=lambda s, make=make: make(s.num_requests))
-        got = _run_with(pol, cfg, profile=_flat(), trace=trace).summary
-        assert got["num_accepted_tokens"] == want["num_accepted_tokens"] > 0
-        assert got["engine_steps"] == want["engine_steps"]
+    makes = (lambda n: np.full(n, 3.0), lambda n: np.full(n, 3, np.int32), frozen,
+             lambda n: [3] * n)
+    # both ways the engine asks: with survivals, and without (fixed:k reads none)
+    for reads_survival in (True, False):
+        for make in makes:
+            pol = replace(get_policy("fixed:3"), needs_survival=reads_survival,
+                          decide=lambda s, make=make: make(s.num_requests))
+            got = _run_with(pol, cfg, profile=_flat(), trace=trace).summary
+            assert got["num_accepted_tokens"] == want["num_accepted_tokens"] > 0
+            assert got["engine_steps"] == want["engine_steps"]
+
+
+@pytest.mark.parametrize("reads_survival", [True, False])
+@pytest.mark.parametrize("bad", [lambda n: np.full(n, 2.5), lambda n: np.full(n, -1),
+                                 lambda n: np.full(n, np.inf), lambda n: np.full(n, np.nan),
+                                 lambda n: np.full(n + 1, 3), lambda n: np.full(n, True),
+                                 lambda n: np.full(n, "3")])
+def test_lengths_that_are_not_counts_name_the_policy(reads_survival, bad):
+    """A fraction, a negative, a non-finite length, a wrong shape or a non-number is the
+    policy's bug: one error naming it, not a numpy casting error or a silent cast."""
+    trace = synth_iid(0.6, 7, num_requests=4, positions=64, seed=1)
+    cfg = _one_replica("fixed:3", n=3, concurrency=3, lengths="fixed:10:30")
+    pol = replace(get_policy("fixed:3"), needs_survival=reads_survival,
+                  decide=lambda s: bad(s.num_requests))
+    with pytest.raises(RuntimeError, match=r"policy fixed:3: verify lengths must be \d+ "
+                                           r"non-negative integers"):
+        _run_with(pol, cfg, profile=_flat(), trace=trace)
 
 
 def test_a_trace_without_confidences_serves_a_fixed_length():
