@@ -315,3 +315,26 @@ def test_rescale_to_steps_recovers_scale_and_draft_cost():
     assert p.draft_time_s("dspark", 4, 7) == pytest.approx(0.020 + 0.005 * 4, rel=1e-3)
     q = rescale_to_steps(recs, base, "dspark", [7, 1], 1)
     assert q.draft_time_s("dspark", 4, 1) == pytest.approx(0.004 + 0.001 * 4, rel=1e-3)
+
+
+@pytest.mark.parametrize("block", [True, False])
+def test_server_profile_marks_a_block_drafter_as_one(block):
+    """The in-loop profile's draft cost carries the server drafter's ``block`` flag: the
+    server drafts a block drafter's whole block at every verify length, so the simulator
+    must price mtp1 / fixed:3 steps at the block, not at 1 / 3 tokens (without the flag
+    the dspark-drafter validation ran mtp1 69 % fast). Timing by a fake clock: a pass
+    costs 1 ms + 2 ms per request + 0.5 ms per drafted token."""
+    from types import SimpleNamespace
+
+    from dspark_sim.validation.server_profile import _draft_cost
+
+    clock = [0.0]
+
+    def draft(reqs, g):
+        clock[0] += 1e-3 + 2e-3 * len(reqs) + 0.5e-3 * g
+
+    drafter = SimpleNamespace(block=block, gamma_max=7, draft=draft)
+    pool = [SimpleNamespace(lookup=None) for _ in range(4)]
+    cost = _draft_cost(drafter, pool, (1, 4), (1, 7), repeats=2, now=lambda: clock[0])
+    assert cost.block is block and cost.gamma_ref == 7
+    np.testing.assert_allclose(cost.time_s, [1e-3 + 2e-3 + 3.5e-3, 1e-3 + 8e-3 + 3.5e-3])

@@ -342,6 +342,9 @@ class DraftRunner:
         self.max_ngram = int(cfg.max_ngram) if cfg is not None else 3
         self.window = int(cfg.window) if self.learned else 0
         self.feature_layers = list(cfg.feature_layers) if self.learned else []
+        # a block drafter proposes its whole block whatever the policy verifies (as the
+        # simulator's engine prices it: DraftCost.block)
+        self.block = self.learned and self.kind in BLOCK_DRAFTERS
 
     def new_request(self, r: ServeRequest) -> None:
         if not self.learned:
@@ -468,9 +471,7 @@ class SpecServer:
         log.replica[:] = 0
         clock_kind = resolve_clock(self.cfg.clock, self.engine.device.type, torch.get_num_threads())
         order = np.argsort(np.asarray(arrival_s, dtype=np.float64), kind="stable")
-        # a block drafter proposes its whole block whatever the policy verifies (as the
-        # simulator's engine prices it: DraftCost.block)
-        block = self.drafter.learned and self.drafter.kind in BLOCK_DRAFTERS
+        block = self.drafter.block
         return _Run(reqs=reqs, policy=policy, gamma=gamma, gamma_max=gamma_max, log=log,
                     draft_len=gamma_max if (block and gamma) else gamma,
                     lag=deque(maxlen=max(1, policy.history)),

@@ -211,7 +211,11 @@ def _draft_cost(drafter: Any, pool: list, requests: Sequence[int], draft_gammas:
             med[g].append(float(np.median(ts)))
     gref = max(gammas)
     times = {g: np.asarray(v) for g, v in med.items()}
-    return DraftCost(np.asarray(batch, float), times[gref], gref, fit_gamma_slope(times, gref))
+    # a block drafter drafts its whole block at every verify length in the server: the
+    # profile must say so, or the simulator prices mtp1 / fixed:3 steps at 1 / 3 drafted
+    # tokens and runs them up to 69 % too fast (validation.md, the dspark-drafter run)
+    return DraftCost(np.asarray(batch, float), times[gref], gref, fit_gamma_slope(times, gref),
+                     block=bool(getattr(drafter, "block", False)))
 
 
 def _profile_parameters(server: Any, torch, clock: str, chunks, drafter_between: bool,
@@ -361,7 +365,8 @@ def rescale_to_steps(records: Sequence[Sequence[tuple]], base: EngineProfile, dr
     if draft_key is not None:
         nmax = max(2, int(n_dec.max()) if n_dec.size else 2)
         batch = np.arange(1, nmax + 1, dtype=np.float64)
-        drafts[draft_key] = DraftCost(batch, d0 + d1 * batch, int(gamma), 0.0)
+        block = draft_key in base.drafts and base.drafts[draft_key].block
+        drafts[draft_key] = DraftCost(batch, d0 + d1 * batch, int(gamma), 0.0, block=block)
     return replace(
         base, name=name, step_s=np.asarray(base.step_s) * scale,
         step_std_s=None if base.step_std_s is None else np.asarray(base.step_std_s) * scale,
