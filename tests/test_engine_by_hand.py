@@ -746,3 +746,18 @@ def test_a_stopping_drafters_pass_and_fixed_prices_by_hand():
     # the engine's own pass price is the same table lookup, cached per (table, n)
     assert ctx.draft_pass_table_s(d, 3) == ctx.draft_pass_table_s(d, 3) == \
         pytest.approx(table3, rel=1e-12)
+
+
+@pytest.mark.parametrize("n_replicas", [2, 3])
+def test_least_outstanding_picks_the_emptiest_whatever_the_order(n_replicas):
+    """With loads (3, 1[, 2]) every pick is the replica holding 1, where round-robin would
+    start at replica 0 (two replicas is the smallest case that tells them apart)."""
+    from types import SimpleNamespace
+
+    reps = [SimpleNamespace(outstanding=n) for n in (3, 1, 2)[:n_replicas]]
+    lo = engine.Router(reps, "least-outstanding")
+    assert [lo.route() for _ in range(3)] == [reps[1]] * 3
+    rr = engine.Router(reps, "round-robin")
+    assert [rr.route() for _ in range(3)] == [reps[i % n_replicas] for i in range(3)]
+    one = engine.Router(reps[:1], "least-outstanding")
+    assert [one.route() for _ in range(2)] == [reps[0]] * 2
