@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
+from hand_oracles import mser_criteria
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -233,16 +234,11 @@ def test_replay_is_lossless_for_any_policy(case):
 
 
 def mser_brute_force(z: list[float]) -> int:
-    """White's MSER by its definition: d in 0..n//2 minimising the squared deviations of
-    z[d:] from their mean over (n - d)^2; the smallest d among (near-)ties."""
-    n = len(z)
-    if n < 2:
+    """White's MSER by its definition (hand_oracles.mser_criteria, in floats): the
+    smallest d among (near-)ties."""
+    crit = mser_criteria(z)
+    if not crit:
         return 0
-    crit = []
-    for d in range(n // 2 + 1):
-        tail = z[d:]
-        mean = sum(tail) / len(tail)
-        crit.append(sum((v - mean) ** 2 for v in tail) / len(tail) ** 2)
     best = min(crit)
     tol = 1e-12 * max(max(crit), 1e-300)  # "within rounding", relative to the largest
     return next(d for d, c in enumerate(crit) if c <= best + tol)

@@ -9,6 +9,7 @@ from fractions import Fraction
 import numpy as np
 import polars as pl
 import pytest
+from hand_oracles import mser_criteria
 
 from dspark_sim.sim import frontier as fr
 from dspark_sim.sim.api import simulate
@@ -153,19 +154,10 @@ def test_stability_threshold_counts_the_arrivals_on_the_window_edges(margin, sta
 
 
 def _mser_exact(z) -> int:
-    """White's MSER by brute force in exact rational arithmetic: for every ``d`` in
-    ``0..n//2``, ``sum_{i>=d} (z_i - mean(z[d:]))^2 / (n - d)^2``; the smallest ``d`` on
-    ties (exact ties: no rounding to absorb)."""
-    z = [Fraction(float(v)) for v in z]
-    n = len(z)
-    if n < 2:
-        return 0
-    crit = []
-    for d in range(n // 2 + 1):
-        tail = z[d:]
-        mean = sum(tail) / len(tail)
-        crit.append(sum((v - mean) ** 2 for v in tail) / len(tail) ** 2)
-    return crit.index(min(crit))
+    """White's MSER by brute force (hand_oracles.mser_criteria) in exact rational
+    arithmetic; the smallest ``d`` on ties (exact ties: no rounding to absorb)."""
+    crit = mser_criteria([Fraction(float(v)) for v in z])
+    return crit.index(min(crit)) if crit else 0
 
 
 def test_mser_truncation_equals_exact_brute_force_on_random_series():
