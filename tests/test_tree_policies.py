@@ -363,3 +363,39 @@ def test_cli_sweep_and_report_show_tree_policies(tmp_path):
     html = (out / "report.html").read_text()
     for spec in pols[1:]:
         assert get_policy(spec).name in html, spec
+
+
+def test_tree_policy_defaults_are_the_documented_ones():
+    """cure:32,2,4,0.5, pctree:64,4 and dspark-tree:64,4 when no argument is given."""
+    assert [get_policy(s).name for s in ("cure", "pctree", "dspark-tree")] == [
+        "cure:32,2,4,0.5", "pctree:64,4", "dspark-tree:64,4"]
+
+
+def test_cure_repairs_only_below_the_margin_not_at_it():
+    """CURE opens repair branches where p_top1 - p_top2 < M: a margin of exactly M (0.75
+    - 0.25 = 0.5, exact in binary) is not a repair point, so the tree is the chain (g
+    nodes, no repair drafted); just above it every depth opens its two branches."""
+    from dspark_sim.policies.trees import cure_decide
+
+    n, g = 2, 3
+    alt = np.zeros((n, g, 4))
+    alt[:, :, 0], alt[:, :, 1], alt[:, :, 2] = 0.75, 0.25, 0.125
+    snap = BatchSnapshot(survival=np.full((n, g), 0.5), gamma_max=g, token_budget=512,
+                         fields={"alt_prob": alt})
+    at = cure_decide(32, 2, 4, 0.5)(snap)
+    assert at.tokens.tolist() == [g, g] and at.draft_tokens.tolist() == [0, 0]
+    above = cure_decide(32, 2, 4, 0.5 + 2**-20)(snap)
+    assert (above.draft_tokens > 0).all() and (above.tokens > g).all()
+
+
+def test_tree_step_cost_extends_the_extra_terms_at_their_mean_slope():
+    """Past the engine's n*gamma + 1 extra terms, a tree's step prices each further node
+    at the terms' mean per-token slope: extra (0, 1, 2) ms -> slope 1 ms -> (3, 4, 5) ms;
+    no pending prefill, so the step is table[n + i] + extra[i]."""
+    from dspark_sim.policies.trees import _tree_step_s
+
+    table = readonly(np.arange(16, dtype=np.float64) * 10.0)
+    cost = StepCost(table, readonly(np.array([0.0, 1.0, 2.0])), 0, 0.0)
+    got = _tree_step_s(cost, 1, 6)
+    np.testing.assert_allclose(got, [10 + 0, 20 + 1, 30 + 2, 40 + 3, 50 + 4, 60 + 5])
+    np.testing.assert_allclose(_tree_step_s(cost, 1, 3), [10, 21, 32])  # no extension
