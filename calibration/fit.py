@@ -272,6 +272,17 @@ def _mean(vals) -> float:
     return float(a.mean()) if a.size else float("nan")
 
 
+def check_fit_options(method: str, holdout: float, seed: int) -> None:
+    """:func:`calibrate_confidence`'s options, named as the CLI names them; cheap, so the
+    CLI calls it before reading the trace."""
+    if method not in METHODS:
+        raise InputError("--method", f"must be one of {', '.join(METHODS)}, got {method!r}")
+    if not 0.0 <= holdout < 1.0:  # also refuses NaN
+        raise InputError("--holdout", f"must lie in [0, 1), got {holdout}")
+    if seed < 0:
+        raise InputError("--seed", f"must be a non-negative integer, got {seed}")
+
+
 def calibrate_confidence(
     trace,
     method: str = "temperature",
@@ -289,10 +300,7 @@ def calibrate_confidence(
     (``positions``), their means, the split and the fitted parameters. The map is fitted
     on the fit split only; refit with ``holdout=0`` to use every request.
     """
-    if method not in METHODS:
-        raise InputError("method", f"must be one of {METHODS}, got {method!r}")
-    if not (0.0 <= holdout < 1.0):
-        raise InputError("holdout", f"must lie in [0, 1), got {holdout}")
+    check_fit_options(method, holdout, seed)
     if bins < 1:
         raise InputError("bins", "must be >= 1")
     tr = _as_trace(trace)

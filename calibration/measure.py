@@ -203,6 +203,19 @@ def _model_label(model_source: Any, cfg) -> str:
 # -- timing ----------------------------------------------------------------------------------
 
 
+def _text_config(cfg):
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def _kv_dims(cfg) -> tuple[int, int, int, int]:
+    """(layers, KV heads, head dim, max positions or 0) of a model config."""
+    text = _text_config(cfg)
+    heads = int(text.num_attention_heads)
+    return (int(text.num_hidden_layers), int(getattr(text, "num_key_value_heads", None) or heads),
+            int(getattr(text, "head_dim", None) or text.hidden_size // heads),
+            int(getattr(text, "max_position_embeddings", 0) or 0))
+
+
 class _Runner:
     """Holds the random-weight model and runs one shape's forward pass."""
 
@@ -218,13 +231,9 @@ class _Runner:
         self.dtype = next(self.model.parameters()).dtype
         params = inspect.signature(self.model.forward).parameters
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
-        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        self.layers = int(text.num_hidden_layers)
-        heads = int(text.num_attention_heads)
-        self.kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-        self.head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+        text = _text_config(cfg)
+        self.layers, self.kv_heads, self.head_dim, self.max_positions = _kv_dims(cfg)
         self.vocab = int(text.vocab_size)
-        self.max_positions = int(getattr(text, "max_position_embeddings", 0) or 0)
         base = getattr(self.model, getattr(self.model, "base_model_prefix", "model"), None)
         self.base_params = (inspect.signature(base.forward).parameters
                             if base is not None and base is not self.model else {})
@@ -875,8 +884,10 @@ class _MeasurePlan:
     def check(self, torch) -> _MeasurePlan:
         if self.max_prefill_tokens < 0:
             raise InputError("max_prefill_tokens", "must be >= 0")
-        if self.warmup < 0 or self.repeats < 1:
-            raise InputError("repeats", "need warmup >= 0 and repeats >= 1")
+        if self.warmup < 0:
+            raise InputError("--warmup", f"must be >= 0, got {self.warmup}")
+        if self.repeats < 1:
+            raise InputError("--repeats", f"must be >= 1, got {self.repeats}")
         if not 0.0 <= self.holdout < 1.0:
             raise InputError("holdout", "must lie in [0, 1)")
         if self.dev(torch).type == "cuda" and not torch.cuda.is_available():
@@ -1034,18 +1045,14 @@ def _check_fits(plan: _MeasurePlan, cfg, torch) -> None:
     """Refuse, before a model is built, shapes longer than the model's positions or whose
     static KV cache cannot fit in free memory (a typo like --batch-requests 100000000 was
     an allocator traceback after the model load)."""
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    heads = int(text.num_attention_heads)
-    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    layers, kv_heads, head_dim, max_pos = _kv_dims(cfg)
     positions = max(plan.context_lengths) + max(plan.verify_lengths) + 1
-    max_pos = int(getattr(text, "max_position_embeddings", 0) or 0)
     if max_pos and positions > max_pos:
         raise InputError("--context-lengths", f"context {max(plan.context_lengths):,} + "
                          f"verify {max(plan.verify_lengths)} + 1 exceeds the model's "
                          f"{max_pos:,} positions")
     width = torch.tensor([], dtype=plan.torch_dtype(torch)).element_size()
-    kv_bytes = (2 * int(text.num_hidden_layers) * kv_heads * head_dim * width
+    kv_bytes = (2 * layers * kv_heads * head_dim * width
                 * max(plan.batch_requests) * positions)
     free = _free_bytes(torch, plan.dev(torch))
     if free is not None and kv_bytes > free:

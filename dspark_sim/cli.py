@@ -826,10 +826,6 @@ def calibrate_engine(
     shapes = {"batch_requests": _ints("--batch-requests", batch_requests),
               "verify_lengths": _ints("--verify-lengths", verify_lengths, lo=0),
               "context_lengths": _ints("--context-lengths", context_lengths, lo=0)}
-    if warmup < 0:
-        raise InputError("--warmup", f"must be >= 0, got {warmup}")
-    if repeats < 1:
-        raise InputError("--repeats", f"must be >= 1, got {repeats}")
     prof = measure_engine(
         model, device=device, **shapes, warmup=warmup,
         repeats=repeats, cuda_graphs=cuda_graphs, name=name,
@@ -854,20 +850,14 @@ def calibrate_confidence_cmd(
 ) -> None:
     """Fit sequential temperature scaling (or isotonic) on a trace; report ECE/AUC."""
     from dspark_sim.calibration.fit import (
-        METHODS,
         calibrate_confidence,
+        check_fit_options,
         format_report,
         write_reliability_html,
     )
     from dspark_sim.traces.schema import load_trace
 
-    # every option before the trace is read and anything fitted (#12.10)
-    if method not in METHODS:
-        raise InputError("--method", f"must be one of {', '.join(METHODS)}, got {method!r}")
-    if not 0.0 <= holdout < 1.0:  # also refuses NaN
-        raise InputError("--holdout", f"must lie in [0, 1), got {holdout}")
-    if seed < 0:
-        raise InputError("--seed", f"must be a non-negative integer, got {seed}")
+    check_fit_options(method, holdout, seed)  # before the trace is read (#12.10)
     check_writable(out, "--out", kind="file")
     if html is not None:
         check_writable(html, "--html", kind="file")
