@@ -37,7 +37,13 @@ Operators (one mutant per site): comparison flips (``<``/``<=``, ``>``/``>=``, `
 assignment or a bare call statement. Not mutated: strings, docstrings, f-strings,
 annotations, imports, ``__all__``, lines marked ``# pragma: no mutate``.
 
-Equivalent survivors (no test can tell them apart) are recorded in docs/testing.md.
+Equivalent mutants (no test can tell them apart from the original) are recorded, each with
+why, in ``benchmarks/mutation_equivalent.toml``: an entry names the module, the mutated
+line's source text (stripped) and the change as ``--list`` prints it. The report gives the
+raw kill rate (killed / run) and the mutation score (killed / (run - equivalent)), the
+textbook measure. The register is checked on every run: an entry whose mutant a test
+kills is wrong and is printed as such (and not counted), and on a full run of a module an
+entry that matches no mutant is printed as stale.
 """
 
 from __future__ import annotations
@@ -106,6 +112,32 @@ class Mutant:
     @property
     def key(self) -> str:
         return f"{self.module}:{self.line}:{self.what}"
+
+
+EQUIVALENT_FILE = ROOT / "benchmarks" / "mutation_equivalent.toml"
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    module: str
+    line: str  # the mutated line's source text, stripped
+    what: str  # the change, as Mutant.what
+    why: str
+
+
+def load_equivalent(path: Path = EQUIVALENT_FILE) -> list[Equivalent]:
+    """The register of equivalent mutants (a missing file is an empty register)."""
+    if not path.exists():
+        return []
+    rows = tomllib.loads(path.read_text()).get("equivalent", [])
+    out = []
+    for i, row in enumerate(rows):
+        missing = {"module", "line", "what", "why"} - set(row)
+        if missing or not str(row.get("why", "")).strip():
+            raise SystemExit(f"{path}: entry {i + 1} needs module, line, what and a why "
+                             f"(missing: {', '.join(sorted(missing)) or 'why'})")
+        out.append(Equivalent(row["module"], row["line"].strip(), row["what"], row["why"]))
+    return out
 
 
 def _skip_ids(tree: ast.Module, lines: list[str]) -> set[int]:
@@ -431,6 +463,7 @@ class Report:
     module: str
     total: int = 0  # mutants of the module (more than were run under --sample)
     outcomes: list[Outcome] = field(default_factory=list)
+    full: bool = False  # every mutant of the module was run (no --sample, no --lines)
 
     def count(self, *status: str) -> int:
         return sum(o.status in status for o in self.outcomes)
@@ -438,6 +471,16 @@ class Report:
     @property
     def kill_rate(self) -> float:
         n = len(self.outcomes)
+        return self.count("killed", "timeout") / n if n else 1.0
+
+    def equivalent(self, register: list[Equivalent], src: list[str]) -> list[Outcome]:
+        """The survivors the register lists as equivalent."""
+        return [o for o in self.outcomes if o.status in ("survived", "not covered")
+                and _listed(o.mutant, register, src)]
+
+    def score(self, register: list[Equivalent], src: list[str]) -> float:
+        """Mutation score: killed / (run - equivalent)."""
+        n = len(self.outcomes) - len(self.equivalent(register, src))
         return self.count("killed", "timeout") / n if n else 1.0
 
     def interval(self) -> str:
@@ -449,6 +492,12 @@ class Report:
         c = (p + z * z / (2 * n)) / (1 + z * z / n)
         h = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
         return f"  (sample of {n}/{self.total}: 95 % {c - h:.0%}-{c + h:.0%})"
+
+
+def _listed(m: Mutant, register: list[Equivalent], src: list[str]) -> Equivalent | None:
+    text = src[m.line - 1].strip()
+    return next((e for e in register if e.module == m.module and e.what == m.what
+                 and e.line == text), None)
 
 
 def relevant_tests(m: Mutant, cov: Coverage) -> list[str]:
@@ -468,7 +517,7 @@ def run_module(module: str, cov: Coverage, *, jobs: int, show: int,
     mutants = enumerate_mutants(module)
     if lines:
         mutants = [m for m in mutants if any(a <= m.line <= b for a, b in lines)]
-    rep = Report(module, total=len(mutants))
+    rep = Report(module, total=len(mutants), full=not lines and not 0 < sample < len(mutants))
     if 0 < sample < len(mutants):
         import random
 
@@ -628,6 +677,7 @@ def _run(args, modules: list[str], tests: list[str], lines, tmp: Path) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    register = load_equivalent()  # read first: a bad register fails before the long run
     reports = []
     t0 = time.monotonic()
     cov = baseline(modules, tests, tmp / "coverage.json")
@@ -637,26 +687,49 @@ def _run(args, modules: list[str], tests: list[str], lines, tmp: Path) -> int:
     for mod in modules:
         reports.append(run_module(mod, cov[mod], jobs=args.jobs, show=args.show, lines=lines,
                                   sample=args.sample, log=log, seed=args.seed))
+    sources = {r.module: (TREE / r.module).read_text().splitlines() for r in reports}
     print(f"\nmutation testing: {time.monotonic() - t0:.0f} s, tests: {', '.join(tests)}\n")
     print(f"{'module':28} {'mutants':>8} {'killed':>7} {'timeout':>8} {'survived':>9} "
-          f"{'uncovered':>10} {'kill rate':>10}")
+          f"{'uncovered':>10} {'kill rate':>10} {'equivalent':>11} {'score':>7}")
     for r in reports:
+        src = sources[r.module]
         print(f"{r.module:28} {len(r.outcomes):8d} {r.count('killed'):7d} "
               f"{r.count('timeout'):8d} {r.count('survived'):9d} {r.count('not covered'):10d} "
-              f"{r.kill_rate:10.1%}{r.interval()}")
+              f"{r.kill_rate:10.1%} {len(r.equivalent(register, src)):11d} "
+              f"{r.score(register, src):7.1%}{r.interval()}")
+    if len(reports) > 1:  # the modules together (e.g. the policies/ package)
+        run = sum(len(r.outcomes) for r in reports)
+        killed = sum(r.count("killed", "timeout") for r in reports)
+        eq = sum(len(r.equivalent(register, sources[r.module])) for r in reports)
+        print(f"{'all of the above':28} {run:8d} {killed:7d} {'':8} {'':9} {'':10} "
+              f"{killed / max(run, 1):10.1%} {eq:11d} {killed / max(run - eq, 1):7.1%}")
     for r in reports:
+        src = sources[r.module]
         surv = [o for o in r.outcomes if o.status in ("survived", "not covered")]
-        if surv:
-            print(f"\nsurviving in {r.module}:")
-            src = (TREE / r.module).read_text().splitlines()
-            for o in surv:
+        open_ = [o for o in surv if not _listed(o.mutant, register, src)]
+        if open_:
+            print(f"\nsurviving in {r.module} (not in the equivalent register):")
+            for o in open_:
                 tag = " (not covered)" if o.status == "not covered" else ""
                 print(f"  {o.mutant.line:4d}: {o.mutant.what:28} | "
                       f"{src[o.mutant.line - 1].strip()[:80]}{tag}")
+        wrong = [o for o in r.outcomes if o.status in ("killed", "timeout")
+                 and _listed(o.mutant, register, src)]
+        for o in wrong:
+            print(f"  register entry wrong, a test kills it: {o.mutant.key}")
+        if r.full:  # every mutant was run: an entry matching none of them is stale
+            seen = {_listed(o.mutant, register, src) for o in r.outcomes}
+            for e in register:
+                if e.module == r.module and e not in seen:
+                    print(f"  register entry stale, no such mutant: {e.module}: "
+                          f"{e.what} | {e.line[:60]}")
     if args.json:
         args.json.write_text(json.dumps([
             {"module": o.mutant.module, "line": o.mutant.line, "what": o.mutant.what,
-             "status": o.status, "seconds": round(o.seconds, 3), "tests": o.tests}
+             "status": o.status, "seconds": round(o.seconds, 3), "tests": o.tests,
+             "text": sources[r.module][o.mutant.line - 1].strip(),
+             "equivalent": bool(o.status in ("survived", "not covered")
+                                and _listed(o.mutant, register, sources[r.module]))}
             for r in reports for o in r.outcomes], indent=1))
     return 0
 
