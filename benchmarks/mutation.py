@@ -39,7 +39,8 @@ annotations, imports, ``__all__``, lines marked ``# pragma: no mutate``.
 
 Equivalent mutants (no test can tell them apart from the original) are recorded, each with
 why, in ``benchmarks/mutation_equivalent.toml``: an entry names the module, the mutated
-line's source text (stripped) and the change as ``--list`` prints it. The report gives the
+line's source text (stripped), the change as ``--list`` prints it and, where one line has
+two such changes, the column. The report gives the
 raw kill rate (killed / run) and the mutation score (killed / (run - equivalent)), the
 textbook measure. The register is checked on every run: an entry whose mutant a test
 kills is wrong and is printed as such (and not counted), and on a full run of a module an
@@ -108,6 +109,7 @@ class Mutant:
     first: int  # line range whose execution makes a test relevant
     last: int
     what: str  # human-readable change
+    col: int = 0  # column of the mutated node (tells apart two same changes on one line)
 
     @property
     def key(self) -> str:
@@ -123,6 +125,7 @@ class Equivalent:
     line: str  # the mutated line's source text, stripped
     what: str  # the change, as Mutant.what
     why: str
+    col: int | None = None  # only the mutant at this column (--list prints it)
 
 
 def load_equivalent(path: Path = EQUIVALENT_FILE) -> list[Equivalent]:
@@ -136,7 +139,8 @@ def load_equivalent(path: Path = EQUIVALENT_FILE) -> list[Equivalent]:
         if missing or not str(row.get("why", "")).strip():
             raise SystemExit(f"{path}: entry {i + 1} needs module, line, what and a why "
                              f"(missing: {', '.join(sorted(missing)) or 'why'})")
-        out.append(Equivalent(row["module"], row["line"].strip(), row["what"], row["why"]))
+        out.append(Equivalent(row["module"], row["line"].strip(), row["what"], row["why"],
+                              row.get("col")))
     return out
 
 
@@ -267,7 +271,8 @@ def enumerate_mutants(module: str) -> list[Mutant]:
             continue
         for j, what in enumerate(_mutations(node, parent)):
             first, last = ranges.get(id(node), (node.lineno, node.lineno))
-            out.append(Mutant(module, i, j, node.lineno, first, last, what))
+            out.append(Mutant(module, i, j, node.lineno, first, last, what,
+                              getattr(node, "col_offset", 0)))
     return out
 
 
@@ -497,7 +502,7 @@ class Report:
 def _listed(m: Mutant, register: list[Equivalent], src: list[str]) -> Equivalent | None:
     text = src[m.line - 1].strip()
     return next((e for e in register if e.module == m.module and e.what == m.what
-                 and e.line == text), None)
+                 and e.line == text and e.col in (None, m.col)), None)
 
 
 def relevant_tests(m: Mutant, cov: Coverage) -> list[str]:
@@ -647,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for mod in modules:
             for m in enumerate_mutants(mod):
-                print(f"{m.module}:{m.line}: {m.what}")
+                print(f"{m.module}:{m.line}:{m.col}: {m.what}")
         return 0
     # Import the heavy third-party libraries once; every forked child inherits them.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -711,7 +716,7 @@ def _run(args, modules: list[str], tests: list[str], lines, tmp: Path) -> int:
             print(f"\nsurviving in {r.module} (not in the equivalent register):")
             for o in open_:
                 tag = " (not covered)" if o.status == "not covered" else ""
-                print(f"  {o.mutant.line:4d}: {o.mutant.what:28} | "
+                print(f"  {o.mutant.line:4d}:{o.mutant.col:<3d} {o.mutant.what:28} | "
                       f"{src[o.mutant.line - 1].strip()[:80]}{tag}")
         wrong = [o for o in r.outcomes if o.status in ("killed", "timeout")
                  and _listed(o.mutant, register, src)]
@@ -725,7 +730,8 @@ def _run(args, modules: list[str], tests: list[str], lines, tmp: Path) -> int:
                           f"{e.what} | {e.line[:60]}")
     if args.json:
         args.json.write_text(json.dumps([
-            {"module": o.mutant.module, "line": o.mutant.line, "what": o.mutant.what,
+            {"module": o.mutant.module, "line": o.mutant.line, "col": o.mutant.col,
+             "what": o.mutant.what,
              "status": o.status, "seconds": round(o.seconds, 3), "tests": o.tests,
              "text": sources[r.module][o.mutant.line - 1].strip(),
              "equivalent": bool(o.status in ("survived", "not covered")

@@ -405,3 +405,28 @@ def test_short_windows_and_the_figures_row():
     figures = [r for r in rows if r["metric"] == "figures"]
     assert len(figures) == 1 and figures[0]["value"] == fr.BASIS_TEXT["whole"]
     assert rows[-1] is figures[0]
+
+
+def test_matched_gain_keeps_the_practical_band_of_the_overlap():
+    # DSpark's "practical throughput levels": only [floor, ceil] x the overlap's top (800
+    # tok/s/GPU for A and B). Floor 0.5, ceil 0.75: y in [400, 600], where the gain is
+    # 1 + 200 / (900 - y) (see A and B above): 1.4 at 400, 1 + 2/3 at 600.
+    g = matched_throughput_gain(A, B, floor_fraction=0.5, ceil_fraction=0.75)
+    assert g["feasible"]
+    assert g["y_lo"] == pytest.approx(400.0) and g["y_hi"] == pytest.approx(600.0)
+    assert g["gain_at_lo"] == pytest.approx(1.4) and g["gain_at_hi"] == pytest.approx(1 + 2 / 3)
+    # a floor under the fronts' own range changes nothing: the overlap starts at 200
+    assert matched_throughput_gain(A, B, floor_fraction=0.1)["y_lo"] == pytest.approx(200.0)
+    empty_band = matched_throughput_gain(A, B, floor_fraction=0.8, ceil_fraction=0.5)
+    assert not empty_band["feasible"] and "do not overlap" in empty_band["reason"]
+
+
+def test_select_lossy_reads_a_missing_flag_as_lossless():
+    # results concatenated from runs with and without the `lossy` column carry nulls there:
+    # those rows came from lossless runs
+    df = pl.DataFrame({"policy": ["asd", "mtp1", "none"], "lossy": [True, None, False]})
+    assert fr.select_lossy(df, False)["policy"].to_list() == ["mtp1", "none"]
+    assert fr.select_lossy(df, True)["policy"].to_list() == ["asd"]
+    assert fr.select_lossy(df, None).height == 3
+    old = df.drop("lossy")  # results written before the column existed: all lossless
+    assert fr.select_lossy(old, False).height == 3 and fr.select_lossy(old, True).height == 0
