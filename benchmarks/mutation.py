@@ -40,7 +40,7 @@ annotations, imports, ``__all__``, lines marked ``# pragma: no mutate``.
 Equivalent mutants (no test can tell them apart from the original) are recorded, each with
 why, in ``benchmarks/mutation_equivalent.toml``: an entry names the module, the mutated
 line's source text (stripped), the change as ``--list`` prints it and, where one line has
-two such changes, the column. The report gives the
+two such changes, the columns of the changed node. The report gives the
 raw kill rate (killed / run) and the mutation score (killed / (run - equivalent)), the
 textbook measure. The register is checked on every run: an entry whose mutant a test
 kills is wrong and is printed as such (and not counted), and on a full run of a module an
@@ -109,7 +109,8 @@ class Mutant:
     first: int  # line range whose execution makes a test relevant
     last: int
     what: str  # human-readable change
-    col: int = 0  # column of the mutated node (tells apart two same changes on one line)
+    span: str = ""  # columns of the mutated node, "start-end" (tells apart two same changes
+    # on one line: ``np.zeros(0), np.zeros(0)``, or the ``&`` of ``(a & b) & c``)
 
     @property
     def key(self) -> str:
@@ -125,7 +126,7 @@ class Equivalent:
     line: str  # the mutated line's source text, stripped
     what: str  # the change, as Mutant.what
     why: str
-    col: int | None = None  # only the mutant at this column (--list prints it)
+    span: str | None = None  # only the mutant at these columns ("start-end", --list prints it)
 
 
 def load_equivalent(path: Path = EQUIVALENT_FILE) -> list[Equivalent]:
@@ -140,7 +141,7 @@ def load_equivalent(path: Path = EQUIVALENT_FILE) -> list[Equivalent]:
             raise SystemExit(f"{path}: entry {i + 1} needs module, line, what and a why "
                              f"(missing: {', '.join(sorted(missing)) or 'why'})")
         out.append(Equivalent(row["module"], row["line"].strip(), row["what"], row["why"],
-                              row.get("col")))
+                              row.get("span")))
     return out
 
 
@@ -272,7 +273,7 @@ def enumerate_mutants(module: str) -> list[Mutant]:
         for j, what in enumerate(_mutations(node, parent)):
             first, last = ranges.get(id(node), (node.lineno, node.lineno))
             out.append(Mutant(module, i, j, node.lineno, first, last, what,
-                              getattr(node, "col_offset", 0)))
+                              f"{node.col_offset}-{node.end_col_offset}"))
     return out
 
 
@@ -502,7 +503,7 @@ class Report:
 def _listed(m: Mutant, register: list[Equivalent], src: list[str]) -> Equivalent | None:
     text = src[m.line - 1].strip()
     return next((e for e in register if e.module == m.module and e.what == m.what
-                 and e.line == text and e.col in (None, m.col)), None)
+                 and e.line == text and e.span in (None, m.span)), None)
 
 
 def relevant_tests(m: Mutant, cov: Coverage) -> list[str]:
@@ -652,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for mod in modules:
             for m in enumerate_mutants(mod):
-                print(f"{m.module}:{m.line}:{m.col}: {m.what}")
+                print(f"{m.module}:{m.line}:{m.span}: {m.what}")
         return 0
     # Import the heavy third-party libraries once; every forked child inherits them.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -716,7 +717,7 @@ def _run(args, modules: list[str], tests: list[str], lines, tmp: Path) -> int:
             print(f"\nsurviving in {r.module} (not in the equivalent register):")
             for o in open_:
                 tag = " (not covered)" if o.status == "not covered" else ""
-                print(f"  {o.mutant.line:4d}:{o.mutant.col:<3d} {o.mutant.what:28} | "
+                print(f"  {o.mutant.line:4d}:{o.mutant.span:7} {o.mutant.what:28} | "
                       f"{src[o.mutant.line - 1].strip()[:80]}{tag}")
         wrong = [o for o in r.outcomes if o.status in ("killed", "timeout")
                  and _listed(o.mutant, register, src)]
@@ -730,7 +731,7 @@ def _run(args, modules: list[str], tests: list[str], lines, tmp: Path) -> int:
                           f"{e.what} | {e.line[:60]}")
     if args.json:
         args.json.write_text(json.dumps([
-            {"module": o.mutant.module, "line": o.mutant.line, "col": o.mutant.col,
+            {"module": o.mutant.module, "line": o.mutant.line, "span": o.mutant.span,
              "what": o.mutant.what,
              "status": o.status, "seconds": round(o.seconds, 3), "tests": o.tests,
              "text": sources[r.module][o.mutant.line - 1].strip(),

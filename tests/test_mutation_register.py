@@ -26,14 +26,14 @@ def mutation():
 
 def test_every_register_entry_names_a_mutant_of_todays_source(mutation):
     register = mutation.load_equivalent()
-    made: dict[str, set[tuple[str, str, int | None]]] = {}
+    made: dict[str, set[tuple[str, str, str | None]]] = {}
     for e in register:
         if e.module not in made:
             src = (ROOT / e.module).read_text().splitlines()
-            made[e.module] = {(src[m.line - 1].strip(), m.what, col)
+            made[e.module] = {(src[m.line - 1].strip(), m.what, span)
                               for m in mutation.enumerate_mutants(e.module)
-                              for col in (None, m.col)}
-        assert (e.line, e.what, e.col) in made[e.module], f"stale register entry: {e}"
+                              for span in (None, m.span)}
+        assert (e.line, e.what, e.span) in made[e.module], f"stale register entry: {e}"
 
 
 def test_register_entries_need_a_reason(mutation, tmp_path):
@@ -58,7 +58,7 @@ def test_score_leaves_out_only_registered_survivors(mutation):
     assert [o.mutant.line for o in rep.equivalent(reg, src)] == [2]
     assert rep.score(reg, src) == pytest.approx(2 / 3)
     assert rep.score([], src) == pytest.approx(2 / 4)
-    # an entry with a column covers only the mutant at that column
-    at = [mutation.Equivalent("m.py", "d = e + f", "+ -> -", "why", col=4)]
+    # an entry with a span covers only the mutant at those columns
+    at = [mutation.Equivalent("m.py", "d = e + f", "+ -> -", "why", span="4-9")]
     assert rep.equivalent(at, src) == []
-    assert len(rep.equivalent([dataclasses.replace(at[0], col=0)], src)) == 1
+    assert len(rep.equivalent([dataclasses.replace(at[0], span="")], src)) == 1
