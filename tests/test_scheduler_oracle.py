@@ -358,3 +358,104 @@ def test_stretch_is_a_quantile_map(batch, size):
     lagged, _ = batch
     got = stretch_sorted(sorted_desc(lagged), size)
     assert [Fraction(float(v)) for v in got] == stretched_by_hand(lagged, size)
+
+
+# -- edges the Hypothesis draws reach only by chance (pinned by hand) ---------------------------
+
+
+def test_topk_of_a_square_batch_is_not_the_whole_table():
+    """k = n / gamma (2 x 2, k = 1; 4 x 2, k = 2) is neither 0 nor every draft: equal
+    survivals, so the first k candidates in row-major order (request 0's first drafts)."""
+    assert schedule_topk(np.full((2, 2), 0.5), 1).tolist() == [1, 0]
+    assert schedule_topk(np.full((4, 2), 0.5), 2).tolist() == [2, 0, 0, 0]
+    # and k = n * gamma is the whole table
+    assert schedule_topk(np.full((4, 2), 0.5), 8).tolist() == [2, 2, 2, 2]
+
+
+def test_stretch_edges_by_hand():
+    """Quantile map at its edges: one candidate takes the curve's top (quantile 0); a
+    one-value curve repeats; no candidates give an empty curve; an empty lagged curve
+    (nothing to estimate from) gives zeros, so the estimate admits nothing."""
+    curve = np.array([0.75, 0.5, 0.25])
+    assert stretch_sorted(curve, 1).tolist() == [0.75]
+    assert stretch_sorted(curve, 2).tolist() == [0.75, 0.5]  # j * 3 // 2 = 0, 1
+    assert stretch_sorted(np.array([0.75]), 3).tolist() == [0.75, 0.75, 0.75]
+    assert stretch_sorted(curve, 0).tolist() == []
+    assert stretch_sorted(np.zeros(0), 3).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_displacement_budget_of_an_empty_batch_is_zero():
+    from dspark_sim.policies.scheduler import budget_displacement
+
+    cost = StepCost(readonly(np.ones(9)), readonly(np.zeros(1)), 0, 0.0)
+    assert budget_displacement(np.zeros((0, 4)), cost) == 0
+    # the stretched-estimate form with n given: no requests, no drafts
+    assert budget_displacement(np.zeros((0, 4)), cost, 0, np.array([1.0, 1.0])) == 0
+
+
+# -- vllm-adaptive: vLLM's T + B pricing, the one-step-old array as it is ------------------------
+
+
+def test_vllm_adaptive_first_step_prices_only_what_the_step_carries():
+    """No lagged snapshot yet: K from this step's survivals. One request, two sure drafts,
+    token budget 3, a flat table (1 s at any B), two pending prefill tokens at 1 s each
+    when displaced. T + B pricing: i = 0, 1, 2 drafts carry 2, 1, 0 prefill tokens, B is
+    always 3, C = 1, 1, 1 and tau = 1, 2, 3: K = 2. The default prices the displaced
+    prefill: C = 1, 2, 3, tau / C = 1, 1, 1, first maximum K = 0. A lag of the same
+    survivals changes neither."""
+    a = readonly(np.array([[1.0, 1.0]]))
+    cost = StepCost(readonly(np.ones(4)), readonly(np.zeros(3)), 2, 1.0)
+    for lag in (None, a):
+        snap = BatchSnapshot(a, 2, cost.budget, cost=cost, lagged_survival=lag)
+        assert get_policy("vllm-adaptive")(snap).tolist() == [2]
+        assert get_policy("confidence")(snap).tolist() == [0]
+
+
+def test_lagged_budgets_by_hand():
+    """Two requests now, survivals (1/2, 1/4) and (3/4, 1/2); one request's drafts a step
+    or two ago, (1, 3/4); the step costs C_i = 1 + i / 4 at i drafts (table 0.5 + B / 4 at
+    B = 2 + i verify tokens, nothing else).
+
+    * vllm-adaptive sizes K on the lagged array as it is, not stretched to this batch:
+      tau = 2, 3, 3.75 over C = 1, 1.25, 1.5 gives 2, 2.4, 2.5: K = 2, this step's best
+      two are 3/4 (request 1) and the first 1/2 in row-major order (request 0): [1, 1].
+    * confidence stretches the lag to 4 candidates (1, 1, 3/4, 3/4): tau = 2, 3, 4, 4.75,
+      5.5 over 1 .. 2 rises to 2.75 at K = 4: [2, 2].
+    * With no lagged rows (the last steps decoded nothing) there is no lag: both size K on
+      this step's survivals, tau = 2, 2.75, 3.25, 3.75, 4 gives 2, 2.2, 2.17, 2.14, 2: K = 1,
+      the 3/4: [0, 1]."""
+    cur = readonly(np.array([[0.5, 0.25], [0.75, 0.5]]))
+    cost = StepCost(readonly(0.5 + 0.25 * np.arange(11)), readonly(np.zeros(5)), 0, 0.0)
+
+    def run(spec, lag):
+        return get_policy(spec)(BatchSnapshot(cur, 2, cost.budget, cost=cost,
+                                              lagged_survival=lag)).tolist()
+
+    one_row = readonly(np.array([[1.0, 0.75]]))
+    assert run("vllm-adaptive", one_row) == [1, 1]
+    assert run("confidence", one_row) == [2, 2]
+    no_rows = readonly(np.zeros((0, 2)))
+    assert run("vllm-adaptive", no_rows) == run("vllm-adaptive", None) == [0, 1]
+    assert run("confidence", no_rows) == run("confidence", None) == [0, 1]
+
+
+def test_async_lag_of_one_row_and_of_none():
+    """confidence-async: a one-request lag is a lag (survivals 1/2, 1/2 on a table that
+    halves at the first draft: Theta = 10, 7.5, 10, first maximum K = 0); a lag with no
+    rows is none, and the current batch (certain drafts, flat table) sizes K = 4."""
+    cur = readonly(np.ones((2, 2)))
+    flat = readonly(np.full(5, 10.0))
+    pol = get_policy("confidence-async")
+    snap = BatchSnapshot(cur, 2, 100, sps=flat, lagged_survival=readonly(np.full((1, 2), 0.5)),
+                         lagged_sps=readonly(np.array([10.0, 5.0, 5.0])))
+    assert pol(snap).tolist() == [0, 0]
+    snap = BatchSnapshot(cur, 2, 100, sps=flat, lagged_survival=readonly(np.zeros((0, 2))),
+                         lagged_sps=readonly(np.array([10.0])))
+    assert pol(snap).tolist() == [2, 2]
+
+
+def test_none_and_mtp1_verify_what_they_name():
+    """none verifies nothing and mtp1 its one MTP draft, whatever the snapshot's block."""
+    snap = BatchSnapshot(readonly(np.ones((3, 5))), 5, 100)
+    assert get_policy("none")(snap).tolist() == [0, 0, 0]
+    assert get_policy("mtp1")(snap).tolist() == [1, 1, 1]
