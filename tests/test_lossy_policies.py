@@ -288,6 +288,17 @@ def test_asd_refuses_a_captured_trace_at_a_nonzero_temperature():
     lossy.check_greedy(trace("synthetic", 1.0))  # synthetic traces have no sampling
 
 
+def test_asd_run_on_a_sampled_captured_trace_is_a_one_line_error(shipped):
+    """The replay itself refuses a captured trace sampled at temperature 1 (ASD's regret
+    rule needs the greedy stream), naming the file; the same rows marked greedy run."""
+    sampled = replace(shipped, meta=replace(shipped.meta, source="captured", temperature=1.0))
+    with pytest.raises(InputError, match="greedy decoding only") as e:
+        simulate(_cfg("asd@fixed:5", n=2, conc=2), trace=sampled)
+    assert "temperature 1" in str(e.value) and shipped.source_path in str(e.value)
+    greedy = replace(shipped, meta=replace(shipped.meta, source="captured", temperature=0.0))
+    assert simulate(_cfg("asd@fixed:5", n=2, conc=2), trace=greedy).summary["lossy"] is True
+
+
 
 def test_a_step_where_every_request_skips_runs_no_target_forward():
     from dspark_sim.sim import engine

@@ -210,6 +210,27 @@ def test_snapshots_and_costs_are_frozen():
             setattr(obj, name, np.zeros(2))
 
 
+def test_policy_records_compare_and_hash_by_identity():
+    """The records a policy reads and returns hold arrays, whose ``==`` is element-wise:
+    field-wise equality would raise (an array's truth value is ambiguous) or call two
+    steps' one-element records equal, and a frozen record with field-wise equality hashes
+    its arrays (TypeError). So they compare and hash by identity (``eq=False``): ``in``,
+    dict keys and caches keyed on a snapshot, a cost or a plan are safe for a policy."""
+    from dspark_sim.policies.base import Replayed, ReplayView, StepCost, Verification
+    from dspark_sim.policies.lossy import SkipPlan
+
+    makers = (lambda: StepCost(readonly(np.ones(3)), readonly(np.zeros(3)), 0, 0.0),
+              lambda: BatchSnapshot(readonly(np.ones((2, 2))), 2, 8),
+              lambda: Verification(np.ones(2)),
+              lambda: ReplayView(np.ones(2), np.zeros(2), None, np.zeros(2)),
+              lambda: Replayed(np.ones(2)),
+              lambda: SkipPlan(np.ones(2, bool), np.ones(2)))
+    for make in makers:
+        a, b = make(), make()  # equal contents, two records
+        assert a == a and a != b and not (a == b)
+        assert {a: "a", b: "b"}[b] == "b" and b in [a, b] and [a, b].index(b) == 1
+
+
 @pytest.mark.parametrize("bad", [None, 5, 1.5])
 def test_non_string_policy_specs(bad):
     with pytest.raises(InputError, match="empty policy name"):

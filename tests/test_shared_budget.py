@@ -125,6 +125,9 @@ def test_bad_shared_budget_specs(bad, message):
 def test_names_and_what_they_ask_for():
     assert get_policy("DFly").name == "dfly"
     assert get_policy("dfly:100,25").name == "dfly:25,100"
+    # both ends of 1..100 are ratios (1 % of 32 slots rounds to K = 0)
+    assert get_policy("dfly:1,100").name == "dfly:1,100"
+    assert get_policy("dfly:1").name == "dfly:1"
     for spec in ("dfly", "dcut"):
         p = get_policy(spec)
         assert (p.drafter, p.needs_cost, p.needs_survival, p.needs_lag) == \
