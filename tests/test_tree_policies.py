@@ -399,3 +399,281 @@ def test_tree_step_cost_extends_the_extra_terms_at_their_mean_slope():
     got = _tree_step_s(cost, 1, 6)
     np.testing.assert_allclose(got, [10 + 0, 20 + 1, 30 + 2, 40 + 3, 50 + 4, 60 + 5])
     np.testing.assert_allclose(_tree_step_s(cost, 1, 3), [10, 21, 32])  # no extension
+
+
+# -- the tree builders against their definitions, written as plain loops ---------------
+#
+# Each policy's tree is rebuilt here from the module docstring's definition, one request
+# and one node at a time, with no array tricks: at each depth the ``width`` best children
+# (value = parent's value x the child's factor, > 0 only) of the previous depth's kept
+# nodes, ties in (parent's place, rank) order; a request's nodes ranked by value, ties
+# shallower first then by place; the verified nodes are a prefix of that ranking. The
+# policies' plans are read back as rank paths (through their parent pointers) and must
+# equal these trees node for node, in order, with the same tokens and drafting.
+
+
+def _bf_levels(factor, allowed, width):
+    """One request's tree: per depth the kept nodes (path, value), best first."""
+    g, k = factor.shape
+    levels, prev = [], [((), 1.0)]  # the root
+    for j in range(g):
+        cands = [(path + (rk,), val * float(factor[j, rk]))
+                 for path, val in prev for rk in range(k) if allowed[j, rk]]
+        cands = [c for c in cands if c[1] > 0]  # a zero-probability node is no node
+        cands.sort(key=lambda c: -c[1])  # Python's sort is stable: (parent, rank) order
+        prev = cands[:width]
+        levels.append(prev)
+    return levels
+
+
+def _bf_ranking(levels):
+    """[(path, value)] by value descending; ties: shallower, then the place in its depth."""
+    nodes = [(-val, j, place, path, val) for j, lv in enumerate(levels)
+             for place, (path, val) in enumerate(lv)]
+    return [(path, val) for *_, path, val in sorted(nodes)]
+
+
+def _off_spine_parents(nodes):
+    """Markov-head tokens: distinct parents of ``nodes`` ((request, path) pairs) that are
+    nodes off the all-rank-0 chain (the root's and the chain's children come from the
+    block pass)."""
+    return len({(r, p[:-1]) for r, p in nodes if len(p) > 1 and any(p[:-1])})
+
+
+def _plan_ranking(plan, r):
+    """Request r's live nodes as rank paths in the plan's verification order, read back
+    through the parent pointers; the orders must be exactly 0..L-1."""
+    parent, rank, order = plan.parent[r], plan.rank[r], plan.order[r]
+    from dspark_sim.policies.trees import NEVER
+    g, s = rank.shape
+    path_of: dict[tuple[int, int], tuple] = {}
+    live = []
+    for j in range(g):
+        for k in range(s):
+            if order[j, k] == NEVER:
+                continue
+            p = int(parent[j, k])
+            prefix = () if j == 0 else path_of[(j - 1, p)]  # KeyError: no such parent
+            assert (p == -1) == (j == 0)
+            path_of[(j, k)] = prefix + (int(rank[j, k]),)
+            live.append((int(order[j, k]), path_of[(j, k)]))
+    live.sort()
+    assert [o for o, _ in live] == list(range(len(live)))
+    return [p for _, p in live]
+
+
+def _tie_snapshot(seed: int, n: int, g: int, budget: int):
+    """Drafter fields on a coarse grid, so equal joint probabilities, zeros, certain
+    tokens (p_0 = 1) and flat survival (c_j = 1, a child as likely as its parent) occur;
+    a step cost whose extra terms are not flat and whose prefill is sometimes absent."""
+    rng = np.random.default_rng(seed)
+    alt = np.zeros((n, g, 4))
+    for r in range(n):
+        for j in range(g):
+            left = 20
+            for c in range(4):  # multiples of 0.05, non-increasing, sum <= 1
+                take = int(rng.integers(0, left + 1)) if c < 3 else left
+                take = min(take, int(alt[r, j, c - 1] * 20 + 1e-9)) if c else take
+                alt[r, j, c] = take / 20
+                left -= take
+    steps = rng.choice([1.0, 1.0, 0.9, 0.5, 0.25, 0.0], size=(n, g))
+    surv = np.cumprod(steps, axis=1)
+    # per-token costs from negligible to comparable with a node's worth (a step of
+    # ~10 ms, a node worth ~1/n of the step's tokens), so every price moves the budget
+    slope = float(rng.choice([1e-5, 3e-4, 2e-3]))
+    table = 0.01 + np.cumsum(rng.uniform(0, slope, budget + 1))
+    extra = np.cumsum(rng.uniform(0, slope, n * g + 1))
+    pending = int(rng.choice([0, int(rng.integers(1, 2 * budget))]))
+    cost = StepCost(readonly(table), readonly(extra), pending, float(rng.uniform(0, slope)),
+                    float(rng.choice([0.0, slope / 4, 4 * slope])))
+    return BatchSnapshot(readonly(surv), g, budget, cost=cost,
+                         fields={"alt_prob": readonly(alt)})
+
+
+def _bf_factors(surv_r, alt_r):
+    """The docstring's path-survival factors for one request, by hand."""
+    g, k = alt_r.shape
+    f = np.zeros((g, k))
+    prev = 1.0
+    for j in range(g):
+        c = surv_r[j] / prev if prev > 0 else 0.0
+        c = min(max(c, 0.0), 1.0)
+        rest = max(1.0 - alt_r[j, 0], 1e-6)
+        f[j, 0] = c
+        for rk in range(1, k):
+            f[j, rk] = min(max((1.0 - c) * alt_r[j, rk] / rest, 0.0), 1.0)
+        prev = surv_r[j]
+    return f
+
+
+def _bf_step_s(cost, n, i):
+    """The step with i nodes, priced by hand: table at the tokens carried (verify plus the
+    prefill that still fits), the extra terms (past their end at their mean slope), the
+    displaced prefill."""
+    extra = cost.extra_s
+    last = extra.size - 1
+    if i <= last:
+        ext = extra[i]
+    else:
+        ext = extra[last] + (extra[last] - extra[0]) / max(last, 1) * (i - last)
+    verify = n + i
+    if not cost.pending_prefill:
+        return cost.table_s[verify] + ext
+    carried = min(cost.pending_prefill, max(cost.budget - verify, 0))
+    return cost.table_s[verify + carried] + ext \
+        + cost.prefill_s_per_token * (cost.pending_prefill - carried)
+
+
+def _bf_policy(spec, snap):
+    """(tokens, per-request rankings, draft tokens) of a tree policy, by its definition."""
+    name, _, arg = spec.partition(":")
+    a = [float(x) for x in arg.split(",")]
+    alt = np.asarray(snap.fields["alt_prob"], np.float64)
+    n, g, k = alt.shape
+    if name == "cure":
+        cap, b, width, margin = int(a[0]), int(a[1]), int(a[2]), a[3]
+        allowed = np.zeros((n, g, k), bool)
+        for r in range(n):
+            for j in range(g):
+                for rk in range(k):
+                    repair = alt[r, j, 0] - alt[r, j, 1] < margin
+                    allowed[r, j, rk] = rk == 0 or (repair and 1 <= rk <= b)
+        factor = alt
+    else:
+        cap, width = int(a[0]), int(a[1])
+        allowed = np.ones((n, g, k), bool)
+        factor = alt if name == "pctree" else np.stack(
+            [_bf_factors(snap.survival[r], alt[r]) for r in range(n)])
+    rankings = [_bf_ranking(_bf_levels(factor[r], allowed[r], width)) for r in range(n)]
+    if name != "dspark-tree":
+        tokens = [min(len(rk), cap) for rk in rankings]
+    else:  # Algorithm 1 over the batch's nodes, every prefix of the best-first list tried
+        cands = sorted((-val, r, pos, path) for r, rk in enumerate(rankings)
+                       for pos, (path, val) in enumerate(rk[:cap]))
+        size = min(len(cands) + 1, snap.cost.budget - n + 1)
+        best, best_rate, tau = 0, -1.0, float(n)
+        for i in range(size):
+            if i:
+                tau = n + sum(-c[0] for c in cands[:i])
+            step = _bf_step_s(snap.cost, n, i) + snap.cost.draft_token_s * \
+                _off_spine_parents([(c[1], c[3]) for c in cands[:i]])
+            if tau / step > best_rate:  # the first best, as argmax
+                best, best_rate = i, tau / step
+        tokens = [sum(1 for c in cands[:best] if c[1] == r) for r in range(n)]
+    verified = [[p for p, _ in rk[:t]] for rk, t in zip(rankings, tokens, strict=True)]
+    if name == "cure":
+        drafted = [sum(1 for p in v if p[-1] > 0) for v in verified]
+    else:
+        drafted = [_off_spine_parents([(0, p) for p in v]) for v in verified]
+    return tokens, [[p for p, _ in rk] for rk in rankings], drafted
+
+
+BUILDER_SPECS = st.one_of(
+    st.builds(lambda n, k: f"pctree:{n},{k}", st.integers(1, 30), st.integers(1, 5)),
+    st.builds(lambda n, b, f, m: f"cure:{n},{b},{f},{m}", st.integers(1, 30),
+              st.integers(1, 3), st.integers(1, 5), st.sampled_from([0.0, 0.25, 0.5, 1.0])),
+    st.builds(lambda n, k: f"dspark-tree:{n},{k}", st.integers(1, 30), st.integers(1, 5)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(spec=BUILDER_SPECS, seed=st.integers(0, 10_000), n=st.integers(1, 4),
+       g=st.integers(1, 5), budget=st.integers(1, 60))
+def test_tree_builders_equal_their_definitions(spec, seed, n, g, budget):
+    snap = _tie_snapshot(seed, n, g, max(budget, n))
+    v = get_policy(spec)(snap)
+    tokens, rankings, drafted = _bf_policy(spec, snap)
+    for r in range(n):
+        assert _plan_ranking(v.plan, r) == rankings[r], r
+    assert np.asarray(v.tokens).tolist() == tokens
+    assert np.asarray(v.draft_tokens).tolist() == drafted
+
+
+def _one_request_dspark_tree(survival, alt, table, draft_token_s, width=1):
+    snap = BatchSnapshot(readonly(np.array([survival])), len(survival), table.size - 1,
+                         cost=StepCost(readonly(table), readonly(np.zeros(len(survival) + 1)),
+                                       0, 0.0, draft_token_s),
+                         fields={"alt_prob": readonly(np.array([alt]))})
+    return get_policy(f"dspark-tree:8,{width}")(snap)
+
+
+def test_dspark_tree_verifies_nothing_when_no_node_pays_for_its_step():
+    """One request, one depth, c = 0.01 and a drafter whose top 4 hold little of the
+    rejected mass (p = 0.5, 0.005, 0.005, 0): the best node survives with 0.01 (the
+    runner-ups 0.99 * 0.005 / 0.5 = 0.0099) and makes the step 50 % dearer: 1/1 s beats
+    1.01/1.5 s, so no node is verified, whatever the Markov head costs (verifying nothing
+    drafts nothing)."""
+    alt = [[0.5, 0.005, 0.005, 0.0]]
+    table = np.array([0.0, 1.0, 1.5, 1.5])  # s at 0, 1, 2, 3 batch tokens
+    for draft_token_s in (0.0, 1.0):
+        v = _one_request_dspark_tree([0.01], alt, table, draft_token_s)
+        assert v.tokens.tolist() == [0] and v.draft_tokens.tolist() == [0]
+
+
+def test_dspark_tree_prices_no_markov_token_for_the_roots_alternatives():
+    """The calibrated confidence says the greedy token is likely wrong (c = 0.2), so the
+    best root child is the runner-up: (1 - 0.2) * 0.4 / 0.5 = 0.64. The root's
+    alternatives come with the block pass (no Markov-head token), so verifying it is worth
+    1.64 / 1.5 > 1 / 1 however dear a Markov-head token d is. A child of that runner-up
+    (off the chain) does need one: with c = 1 at depth 2 it survives with 0.64 * 1, and
+    (1 + 0.64 + 0.64) / (1.5 + d) beats 1.64 / 1.5 only while d < 0.585."""
+    alt = [[0.5, 0.4, 0.1, 0.0]]
+    table = np.array([0.0, 1.0, 1.5, 1.5])
+    for d in (0.0, 0.5, 50.0):
+        v = _one_request_dspark_tree([0.2], alt, table, d)
+        assert v.tokens.tolist() == [1] and v.draft_tokens.tolist() == [0]
+        assert v.plan.rank[0, 0, 0] == 1
+    alt2 = [[0.5, 0.4, 0.1, 0.0], [0.9, 0.1, 0.0, 0.0]]
+    table2 = np.array([0.0, 1.0, 1.5, 1.5, 1.5])
+    for d, tokens, drafted in ((0.0, 2, 1), (0.55, 2, 1), (0.62, 1, 0), (5.0, 1, 0)):
+        v = _one_request_dspark_tree([0.2, 0.2], alt2, table2, d)
+        assert (v.tokens.tolist(), v.draft_tokens.tolist()) == ([tokens], [drafted]), d
+
+
+def test_tree_step_cost_displaces_prefill_by_hand():
+    """With prefill pending, verify tokens first take the budget's spare room, then
+    push prefill out of the step, each displaced token priced at prefill_s_per_token:
+    budget 15, 12 pending, table 10 s per token, 100 s per displaced token; i = 0..5
+    nodes with one request: verify 1..6, carried min(12, 15 - verify) = 12,12,12,11,10,9."""
+    from dspark_sim.policies.trees import _tree_step_s
+
+    table = readonly(np.arange(16, dtype=np.float64) * 10.0)
+    cost = StepCost(table, readonly(np.zeros(3)), 12, 100.0)
+    np.testing.assert_allclose(_tree_step_s(cost, 1, 6),
+                               [130, 140, 150, 150 + 100, 150 + 200, 150 + 300])
+
+
+def test_tree_step_cost_extends_two_extra_terms_at_their_slope():
+    """One request of one draft: extra (0, 1) ms has slope 1 ms per token, so the
+    further nodes cost 2, 3 ms (the mean slope over one gap, not half of it)."""
+    from dspark_sim.policies.trees import _tree_step_s
+
+    cost = StepCost(readonly(np.zeros(8)), readonly(np.array([0.0, 1.0])), 0, 0.0)
+    np.testing.assert_allclose(_tree_step_s(cost, 1, 4), [0, 1, 2, 3])
+
+
+def test_node_survival_factors_stay_probabilities_on_rounded_rows():
+    """A drafter row stored in half precision can hold p_0 + p_1 a hair above 1 (0.5 and
+    0.5 + 2**-11); where the calibrated confidence is 0 (survival drops to 0), the
+    runner-up would get (1 - 0) * p_1 / (1 - p_0) = 1.00098: it is a probability, so 1."""
+    surv = np.array([[0.5, 0.0]])
+    alt = np.array([[[0.5, 0.25, 0.25, 0.0], [0.5, 0.5 + 2**-11, 0.0, 0.0]]])
+    f = node_survival_factors(surv, alt)
+    assert f[0, 0].tolist() == [0.5, 0.25, 0.25, 0.0]
+    assert f[0, 1].tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_a_tree_plan_is_frozen_and_compared_by_identity():
+    """A plan is handed from the policy to its replay unchanged: its fields cannot be
+    rebound, and since it holds arrays (whose == is elementwise) it compares and hashes
+    by identity: two plans over the same arrays are two plans."""
+    import dataclasses
+
+    from dspark_sim.policies.trees import TreePlan
+
+    snap, _ = _random_snapshot(1, 2, 3)
+    plan = get_policy("pctree:8,2")(snap).plan
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.order = plan.order
+    twin = TreePlan(plan.parent, plan.rank, plan.order)
+    assert plan == plan and plan != twin and len({plan, twin}) == 2
