@@ -55,6 +55,7 @@ def shipped():
     ("asd:0.5,1,0", "confidence"),        # B = 0: strict
     ("asd:100,7,0@fixed:7", "fixed:7"),    # generous g and m, still no budget
     ("asd:100,0,inf@fixed:5", "fixed:5"),  # m = 0: no lossy acceptance per block
+    ("asd:0,7,inf@fixed:5", "fixed:5"),    # g = 0: every mismatch costs >= MIN_REGRET > 0
 ])
 def test_asd_without_budget_is_strict_decoding(shipped, spec, chain):
     res = simulate(_cfg(spec), trace=shipped)
@@ -371,8 +372,13 @@ def test_policy_specs_parse_and_sweep_lists_keep_their_commas():
     assert get_policy("skip@fixed:3").name == "skip:0.9@fixed:3"
     assert parse_list("asd:0.5,1,8,mtp1,skip:0.9@fixed:3") == \
         ["asd:0.5,1,8", "mtp1", "skip:0.9@fixed:3"]
-    for bad in ("asd:1,2", "asd:x,1,1", "asd:-1,1,1", "skip:x", "asd@none", "skip@asd"):
-        with pytest.raises(InputError):
+    # the lower ends of the ranges are settings: g = m = B = 0 (strict), P = 0
+    assert get_policy("asd:0,0,0@fixed:3").name == "asd:0,0,0@fixed:3"
+    assert get_policy("skip:0@fixed:3").name == "skip:0@fixed:3"
+    for bad in ("asd:1,2", "asd:x,1,1", "asd:-1,1,1", "asd:1,-1,1", "asd:1,1,-1",
+                "asd:nan,1,1", "asd:1,1,nan", "skip:x", "skip:-0.5", "skip:nan", "asd@none",
+                "skip@asd"):
+        with pytest.raises(InputError, match="--policy"):
             get_policy(bad)
 
 

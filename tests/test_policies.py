@@ -200,12 +200,16 @@ def test_snapshots_and_costs_are_frozen():
     assert (cost.draft_token_s, cost.draft_pass_s, cost.draft_fixed_s) == (0.0, 0.0, 0.0)
     with pytest.raises(ValueError, match="read-only"):
         snap.survival[0, 0] = 0.5
-    # nor can a tree / lossy policy's decision, its replay's view or its outcome change
+    # nor can a tree / lossy policy's decision, its replay's view, its outcome or its
+    # configuration change
     from dspark_sim.policies.base import Replayed, ReplayView, Verification
+    from dspark_sim.policies.lossy import AsdConfig, SkipPlan
 
     for obj, name in ((Verification(np.ones(2)), "tokens"),
                       (ReplayView(np.ones(2), np.zeros(2), None, np.zeros(2)), "state"),
-                      (Replayed(np.ones(2)), "accepted")):
+                      (Replayed(np.ones(2)), "accepted"),
+                      (SkipPlan(np.ones(2, bool), np.ones(2)), "commit"),
+                      (AsdConfig(0.5, 1, 8.0), "budget")):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(obj, name, np.zeros(2))
 
