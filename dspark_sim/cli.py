@@ -295,6 +295,7 @@ def traces_synth(
         synth_iid,
     )
 
+    check_writable(out, "--out", kind="file")  # before minutes of generation, not after
     if kind == "iid":
         t = synth_iid(alpha, gamma, num_requests=requests, positions=positions, seed=seed)
     elif kind in ("dspark", "mtp1"):

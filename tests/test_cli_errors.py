@@ -152,12 +152,26 @@ def test_sweep_headline_names_match_by_alias(tmp_path):
 @pytest.mark.parametrize("args,needles", [
     (["traces", "synth", "--kind", "bogus"], ["--kind", "iid, dspark or mtp1", "'bogus'"]),
     (["traces", "synth", "--kind", "iid", "--gamma", "0"], ["--gamma", ">= 1", "got 0"]),
-    (["traces", "synth", "--kind", "iid", "--requests", "0"], ["requests", ">= 1"]),
+    (["traces", "synth", "--kind", "iid", "--requests", "0"], ["--requests", ">= 1", "got 0"]),
+    (["traces", "synth", "--kind", "mtp1", "--positions", "-2"], ["--positions", "got -2"]),
+    # found poking synth as the hostile suite pokes run: a NaN or negative spread wrote a
+    # trace of NaN (or order-flipped) confidences; --seed -1 was a numpy traceback
+    (["traces", "synth", "--kind", "dspark", "--noise", "nan"], ["--noise", "finite", "nan"]),
+    (["traces", "synth", "--kind", "dspark", "--noise", "-1"], ["--noise", ">= 0", "-1.0"]),
+    (["traces", "synth", "--kind", "mtp1", "--overconfidence", "0"], ["--overconfidence", "> 0"]),
+    (["traces", "synth", "--kind", "iid", "--seed", "-1"], ["--seed", "non-negative", "-1"]),
 ])
 def test_traces_synth_options(tmp_path, args, needles):
     out = tmp_path / "t.parquet"
     one_line_error([*args, "--out", str(out)], *needles)
     assert not out.exists()
+
+
+def test_traces_synth_checks_its_output_before_generating(tmp_path):
+    # an unwritable --out was a FileNotFoundError traceback after the trace was built
+    one_line_error(["traces", "synth", "--kind", "dspark", "--out", "/proc/t.parquet"],
+                   "--out", "/proc")
+    one_line_error(["traces", "synth", "--out", str(tmp_path)], "--out", "folder")
 
 
 def test_inspect_profiles_and_calibrate(tmp_path):

@@ -56,3 +56,17 @@ def test_shipped_parameters_serve_table1_on_a_fresh_sample():
         sub = fresh.select_domain(c.domain)
         assert served_tau_by_hand(sub, 7) == pytest.approx(TABLE1[c.domain], rel=0.04), c.domain
         assert sub.conditional_acceptance()[0] == pytest.approx(c.p1, abs=0.02), c.domain
+
+
+@pytest.mark.parametrize("field,value", [("rho", 1.0), ("rho", float("nan")),
+                                         ("sigma_token", -0.1), ("sigma_request", float("inf")),
+                                         ("noise", float("nan")), ("overconfidence", 0.0)])
+def test_signal_model_refuses_what_would_write_nan_or_flipped_confidences(field, value):
+    # |rho| >= 1 is no stationary AR(1); a NaN/inf spread gives NaN confidences; a
+    # sharpening of 0 gives all 0.5 and a negative one reverses the confidence order
+    from dspark_sim.errors import InputError
+    from dspark_sim.traces.synth import SignalModel
+
+    with pytest.raises(InputError, match=f"--{field}"):
+        SignalModel(**{field: value})
+    assert SignalModel(rho=0.0, noise=0.0).rho == 0.0  # the edges that are fine stay fine

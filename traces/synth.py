@@ -35,6 +35,7 @@ exact up to the bisection tolerance whatever the size of the trace.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -52,14 +53,21 @@ def _check_shape(gamma: int, requests: int, positions: int, width: int,
     within MAX_CELLS."""
     if gamma < 1:
         raise InputError("--gamma", f"must be >= 1, got {gamma}")
-    if requests < 1 or positions < 1:
-        raise InputError("traces synth", "requests and positions must be >= 1")
+    if requests < 1:
+        raise InputError("--requests", f"must be >= 1, got {requests}")
+    if positions < 1:
+        raise InputError("--positions", f"must be >= 1, got {positions}")
     if gamma > max_gamma:
         raise InputError("--gamma", f"must be <= {max_gamma}, got {gamma}")
     cells = requests * positions * width
     if cells > MAX_CELLS:
         raise InputError("--requests", f"requests x positions x gamma = {cells:,} exceeds "
                                        f"{MAX_CELLS:,}; generate fewer or concatenate traces")
+
+
+def _check_seed(seed: int) -> None:
+    if not isinstance(seed, int) or seed < 0:  # numpy's SeedSequence takes no negative
+        raise InputError("--seed", f"must be a non-negative integer, got {seed!r}")
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,20 @@ class SignalModel:
     sigma_token: float = 1.2
     noise: float = 0.35
     overconfidence: float = 1.3
+
+    def __post_init__(self) -> None:
+        # NaN or a negative spread would write a trace of NaN confidences (or flip their
+        # order) that fails only later, in calibration or the scheduler: refuse it here.
+        # The CLI exposes noise and overconfidence; the rest are the library's.
+        for name in ("sigma_request", "sigma_position", "sigma_token", "noise"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0.0):
+                raise InputError(f"--{name}", f"must be a finite number >= 0, got {v}")
+        if not (math.isfinite(self.overconfidence) and self.overconfidence > 0.0):
+            raise InputError("--overconfidence", f"must be a finite number > 0, got "
+                                                 f"{self.overconfidence}")
+        if not -1.0 < self.rho < 1.0:  # AR(1) stationary only for |rho| < 1
+            raise InputError("--rho", f"must lie in (-1, 1), got {self.rho}")
 
 
 def _sigmoid(x):
@@ -224,6 +246,7 @@ def synth_drafter(
     latent block is ``max(gamma, k)`` wide so a target published at ``k`` holds for a
     trace drafting fewer tokens too (``m`` is then cut at ``gamma``)."""
     _check_shape(gamma, requests_per_domain, positions, max([gamma, *(c.k for c in curves)]))
+    _check_seed(seed)
     s = signal or SignalModel()
     rng = np.random.default_rng(seed)
     parts, params = [], {}
@@ -274,6 +297,7 @@ def synth_iid(
     if not 0.0 <= alpha <= 1.0:
         raise InputError("--alpha", f"must lie in [0, 1], got {alpha}")
     _check_shape(gamma, num_requests, positions, gamma)
+    _check_seed(seed)
     rng = np.random.default_rng(seed)
     n = num_requests * positions
     m = _leading_successes(np.full((n, gamma), alpha), rng)
