@@ -61,8 +61,10 @@ def _check_shape(gamma: int, requests: int, positions: int, width: int,
         raise InputError("--gamma", f"must be <= {max_gamma}, got {gamma}")
     cells = requests * positions * width
     if cells > MAX_CELLS:
-        raise InputError("--requests", f"requests x positions x gamma = {cells:,} exceeds "
-                                       f"{MAX_CELLS:,}; generate fewer or concatenate traces")
+        wide = "" if width == gamma else f" (the latent block is {width} wide: the curves' k)"
+        raise InputError("--requests x --positions x --gamma",
+                         f"{requests:,} x {positions:,} x {width:,} = {cells:,} exceeds "
+                         f"{MAX_CELLS:,}{wide}; generate fewer or concatenate traces")
 
 
 def _check_seed(seed: int) -> None:
@@ -137,7 +139,8 @@ class SignalModel:
 
 
 def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
+    with np.errstate(over="ignore"):  # exp(-x) = inf for x << 0 gives exactly 0: fine
+        return 1.0 / (1.0 + np.exp(-x))
 
 
 def _logit(p):

@@ -1,0 +1,145 @@
+"""Hostile options for ``traces synth``, ``traces export`` and ``calibrate confidence``,
+drawn by Hypothesis (the run-side suite is tests/test_hostile_properties.py, whose
+settings and value strategies this reuses).
+
+The property, for each command: any value of any one option is either refused with exit
+2 and one line that names the option, with nothing written, or the command writes a
+whole, valid file:
+
+* ``synth``: a trace that loads, with ``accept_len`` in ``[0, gamma_max]`` and, where it
+  has them, confidences in ``[0, 1]`` (a NaN spread once wrote NaN confidences);
+* ``export``: JSON whose rates are ``num_speculative_tokens`` numbers in ``[0, 1]``;
+* ``calibrate confidence``: a map that loads and applies to finite values in ``[0, 1]``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_hostile_properties import ANY_NUMBER, HOSTILE, PRINTABLE, runner
+
+from dspark_sim.calibration.confmap import load_calibration
+from dspark_sim.cli import app
+from dspark_sim.traces.schema import load_trace
+from dspark_sim.traces.synth import synth_drafter
+
+
+def _escaped(r) -> None:
+    assert r.exception is None or isinstance(r.exception, SystemExit), \
+        f"escaped: {r.exception!r}\n{r.output}"
+    assert "Traceback" not in r.output
+
+
+def _refused(r, option: str) -> None:
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and option in lines[0], \
+        (option, r.output)
+
+
+# Counts: small valid ones (a run stays fast), edges, and the hostile numbers; huge valid
+# counts are refused by synth's size cap before anything is generated.
+COUNT = st.one_of(st.integers(-2, 6).map(str), ANY_NUMBER)
+SYNTH_OPTIONS = {
+    "--kind": st.one_of(st.sampled_from(["iid", "dspark", "mtp1"]), PRINTABLE),
+    "--alpha": st.one_of(st.floats(0, 1).map(repr), ANY_NUMBER),
+    "--gamma": COUNT,
+    "--requests": COUNT,
+    "--positions": COUNT,
+    "--overconfidence": ANY_NUMBER,
+    "--noise": ANY_NUMBER,
+    "--seed": st.one_of(st.integers(-3, 2**70).map(str), ANY_NUMBER),
+}
+
+
+@HOSTILE
+@given(data=st.data(), kind=st.sampled_from(["iid", "dspark", "mtp1"]))
+def test_synth_options_are_refused_in_one_line_or_write_a_valid_trace(
+        tmp_path_factory, data, kind):
+    option = data.draw(st.sampled_from(sorted(SYNTH_OPTIONS)), label="option")
+    value = data.draw(SYNTH_OPTIONS[option], label="value")
+    out = tmp_path_factory.mktemp("synth") / "t.parquet"
+    base = {"--kind": kind, "--requests": "2", "--positions": "16", "--gamma": "3"}
+    base[option] = value
+    r = runner.invoke(app, ["traces", "synth", "--out", str(out),
+                            *[x for kv in base.items() for x in kv]])
+    _escaped(r)
+    if r.exit_code != 0:
+        _refused(r, option)
+        assert not out.exists()
+        return
+    t = load_trace(out)
+    assert t.num_requests >= 1 and t.num_positions >= 1
+    assert 0 <= int(t.accept_len.min()) and int(t.accept_len.max()) <= t.gamma_max
+    if t.conf is not None:
+        assert np.isfinite(t.conf).all() and (t.conf >= 0).all() and (t.conf <= 1).all()
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory):
+    from dspark_sim.traces.schema import write_trace
+
+    path = tmp_path_factory.mktemp("tr") / "dspark.parquet"
+    write_trace(synth_drafter(gamma=4, requests_per_domain=4, positions=32, seed=3), path)
+    return path
+
+
+EXPORT_OPTIONS = {
+    "--num-speculative-tokens": COUNT,
+    "--weighting": st.one_of(st.sampled_from(["served", "positions"]), PRINTABLE),
+    "--format": st.one_of(st.just("vllm-synthetic"), PRINTABLE),
+    "--method": PRINTABLE,
+    "--model": PRINTABLE,
+}
+
+
+@HOSTILE
+@given(data=st.data())
+def test_export_options_are_refused_in_one_line_or_write_valid_rates(
+        tmp_path_factory, small_trace, data):
+    option = data.draw(st.sampled_from(sorted(EXPORT_OPTIONS)), label="option")
+    value = data.draw(EXPORT_OPTIONS[option], label="value")
+    out = tmp_path_factory.mktemp("exp") / "spec.json"
+    r = runner.invoke(app, ["traces", "export", str(small_trace), "--out", str(out),
+                            option, value])
+    _escaped(r)
+    if r.exit_code != 0:
+        _refused(r, option)
+        assert not out.exists()
+        return
+    cfg = json.loads(out.read_text())
+    k = cfg["num_speculative_tokens"]
+    rates = cfg["synthetic_acceptance_rates"]
+    assert 1 <= k <= 4 and len(rates) == k
+    assert all(0.0 <= x <= 1.0 for x in rates)
+
+
+CALIBRATE_OPTIONS = {
+    "--method": st.one_of(st.sampled_from(["temperature", "isotonic"]), PRINTABLE),
+    "--holdout": st.one_of(st.floats(0, 1).map(repr), ANY_NUMBER),
+    "--seed": st.one_of(st.integers(-3, 2**70).map(str), ANY_NUMBER),
+}
+
+
+@HOSTILE
+@given(data=st.data())
+def test_calibrate_options_are_refused_in_one_line_or_write_a_valid_map(
+        tmp_path_factory, small_trace, data):
+    option = data.draw(st.sampled_from(sorted(CALIBRATE_OPTIONS)), label="option")
+    value = data.draw(CALIBRATE_OPTIONS[option], label="value")
+    out = tmp_path_factory.mktemp("cal") / "map.toml"
+    r = runner.invoke(app, ["calibrate", "confidence", "--trace", str(small_trace),
+                            "--out", str(out), option, value])
+    _escaped(r)
+    if r.exit_code != 0:
+        _refused(r, option)
+        assert not out.exists()
+        return
+    cmap = load_calibration(out)
+    grid = np.linspace(0.0, 1.0, 11, dtype=np.float32)
+    got = cmap.apply(np.tile(grid[:, None], (1, 4)))
+    assert np.isfinite(got).all() and (got >= 0).all() and (got <= 1).all()
