@@ -40,7 +40,8 @@ annotations, imports, ``__all__``, lines marked ``# pragma: no mutate``.
 Equivalent mutants (no test can tell them apart from the original) are recorded, each with
 why, in ``benchmarks/mutation_equivalent.toml``: an entry names the module, the mutated
 line's source text (stripped), the change as ``--list`` prints it and, where one line has
-two such changes, the columns of the changed node. The report gives the
+two such changes or two functions the same line, the columns of the changed node or the
+enclosing function. The report gives the
 raw kill rate (killed / run) and the mutation score (killed / (run - equivalent)), the
 textbook measure. The register is checked on every run: an entry whose mutant a test
 kills is wrong and is printed as such (and not counted), and on a full run of a module an
@@ -111,6 +112,8 @@ class Mutant:
     what: str  # human-readable change
     span: str = ""  # columns of the mutated node, "start-end" (tells apart two same changes
     # on one line: ``np.zeros(0), np.zeros(0)``, or the ``&`` of ``(a & b) & c``)
+    scope: str = ""  # the enclosing function / class, e.g. "Replica._admit" (tells apart
+    # two identical lines in different functions)
 
     @property
     def key(self) -> str:
@@ -127,6 +130,7 @@ class Equivalent:
     what: str  # the change, as Mutant.what
     why: str
     span: str | None = None  # only the mutant at these columns ("start-end", --list prints it)
+    scope: str | None = None  # only in this function / class (--list prints it)
 
 
 def load_equivalent(path: Path = EQUIVALENT_FILE) -> list[Equivalent]:
@@ -141,7 +145,7 @@ def load_equivalent(path: Path = EQUIVALENT_FILE) -> list[Equivalent]:
             raise SystemExit(f"{path}: entry {i + 1} needs module, line, what and a why "
                              f"(missing: {', '.join(sorted(missing)) or 'why'})")
         out.append(Equivalent(row["module"], row["line"].strip(), row["what"], row["why"],
-                              row.get("span")))
+                              row.get("span"), row.get("scope")))
     return out
 
 
@@ -241,6 +245,21 @@ def _walk_with_parents(tree: ast.AST):
         todo.extend((child, node) for child in ast.iter_child_nodes(node))
 
 
+def _scopes(tree: ast.Module) -> dict[int, str]:
+    """Every node's enclosing function / class, dotted ("" at module level)."""
+    out: dict[int, str] = {}
+
+    def visit(node: ast.AST, scope: str) -> None:
+        out[id(node)] = scope
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            scope = f"{scope}.{node.name}" if scope else node.name
+        for child in ast.iter_child_nodes(node):
+            visit(child, scope)
+
+    visit(tree, "")
+    return out
+
+
 def _stmt_ranges(tree: ast.Module) -> dict[int, tuple[int, int]]:
     """For every node, the lines whose execution makes a test relevant to it: its
     innermost statement's lines (a compound statement's header only)."""
@@ -266,6 +285,7 @@ def enumerate_mutants(module: str) -> list[Mutant]:
     tree = ast.parse(src)
     skip = _skip_ids(tree, src.splitlines())
     ranges = _stmt_ranges(tree)
+    scopes = _scopes(tree)
     out = []
     for i, (node, parent) in enumerate(_walk_with_parents(tree)):
         if id(node) in skip or not hasattr(node, "lineno"):
@@ -273,7 +293,7 @@ def enumerate_mutants(module: str) -> list[Mutant]:
         for j, what in enumerate(_mutations(node, parent)):
             first, last = ranges.get(id(node), (node.lineno, node.lineno))
             out.append(Mutant(module, i, j, node.lineno, first, last, what,
-                              f"{node.col_offset}-{node.end_col_offset}"))
+                              f"{node.col_offset}-{node.end_col_offset}", scopes[id(node)]))
     return out
 
 
@@ -503,7 +523,8 @@ class Report:
 def _listed(m: Mutant, register: list[Equivalent], src: list[str]) -> Equivalent | None:
     text = src[m.line - 1].strip()
     return next((e for e in register if e.module == m.module and e.what == m.what
-                 and e.line == text and e.span in (None, m.span)), None)
+                 and e.line == text and e.span in (None, m.span)
+                 and e.scope in (None, m.scope)), None)
 
 
 def relevant_tests(m: Mutant, cov: Coverage) -> list[str]:
@@ -653,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for mod in modules:
             for m in enumerate_mutants(mod):
-                print(f"{m.module}:{m.line}:{m.span}: {m.what}")
+                print(f"{m.module}:{m.line}:{m.span}: {m.what}  [{m.scope}]")
         return 0
     # Import the heavy third-party libraries once; every forked child inherits them.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -731,7 +752,7 @@ def _run(args, modules: list[str], tests: list[str], lines, tmp: Path) -> int:
                           f"{e.what} | {e.line[:60]}")
     if args.json:
         args.json.write_text(json.dumps([
-            {"module": o.mutant.module, "line": o.mutant.line, "span": o.mutant.span,
+            {"module": o.mutant.module, "line": o.mutant.line, "span": o.mutant.span, "scope": o.mutant.scope,
              "what": o.mutant.what,
              "status": o.status, "seconds": round(o.seconds, 3), "tests": o.tests,
              "text": sources[r.module][o.mutant.line - 1].strip(),

@@ -360,3 +360,16 @@ def test_without_a_step_series_stability_is_nothing_left_unfinished():
     s = summarize(done, _stats(), **args)
     assert s["unfinished"] == 0 and s["stable"] is True
     assert s["queue_growth_per_s"] == 0.0
+
+
+def test_whole_run_duration_starts_at_the_first_arrival_not_at_zero():
+    # the same five requests arriving 100 s later: the whole-run window is first arrival
+    # (100.0) to last completion (106.0), 6 s as before, so every throughput is unchanged
+    log = _log()
+    for col in ("arrival_s", "first_token_s", "finish_s"):
+        getattr(log, col)[:] += 100.0
+    s = summarize(log, _stats(), gpus=4, slo_ttft_ms=None, slo_tpot_ms=None, stable=True,
+                  queue_growth_per_s=0.0)
+    assert s["duration"] == pytest.approx(6.0)
+    assert s["output_throughput"] == pytest.approx(21 / 6)
+    assert s["request_throughput"] == pytest.approx(4 / 6)

@@ -26,14 +26,14 @@ def mutation():
 
 def test_every_register_entry_names_a_mutant_of_todays_source(mutation):
     register = mutation.load_equivalent()
-    made: dict[str, set[tuple[str, str, str | None]]] = {}
+    made: dict[str, set[tuple[str, str, str | None, str | None]]] = {}
     for e in register:
         if e.module not in made:
             src = (ROOT / e.module).read_text().splitlines()
-            made[e.module] = {(src[m.line - 1].strip(), m.what, span)
+            made[e.module] = {(src[m.line - 1].strip(), m.what, span, scope)
                               for m in mutation.enumerate_mutants(e.module)
-                              for span in (None, m.span)}
-        assert (e.line, e.what, e.span) in made[e.module], f"stale register entry: {e}"
+                              for span in (None, m.span) for scope in (None, m.scope)}
+        assert (e.line, e.what, e.span, e.scope) in made[e.module], f"stale register entry: {e}"
 
 
 def test_register_entries_need_a_reason(mutation, tmp_path):
@@ -62,3 +62,6 @@ def test_score_leaves_out_only_registered_survivors(mutation):
     at = [mutation.Equivalent("m.py", "d = e + f", "+ -> -", "why", span="4-9")]
     assert rep.equivalent(at, src) == []
     assert len(rep.equivalent([dataclasses.replace(at[0], span="")], src)) == 1
+    # and one with a scope only the mutant in that function
+    assert rep.equivalent([dataclasses.replace(at[0], span=None, scope="f")], src) == []
+    assert len(rep.equivalent([dataclasses.replace(at[0], span=None, scope="")], src)) == 1
