@@ -182,7 +182,6 @@ class StepStats:
     busy_s: float = 0.0
     request_steps: int = 0  # sum over steps of decoding requests
     verify_tokens: int = 0  # sum of (1 + l)
-    prefill_tokens: int = 0
     batch_tokens: int = 0
     budget_limited_steps: int = 0
     kv_blocked_steps: int = 0  # steps whose admission stopped at the KV capacity
@@ -502,7 +501,6 @@ class Replica:
             ctx.stop.succeed("steps")  # the run's step bound: stated in the summary
         stats.busy_s += dt
         stats.batch_tokens += verify_tokens + prefill_tokens
-        stats.prefill_tokens += prefill_tokens
         emitted = n_accepted = 0
         if n_dec:
             generated = batch[decoding, GENERATED]

@@ -394,6 +394,9 @@ def test_attention_units_by_hand():
     units = engine.Replica._attention_units(batch, slice(0, 2), ell, 2, None, None,
                                             skip=np.array([True, False]))
     assert units == (20.0, 0.0, 1)
+    # one draft verified is already a multi-token (2-token) query block: (1 + 1) x 10 + 20
+    units = engine.Replica._attention_units(batch, slice(0, 2), np.array([1, 0]), 2, None, None)
+    assert units == (40.0, 10.0, 2)
 
 
 def _recorded(policy_name: str):
@@ -761,3 +764,128 @@ def test_least_outstanding_picks_the_emptiest_whatever_the_order(n_replicas):
     assert [rr.route() for _ in range(3)] == [reps[i % n_replicas] for i in range(3)]
     one = engine.Router(reps[:1], "least-outstanding")
     assert [one.route() for _ in range(2)] == [reps[0]] * 2
+
+
+# -- from the full sim/engine.py mutation run (benchmarks/mutation.py) ------------------------
+
+@pytest.mark.parametrize("bad", [lambda n: np.r_[-1, np.full(n - 1, 3)],
+                                 lambda n: np.r_[2.5, np.full(n - 1, 3.0)]])
+def test_one_bad_length_among_good_ones_names_the_policy(bad):
+    """Every length is checked, not only the first or all together: one negative or one
+    fraction among valid lengths (only when two or more requests decode, so the first
+    one-request steps pass) is refused."""
+    trace = synth_iid(0.6, 7, num_requests=4, positions=64, seed=1)
+    cfg = _one_replica("fixed:3", n=3, concurrency=3, lengths="fixed:10:30")
+    pol = replace(get_policy("fixed:3"), needs_survival=True,
+                  decide=lambda s: bad(s.num_requests) if s.num_requests > 1
+                  else np.full(s.num_requests, 3))
+    with pytest.raises(RuntimeError, match="policy fixed:3: verify lengths must be"):
+        _run_with(pol, cfg, profile=_flat(), trace=trace)
+
+
+def test_lengths_past_the_drafted_block_are_cut_to_it():
+    """A policy asking for 12 of a 7-token block verifies the 7 drafted: the run equals
+    fixed:7 token for token (the verified count included)."""
+    trace = synth_iid(0.6, 7, num_requests=4, positions=64, seed=1)
+    cfg = _one_replica("fixed:7", n=3, concurrency=3, lengths="fixed:10:30")
+    want = simulate(cfg, profile=_flat(), trace=trace).summary
+    pol = replace(get_policy("fixed:7"), needs_survival=True,
+                  decide=lambda s: np.full(s.num_requests, 12))
+    got = _run_with(pol, cfg, profile=_flat(), trace=trace).summary
+    for key in ("num_draft_tokens_verified", "num_accepted_tokens", "engine_steps"):
+        assert got[key] == want[key], key
+
+
+def test_the_policy_reads_its_snapshot_read_only():
+    """Survivals, the SPS curve and the step cost's extra terms are handed to a policy
+    read-only: a policy cannot change what the engine or the next step reads."""
+    trace = synth_iid(0.5, 7, num_requests=4, positions=64, seed=2)
+    cfg = _one_replica("confidence", n=2, concurrency=2, lengths="fixed:6:20")
+    # confidence reads the step cost, confidence-async the (lagged) SPS curve
+    for name, arrays in (("confidence", lambda s: (s.survival, s.cost.extra_s)),
+                         ("confidence-async", lambda s: (s.survival, s.sps))):
+        pol, seen = _recorded(name)
+        _run_with(pol, cfg, profile=_flat(), trace=trace)
+        assert seen
+        for snap in seen:
+            for arr in arrays(snap):
+                assert not arr.flags.writeable
+                with pytest.raises(ValueError, match="read-only"):
+                    arr[...] = 0
+
+
+def test_gamma_max_shortens_the_block_drafters_block_only():
+    """--gamma-max 3 on a gamma-7 trace: the DSpark block drafter drafts (and a policy
+    verifies) at most 3 per step; MTP-1 keeps the trace's block; a fixed:7 that the
+    shortened block cannot feed, or a gamma_max past the trace, is refused."""
+    from dspark_sim.errors import InputError
+
+    trace = synth_iid(0.9, 7, num_requests=4, positions=64, seed=3)
+    base = _one_replica("confidence", n=3, concurrency=3, lengths="fixed:10:30")
+    short = replace(base, gamma_max=3)
+    s = simulate(short, profile=_flat(), trace=trace).summary
+    assert s["gamma_max"] == 3
+    assert 0 < s["num_draft_tokens_verified"] <= 3 * s["num_drafts"]
+    full = simulate(base, profile=_flat(), trace=trace).summary
+    assert full["gamma_max"] == 7 and full["num_draft_tokens_verified"] > 3 * full["num_drafts"]
+    both = _flat(drafts={"dspark": DraftCost(np.array([1.0, 2.0]), np.zeros(2), 7),
+                         "mtp1": DraftCost(np.array([1.0, 2.0]), np.zeros(2), 1)})
+    assert simulate(replace(base, policy="mtp1", gamma_max=3), profile=both,
+                    trace=trace).summary["gamma_max"] == 7
+    with pytest.raises(InputError, match="--policy"):
+        simulate(replace(base, policy="fixed:7", gamma_max=3), profile=_flat(), trace=trace)
+    with pytest.raises(InputError, match="--gamma-max"):
+        simulate(replace(base, gamma_max=9), profile=_flat(), trace=trace)
+
+
+def test_limits_allow_as_many_sequences_as_batched_tokens_and_are_frozen():
+    import dataclasses
+
+    lim = engine.resolve_limits(EngineConfig(max_num_seqs=16, max_num_batched_tokens=16), _flat())
+    assert (lim.max_num_seqs, lim.max_num_batched_tokens) == (16, 16)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lim.max_num_seqs = 8
+    from dspark_sim.errors import InputError
+
+    with pytest.raises(InputError, match="--max-num-seqs"):
+        engine.resolve_limits(EngineConfig(max_num_seqs=17, max_num_batched_tokens=16), _flat())
+
+
+def test_a_budget_under_two_tokens_per_request_trims_every_chain_to_nothing():
+    """Three one-token prompts, a 4-token budget, fixed:7: one 3-token prefill step, then
+    10 decode steps of 3 requests, where 3 + 3 x 7 > 4 and the uniform trim is
+    (4 - 3) // 3 = 0 drafts each: no draft is verified, every decode step is counted
+    budget-limited, and no step goes past the budget."""
+    trace = synth_iid(0.9, 7, num_requests=4, positions=64, seed=4)
+    cfg = _one_replica("fixed:7", engine_cfg=EngineConfig(
+        max_num_batched_tokens=4, max_num_seqs=3, prefill="chunked"), n=3, concurrency=3,
+        lengths="fixed:1:11")
+    s = simulate(cfg, profile=_flat(), trace=trace).summary
+    assert s["engine_steps"] == 11 and s["budget_limited_steps"] == 10
+    assert s["num_draft_tokens_verified"] == 0 and s["num_accepted_tokens"] == 0
+    assert s["total_output_tokens"] == 33
+
+
+@pytest.mark.parametrize("policy,budget,prompt", [("fixed:3", 4, 10), ("fixed:2", 7, 9),
+                                                  ("confidence", 6, 12)])
+def test_no_step_runs_past_the_token_budget(policy, budget, prompt):
+    """A decoder whose verify tokens fill the budget exactly leaves nothing for a prompt
+    still prefilling (a chunk then waits for a step with room), and no step's batch tokens
+    exceed the budget, whatever the policy asks."""
+    trace = synth_iid(0.9, 7, num_requests=4, positions=64, seed=5)
+    cfg = _one_replica(policy, engine_cfg=EngineConfig(
+        max_num_batched_tokens=budget, max_num_seqs=2, prefill="chunked"), n=4,
+        concurrency=2, lengths=f"fixed:{prompt}:12")
+    made = []
+
+    def context(*a, **k):
+        made.append(SimContext(*a, **k))
+        return made[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "SimContext", context)
+        simulate(cfg, profile=_flat(), trace=trace)
+    cols = made[0].steps.columns()
+    assert cols["batch_tokens"].max() <= budget
+    full = cols["batch_tokens"] == budget
+    assert full.any()

@@ -48,7 +48,6 @@ def _stats() -> StepStats:
     st.request_steps = 4
     st.verify_tokens = 4 + 10
     st.batch_tokens = 30
-    st.prefill_tokens = 16
     st.accept_hist[:] = [2, 1, 0, 1, 0]
     st.ell_hist[:] = [0, 1, 0, 3, 0]
     st.budget_limited_steps = 1

@@ -586,7 +586,6 @@ class SpecServer:
         stats = run.stats
         stats.steps += 1
         stats.batch_tokens += verify_tokens + prefill_tokens
-        stats.prefill_tokens += prefill_tokens
         if len(ell):
             stats.request_steps += len(ell)
             stats.verify_tokens += verify_tokens
