@@ -226,8 +226,10 @@ def test_confidence_at_least_as_good_as_the_best_fixed_k_on_smooth_profile(concu
                     and s["median_interactivity"] > 1.03 * conf["median_interactivity"]), k
 
 
-def test_incremental_aggregates_stay_exact():
-    """The replica's running KV / prefill counters equal their definitions every step."""
+@pytest.mark.parametrize("prefill", ["chunked", "disaggregated"])
+def test_incremental_aggregates_stay_exact(prefill):
+    """The replica's running KV / prefill counters equal their definitions every step
+    (disaggregated: requests arrive with their prompt's KV and first token)."""
     from dspark_sim.sim import engine
 
     checked = []
@@ -244,7 +246,7 @@ def test_incremental_aggregates_stay_exact():
         wl = WorkloadConfig(arrival="closed", max_concurrency=24, num_requests=80,
                             lengths="lognormal:600:120:0.7")
         cfg = SimConfig(policy="confidence", deployment=DeploymentConfig(replicas=2),
-                        engine=EngineConfig(kv_capacity_tokens=9000,
+                        engine=EngineConfig(kv_capacity_tokens=9000, prefill=prefill,
                                             max_num_batched_tokens=512), workload=wl)
         s = simulate(cfg).summary
     finally:
@@ -329,6 +331,9 @@ def test_policy_profile_drives_the_scheduler_not_the_step_cost():
     a = simulate(cfg, profile=prof).summary
     b = simulate(cfg, profile=prof, policy_profile=prof).summary
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    # an equal copy takes the separate-profile path (its own tables): the same bytes too
+    copy = simulate(cfg, profile=prof, policy_profile=replace(prof)).summary
+    assert json.dumps(a, sort_keys=True) == json.dumps(copy, sort_keys=True)
     flat = replace(prof, step_s=np.full_like(prof.step_s, prof.step_s[0]))  # B costs nothing
     c = simulate(cfg, profile=prof, policy_profile=flat).summary
     assert c["mean_verify_tokens_per_request_step"] > a["mean_verify_tokens_per_request_step"]

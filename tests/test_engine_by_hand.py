@@ -889,3 +889,60 @@ def test_no_step_runs_past_the_token_budget(policy, budget, prompt):
     assert cols["batch_tokens"].max() <= budget
     full = cols["batch_tokens"] == budget
     assert full.any()
+
+
+def test_a_chain_that_fills_the_budget_exactly_is_not_trimmed():
+    """One request, a 4-token budget, fixed:3: 1 + 3 = 4 tokens fit exactly, so no
+    decode step is trimmed or counted budget-limited and every step verifies 3 drafts."""
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    cfg = _one_replica("fixed:3", engine_cfg=EngineConfig(
+        max_num_batched_tokens=4, max_num_seqs=1, prefill="chunked"), lengths="fixed:4:11")
+    s = simulate(cfg, profile=_flat(), trace=trace).summary
+    assert s["engine_steps"] == 11 and s["budget_limited_steps"] == 0
+    assert s["num_draft_tokens_verified"] == 30
+
+
+def test_requests_answered_by_the_prefill_instance_never_reach_a_replica():
+    """Disaggregated prefill: a one-token answer is the prefill instance's first token, so
+    the request finishes there and its replica stays unassigned (-1); longer answers are
+    routed to the one decode replica (0)."""
+    for out_tokens, replica in ((1, -1), (5, 0)):
+        cfg = _one_replica("none", engine_cfg=EngineConfig(prefill="disaggregated"), n=3,
+                           concurrency=3, lengths=f"fixed:8:{out_tokens}")
+        res = simulate(cfg, profile=_flat())
+        assert res.summary["completed"] == 3
+        assert res.requests["replica"].to_list() == [replica] * 3
+
+
+def test_the_async_curve_prices_the_prefill_still_waiting_in_the_step():
+    """While a prompt is still prefilling, confidence-async's SPS curve prices the verify
+    tokens plus the pending prefill that fills the rest of the budget (vLLM's T + B):
+    SPS[i] = 1 / (t(min(n + i + pending, budget)) + 4 ms) on the linear table
+    t(B) = 10 ms + 1 ms x (B - 1), 0 where n + i passes the budget."""
+    import sys
+
+    prof = replace(_flat(draft_s=0.004), interpolation="linear", tokens=np.array([1, 64]),
+                   step_s=np.array([0.010, 0.073]))
+    trace = synth_iid(0.5, 7, num_requests=4, positions=64, seed=2)
+    budget = 16
+    cfg = _one_replica("confidence-async", engine_cfg=EngineConfig(
+        max_num_batched_tokens=budget, max_num_seqs=2, prefill="chunked"), n=3, concurrency=2,
+        lengths="fixed:40:20")
+    inner = get_policy("confidence-async")
+    seen = []
+
+    def decide(snap):
+        frame = sys._getframe(1)  # the deciding replica's pending prefill, read by hand
+        while not isinstance(frame.f_locals.get("self"), engine.Replica):
+            frame = frame.f_back
+        seen.append((snap, frame.f_locals["self"].pending_prefill))
+        return inner(snap)
+
+    _run_with(replace(inner, decide=decide), cfg, profile=prof, trace=trace)
+    assert any(p > 0 for _, p in seen)
+    for snap, p in seen:
+        n = snap.num_requests
+        i = np.arange(n * 7 + 1)
+        tokens = np.minimum(n + i + p, budget)
+        want = np.where(n + i <= budget, 1.0 / (0.010 + 0.001 * (tokens - 1) + 0.004), 0.0)
+        np.testing.assert_allclose(snap.sps, want, rtol=1e-12)
