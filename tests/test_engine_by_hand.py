@@ -332,12 +332,8 @@ def test_a_step_with_as_many_verify_as_prefill_tokens_runs_the_target():
     assert r["ttft_ms"].to_list() == pytest.approx([10.0, 30.0])
 
 
-def test_the_step_series_by_hand():
-    """The per-step record of the all-skipping plan (two 10-token prompts, 21 tokens out):
-    one 20-token prefill step emitting both first tokens, then 20 steps of 2 x 3 batch
-    tokens (no bonus slots), 6 drafts verified, 2 accepted and emitted, 10 ms each."""
-    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
-    cfg = _one_replica(n=2, concurrency=2, lengths="fixed:10:21")
+def _step_series(run) -> dict[str, np.ndarray]:
+    """The per-step record (``StepRecorder.columns``) of the one run ``run()`` makes."""
     made = []
 
     def context(*a, **k):
@@ -346,8 +342,18 @@ def test_the_step_series_by_hand():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(api, "SimContext", context)
-        _run_with(_plan(3, bonus=False, lossy=True), cfg, profile=_flat(), trace=trace)
-    cols = made[0].steps.columns()
+        run()
+    return made[0].steps.columns()
+
+
+def test_the_step_series_by_hand():
+    """The per-step record of the all-skipping plan (two 10-token prompts, 21 tokens out):
+    one 20-token prefill step emitting both first tokens, then 20 steps of 2 x 3 batch
+    tokens (no bonus slots), 6 drafts verified, 2 accepted and emitted, 10 ms each."""
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    cfg = _one_replica(n=2, concurrency=2, lengths="fixed:10:21")
+    cols = _step_series(lambda: _run_with(_plan(3, bonus=False, lossy=True), cfg,
+                                          profile=_flat(), trace=trace))
     assert len(cols["end_s"]) == 21
     np.testing.assert_allclose(cols["end_s"], 0.010 * np.arange(1, 22), rtol=1e-9)
     np.testing.assert_allclose(cols["dt_s"], 0.010, rtol=1e-12)
@@ -876,16 +882,7 @@ def test_no_step_runs_past_the_token_budget(policy, budget, prompt):
     cfg = _one_replica(policy, engine_cfg=EngineConfig(
         max_num_batched_tokens=budget, max_num_seqs=2, prefill="chunked"), n=4,
         concurrency=2, lengths=f"fixed:{prompt}:12")
-    made = []
-
-    def context(*a, **k):
-        made.append(SimContext(*a, **k))
-        return made[-1]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(api, "SimContext", context)
-        simulate(cfg, profile=_flat(), trace=trace)
-    cols = made[0].steps.columns()
+    cols = _step_series(lambda: simulate(cfg, profile=_flat(), trace=trace))
     assert cols["batch_tokens"].max() <= budget
     full = cols["batch_tokens"] == budget
     assert full.any()

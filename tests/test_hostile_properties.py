@@ -46,16 +46,32 @@ PRINTABLE = st.text(alphabet=string.printable.strip() + " ", max_size=24)
 
 
 # -- the property ---------------------------------------------------------------------------
-def refused_or_conserved(r, where: str, out: Path, *, must_refuse: bool = False) -> str:
-    """The one property (module docstring); returns "refused" or "ran"."""
+def draw_option(data, options: dict) -> tuple[str, str]:
+    """One option of ``options`` (name -> value strategy) and a value for it."""
+    option = data.draw(st.sampled_from(sorted(options)), label="option")
+    return option, data.draw(options[option], label="value")
+
+
+def no_escape(r) -> None:
+    """No exception but the CLI's own exit, and no traceback printed."""
     assert r.exception is None or isinstance(r.exception, SystemExit), \
         f"escaped: {r.exception!r}\n{r.output}"
     assert "Traceback" not in r.output
+
+
+def one_line_refusal(r, where: str) -> None:
+    """Exit 2 and one line, ``error: ...``, that names ``where`` (an option or a file)."""
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and where in lines[0], \
+        (where, r.output)
+
+
+def refused_or_conserved(r, where: str, out: Path, *, must_refuse: bool = False) -> str:
+    """The one property (module docstring); returns "refused" or "ran"."""
+    no_escape(r)
     if r.exit_code != 0 or must_refuse:
-        assert r.exit_code == 2, r.output
-        lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
-        assert len(lines) == 1, r.output
-        assert lines[0].startswith("error: ") and where in lines[0], (where, lines[0])
+        one_line_refusal(r, where)
         assert not (out / "summary.json").exists()  # nothing written for refused input
         return "refused"
     assert_conserved(out)

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_hostile_properties import ANY_NUMBER, HOSTILE, POLICY, PRINTABLE, runner
+from test_hostile_properties import ANY_NUMBER, HOSTILE, POLICY, PRINTABLE, draw_option, runner
+from test_hostile_properties import one_line_refusal as _refusal
 
 from dspark_sim.cli import app
 from dspark_sim.sim import api
@@ -36,14 +37,6 @@ def reaches_simulation(monkeypatch):
         raise Simulated
 
     monkeypatch.setattr(api, "simulate", mark)
-
-
-def _one_line_refusal(r, where: str) -> None:
-    assert "Traceback" not in r.output
-    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
-    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and where in lines[0], \
-        (where, r.output)
 
 
 # -- sweep ---------------------------------------------------------------------------------
@@ -76,8 +69,7 @@ SWEEP_OPTIONS = {
 @given(data=st.data())
 def test_any_sweep_option_is_refused_up_front_or_reaches_the_simulator(
         tmp_path_factory, reaches_simulation, data):
-    option = data.draw(st.sampled_from(sorted(SWEEP_OPTIONS)), label="option")
-    value = data.draw(SWEEP_OPTIONS[option], label="value")
+    option, value = draw_option(data, SWEEP_OPTIONS)
     out = tmp_path_factory.mktemp("sw") / "out"
     args = ["sweep", "--out", str(out), "--policies", "mtp1,none", "--num-requests", "10",
             "--executor", "serial", "--quiet"]
@@ -88,7 +80,7 @@ def test_any_sweep_option_is_refused_up_front_or_reaches_the_simulator(
         return  # every check passed; the grid would now run
     assert r.exception is None or isinstance(r.exception, SystemExit), \
         f"escaped: {r.exception!r}\n{r.output}"
-    _one_line_refusal(r, option)
+    _refusal(r, option)
     assert not (out / "results.parquet").exists() and not (out / "points").exists()
 
 
@@ -132,7 +124,7 @@ def test_per_position_imports_are_refused_in_one_line_or_kept_whole(
     assert r.exception is None or isinstance(r.exception, SystemExit), \
         f"escaped: {r.exception!r}\n{r.output}"
     if r.exit_code != 0:
-        _one_line_refusal(r, str(src))
+        _refusal(r, str(src))
         assert not out.exists()
         return
     t = read_trace(out)
@@ -173,7 +165,7 @@ def test_specdecode_bench_imports_are_refused_in_one_line_or_kept_whole(
     assert r.exception is None or isinstance(r.exception, SystemExit), \
         f"escaped: {r.exception!r}\n{r.output}"
     if r.exit_code != 0:
-        _one_line_refusal(r, "--gamma-max" if gamma is not None and str(src) not in r.output
+        _refusal(r, "--gamma-max" if gamma is not None and str(src) not in r.output
                           else str(src))
         assert not out.exists()
         return

@@ -20,7 +20,15 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_hostile_properties import ANY_NUMBER, HOSTILE, PRINTABLE, runner
+from test_hostile_properties import (
+    ANY_NUMBER,
+    HOSTILE,
+    PRINTABLE,
+    draw_option,
+    no_escape,
+    one_line_refusal,
+    runner,
+)
 
 from dspark_sim.calibration.confmap import load_calibration
 from dspark_sim.cli import app
@@ -28,17 +36,15 @@ from dspark_sim.traces.schema import load_trace
 from dspark_sim.traces.synth import synth_drafter
 
 
-def _escaped(r) -> None:
-    assert r.exception is None or isinstance(r.exception, SystemExit), \
-        f"escaped: {r.exception!r}\n{r.output}"
-    assert "Traceback" not in r.output
-
-
-def _refused(r, option: str) -> None:
-    assert r.exit_code == 2, (r.exit_code, r.output)
-    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and option in lines[0], \
-        (option, r.output)
+def _refused(r, option: str, out) -> bool:
+    """True when the command refused ``option`` in one line and wrote nothing; False when
+    it ran (the caller checks what it wrote)."""
+    no_escape(r)
+    if r.exit_code == 0:
+        return False
+    one_line_refusal(r, option)
+    assert not out.exists()
+    return True
 
 
 # Counts: small valid ones (a run stays fast), edges, and the hostile numbers; huge valid
@@ -60,17 +66,13 @@ SYNTH_OPTIONS = {
 @given(data=st.data(), kind=st.sampled_from(["iid", "dspark", "mtp1"]))
 def test_synth_options_are_refused_in_one_line_or_write_a_valid_trace(
         tmp_path_factory, data, kind):
-    option = data.draw(st.sampled_from(sorted(SYNTH_OPTIONS)), label="option")
-    value = data.draw(SYNTH_OPTIONS[option], label="value")
+    option, value = draw_option(data, SYNTH_OPTIONS)
     out = tmp_path_factory.mktemp("synth") / "t.parquet"
     base = {"--kind": kind, "--requests": "2", "--positions": "16", "--gamma": "3"}
     base[option] = value
     r = runner.invoke(app, ["traces", "synth", "--out", str(out),
                             *[x for kv in base.items() for x in kv]])
-    _escaped(r)
-    if r.exit_code != 0:
-        _refused(r, option)
-        assert not out.exists()
+    if _refused(r, option, out):
         return
     t = load_trace(out)
     assert t.num_requests >= 1 and t.num_positions >= 1
@@ -101,15 +103,11 @@ EXPORT_OPTIONS = {
 @given(data=st.data())
 def test_export_options_are_refused_in_one_line_or_write_valid_rates(
         tmp_path_factory, small_trace, data):
-    option = data.draw(st.sampled_from(sorted(EXPORT_OPTIONS)), label="option")
-    value = data.draw(EXPORT_OPTIONS[option], label="value")
+    option, value = draw_option(data, EXPORT_OPTIONS)
     out = tmp_path_factory.mktemp("exp") / "spec.json"
     r = runner.invoke(app, ["traces", "export", str(small_trace), "--out", str(out),
                             option, value])
-    _escaped(r)
-    if r.exit_code != 0:
-        _refused(r, option)
-        assert not out.exists()
+    if _refused(r, option, out):
         return
     cfg = json.loads(out.read_text())
     k = cfg["num_speculative_tokens"]
@@ -129,15 +127,11 @@ CALIBRATE_OPTIONS = {
 @given(data=st.data())
 def test_calibrate_options_are_refused_in_one_line_or_write_a_valid_map(
         tmp_path_factory, small_trace, data):
-    option = data.draw(st.sampled_from(sorted(CALIBRATE_OPTIONS)), label="option")
-    value = data.draw(CALIBRATE_OPTIONS[option], label="value")
+    option, value = draw_option(data, CALIBRATE_OPTIONS)
     out = tmp_path_factory.mktemp("cal") / "map.toml"
     r = runner.invoke(app, ["calibrate", "confidence", "--trace", str(small_trace),
                             "--out", str(out), option, value])
-    _escaped(r)
-    if r.exit_code != 0:
-        _refused(r, option)
-        assert not out.exists()
+    if _refused(r, option, out):
         return
     cmap = load_calibration(out)
     grid = np.linspace(0.0, 1.0, 11, dtype=np.float32)

@@ -149,12 +149,19 @@ def _random_snapshot(seed: int, n: int, g: int, *, budget: int = 8192):
     return snap, rank
 
 
-POLICY_SPECS = st.one_of(
-    st.builds(lambda n, k: f"pctree:{n},{k}", st.integers(1, 40), st.integers(1, 6)),
-    st.builds(lambda n, b, f, m: f"cure:{n},{b},{f},{m}", st.integers(1, 40),
-              st.integers(1, 3), st.integers(1, 6), st.sampled_from([0.0, 0.2, 0.6, 1.0])),
-    st.builds(lambda n, k: f"dspark-tree:{n},{k}", st.integers(1, 40), st.integers(1, 6)),
-)
+def tree_specs(nodes: int, width: int, margins: list[float]):
+    """pctree / cure / dspark-tree specs with up to ``nodes`` nodes and ``width`` children
+    per depth (cure: fan-out), cure's margin drawn from ``margins``."""
+    return st.one_of(
+        st.builds(lambda n, k: f"pctree:{n},{k}", st.integers(1, nodes), st.integers(1, width)),
+        st.builds(lambda n, b, f, m: f"cure:{n},{b},{f},{m}", st.integers(1, nodes),
+                  st.integers(1, 3), st.integers(1, width), st.sampled_from(margins)),
+        st.builds(lambda n, k: f"dspark-tree:{n},{k}", st.integers(1, nodes),
+                  st.integers(1, width)),
+    )
+
+
+POLICY_SPECS = tree_specs(40, 6, [0.0, 0.2, 0.6, 1.0])
 
 
 @settings(max_examples=60, deadline=None)
@@ -568,12 +575,7 @@ def _bf_policy(spec, snap):
     return tokens, [[p for p, _ in rk] for rk in rankings], drafted
 
 
-BUILDER_SPECS = st.one_of(
-    st.builds(lambda n, k: f"pctree:{n},{k}", st.integers(1, 30), st.integers(1, 5)),
-    st.builds(lambda n, b, f, m: f"cure:{n},{b},{f},{m}", st.integers(1, 30),
-              st.integers(1, 3), st.integers(1, 5), st.sampled_from([0.0, 0.25, 0.5, 1.0])),
-    st.builds(lambda n, k: f"dspark-tree:{n},{k}", st.integers(1, 30), st.integers(1, 5)),
-)
+BUILDER_SPECS = tree_specs(30, 5, [0.0, 0.25, 0.5, 1.0])
 
 
 @settings(max_examples=150, deadline=None)
