@@ -422,3 +422,36 @@ def test_kv_bound_keeps_speculation_profitable_at_large_batch_compute_bound_does
     # lose, and the KV-bound profile's gain is well above it
     assert cb["fixed:3"] < 1.1 and cb["fixed:7"] < 1.0
     assert kv["fixed:3"] > cb["fixed:3"] + 0.15
+
+
+def test_a_stopping_drafters_step_cost_carries_the_draft_per_pass_not_in_the_extra():
+    """SparseSpec's controller drafts pass by pass and stops at its verify length, so the
+    step cost it is handed prices the draft per pass (``draft_pass_s``: the table's 3 ms)
+    and leaves it out of ``extra_s``, which on a profile with no other extra term is 0 at
+    every admitted draft count (a block drafter's extra holds its draft instead)."""
+    from dataclasses import replace
+
+    from dspark_sim.calibration.profile import DraftCost, EngineProfile
+    from dspark_sim.sim import api
+    from dspark_sim.sim.config import DeploymentConfig, SimConfig, WorkloadConfig
+
+    prof = EngineProfile(name="flat", kind="measured", gpus_per_replica=1,
+                         tokens=np.array([1, 8192]), step_s=np.array([0.01, 0.01]),
+                         interpolation="step",
+                         drafts={"selfspec": DraftCost(np.array([1.0, 2.0]),
+                                                       np.array([0.003, 0.003]), 1)})
+    inner = get_policy("sparsespec")
+    seen = []
+    pol = replace(inner, decide=lambda s: (seen.append(s), inner(s))[1])
+    cfg = SimConfig(policy="sparsespec", trace="selfspec-synthetic",
+                    deployment=DeploymentConfig(replicas=1),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=2, num_requests=2,
+                                            lengths="fixed:50:30"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "get_policy", lambda spec: pol)
+        s = api.simulate(cfg, profile=prof).summary
+    assert seen and s["num_draft_tokens_verified"] > 0
+    for snap in seen:
+        assert snap.cost.draft_pass_s == pytest.approx(0.003, rel=1e-12)
+        assert snap.cost.draft_fixed_s == 0.0
+        np.testing.assert_array_equal(snap.cost.extra_s, 0.0)
