@@ -38,7 +38,7 @@ from dspark_sim.calibration.confmap import (
     sigmoid,
     temperature_map,
 )
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, check_seed
 from dspark_sim.io import write_text_atomic
 
 ECE_BINS = 15
@@ -279,8 +279,7 @@ def check_fit_options(method: str, holdout: float, seed: int) -> None:
         raise InputError("--method", f"must be one of {', '.join(METHODS)}, got {method!r}")
     if not 0.0 <= holdout < 1.0:  # also refuses NaN
         raise InputError("--holdout", f"must lie in [0, 1), got {holdout}")
-    if seed < 0:
-        raise InputError("--seed", f"must be a non-negative integer, got {seed}")
+    check_seed(seed)
 
 
 def calibrate_confidence(

@@ -7,6 +7,7 @@ turns it into a one-line error and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 
@@ -26,3 +27,10 @@ class InputError(ValueError):
     def __reduce__(self):
         # picklable (a sweep worker's error reaches the parent process intact)
         return (type(self), (self.where, self.problem))
+
+
+def check_seed(seed: object, option: str = "--seed") -> None:
+    """A seed numpy's ``default_rng`` takes: a non-negative integer (a negative one is a
+    numpy traceback, a float a TypeError)."""
+    if not isinstance(seed, numbers.Integral) or seed < 0:
+        raise InputError(option, f"must be a non-negative integer, got {seed}")

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, check_seed
 from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, _served_chain, concat_traces
 
 MAX_CELLS = 30_000_000  # requests x positions x draft width: ~240 MB per float64 latent
@@ -65,11 +65,6 @@ def _check_shape(gamma: int, requests: int, positions: int, width: int,
         raise InputError("--requests x --positions x --gamma",
                          f"{requests:,} x {positions:,} x {width:,} = {cells:,} exceeds "
                          f"{MAX_CELLS:,}{wide}; generate fewer or concatenate traces")
-
-
-def _check_seed(seed: int) -> None:
-    if not isinstance(seed, int) or seed < 0:  # numpy's SeedSequence takes no negative
-        raise InputError("--seed", f"must be a non-negative integer, got {seed!r}")
 
 
 @dataclass(frozen=True)
@@ -249,7 +244,7 @@ def synth_drafter(
     latent block is ``max(gamma, k)`` wide so a target published at ``k`` holds for a
     trace drafting fewer tokens too (``m`` is then cut at ``gamma``)."""
     _check_shape(gamma, requests_per_domain, positions, max([gamma, *(c.k for c in curves)]))
-    _check_seed(seed)
+    check_seed(seed)
     s = signal or SignalModel()
     rng = np.random.default_rng(seed)
     parts, params = [], {}
@@ -300,7 +295,7 @@ def synth_iid(
     if not 0.0 <= alpha <= 1.0:
         raise InputError("--alpha", f"must lie in [0, 1], got {alpha}")
     _check_shape(gamma, num_requests, positions, gamma)
-    _check_seed(seed)
+    check_seed(seed)
     rng = np.random.default_rng(seed)
     n = num_requests * positions
     m = _leading_successes(np.full((n, gamma), alpha), rng)
