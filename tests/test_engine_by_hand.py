@@ -1,7 +1,8 @@
 """Engine mechanics on hand-built batches and tiny runs, every expected value worked out by
 hand in the test: recompute preemption (which rows, what they keep), the token budget's
 trim of chain and tree/lossy plans, what a step costs (tree branches, skipped verifiers,
-attention units), the scheduler's SPS curve, the router's order and the default limits.
+attention units, a lossy plan's earlier unverified commits), the scheduler's SPS curve and
+draft prices (a context-priced drafter), the router's order and the default limits.
 Each test pins a behaviour a plausible one-token slip in ``sim/engine.py`` would change
 (see docs/testing.md, "Mutation testing")."""
 
@@ -405,6 +406,28 @@ def test_attention_units_by_hand():
     assert units == (40.0, 10.0, 2)
 
 
+@pytest.mark.parametrize("tokens,fill", [(3, 2), (0, 2)])
+def test_earlier_unverified_commits_are_query_tokens_of_the_targets_attention(tokens, fill):
+    """A lossy plan that verifies ``tokens`` drafts and writes ``fill`` earlier unverified
+    commits to the target's KV (one request, 10-token prompt, 6 tokens out: one prefill
+    step, then 5 decode steps emitting the bonus token each). Attention priced at 10 us per
+    query token x context token, 1 us per context token of a multi-token query block and
+    0.1 ms per request with a context. Decode step k = 1..5 holds 10 + k tokens and runs
+    1 + tokens + fill query tokens over them (a multi-token block even when nothing is
+    verified); the prefill step's 10-token chunk attends 10 x (0 + 10 / 2) = 50 units."""
+    trace = synth_iid(0.0, 7, num_requests=2, positions=64)
+    prof = _flat(attn_s_per_query_ctx=1e-5, multi_kv_s_per_token=1e-6, request_s=1e-4)
+    cfg = _one_replica(lengths="fixed:10:6")
+    cols = _step_series(lambda: _run_with(_plan(tokens, fill=fill, lossy=True), cfg,
+                                          profile=prof, trace=trace))
+    context = 10 + np.arange(1, 6)
+    decode_s = 0.010 + 1e-5 * (1 + tokens + fill) * context + 1e-6 * context + 1e-4
+    np.testing.assert_allclose(cols["dt_s"], np.r_[0.010 + 1e-5 * 50, decode_s], rtol=1e-12)
+    # the fill is batch tokens but neither drafts nor verified
+    assert cols["batch_tokens"].tolist() == [10] + [1 + tokens + fill] * 5
+    assert cols["verified_drafts"].tolist() == [0] + [tokens] * 5
+
+
 def _recorded(policy_name: str):
     inner = get_policy(policy_name)
     seen = []
@@ -755,6 +778,57 @@ def test_a_stopping_drafters_pass_and_fixed_prices_by_hand():
     # the engine's own pass price is the same table lookup, cached per (table, n)
     assert ctx.draft_pass_table_s(d, 3) == ctx.draft_pass_table_s(d, 3) == \
         pytest.approx(table3, rel=1e-12)
+
+
+def _a_decoding_pair(policy: Policy, prof: EngineProfile, policy_profile=None):
+    """A replica holding two decoding rows (contexts 10 and 20, the second admitted after
+    5 tokens out) and one prefilling row 30 of 50 tokens in: 60 KV tokens, 20 pending.
+    The trace is a self-speculation drafter's (its own ``[draft.selfspec]`` table)."""
+    trace = synth_iid(0.5, 7, num_requests=2, positions=8)
+    trace = replace(trace, meta=replace(trace.meta, drafter="selfspec"))
+    cfg = SimConfig(policy=policy.name, deployment=DeploymentConfig(replicas=1))
+    ctx = SimContext(cfg, prof, policy, trace, CalibrationMap(), RequestLog.empty(3),
+                     lambda k: None, policy_profile=policy_profile)
+    ctx.rows = np.zeros((3, NUM_COLUMNS), np.int64)
+    rep = ctx.replicas[0]
+    rep.batch = np.stack([_row(0, 8, 8, 8, 3, 1), _row(1, 15, 15, 15, 10, 5),
+                          _row(2, 50, 50, 30, 0, 0)])
+    rep.kv_tokens, rep.pending_prefill, rep.n_prefilling = 60, 20, 1
+    rep.check_invariants()
+    return ctx, rep
+
+
+# a context-priced drafter: 4 ms at 2 requests x 7 drafts, 1 ns per KV token of the batch,
+# 10 ns per drafted token x min(context, 15), 0.1 ns per context token of a drafting request
+_SPARSE = DraftCost(np.array([1.0, 2.0]), np.array([0.002, 0.004]), 7, kv_s_per_token=1e-9,
+                    kv_budget_tokens=15, sparse_kv_s_per_token=1e-8,
+                    select_s_per_context_token=1e-10)
+
+
+@pytest.mark.parametrize("where", ["one", "scheduler", "cost", "neither"])
+def test_the_scheduler_prices_a_context_priced_draft_per_request(where):
+    """The confidence scheduler's step cost on :func:`_a_decoding_pair`: a flat 10 ms
+    target with no other extra terms, so every entry of ``extra_s`` (0..2 x 7 drafts
+    admitted) is the draft the scheduler's profile prices. Both decoding rows draft the
+    whole 7-token block: 4 ms + 1 ns x 60 KV tokens + 10 ns x 7 x (min(10, 15) + min(20,
+    15)) + 0.1 ns x (10 + 20); the prefilling row drafts nothing. The context terms come
+    from the scheduler's profile: the one profile of the run ("one"), or a separate
+    ``policy_profile`` whatever the cost profile says."""
+    plain = replace(_SPARSE, kv_budget_tokens=None, sparse_kv_s_per_token=0.0,
+                    select_s_per_context_token=0.0)
+    cost_table, sched_table = {"one": (_SPARSE, None), "scheduler": (plain, _SPARSE),
+                               "cost": (_SPARSE, plain), "neither": (plain, plain)}[where]
+    pol, seen = _recorded("confidence")
+    ctx, rep = _a_decoding_pair(pol, _flat(drafts={"selfspec": cost_table}),
+                                None if sched_table is None
+                                else _flat(drafts={"selfspec": sched_table}))
+    rep._decide(np.array([0, 1]), 2, rep.batch)
+    table = 0.004 + 1e-9 * 60
+    priced = where in ("one", "scheduler")
+    context = 1e-8 * 7 * (10 + 15) + 1e-10 * (10 + 20) if priced else 0.0
+    (snap,) = seen
+    np.testing.assert_allclose(snap.cost.extra_s, np.full(15, table + context), rtol=1e-12)
+    assert snap.cost.pending_prefill == 20
 
 
 @pytest.mark.parametrize("n_replicas", [2, 3])
