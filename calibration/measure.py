@@ -67,9 +67,9 @@ import statistics
 import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -430,24 +430,9 @@ def _samples(shapes: Sequence[Shape], times: Sequence[Sequence[float]], log) -> 
 # -- fitting ---------------------------------------------------------------------------------
 
 
-class TableFit(NamedTuple):
-    """Result of :func:`fit_terms`: the table ``f(B)`` at ``tokens`` (seconds), its spread,
-    the per-context-token KV slope, the per (query token x context token) attention
-    coefficient, the extra per-context-token cost of multi-token query blocks and the
-    per-request cost of requests with a KV context."""
-
-    tokens: np.ndarray
-    step_s: np.ndarray
-    std_s: np.ndarray
-    kv_s_per_token: float
-    attn_s_per_query_ctx: float
-    multi_kv_s_per_token: float = 0.0
-    request_s: float = 0.0
-
-
 def fit_terms(samples: Sequence[Sample], *, fit_kv: bool = True,
               fit_attn: bool = True, fit_multi_kv: bool = True,
-              fit_request: bool = True) -> TableFit:
+              fit_request: bool = True) -> EngineProfile:
     """Weighted least squares (weights ``1/t``) of
     ``t = f(B) + kv * R * L + attn * query_ctx + multi_kv * multi_kv_tokens
     + request * ctx_requests`` over all samples jointly: one free ``f(B)`` per distinct
@@ -455,7 +440,12 @@ def fit_terms(samples: Sequence[Sample], *, fit_kv: bool = True,
     unit), one extra KV slope for multi-token blocks (:attr:`Shape.multi_kv_tokens`) and
     one cost per request with a context (:attr:`Shape.ctx_requests`). The slopes are constrained to
     ``>= 0``: when the unconstrained solution has a negative one, every subset of the
-    slopes is fitted and the feasible fit with the smallest weighted residual is kept."""
+    slopes is fitted and the feasible fit with the smallest weighted residual is kept.
+
+    Returns the fitted terms as a profile named ``fit`` (one GPU, step interpolation, no
+    drafter tables): ``tokens``, ``step_s``, ``step_std_s`` (the median spread of the
+    shapes with that ``B``) and the four slopes. A caller names it and adds what it
+    measured besides with :func:`dataclasses.replace`."""
     tokens = np.array(sorted({s.shape.tokens for s in samples}), dtype=np.int64)
     col = {int(b): i for i, b in enumerate(tokens)}
     n, nb = len(samples), len(tokens)
@@ -499,8 +489,10 @@ def fit_terms(samples: Sequence[Sample], *, fit_kv: bool = True,
     std = np.array(
         [statistics.median([s.std_s for s in samples if s.shape.tokens == b]) for b in tokens]
     )
-    return TableFit(tokens, step, std, float(full[nb]), float(full[nb + 1]), float(full[nb + 2]),
-                    float(full[nb + 3]))
+    return EngineProfile(name="fit", kind="measured", gpus_per_replica=1, tokens=tokens,
+                         step_s=step, step_std_s=std, kv_s_per_token=float(full[nb]),
+                         attn_s_per_query_ctx=float(full[nb + 1]),
+                         multi_kv_s_per_token=float(full[nb + 2]), request_s=float(full[nb + 3]))
 
 
 def fit_table(samples: Sequence[Sample], *, fit_kv: bool = True):
@@ -511,15 +503,11 @@ def fit_table(samples: Sequence[Sample], *, fit_kv: bool = True):
     of the shapes with that ``B``.
     """
     f = fit_terms(samples, fit_kv=fit_kv, fit_attn=False, fit_multi_kv=False, fit_request=False)
-    return f.tokens, f.step_s, f.std_s, f.kv_s_per_token
+    return f.tokens, f.step_s, f.step_std_s, f.kv_s_per_token
 
 
-def _predict(tokens, step, kv_s, interpolation: str, shape: Shape, attn_s: float = 0.0,
-             multi_kv_s: float = 0.0, request_s: float = 0.0) -> float:
-    prof = EngineProfile(name="fit", kind="measured", gpus_per_replica=1, tokens=tokens,
-                         step_s=step, kv_s_per_token=kv_s, attn_s_per_query_ctx=attn_s,
-                         multi_kv_s_per_token=multi_kv_s, request_s=request_s,
-                         interpolation=interpolation)
+def _predict(prof: EngineProfile, shape: Shape) -> float:
+    """A fitted profile's time for one measured shape: the same terms :func:`fit_terms` fits."""
     return float(prof.step_time_s(shape.tokens, shape.kv_tokens)
                  + prof.attn_s_per_query_ctx * shape.query_ctx
                  + prof.multi_kv_s_per_token * shape.multi_kv_tokens
@@ -560,11 +548,12 @@ def heldout_error(samples: Sequence[Sample], interpolation: str, fraction: float
         return {"heldout_shapes": 0, "heldout_mean_rel_error": float("nan"),
                 "heldout_max_rel_error": float("nan")}
     kept = [s for s, m in zip(samples, mask, strict=True) if not m]
-    fit = fit_terms(kept, fit_attn=fit_attn, fit_multi_kv=fit_multi_kv, fit_request=fit_request)
+    fit = replace(
+        fit_terms(kept, fit_attn=fit_attn, fit_multi_kv=fit_multi_kv, fit_request=fit_request),
+        interpolation=interpolation)
     errs = []
     for s in (s for s, m in zip(samples, mask, strict=True) if m):
-        pred = _predict(fit.tokens, fit.step_s, fit.kv_s_per_token, interpolation, s.shape,
-                        fit.attn_s_per_query_ctx, fit.multi_kv_s_per_token, fit.request_s)
+        pred = _predict(fit, s.shape)
         errs.append(abs(pred - s.median_s) / s.median_s)
     e = np.asarray(errs)
     return {
@@ -1098,19 +1087,10 @@ def _measure(plan: _MeasurePlan, torch, log) -> EngineProfile:
         f"multi_kv_us_per_token = {fit.multi_kv_s_per_token * 1e6:.5f}, request_us = "
         f"{fit.request_s * 1e6:.1f}, attn_ns_per_query_ctx = {fit.attn_s_per_query_ctx * 1e9:.4f}, "
         f"logits_us_per_row = {logits_s * 1e6:.2f}")
-    return EngineProfile(
+    return replace(
+        fit,
         name=plan.name or f"{Path(str(label)).stem.lower()}-{dev.type}",
-        kind="measured",
-        gpus_per_replica=1,
-        tokens=fit.tokens.astype(np.int64),
-        step_s=fit.step_s,
-        step_std_s=fit.std_s,
-        kv_s_per_token=fit.kv_s_per_token,
         logits_s_per_row=logits_s,
-        attn_s_per_query_ctx=fit.attn_s_per_query_ctx,
-        multi_kv_s_per_token=fit.multi_kv_s_per_token,
-        request_s=fit.request_s,
-        eager_penalty_s=0.0,
         interpolation=interpolation,
         drafts=drafts,
         description=(f"Measured forward time of {label} (random weights) on {plan.device}; "

@@ -97,18 +97,11 @@ def measure_server_profile(server: Any, *, requests: Sequence[int] = (1, 2, 4, 8
     params = _profile_parameters(server, torch, clock, chunks, drafter_between, repeats, head,
                                  elapsed, samples)
     params |= {k: (round(v, 5) if isinstance(v, float) else v) for k, v in check.items()}
-    return EngineProfile(name=name, kind="measured", gpus_per_replica=1,
-                         tokens=fit.tokens.astype(np.int64), step_s=fit.step_s,
-                         step_std_s=fit.std_s, kv_s_per_token=fit.kv_s_per_token,
-                         logits_s_per_row=logits_s,
-                         attn_s_per_query_ctx=fit.attn_s_per_query_ctx,
-                         multi_kv_s_per_token=fit.multi_kv_s_per_token,
-                         request_s=fit.request_s, interpolation="linear",
-                         drafts={server.drafter.kind: draft},
-                         description="Engine-in-the-loop profile of the validation server "
-                                     "(validation/server_profile.py): its own forward + "
-                                     "verification",
-                         parameters=params)
+    return replace(fit, name=name, logits_s_per_row=logits_s, interpolation="linear",
+                   drafts={server.drafter.kind: draft},
+                   description="Engine-in-the-loop profile of the validation server "
+                               "(validation/server_profile.py): its own forward + verification",
+                   parameters=params)
 
 
 def _profile_shapes(server: Any, requests, verify_lengths, contexts, prefill_chunks):
