@@ -52,6 +52,15 @@ def draw_option(data, options: dict) -> tuple[str, str]:
     return option, data.draw(options[option], label="value")
 
 
+def invoke_drawn(data, options: dict, argv):
+    """Run the CLI with ``argv`` (a list, or a function of the drawn option giving one) and
+    one option of ``options`` set to a drawn value, last (a repeated option takes its last
+    value, so ``argv`` may hold a default for it). Returns ``(option, result)``."""
+    option, value = draw_option(data, options)
+    args = argv(option) if callable(argv) else argv
+    return option, runner.invoke(app, [*args, option, value])
+
+
 def no_escape(r) -> None:
     """No exception but the CLI's own exit, and no traceback printed."""
     assert r.exception is None or isinstance(r.exception, SystemExit), \
@@ -177,11 +186,9 @@ CERTAINLY_BAD = {
 def run_drawn_option(tmp_path_factory, data, table: dict, *, must_refuse: bool) -> None:
     """Run the small config with one option of ``table`` set to a value drawn from its
     strategy: refused in one line naming it, or run cleanly (``must_refuse``: refused)."""
-    option = data.draw(st.sampled_from(sorted(table)), label="option")
-    value = data.draw(table[option], label="value")
     out = fresh(tmp_path_factory)
-    refused_or_conserved(run_cli([*SMALL, option, value], out), option, out,
-                         must_refuse=must_refuse)
+    option, r = invoke_drawn(data, table, ["run", *SMALL, "--out", str(out)])
+    refused_or_conserved(r, option, out, must_refuse=must_refuse)
 
 
 @HOSTILE

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_hostile_properties import ANY_NUMBER, HOSTILE, POLICY, PRINTABLE, draw_option, runner
+from test_hostile_properties import ANY_NUMBER, HOSTILE, POLICY, PRINTABLE, invoke_drawn, runner
 from test_hostile_properties import one_line_refusal as _refusal
 
 from dspark_sim.cli import app
@@ -69,13 +69,14 @@ SWEEP_OPTIONS = {
 @given(data=st.data())
 def test_any_sweep_option_is_refused_up_front_or_reaches_the_simulator(
         tmp_path_factory, reaches_simulation, data):
-    option, value = draw_option(data, SWEEP_OPTIONS)
     out = tmp_path_factory.mktemp("sw") / "out"
-    args = ["sweep", "--out", str(out), "--policies", "mtp1,none", "--num-requests", "10",
-            "--executor", "serial", "--quiet"]
-    if option not in ("--qps", "--concurrency"):
-        args += ["--qps", "1"]
-    r = runner.invoke(app, [*args, option, value])
+
+    def argv(option: str) -> list[str]:  # a rate grid unless the drawn option is the grid
+        rate = [] if option in ("--qps", "--concurrency") else ["--qps", "1"]
+        return ["sweep", "--out", str(out), "--policies", "mtp1,none", "--num-requests", "10",
+                "--executor", "serial", "--quiet", *rate]
+
+    option, r = invoke_drawn(data, SWEEP_OPTIONS, argv)
     if isinstance(r.exception, Simulated):
         return  # every check passed; the grid would now run
     assert r.exception is None or isinstance(r.exception, SystemExit), \

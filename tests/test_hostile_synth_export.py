@@ -24,61 +24,14 @@ from test_hostile_properties import (
     ANY_NUMBER,
     HOSTILE,
     PRINTABLE,
-    draw_option,
+    invoke_drawn,
     no_escape,
     one_line_refusal,
-    runner,
 )
 
 from dspark_sim.calibration.confmap import load_calibration
-from dspark_sim.cli import app
 from dspark_sim.traces.schema import load_trace
 from dspark_sim.traces.synth import synth_drafter
-
-
-def _refused(r, option: str, out) -> bool:
-    """True when the command refused ``option`` in one line and wrote nothing; False when
-    it ran (the caller checks what it wrote)."""
-    no_escape(r)
-    if r.exit_code == 0:
-        return False
-    one_line_refusal(r, option)
-    assert not out.exists()
-    return True
-
-
-# Counts: small valid ones (a run stays fast), edges, and the hostile numbers; huge valid
-# counts are refused by synth's size cap before anything is generated.
-COUNT = st.one_of(st.integers(-2, 6).map(str), ANY_NUMBER)
-SYNTH_OPTIONS = {
-    "--kind": st.one_of(st.sampled_from(["iid", "dspark", "mtp1"]), PRINTABLE),
-    "--alpha": st.one_of(st.floats(0, 1).map(repr), ANY_NUMBER),
-    "--gamma": COUNT,
-    "--requests": COUNT,
-    "--positions": COUNT,
-    "--overconfidence": ANY_NUMBER,
-    "--noise": ANY_NUMBER,
-    "--seed": st.one_of(st.integers(-3, 2**70).map(str), ANY_NUMBER),
-}
-
-
-@HOSTILE
-@given(data=st.data(), kind=st.sampled_from(["iid", "dspark", "mtp1"]))
-def test_synth_options_are_refused_in_one_line_or_write_a_valid_trace(
-        tmp_path_factory, data, kind):
-    option, value = draw_option(data, SYNTH_OPTIONS)
-    out = tmp_path_factory.mktemp("synth") / "t.parquet"
-    base = {"--kind": kind, "--requests": "2", "--positions": "16", "--gamma": "3"}
-    base[option] = value
-    r = runner.invoke(app, ["traces", "synth", "--out", str(out),
-                            *[x for kv in base.items() for x in kv]])
-    if _refused(r, option, out):
-        return
-    t = load_trace(out)
-    assert t.num_requests >= 1 and t.num_positions >= 1
-    assert 0 <= int(t.accept_len.min()) and int(t.accept_len.max()) <= t.gamma_max
-    if t.conf is not None:
-        assert np.isfinite(t.conf).all() and (t.conf >= 0).all() and (t.conf <= 1).all()
 
 
 @pytest.fixture(scope="module")
@@ -90,50 +43,82 @@ def small_trace(tmp_path_factory):
     return path
 
 
-EXPORT_OPTIONS = {
-    "--num-speculative-tokens": COUNT,
-    "--weighting": st.one_of(st.sampled_from(["served", "positions"]), PRINTABLE),
-    "--format": st.one_of(st.just("vllm-synthetic"), PRINTABLE),
-    "--method": PRINTABLE,
-    "--model": PRINTABLE,
-}
+# Counts: small valid ones (a run stays fast), edges, and the hostile numbers; huge valid
+# counts are refused by synth's size cap before anything is generated.
+COUNT = st.one_of(st.integers(-2, 6).map(str), ANY_NUMBER)
+SEED = st.one_of(st.integers(-3, 2**70).map(str), ANY_NUMBER)
 
 
-@HOSTILE
-@given(data=st.data())
-def test_export_options_are_refused_in_one_line_or_write_valid_rates(
-        tmp_path_factory, small_trace, data):
-    option, value = draw_option(data, EXPORT_OPTIONS)
-    out = tmp_path_factory.mktemp("exp") / "spec.json"
-    r = runner.invoke(app, ["traces", "export", str(small_trace), "--out", str(out),
-                            option, value])
-    if _refused(r, option, out):
-        return
+def _synth_argv(data, out, _trace) -> list[str]:
+    kind = data.draw(st.sampled_from(["iid", "dspark", "mtp1"]), label="kind")
+    return ["traces", "synth", "--out", str(out), "--kind", kind, "--requests", "2",
+            "--positions", "16", "--gamma", "3"]
+
+
+def _valid_trace(out) -> None:
+    t = load_trace(out)
+    assert t.num_requests >= 1 and t.num_positions >= 1
+    assert 0 <= int(t.accept_len.min()) and int(t.accept_len.max()) <= t.gamma_max
+    if t.conf is not None:
+        assert np.isfinite(t.conf).all() and (t.conf >= 0).all() and (t.conf <= 1).all()
+
+
+def _valid_rates(out) -> None:
     cfg = json.loads(out.read_text())
     k = cfg["num_speculative_tokens"]
     rates = cfg["synthetic_acceptance_rates"]
-    assert 1 <= k <= 4 and len(rates) == k
+    assert 1 <= k <= 4 and len(rates) == k  # the small trace drafts 4
     assert all(0.0 <= x <= 1.0 for x in rates)
 
 
-CALIBRATE_OPTIONS = {
-    "--method": st.one_of(st.sampled_from(["temperature", "isotonic"]), PRINTABLE),
-    "--holdout": st.one_of(st.floats(0, 1).map(repr), ANY_NUMBER),
-    "--seed": st.one_of(st.integers(-3, 2**70).map(str), ANY_NUMBER),
-}
-
-
-@HOSTILE
-@given(data=st.data())
-def test_calibrate_options_are_refused_in_one_line_or_write_a_valid_map(
-        tmp_path_factory, small_trace, data):
-    option, value = draw_option(data, CALIBRATE_OPTIONS)
-    out = tmp_path_factory.mktemp("cal") / "map.toml"
-    r = runner.invoke(app, ["calibrate", "confidence", "--trace", str(small_trace),
-                            "--out", str(out), option, value])
-    if _refused(r, option, out):
-        return
+def _valid_map(out) -> None:
     cmap = load_calibration(out)
     grid = np.linspace(0.0, 1.0, 11, dtype=np.float32)
     got = cmap.apply(np.tile(grid[:, None], (1, 4)))
     assert np.isfinite(got).all() and (got >= 0).all() and (got <= 1).all()
+
+
+# command -> (its options and their value strategies, its other arguments given the output
+# path and the small trace, the file it writes, what makes that file valid)
+COMMANDS = {
+    "synth": ({
+        "--kind": st.one_of(st.sampled_from(["iid", "dspark", "mtp1"]), PRINTABLE),
+        "--alpha": st.one_of(st.floats(0, 1).map(repr), ANY_NUMBER),
+        "--gamma": COUNT,
+        "--requests": COUNT,
+        "--positions": COUNT,
+        "--overconfidence": ANY_NUMBER,
+        "--noise": ANY_NUMBER,
+        "--seed": SEED,
+    }, _synth_argv, "t.parquet", _valid_trace),
+    "export": ({
+        "--num-speculative-tokens": COUNT,
+        "--weighting": st.one_of(st.sampled_from(["served", "positions"]), PRINTABLE),
+        "--format": st.one_of(st.just("vllm-synthetic"), PRINTABLE),
+        "--method": PRINTABLE,
+        "--model": PRINTABLE,
+    }, lambda _data, out, trace: ["traces", "export", str(trace), "--out", str(out)],
+        "spec.json", _valid_rates),
+    "calibrate": ({
+        "--method": st.one_of(st.sampled_from(["temperature", "isotonic"]), PRINTABLE),
+        "--holdout": st.one_of(st.floats(0, 1).map(repr), ANY_NUMBER),
+        "--seed": SEED,
+    }, lambda _data, out, trace: ["calibrate", "confidence", "--trace", str(trace),
+                                  "--out", str(out)], "map.toml", _valid_map),
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@HOSTILE
+@given(data=st.data())
+def test_any_option_is_refused_in_one_line_or_the_command_writes_a_valid_file(
+        tmp_path_factory, small_trace, command, data):
+    options, argv, name, valid = COMMANDS[command]
+    out = tmp_path_factory.mktemp(command) / name
+    option, r = invoke_drawn(data, options, argv(data, out, small_trace))
+    no_escape(r)
+    if r.exit_code == 0:
+        valid(out)
+    else:
+        one_line_refusal(r, option)
+        assert not out.exists()
