@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import json
 import math
+import tomllib
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
@@ -61,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from dspark_sim.calibration.profile import DraftCost, EngineLimits, EngineProfile
+from dspark_sim.calibration.profile import DraftCost, EngineLimits, EngineProfile, profile_from_dict
 from dspark_sim.errors import InputError
 from dspark_sim.io import read_toml
 
@@ -626,4 +627,9 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
     if not math.isfinite(dep.eager_slowdown) or dep.eager_slowdown < 1.0:
         raise InputError(f"{source} [deployment]", "eager_slowdown must be >= 1")
     prof_name = name or str(data.get("name") or Path(source).stem)
-    return analytic_profile(hw, model, dep, name=prof_name)
+    prof = analytic_profile(hw, model, dep, name=prof_name)
+    # Every field of a sheet can be sane while what they imply is not a profile (a million
+    # GPUs per replica: a KV capacity past the engine's limit): refuse it here, naming the
+    # sheet, rather than write a profile file nothing can load.
+    profile_from_dict(tomllib.loads(prof.to_toml()), f"{source}: the profile it implies")
+    return prof

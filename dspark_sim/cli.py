@@ -90,12 +90,6 @@ OutParquet = Annotated[Path, typer.Option(help="Output parquet path.")]
 TraceArg = Annotated[str, typer.Argument(help="Trace path or built-in name.")]
 
 
-def guarded(fn):
-    """Kept for commands written against the old layer: :class:`OneLineErrors` now turns
-    every ``InputError`` into one line and exit 2 for all commands."""
-    return fn
-
-
 def _fmt(v, nd: int = 1) -> str:
     if v is None:
         return "-"
@@ -809,14 +803,11 @@ def calibrate_engine(
     """Measure SPS(B) and draft cost on this device (or build an analytic profile)."""
     check_writable(out, "--out", kind="file")
     if sheet is not None:
-        from dspark_sim.calibration.profile import load_profile
+        from dspark_sim.calibration.measure import write_profile
         from dspark_sim.calibration.roofline import profile_from_sheets
 
-        prof = profile_from_sheets(sheet, name=name)
-        from dspark_sim.io import write_text_atomic
-
-        write_text_atomic(out, prof.to_toml())
-        load_profile(out)  # what we wrote must read back
+        prof = profile_from_sheets(sheet, name=name)  # checked: it loads back
+        write_profile(prof, out)
         console.print(f"wrote {out}: {prof.summary()}")
         return
     from dspark_sim.calibration.measure import measure_engine, write_profile

@@ -194,9 +194,25 @@ def test_profile_from_hf_config(tmp_path):
      "overhead_ms = 1\nwarp_factor = 9\n", "warp_factor"),
     ('hardware = "H100"\nmodel = "v3"\n[deployment]\ngpus_per_replica = 8\n'
      "overhead_ms = nan\n", "overhead_ms"),
-], ids=["unknown-hardware", "missing-key", "unknown-key", "nan"])
+    # every field sane, but a million GPUs' HBM is a KV capacity no profile may hold
+    ('hardware = "H100"\nmodel = "v3"\n[deployment]\ngpus_per_replica = 1000000\n'
+     "overhead_ms = 1\n", "bad-sheet.toml: the profile it implies.*kv_capacity_tokens"),
+], ids=["unknown-hardware", "missing-key", "unknown-key", "nan", "implies-no-profile"])
 def test_bad_sheets(tmp_path, text, match):
     assert_rejects_file(tmp_path / "bad-sheet.toml", text, profile_from_sheets, match)
+
+
+def test_calibrate_engine_sheet_writes_nothing_for_a_sheet_that_implies_no_profile(tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark_sim.cli import app
+
+    sheet, out = tmp_path / "huge.toml", tmp_path / "prof.toml"
+    sheet.write_text('hardware = "H100"\nmodel = "v3"\n[deployment]\n'
+                     "gpus_per_replica = 1000000\noverhead_ms = 1\n")
+    r = CliRunner().invoke(app, ["calibrate", "engine", "--sheet", str(sheet), "--out", str(out)])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "huge.toml" in r.output
+    assert not out.exists()
 
 
 # -- measurement -----------------------------------------------------------------------------
