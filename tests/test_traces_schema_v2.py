@@ -76,6 +76,39 @@ def test_bad_values_are_refused(column, value, message):
         schema_v2.from_frame(df, G, np.array([0, 2]), "bad.parquet")
 
 
+@pytest.mark.parametrize("where", ["entry", "row"])
+def test_a_missing_integer_is_refused_as_missing_not_cast(where, recwarn):
+    """A null in an integer array column (one entry, or a whole row) would read as NaN and
+    cast to a garbage integer (with a numpy warning on stderr, and a range error that
+    names the wrong fault): it is refused as missing."""
+    cols = schema_v2.to_columns(_fields(), np.array([2, 3]), G)
+    rank = cols["true_rank"].to_list()
+    if where == "entry":
+        rank[1][2] = None
+    else:
+        rank[1] = None
+    df = pl.DataFrame(cols).with_columns(pl.Series("true_rank", rank, dtype=pl.Array(pl.Int8, G)))
+    with pytest.raises(InputError, match="'true_rank' has missing"):
+        schema_v2.from_frame(df, G, np.array([0, 2]), "bad.parquet")
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+@pytest.mark.parametrize("column, dtype, value, message", [
+    ("req_correct", pl.Int8, None, "'req_correct' has missing"),
+    ("tgt_token", pl.Int32, None, "'tgt_token' has missing"),
+    ("tgt_token", pl.Int64, 2**40, r"range of int32 \(\[-2147483648, 2147483647\]\)"),
+    ("target_entropy", pl.Float64, 1e6, r"range of float16 \(\[-65504, 65504\]\)"),
+])
+def test_per_row_values_that_would_not_survive_the_stored_type_are_refused(
+        column, dtype, value, message, recwarn):
+    """Stored as int8/int32/float16: a null or a value past the type's range would be cast
+    to garbage (an integer wraps, a float16 becomes infinite), so it is refused."""
+    df = pl.DataFrame({column: pl.Series([1, 1, value, 1, 1], dtype=dtype)})
+    with pytest.raises(InputError, match=message):
+        schema_v2.from_frame(df, G, np.array([0, 2]), "bad.parquet")
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 def test_correct_label_must_be_constant_per_request():
     df = pl.DataFrame({"req_correct": pl.Series([1, 1, 0, 0, 1], dtype=pl.Int8)})
     with pytest.raises(InputError, match="constant"):

@@ -194,15 +194,26 @@ def from_frame(df: pl.DataFrame, gamma: int, req_starts: np.ndarray, source: str
             continue
         s = df[name]
         try:
-            if kind in ("g", "gk"):
-                if isinstance(s.dtype, pl.List):
-                    s = s.list.to_array(int(s.list.len().max() or 0))
-                arr = s.to_numpy()
-                arr = np.asarray(arr, dtype=np.float64 if dt == np.float16 else np.int64)
-            else:
-                arr = s.cast(pl.Float64 if dt == np.float16 else pl.Int64).to_numpy()
+            if kind in ("g", "gk") and isinstance(s.dtype, pl.List):
+                s = s.list.to_array(int(s.list.len().max() or 0))
+            raw = s.to_numpy() if kind in ("g", "gk") else \
+                s.cast(pl.Float64 if dt == np.float16 else pl.Int64).to_numpy()
+            if dt != np.float16 and raw.dtype.kind == "f" and not np.isfinite(raw).all():
+                # a null (or NaN) in an integer column reads as NaN: casting it would make
+                # a garbage integer and a range error that names the wrong fault
+                raise InputError(source, f"'{name}' has missing or non-finite values")
+            arr = np.asarray(raw, dtype=np.float64 if dt == np.float16 else np.int64)
+        except InputError:
+            raise
         except Exception as exc:  # polars raises several types on bad casts
             raise InputError(source, f"'{name}' is not a numeric column ({exc})") from exc
+        # the column is stored as ``dt``: a value past its range would wrap (integers) or
+        # become infinite (float16) silently
+        top = np.finfo(dt).max if dt == np.float16 else np.iinfo(dt).max
+        low = -top if dt == np.float16 else np.iinfo(dt).min
+        if arr.size and np.isfinite(arr).all() and (arr.min() < low or arr.max() > top):
+            raise InputError(source, f"'{name}' has values past the range of "
+                                     f"{np.dtype(dt).name} ([{int(low)}, {int(top)}])")
         want = {"gk": (n, gamma), "g": (n, gamma), "s": (n,), "r": (n,)}[kind]
         if arr.shape[: len(want)] != want or (kind == "gk" and arr.ndim != 3) or \
                 (kind != "gk" and arr.ndim != len(want)):
