@@ -178,6 +178,7 @@ def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
                               labels)
         steps = ctx.stats.request_steps
         summary["verifier_skipped_request_steps"] = ctx.stats.skipped_request_steps
+        summary["num_unverified_tokens"] = ctx.stats.unverified_tokens
         summary["verifier_call_fraction"] = \
             1.0 - ctx.stats.skipped_request_steps / steps if steps else None
     return summary

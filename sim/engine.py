@@ -127,15 +127,17 @@ ITL_EDGES_S = np.logspace(-5, 3, 801)
 # (``sim.metrics``).
 STEP_FIELDS = ("end_s", "dt_s", "replica", "decode_batch", "running", "waiting",
                "batch_tokens", "prefill_tokens", "verified_drafts", "emitted_tokens",
-               "accepted_tokens")
+               "accepted_tokens", "unverified_tokens")
 
 
 class StepRecorder:
     """Per-step time series: one C-level ``array.extend`` of a tuple per engine step
-    (11 float64, 88 bytes; well under 1 us, no per-token or per-request work).
+    (12 float64, 96 bytes; well under 1 us, no per-token or per-request work).
     ``running`` / ``waiting`` are the replica's batch rows and queue at the step's end
     (before finished rows leave), ``emitted_tokens`` every token the step produced
-    (accepted + bonus per decoding request, first tokens of completed prefills)."""
+    (accepted + bonus per decoding request, first tokens of completed prefills),
+    ``accepted_tokens`` the drafts the verifier accepted and ``unverified_tokens`` those
+    committed without it (a lossy policy that skips the verifier)."""
 
     def __init__(self) -> None:
         self.buf = array("d")
@@ -158,7 +160,7 @@ class RequestLog:
     finish_s: np.ndarray
     steps: np.ndarray  # decode (verification) steps
     draft_tokens_verified: np.ndarray  # sum of l over its steps
-    accepted_tokens: np.ndarray  # sum of min(l, m) over its steps
+    accepted_tokens: np.ndarray  # sum of min(l, m) over its steps: what the verifier accepted
     generated: np.ndarray
     preemptions: np.ndarray
     rejected: np.ndarray  # 0, or a REJECT_REASONS code: refused at arrival, never served
@@ -187,6 +189,7 @@ class StepStats:
     kv_blocked_steps: int = 0  # steps whose admission stopped at the KV capacity
     changed_tokens: int = 0  # tokens a lossy policy emitted that differ from the target's
     skipped_request_steps: int = 0  # request-steps that committed without the verifier
+    unverified_tokens: int = 0  # drafts those request-steps committed
     hist_size: int = 0  # bins of the per-step accepted / verified histograms (0: gamma + 2)
 
     def __post_init__(self) -> None:
@@ -501,7 +504,7 @@ class Replica:
             ctx.stop.succeed("steps")  # the run's step bound: stated in the summary
         stats.busy_s += dt
         stats.batch_tokens += verify_tokens + prefill_tokens
-        emitted = n_accepted = 0
+        emitted = n_accepted = n_unverified = 0
         if n_dec:
             generated = batch[decoding, GENERATED]
             bonus = 1 if lossy is None or lossy[1] is None else lossy[1].astype(np.int64)
@@ -513,9 +516,18 @@ class Replica:
             batch[decoding, GENERATED] = generated + advance
             batch[decoding, STEPS] += 1
             batch[decoding, VERIFIED] += ell
+            if lossy is not None and lossy[1] is not None:
+                # a request that skipped the verifier committed drafts it never judged: they
+                # are emitted (and count in the acceptance length) but are no acceptances;
+                # the acceptance rate, the waste and the per-position figures are the
+                # verifier's, so what it accepted is at most what it verified
+                judged = np.minimum(accepted, ell)
+                n_unverified = int((accepted - judged).sum())
+                accepted = judged
             batch[decoding, ACCEPTED] += accepted
             emitted = int(advance.sum())
             n_accepted = int(accepted.sum())
+            stats.unverified_tokens += n_unverified
             self.kv_tokens += emitted
             # Every decoding request gets a token every step, and its previous token
             # came at the end of the previous step: its inter-token gap is this dt.
@@ -543,7 +555,7 @@ class Replica:
         verified_drafts = int(ell.sum()) if lossy is not None else verify_tokens - n_dec
         ctx.record_step((now, dt, self.index, n_dec, len(batch), len(self.waiting),
                          verify_tokens + prefill_tokens, prefill_tokens, verified_drafts,
-                         emitted, n_accepted))
+                         emitted, n_accepted, n_unverified))
         finished = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
         if finished.any():
             gone = self._remove(~finished, finished=True)

@@ -1,14 +1,17 @@
 """Per-request and per-run metrics, under vLLM ``bench serve`` names where one exists.
 
-Definitions (stated because sources differ, see PUBLISHED_FIGURES.md):
+Definitions (stated because sources differ: vLLM, InferenceX/AIPerf and the DSpark
+paper each define some of them their own way):
 
 * TPOT = (E2E - TTFT) / (output_tokens - 1) (vLLM); interactivity = 1000 / TPOT_ms
   tokens/s/user (InferenceX, AIPerf).
 * ITL = time between successive token-emitting steps of a request (a speculative
   step emits several tokens at once, as vLLM's streamed chunks do).
 * ``spec_decode_acceptance_length`` = 1 + accepted / drafts (vLLM; includes the
-  bonus token, = DSpark's tau); ``acceptance_per_position[k]`` is vLLM's
-  *unconditional* ``num_accepted_tokens_per_pos / num_drafts``.
+  bonus token, = DSpark's tau; a lossy policy that skips the verifier adds the drafts
+  it committed unjudged); ``acceptance_per_position[k]`` is vLLM's *unconditional*
+  ``num_accepted_tokens_per_pos / num_drafts``. Accepted tokens are the verifier's:
+  never more than it verified.
 * ``mean_verify_tokens_per_request_step`` counts the bonus slot, so MTP-1 is 2
   (DSpark Fig. 8's "verification budget").
 * ``verification_waste`` = rejected draft tokens / verified draft tokens.
@@ -155,6 +158,7 @@ class StepSeries:
     verified_drafts: np.ndarray
     emitted_tokens: np.ndarray
     accepted_tokens: np.ndarray
+    unverified_tokens: np.ndarray
 
     @classmethod
     def from_columns(cls, cols: dict[str, np.ndarray]) -> StepSeries:
@@ -331,7 +335,8 @@ def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
     rs = float(steps.decode_batch[in_win].sum())
     ver = float(steps.verified_drafts[in_win].sum())
     acc = float(steps.accepted_tokens[in_win].sum())
-    s["steady_spec_decode_acceptance_length"] = 1.0 + acc / rs if rs else None
+    committed = acc + float(steps.unverified_tokens[in_win].sum())
+    s["steady_spec_decode_acceptance_length"] = 1.0 + committed / rs if rs else None
     s["steady_mean_verify_tokens_per_request_step"] = (rs + ver) / rs if rs else None
     s["steady_mean_draft_tokens_per_request_step"] = ver / rs if rs else None
     s["steady_verification_waste"] = (ver - acc) / ver if ver else (0.0 if rs else None)
@@ -488,7 +493,9 @@ def _speculation(log: RequestLog, stats: StepStats) -> dict:
         # lossy policies: emitted tokens that differ from the target's greedy output
         "changed_tokens": int(stats.changed_tokens),
         "changed_token_fraction": stats.changed_tokens / total_emitted if total_emitted else 0.0,
-        "spec_decode_acceptance_length": 1.0 + accepted / drafts if drafts else None,
+        # drafts committed per request-step: with a skipping policy's unjudged ones
+        "spec_decode_acceptance_length":
+            1.0 + (accepted + stats.unverified_tokens) / drafts if drafts else None,
         "spec_decode_acceptance_rate": accepted / verified if verified else None,
     }
     if drafts and stats.gamma:

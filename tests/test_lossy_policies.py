@@ -196,8 +196,17 @@ def test_skip_by_hand_commits_then_writes_the_kv_on_the_next_verify():
     assert (r["steps"] == 28).all() and (r["generated_tokens"] == 96).all()
     assert s["changed_tokens"] == 0  # the target would have accepted all of them
     assert s["mean_verify_tokens_per_request_step"] == pytest.approx((14 * 7) / 28)
-    assert s["num_accepted_tokens"] == 4 * (14 * 3 + 14 * 3)
+    # the verifier judged 14 blocks of 3 per request and accepted all; the 14 skipped
+    # blocks were committed unjudged: no acceptances (rate 1, waste 0, not 2 and -1), but
+    # drafts the acceptance length counts: 1 + (14 x 3 + 14 x 3) / 28 request-steps
     assert s["num_draft_tokens_verified"] == 4 * 14 * 3  # the KV fill is not a draft
+    assert s["num_accepted_tokens"] == 4 * 14 * 3
+    assert s["num_unverified_tokens"] == 4 * 14 * 3
+    assert s["spec_decode_acceptance_rate"] == 1.0 and s["verification_waste"] == 0.0
+    assert s["spec_decode_acceptance_length"] == 1 + (14 * 3 + 14 * 3) / 28
+    # per position: half the request-steps verified (and accepted) drafts 1..3, none deeper
+    assert s["acceptance_per_position"] == s["verified_per_position"] == [0.5] * 3 + [0.0] * 4
+    assert (r["accepted_tokens"] == 14 * 3).all() and (r["draft_tokens_verified"] == 14 * 3).all()
     assert s["verifier_skipped_request_steps"] == 4 * 14 and s["verifier_call_fraction"] == 0.5
 
 

@@ -318,6 +318,22 @@ def test_steady_figures_by_hand():
     assert s["steady_window_short"] and "3 requests" in s["steady_window_note"]
 
 
+def test_steady_figures_count_unverified_commits_as_drafts_not_acceptances():
+    """A skipping policy's steps (the by-hand steps above, with 0, 0, 3, 1, 2, 0 drafts
+    committed without the verifier): in the window (steps 3-5) the acceptance length
+    counts the 10 accepted and the 6 unjudged drafts over 8 request-steps; the waste is
+    the verifier's, rejected 6 of the 16 it verified, as without them."""
+    w = SteadyWindow(2.0, 12.0, 12.0, 2.0, 1.0, 3.0, 10, "hand")
+    log = _log([1.0, 2.5], [1.5, 2.7], [3.0, 4.5], [10, 11])
+    steps = StepSeries.of([1.9, 2.0, 3.0, 6.0, 12.0, 12.5], 0.1,
+                          decode_batch=[9, 9, 2, 4, 2, 9], verified_drafts=[9, 9, 6, 8, 2, 9],
+                          accepted_tokens=[9, 9, 4, 4, 2, 9],
+                          unverified_tokens=[0, 0, 3, 1, 2, 0])
+    s = steady_state(log, steps, w, gpus=1)
+    assert s["steady_spec_decode_acceptance_length"] == pytest.approx(1 + 16 / 8)
+    assert s["steady_verification_waste"] == pytest.approx(6 / 16)
+
+
 def test_latency_sample_is_chosen_by_arrival_not_by_finish():
     """A 5 s request arriving at 97 s finishes after the window's end (100 s) but is in
     the sample (selecting by finish would drop it, and with it long requests in

@@ -85,9 +85,11 @@ def test_skipping_the_verifier_emits_no_bonus_and_costs_no_verify_tokens():
 
     s = _run(_plan_policy(replay, tokens=0, lossy=True), cfg, trace).summary
     # a skipping row takes no bonus slot either: no verify tokens at all (the target
-    # never runs); 2 tokens per request-step
+    # never runs); 2 tokens per request-step, none of them judged by the verifier
     assert s["mean_verify_tokens_per_request_step"] == 0.0 and s["mean_batch_tokens"] == 0.0
-    assert s["num_accepted_tokens"] == 2 * s["num_drafts"]
+    assert s["num_accepted_tokens"] == 0 and s["num_draft_tokens_verified"] == 0
+    assert s["num_unverified_tokens"] == 2 * s["num_drafts"]
+    assert s["spec_decode_acceptance_length"] == 3.0
     assert s["total_output_tokens"] == 8 * 96
 
 
