@@ -84,7 +84,8 @@ def check_columns(trace, names=ASD_TARGET_COLUMNS) -> None:
     missing = [f for f in names if v2 is None or getattr(v2, f) is None]
     if missing:
         raise InputError(trace.source_path, f"asd needs the trace's {', '.join(missing)} "
-                                            "(schema v2; e.g. traces synth-lossy adds them)")
+                                            "(schema v2: the shipped dspark-gsm8k-lossy-synthetic "
+                                            "or a `dspark-sim capture` trace has them)")
 
 
 def regret_at(trace, rows: np.ndarray) -> np.ndarray:

@@ -397,6 +397,33 @@ def test_asd_on_a_trace_without_the_fields_is_a_one_line_error():
         simulate(_cfg("asd@fixed:5", n=2), trace=trace)
 
 
+def test_asd_refusal_points_at_a_remedy_that_exists(tmp_path):
+    """`run --policy asd` on the default (v1) trace is refused in one line naming the trace;
+    the remedy it names must exist: the trace it suggests runs the same command, and any
+    `dspark-sim ...` command it suggests is a real one (it once said `traces synth-lossy`,
+    which does not exist)."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from dspark_sim.cli import app
+
+    runner = CliRunner()
+    small = ["run", "--policy", "asd", "--num-requests", "2", "--replicas", "1",
+             "--lengths", "fixed:16:8", "--quiet"]
+    r = runner.invoke(app, [*small, "--out", str(tmp_path / "refused")])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert lines[0].startswith("error: builtin:dspark-synthetic: asd needs")
+    assert LOSSY_TRACE in lines[0]
+    for command in re.findall(r"dspark-sim ([a-z-]+(?: [a-z-]+)?)", lines[0]):
+        help_r = runner.invoke(app, [*command.split(), "--help"])
+        assert help_r.exit_code == 0, (command, help_r.output)
+    assert "traces synth-lossy" not in lines[0]
+    r = runner.invoke(app, [*small, "--trace", LOSSY_TRACE, "--out", str(tmp_path / "ok")])
+    assert r.exit_code == 0, r.output
+
+
 # -- fronts and reports keep the lossy axis apart -----------------------------------------
 def _sweep_frame():
     import polars as pl
