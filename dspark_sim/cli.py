@@ -345,7 +345,7 @@ def traces_import(
     for opt, val in given.items():
         if val is not None and opt not in applies:
             raise InputError(opt, f"does not apply to --format {fmt}")
-    check_writable(out, "--out", kind="file")
+    check_writable(out, "--out", kind="file", not_over={"the source file": src})
     opts = {k: v for k, v in {"column": column, "domain": domain, "gamma_max": gamma_max,
                                "drafter": drafter, "target": target, "requests": requests,
                                "positions": positions, "seed": seed}.items() if v is not None}
@@ -358,6 +358,12 @@ def traces_import(
                   + ", ".join(f"k={k}: {t.served_tau(k):.2f}"
                               for k in sorted({1, 3, 5, t.gamma_max}) if k <= t.gamma_max),
                   markup=False, highlight=False)
+
+
+def _file_or_none(spec: str) -> str | None:
+    """A trace argument that names an existing file (not a built-in name): the file an
+    output must not overwrite."""
+    return spec if Path(spec).is_file() else None
 
 
 @traces_app.command("export")
@@ -378,7 +384,7 @@ def traces_export(
     from dspark_sim.traces.export import export_trace
     from dspark_sim.traces.schema import load_trace
 
-    check_writable(out, "--out", kind="file")
+    check_writable(out, "--out", kind="file", not_over={"the trace": _file_or_none(trace)})
     t = load_trace(trace)
     cfg = export_trace(t, fmt, out, num_speculative_tokens=num_speculative_tokens,
                        weighting=weighting, method=method, model=model)
@@ -801,7 +807,7 @@ def calibrate_engine(
     name: Annotated[str | None, typer.Option(help="Profile name.")] = None,
 ) -> None:
     """Measure SPS(B) and draft cost on this device (or build an analytic profile)."""
-    check_writable(out, "--out", kind="file")
+    check_writable(out, "--out", kind="file", not_over={"the --sheet": sheet})
     if sheet is not None:
         from dspark_sim.calibration.measure import write_profile
         from dspark_sim.calibration.roofline import profile_from_sheets
@@ -850,9 +856,10 @@ def calibrate_confidence_cmd(
     from dspark_sim.traces.schema import load_trace
 
     check_fit_options(method, holdout, seed)  # before the trace is read (#12.10)
-    check_writable(out, "--out", kind="file")
+    check_writable(out, "--out", kind="file", not_over={"the trace": _file_or_none(trace)})
     if html is not None:
-        check_writable(html, "--html", kind="file")
+        check_writable(html, "--html", kind="file",
+                       not_over={"the trace": _file_or_none(trace), "--out": out})
     t = load_trace(trace)
     fitted, report = calibrate_confidence(t, method=method, holdout=holdout, seed=seed)
     console.print(format_report(report), markup=False, highlight=False)

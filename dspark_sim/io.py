@@ -91,17 +91,36 @@ def jsonable(d):
     return d
 
 
-def check_writable(path: str | Path, option: str, *, kind: str = "dir") -> Path:
+def _same_file(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` name one file: the same path once resolved (symlinks followed, so a
+    file not written yet compares too), or one inode (a hard link)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_writable(path: str | Path, option: str, *, kind: str = "dir",
+                   not_over: dict[str, str | Path | None] | None = None) -> Path:
     """Fail fast, before any expensive work, when ``path`` cannot receive output.
 
     ``kind="dir"``: a folder (created later if missing); ``kind="file"``: a file written
     atomically beside its siblings. Probes the nearest existing folder with a temporary
     file (permission bits say nothing to root, and /proc or a read-only mount only show
-    themselves on a real write); creates nothing that stays.
+    themselves on a real write); creates nothing that stays. ``not_over`` (what -> path;
+    None entries skipped): files the command reads or also writes; an output that is one
+    of them is refused, since writing it would destroy the input (``traces export T --out
+    T`` once replaced the trace with its JSON) or the other output.
     """
     from dspark_sim.errors import InputError
 
     p = Path(path)
+    for what, other in (not_over or {}).items():
+        if other is not None and _same_file(p, Path(other)):
+            raise InputError(option, f"{p} is also {what}: writing it would destroy that; "
+                                     "choose another file")
     if kind == "dir" and p.exists() and not p.is_dir():
         raise InputError(option, f"{p} exists and is not a folder")
     if kind == "file" and p.is_dir():

@@ -4,6 +4,8 @@ traceback, and nothing written."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_cli_input import one_line_error as judged_one_line
 from typer.testing import CliRunner
@@ -235,3 +237,50 @@ def test_calibrate_engine_refuses_before_building_a_model(tmp_path, args, needle
     out = tmp_path / "p.toml"
     one_line_error(["calibrate", "engine", "--out", str(out), *args], *needles)
     assert not out.exists()
+
+
+def test_an_output_that_is_the_commands_own_input_is_refused(tmp_path, monkeypatch):
+    """`traces export T --out T` replaced the trace T with its JSON (and `traces import S
+    --out S`, `calibrate confidence --trace T --out T` or `--html` = `--out`, `calibrate
+    engine --sheet S --out S` the same): the output would destroy what the command reads or
+    also writes. Refused in one line naming the option, the input byte-identical; through a
+    symlink or a hard link too. A built-in trace name is not a file: an output of that name
+    in the working folder is an ordinary output."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    trace = tmp_path / "t.parquet"
+    shutil.copy(root / "traces" / "data" / "mtp1-synthetic.parquet", trace)
+    src = tmp_path / "pp.jsonl"
+    src.write_text('{"request_id": "a", "position": 0, "accept_len": 1}\n')
+    sheet = tmp_path / "sheet.toml"
+    shutil.copy(sorted((root / "calibration" / "data" / "sheets").glob("*.toml"))[0], sheet)
+    (tmp_path / "link.parquet").symlink_to(trace)
+    os.link(trace, tmp_path / "hard.parquet")
+    before = {p: p.read_bytes() for p in (trace, src, sheet)}
+    cases = [
+        (["traces", "export", str(trace), "--out", str(trace)], "--out", "the trace"),
+        (["traces", "export", str(trace), "--out", str(tmp_path / "link.parquet")],
+         "--out", "the trace"),
+        (["traces", "export", str(tmp_path / "hard.parquet"), "--out", str(trace)],
+         "--out", "the trace"),
+        (["traces", "import", str(src), "--format", "per-position", "--out", str(src)],
+         "--out", "the source file"),
+        (["calibrate", "confidence", "--trace", str(trace), "--out", str(trace)],
+         "--out", "the trace"),
+        (["calibrate", "confidence", "--trace", "mtp1-synthetic", "--out",
+          str(tmp_path / "m.toml"), "--html", str(tmp_path / "m.toml")], "--html", "--out"),
+        (["calibrate", "engine", "--sheet", str(sheet), "--out", str(sheet)],
+         "--out", "the --sheet"),
+    ]
+    for args, option, what in cases:
+        line = one_line_error(args, f"error: {option}: ", f"is also {what}")
+        assert "choose another file" in line
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (tmp_path / "m.toml").exists()
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["traces", "export", "mtp1-synthetic", "--out", "mtp1-synthetic"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "mtp1-synthetic").read_text())["num_speculative_tokens"] == 1
