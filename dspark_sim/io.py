@@ -75,6 +75,20 @@ def read_toml(path: str | Path, what: str = "file") -> dict:
         raise InputError(str(p), f"invalid TOML: {exc}") from exc
 
 
+def tidy_csv(df, *, line_column: str | None = None):
+    """A CSV read by polars as all strings, as a spreadsheet or a ``", "`` writer leaves
+    it: header names stripped of spaces, blank lines (rows with every field empty)
+    dropped. ``line_column``: first add the file's line number of each row (the header
+    is line 1), so errors still name the right line."""
+    import polars as pl
+
+    df = df.rename({c: c.strip() for c in df.columns})
+    if line_column is None:
+        return df.filter(~pl.all_horizontal(pl.all().is_null()))
+    df = df.with_row_index(line_column, offset=2)
+    return df.filter(~pl.all_horizontal(pl.exclude(line_column).is_null()))
+
+
 def jsonable(d):
     """``d`` with numpy scalars turned into Python numbers and non-finite floats into None
     (what ``json.dumps`` can write and any reader can parse)."""

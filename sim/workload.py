@@ -31,6 +31,7 @@ import numpy as np
 import polars as pl
 
 from dspark_sim.errors import InputError
+from dspark_sim.io import tidy_csv
 from dspark_sim.sim.config import (
     MAX_LOGNORMAL_SIGMA,
     MAX_SIM_TIME_S,
@@ -91,7 +92,7 @@ def read_workload(path: str | Path) -> pl.DataFrame:
 
 
 def _read_azure(p: Path, source: str) -> pl.DataFrame:
-    df = pl.read_csv(p, infer_schema_length=0)  # all strings: we parse ourselves
+    df = tidy_csv(pl.read_csv(p, infer_schema_length=0))  # all strings: we parse ourselves
     need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
     if not need <= set(df.columns):
         raise InputError(source, f"Azure CSV needs columns {', '.join(sorted(need))}")
@@ -102,8 +103,10 @@ def _read_azure(p: Path, source: str) -> pl.DataFrame:
     )
     out = df.select(
         (ts.dt.epoch("us").cast(pl.Float64) / 1e6).alias("arrival_s"),
-        pl.col("ContextTokens").cast(pl.Int64, strict=False).alias("prompt_tokens"),
-        pl.col("GeneratedTokens").cast(pl.Int64, strict=False).alias("output_tokens"),
+        pl.col("ContextTokens").str.strip_chars().cast(pl.Int64, strict=False)
+        .alias("prompt_tokens"),
+        pl.col("GeneratedTokens").str.strip_chars().cast(pl.Int64, strict=False)
+        .alias("output_tokens"),
     )
     if out.null_count().sum_horizontal().item() > 0:
         bad = out.with_row_index().filter(pl.any_horizontal(pl.all().is_null()))["index"][0]
@@ -111,18 +114,32 @@ def _read_azure(p: Path, source: str) -> pl.DataFrame:
     return out
 
 
+def _count(v) -> int:
+    """A token count: an integer, or a float with an integral value (some JSON writers
+    emit 100.0); never a bool, and never a fraction silently truncated."""
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise TypeError(f"token count {v!r} is not a number")
+    if isinstance(v, float) and not v.is_integer():  # NaN and inf included
+        raise ValueError(f"token count {v!r} is not a whole number")
+    return int(v)
+
+
 def _read_mooncake(p: Path, source: str) -> pl.DataFrame:
     rows = []
-    with p.open() as fh:
+    with p.open(encoding="utf-8-sig") as fh:  # -sig: a leading byte-order mark is not data
         for i, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
                 d = json.loads(line)
-                rows.append((float(d["timestamp"]) / 1e3, int(d["input_length"]),
-                             int(d["output_length"])))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise InputError(source, f"line {i}: not a Mooncake record ({exc.__class__.__name__})") from exc
+                rows.append((float(d["timestamp"]) / 1e3, _count(d["input_length"]),
+                             _count(d["output_length"])))
+            except json.JSONDecodeError as exc:
+                raise InputError(source, f"line {i}: not JSON ({exc.msg})") from None
+            except KeyError as exc:
+                raise InputError(source, f"line {i}: not a Mooncake record (no {exc})") from None
+            except (TypeError, ValueError) as exc:
+                raise InputError(source, f"line {i}: not a Mooncake record ({exc})") from None
     return pl.DataFrame(rows, schema=["arrival_s", "prompt_tokens", "output_tokens"], orient="row")
 
 

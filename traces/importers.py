@@ -50,6 +50,7 @@ import numpy as np
 import polars as pl
 
 from dspark_sim.errors import InputError
+from dspark_sim.io import tidy_csv
 from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta
 
 FORMATS = ("specdecode-bench", "per-position", "vllm-counters")
@@ -93,7 +94,7 @@ def _is_id(x: Any) -> bool:
 def _json_lines(p: Path, where: str):
     """(line number, object) for every non-blank line; one-line errors for the rest."""
     try:
-        fh = p.open(encoding="utf-8")
+        fh = p.open(encoding="utf-8-sig")  # -sig: a leading byte-order mark is not data
     except OSError as exc:
         raise InputError(where, f"cannot read ({exc.strerror})") from exc
     with fh:
@@ -387,6 +388,7 @@ def _pp_csv(p: Path, where: str):
         df = pl.read_csv(p, infer_schema_length=0, separator="\t" if p.suffix == ".tsv" else ",")
     except Exception as exc:  # polars raises a zoo of parse errors
         raise InputError(where, f"cannot parse CSV ({exc.__class__.__name__})") from None
+    df = tidy_csv(df, line_column="_line")
     for need in ("request_id", "position"):
         if need not in df.columns:
             raise InputError(where, f"CSV needs a '{need}' column")
@@ -394,11 +396,11 @@ def _pp_csv(p: Path, where: str):
                        key=lambda c: int(c[5:]))
     if conf_cols and [int(c[5:]) for c in conf_cols] != list(range(1, len(conf_cols) + 1)):
         raise InputError(where, f"confidence columns must be conf_1 .. conf_G, got {conf_cols}")
-    lines = list(range(2, df.height + 2))  # header is line 1
+    lines = df["_line"].to_list()
     records: dict[str, list] = {}
     for col in ("request_id", "domain"):
         if col in df.columns:
-            s = df[col]
+            s = df[col].str.strip_chars()
             if s.null_count() or (s.str.len_chars() == 0).any():
                 j = int((s.is_null() | (s.str.len_chars() == 0)).arg_max())
                 raise InputError(where, f"line {lines[j]}: empty {col}")

@@ -1,0 +1,92 @@
+"""Input files as real tools write them: a byte-order mark (Excel, PowerShell), CRLF line
+ends (Windows), blank lines at the end (editors, ``echo >>``), ``", "`` separators
+(hand-written or spreadsheet CSV) and integral floats for counts (pandas' JSON). Each
+reads exactly as the plain file does; what is really wrong (a fractional or boolean
+count) is still refused, naming the file and the line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from polars.testing import assert_frame_equal
+
+from dspark_sim.errors import InputError
+from dspark_sim.sim.workload import read_workload
+from dspark_sim.traces.importers import import_per_position
+
+MOONCAKE = [{"timestamp": 0, "input_length": 100, "output_length": 20},
+            {"timestamp": 500, "input_length": 50, "output_length": 10},
+            {"timestamp": 900, "input_length": 70, "output_length": 5}]
+AZURE = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+         "2023-11-16 18:15:50.9951690,396,109\n2023-11-16 18:15:51.2000000,100,10\n")
+PP_ROWS = [("a", 0, 2), ("a", 1, 0), ("a", 2, 3), ("b", 0, 1), ("b", 1, 4)]
+PER_POSITION = "request_id,position,accept_len\n" + "".join(f"{r},{p},{a}\n"
+                                                           for r, p, a in PP_ROWS)
+
+
+def _variants(text: str) -> dict[str, tuple[str, str]]:
+    """name -> (text, encoding) of the same content as other writers leave it."""
+    return {"bom": (text, "utf-8-sig"), "crlf": (text.replace("\n", "\r\n"), "utf-8"),
+            "blank-tail": (text + "\n\n", "utf-8"), "no-final-newline": (text.rstrip("\n"), "utf-8")}
+
+
+def _write(path, text: str, encoding: str = "utf-8"):
+    with open(path, "w", encoding=encoding, newline="") as fh:
+        fh.write(text)
+    return path
+
+
+@pytest.mark.parametrize("variant", ["bom", "crlf", "blank-tail", "no-final-newline", "spaces"])
+@pytest.mark.parametrize("kind", ["mooncake", "azure"])
+def test_workload_files_read_as_the_plain_file(tmp_path, kind, variant):
+    if kind == "mooncake":
+        plain, suffix = "".join(json.dumps(r) + "\n" for r in MOONCAKE), ".jsonl"
+        # ", " is JSON's own separator: the spaced variant writes integral floats instead
+        spaced = plain.replace('"input_length": 100', '"input_length": 100.0')
+    else:
+        plain, suffix = AZURE, ".csv"
+        spaced = AZURE.replace(",", ", ")
+    want = read_workload(_write(tmp_path / f"plain{suffix}", plain))
+    assert want["prompt_tokens"].to_list() == ([100, 50, 70] if kind == "mooncake"
+                                               else [374, 396, 100])
+    text, encoding = (spaced, "utf-8") if variant == "spaces" else _variants(plain)[variant]
+    got = read_workload(_write(tmp_path / f"{variant}{suffix}", text, encoding))
+    assert_frame_equal(got, want)
+
+
+@pytest.mark.parametrize("variant", ["bom", "crlf", "blank-tail", "no-final-newline", "spaces"])
+def test_per_position_csv_reads_as_the_plain_file(tmp_path, variant):
+    want = import_per_position(_write(tmp_path / "plain.csv", PER_POSITION))
+    text, encoding = (PER_POSITION.replace(",", ", "), "utf-8") if variant == "spaces" \
+        else _variants(PER_POSITION)[variant]
+    got = import_per_position(_write(tmp_path / "v.csv", text, encoding), domain="plain")
+    assert got.accept_len.tolist() == want.accept_len.tolist() == [2, 0, 3, 1, 4]
+    assert list(got.req_ids) == list(want.req_ids) == ["a", "b"]
+
+
+def test_per_position_jsonl_with_a_byte_order_mark_reads_as_the_plain_file(tmp_path):
+    text = "".join(json.dumps({"request_id": r, "position": p, "accept_len": a}) + "\n"
+                   for r, p, a in PP_ROWS)
+    want = import_per_position(_write(tmp_path / "plain.jsonl", text))
+    got = import_per_position(_write(tmp_path / "bom.jsonl", text, "utf-8-sig"), domain="plain")
+    assert got.accept_len.tolist() == want.accept_len.tolist() == [2, 0, 3, 1, 4]
+
+
+def test_a_blank_line_inside_a_csv_keeps_the_line_numbers_of_the_rows_after_it(tmp_path):
+    # header 1, a: 2-4, blank 5, b: 6-7
+    text = PER_POSITION.replace("b,0,1\n", "\nb,0,1\n").replace("b,1,4\n", "b,1,-4\n")
+    with pytest.raises(InputError, match=r"bad\.csv: line 7: accept_len .* got '-4'"):
+        import_per_position(_write(tmp_path / "bad.csv", text))
+
+
+@pytest.mark.parametrize("value, message", [
+    ("100.7", "token count 100.7 is not a whole number"),
+    ("true", "token count True is not a number"),
+    ("[100]", "token count \\[100\\] is not a number"),
+])
+def test_mooncake_counts_that_are_not_whole_numbers_are_refused(tmp_path, value, message):
+    text = "".join(json.dumps(r) + "\n" for r in MOONCAKE).replace(
+        '"input_length": 50', f'"input_length": {value}')
+    with pytest.raises(InputError, match=f"bad.jsonl: line 2: not a Mooncake record \\({message}\\)"):
+        read_workload(_write(tmp_path / "bad.jsonl", text))
