@@ -174,7 +174,7 @@ def load_calibration(path: str | Path | None) -> CalibrationMap:
         raise InputError(source, "calibration map not found")
     else:
         try:
-            text = p.read_text()
+            text = p.read_text(encoding="utf-8-sig")  # a BOM is not TOML
         except UnicodeDecodeError as exc:
             raise InputError(source, "not a text file") from exc
     try:

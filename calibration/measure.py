@@ -174,7 +174,7 @@ def load_model_config(model_source: Any = None):
         if p.is_file() and p.suffix == ".gguf":
             return AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
         if p.is_file():
-            d = json.loads(p.read_text())
+            d = json.loads(p.read_text(encoding="utf-8-sig"))
             if not isinstance(d, dict):
                 raise InputError(src, "config.json must hold an object")
             return load_model_config(d)

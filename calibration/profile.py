@@ -602,7 +602,7 @@ def load_profile(path_or_name: str | Path | None = None) -> EngineProfile:
             raise InputError(spec, "profile file not found")
         source = str(p)
         try:
-            text = p.read_text(encoding="utf-8")
+            text = p.read_text(encoding="utf-8-sig")  # a BOM is not TOML
         except UnicodeDecodeError:
             raise InputError(source, "not a TOML profile (binary or not UTF-8)") from None
         except OSError as exc:

@@ -611,7 +611,7 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
         cfg_path = Path(str(m_spec["hf_config"]))
         cfg_path = cfg_path if cfg_path.is_absolute() else base / cfg_path
         try:
-            cfg = json.loads(cfg_path.read_text())
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8-sig"))
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(str(cfg_path), f"cannot read HF config ({exc})") from exc
         derived = asdict(model_sheet_from_hf_config(cfg))

@@ -70,7 +70,7 @@ def read_toml(path: str | Path, what: str = "file") -> dict:
     if not p.is_file():
         raise InputError(str(p), f"{what} not found")
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text(encoding="utf-8-sig"))  # a BOM is not TOML
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(str(p), f"invalid TOML: {exc}") from exc
 

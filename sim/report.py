@@ -92,7 +92,7 @@ def read_vllm_results(path: str | Path, gpus: int | None = None) -> pl.DataFrame
     rows = []
     for f in files:
         try:
-            d = json.loads(f.read_text())
+            d = json.loads(f.read_text(encoding="utf-8-sig"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(str(f), f"not a JSON file ({exc})") from exc
         if not isinstance(d, dict) or "output_throughput" not in d:

@@ -90,3 +90,31 @@ def test_mooncake_counts_that_are_not_whole_numbers_are_refused(tmp_path, value,
         '"input_length": 50', f'"input_length": {value}')
     with pytest.raises(InputError, match=f"bad.jsonl: line 2: not a Mooncake record \\({message}\\)"):
         read_workload(_write(tmp_path / "bad.jsonl", text))
+
+
+def test_toml_files_with_a_byte_order_mark_read_as_without(tmp_path):
+    """Notepad and PowerShell write UTF-8 with a BOM: a profile, a config, a calibration
+    map and a sheet read the same with it (tomllib alone calls it invalid TOML)."""
+    from importlib import resources
+
+    from dspark_sim.calibration.confmap import load_calibration
+    from dspark_sim.calibration.profile import load_profile
+    from dspark_sim.calibration.roofline import profile_from_sheets
+    from dspark_sim.sim.config import load_config
+
+    def both(name: str, text: str):
+        return (_write(tmp_path / f"plain-{name}", text),
+                _write(tmp_path / f"bom-{name}", text, "utf-8-sig"))
+
+    data = resources.files("dspark_sim.calibration") / "data"
+    plain, bom = both("p.toml", (data / "qwen3-8b-h100.toml").read_text())
+    assert load_profile(bom).to_toml() == load_profile(plain).to_toml()
+    plain, bom = both("c.toml", "[engine]\nmax_num_seqs = 32\n[workload]\nqps = 5.0\n")
+    assert load_config(bom) == load_config(plain)
+    assert load_config(bom).engine.max_num_seqs == 32
+    plain, bom = both("m.toml", (data / "calibration" / "smollm2-dspark-sts.toml").read_text())
+    assert load_calibration(bom).to_toml() == load_calibration(plain).to_toml()
+    plain, bom = both("s.toml", 'hardware = "H100"\nmodel = "qwen3-8b"\n[deployment]\n'
+                                "gpus_per_replica = 1\noverhead_ms = 1\n")
+    assert profile_from_sheets(bom, name="s").to_toml() == \
+        profile_from_sheets(plain, name="s").to_toml()

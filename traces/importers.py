@@ -437,7 +437,7 @@ def read_vllm_counters(src: str | Path) -> dict[str, Any]:
     ``/metrics`` scrape (text) or a ``vllm bench serve`` result (JSON)."""
     p, where = _check_file(src)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError(where, f"not UTF-8 text ({exc.reason})") from None
     except OSError as exc:

@@ -398,7 +398,7 @@ def load_prompts(prompt_dir: str | Path = PROMPT_DIR, datasets: list[str] | None
         raise InputError(root, "no prompt files (*.jsonl) found")
     out: list[Prompt] = []
     for f in files:
-        for i, line in enumerate(f.read_text(encoding="utf-8").split("\n")):
+        for i, line in enumerate(f.read_text(encoding="utf-8-sig").split("\n")):
             if not line.strip():
                 continue
             try:
