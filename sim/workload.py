@@ -263,9 +263,11 @@ def _replay_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> R
     if idx.size == 0:
         raise InputError(w.workload_path, "no requests inside the requested window")
     if arr[idx[-1]] > MAX_SIM_TIME_S:
-        raise InputError("--replay-qps", f"the replay spans {arr[idx[-1]]:.3g} s; the simulated "
-                         f"clock is limited to {MAX_SIM_TIME_S:g} s: raise the rate or cap "
-                         "--num-requests / --duration-s")
+        # the rate given is at fault where one was given, else the file's own timestamps
+        where = "--replay-qps" if w.replay_qps is not None else w.workload_path
+        raise InputError(where, f"the replay spans {arr[idx[-1]]:.3g} s; the simulated "
+                         f"clock is limited to {MAX_SIM_TIME_S:g} s: raise the rate "
+                         "(--replay-qps) or cap --num-requests / --duration-s")
     prompt_tokens, output_tokens, _, rows = _file_requests(w, df, idx, rng, trace)
     return RequestStream(arr[idx], prompt_tokens, output_tokens, desc, rows)
 

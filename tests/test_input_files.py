@@ -118,3 +118,21 @@ def test_toml_files_with_a_byte_order_mark_read_as_without(tmp_path):
                                 "gpus_per_replica = 1\noverhead_ms = 1\n")
     assert profile_from_sheets(bom, name="s").to_toml() == \
         profile_from_sheets(plain, name="s").to_toml()
+
+
+def test_a_replay_past_the_clock_names_the_file_unless_a_rate_was_given(tmp_path):
+    """Timestamps 1e300 ms apart are the file's fault (no option was given to blame);
+    with --replay-qps the rate is what makes the span (0.001 req/s over 3 requests is
+    2,000 s: fine; 1e-12 req/s is 2e12 s: past the clock)."""
+    from typer.testing import CliRunner
+
+    from dspark_sim.cli import app
+
+    wide = _write(tmp_path / "wide.jsonl", "".join(
+        json.dumps(r | {"timestamp": r["timestamp"] * 1e300}) + "\n" for r in MOONCAKE))
+    r = CliRunner().invoke(app, ["run", "--workload", str(wide), "--quiet"])
+    assert r.exit_code == 2 and r.output.startswith(f"error: {wide}: the replay spans 9e+299 s")
+    plain = _write(tmp_path / "plain.jsonl", "".join(json.dumps(r) + "\n" for r in MOONCAKE))
+    r = CliRunner().invoke(app, ["run", "--workload", str(plain), "--replay-qps", "1e-12",
+                                 "--quiet"])
+    assert r.exit_code == 2 and r.output.startswith("error: --replay-qps: the replay spans 2e+12 s")
