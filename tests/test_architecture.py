@@ -1,7 +1,6 @@
 """The house's structure, read from the imports (issue #13): rooms import one way only,
 sim/ and policies/ never import torch (not even inside a function), and the layout and
-drawing in docs/architecture.md are what the code says, and no function outside kernels/
-runs past 80 lines."""
+drawing in docs/architecture.md are what the code says."""
 
 from __future__ import annotations
 
@@ -69,36 +68,3 @@ def test_architecture_doc_opens_with_the_generated_rooms(rooms):
     assert block == rooms.render(), "docs/architecture.md is stale: run python docs/rooms.py"
     # it opens the document: only the title and one paragraph come before it
     assert text.index(rooms.BEGIN) < text.index("\n## ")
-
-
-MAX_FUNCTION_LINES = 80
-
-
-def long_functions(path: Path, limit: int) -> list[tuple[str, int]]:
-    """Every function (methods and nested ones included) in ``path`` longer than ``limit``
-    lines, decorators and docstring counted: what a reader has to hold at once."""
-    import ast
-
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    return [(f"{path.name}:{node.lineno} {node.name}", node.end_lineno - node.lineno + 1)
-            for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > limit]
-
-
-def test_long_function_finder_sees_a_long_function(tmp_path):
-    body = "\n".join(f"    x{i} = {i}" for i in range(3))
-    (tmp_path / "m.py").write_text(f"def short():\n{body}\n\nclass C:\n    def m(self):\n"
-                                   + "\n".join(f"        y{i} = {i}" for i in range(9)) + "\n")
-    assert long_functions(tmp_path / "m.py", 9) == [("m.py:7 m", 10)]
-    assert long_functions(tmp_path / "m.py", 10) == []
-
-
-def test_no_function_over_80_lines_outside_kernels(rooms):
-    # kernels are exempt: a Triton kernel is one function by construction
-    folders = [folder for pkg, folder in rooms.package_dirs().items()
-               if pkg != "dspark_sim.kernels"]
-    files = [f for folder in folders for f in sorted((REPO / folder).glob("*.py"))]
-    assert len(files) > 40
-    bad = [row for f in files for row in long_functions(f, MAX_FUNCTION_LINES)]
-    assert bad == [], f"split these into named phases: {bad}"
