@@ -127,17 +127,34 @@ def requests_frame(log: RequestLog) -> pl.DataFrame:
     )
 
 
-def _stats(prefix: str, v: np.ndarray) -> dict[str, float | None]:
+# Each latency sample's summary fields, spelled out (not built from prefixes) so that
+# grepping a field name finds where it is computed: (mean, median, p90, p99).
+LATENCY_FIELDS = {
+    "ttft_ms": ("mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms"),
+    "tpot_ms": ("mean_tpot_ms", "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms"),
+    "e2el_ms": ("mean_e2el_ms", "median_e2el_ms", "p90_e2el_ms", "p99_e2el_ms"),
+}
+STEADY_LATENCY_FIELDS = {
+    "ttft_ms": ("steady_mean_ttft_ms", "steady_median_ttft_ms", "steady_p90_ttft_ms",
+                "steady_p99_ttft_ms"),
+    "tpot_ms": ("steady_mean_tpot_ms", "steady_median_tpot_ms", "steady_p90_tpot_ms",
+                "steady_p99_tpot_ms"),
+    "e2el_ms": ("steady_mean_e2el_ms", "steady_median_e2el_ms", "steady_p90_e2el_ms",
+                "steady_p99_e2el_ms"),
+}
+# (median, p90, p10) of tokens/s per user: p10 is the slow tail, interactivity being a rate
+INTERACTIVITY_FIELDS = ("median_interactivity", "p90_interactivity", "p10_interactivity")
+STEADY_INTERACTIVITY_FIELDS = ("steady_median_interactivity", "steady_p90_interactivity",
+                               "steady_p10_interactivity")
+
+
+def _stats(names: tuple[str, str, str, str], v: np.ndarray) -> dict[str, float | None]:
+    """The finite values of ``v``: ``names`` = (mean, median, p90, p99) fields."""
     v = v[np.isfinite(v)]
     if v.size == 0:
-        return {f"mean_{prefix}": None, f"median_{prefix}": None, f"p90_{prefix}": None,
-                f"p99_{prefix}": None}
-    return {
-        f"mean_{prefix}": float(v.mean()),
-        f"median_{prefix}": float(np.median(v)),
-        f"p90_{prefix}": float(np.percentile(v, 90)),
-        f"p99_{prefix}": float(np.percentile(v, 99)),
-    }
+        return dict.fromkeys(names)
+    values = (v.mean(), np.median(v), np.percentile(v, 90), np.percentile(v, 99))
+    return {name: float(x) for name, x in zip(names, values, strict=True)}
 
 
 # -- steady state -------------------------------------------------------------------------
@@ -288,11 +305,13 @@ def _latencies(log: RequestLog, mask: np.ndarray) -> dict[str, np.ndarray]:
     return {"ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2e, "interactivity": inter}
 
 
-def _interactivity(prefix: str, inter: np.ndarray) -> dict[str, float | None]:
+def _interactivity(names: tuple[str, str, str], inter: np.ndarray) -> dict[str, float | None]:
+    """The finite interactivities: ``names`` = (median, p90, p10) fields."""
     fi = inter[np.isfinite(inter)]
-    return {f"{prefix}median_interactivity": float(np.median(fi)) if fi.size else None,
-            f"{prefix}p90_interactivity": float(np.percentile(fi, 90)) if fi.size else None,
-            f"{prefix}p10_interactivity": float(np.percentile(fi, 10)) if fi.size else None}
+    if fi.size == 0:
+        return dict.fromkeys(names)
+    values = (np.median(fi), np.percentile(fi, 90), np.percentile(fi, 10))
+    return {name: float(x) for name, x in zip(names, values, strict=True)}
 
 
 def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
@@ -329,9 +348,9 @@ def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
     s["steady_request_throughput"] = done_in.sum() / w if ok else None
     s["steady_output_throughput"] = tokens / w if ok else None
     s["steady_output_throughput_per_gpu"] = tokens / w / gpus if ok else None
-    for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
-        s |= {f"steady_{k}": v for k, v in _stats(name, lat[name]).items()}
-    s |= _interactivity("steady_", lat["interactivity"])
+    for sample, names in STEADY_LATENCY_FIELDS.items():
+        s |= _stats(names, lat[sample])
+    s |= _interactivity(STEADY_INTERACTIVITY_FIELDS, lat["interactivity"])
     rs = float(steps.decode_batch[in_win].sum())
     ver = float(steps.verified_drafts[in_win].sum())
     acc = float(steps.accepted_tokens[in_win].sum())
@@ -425,10 +444,10 @@ def summarize(
     fin = ~np.isnan(log.finish_s)
     lat = _latencies(log, fin)
     s = _accounting(log, fin, gpus)
-    for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
-        s |= _stats(name, lat[name])
+    for sample, names in LATENCY_FIELDS.items():
+        s |= _stats(names, lat[sample])
     s |= _itl(stats)
-    s |= _interactivity("", lat["interactivity"])
+    s |= _interactivity(INTERACTIVITY_FIELDS, lat["interactivity"])
     s |= _speculation(log, stats)
     s |= _goodput(lat, s["duration"], slo_ttft_ms, slo_tpot_ms)
     s |= _stability(log, steps, s["unfinished"], gpus=gpus, closed=closed, stable=stable,
