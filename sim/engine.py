@@ -684,21 +684,30 @@ class Replica:
                                             draft_s)
 
     def _sps_curve(self, n_dec: int, extra: np.ndarray, decode_only: bool) -> np.ndarray:
-        """Steps/s when ``i`` draft tokens are admitted. B is ``n + i`` verify tokens plus
-        whatever pending prefill still fits in the budget (vLLM's ``T + B``: verification
-        displaces prefill), or the verify tokens alone (Algorithm 1's ``sum(1 + l)``);
-        entries past the budget are 0."""
         ctx = self.ctx
-        budget = ctx.max_num_batched_tokens
-        verify = n_dec + ctx.arange(n_dec * ctx.gamma + 1)
-        total = verify if decode_only else verify + self.pending_prefill
-        step_s = ctx.sps_dense_step_s[np.minimum(total, budget)]
-        step_s += extra
-        sps = np.reciprocal(step_s, out=step_s)
-        over = n_dec * (1 + ctx.gamma) - budget
-        if over > 0:
-            sps[-over:] = 0.0
-        return sps
+        return sps_curve(ctx.sps_dense_step_s, extra, n_dec, ctx.gamma, self.pending_prefill,
+                         decode_only=decode_only)
+
+
+def sps_curve(dense_step_s: np.ndarray, extra_s: np.ndarray, n_dec: int, gamma: int,
+              pending_prefill: int, *, decode_only: bool) -> np.ndarray:
+    """Steps/s of a step of ``n_dec`` decoding requests when ``i`` = 0 .. n*gamma draft
+    tokens are admitted: ``1 / (dense_step_s[B] + extra_s[i])``. B is the ``n + i`` verify
+    tokens plus whatever ``pending_prefill`` still fits in the budget (vLLM's ``T + B``:
+    verification displaces prefill), or the verify tokens alone with ``decode_only``
+    (Algorithm 1's ``sum(1 + l)``); the budget is the table's last index
+    (``max_num_batched_tokens``) and entries past it are 0. The one definition of the
+    curve: the simulator's engine and the real validation server both price with it."""
+    budget = dense_step_s.size - 1
+    verify = n_dec + np.arange(n_dec * gamma + 1)
+    total = verify if decode_only else verify + pending_prefill
+    step_s = dense_step_s[np.minimum(total, budget)]  # a fresh array: safe to fill in place
+    step_s += extra_s
+    sps = np.reciprocal(step_s, out=step_s)
+    over = n_dec * (1 + gamma) - budget
+    if over > 0:
+        sps[-over:] = 0.0
+    return sps
 
 
 def request_rows(prompt_tokens: np.ndarray, output_tokens: np.ndarray,

@@ -436,3 +436,21 @@ def test_admission_commits_kv_for_the_verify_slots():
     assert s["completed"] == 2 and s["kv_blocked_steps"] > 0 and s["preemptions"] == 0
     first_done = r["arrival_s"][0] + r["e2e_ms"][0] / 1e3
     assert r["arrival_s"][1] + r["ttft_ms"][1] / 1e3 > first_done  # prefilled after
+
+
+def test_sps_curve_by_hand():
+    # the one SPS definition (engine and validation server): 2 decoding requests, gamma 2,
+    # a budget of 8 tokens, 3 prefill tokens pending, step time = 1 ms + 0.1 ms per token
+    from dspark_sim.sim.engine import sps_curve
+
+    table = 1e-3 + 1e-4 * np.arange(9)
+    extra = np.full(5, 5e-4)
+    # i = 0..4 drafts: verify 2..6 tokens, + 3 prefill -> 5, 6, 7, 8, 8 (capped at the budget)
+    got = sps_curve(table, extra, 2, 2, 3, decode_only=False)
+    np.testing.assert_allclose(1.0 / got, 1.5e-3 + 1e-4 * np.array([5, 6, 7, 8, 8]))
+    np.testing.assert_allclose(1.0 / sps_curve(table, extra, 2, 2, 3, decode_only=True),
+                               1.5e-3 + 1e-4 * np.arange(2, 7))
+    assert extra.tolist() == [5e-4] * 5  # the caller's extra is not written
+    # 3 requests, gamma 3: 12 verify tokens at most, 4 past the budget of 8 -> 0 steps/s
+    got = sps_curve(table, np.zeros(10), 3, 3, 0, decode_only=True)
+    assert (got[-4:] == 0).all() and (got[:-4] > 0).all()

@@ -54,7 +54,7 @@ from dspark_sim.errors import InputError
 from dspark_sim.kernels import verify_greedy
 from dspark_sim.policies.base import BatchSnapshot, StepCost, readonly
 from dspark_sim.sim.config import EngineConfig
-from dspark_sim.sim.engine import ITL_EDGES_S, RequestLog, StepStats
+from dspark_sim.sim.engine import ITL_EDGES_S, RequestLog, StepStats, sps_curve
 from dspark_sim.validation.clock import CLOCKS, ServerClock, resolve_clock
 
 # -- configuration and results ---------------------------------------------------------------
@@ -398,6 +398,7 @@ class SpecServer:
         self.max_len = int(max_len)
         self.profile = profile
         self.calibration = calibration
+        self._dense: tuple[Any, np.ndarray] | None = None  # (profile, its step table)
 
     # -- policy inputs ---------------------------------------------------------------------
     def _extra(self, n_dec: int, gamma: int, kv_tokens: int, n_rows: int) -> np.ndarray:
@@ -405,28 +406,29 @@ class SpecServer:
         return self.profile.step_extra_s(n_dec, gamma, kv_tokens, n_rows or n_dec,
                                          self._draft_time(n_dec, gamma))
 
+    def _dense_step_s(self) -> np.ndarray:
+        """The target's step time at 0 .. max_num_batched_tokens tokens (the profile's
+        table, read once: the same dense table the simulator's engine prices with)."""
+        if self._dense is None or self._dense[0] is not self.profile:  # profile swapped
+            budget = self.cfg.engine.max_num_batched_tokens
+            table = np.asarray(self.profile.target_time_s(np.arange(budget + 1)), dtype=np.float64)
+            self._dense = (self.profile, readonly(table))
+        return self._dense[1]
+
     def _sps(self, n_dec: int, gamma: int, pending_prefill: int, kv_tokens: int,
              n_rows: int = 0, decode_only: bool = False) -> np.ndarray:
-        """Steps/s with i admitted draft tokens, priced like the simulator's scheduler:
-        the target table at the verify tokens plus the prefill that fits the budget (or the
-        verify tokens alone, Algorithm 1's B), plus ``EngineProfile.step_extra_s``; 0 past
-        the budget."""
-        budget = self.cfg.engine.max_num_batched_tokens
-        verify = n_dec + np.arange(n_dec * gamma + 1)
-        total = np.minimum(verify if decode_only else verify + pending_prefill, budget)
-        t = np.asarray(self.profile.target_time_s(total), dtype=np.float64)
-        sps = 1.0 / (t + self._extra(n_dec, gamma, kv_tokens, n_rows))
-        over = n_dec * (1 + gamma) - budget
-        if over > 0:
-            sps[-over:] = 0.0
-        return sps
+        """Steps/s with i admitted draft tokens, priced like the simulator's scheduler
+        (:func:`~dspark_sim.sim.engine.sps_curve` over the same table and
+        ``EngineProfile.step_extra_s``)."""
+        return sps_curve(self._dense_step_s(), self._extra(n_dec, gamma, kv_tokens, n_rows),
+                         n_dec, gamma, pending_prefill, decode_only=decode_only)
 
     def _cost(self, n_dec: int, gamma: int, pending_prefill: int, kv_tokens: int,
               n_rows: int) -> StepCost:
         """The cost view a policy pricing verification itself reads (the engine's)."""
         budget = self.cfg.engine.max_num_batched_tokens
-        table = np.asarray(self.profile.target_time_s(np.arange(budget + 1)), dtype=np.float64)
-        return StepCost(readonly(table), readonly(self._extra(n_dec, gamma, kv_tokens, n_rows)),
+        return StepCost(self._dense_step_s(),
+                        readonly(self._extra(n_dec, gamma, kv_tokens, n_rows)),
                         int(pending_prefill), self.profile.prefill_s_per_token(budget))
 
     def _draft_time(self, n: int, gamma: int) -> float:
