@@ -280,30 +280,14 @@ class EngineProfile:
     def step_time_s(self, batch_tokens, kv_tokens: float = 0.0, draft_s: float = 0.0):
         return self.target_time_s(batch_tokens) + self.kv_s_per_token * kv_tokens + draft_s
 
-    def verify_terms_s(self, verify: np.ndarray, n_dec: int, mean_ctx: float):
-        """The per-step terms an SPS curve adds for ``verify`` verify tokens (an array over
-        admitted drafts: ``n_dec + i``) of ``n_dec`` decoding requests whose mean context is
-        ``mean_ctx``: one LM-head row per verify token, each verify token attending the
-        mean context, ``~min(i, n_dec)`` multi-token blocks (a scheduler admits first
-        drafts first: they have the highest survival) and the per-request cost. Shared by
-        the simulator's scheduler input and the validation server's, so both price a
-        verify length identically. Returns 0.0 when the profile has none of the terms."""
-        t = 0.0
-        if self.logits_s_per_row:
-            t = t + self.logits_s_per_row * verify
-        if n_dec and self.attn_s_per_query_ctx:
-            t = t + self.attn_s_per_query_ctx * verify * self.attended(mean_ctx)
-        if n_dec and (self.multi_kv_s_per_token or self.request_s):
-            t = t + self.request_s * n_dec + self.multi_kv_s_per_token * mean_ctx \
-                * np.minimum(verify - n_dec, n_dec)
-        return t
-
     def step_extra_s(self, n_dec: int, gamma: int, kv_tokens: float, batch_rows: int,
                      draft_s: float) -> np.ndarray:
         """The step time beyond the target table when ``i = 0..n_dec*gamma`` drafts are
-        admitted: the draft, the KV reads of the batch, and the terms of the ``n_dec + i``
-        verify tokens (:meth:`verify_terms_s`, written out here as one linear function of
-        ``i`` plus the multi-token-block kink: this runs every engine step). Shared by the
+        admitted: the draft, the KV reads of the batch, the per-request cost, and the terms
+        of the ``n_dec + i`` verify tokens: one LM-head row each, each attending the
+        batch's mean context, and ``~min(i, n_dec)`` multi-token KV blocks (a scheduler
+        admits first drafts first: they have the highest survival). Written as one linear
+        function of ``i`` plus that kink, because it runs every engine step. Shared by the
         simulator's schedulers and the validation server's, so both price a verify length
         identically."""
         mean_ctx = kv_tokens / max(1, batch_rows)

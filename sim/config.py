@@ -15,7 +15,7 @@ import math
 import numbers
 import types
 import typing
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,9 +140,6 @@ class SimConfig:
         _pos_int("--max-engine-steps", self.max_engine_steps, MAX_ENGINE_STEPS)
         _pos_int("--gamma-max", self.gamma_max, 64)
         return self
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _validate_engine(e: EngineConfig) -> None:
