@@ -82,3 +82,66 @@ def test_every_summary_field_is_spelled_out_where_it_is_computed(policy):
                                                                      "quality.py"))
     assert len(summary) > 100
     assert [k for k in summary if f'"{k}"' not in producers] == []
+
+
+REF = r":(?:func|meth|class|attr|data|mod):`~?([\w.]+)`"
+
+
+def _sources_by_module(rooms) -> dict[str, str]:
+    """``dspark_sim.sim.engine`` -> its source, for every shipped module."""
+    out = {}
+    for pkg, folder in rooms.package_dirs().items():
+        for f in sorted((REPO / folder).glob("*.py")):
+            name = pkg if f.stem == "__init__" else f"{pkg}.{f.stem}"
+            out[name] = f.read_text(encoding="utf-8")
+    return out
+
+
+def dangling_references(sources: dict[str, str]) -> list[str]:
+    """Sphinx-style cross-references in the sources that point at nothing: a qualified
+    ``dspark_sim.x.y.name`` whose module does not define ``name`` (or, for a method
+    ``Class.name``, the class's module), or a bare name defined nowhere."""
+    import re
+
+    everything = "\n".join(sources.values())
+
+    def defines(text: str, name: str) -> bool:
+        return re.search(rf"(?:def|class)\s+{name}\b|^\s*{name}\s*[:=]", text, re.M) is not None
+
+    bad = []
+    for module, text in sources.items():
+        is_package = any(m.startswith(f"{module}.") for m in sources)
+        package = module if is_package else module.rsplit(".", 1)[0]
+        for ref in re.findall(REF, text):
+            if ref.startswith("."):  # relative to this module's package
+                ref = f"{package}{ref}"
+            parts = ref.split(".")
+            if ref in sources or ("." in ref and parts[0] != "dspark_sim"):
+                continue  # a module of ours, or another project's name (the stdlib's)
+            if parts[0] == "dspark_sim":
+                owner = next((".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)
+                              if ".".join(parts[:i]) in sources), None)
+                ok = owner is not None and (
+                    defines(sources[owner], parts[-1])
+                    # a package re-exporting a name one of its modules defines
+                    or (parts[-1] in sources[owner]
+                        and any(defines(t, parts[-1]) for m, t in sources.items()
+                                if m.startswith(f"{owner}."))))
+            else:
+                ok = defines(everything, parts[-1])
+            if not ok:
+                bad.append(f"{module}: {ref}")
+    return bad
+
+
+def test_reference_checker_sees_a_dangling_reference():
+    sources = {"dspark_sim.a": "def f():\n    ':func:`dspark_sim.a.g` :func:`f`'\n",
+               "dspark_sim.b": "class C:\n    x: int = 0\n    'see :attr:`C.x`, :meth:`gone`'\n"}
+    assert dangling_references(sources) == ["dspark_sim.a: dspark_sim.a.g",
+                                            "dspark_sim.b: gone"]
+
+
+def test_docstring_references_point_at_what_exists(rooms):
+    sources = _sources_by_module(rooms)
+    assert len(sources) > 40
+    assert dangling_references(sources) == []

@@ -812,7 +812,7 @@ def time_server_shapes(server: SpecServer, shapes, warmup: int = 1, repeats: int
                        clock: str = "cpu", seed: int = 0,
                        between: Callable[[int], Any] | None = None) -> list[list[float]]:
     """Time the server's own forward (+ greedy verification) on ``(R, l, L)`` shapes, for a
-    profile measured engine-in-the-loop (see :func:`dspark_sim.validation.harness.measure_server_profile`).
+    profile measured engine-in-the-loop (see :func:`dspark_sim.validation.server_profile.measure_server_profile`).
 
     A shape with ``L > 0`` is ``R`` verify blocks of ``1 + l`` tokens (every row gets
     logits, then verified); ``L = 0`` is one prefill chunk of ``1 + l`` tokens from position
