@@ -499,8 +499,9 @@ def resolve_config(*, preset_name: str | None = None, config_path: str | Path | 
     file_preset = data.get("preset")
     if preset_name is None and file_preset is not None and not isinstance(file_preset, str):
         raise InputError(f"{config_path} preset", f"must be a string, got {file_preset!r}")
-    cfg = preset(preset_name or file_preset or "default")
-    layers = [_Layer(f"preset {preset_name or file_preset or 'default'}")]
+    name = preset_name or file_preset or "default"
+    cfg = preset(name)
+    layers = [_preset_layer(name, cfg)]
     arrival_layer = 0
     for layer in (file_layer, _options_layer(options or {})):
         if layer is None:
@@ -508,7 +509,23 @@ def resolve_config(*, preset_name: str | None = None, config_path: str | Path | 
         layers.append(layer)
         cfg, arrival_layer = _apply(cfg, layer, arrival_layer, len(layers) - 1)
     _check_conflicts(cfg, layers, arrival_layer)
-    return _validate_blaming(cfg, layers)
+    cfg = _validate_blaming(cfg, layers)
+    _check_engine_limits(cfg, layers)
+    return cfg
+
+
+def _preset_layer(name: str, cfg: SimConfig) -> _Layer:
+    """The preset as a layer: the settings it changes from the defaults, each given by
+    ``--preset NAME`` (so an error about one names the preset)."""
+    layer = _Layer(f"preset {name}")
+    base = SimConfig()
+    for path in OPTION_FIELDS.values():
+        section, _, key = path.rpartition(".")
+        ours, theirs = ((getattr(getattr(c, section), key) if section else getattr(c, key))
+                        for c in (cfg, base))
+        if ours != theirs:
+            layer.where[path] = f"--preset {name}"
+    return layer
 
 
 def _validate_blaming(cfg: SimConfig, layers: list[_Layer]) -> SimConfig:
@@ -518,13 +535,43 @@ def _validate_blaming(cfg: SimConfig, layers: list[_Layer]) -> SimConfig:
     try:
         return cfg.validate()
     except InputError as err:
-        for flag in (err.where or "").split("/"):
+        _reblame(err, layers)
+
+
+def _reblame(err: InputError, layers: list[_Layer]) -> typing.NoReturn:
+    """Raise ``err`` naming where its option was actually given (a config file's table
+    and key, or the preset) rather than the option itself, if not on the command line.
+    ``layers[0]`` (the preset) is blamed only when no higher layer gave any of them."""
+    flags = (err.where or "").split("/")
+    for group in (layers[1:], layers[:1]):
+        found = False
+        for flag in flags:
             path = OPTION_FIELDS.get(flag.removeprefix("--").replace("-", "_"))
-            given = next((layer.where[path] for layer in reversed(layers)
-                          if path is not None and path in layer), None)
+            given = next((layer.where[path] for layer in reversed(group)
+                          if path is not None and path in layer.where), None)
             if given is not None and given != flag:
                 raise InputError(given, err.problem) from None
-        raise
+            found |= given is not None
+        if found:
+            break
+    raise err
+
+
+def _check_engine_limits(cfg: SimConfig, layers: list[_Layer]) -> None:
+    """``max_num_seqs <= max_num_batched_tokens`` once the profile (or the default) fills
+    in the one of the two the run does not give. The engine checks it too, but names only
+    options; here the error names what the user gave: the option, the config file's key
+    or the preset. Costs a profile load only when exactly one of the two is given."""
+    e = cfg.engine
+    if (e.max_num_seqs is None) == (e.max_num_batched_tokens is None):
+        return  # both given: validate() compared them; neither: the profile's own pair
+    from dspark_sim.calibration.profile import load_profile
+    from dspark_sim.sim.engine import resolve_limits
+
+    try:
+        resolve_limits(e, load_profile(cfg.deployment.profile))
+    except InputError as err:
+        _reblame(err, layers)
 
 
 def load_config(path: str | Path, base: SimConfig | None = None) -> SimConfig:

@@ -113,9 +113,28 @@ def resolve_limits(engine: EngineConfig, profile: EngineProfile) -> ResolvedLimi
         else:
             values[name], sources[name] = getattr(DEFAULT_LIMITS, name), "default"
     if values["max_num_seqs"] > values["max_num_batched_tokens"]:
-        raise InputError("--max-num-seqs", f"{values['max_num_seqs']} must not exceed "
-                         f"max_num_batched_tokens ({values['max_num_batched_tokens']})")
+        raise _limits_conflict(values, sources, profile.name)
     return ResolvedLimits(**values, sources=sources)
+
+
+def _limits_conflict(values: dict, sources: dict[str, str], profile_name: str) -> InputError:
+    """More sequences than batched tokens (a step must hold one token per sequence),
+    blamed on the limit the run itself gave: an option beats the profile, which beats
+    the default, so ``--max-num-batched-tokens 8`` under the default 256 sequences names
+    ``--max-num-batched-tokens``, not the ``--max-num-seqs`` the user never typed.
+    (``config.resolve_config`` turns the option into the config key that gave it.)"""
+    seqs, tokens = values["max_num_seqs"], values["max_num_batched_tokens"]
+    origin = {"option": "given", "default": "the simulator's default",
+              "profile": f"from profile {profile_name}'s [engine] table"}
+    if sources["max_num_batched_tokens"] == "option" and sources["max_num_seqs"] != "option":
+        return InputError("--max-num-batched-tokens", f"{tokens} is below max_num_seqs "
+                          f"({seqs}, {origin[sources['max_num_seqs']]}): a step holds one "
+                          f"token per sequence; lower max_num_seqs to {tokens} or less too")
+    given = sources["max_num_seqs"] == "option"
+    return InputError("--max-num-seqs" if given else f"profile {profile_name}",
+                      f"{'' if given else 'its max_num_seqs '}{seqs} must not exceed "
+                      f"max_num_batched_tokens ({tokens}, "
+                      f"{origin[sources['max_num_batched_tokens']]})")
 
 
 # Inter-token-latency histogram: log-spaced bins from 10 us to 1000 s.

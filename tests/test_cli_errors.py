@@ -87,6 +87,49 @@ def test_the_same_bad_value_given_as_an_option_names_the_option(tmp_path):
                     "--out", str(tmp_path / "out")], "--replicas", "got 0")
 
 
+def _limits_refusal(tmp_path, args: list[str], where: str) -> str:
+    out = tmp_path / "out"
+    line = one_line_error(["run", *args, "--num-requests", "3", "--out", str(out)])
+    assert line.startswith(f"error: {where}: 8 is below max_num_seqs (256, ")
+    assert not out.exists()
+    return line
+
+
+def test_too_few_batched_tokens_names_what_the_user_gave_not_max_num_seqs(tmp_path,
+                                                                         no_simulation):
+    """--max-num-batched-tokens 8 under the profile's 256 sequences: the error names the
+    option given (it used to blame --max-num-seqs, never typed) and comes before
+    simulating; the 256 is the default profile's own [engine] max_num_seqs."""
+    from dspark_sim.calibration.profile import load_profile
+
+    assert load_profile("v4flash-h200").limits.max_num_seqs == 256
+    line = _limits_refusal(tmp_path, ["--max-num-batched-tokens", "8"],
+                           "--max-num-batched-tokens")
+    assert "--max-num-seqs" not in line and "v4flash-h200" in line
+
+
+def test_too_few_batched_tokens_in_a_config_file_names_its_key(tmp_path, no_simulation):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[engine]\nmax_num_batched_tokens = 8\n")
+    line = _limits_refusal(tmp_path, ["--config", str(cfg)],
+                           f"{cfg} [engine] max_num_batched_tokens")
+    assert "--" not in line
+
+
+def test_too_few_batched_tokens_from_a_preset_names_the_preset(tmp_path, monkeypatch,
+                                                              no_simulation):
+    from dataclasses import replace
+
+    from dspark_sim.sim import config
+
+    small = replace(config.PRESETS["tiny"], engine=config.EngineConfig(max_num_batched_tokens=8))
+    monkeypatch.setitem(config.PRESETS, "small", small)
+    _limits_refusal(tmp_path, ["--preset", "small"], "--preset small")
+    # a limit the command line gives over the preset's is judged on its own
+    cfg = config.resolve_config(preset_name="small", options={"max_num_seqs": 8})
+    assert (cfg.engine.max_num_seqs, cfg.engine.max_num_batched_tokens) == (8, 8)
+
+
 @pytest.mark.parametrize("args,needles", [
     (["--concurrency", "0"], ["--concurrency", "positive", "'0'"]),
     (["--seeds", "-1", "--qps", "1"], ["--seeds", "non-negative", "'-1'"]),

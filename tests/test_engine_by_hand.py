@@ -929,6 +929,11 @@ def test_limits_allow_as_many_sequences_as_batched_tokens_and_are_frozen():
 
     with pytest.raises(InputError, match="--max-num-seqs"):
         engine.resolve_limits(EngineConfig(max_num_seqs=17, max_num_batched_tokens=16), _flat())
+    # only the token budget given: it is the one named (the 256 sequences are the default)
+    flat = replace(_flat(), limits=EngineLimits())
+    with pytest.raises(InputError, match=r"^--max-num-batched-tokens: 16 is below "
+                                         r"max_num_seqs \(256, the simulator's default\)"):
+        engine.resolve_limits(EngineConfig(max_num_batched_tokens=16), flat)
 
 
 def test_a_budget_under_two_tokens_per_request_trims_every_chain_to_nothing():
