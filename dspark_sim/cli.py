@@ -171,6 +171,8 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
                                        f"{s['max_engine_steps']:,}, horizon "
                                        f"{s['horizon_s']:,.0f} s): requests cut short"))
     verdict = "yes" if s["stable"] else "NO: requests unfinished, or more in the system over the window"
+    if not s["stable"] and s["completed"] == 0 and s["unfinished"] == 0:
+        verdict = f"NO: no request completed (all {rejected:,} rejected at arrival)"
     if s.get("steady_window_short"):
         verdict += f" (short window: {s.get('steady_window_note', 'run more requests')})"
     rows.append(("stable", "", verdict))

@@ -64,8 +64,9 @@ clients rose 11 % from 8xC to 32xC requests). The steady-state window
 * **stability**: the number of requests in the system (arrived, not finished) is a
   least-squares line over the window; the run is unstable when it grows by more than
   ``10 + 5 %`` of the window's arrivals across the window, or requests were left
-  unfinished at the horizon. A closed loop holds ``C`` requests in the system by
-  construction, so it is stable unless requests are unfinished.
+  unfinished at the horizon, or none completed (all refused at arrival: a run that
+  served nothing shows nothing about keeping up). A closed loop holds ``C`` requests in
+  the system by construction, so it is stable unless requests are unfinished.
 * **precision**: ``steady_output_throughput_rse`` and ``steady_median_interactivity_rse``
   are relative standard errors by batch means (the window cut into ``RSE_BATCHES`` equal
   spans, the latency sample into as many arrival-ordered groups; SE = sd of the batch
@@ -450,8 +451,8 @@ def summarize(
     s |= _interactivity(INTERACTIVITY_FIELDS, lat["interactivity"])
     s |= _speculation(log, stats)
     s |= _goodput(lat, s["duration"], slo_ttft_ms, slo_tpot_ms)
-    s |= _stability(log, steps, s["unfinished"], gpus=gpus, closed=closed, stable=stable,
-                    queue_growth_per_s=queue_growth_per_s)
+    s |= _stability(log, steps, s["unfinished"], s["completed"], gpus=gpus, closed=closed,
+                    stable=stable, queue_growth_per_s=queue_growth_per_s)
     return s
 
 
@@ -550,11 +551,14 @@ def _goodput(lat: dict[str, np.ndarray], duration: float, slo_ttft_ms: float | N
             "goodput": float(ok.sum()) / duration if (slo_ttft_ms or slo_tpot_ms) else None}
 
 
-def _stability(log: RequestLog, steps: StepSeries | None, unfinished: int, *, gpus: int,
-               closed: bool, stable: bool | None, queue_growth_per_s: float | None) -> dict:
-    """The ``steady_*`` figures (with a step series) and the verdict: stable when nothing
-    is left unfinished and the queue does not grow by more than 10 + 5 % of the window's
-    arrivals over the steady window. ``stable`` / ``queue_growth_per_s`` given win."""
+def _stability(log: RequestLog, steps: StepSeries | None, unfinished: int, completed: int,
+               *, gpus: int, closed: bool, stable: bool | None,
+               queue_growth_per_s: float | None) -> dict:
+    """The ``steady_*`` figures (with a step series) and the verdict: stable when at least
+    one request completed, nothing is left unfinished and the queue does not grow by more
+    than 10 + 5 % of the window's arrivals over the steady window. A run that completed
+    nothing (every request refused at arrival) served no load at all: nothing shows it
+    keeps up, so it is not called stable. ``stable`` / ``queue_growth_per_s`` given win."""
     s: dict = {}
     if steps is not None:
         win = steady_window(steps, log.arrival_s, closed=closed)
@@ -565,7 +569,7 @@ def _stability(log: RequestLog, steps: StepSeries | None, unfinished: int, *, gp
         if stable is None:
             arrived = int(((log.arrival_s >= win.start_s) & (log.arrival_s <= win.end_s)).sum())
             grows = queue_growth_per_s * win.duration_s > 10 + 0.05 * arrived
-            stable = unfinished == 0 and not grows
-    s["stable"] = bool(unfinished == 0 if stable is None else stable)
+            stable = unfinished == 0 and completed > 0 and not grows
+    s["stable"] = bool(unfinished == 0 and completed > 0 if stable is None else stable)
     s["queue_growth_per_s"] = float(queue_growth_per_s or 0.0)
     return s

@@ -521,6 +521,35 @@ def test_growing_queue_is_unstable_even_when_everything_finishes():
     assert not s["stable"]
 
 
+
+@pytest.mark.parametrize("closed", [False, True], ids=["open", "closed"])
+@pytest.mark.parametrize("limit", ["max_model_len", "kv_capacity_tokens"])
+def test_a_run_that_completed_nothing_is_not_stable(closed, limit, monkeypatch):
+    """Every request is 8 + 4 tokens; a limit of 11 refuses each at arrival (nothing
+    unfinished, nothing queued: the old verdict called that stable), 12 serves them all
+    (KV reserved for prompt + output alone: no verify slots on top)."""
+    from typer.testing import CliRunner
+
+    from dspark_sim import cli
+
+    monkeypatch.setattr(cli.console, "width", 200)  # the verdict on one line of the table
+    arrival = dict(arrival="closed", max_concurrency=4) if closed else dict(qps=20.0)
+    for tokens, served in ((11, False), (12, True)):
+        cfg = SimConfig(policy="none", deployment=DeploymentConfig(replicas=1),
+                        engine=EngineConfig(**{limit: tokens}, kv_mode="reserve"),
+                        workload=WorkloadConfig(num_requests=30, lengths="fixed:8:4", **arrival))
+        s = simulate(cfg).summary
+        assert (s["completed"], s["rejected"], s["unfinished"]) == \
+            ((30, 0, 0) if served else (0, 30, 0))
+        assert s["stable"] is served
+    flags = ["--max-concurrency", "4"] if closed else ["--qps", "20"]
+    r = CliRunner().invoke(cli.app, ["run", "--policy", "none", "--replicas", "1",
+                                 "--num-requests", "30", "--lengths", "fixed:8:4", *flags,
+                                 f"--{limit.replace('_', '-')}", "11", "--kv-mode", "reserve"])
+    assert r.exit_code == 0, r.output
+    verdict = next(ln for ln in r.output.splitlines() if "│ stable " in ln)
+    assert "NO: no request completed (all 30 rejected at arrival)" in verdict
+
 # -- unfinished requests keep their progress (#12.7) ----------------------------------------
 @pytest.mark.parametrize("seqs, kv, qps, lengths", [
     (16, None, 100.0, "fixed:256:400"), (64, 6000, 100.0, "fixed:256:400"),
