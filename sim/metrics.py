@@ -336,9 +336,12 @@ def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
     came = fin & (log.arrival_s >= t0) & (log.arrival_s <= t1)
     life_s = (log.finish_s - log.arrival_s)[came]
     p90_life_s = float(np.percentile(life_s, 90)) if life_s.size else None
-    cutoff = t1 - float(np.percentile(life_s, 99)) if life_s.size else t0
+    cutoff = t1 - float(np.percentile(life_s, 99)) if life_s.size else None
+    if cutoff is not None and cutoff < t0:
+        cutoff = None  # the window is shorter than a p99 lifetime: no latency sample
+    # None, not a time before the window (it came out negative on short closed loops)
     s["steady_latency_arrivals_end_s"] = cutoff
-    lived = fin & (log.arrival_s >= t0) & (log.arrival_s <= cutoff)
+    lived = (came & (log.arrival_s <= cutoff)) if cutoff is not None else np.zeros_like(fin)
     done_in = fin & (log.finish_s > t0) & (log.finish_s <= t1)
     s["steady_window_steps"] = int(in_win.sum())
     s["steady_window_requests"] = int(lived.sum())

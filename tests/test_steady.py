@@ -378,6 +378,40 @@ def test_latency_cutoff_lifetimes_include_arrivals_on_both_window_edges(edge, cu
     assert s["steady_latency_arrivals_end_s"] == pytest.approx(cutoff)
 
 
+
+@pytest.mark.parametrize(("life_s", "cutoff"), [
+    (9.5, 2.5),  # p99 lifetime 9.5 s in a 10 s window: arrivals in [2, 2.5]
+    (10.0, 2.0),  # exactly the window: the sample is the arrivals at its start
+    (10.5, None),  # longer than the window: no latency sample (it was reported as 1.5 s)
+    (30.0, None),  # and never a time before the window, negative on short closed loops
+])
+def test_latency_cutoff_is_absent_when_the_window_is_shorter_than_a_lifetime(life_s, cutoff):
+    """Two requests arrive at t0 = 2 s and t0 + 0.25 s and live ``life_s``: the cut-off
+    t1 - H is 12 - life_s; when it falls before t0 there is no latency sample, and the
+    summary says so with null rather than a time outside the window (or before 0)."""
+    w = SteadyWindow(2.0, 12.0, 12.0, 2.0, 2.0, 2.0, 10, "hand")
+    arrival = np.array([2.0, 2.25])
+    log = _log(arrival, arrival + 0.25, arrival + life_s, [9, 9])
+    s = steady_state(log, _flat_steps(2.0, 12.0), w, gpus=1)
+    if cutoff is None:
+        assert s["steady_latency_arrivals_end_s"] is None
+    else:  # p99 of two equal lifetimes is the lifetime
+        assert s["steady_latency_arrivals_end_s"] == pytest.approx(cutoff)
+    assert s["steady_window_requests"] == int(cutoff is not None and 1 + (cutoff >= 2.25))
+    assert s["steady_window_short"]
+
+
+def test_latency_cutoff_of_a_short_closed_loop_is_never_before_its_window():
+    """64 clients, 100 requests: the window is shorter than one request's lifetime (the
+    cut-off came out at -1.8 s); no latency sample, null cut-off, a short window."""
+    cfg = SimConfig(deployment=DeploymentConfig(replicas=1),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=64,
+                                            num_requests=100))
+    s = simulate(cfg).summary
+    assert s["steady_window_s"] > 0
+    assert s["steady_latency_arrivals_end_s"] is None
+    assert s["steady_window_requests"] == 0 and s["steady_window_short"]
+
 def test_completions_count_finishes_in_the_half_open_window():
     """Completions are the requests finishing in (t0, t1]: one finishing exactly at t0
     is the previous window's, one finishing exactly at t1 is this one's."""
