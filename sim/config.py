@@ -437,6 +437,8 @@ def _apply(cfg: SimConfig, layer: _Layer, arrival_layer: int, index: int) -> tup
             implied = ("replay", "workload.workload_path")
         elif "workload.burstiness" in layer and w.arrival in ("poisson", "gamma"):
             implied = ("gamma", "workload.burstiness")
+        elif w.arrival == "closed":
+            implied = _opened_loop(layer, w)
         if implied is not None:
             v["workload.arrival"] = implied[0]
             layer.where["workload.arrival"] = layer.where[implied[1]]
@@ -457,6 +459,24 @@ def _apply(cfg: SimConfig, layer: _Layer, arrival_layer: int, index: int) -> tup
     cfg = replace(cfg, **{s: replace(getattr(cfg, s), **kv) for s, kv in parts.items() if kv},
                   **{k: x for k, x in v.items() if "." not in k})
     return cfg, (index if "workload.arrival" in layer else arrival_layer)
+
+
+def _opened_loop(layer: _Layer, w: WorkloadConfig) -> tuple[str, str] | None:
+    """An open-loop setting (a rate, a burstiness, a window) in a layer above the one that
+    chose a closed loop overrides that choice, as a higher layer overrides any setting:
+    ``--preset single-replica --qps 5`` is Poisson at 5 req/s. A closed loop that sends a
+    workload file's requests opens into a replay of the file (``--qps`` rescales it, as
+    with ``--workload``); a burstiness cannot shape a replay, so it opens nothing there.
+    None: the layer gives no open-loop setting (or gives a concurrency as well, which
+    implied the closed loop first)."""
+    keys = ("workload.qps", "workload.duration_s") if w.workload_path else \
+        ("workload.burstiness", "workload.qps", "workload.duration_s")
+    given = [k for k in keys if k in layer]
+    if not given:
+        return None
+    if w.workload_path:
+        return "replay", given[0]
+    return ("gamma" if "workload.burstiness" in layer else "poisson"), given[0]
 
 
 def _check_conflicts(cfg: SimConfig, layers: list[_Layer], arrival_layer: int) -> None:
@@ -488,8 +508,9 @@ def resolve_config(*, preset_name: str | None = None, config_path: str | Path | 
     ``slo``) to values; ``None`` means not given. Some settings imply others within the
     layer that gives them (``max_concurrency`` -> a closed loop, ``workload`` -> replay,
     ``burstiness`` -> gamma, ``duration_s`` without ``num_requests`` -> the window alone
-    bounds the run, ``qps`` with a replay -> ``replay_qps``); a setting that does not apply
-    to the resulting arrival kind is an error naming it.
+    bounds the run, ``qps`` with a replay -> ``replay_qps``; ``qps``, ``burstiness`` or
+    ``duration_s`` over a lower layer's closed loop -> an open loop, :func:`_opened_loop`);
+    a setting that does not apply to the resulting arrival kind is an error naming it.
     """
     data: dict = {}
     file_layer = None

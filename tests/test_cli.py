@@ -201,3 +201,69 @@ def test_run_policy_profile(tmp_path):
     bad.write_text("[profile]\nname = 'x'\n")
     _one_line_error(invoke("run", "--policy", "confidence", *SMALL, "--policy-profile", str(bad)),
                     "bad.toml")
+
+
+# -- arrival options override the arrival kind of a lower layer (flag > --config > --preset)
+FAST = ["--num-requests", "20", "--lengths", "fixed:64:16", "--quiet"]
+
+
+def _run_workload(tmp_path, *args: str) -> dict:
+    out = tmp_path / "out"
+    r = invoke("run", *args, *FAST, "--out", str(out))
+    assert r.exit_code == 0, r.output
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("flags,workload", [
+    (["--qps", "5"], "Poisson arrivals at 5 req/s, fixed"),
+    (["--burstiness", "0.5"], "gamma(burstiness=0.5) arrivals at 200 req/s"),
+    (["--duration-s", "0.2", "--qps", "400"], "Poisson arrivals at 400 req/s"),
+])
+def test_an_open_loop_option_opens_a_closed_loop_preset(tmp_path, flags, workload):
+    """single-replica is a closed loop of 64 clients: --qps / --burstiness / --duration-s
+    on the command line override its arrival kind (they were refused: 'does not apply to
+    closed arrivals'); the preset's other settings (one replica) stay."""
+    s = _run_workload(tmp_path, "--preset", "single-replica", *flags)
+    assert s["workload"].startswith(workload), s["workload"]
+    assert s["replicas"] == 1 and s["completed"] == s["num_requests"] > 0
+
+
+def test_an_open_loop_option_or_key_overrides_the_config_files_closed_loop(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[workload]\narrival = "closed"\nmax_concurrency = 8\n')
+    s = _run_workload(tmp_path, "--config", str(cfg), "--qps", "5")
+    assert s["workload"].startswith("Poisson arrivals at 5 req/s")
+    # the file's qps over the closed-loop preset: the file wins over the preset
+    cfg.write_text("[workload]\nqps = 7.0\n")
+    s = _run_workload(tmp_path, "--config", str(cfg), "--preset", "single-replica")
+    assert s["workload"].startswith("Poisson arrivals at 7 req/s") and s["replicas"] == 1
+    # and --max-concurrency closes a file's (or the tiny preset's) open loop
+    s = _run_workload(tmp_path, "--config", str(cfg), "--preset", "tiny",
+                      "--max-concurrency", "4")
+    assert s["workload"].startswith("closed loop, 4 clients")
+
+
+def test_a_rate_over_a_closed_loop_sending_a_files_requests_replays_the_file(tmp_path):
+    """A closed loop that sends a workload file's requests opens into a replay of the
+    file, time-scaled to --qps (as --workload --qps is)."""
+    w = tmp_path / "w.csv"
+    w.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i:02d}.0,{50 + i},{10 + i}\n" for i in range(20)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[workload]\nmax_concurrency = 4\nworkload_path = "{w}"\n')
+    out = tmp_path / "out"
+    r = invoke("run", "--config", str(cfg), "--qps", "2", "--quiet", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["workload"].startswith("replay of w.csv (1.00 req/s native, time-scaled to 2 req/s")
+    # --burstiness cannot shape a replay: it opens nothing, the conflict is named
+    _one_line_error(invoke("run", "--config", str(cfg), "--burstiness", "2", "--quiet"),
+                    "--burstiness", "closed arrivals", f"chosen by {cfg} [workload]")
+
+
+def test_rate_and_concurrency_on_one_command_line_still_conflict(tmp_path):
+    out = tmp_path / "out"
+    _one_line_error(invoke("run", "--preset", "single-replica", "--qps", "5",
+                           "--max-concurrency", "4", "--out", str(out)),
+                    "--qps", "does not apply to closed arrivals (chosen by --max-concurrency)")
+    assert not out.exists()

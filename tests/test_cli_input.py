@@ -121,10 +121,15 @@ def test_config_file_is_type_checked(no_simulation, tmp_path, text, needles):
     one_line_error(invoke("run", "--config", str(cfg)), str(cfg), *needles)
 
 
-def test_flags_conflicting_with_the_files_arrival(no_simulation, tmp_path):
-    closed = _write_config(tmp_path, '[workload]\narrival = "closed"\nnum_requests = 10\n')
-    one_line_error(invoke("run", "--config", str(closed), "--qps", "5"), "--qps", "closed",
-                   str(closed))
+def test_a_rate_flag_opens_the_files_closed_loop(tmp_path):
+    # explicit flag > config file, the arrival kind included (it used to be refused)
+    closed = _write_config(tmp_path, '[workload]\narrival = "closed"\nnum_requests = 10\n'
+                           "[deployment]\nreplicas = 1\n")
+    out = tmp_path / "o"
+    r = invoke("run", "--config", str(closed), "--qps", "5", "--out", str(out), "--quiet")
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["workload"].startswith("Poisson arrivals at 5 req/s") and s["completed"] == 10
 
 
 def test_flag_arrival_overrides_the_files_open_loop_settings(tmp_path):
