@@ -236,9 +236,11 @@ def build_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> Req
 
 def _file_requests(w: WorkloadConfig, df: pl.DataFrame, idx: np.ndarray,
                    rng: np.random.Generator, trace=None):
-    """The file's lengths for rows ``idx``, unless ``--lengths`` overrides them."""
+    """The file's lengths for rows ``idx``, unless ``--lengths`` overrides them (the
+    description then says so: the file then gives only the arrivals or the count)."""
     if w.lengths is not None:  # explicit lengths override the file's
-        return _lengths(w, idx.size, rng, trace)
+        prompt_tokens, output_tokens, ldesc, rows = _lengths(w, idx.size, rng, trace)
+        return prompt_tokens, output_tokens, f"{ldesc}, overriding the file's lengths", rows
     prompt_tokens = df["prompt_tokens"].to_numpy()[idx].astype(np.int64)
     output_tokens = df["output_tokens"].to_numpy()[idx].astype(np.int64)
     return (np.maximum(prompt_tokens, 1), np.maximum(output_tokens, 1),
@@ -268,7 +270,9 @@ def _replay_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> R
         raise InputError(where, f"the replay spans {arr[idx[-1]]:.3g} s; the simulated "
                          f"clock is limited to {MAX_SIM_TIME_S:g} s: raise the rate "
                          "(--replay-qps) or cap --num-requests / --duration-s")
-    prompt_tokens, output_tokens, _, rows = _file_requests(w, df, idx, rng, trace)
+    prompt_tokens, output_tokens, ldesc, rows = _file_requests(w, df, idx, rng, trace)
+    if w.lengths is not None:  # the file's own lengths go without saying in a replay
+        desc += f", {ldesc}"
     return RequestStream(arr[idx], prompt_tokens, output_tokens, desc, rows)
 
 

@@ -267,3 +267,28 @@ def test_rate_and_concurrency_on_one_command_line_still_conflict(tmp_path):
                            "--max-concurrency", "4", "--out", str(out)),
                     "--qps", "does not apply to closed arrivals (chosen by --max-concurrency)")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("loop", [[], ["--max-concurrency", "4"]], ids=["replay", "closed"])
+def test_the_printed_workload_says_when_lengths_override_the_files(tmp_path, monkeypatch,
+                                                                    loop):
+    """--workload F --lengths L: the requests' lengths are L's, not F's, and the printed
+    workload line (and summary.json's) says so; without --lengths it names the file's."""
+    from dspark_sim import cli
+
+    monkeypatch.setattr(cli.console, "width", 250)  # the workload line unwrapped
+    w = tmp_path / "w.csv"
+    w.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i:02d}.0,{50 + i},{10 + i}\n" for i in range(20)))
+
+    def workload_line(*extra: str) -> str:
+        r = invoke("run", "--workload", str(w), *loop, "--replicas", "1", *extra)
+        assert r.exit_code == 0, r.output
+        return next(ln for ln in r.output.splitlines() if ln.startswith("workload "))
+
+    line = workload_line("--lengths", "fixed:30:5")
+    assert "fixed 30 in / 5 out, overriding the file's lengths" in line, line
+    line = workload_line()
+    assert "overriding" not in line
+    if loop:  # a closed loop names the file's lengths; a replay's go without saying
+        assert "lengths of w.csv" in line
