@@ -9,6 +9,7 @@ exit code 2, never a traceback; every argument is checked before anything expens
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -443,7 +444,9 @@ def traces_inspect(
         for head, _ in cols:
             pos.add_column(head, justify="right")
         for k in range(1, g + 1):
-            pos.add_row(str(k), *[f"{v[k - 1]:.3f}" for _, v in cols])
+            # n/a: no chain reached position k (0 / 0), not an acceptance of 0
+            pos.add_row(str(k), *[f"{v[k - 1]:.3f}" if math.isfinite(v[k - 1]) else "n/a"
+                                  for _, v in cols])
         console.print(pos)
 
 

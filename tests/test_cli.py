@@ -292,3 +292,30 @@ def test_the_printed_workload_says_when_lengths_override_the_files(tmp_path, mon
     assert "overriding" not in line
     if loop:  # a closed loop names the file's lengths; a replay's go without saying
         assert "lengths of w.csv" in line
+
+
+def test_inspect_prints_no_data_for_a_position_no_chain_reached(tmp_path, monkeypatch):
+    """Accepted lengths 0, 1, 2, 2, 0 with gamma 4: P(k | 1..k-1) is 3/5, 2/3, 0/2 and,
+    at k = 4, 0/0: no chain reached it, printed n/a (it printed 0.000, a rate that was
+    never measured); the library returns NaN there, a real 0 stays 0."""
+    import math
+    import re
+    from dataclasses import replace
+
+    import numpy as np
+
+    from dspark_sim import cli
+    from dspark_sim.traces.schema import write_trace
+    from dspark_sim.traces.synth import synth_iid
+
+    t = synth_iid(0.5, 4, num_requests=1, positions=5, seed=0)
+    t = replace(t, accept_len=np.array([0, 1, 2, 2, 0], dtype=t.accept_len.dtype))
+    cond = t.conditional_acceptance()
+    assert cond[:3].tolist() == pytest.approx([3 / 5, 2 / 3, 0.0]) and math.isnan(cond[3])
+    p = write_trace(t, tmp_path / "t.parquet")
+    monkeypatch.setattr(cli.console, "width", 200)
+    r = invoke("traces", "inspect", str(p))
+    assert r.exit_code == 0, r.output
+    pos = r.output[r.output.index("per-position acceptance"):]
+    rows = {int(m[0]): m[1] for m in re.findall(r"│\s*(\d)\s*│\s*(\S+)\s*│", pos)}
+    assert rows == {1: "0.600", 2: "0.667", 3: "0.000", 4: "n/a"}

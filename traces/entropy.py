@@ -64,11 +64,17 @@ def rank_auc(score: np.ndarray, label: np.ndarray) -> float:
     return float((ranks[label].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
 
 
+def _reached_rates(trace: AcceptanceTrace) -> np.ndarray:
+    """The conditional acceptance per depth, 0 at a depth no chain reached (its NaN):
+    what the synthetic outcomes past the recorded chain are drawn with."""
+    return np.nan_to_num(trace.conditional_acceptance(), nan=0.0)
+
+
 def _outcomes(trace: AcceptanceTrace, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(o [N, gamma] in {0, 1}, reached [N, gamma]: the chain reaches depth j)."""
     m = trace.accept_len.astype(np.int64)[:, None]
     j = np.arange(trace.gamma_max)[None, :]
-    qbar = np.clip(trace.conditional_acceptance(), 0.02, 0.98)
+    qbar = np.clip(_reached_rates(trace), 0.02, 0.98)
     past = rng.random((m.shape[0], trace.gamma_max)) < qbar[None, :]
     o = np.where(j < m, True, np.where(j == m, False, past))
     return o, j <= m
@@ -83,7 +89,7 @@ def synth_entropy(trace: AcceptanceTrace, *, seed: int = 0, separation: float = 
                                            "1 <= alternatives <= 48")
     rng = np.random.default_rng(seed)
     o, reached = _outcomes(trace, rng)
-    qbar = np.clip(trace.conditional_acceptance(), 0.02, 0.98)
+    qbar = np.clip(_reached_rates(trace), 0.02, 0.98)
     base = np.log(qbar / (1.0 - qbar))[None, :]
     x = base + separation * (2.0 * o - 1.0) + noise * rng.standard_normal(o.shape)
     pi = np.clip(1.0 / (1.0 + np.exp(-x)), 0.02, 1.0)

@@ -179,11 +179,13 @@ class AcceptanceTrace:
         return ge[1:] / max(int(hist.sum()), 1)
 
     def conditional_acceptance(self) -> np.ndarray:
-        """DSpark Fig. 2: P(position k accepted | 1..k-1 accepted), k = 1..gamma."""
+        """DSpark Fig. 2: P(position k accepted | 1..k-1 accepted), k = 1..gamma; NaN
+        where no chain reached position k (0 / 0: no data, which is not a 0 rate)."""
         m = self.accept_len.astype(np.int64)
         reached = np.array([(m >= k - 1).sum() for k in range(1, self.gamma_max + 1)], float)
         accepted = np.array([(m >= k).sum() for k in range(1, self.gamma_max + 1)], float)
-        return np.divide(accepted, reached, out=np.zeros_like(accepted), where=reached > 0)
+        return np.divide(accepted, reached, out=np.full_like(accepted, np.nan),
+                         where=reached > 0)
 
     def survival(self) -> np.ndarray:
         """vLLM-style unconditional per-position acceptance P(m >= k)."""

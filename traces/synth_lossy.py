@@ -76,7 +76,8 @@ def draw(trace: AcceptanceTrace, model: LossyModel, rng: np.random.Generator) ->
     n, g = trace.num_positions, trace.gamma_max
     m = trace.accept_len.astype(np.int64)
     j = np.arange(g)[None, :]
-    cond = trace.conditional_acceptance()  # [g] P(depth j accepted | prefix accepted)
+    # [g] P(depth j accepted | prefix accepted); 0 at a depth no chain reached (NaN there)
+    cond = np.nan_to_num(trace.conditional_acceptance(), nan=0.0)
     deep = (j > m[:, None]) & (rng.random((n, g)) < model.deep_match * cond[None, :])
     z = rng.standard_normal((n, g))
     top = (model.logit_mean + model.logit_sd * rng.standard_normal(n)).astype(np.float16)
