@@ -705,19 +705,18 @@ class Replica:
     def _sps_curve(self, n_dec: int, extra: np.ndarray, decode_only: bool) -> np.ndarray:
         ctx = self.ctx
         return sps_curve(ctx.sps_dense_step_s, extra, n_dec, ctx.gamma, self.pending_prefill,
-                         decode_only=decode_only)
+                         ctx.max_num_batched_tokens, decode_only=decode_only)
 
 
 def sps_curve(dense_step_s: np.ndarray, extra_s: np.ndarray, n_dec: int, gamma: int,
-              pending_prefill: int, *, decode_only: bool) -> np.ndarray:
+              pending_prefill: int, budget: int, *, decode_only: bool) -> np.ndarray:
     """Steps/s of a step of ``n_dec`` decoding requests when ``i`` = 0 .. n*gamma draft
     tokens are admitted: ``1 / (dense_step_s[B] + extra_s[i])``. B is the ``n + i`` verify
     tokens plus whatever ``pending_prefill`` still fits in the budget (vLLM's ``T + B``:
     verification displaces prefill), or the verify tokens alone with ``decode_only``
-    (Algorithm 1's ``sum(1 + l)``); the budget is the table's last index
-    (``max_num_batched_tokens``) and entries past it are 0. The one definition of the
+    (Algorithm 1's ``sum(1 + l)``); ``budget`` is ``max_num_batched_tokens`` (the table
+    covers 0 .. budget tokens) and entries past it are 0. The one definition of the
     curve: the simulator's engine and the real validation server both price with it."""
-    budget = dense_step_s.size - 1
     verify = n_dec + np.arange(n_dec * gamma + 1)
     total = verify if decode_only else verify + pending_prefill
     step_s = dense_step_s[np.minimum(total, budget)]  # a fresh array: safe to fill in place

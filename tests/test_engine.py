@@ -446,11 +446,14 @@ def test_sps_curve_by_hand():
     table = 1e-3 + 1e-4 * np.arange(9)
     extra = np.full(5, 5e-4)
     # i = 0..4 drafts: verify 2..6 tokens, + 3 prefill -> 5, 6, 7, 8, 8 (capped at the budget)
-    got = sps_curve(table, extra, 2, 2, 3, decode_only=False)
+    got = sps_curve(table, extra, 2, 2, 3, 8, decode_only=False)
     np.testing.assert_allclose(1.0 / got, 1.5e-3 + 1e-4 * np.array([5, 6, 7, 8, 8]))
-    np.testing.assert_allclose(1.0 / sps_curve(table, extra, 2, 2, 3, decode_only=True),
+    np.testing.assert_allclose(1.0 / sps_curve(table, extra, 2, 2, 3, 8, decode_only=True),
                                1.5e-3 + 1e-4 * np.arange(2, 7))
     assert extra.tolist() == [5e-4] * 5  # the caller's extra is not written
+    # the budget caps B, not the table's length: entries past it are never read
+    longer = np.concatenate([table, [1.0, 1.0]])
+    np.testing.assert_array_equal(sps_curve(longer, extra, 2, 2, 3, 8, decode_only=False), got)
     # 3 requests, gamma 3: 12 verify tokens at most, 4 past the budget of 8 -> 0 steps/s
-    got = sps_curve(table, np.zeros(10), 3, 3, 0, decode_only=True)
+    got = sps_curve(table, np.zeros(10), 3, 3, 0, 8, decode_only=True)
     assert (got[-4:] == 0).all() and (got[:-4] > 0).all()

@@ -421,7 +421,8 @@ class SpecServer:
         (:func:`~dspark_sim.sim.engine.sps_curve` over the same table and
         ``EngineProfile.step_extra_s``)."""
         return sps_curve(self._dense_step_s(), self._extra(n_dec, gamma, kv_tokens, n_rows),
-                         n_dec, gamma, pending_prefill, decode_only=decode_only)
+                         n_dec, gamma, pending_prefill, self.cfg.engine.max_num_batched_tokens,
+                         decode_only=decode_only)
 
     def _cost(self, n_dec: int, gamma: int, pending_prefill: int, kv_tokens: int,
               n_rows: int) -> StepCost:
