@@ -627,7 +627,18 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
     if not math.isfinite(dep.eager_slowdown) or dep.eager_slowdown < 1.0:
         raise InputError(f"{source} [deployment]", "eager_slowdown must be >= 1")
     prof_name = name or str(data.get("name") or Path(source).stem)
-    prof = analytic_profile(hw, model, dep, name=prof_name)
+    # Each field can be a finite number >= 0 while the arithmetic they feed is not (a zero
+    # bandwidth divides by zero, 1e308 bytes per parameter overflows to inf, then NaN):
+    # any such step refuses the sheet in one line instead of a traceback or a warning.
+    try:
+        with np.errstate(all="raise"):
+            prof = analytic_profile(hw, model, dep, name=prof_name)
+    except InputError as exc:
+        if exc.where != "deployment sheet":
+            raise
+        raise InputError(source, exc.problem) from None
+    except (ArithmeticError, FloatingPointError, ValueError) as exc:
+        raise InputError(source, f"its numbers imply no profile ({exc})") from None
     # Every field of a sheet can be sane while what they imply is not a profile (a million
     # GPUs per replica: a KV capacity past the engine's limit): refuse it here, naming the
     # sheet, rather than write a profile file nothing can load.

@@ -186,6 +186,11 @@ def test_profile_from_hf_config(tmp_path):
     assert p.step_s[0] > 3e-3 and p.gpus_per_replica == 1
 
 
+_SHEET = ('[hardware]\nname = "X"\nhbm_bytes_per_s = {hbm}\npeak_flops = 5e14\n[model]\n'
+          'name = "m"\nactive_params = 1e9\ndense_params = {dense}\nrouted_params = 0\n'
+          "bytes_per_param = {bpp}\n[deployment]\ngpus_per_replica = {g}\noverhead_ms = 1.0\n")
+
+
 @pytest.mark.parametrize("text, match", [
     ('hardware = "H999"\nmodel = "v3"\n', "bad-sheet.toml.*H999"),
     ('hardware = "H100"\nmodel = "v3"\n[deployment]\noverhead_ms = 1\n',
@@ -197,7 +202,16 @@ def test_profile_from_hf_config(tmp_path):
     # every field sane, but a million GPUs' HBM is a KV capacity no profile may hold
     ('hardware = "H100"\nmodel = "v3"\n[deployment]\ngpus_per_replica = 1000000\n'
      "overhead_ms = 1\n", "bad-sheet.toml: the profile it implies.*kv_capacity_tokens"),
-], ids=["unknown-hardware", "missing-key", "unknown-key", "nan", "implies-no-profile"])
+    # each field finite and >= 0, the arithmetic they feed not: a zero bandwidth divided
+    # by zero, 1e308 bytes per parameter overflowed to NaN (a numpy warning, then a
+    # profile of NaNs), 1e308 GPUs made int(NaN) (tracebacks); weights past the HBM named
+    # "deployment sheet", not the file
+    (_SHEET.format(hbm=0, bpp=2, g=1, dense=1e9), "bad-sheet.toml: .*division by zero"),
+    (_SHEET.format(hbm=2e12, bpp=1e308, g=1, dense=1e9), "bad-sheet.toml: .*imply no profile"),
+    (_SHEET.format(hbm=2e12, bpp=2, g=1e308, dense=1e9), "bad-sheet.toml: .*imply no profile"),
+    (_SHEET.format(hbm=2e12, bpp=2, g=1, dense=2**63 - 1), "bad-sheet.toml: m does not fit"),
+], ids=["unknown-hardware", "missing-key", "unknown-key", "nan", "implies-no-profile",
+        "zero-bandwidth", "overflow", "int-of-nan", "does-not-fit"])
 def test_bad_sheets(tmp_path, text, match):
     assert_rejects_file(tmp_path / "bad-sheet.toml", text, profile_from_sheets, match)
 
