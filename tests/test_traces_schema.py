@@ -175,6 +175,7 @@ def test_float_accept_len_is_refused_not_truncated():
 @pytest.mark.parametrize("key,value", [
     ("gamma_max", "abc"), ("gamma_max", 2.5), ("gamma_max", True), ("gamma_max", 0),
     ("temperature", "hot"), ("temperature", -1), ("drafter", 3), ("domains", "math"),
+    pytest.param("temperature", 10**400, id="temperature-past-float64"),  # np.isfinite raised
     ("generator", [1]), ("calibration", 5), ("source", "made-up"),
 ])
 def test_wrong_typed_metadata_is_one_line_error(tmp_path, key, value):
