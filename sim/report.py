@@ -82,7 +82,7 @@ def read_vllm_results(path: str | Path, gpus: int | None = None) -> pl.DataFrame
     """
     p = Path(path)
     if p.is_dir():
-        files = sorted(p.rglob("*.json"))
+        files = sorted(f for f in p.rglob("*.json") if f.is_file())  # a folder named x.json
     elif p.is_file():
         files = [p]
     else:
@@ -95,12 +95,16 @@ def read_vllm_results(path: str | Path, gpus: int | None = None) -> pl.DataFrame
             d = json.loads(f.read_text(encoding="utf-8-sig"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(str(f), f"not a JSON file ({exc})") from exc
+        except OSError as exc:
+            raise InputError(str(f), f"cannot read ({exc.strerror or exc})") from None
         if not isinstance(d, dict) or "output_throughput" not in d:
             raise InputError(str(f), "not a vLLM bench serve result (no output_throughput)")
-        tpot = d.get("median_tpot_ms") or d.get("median_itl_ms")
-        if not tpot or float(tpot) <= 0:
+        out_tps = _result_number(f, d, "output_throughput", low=0.0)
+        tpot = (_result_number(f, d, "median_tpot_ms", low=0.0, optional=True)
+                or _result_number(f, d, "median_itl_ms", low=0.0, optional=True))
+        if not tpot:
             raise InputError(str(f), "needs median_tpot_ms or median_itl_ms > 0")
-        n = d.get("num_gpus") or gpus
+        n = _result_number(f, d, "num_gpus", low=0, integer=True, optional=True) or gpus
         if not n or int(n) < 1:
             raise InputError("--gpus", f"{f}: per-GPU throughput needs --gpus N or a "
                                        "'num_gpus' field in the result file")
@@ -108,20 +112,39 @@ def read_vllm_results(path: str | Path, gpus: int | None = None) -> pl.DataFrame
         rows.append({
             "label": str(d.get("label") or d.get("policy") or f.parent.name or "vLLM"),
             "file": str(f),
-            "interactivity": 1000.0 / float(tpot),
-            "throughput_per_gpu": float(d["output_throughput"]) / int(n),
-            "output_throughput": float(d["output_throughput"]),
+            "interactivity": 1000.0 / tpot,
+            "throughput_per_gpu": out_tps / int(n),
+            "output_throughput": out_tps,
             "num_gpus": int(n),
-            "max_concurrency": None if d.get("max_concurrency") is None else int(
-                d["max_concurrency"]),
-            "request_rate": None if rate in (None, "inf") or isinstance(rate, str) else float(
-                rate),
+            "max_concurrency": _result_number(f, d, "max_concurrency", low=1, integer=True,
+                                              optional=True),
+            # "inf" (bench serve's unthrottled rate) or any other text: no rate to plot
+            "request_rate": None if rate is None or isinstance(rate, str) else
+            _result_number(f, d, "request_rate", low=0.0),
         })
     return pl.DataFrame(rows, schema={"label": pl.Utf8, "file": pl.Utf8,
                                       "interactivity": pl.Float64,
                                       "throughput_per_gpu": pl.Float64,
                                       "output_throughput": pl.Float64, "num_gpus": pl.Int64,
                                       "max_concurrency": pl.Int64, "request_rate": pl.Float64})
+
+
+def _result_number(f: Path, d: dict, key: str, *, low: float, integer: bool = False,
+                   optional: bool = False) -> float | int | None:
+    """Field ``key`` of result file ``f``: a finite number >= ``low`` (``integer``: a whole
+    one below 2**63, the column's type), or None where ``optional`` and absent/null. Any
+    other value is refused naming the file and the field (``float("abc")`` or ``int(inf)``
+    was a traceback)."""
+    v = d.get(key)
+    if v is None and optional:
+        return None
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and low <= v < 2**63
+    if ok and integer:
+        ok = float(v).is_integer()
+    if not ok:
+        kind = "a whole number" if integer else "a number"
+        raise InputError(str(f), f"'{key}' must be {kind} in [{low:g}, 2**63), got {v!r}")
+    return int(v) if integer else float(v)
 
 
 # -- figures -----------------------------------------------------------------------------

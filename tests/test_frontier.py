@@ -213,6 +213,44 @@ def test_read_vllm_results(tmp_path):
         read_vllm_results(d, gpus=16)
 
 
+GOOD_RESULT = {"output_throughput": 3200.0, "median_tpot_ms": 12.5, "max_concurrency": 16,
+               "request_rate": "inf", "num_gpus": 8}
+
+
+@pytest.mark.parametrize("key", ["output_throughput", "median_tpot_ms", "num_gpus",
+                                 "max_concurrency", "request_rate"])
+@pytest.mark.parametrize("value", ["abc", [1], {"a": 1}, math.nan, math.inf, -1, 2**70, 1.5,
+                                   True])
+def test_a_bench_serve_field_of_the_wrong_kind_is_one_line_naming_the_file(tmp_path, key,
+                                                                           value):
+    """Each field a report reads is a number where it must be one (float("abc"), int(inf),
+    int(nan), an int past int64 in the polars column were tracebacks); a refusal names the
+    file and the field, an acceptance gives finite figures. 1.5 is a fine rate or
+    throughput, not a GPU or client count."""
+    d = tmp_path / "vllm"
+    d.mkdir()
+    f = d / "r.json"
+    f.write_text(json.dumps({**GOOD_RESULT, key: value}))  # NaN / Infinity: Python's JSON
+    try:
+        v = read_vllm_results(d, gpus=8)
+    except InputError as exc:
+        assert str(f) in str(exc) and key in str(exc) and "\n" not in str(exc), str(exc)
+        return
+    row = v.row(0, named=True)
+    assert math.isfinite(row["interactivity"]) and math.isfinite(row["throughput_per_gpu"])
+    assert row["num_gpus"] >= 1 and (row["max_concurrency"] or 1) >= 1
+    # what may pass: a text rate (bench serve's "inf" is one), a fractional rate/throughput
+    assert (key == "request_rate" and isinstance(value, str)) or (
+        value == 1.5 and key in ("output_throughput", "request_rate", "median_tpot_ms")), \
+        (key, value, row)
+
+
+def test_a_folder_named_like_a_result_file_is_not_read_as_one(tmp_path):
+    d = _vllm_dir(tmp_path)
+    (d / "sub.json").mkdir()  # IsADirectoryError was a traceback
+    assert read_vllm_results(d, gpus=16).height == 2
+
+
 def test_report_is_self_contained_html(tmp_path):
     d = _vllm_dir(tmp_path)
     out = build_report(_frame(), tmp_path / "rep", tiers=[30, 50], vllm_results=d, gpus=16)
