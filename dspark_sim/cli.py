@@ -733,7 +733,7 @@ def capture(
     from dspark_sim.traces.capture import capture as run_capture
 
     kw = {"prompt_dir": prompts} if prompts is not None else {}
-    paths = run_capture(target=target, drafters=tuple(parse_list(drafters)), gamma_max=gamma_max,
+    paths = run_capture(target=target, drafters=tuple(parse_list(drafters) or ()), gamma_max=gamma_max,
                         max_new_tokens=max_new_tokens, out=out, resume=resume,
                         per_domain=per_domain, device=device, **kw)
     for name, path in paths.items():
@@ -769,9 +769,9 @@ def validate(
     from dspark_sim.validation.harness import validate as run_validation
 
     setup = ValidationSetup(
-        policies=tuple(parse_list(policies)), rates=tuple(parse_numbers(rates, option="--rates")),
+        policies=tuple(parse_list(policies) or ()), rates=tuple(parse_numbers(rates, option="--rates") or ()),
         num_requests=num_requests, max_new_tokens=max_new_tokens, out_dir=out, device=device,
-        drafter=drafter, profiles=tuple(parse_list(profile)), clock=clock,
+        drafter=drafter, profiles=tuple(parse_list(profile) or ()), clock=clock,
         save_profile=save_profile, sim_seeds=sim_seeds, seed=seed,
     ).check()  # every argument before a model loads
     result = run_validation(setup, log=lambda msg: console.print(msg, markup=False,

@@ -191,7 +191,7 @@ def test_sweep_cli_basis_and_sizing(tmp_path):
 
 def test_validate_cli_rejects_bad_options():
     _one_line_error(invoke("validate", "--rates", "-1"), "--rates")
-    _one_line_error(invoke("validate", "--policies", "bogus", "--rates", "0.5"), "--policy")
+    _one_line_error(invoke("validate", "--policies", "bogus", "--rates", "0.5"), "error: --policies:")
 
 
 def test_run_policy_profile(tmp_path):

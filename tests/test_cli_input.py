@@ -207,6 +207,13 @@ LOADING_BASE = {"capture": ["--drafters", "lookup"], "validate": []}
     ("validate", ["--num-requests", "0"], ["--num-requests"]),
     ("validate", ["--sim-seeds", "0"], ["--sim-seeds"]),
     ("validate", ["--rates", "0.5,-1"], ["--rates"]),
+    # an empty list was tuple(None), a TypeError traceback; the registry's refusal named
+    # run's --policy
+    ("capture", ["--drafters", ","], ["--drafters", "at least one"]),
+    ("validate", ["--policies", ""], ["--policies", "at least one"]),
+    ("validate", ["--rates", " "], ["--rates", "at least one"]),
+    ("validate", ["--profile", ","], ["--profile", "at least one"]),
+    ("validate", ["--policies", "mtp1,bogus"], ["error: --policies:", "bogus"]),
 ])
 def test_model_loading_commands_check_every_argument_first(no_model_load, tmp_path, command,
                                                             args, needles):

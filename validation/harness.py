@@ -302,7 +302,10 @@ class ValidationSetup:
         if not self.policies:
             raise InputError("--policies", "name at least one policy")
         for p in self.policies:
-            get_policy(p)
+            try:
+                get_policy(p)
+            except InputError as exc:  # the registry names run's --policy; the user typed this
+                raise InputError("--policies", exc.problem) from None
         if not self.rates:
             raise InputError("--rates", "name at least one rate")
         for r in self.rates:
