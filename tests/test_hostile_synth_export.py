@@ -1,4 +1,5 @@
-"""Hostile options for ``traces synth``, ``traces export`` and ``calibrate confidence``,
+"""Hostile options for ``traces synth``, ``traces export``, ``traces import --format
+vllm-counters`` and ``calibrate confidence``,
 drawn by Hypothesis (the run-side suite is tests/test_hostile_properties.py, whose
 settings and value strategies this reuses).
 
@@ -78,6 +79,19 @@ def _valid_map(out) -> None:
     assert np.isfinite(got).all() and (got >= 0).all() and (got <= 1).all()
 
 
+COUNTERS = ('vllm:spec_decode_num_drafts_total{engine="0"} 100.0\n'
+            + "".join(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",'
+                      f'position="{k}"}} {n}.0\n' for k, n in enumerate((80, 50, 20))))
+
+
+def _import_counters_argv(_data, out, trace) -> list[str]:
+    src = trace.parent / "metrics.txt"  # vLLM /metrics text, beside the module's trace
+    if not src.exists():
+        src.write_text(COUNTERS)
+    return ["traces", "import", str(src), "--format", "vllm-counters", "--out", str(out),
+            "--requests", "2", "--positions", "8"]
+
+
 # command -> (its options and their value strategies, its other arguments given the output
 # path and the small trace, the file it writes, what makes that file valid)
 COMMANDS = {
@@ -99,6 +113,13 @@ COMMANDS = {
         "--model": PRINTABLE,
     }, lambda _data, out, trace: ["traces", "export", str(trace), "--out", str(out)],
         "spec.json", _valid_rates),
+    # a negative --seed reached numpy's default_rng: a ValueError traceback
+    "import-counters": ({
+        "--requests": COUNT,
+        "--positions": COUNT,
+        "--seed": SEED,
+        "--domain": PRINTABLE,
+    }, _import_counters_argv, "t.parquet", _valid_trace),
     "calibrate": ({
         "--method": st.one_of(st.sampled_from(["temperature", "isotonic"]), PRINTABLE),
         "--holdout": st.one_of(st.floats(0, 1).map(repr), ANY_NUMBER),
@@ -122,3 +143,23 @@ def test_any_option_is_refused_in_one_line_or_the_command_writes_a_valid_file(
     else:
         one_line_refusal(r, option)
         assert not out.exists()
+
+
+@pytest.mark.parametrize("command", sorted(c for c in COMMANDS if "--seed" in COMMANDS[c][0]))
+def test_a_negative_seed_is_refused_by_every_command_that_takes_one(tmp_path, small_trace,
+                                                                    command):
+    """The one value every seed refuses (numpy's default_rng raises on it), given to each
+    command of the table, so no draw has to find it."""
+    from types import SimpleNamespace
+
+    from test_hostile_properties import runner
+
+    from dspark_sim.cli import app
+
+    _options, argv, name, _valid = COMMANDS[command]
+    out = tmp_path / name
+    iid = SimpleNamespace(draw=lambda _strategy, label=None: "iid")  # synth draws its --kind
+    r = runner.invoke(app, [*argv(iid, out, small_trace), "--seed", "-1"])
+    no_escape(r)
+    one_line_refusal(r, "--seed")
+    assert not out.exists()

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, check_seed
 from dspark_sim.io import tidy_csv
 from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta
 
@@ -529,6 +529,7 @@ def import_vllm_counters(src: str | Path, *, requests: int = 64, positions: int 
     for name, v in (("--requests", requests), ("--positions", positions)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise InputError(name, f"must be an integer >= 1, got {v!r}")
+    check_seed(seed)  # numpy's own refusal of a negative seed is a traceback
     if requests * positions > MAX_SYNTH_CELLS:
         raise InputError("--requests", f"requests x positions must be <= {MAX_SYNTH_CELLS:,}")
     c = read_vllm_counters(src)
