@@ -344,7 +344,7 @@ def calibrate_confidence(
             "seed": int(seed),
             "fit_rows": int(fit_rows.sum()),
             "test_rows": int(test_rows.sum()),
-            "test_request_ids": sorted({int(x) for x in test_ids}),
+            "test_request_ids": sorted({x.item() for x in test_ids}),  # ids may be strings
             "evaluated_on": "held-out requests" if holdout > 0 else "the fitting data",
         },
         "params": params,

@@ -867,13 +867,16 @@ def calibrate_confidence_cmd(
                        not_over={"the trace": _file_or_none(trace), "--out": out})
     t = load_trace(trace)
     fitted, report = calibrate_confidence(t, method=method, holdout=holdout, seed=seed)
-    console.print(format_report(report), markup=False, highlight=False)
-    # The shipped map uses every request; the report above is on held-out requests.
+    # The shipped map uses every request; the report is on held-out requests.
     full, _ = calibrate_confidence(t, method=method, holdout=0.0, seed=seed)
-    full.save(out)
-    console.print(f"wrote {out} (fitted on all {t.num_requests} requests)")
+    # the diagram first: it can still refuse the trace, and then neither file is touched
+    # and nothing but that one error line is printed
     if html is not None:
         write_reliability_html(html, t, fitted, report=report)
+    full.save(out)
+    console.print(format_report(report), markup=False, highlight=False)
+    console.print(f"wrote {out} (fitted on all {t.num_requests} requests)")
+    if html is not None:
         console.print(f"wrote {html}")
 
 

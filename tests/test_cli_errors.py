@@ -327,3 +327,42 @@ def test_an_output_that_is_the_commands_own_input_is_refused(tmp_path, monkeypat
     r = runner.invoke(app, ["traces", "export", "mtp1-synthetic", "--out", "mtp1-synthetic"])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "mtp1-synthetic").read_text())["num_speculative_tokens"] == 1
+
+
+def test_calibrate_confidence_with_string_request_ids_and_its_two_outputs(tmp_path,
+                                                                         monkeypatch):
+    """String request ids are schema-v1 (imports keep them): the held-out report once
+    cast them to int (a ValueError for 'r0'; for '0' the diagram then found none of the
+    held-out requests and refused, after --out had already been replaced). Now both
+    files are written; and when the diagram refuses, --out keeps its previous bytes."""
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    from dspark_sim.calibration import fit
+    from dspark_sim.calibration.confmap import load_calibration
+    from dspark_sim.errors import InputError
+    from dspark_sim.traces.schema import write_trace
+    from dspark_sim.traces.synth import synth_drafter
+
+    good = tmp_path / "good.parquet"
+    write_trace(synth_drafter(gamma=3, requests_per_domain=4, positions=24, seed=1), good)
+    table = pq.read_table(good)
+    for ids in ("r", ""):  # 'r0', 'r1', ... and '0', '1', ... (digits, still strings)
+        trace = tmp_path / f"ids{ids}.parquet"
+        df = pl.from_arrow(table).with_columns(pl.lit(ids) + pl.col("request_id").cast(pl.String))
+        pq.write_table(df.to_arrow().replace_schema_metadata(table.schema.metadata), trace)
+        out, html = tmp_path / f"m{ids}.toml", tmp_path / f"r{ids}.html"
+        r = runner.invoke(app, ["calibrate", "confidence", "--trace", str(trace), "--out",
+                                str(out), "--html", str(html), "--holdout", "0.5"])
+        assert r.exit_code == 0, r.output
+        assert load_calibration(out).method == "temperature"
+        assert "Plotly.newPlot" in html.read_text()
+    out.write_bytes(b"previous map")
+
+    def refuse(*_a, **_k):
+        raise InputError("diagram", "refused")
+
+    monkeypatch.setattr(fit, "write_reliability_html", refuse)
+    one_line_error(["calibrate", "confidence", "--trace", str(good), "--out", str(out),
+                    "--html", str(html)], "diagram")
+    assert out.read_bytes() == b"previous map"
