@@ -250,10 +250,11 @@ def run(
     from dspark_sim.policies.registry import get_policy
     from dspark_sim.sim.api import resolve_trace, simulate
     from dspark_sim.sim.config import OPTION_FIELDS, check_draft_length, resolve_config
+    from dspark_sim.sim.outputs import REQUESTS, SUMMARY
 
     given = {k: v for k, v in locals().items() if k in OPTION_FIELDS or k == "slo"}
     if out is not None:
-        check_writable(out, "--out")
+        check_writable(out, "--out", inside={SUMMARY: "file", REQUESTS: "file"})
     cfg = resolve_config(preset_name=preset_name, config_path=config, options=given)
     sched_profile = load_profile(policy_profile) if policy_profile is not None else None
     trace_obj = resolve_trace(cfg, get_policy(cfg.policy))
@@ -570,7 +571,8 @@ def sweep(
         raise InputError("--basis", f"must be one of {', '.join(BASES)}, got {basis!r}")
     sizing = Sizing(requests_per_client=requests_per_client, max_doublings=max_doublings,
                     target_rse=target_rse, max_requests=max_requests).validate()
-    check_writable(out, "--out")
+    check_writable(out, "--out", inside={"points": "dir", "results.parquet": "file",
+                                         "report.html": "file"})
     base = resolve_config(config_path=config,
                           options={"num_requests": num_requests, "replicas": replicas,
                                    "lengths": lengths})

@@ -117,7 +117,8 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def check_writable(path: str | Path, option: str, *, kind: str = "dir",
-                   not_over: dict[str, str | Path | None] | None = None) -> Path:
+                   not_over: dict[str, str | Path | None] | None = None,
+                   inside: dict[str, str] | None = None) -> Path:
     """Fail fast, before any expensive work, when ``path`` cannot receive output.
 
     ``kind="dir"``: a folder (created later if missing); ``kind="file"``: a file written
@@ -126,7 +127,10 @@ def check_writable(path: str | Path, option: str, *, kind: str = "dir",
     themselves on a real write); creates nothing that stays. ``not_over`` (what -> path;
     None entries skipped): files the command reads or also writes; an output that is one
     of them is refused, since writing it would destroy the input (``traces export T --out
-    T`` once replaced the trace with its JSON) or the other output.
+    T`` once replaced the trace with its JSON) or the other output. ``inside`` (``kind=
+    "dir"``; name -> "file" or "dir"): what the command writes in the folder; an entry
+    already there of the other kind is refused now (a folder named ``results.parquet``
+    failed the rename only after every sweep point had run).
     """
     from dspark_sim.errors import InputError
 
@@ -139,6 +143,14 @@ def check_writable(path: str | Path, option: str, *, kind: str = "dir",
         raise InputError(option, f"{p} exists and is not a folder")
     if kind == "file" and p.is_dir():
         raise InputError(option, f"{p} is a folder, not a file")
+    for name, entry_kind in (inside or {}).items():
+        q = p / name
+        if entry_kind == "file" and q.is_dir():
+            raise InputError(option, f"{q} is a folder, so the {name} this writes cannot "
+                                     "replace it")
+        if entry_kind == "dir" and q.exists() and not q.is_dir():
+            raise InputError(option, f"{q} exists and is not a folder, so the {name}/ this "
+                                     "writes cannot be created")
     probe = p if kind == "dir" else p.parent
     while not probe.exists():
         probe = probe.parent

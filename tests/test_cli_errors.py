@@ -366,3 +366,29 @@ def test_calibrate_confidence_with_string_request_ids_and_its_two_outputs(tmp_pa
     one_line_error(["calibrate", "confidence", "--trace", str(good), "--out", str(out),
                     "--html", str(html)], "diagram")
     assert out.read_bytes() == b"previous map"
+
+
+@pytest.mark.parametrize("command,entry,kind", [
+    ("run", "summary.json", "dir"), ("run", "requests.parquet", "dir"),
+    ("sweep", "results.parquet", "dir"), ("sweep", "report.html", "dir"),
+    ("sweep", "points", "file"),
+])
+def test_an_output_folder_holding_the_wrong_kind_of_entry_is_refused_first(
+        no_simulation, tmp_path, command, entry, kind):
+    """A folder where the command writes a file (or a file where it writes its points/
+    folder) failed the final rename with IsADirectoryError / FileExistsError: a traceback
+    after every point had run. Refused before simulating, naming --out and the entry;
+    the entry and the folder's other files untouched."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("keep")
+    if kind == "dir":
+        (out / entry).mkdir()
+    else:
+        (out / entry).write_text("not a folder")
+    args = {"run": ["run", "--num-requests", "5", "--quiet", "--out", str(out)],
+            "sweep": ["sweep", "--out", str(out), "--policies", "mtp1", "--qps", "1",
+                      "--executor", "serial", "--quiet"]}[command]
+    one_line_error(args, "--out", str(out / entry))
+    assert sorted(p.name for p in out.iterdir()) == sorted([entry, "keep.txt"])
+    assert (out / entry).is_dir() == (kind == "dir")
