@@ -233,6 +233,40 @@ def test_out_and_train_arguments_checked_first(no_model_load, tmp_path):
     one_line_error(invoke("train-drafter", "--out", str(a_file)), "--out")
 
 
+@pytest.mark.parametrize("command", ["capture", "train-drafter"])
+@pytest.mark.parametrize("body,needle", [
+    (b"\xff\xfe\x00binary", "not UTF-8"),
+    (b'{"turns": 5}\n', "non-empty list of strings"),  # was a TypeError traceback
+    (b'{"turns": "What is 2+2?"}\n', "non-empty list of strings"),  # was split into chars
+    (b'{"turns": []}\n', "non-empty list of strings"),
+    (b'{"turns": [1, 2]}\n', "non-empty list of strings"),
+    (b'{"turn": ["x"]}\n', "turns"),
+    (None, "cannot read"),  # a folder named gsm8k.jsonl: IsADirectoryError
+])
+def test_prompt_files_are_read_before_a_model_loads(no_model_load, tmp_path, command, body,
+                                                    needle):
+    """Capture and training read their prompt files only after loading the target (and
+    training after generating from it): a bad line was a traceback, or a one-line error
+    minutes late. Now one line naming the file, before any model loads."""
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    bad = prompts / "gsm8k.jsonl"
+    if body is None:
+        bad.mkdir()
+    else:
+        bad.write_bytes(body)
+    args = {"capture": ["--drafters", "lookup"], "train-drafter": []}[command]
+    one_line_error(invoke(command, "--out", str(tmp_path / "o"), "--prompts", str(prompts),
+                          *args), str(bad), needle)
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_drafter_refuses_a_negative_seed_before_the_model_loads(no_model_load, tmp_path):
+    # default_rng(-1) raised only after the target had loaded and generated its data
+    one_line_error(invoke("train-drafter", "--out", str(tmp_path / "o"), "--seed", "-1"),
+                   "--seed")
+
+
 @pytest.mark.parametrize("body,needle", [
     ("method = 'isotonic'\n[[calibration.isotonic]]\nx = [0.0, nan, 1.0]\ny = [0.0, 0.5, 1.0]\n",
      "finite"),

@@ -560,11 +560,11 @@ def capture(
     check_capture_args(target, drafters, gamma_max=gamma_max, max_new_tokens=max_new_tokens,
                        per_domain=per_domain, batch_size=batch_size, prompts=prompts,
                        prompt_dir=prompt_dir, out=out, device=device)
-    tgt = target if isinstance(target, Target) else load_target(target, device=device)
-    if prompts is None:
+    if prompts is None:  # read before the model loads: a bad file is refused in a second
         prompts = heldout_prompts(per_domain, split_seed, prompt_dir)
     if not prompts:
         raise InputError("--prompts", "no prompts to capture")
+    tgt = target if isinstance(target, Target) else load_target(target, device=device)
     shared = Shared.of(tgt)
     if shared.head_weight.dtype != torch.float32:  # drafters run in fp32
         shared = Shared(shared.embed_weight.float(), shared.head_weight.float())

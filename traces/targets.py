@@ -398,14 +398,25 @@ def load_prompts(prompt_dir: str | Path = PROMPT_DIR, datasets: list[str] | None
         raise InputError(root, "no prompt files (*.jsonl) found")
     out: list[Prompt] = []
     for f in files:
-        for i, line in enumerate(f.read_text(encoding="utf-8-sig").split("\n")):
+        try:
+            text = f.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise InputError(f, f"not UTF-8 text ({exc.reason})") from None
+        except OSError as exc:  # a folder named x.jsonl, an unreadable file
+            raise InputError(f, f"cannot read ({exc.strerror or exc})") from None
+        for i, line in enumerate(text.split("\n")):
             if not line.strip():
                 continue
             try:
                 turns = json.loads(line)["turns"]
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise InputError(f"{f}:{i + 1}", f"not a {{'turns': [...]}} line ({exc})") from exc
-            out.append(Prompt(f.stem, i, tuple(str(t) for t in turns)))
+            # a string would be split into one-character turns, a number was a TypeError
+            if not isinstance(turns, list) or not turns or \
+                    not all(isinstance(t, str) for t in turns):
+                raise InputError(f"{f}:{i + 1}", "'turns' must be a non-empty list of strings, "
+                                                 f"got {turns!r:.60}")
+            out.append(Prompt(f.stem, i, tuple(turns)))
     return out
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, check_seed
 from dspark_sim.traces.drafters import (
     LEARNED_KINDS,
     SequenceStore,
@@ -111,9 +111,10 @@ def train_drafter(
         raise InputError("--drafter", f"only {', '.join(LEARNED_KINDS)} are trained (got {kind!r})")
     if steps < 1:
         raise InputError("--steps", f"steps must be >= 1, got {steps}")
-    tgt = target if isinstance(target, Target) else load_target(target, device=device)
+    check_seed(seed)
     if prompts is None:
         prompts = training_prompts(per_domain, split_seed, prompt_dir)
+    tgt = target if isinstance(target, Target) else load_target(target, device=device)
     if store is None:
         store = training_data(tgt, prompts, max_new_tokens, progress=progress)
     anchors = store.anchors(gamma, full_lookahead=True)
@@ -269,12 +270,15 @@ def train_all(
     **kw: Any,
 ) -> dict[str, dict[str, Any]]:
     """Train every learned drafter on one shared generation cache."""
-    tgt = target if isinstance(target, Target) else load_target(target, device=device)
     per_domain = kw.pop("per_domain", 32)
     split_seed = kw.pop("split_seed", SPLIT_SEED)
     prompt_dir = kw.pop("prompt_dir", PROMPT_DIR)
     max_new_tokens = kw.pop("max_new_tokens", 128)
+    # the seed and the prompt files before the target loads and generates (minutes):
+    # default_rng(-1) or a bad prompt line once failed only after that
+    check_seed(kw.get("seed", 0))
     prompts = training_prompts(per_domain, split_seed, prompt_dir)
+    tgt = target if isinstance(target, Target) else load_target(target, device=device)
     store = training_data(tgt, prompts, max_new_tokens, progress=kw.get("progress", True))
     root = Path(out_root) if out_root is not None else SHIPPED_DIR
     return {
