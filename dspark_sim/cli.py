@@ -805,7 +805,7 @@ def calibrate_engine(
     sheet: Annotated[Path | None, typer.Option(
         help="Instead of measuring: an analytic profile from a hardware+model sheet TOML.")] = None,
     device: Device = "cpu",
-    batch_requests: Annotated[str, typer.Option(help="Requests per timed batch.")] = "1,2,3,6",
+    batch_requests: Annotated[str, typer.Option(help="Requests per timed batch.")] = "1,2,4,6,8",
     verify_lengths: Annotated[str, typer.Option(help="Draft tokens verified per request.")] = "0,1,3,7",
     context_lengths: Annotated[str, typer.Option(help="KV context lengths.")] = "128,512",
     warmup: Annotated[int, typer.Option()] = 2,

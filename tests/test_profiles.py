@@ -466,3 +466,24 @@ def test_published_llama_profile_is_the_published_fit():
         for k in (1, 3, 5):
             assert p.draft_time_s(name, 4, k, kv_tokens=9000.0) == pytest.approx(
                 d_kv * 9000.0 + d_spec * (k + 1) + d_fix, rel=1e-6)
+
+
+def test_calibrate_engine_defaults_are_measure_engines():
+    """`calibrate engine` measures the shapes `measure_engine()` (and docs/profiles.md, and
+    the shipped smollm2-cpu profile) use: its option defaults are the library's, not a
+    second copy that drifted (--batch-requests stayed 1,2,3,6 when the library moved to
+    1,2,4,6,8 for the B = 32/64 decode rows)."""
+    import inspect
+
+    import typer
+
+    from dspark_sim.calibration.measure import measure_engine
+    from dspark_sim.cli import app
+
+    engine = typer.main.get_command(app).commands["calibrate"].commands["engine"]
+    cli = {p.name: p.default for p in engine.params}
+    lib = inspect.signature(measure_engine).parameters
+    for name in ("batch_requests", "verify_lengths", "context_lengths"):
+        assert tuple(int(x) for x in cli[name].split(",")) == tuple(lib[name].default), name
+    for name in ("warmup", "repeats", "cuda_graphs"):
+        assert cli[name] == lib[name].default, name
