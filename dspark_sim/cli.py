@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperGroup
 
 from dspark_sim.errors import InputError
@@ -30,8 +31,11 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as _click_errors
 
 # user text (paths, specs like "fixed:100:100") must print as given: no ":100:" emoji
-console = Console(emoji=False)
-err_console = Console(stderr=True, emoji=False)
+# markup off: what we print carries user text (file paths, profile descriptions, trace
+# metadata, error messages) in which "[...]" is data, not rich markup (a description
+# holding "[/]" crashed `profiles show`; "[draft.selfspec]" vanished); styles go in style=
+console = Console(emoji=False, markup=False)
+err_console = Console(stderr=True, emoji=False, markup=False)
 
 
 def _error_line(text: str) -> None:
@@ -409,7 +413,8 @@ def traces_inspect(
 
     tr = load_trace(trace)
     meta = tr.meta
-    console.print(f"[bold]{tr.source_path}[/]  drafter {meta.drafter}, target {meta.target}, "
+    console.print(Text(str(tr.source_path), style="bold"),
+                  f" drafter {meta.drafter}, target {meta.target}, "
                   f"source {meta.source}, gamma_max {meta.gamma_max}, temperature {meta.temperature:g}"
                   f"{'' if meta.replay_exact else ' (replay approximate: sampled decoding)'}")
     console.print(f"{tr.num_requests} requests, {tr.num_positions:,} positions, "
@@ -471,7 +476,8 @@ def profiles_show(name: Annotated[str, typer.Argument(help="Built-in name or TOM
     from dspark_sim.calibration.profile import load_profile
 
     prof = load_profile(name)
-    console.print(f"[bold]{prof.summary()}[/]\n{prof.description}")
+    console.print(Text(prof.summary(), style="bold"))
+    console.print(prof.description)
     tab = Table(title="target step time and steps/s")
     for col in ("tokens B", "step (ms)", "SPS (1/s)", "B x SPS (tok/s)"):
         tab.add_column(col, justify="right")

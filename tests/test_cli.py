@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -319,3 +320,17 @@ def test_inspect_prints_no_data_for_a_position_no_chain_reached(tmp_path, monkey
     pos = r.output[r.output.index("per-position acceptance"):]
     rows = {int(m[0]): m[1] for m in re.findall(r"│\s*(\d)\s*│\s*(\S+)\s*│", pos)}
     assert rows == {1: "0.600", 2: "0.667", 3: "0.000", 4: "n/a"}
+
+
+def test_user_text_with_brackets_prints_as_written(tmp_path):
+    # rich markup is off: a description holding "[/]" crashed `profiles show`
+    # (MarkupError), and "[draft.x]" vanished from it; error lines keep brackets too
+    src = (Path(__file__).resolve().parents[1] / "calibration" / "data"
+           / "qwen3-8b-h100.toml").read_text()
+    prof = tmp_path / "p.toml"
+    prof.write_text(src.replace('description = "', 'description = "odd [/] and [draft.x] ', 1))
+    r = invoke("profiles", "show", str(prof))
+    assert r.exit_code == 0, r.output
+    assert "odd [/] and [draft.x] Roofline" in r.output.replace("\n", " ")
+    r = invoke("profiles", "show", str(tmp_path / "[bold]missing.toml"))
+    assert r.exit_code == 2 and "[bold]missing.toml" in r.output
