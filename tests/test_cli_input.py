@@ -121,27 +121,22 @@ def test_config_file_is_type_checked(no_simulation, tmp_path, text, needles):
     one_line_error(invoke("run", "--config", str(cfg)), str(cfg), *needles)
 
 
-def test_a_rate_flag_opens_the_files_closed_loop(tmp_path):
-    # explicit flag > config file, the arrival kind included (it used to be refused)
-    closed = _write_config(tmp_path, '[workload]\narrival = "closed"\nnum_requests = 10\n'
-                           "[deployment]\nreplicas = 1\n")
+@pytest.mark.parametrize("file_workload,flag,described,completed", [
+    # a rate flag opens the file's closed loop (it used to be refused)
+    ('arrival = "closed"\nnum_requests = 10\n', ["--qps", "5"],
+     "Poisson arrivals at 5 req/s", 10),
+    # --max-concurrency closes the file's open loop; the file's rate no longer applies
+    ("qps = 5.0\nnum_requests = 12\n", ["--max-concurrency", "3"], "closed loop, 3 clients", 12),
+])
+def test_an_arrival_flag_overrides_the_files_arrival_kind(tmp_path, file_workload, flag,
+                                                          described, completed):
+    # explicit flag > config file, the arrival kind included
+    cfg = _write_config(tmp_path, f"[workload]\n{file_workload}[deployment]\nreplicas = 1\n")
     out = tmp_path / "o"
-    r = invoke("run", "--config", str(closed), "--qps", "5", "--out", str(out), "--quiet")
+    r = invoke("run", "--config", str(cfg), *flag, "--out", str(out), "--quiet")
     assert r.exit_code == 0, r.output
     s = json.loads((out / "summary.json").read_text())
-    assert s["workload"].startswith("Poisson arrivals at 5 req/s") and s["completed"] == 10
-
-
-def test_flag_arrival_overrides_the_files_open_loop_settings(tmp_path):
-    # the file describes an open loop; --max-concurrency on the command line wins and the
-    # file's rate no longer applies (explicit flag > config file)
-    cfg = _write_config(tmp_path, "[workload]\nqps = 5.0\nnum_requests = 12\n"
-                        "[deployment]\nreplicas = 1\n")
-    out = tmp_path / "o"
-    r = invoke("run", "--config", str(cfg), "--max-concurrency", "3", "--out", str(out), "--quiet")
-    assert r.exit_code == 0, r.output
-    s = json.loads((out / "summary.json").read_text())
-    assert "closed loop, 3 clients" in s["workload"] and s["completed"] == 12
+    assert described in s["workload"] and s["completed"] == completed
 
 
 def test_workload_file_in_a_closed_loop_sends_the_files_requests(tmp_path):
