@@ -179,6 +179,17 @@ def test_vllm_counters_prometheus_and_bench_serve(tmp_path):
     assert cfg["synthetic_acceptance_rates"] == pytest.approx([0.8, 0.55, 0.3], abs=0.015)
 
 
+@pytest.mark.parametrize("requests,positions", [(1, 10**9), (10**9, 1)])
+def test_vllm_counters_too_many_cells_names_both_options(tmp_path, requests, positions):
+    # either option may be the large one: the refusal names the product (it blamed
+    # --requests for a huge --positions)
+    p = tmp_path / "metrics.txt"
+    p.write_text(PROM)
+    with pytest.raises(InputError, match=r"^--requests x --positions: .* exceeds") as exc:
+        import_vllm_counters(p, requests=requests, positions=positions)
+    assert f"{requests:,} x {positions:,}" in str(exc.value)
+
+
 @pytest.mark.parametrize("text,match", [
     (PROM.replace('position="1"} 330.0', 'position="1"} 600.0'), "increase along the draft"),
     ("\n".join(ln for ln in PROM.splitlines() if "num_drafts_total" not in ln), "no vllm:"),

@@ -531,7 +531,9 @@ def import_vllm_counters(src: str | Path, *, requests: int = 64, positions: int 
             raise InputError(name, f"must be an integer >= 1, got {v!r}")
     check_seed(seed)  # numpy's own refusal of a negative seed is a traceback
     if requests * positions > MAX_SYNTH_CELLS:
-        raise InputError("--requests", f"requests x positions must be <= {MAX_SYNTH_CELLS:,}")
+        raise InputError("--requests x --positions",  # either may be the large one
+                         f"{requests:,} x {positions:,} = {requests * positions:,} exceeds "
+                         f"{MAX_SYNTH_CELLS:,}; import fewer requests or positions")
     c = read_vllm_counters(src)
     surv = np.asarray(c["survival"], np.float64)
     k = len(surv)
