@@ -192,13 +192,20 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
                       style="dim")
 
 
+# No "[word]" or "[@x]" in help texts: typer renders them as rich markup, erasing them.
+POLICY_HELP = ("NAME[:ARG]: none, mtp1, fixed:K, confidence, confidence-sync, confidence-async, "
+               "vllm-adaptive, threshold:P, dfly[:R,...], dcut, sparsespec[:T|:conf]; lossy "
+               "(docs/lossy.md): asd:g,m,B, skip:P, each optionally @BASE, the chain it wraps; "
+               "trees on a v2 trace: cure:N,b,F,M, pctree:N,k, dspark-tree:N,k (docs/trees.md). "
+               "Default: confidence.")
+LENGTHS_HELP = ("azure-conv | azure-code | mooncake | long-context[:IN:OUT[:SIGMA]] | fixed:IN:OUT "
+                "| lognormal:IN:OUT[:SIGMA] | trace | trace:sample (each request one trace "
+                "row's lengths)")
+
+
 @app.command()
 def run(
-    policy: Annotated[str | None, typer.Option(help="NAME[:ARG]: none, mtp1, fixed:K, confidence, "
-                                               "confidence-async, threshold:P, dfly, dcut; lossy: "
-                                               "asd:g,m,B, skip:P; trees on a v2 trace: "
-                                               "cure:N,b,F,M, pctree:N,k, dspark-tree:N,k "
-                                               "(docs/trees.md) [confidence]")] = None,
+    policy: Annotated[str | None, typer.Option(help=POLICY_HELP)] = None,
     qps: Annotated[float | None, typer.Option(
         help="Open-loop request rate (req/s); with --workload: rescale its timestamps.")] = None,
     burstiness: Annotated[float | None, typer.Option(
@@ -212,9 +219,7 @@ def run(
         help="Replay an Azure CSV or Mooncake JSONL workload file.")] = None,
     replay_qps: Annotated[float | None, typer.Option(
         help="Time-scale a replayed workload to this rate.")] = None,
-    lengths: Annotated[str | None, typer.Option(
-        help="azure-conv | azure-code | mooncake | long-context[:IN:OUT] | fixed:IN:OUT | "
-             "lognormal:IN:OUT[:SIGMA]")] = None,
+    lengths: Annotated[str | None, typer.Option(help=LENGTHS_HELP)] = None,
     trace: Annotated[str | None, typer.Option(
         help="Acceptance trace, schema v1 or v2 (path or built-in name; tree policies need "
              "v2, e.g. cure-qwen3-8b-synthetic).")] = None,

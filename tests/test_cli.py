@@ -334,3 +334,18 @@ def test_user_text_with_brackets_prints_as_written(tmp_path):
     assert "odd [/] and [draft.x] Roofline" in r.output.replace("\n", " ")
     r = invoke("profiles", "show", str(tmp_path / "[bold]missing.toml"))
     assert r.exit_code == 2 and "[bold]missing.toml" in r.output
+
+
+def test_run_help_lists_every_policy_and_length_model():
+    # the help text is where a user looks first; it drifted behind the registry once
+    from dspark_sim.policies.registry import POLICY_NAMES
+    from dspark_sim.sim.workload import TRACE_LENGTHS
+
+    r = invoke("run", "--help")
+    assert r.exit_code == 0
+    text = " ".join(r.output.replace("│", " ").split())
+    names = [n.split(":")[0].split("[")[0] for n in POLICY_NAMES]
+    assert [n for n in names if n not in text] == []
+    assert "@BASE" in text
+    assert [n for n in ("azure-conv", "azure-code", "mooncake", "long-context", "fixed:",
+                        "lognormal:", *TRACE_LENGTHS) if n not in text] == []
