@@ -39,7 +39,7 @@ err_console = Console(stderr=True, emoji=False, markup=False)
 
 
 def _error_line(text: str) -> None:
-    err_console.print("error: " + " ".join(text.split()), markup=False, highlight=False,
+    err_console.print("error: " + " ".join(text.split()), highlight=False,
                       soft_wrap=True)
 
 
@@ -370,7 +370,7 @@ def traces_import(
                   f"{', per-request lengths' if t.has_lengths else ''}; served tau "
                   + ", ".join(f"k={k}: {t.served_tau(k):.2f}"
                               for k in sorted({1, 3, 5, t.gamma_max}) if k <= t.gamma_max),
-                  markup=False, highlight=False)
+                  highlight=False)
 
 
 def _file_or_none(spec: str) -> str | None:
@@ -405,7 +405,7 @@ def traces_export(
     console.print(f"wrote {out}: num_speculative_tokens {k}, synthetic_acceptance_rates "
                   f"{cfg['synthetic_acceptance_rates']} ({weighting}); the engine will serve "
                   f"tau = {1 + sum(cfg['synthetic_acceptance_rates']):.3f} (trace served tau "
-                  f"at k={k}: {t.served_tau(k):.3f})", markup=False, highlight=False)
+                  f"at k={k}: {t.served_tau(k):.3f})", highlight=False)
 
 
 @traces_app.command("inspect")
@@ -443,7 +443,7 @@ def traces_inspect(
                   "tokens / total steps: what a run reports (DSpark Table 1, vLLM "
                   "spec_decode_acceptance_length). per-pos: min(l, m_t) + 1 "
                   "averaged over positions; higher when acceptance comes in easy and hard "
-                  "stretches.", style="dim", markup=False)
+                  "stretches.", style="dim")
     for name, sub in parts:
         pos = Table(title=f"per-position acceptance: {name}")
         pos.add_column("k", justify="right")
@@ -489,7 +489,7 @@ def profiles_show(name: Annotated[str, typer.Argument(help="Built-in name or TOM
     for b, s in zip(prof.tokens, prof.step_s, strict=True):
         tab.add_row(str(b), f"{s * 1e3:.2f}", f"{1 / s:.1f}", f"{b / s:,.0f}")
     console.print(tab)
-    console.print(profile_terms_text(prof), markup=False, highlight=False, soft_wrap=True)
+    console.print(profile_terms_text(prof), highlight=False, soft_wrap=True)
 
 
 def profile_terms_text(p) -> str:
@@ -576,14 +576,13 @@ def sweep(
     """Sweep loads x policies (x profiles x traces x seeds); write results and a report."""
     from dspark_sim.sim.config import resolve_config
     from dspark_sim.sim.frontier import BASES
-    from dspark_sim.sim.sweep import Sizing, parse_list, parse_numbers, run_sweep
+    from dspark_sim.sim.sweep import SWEEP_OUTPUTS, Sizing, parse_list, parse_numbers, run_sweep
 
     if basis not in BASES:
         raise InputError("--basis", f"must be one of {', '.join(BASES)}, got {basis!r}")
     sizing = Sizing(requests_per_client=requests_per_client, max_doublings=max_doublings,
                     target_rse=target_rse, max_requests=max_requests).validate()
-    check_writable(out, "--out", inside={"points": "dir", "results.parquet": "file",
-                                         "report.html": "file"})
+    check_writable(out, "--out", inside=SWEEP_OUTPUTS)
     base = resolve_config(config_path=config,
                           options={"num_requests": num_requests, "replicas": replicas,
                                    "lengths": lengths})
@@ -626,7 +625,7 @@ def _report_sweep(df, out: Path, candidate: str | None, baseline: str | None, *,
     if candidate in pols and baseline in pols:
         console.print(format_headline(headline(df, candidate=candidate, baseline=baseline,
                                                tiers=tiers, basis=basis)),
-                      markup=False, highlight=False)
+                      highlight=False)
 
 
 def _headline_policy(option: str, given: str | None, default: str,
@@ -724,7 +723,7 @@ def train_drafter_cmd(
         curve = side.get("loss_curve") or []
         last = curve[-1].get("loss") if curve else None
         console.print(f"trained {kind}: {side.get('steps', steps)} steps"
-                      + (f", final loss {last}" if last is not None else ""), markup=False)
+                      + (f", final loss {last}" if last is not None else ""))
 
 
 @app.command()
@@ -750,7 +749,7 @@ def capture(
                         max_new_tokens=max_new_tokens, out=out, resume=resume,
                         per_domain=per_domain, device=device, **kw)
     for name, path in paths.items():
-        console.print(f"{name}: {path}", markup=False)
+        console.print(f"{name}: {path}")
 
 
 @app.command()
@@ -787,10 +786,10 @@ def validate(
         drafter=drafter, profiles=tuple(parse_list(profile) or ()), clock=clock,
         save_profile=save_profile, sim_seeds=sim_seeds, seed=seed,
     ).check()  # every argument before a model loads
-    result = run_validation(setup, log=lambda msg: console.print(msg, markup=False,
+    result = run_validation(setup, log=lambda msg: console.print(msg,
                                                                  highlight=False))
-    console.print(result.table(), markup=False, highlight=False)
-    console.print(result.headline(), markup=False, highlight=False)
+    console.print(result.table(), highlight=False)
+    console.print(result.headline(), highlight=False)
     if strict and not result.passed():
         raise typer.Exit(1)
 
@@ -845,7 +844,7 @@ def calibrate_engine(
     prof = measure_engine(
         model, device=device, **shapes, warmup=warmup,
         repeats=repeats, cuda_graphs=cuda_graphs, name=name,
-        log=lambda msg: console.print(msg, style="dim", markup=False),
+        log=lambda msg: console.print(msg, style="dim"),
     )
     write_profile(prof, out)
     err = prof.parameters.get("heldout_mean_rel_error")
@@ -887,7 +886,7 @@ def calibrate_confidence_cmd(
     if html is not None:
         write_reliability_html(html, t, fitted, report=report)
     full.save(out)
-    console.print(format_report(report), markup=False, highlight=False)
+    console.print(format_report(report), highlight=False)
     console.print(f"wrote {out} (fitted on all {t.num_requests} requests)")
     if html is not None:
         console.print(f"wrote {html}")

@@ -60,6 +60,9 @@ from dspark_sim.sim.config import SimConfig
 
 ROW_FORMAT = 2  # 2: steady-state columns, sizing
 EXECUTORS = ("process", "ray", "serial")
+# What a sweep writes in its --out folder (name -> "file" or "dir"): checked before any
+# point runs, so an entry of the other kind in the way is refused up front
+SWEEP_OUTPUTS = {"points": "dir", "results.parquet": "file", "report.html": "file"}
 LIST_METRICS = ("acceptance_per_position", "verified_per_position")
 # A grid option expands to at most this many values, and a grid to at most this many
 # points: a typo like 1:1000000:1 is refused in microseconds instead of building (and
