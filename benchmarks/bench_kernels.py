@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dspark_sim.kernels import layout as klayout
 from dspark_sim.kernels import scheduler as ks
 from dspark_sim.kernels import survival as ksurv
 from dspark_sim.kernels import tree as ktree
@@ -203,7 +204,8 @@ def bench_verify(b: Bench) -> None:
     num_draft = num_req * gamma
     device, gen, dtype, peak = b.device, b.gen, b.dtype, b.peak
     esize = torch.tensor([], dtype=dtype).element_size()
-    cu = torch.arange(num_req + 1, device=device, dtype=torch.int64) * gamma
+    # The layout is built once, outside the timed calls, as a serving step builds it.
+    cu = klayout.Blocks.from_lengths([gamma] * num_req, device)
     logits = torch.randn(num_draft + num_req, vocab, device=device, generator=gen).to(dtype)
     pt = torch.softmax(logits.float(), -1).to(dtype)
     pd = torch.softmax(torch.randn(num_draft, vocab, device=device, generator=gen), -1).to(dtype)
@@ -222,13 +224,13 @@ def bench_verify(b: Bench) -> None:
 
     # Greedy: every target row read once.
     nbytes = (num_draft + num_req) * vocab * esize
-    b.rows("greedy", lambda be: kv.verify_greedy(draft, logits, cu, max_seqlen=gamma, backend=be),
+    b.rows("greedy", lambda be: kv.verify_greedy(draft, logits, cu, backend=be),
            nbytes, peak, best=lambda: best_greedy(draft, logits, num_req, gamma))
 
     # Stochastic: draft rows + their target rows + bonus rows (lower bound).
     nbytes = (2 * num_draft + num_req) * vocab * esize
     b.rows("stochastic", lambda be: kv.verify_stochastic(
-        draft, pd, pt, cu, uniforms=uni, max_seqlen=gamma, backend=be), nbytes, peak,
+        draft, pd, pt, cu, uniforms=uni, backend=be), nbytes, peak,
         best=lambda: best_stochastic(draft, pd, pt, num_req, gamma, uni))
 
 
@@ -243,22 +245,21 @@ def bench_tree(b: Bench) -> None:
     par_one = [-1] + list(range(spine - 1)) + [
         int(x) for x in torch.randint(-1, spine, (nodes - spine,), generator=torch.Generator().manual_seed(1))]
     par_local = torch.tensor(par_one * num_req, dtype=torch.int64, device=device)
-    cu_t = torch.arange(num_req + 1, device=device, dtype=torch.int64) * nodes
+    tree = klayout.DraftTree.build(par_local, klayout.Blocks.from_lengths([nodes] * num_req, device))
     t_logits = torch.randn(num_req * (nodes + 1), vocab, device=device, generator=gen).to(b.dtype)
     am_t = t_logits.float().argmax(-1).view(num_req, nodes + 1)
     t_tokens = am_t.gather(1, (par_local.view(num_req, nodes) + 1)).reshape(-1).clone()
     t_tokens[::5] = 0  # some rejections
-    anc = ktree.tree_attention_mask(par_local, cu_t, backend="torch").mask[:, 1:, 1:].float()
-    t_ref = ktree.verify_tree_greedy(t_tokens, par_local, t_logits, cu_t, backend="torch")
+    anc = ktree.tree_attention_mask(tree, backend="torch").mask[:, 1:, 1:].float()
+    t_ref = ktree.verify_tree_greedy(t_tokens, t_logits, tree, backend="torch")
     assert torch.equal(best_tree(t_logits, t_tokens, par_local, anc, num_req, nodes), t_ref.accepted_len)
     nbytes = num_req * (nodes + 1) * vocab * esize
-    kw = dict(max_nodes=nodes, max_depth=nodes, validate=False)
-    b.rows("tree", lambda be: ktree.verify_tree_greedy(
-        t_tokens, par_local, t_logits, cu_t, backend=be, **kw), nbytes, peak,
+    b.rows("tree", lambda be: ktree.verify_tree_greedy(t_tokens, t_logits, tree, backend=be),
+           nbytes, peak,
         best=lambda: best_tree(t_logits, t_tokens, par_local, anc, num_req, nodes))
     # Tree attention mask: R x (n+1)^2 bools out (latency-bound).
     nbytes = num_req * (nodes + 1) ** 2 + par_local.numel() * 16
-    b.rows("tree-mask", lambda be: ktree.tree_attention_mask(par_local, cu_t, backend=be, **kw),
+    b.rows("tree-mask", lambda be: ktree.tree_attention_mask(tree, backend=be),
            nbytes, None)
 
 
@@ -266,14 +267,14 @@ def bench_survival(b: Bench) -> None:
     """Survival: T logits in, T floats out."""
     num_req, gamma = b.args.num_req, b.args.gamma
     num_draft = num_req * gamma
-    cu = torch.arange(num_req + 1, device=b.device, dtype=torch.int64) * gamma
+    cu = klayout.Blocks.from_lengths([gamma] * num_req, b.device)
     z = torch.randn(num_draft, device=b.device, generator=b.gen)
     temp = 0.5 + torch.rand(gamma, device=b.device, generator=b.gen)
     nbytes = num_draft * 8 + gamma * 4
     torch.testing.assert_close(
         best_survival(z, temp, num_req, gamma), ksurv.survival_varlen(z, cu, temp, backend="torch")
     )
-    b.rows("survival", lambda be: ksurv.survival_varlen(z, cu, temp, max_seqlen=gamma, backend=be),
+    b.rows("survival", lambda be: ksurv.survival_varlen(z, cu, temp, backend=be),
            nbytes, None, best=lambda: best_survival(z, temp, num_req, gamma))
 
 

@@ -1,6 +1,8 @@
 """PyTorch + Triton kernels for real drafter/target runs (see ``docs/kernels.md``).
 
-Public wrappers (each takes ``backend="auto" | "triton" | "torch"``):
+Public wrappers (each takes ``backend="auto" | "triton" | "torch"``) over the layouts of
+:mod:`.layout` -- :class:`Blocks` (varlen ``cu_seqlens``) and :class:`DraftTree` -- built
+and checked once per step:
 
 * :func:`verify_greedy`, :func:`verify_stochastic`, :func:`tv_acceptance`,
   :func:`draw_uniforms` -- varlen verification (:mod:`.verify`);
@@ -19,6 +21,8 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
+    "Blocks": "layout",
+    "DraftTree": "layout",
     "GreedyVerify": "verify",
     "StochasticVerify": "verify",
     "Uniforms": "verify",

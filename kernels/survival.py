@@ -6,7 +6,8 @@ per draft position ``k`` (0-based inside the request's block), then
 
 Layouts:
 
-* varlen (matches :mod:`.verify`): ``conf_logits`` [T], ``cu_seqlens`` [R+1], output [T];
+* varlen (matches :mod:`.verify`): ``conf_logits`` [T], a :class:`~.layout.Blocks` (or
+  ``cu_seqlens`` [R+1]), output [T];
 * dense convenience: ``conf_logits`` [R, gamma] (every position valid), output [R, gamma].
 
 ``temperature`` [>= max l_r] positive floats. Output float32; math in fp32.
@@ -18,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from ._backend import resolve_backend, same_device
-from .verify import _check_varlen, _max_seqlen, _request_ids
+from .layout import Blocks, as_blocks
+from .layout import request_ids as _request_ids
 
 
 def survival_torch(
@@ -40,30 +42,25 @@ def survival_torch(
     return dense.cumprod(dim=1)[req, pos]
 
 
-def survival_varlen(
-    conf_logits: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    temperature: torch.Tensor,
-    *,
-    max_seqlen: int | None = None,
-    backend: str = "auto",
-) -> torch.Tensor:
+def survival_varlen(conf_logits: torch.Tensor, blocks: Blocks | torch.Tensor,
+                    temperature: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     """Varlen fused temperature scaling -> sigmoid -> per-request cumulative product."""
     if conf_logits.dim() != 1 or not conf_logits.is_floating_point():
         raise ValueError("conf_logits must be a 1-D float tensor [T]")
     if temperature.dim() != 1 or not temperature.is_floating_point():
         raise ValueError("temperature must be a 1-D float tensor [gamma]")
-    _check_varlen(cu_seqlens, conf_logits.numel())
-    same_device(conf_logits, cu_seqlens, temperature)
-    width = _max_seqlen(cu_seqlens, max_seqlen)
+    blocks = as_blocks(blocks)
+    blocks.expect_tokens(conf_logits.numel(), "conf_logits")
+    cu, width = blocks.cu_seqlens, blocks.max_seqlen
+    same_device(conf_logits, cu, temperature)
     if width > temperature.numel():
         raise ValueError(f"temperature has {temperature.numel()} entries, blocks reach {width}")
     if resolve_backend(backend, conf_logits) == "torch":
-        return survival_torch(conf_logits, cu_seqlens, temperature, width)
+        return survival_torch(conf_logits, cu, temperature, width)
     from . import survival_triton
 
     return survival_triton.survival_triton(
-        conf_logits.contiguous(), cu_seqlens.contiguous(), temperature.float().contiguous(), width
+        conf_logits.contiguous(), cu.contiguous(), temperature.float().contiguous(), width
     )
 
 
@@ -75,8 +72,9 @@ def survival_dense(
         raise ValueError("conf_logits must be [R, gamma]")
     num_req, gamma = conf_logits.shape
     cu = torch.arange(num_req + 1, device=conf_logits.device, dtype=torch.int64) * gamma
+    blocks = Blocks(cu, gamma, num_req * gamma)  # regular by construction: no check, no sync
     flat = conf_logits.reshape(-1)
-    return survival_varlen(flat, cu, temperature, max_seqlen=gamma, backend=backend).view(num_req, gamma)
+    return survival_varlen(flat, blocks, temperature, backend=backend).view(num_req, gamma)
 
 
 __all__ = ["survival_dense", "survival_torch", "survival_varlen"]

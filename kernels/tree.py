@@ -16,6 +16,10 @@ Layout (the chain layout of :mod:`.verify`, generalised to trees):
   token, it predicts the depth-1 nodes); row ``cu[r] + r + 1 + i`` is node ``i``'s
   (it predicts node ``i``'s children, or the bonus token after it).
 
+The wrappers take these as one :class:`~dspark_sim.kernels.layout.DraftTree`
+(``DraftTree.build(parents, cu_nodes)``), checked once and shared by the mask and the
+verification of the same trees.
+
 A chain is the tree ``parents = [-1, 0, 1, ...]``; its rows are then exactly the chain
 layout (row ``cu[r] + r + k`` judges draft token ``k``), and :func:`verify_tree_greedy`
 returns what :func:`~dspark_sim.kernels.verify_greedy` returns.
@@ -34,7 +38,8 @@ from typing import NamedTuple
 import torch
 
 from ._backend import resolve_backend, same_device
-from .verify import _check_varlen, _max_seqlen, _request_ids
+from .layout import DraftTree
+from .layout import request_ids as _request_ids
 
 
 class TreeVerify(NamedTuple):
@@ -51,28 +56,7 @@ class TreeMask(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------
-# Input checks.
-
-
-def _check_tree(node_tokens: torch.Tensor, parents: torch.Tensor, cu_nodes: torch.Tensor,
-                validate: bool) -> int:
-    num_nodes = node_tokens.numel()
-    num_req = _check_varlen(cu_nodes, num_nodes)
-    if node_tokens.dim() != 1 or parents.dim() != 1 or parents.numel() != num_nodes:
-        raise ValueError(f"node_tokens and parents must be 1-D [N], got {tuple(node_tokens.shape)} "
-                         f"and {tuple(parents.shape)}")
-    if parents.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"parents must be int32/int64, got {parents.dtype}")
-    if validate and num_nodes:  # one device->host sync; pass validate=False in a hot loop
-        if int(cu_nodes[-1]) != num_nodes or bool((cu_nodes[1:] < cu_nodes[:-1]).any()):
-            raise ValueError("cu_nodes must be non-decreasing and end at N")
-        _, local = _request_ids(cu_nodes, num_nodes)
-        bad = (parents < -1) | (parents >= local)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
-            raise ValueError(f"parents must satisfy -1 <= parent < local index (topological "
-                             f"order); node {i} has parent {int(parents[i])}")
-    return num_req
+# Input checks (the tree itself is checked once, by DraftTree.build).
 
 
 def _argmax_rows(target: torch.Tensor, rows: int) -> torch.Tensor | None:
@@ -186,52 +170,34 @@ def tree_attention_mask_torch(parents: torch.Tensor, cu_nodes: torch.Tensor, max
 # Wrappers.
 
 
-def verify_tree_greedy(
-    node_tokens: torch.Tensor,
-    parents: torch.Tensor,
-    target: torch.Tensor,
-    cu_nodes: torch.Tensor,
-    *,
-    max_nodes: int | None = None,
-    max_depth: int | None = None,
-    validate: bool = True,
-    backend: str = "auto",
-) -> TreeVerify:
+def verify_tree_greedy(node_tokens: torch.Tensor, target: torch.Tensor, tree: DraftTree, *,
+                       backend: str = "auto") -> TreeVerify:
     """Greedy verification of varlen draft trees: longest accepted path + bonus token.
 
     ``target``: target logits/probabilities [N + R, V] (only the argmax is used; Triton
     streams each row once, like :func:`~dspark_sim.kernels.verify_greedy`) or the argmax
-    ids [N + R]. ``max_nodes`` (max ``n_r``) and ``max_depth`` (max tree depth; the width
-    of ``path``) default to values read from the inputs (a host sync; pass them in a hot
-    loop). ``max_depth`` defaults to ``max_nodes`` (a safe bound). ``validate`` checks
-    the topological order (another sync)."""
-    num_nodes = node_tokens.numel()
-    num_req = _check_tree(node_tokens, parents, cu_nodes, validate)
-    am = _argmax_rows(target, num_nodes + num_req)
-    same_device(node_tokens, parents, target, cu_nodes)
-    width = _max_seqlen(cu_nodes, max_nodes)  # the largest tree: same contract as verify
-    depth = width if max_depth is None else int(max_depth)
+    ids [N + R]. ``tree`` (:class:`~dspark_sim.kernels.layout.DraftTree`) carries the
+    parents, the node blocks and ``max_depth``, the width of ``path``."""
+    if node_tokens.dim() != 1:
+        raise ValueError(f"node_tokens must be 1-D [N], got {tuple(node_tokens.shape)}")
+    blocks, parents = tree.blocks, tree.parents
+    blocks.expect_tokens(node_tokens.numel(), "node_tokens")
+    am = _argmax_rows(target, blocks.num_target_rows)
+    same_device(node_tokens, parents, target, blocks.cu_seqlens)
     if resolve_backend(backend, target) == "torch":
         if am is None:
             am = target.argmax(dim=-1)  # first maximum on ties, like the kernel
-        return verify_tree_greedy_torch(node_tokens, parents, am, cu_nodes, width, depth)
+        return verify_tree_greedy_torch(node_tokens, parents, am, blocks.cu_seqlens,
+                                        blocks.max_seqlen, tree.max_depth)
     from . import tree_triton
 
     return tree_triton.verify_tree_greedy_triton(
         node_tokens.contiguous(), parents.contiguous(), target if am is None else am,
-        cu_nodes.contiguous(), width, depth, am is not None,
+        blocks.cu_seqlens.contiguous(), blocks.max_seqlen, tree.max_depth, am is not None,
     )
 
 
-def tree_attention_mask(
-    parents: torch.Tensor,
-    cu_nodes: torch.Tensor,
-    *,
-    max_nodes: int | None = None,
-    max_depth: int | None = None,
-    validate: bool = True,
-    backend: str = "auto",
-) -> TreeMask:
+def tree_attention_mask(tree: DraftTree, *, backend: str = "auto") -> TreeMask:
     """Ancestor mask of each request's ``[root, node_0 .. node_{n-1}]`` block.
 
     ``mask[r, q, k]`` (q, k = 0 for the root, ``1 + i`` for node ``i``): row ``q`` may
@@ -239,17 +205,15 @@ def tree_attention_mask(
     columns past ``n_r`` are padding: they see only themselves (never an all-False row,
     which would make softmax NaN). ``depth`` [N] is each node's depth (its RoPE position
     offset after the root). The committed context before the root is visible to every
-    row and is not part of this mask."""
-    dummy_tokens = parents  # shape/dtype checks only
-    _check_tree(dummy_tokens, parents, cu_nodes, validate)
-    width = _max_seqlen(cu_nodes, max_nodes)  # the largest tree: same contract as verify
-    depth = width if max_depth is None else int(max_depth)
-    if resolve_backend(backend, parents) == "torch":
-        return tree_attention_mask_torch(parents, cu_nodes, width, depth)
+    row and is not part of this mask. Build ``tree`` once and pass the same object to
+    :func:`verify_tree_greedy`: it is checked once."""
+    cu, width = tree.blocks.cu_seqlens, tree.blocks.max_seqlen
+    if resolve_backend(backend, tree.parents) == "torch":
+        return tree_attention_mask_torch(tree.parents, cu, width, tree.max_depth)
     from . import tree_triton
 
-    return tree_triton.tree_attention_mask_triton(parents.contiguous(), cu_nodes.contiguous(),
-                                                  width, depth)
+    return tree_triton.tree_attention_mask_triton(tree.parents.contiguous(), cu.contiguous(),
+                                                  width, tree.max_depth)
 
 
 def chain_parents(lengths: list[int] | torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -263,6 +227,7 @@ def chain_parents(lengths: list[int] | torch.Tensor, device: torch.device | str 
 
 
 __all__ = [
+    "DraftTree",
     "TreeMask",
     "TreeVerify",
     "chain_parents",

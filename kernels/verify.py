@@ -13,7 +13,8 @@ request, no padding):
 Rows must be contiguous along V (``stride(-1) == 1``); any float dtype (bf16/fp16/fp32),
 math is fp32 (fp64 for the residual sampling prefix sums).
 
-Each wrapper checks inputs, allocates outputs and launches either the Triton kernels
+The layout is a :class:`~dspark_sim.kernels.layout.Blocks` (or a bare ``cu_seqlens``,
+checked per call); each wrapper checks inputs against it, allocates outputs and launches either the Triton kernels
 (:mod:`.verify_triton`, imported lazily) or the torch reference below (see
 :func:`dspark_sim.kernels._backend.resolve_backend`).
 """
@@ -25,6 +26,8 @@ from typing import NamedTuple
 import torch
 
 from ._backend import resolve_backend, same_device
+from .layout import Blocks, as_blocks
+from .layout import request_ids as _request_ids
 
 
 class GreedyVerify(NamedTuple):
@@ -45,15 +48,7 @@ class Uniforms(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------
-# Input checks shared by the wrappers.
-
-
-def _check_varlen(cu_seqlens: torch.Tensor, num_draft: int) -> int:
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
-        raise ValueError("cu_seqlens must be 1-D [R+1]")
-    if cu_seqlens.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"cu_seqlens must be int32/int64, got {cu_seqlens.dtype}")
-    return cu_seqlens.numel() - 1
+# Input checks shared by the wrappers (the layout itself is checked in .layout).
 
 
 def _check_rows(name: str, x: torch.Tensor, rows: int, vocab: int | None) -> int:
@@ -68,26 +63,15 @@ def _check_rows(name: str, x: torch.Tensor, rows: int, vocab: int | None) -> int
     return x.shape[1]
 
 
-def _max_seqlen(cu_seqlens: torch.Tensor, max_seqlen: int | None) -> int:
-    # Passing max_seqlen avoids a device->host sync (same contract as flash-attn varlen).
-    if max_seqlen is not None:
-        return int(max_seqlen)
-    if cu_seqlens.numel() < 2:
-        return 0
-    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
-
-
-def _request_ids(cu_seqlens: torch.Tensor, num_draft: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per draft token: owning request and position k inside it (torch reference helper).
-
-    req[t] = #{r : cu[r+1] <= t}, as a scatter of ones plus a cumsum: serial O(T) ops.
-    (repeat_interleave / searchsorted take ~10 ms for 256 tokens on a busy 2-core CPU,
-    their OpenMP parallel_for waits on threads.)"""
-    cu = cu_seqlens.to(torch.int64)
-    ends = torch.zeros(num_draft + 1, dtype=torch.int64, device=cu.device)
-    ends.index_add_(0, cu[1:], torch.ones_like(cu[1:]))
-    req = ends[:num_draft].cumsum(0)
-    return req, torch.arange(num_draft, device=cu.device) - cu[req]
+def _check_prob_rows(draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                     blocks: Blocks | torch.Tensor) -> Blocks:
+    """The layout, with ``draft_probs`` [T, V] and ``target_probs`` [T + R, V] checked on it."""
+    blocks = as_blocks(blocks)
+    if draft_probs.dim() == 2:  # the layout's own mismatch first: it names cu_seqlens
+        blocks.expect_tokens(draft_probs.shape[0], "draft_probs")
+    vocab = _check_rows("target_probs", target_probs, blocks.num_target_rows, None)
+    _check_rows("draft_probs", draft_probs, blocks.num_tokens, vocab)
+    return blocks
 
 
 def _first_false(ok: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, lengths: torch.Tensor):
@@ -115,32 +99,23 @@ def verify_greedy_torch(
     return GreedyVerify(acc, nxt, am)
 
 
-def verify_greedy(
-    draft_tokens: torch.Tensor,
-    target_logits: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    *,
-    max_seqlen: int | None = None,
-    backend: str = "auto",
-) -> GreedyVerify:
+def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
+                  blocks: Blocks | torch.Tensor, *, backend: str = "auto") -> GreedyVerify:
     """Greedy verification of varlen draft blocks (target argmax vs draft token).
 
     ``target_logits`` may equally be probabilities: only the argmax is used. Reads every
     target row once (``(T + R) * V`` elements) and writes ``O(T + R)`` integers.
     """
-    num_draft = draft_tokens.numel()
-    num_req = _check_varlen(cu_seqlens, num_draft)
-    _check_rows("target_logits", target_logits, num_draft + num_req, None)
-    same_device(draft_tokens, target_logits, cu_seqlens)
+    blocks = as_blocks(blocks)
+    blocks.expect_tokens(draft_tokens.numel(), "draft_tokens")
+    _check_rows("target_logits", target_logits, blocks.num_target_rows, None)
+    same_device(draft_tokens, target_logits, blocks.cu_seqlens)
     if resolve_backend(backend, target_logits) == "torch":
-        return verify_greedy_torch(draft_tokens, target_logits, cu_seqlens)
+        return verify_greedy_torch(draft_tokens, target_logits, blocks.cu_seqlens)
     from . import verify_triton
 
     return verify_triton.verify_greedy_triton(
-        draft_tokens.contiguous(),
-        target_logits,
-        cu_seqlens.contiguous(),
-        _max_seqlen(cu_seqlens, max_seqlen),
+        draft_tokens.contiguous(), target_logits, blocks.cu_seqlens.contiguous(), blocks.max_seqlen
     )
 
 
@@ -243,12 +218,11 @@ def verify_stochastic(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
-    cu_seqlens: torch.Tensor,
+    blocks: Blocks | torch.Tensor,
     *,
     seed: int | None = None,
     generator: torch.Generator | None = None,
     uniforms: Uniforms | None = None,
-    max_seqlen: int | None = None,
     backend: str = "auto",
 ) -> StochasticVerify:
     """Lossless rejection-sampling verification of varlen draft blocks.
@@ -258,49 +232,39 @@ def verify_stochastic(
     fp64 rounding of the sampling prefix sums). Triton traffic: ``2 T + R`` rows read in
     pass 1 (TV, accept test, residual mass), at most ``2 R`` rows in pass 2 (sampling).
     """
-    num_draft = draft_tokens.numel()
-    num_req = _check_varlen(cu_seqlens, num_draft)
-    vocab = _check_rows("target_probs", target_probs, num_draft + num_req, None)
-    _check_rows("draft_probs", draft_probs, num_draft, vocab)
-    device = same_device(draft_tokens, draft_probs, target_probs, cu_seqlens)
+    blocks = _check_prob_rows(draft_probs, target_probs, blocks)
+    blocks.expect_tokens(draft_tokens.numel(), "draft_tokens")
+    num_draft, num_req = blocks.num_tokens, blocks.num_requests
+    device = same_device(draft_tokens, draft_probs, target_probs, blocks.cu_seqlens)
     if uniforms is None:
         uniforms = draw_uniforms(num_draft, num_req, device, seed=seed, generator=generator)
     if uniforms.accept.numel() != num_draft or uniforms.sample.numel() != num_req:
         raise ValueError("uniforms must be ([T] float32, [R] float64)")
     uniforms = Uniforms(uniforms.accept.float(), uniforms.sample.double())
-    width = _max_seqlen(cu_seqlens, max_seqlen)
+    cu, width = blocks.cu_seqlens, blocks.max_seqlen
     if resolve_backend(backend, target_probs) == "torch":
-        return verify_stochastic_torch(
-            draft_tokens, draft_probs, target_probs, cu_seqlens, uniforms, width
-        )
+        return verify_stochastic_torch(draft_tokens, draft_probs, target_probs, cu, uniforms, width)
     from . import verify_triton
 
     return verify_triton.verify_stochastic_triton(
-        draft_tokens.contiguous(), draft_probs, target_probs, cu_seqlens.contiguous(), uniforms, width
+        draft_tokens.contiguous(), draft_probs, target_probs, cu.contiguous(), uniforms, width
     )
 
 
-def tv_acceptance(
-    draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    *,
-    max_seqlen: int | None = None,
-    backend: str = "auto",
-) -> torch.Tensor:
+def tv_acceptance(draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                  blocks: Blocks | torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     """Per draft position ``1 - 0.5 * ||p_d - p_t||_1`` [T] float32 (same layout as verify)."""
-    num_draft = draft_probs.shape[0]
-    num_req = _check_varlen(cu_seqlens, num_draft)
-    vocab = _check_rows("target_probs", target_probs, num_draft + num_req, None)
-    _check_rows("draft_probs", draft_probs, num_draft, vocab)
-    same_device(draft_probs, target_probs, cu_seqlens)
-    width = _max_seqlen(cu_seqlens, max_seqlen)
+    blocks = _check_prob_rows(draft_probs, target_probs, blocks)
+    same_device(draft_probs, target_probs, blocks.cu_seqlens)
     if resolve_backend(backend, target_probs) == "torch":
-        req, _ = _request_ids(cu_seqlens, num_draft)
-        return _tv_from_diff(_target_minus_draft(draft_probs, target_probs, req, width))
+        req, _ = _request_ids(blocks.cu_seqlens, blocks.num_tokens)
+        diff = _target_minus_draft(draft_probs, target_probs, req, blocks.max_seqlen)
+        return _tv_from_diff(diff)
     from . import verify_triton
 
-    return verify_triton.tv_acceptance_triton(draft_probs, target_probs, cu_seqlens.contiguous(), width)
+    return verify_triton.tv_acceptance_triton(
+        draft_probs, target_probs, blocks.cu_seqlens.contiguous(), blocks.max_seqlen
+    )
 
 
 __all__ = [

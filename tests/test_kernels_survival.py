@@ -5,7 +5,7 @@ import math
 import pytest
 from kernel_env import DEV, needs_triton, torch  # sets the device env first
 
-from dspark_sim.kernels import survival_dense, survival_varlen  # noqa: E402
+from dspark_sim.kernels import Blocks, survival_dense, survival_varlen  # noqa: E402
 
 LENGTHS = [3, 0, 7, 1, 5, 7]
 
@@ -53,7 +53,7 @@ def test_triton_matches_torch(dtype):
     z = z.to(dtype)
     cu = _cu(LENGTHS, DEV)
     ref = survival_varlen(z.to(DEV), cu, temp.to(DEV), backend="torch")
-    got = survival_varlen(z.to(DEV), cu, temp.to(DEV), backend="triton", max_seqlen=7)
+    got = survival_varlen(z.to(DEV), Blocks.from_cu_seqlens(cu), temp.to(DEV), backend="triton")
     assert got.dtype == torch.float32 and got.shape == ref.shape
     torch.testing.assert_close(got, ref, rtol=2e-6, atol=1e-7)
 

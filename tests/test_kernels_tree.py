@@ -5,7 +5,12 @@ per-request Python oracle written from the definition; chains equal the chain ke
 import pytest
 from kernel_env import DEV, needs_triton, torch  # sets the device env first
 
-from dspark_sim.kernels import tree_attention_mask, verify_greedy, verify_tree_greedy  # noqa: E402
+from dspark_sim.kernels import (  # noqa: E402
+    DraftTree,
+    tree_attention_mask,
+    verify_greedy,
+    verify_tree_greedy,
+)
 from dspark_sim.kernels.tree import chain_parents  # noqa: E402
 
 
@@ -79,7 +84,8 @@ LENGTHS = [5, 0, 1, 12, 3, 9, 16, 2]
 def test_tree_torch_matches_oracle(seed):
     gen = torch.Generator().manual_seed(seed)
     tokens, parents, logits = _random_trees(LENGTHS, 3 + seed, gen)
-    got = verify_tree_greedy(tokens, parents, logits, _cu(LENGTHS, "cpu"), backend="torch")
+    tree = DraftTree.build(parents, _cu(LENGTHS, "cpu"))
+    got = verify_tree_greedy(tokens, logits, tree, backend="torch")
     _check_against_oracle(got, tokens, parents, logits, LENGTHS)
     # The oracle's trees really exercise depth > 1 and same-depth ties.
     assert max(got.accepted_len.tolist()) >= 3
@@ -91,11 +97,10 @@ def test_tree_torch_matches_oracle(seed):
 def test_tree_triton_matches_torch(seed, as_argmax):
     gen = torch.Generator().manual_seed(100 + seed)
     tokens, parents, logits = _random_trees(LENGTHS, 4, gen)
-    cu = _cu(LENGTHS)
+    tree = DraftTree.build(parents.to(DEV), _cu(LENGTHS))
     target = logits.argmax(-1) if as_argmax else logits
-    ref = verify_tree_greedy(tokens.to(DEV), parents.to(DEV), target.to(DEV), cu, backend="torch")
-    got = verify_tree_greedy(tokens.to(DEV), parents.to(DEV), target.to(DEV), cu, backend="triton",
-                             max_nodes=16, max_depth=16)
+    ref = verify_tree_greedy(tokens.to(DEV), target.to(DEV), tree, backend="torch")
+    got = verify_tree_greedy(tokens.to(DEV), target.to(DEV), tree, backend="triton")
     for a, b in zip(ref, got, strict=True):
         assert torch.equal(a.cpu(), b.cpu())
     _check_against_oracle(got, tokens, parents, logits, LENGTHS)
@@ -114,8 +119,8 @@ def test_chain_tree_equals_chain_kernel(backend):
     draft[flip] = (draft[flip] + 1) % 33
     cu = _cu(lengths)
     chain = verify_greedy(draft.to(DEV), logits.to(DEV), cu, backend=backend)
-    tree = verify_tree_greedy(draft.to(DEV), chain_parents(lengths, DEV), logits.to(DEV), cu,
-                              backend=backend)
+    layout = DraftTree.build(chain_parents(lengths, DEV), cu)
+    tree = verify_tree_greedy(draft.to(DEV), logits.to(DEV), layout, backend=backend)
     assert torch.equal(tree.accepted_len, chain.accepted_len)
     assert torch.equal(tree.next_token, chain.next_token)
     assert torch.equal(tree.target_argmax, chain.target_argmax)
@@ -123,14 +128,24 @@ def test_chain_tree_equals_chain_kernel(backend):
         assert tree.path[r, :a].tolist() == list(range(a))
 
 
-def test_tree_rejects_non_topological_parents():
+def test_tree_rejects_malformed_trees():
     cu = _cu([3], "cpu")
-    logits = torch.zeros(4, 5)
     with pytest.raises(ValueError, match="topological"):
-        verify_tree_greedy(torch.zeros(3, dtype=torch.long), torch.tensor([-1, 2, 0]), logits, cu)
+        DraftTree.build(torch.tensor([-1, 2, 0]), cu)
+    with pytest.raises(ValueError, match="topological"):
+        DraftTree.build(torch.tensor([-1, 0, -2]), cu)
+    with pytest.raises(ValueError, match="parents has 2 entries"):
+        DraftTree.build(torch.tensor([-1, 0]), cu)
+    with pytest.raises(TypeError, match="int32/int64"):
+        DraftTree.build(torch.tensor([-1.0, 0.0, 0.0]), cu)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        DraftTree.build(torch.tensor([-1, 0, 0]), torch.tensor([0, 4, 3]))
+    tree = DraftTree.build(torch.tensor([-1, 0, 0]), cu)
+    assert (tree.blocks.max_seqlen, tree.max_depth) == (3, 3)  # depth bound: the largest tree
     with pytest.raises(ValueError, match="target_logits"):
-        verify_tree_greedy(torch.zeros(3, dtype=torch.long), torch.tensor([-1, 0, 0]),
-                           torch.zeros(3, 5), cu)
+        verify_tree_greedy(torch.zeros(3, dtype=torch.long), torch.zeros(3, 5), tree)
+    with pytest.raises(ValueError, match="node_tokens has 4 entries"):
+        verify_tree_greedy(torch.zeros(4, dtype=torch.long), torch.zeros(4, 5), tree)
 
 
 def _mask_oracle(parents, lengths, m):
@@ -155,12 +170,13 @@ def _mask_oracle(parents, lengths, m):
 def test_tree_attention_mask_matches_oracle(backend):
     gen = torch.Generator().manual_seed(3)
     _, parents, _ = _random_trees(LENGTHS, 4, gen)
-    got = tree_attention_mask(parents.to(DEV), _cu(LENGTHS), backend=backend)
+    got = tree_attention_mask(DraftTree.build(parents.to(DEV), _cu(LENGTHS)), backend=backend)
     want_mask, want_depth = _mask_oracle(parents, LENGTHS, max(LENGTHS))
     assert torch.equal(got.mask.cpu(), want_mask)
     assert torch.equal(got.depth.cpu(), want_depth)
     # A chain's mask is causal over [root, d_1 .. d_n].
-    chain = tree_attention_mask(chain_parents([6], DEV), _cu([6]), backend=backend)
+    chain = tree_attention_mask(DraftTree.build(chain_parents([6], DEV), _cu([6])),
+                                backend=backend)
     assert torch.equal(chain.mask[0].cpu(), torch.tril(torch.ones(7, 7, dtype=torch.bool)))
     assert chain.depth.tolist() == [1, 2, 3, 4, 5, 6]
 
@@ -169,8 +185,8 @@ def test_tree_attention_mask_matches_oracle(backend):
 def test_tree_all_empty_requests():
     cu = _cu([0, 0])
     logits = torch.randn(2, 11, device=DEV)
-    got = verify_tree_greedy(torch.zeros(0, dtype=torch.long, device=DEV),
-                             torch.zeros(0, dtype=torch.long, device=DEV), logits, cu,
+    tree = DraftTree.build(torch.zeros(0, dtype=torch.long, device=DEV), cu)
+    got = verify_tree_greedy(torch.zeros(0, dtype=torch.long, device=DEV), logits, tree,
                              backend="triton")
     assert got.accepted_len.tolist() == [0, 0]
     assert got.best_node.tolist() == [-1, -1]

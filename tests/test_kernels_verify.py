@@ -7,6 +7,7 @@ import pytest
 from kernel_env import CUDA, DEV, HAS_TRITON, needs_triton, torch  # sets the device env first
 
 from dspark_sim.kernels import (  # noqa: E402
+    Blocks,
     Uniforms,
     draw_uniforms,
     resolve_backend,
@@ -69,7 +70,8 @@ def test_greedy_triton_matches_torch(dtype, vocab):
     draft, logits = _greedy_case(lengths, vocab, dtype, gen)
     cu = _cu(lengths)
     ref = verify_greedy(draft, logits, cu, backend="torch")
-    got = verify_greedy(draft, logits, cu, backend="triton", max_seqlen=8)
+    # A launch wider than the longest block (8), as a fixed CUDA-graph width would be.
+    got = verify_greedy(draft, logits, Blocks.from_cu_seqlens(cu, max_seqlen=12), backend="triton")
     for a, b in zip(ref, got, strict=True):
         assert torch.equal(a, b)
     acc, _ = _greedy_oracle(draft.cpu(), logits.cpu(), lengths)
@@ -206,8 +208,7 @@ def test_stochastic_output_follows_target_distribution(backend, device):
     num_req, gamma, vocab = 40000, 2, 8
     pd_rows, pt_rows, draft, pd, pt, cu = _stat_case(num_req, gamma, vocab)
     out = verify_stochastic(
-        draft.to(device), pd.to(device), pt.to(device), cu.to(device), seed=2024,
-        backend=backend, max_seqlen=gamma,
+        draft.to(device), pd.to(device), pt.to(device), cu.to(device), seed=2024, backend=backend
     )
     for j, toks in enumerate(_emitted_marginals(num_req, out, draft, gamma)):
         counts = torch.bincount(toks, minlength=vocab).double()
@@ -229,7 +230,7 @@ def test_stochastic_triton_draws_equal_torch_draws():
     _, _, draft, pd, pt, cu = _stat_case(num_req, gamma)
     args = (draft.to(DEV), pd.to(DEV), pt.to(DEV), cu.to(DEV))
     ref = verify_stochastic(*args, seed=2024, backend="torch")
-    got = verify_stochastic(*args, seed=2024, backend="triton", max_seqlen=gamma)
+    got = verify_stochastic(*args, seed=2024, backend="triton")
     assert torch.equal(ref.accepted_len, got.accepted_len)
     assert torch.equal(ref.next_token, got.next_token)
     assert 0 < int(ref.accepted_len.sum()) < num_req * gamma  # both branches exercised
@@ -278,23 +279,62 @@ def test_input_checks_and_dispatch():
     assert resolve_backend("torch", x) == "torch"
 
 
+# Each of these once reached the kernels unchecked: the Triton path read past its buffers
+# and returned accepted lengths like -3 (on CUDA: an illegal address).
+@pytest.mark.parametrize("offsets,needle", [
+    ([0, 3, 9], "ends at 9"),
+    ([0, 4, 1], "non-decreasing"),
+    ([1, 3, 5], "start at 0"),
+    ([0, 6, 5], "non-decreasing"),
+])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_malformed_layouts_are_refused(offsets, needle, backend):
+    draft, logits = torch.zeros(5, dtype=torch.int64, device=DEV), torch.randn(7, 11, device=DEV)
+    with pytest.raises(ValueError, match=needle):
+        verify_greedy(draft, logits, torch.tensor(offsets, device=DEV), backend=backend)
+    with pytest.raises(ValueError, match=needle):
+        tv_acceptance(torch.rand(5, 11, device=DEV), logits.softmax(-1),
+                      torch.tensor(offsets, device=DEV), backend=backend)
+
+
+def test_blocks_layout():
+    blocks = Blocks.from_lengths([3, 0, 5])
+    assert blocks.cu_seqlens.tolist() == [0, 3, 3, 8]
+    assert (blocks.max_seqlen, blocks.num_tokens, blocks.num_requests) == (5, 8, 3)
+    assert blocks.num_target_rows == 11
+    same = Blocks.from_cu_seqlens(torch.tensor([0, 3, 3, 8], dtype=torch.int32))
+    assert (same.max_seqlen, same.num_tokens) == (5, 8)
+    assert Blocks.from_lengths([]).max_seqlen == 0 and Blocks.from_lengths([]).num_tokens == 0
+    assert Blocks.from_lengths([2, 2], max_seqlen=6).max_seqlen == 6  # a fixed launch width
+    with pytest.raises(ValueError, match="below the longest block"):
+        Blocks.from_lengths([2, 5], max_seqlen=4)  # a narrower launch would skip tokens
+    with pytest.raises(TypeError, match="max_seqlen"):
+        Blocks.from_lengths([2], max_seqlen=True)
+    with pytest.raises(ValueError, match=">= 0"):
+        Blocks.from_lengths([2, -1])
+    with pytest.raises(TypeError, match="int32/int64"):
+        Blocks.from_cu_seqlens(torch.tensor([0.0, 2.0]))
+    with pytest.raises(ValueError, match="1-D"):
+        Blocks.from_cu_seqlens(torch.zeros(2, 2, dtype=torch.int64))
+
+
 @cuda_only
 def test_cuda_verify_large_batch_bf16():
     """The benchmark shape (256 requests, gamma=8, V=128k bf16) against the torch path."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     num_req, gamma, vocab = 256, 8, 131072
     lengths = [gamma] * num_req
-    cu = _cu(lengths, "cuda")
+    cu = Blocks.from_lengths(lengths, "cuda")  # checked once, shared by both verifies
     pt = torch.softmax(torch.randn(num_req * (gamma + 1), vocab, device="cuda", generator=gen), -1)
     pd = torch.softmax(torch.randn(num_req * gamma, vocab, device="cuda", generator=gen), -1)
     draft = torch.multinomial(pd, 1, generator=gen).squeeze(1)
     pt, pd = pt.bfloat16(), pd.bfloat16()
     ref = verify_stochastic(draft, pd, pt, cu, seed=1, backend="torch")
-    got = verify_stochastic(draft, pd, pt, cu, seed=1, backend="triton", max_seqlen=gamma)
+    got = verify_stochastic(draft, pd, pt, cu, seed=1, backend="triton")
     assert torch.equal(ref.accepted_len, got.accepted_len)
     assert (ref.next_token != got.next_token).sum() <= 1  # fp64 sum order may flip a boundary
     torch.testing.assert_close(got.tv_accept, ref.tv_accept, atol=1e-4, rtol=0)
     g_ref = verify_greedy(draft, pt, cu, backend="torch")
-    g_got = verify_greedy(draft, pt, cu, backend="triton", max_seqlen=gamma)
+    g_got = verify_greedy(draft, pt, cu, backend="triton")
     for a, b in zip(g_ref, g_got, strict=True):
         assert torch.equal(a, b)

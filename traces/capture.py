@@ -91,14 +91,15 @@ def heldout_prompts(per_domain: int = 20, split_seed: int = SPLIT_SEED,
 
 
 def _kernels():
-    """(verify_greedy, tv_acceptance, backend name) from dspark_sim.kernels, or torch refs."""
+    """(verify_greedy, tv_acceptance, backend name, layout builder) from
+    dspark_sim.kernels, or Nones (the torch refs then take the bare cu_seqlens)."""
     try:
-        from dspark_sim.kernels import tv_acceptance, verify_greedy
+        from dspark_sim.kernels import Blocks, tv_acceptance, verify_greedy
         from dspark_sim.kernels._backend import resolve_backend
 
-        return verify_greedy, tv_acceptance, resolve_backend
+        return verify_greedy, tv_acceptance, resolve_backend, Blocks.from_cu_seqlens
     except (ImportError, AttributeError):
-        return None, None, None
+        return None, None, None, None
 
 
 def _verify_greedy_ref(draft: torch.Tensor, tl: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
@@ -156,13 +157,14 @@ def verify_block(draft_tokens: torch.Tensor, valid: torch.Tensor, draft_probs_fn
     ``draft_tokens`` [N, g]; ``valid`` [N] number of usable leading tokens (<= tokens
     left before EOS); ``draft_probs_fn(rows_mask)`` -> [T, V] draft distributions of the
     kept tokens. Returns ``accept_len`` [N] int64 and ``tv`` [N, g] (0 beyond ``valid``)."""
-    verify_greedy, tv_acceptance, resolve = _kernels()
+    verify_greedy, tv_acceptance, resolve, layout_of = _kernels()
     N, g = draft_tokens.shape
     dev = draft_tokens.device
     lengths = valid.to(torch.int64)
     keep = torch.arange(g, device=dev)[None] < lengths[:, None]
     cu = torch.zeros(N + 1, dtype=torch.int64, device=dev)
     cu[1:] = lengths.cumsum(0)
+    layout = cu if layout_of is None else layout_of(cu)  # checked once, read by both kernels
     # target rows: for each request r, S indices a .. a + l_r (l_r + 1 rows)
     a_t = torch.as_tensor(anchors, dtype=torch.long)
     idx = torch.cat([a_t[r] + torch.arange(int(lengths[r]) + 1) for r in range(N)])
@@ -178,7 +180,7 @@ def verify_block(draft_tokens: torch.Tensor, valid: torch.Tensor, draft_probs_fn
         1, store.tokens[nxt_idx].to(dev)[:, None], 1.0)
     flat = draft_tokens[keep]
     if verify_greedy is not None:
-        acc = verify_greedy(flat, onehot, cu).accepted_len
+        acc = verify_greedy(flat, onehot, layout).accepted_len
         backend = resolve("auto", onehot)
     else:
         acc = _verify_greedy_ref(flat, onehot, cu)
@@ -186,7 +188,7 @@ def verify_block(draft_tokens: torch.Tensor, valid: torch.Tensor, draft_probs_fn
     del onehot
     d_probs = draft_probs_fn(keep)
     if flat.numel():
-        tv_flat = (tv_acceptance(d_probs.contiguous(), t_probs, cu) if tv_acceptance is not None
+        tv_flat = (tv_acceptance(d_probs.contiguous(), t_probs, layout) if tv_acceptance is not None
                    else _tv_ref(d_probs, t_probs, cu))
     else:
         tv_flat = torch.zeros(0, device=dev)

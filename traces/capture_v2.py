@@ -130,7 +130,7 @@ def tree_check(top_tokens: torch.Tensor, true: torch.Tensor, depth_ok: torch.Ten
     true token (or of its slot 0 when the true token is not among the K: that subtree is
     then unreachable anyway). The target's argmax of a node's row is known only on the
     true path (the recorded greedy token); elsewhere it is -1, which no token matches."""
-    from dspark_sim.kernels import verify_tree_greedy
+    from dspark_sim.kernels import Blocks, DraftTree, verify_tree_greedy
 
     n, g, k = top_tokens.shape
     if n == 0:
@@ -155,8 +155,9 @@ def tree_check(top_tokens: torch.Tensor, true: torch.Tensor, depth_ok: torch.Ten
     node_am = torch.where(hit & nxt_ok[..., None], nxt[..., None], -1)
     am[:, 1:] = node_am.reshape(n, g * k)
     cu = torch.arange(n + 1, device=dev) * (g * k)
-    res = verify_tree_greedy(toks.reshape(-1), parents.reshape(-1), am.reshape(-1), cu,
-                             max_nodes=g * k, max_depth=g, validate=False)
+    # Built here by construction (n equal trees of g * k nodes, depth g): no checks, no sync.
+    tree = DraftTree(parents.reshape(-1), Blocks(cu, g * k, n * g * k), max_depth=g)
+    res = verify_tree_greedy(toks.reshape(-1), am.reshape(-1), tree)
     want = np.cumprod((rank >= 0) & (rank < k), axis=1).sum(1)
     got = res.accepted_len.cpu().numpy()
     if not np.array_equal(got, want):

@@ -28,7 +28,7 @@ def tree_decode_greedy(target: Any, drafter: Any, shared: Any, prompt: list[int]
 
     Returns ``tokens`` (generated ids), ``steps`` (target forwards), ``accepted`` (per
     step accepted length), ``nodes`` (per step tree size)."""
-    from dspark_sim.kernels import tree_attention_mask, verify_tree_greedy
+    from dspark_sim.kernels import DraftTree, tree_attention_mask, verify_tree_greedy
 
     dev = target.device
     layers = layers or (drafter.cfg.feature_layers or target.feature_layers(3)) + [target.num_layers]
@@ -64,7 +64,8 @@ def tree_decode_greedy(target: Any, drafter: Any, shared: Any, prompt: list[int]
         n = len(tokens)
         par = torch.tensor(parents, dtype=torch.long, device=dev)
         cu = torch.tensor([0, n], dtype=torch.long, device=dev)
-        tm = tree_attention_mask(par, cu)
+        tree = DraftTree.build(par, cu)  # checked once; the mask and the verify share it
+        tm = tree_attention_mask(tree)
         L = len(ctx)
         mask = torch.zeros((L + n, L + n), dtype=torch.bool, device=dev)
         mask[:L, :L] = torch.tril(torch.ones(L, L, dtype=torch.bool, device=dev))
@@ -76,7 +77,7 @@ def tree_decode_greedy(target: Any, drafter: Any, shared: Any, prompt: list[int]
                           output_hidden_states=True, use_cache=False)
         steps += 1
         rows = fw.logits[0, L - 1:].float().contiguous()  # root row, then node rows
-        res = verify_tree_greedy(torch.tensor(tokens, device=dev), par, rows, cu)
+        res = verify_tree_greedy(torch.tensor(tokens, device=dev), rows, tree)
         k = int(res.accepted_len[0])
         path = res.path[0, :k].tolist()
         new = [tokens[i] for i in path] + [int(res.next_token[0])]
