@@ -87,11 +87,30 @@ app.add_typer(traces_app, name="traces")
 app.add_typer(profiles_app, name="profiles")
 app.add_typer(calibrate_app, name="calibrate")
 
+
+def _path_value(value: str | Path) -> Path:
+    """Every path option's and argument's parser: an empty one is refused. typer would
+    make ``--out ''`` ``Path('.')``, so a typo'd or unset shell variable wrote (or read)
+    the current folder; ``.`` is still there for whoever means it."""
+    if isinstance(value, str) and not value.strip():
+        raise typer.BadParameter("empty path: name a file or folder ('.' for the current one)")
+    return Path(value)
+
+
+def PathOption(*decls: str, **kw: Any) -> Any:
+    """``typer.Option`` for a file or folder: every ``Path`` option is declared with it."""
+    return typer.Option(*decls, parser=_path_value, metavar="<path>", **kw)
+
+
+def PathArgument(**kw: Any) -> Any:
+    return typer.Argument(parser=_path_value, **kw)
+
+
 # Options several commands take, declared once (the parameter's name makes the flag).
 Device = Annotated[str, typer.Option(help="cpu | cuda")]
 Seed = Annotated[int, typer.Option()]
-PromptDir = Annotated[Path | None, typer.Option(help="Folder of {turns: [...]} JSONL prompts.")]
-OutParquet = Annotated[Path, typer.Option(help="Output parquet path.")]
+PromptDir = Annotated[Path | None, PathOption(help="Folder of {turns: [...]} JSONL prompts.")]
+OutParquet = Annotated[Path, PathOption(help="Output parquet path.")]
 TraceArg = Annotated[str, typer.Argument(help="Trace path or built-in name.")]
 
 
@@ -215,7 +234,7 @@ def run(
              "(with --workload: the file's requests, in order).")] = None,
     num_requests: Annotated[int | None, typer.Option(help="Requests to simulate.")] = None,
     duration_s: Annotated[float | None, typer.Option(help="Arrival window in seconds.")] = None,
-    workload: Annotated[Path | None, typer.Option(
+    workload: Annotated[Path | None, PathOption(
         help="Replay an Azure CSV or Mooncake JSONL workload file.")] = None,
     replay_qps: Annotated[float | None, typer.Option(
         help="Time-scale a replayed workload to this rate.")] = None,
@@ -248,10 +267,10 @@ def run(
              "trace's).")] = None,
     seed: Annotated[int | None, typer.Option(help="One seed for everything random [0].")] = None,
     slo: Annotated[str | None, typer.Option(help="Goodput SLO, e.g. ttft:2000,tpot:20")] = None,
-    config: Annotated[Path | None, typer.Option(
+    config: Annotated[Path | None, PathOption(
         help="TOML config file; explicit options override it (docs/cli.md).")] = None,
     preset_name: Annotated[str | None, typer.Option("--preset", help="default | single-replica | tiny")] = None,
-    out: Annotated[Path | None, typer.Option(help="Write summary.json and requests.parquet here.")] = None,
+    out: Annotated[Path | None, PathOption(help="Write summary.json and requests.parquet here.")] = None,
     quiet: Annotated[bool, typer.Option(help="Print nothing but errors.")] = False,
 ) -> None:
     """Simulate one deployment under load and print a summary."""
@@ -323,7 +342,7 @@ def traces_synth(
 
 @traces_app.command("import")
 def traces_import(
-    src: Annotated[Path, typer.Argument(help="Source file (JSONL, CSV, /metrics text or bench "
+    src: Annotated[Path, PathArgument(help="Source file (JSONL, CSV, /metrics text or bench "
                                              "serve JSON, by --format).")],
     out: OutParquet,
     fmt: Annotated[str, typer.Option("--format", help="specdecode-bench | per-position | "
@@ -382,7 +401,7 @@ def _file_or_none(spec: str) -> str | None:
 @traces_app.command("export")
 def traces_export(
     trace: TraceArg,
-    out: Annotated[Path, typer.Option(help="Output file (JSON).")],
+    out: Annotated[Path, PathOption(help="Output file (JSON).")],
     fmt: Annotated[str, typer.Option("--format", help="vllm-synthetic")] = "vllm-synthetic",
     num_speculative_tokens: Annotated[int | None, typer.Option(
         help="Draft tokens per step on the real engine (default: the trace's gamma_max).")] = None,
@@ -530,7 +549,7 @@ def profile_terms_text(p) -> str:
 
 @app.command()
 def sweep(
-    out: Annotated[Path, typer.Option(help="Folder for points/, results.parquet, report.html.")],
+    out: Annotated[Path, PathOption(help="Folder for points/, results.parquet, report.html.")],
     policies: Annotated[str, typer.Option(help="Comma-separated policy specs.")] =
         "mtp1,fixed:3,fixed:5,confidence,confidence-async,none",
     qps: Annotated[str | None, typer.Option(
@@ -554,10 +573,10 @@ def sweep(
     baseline: Annotated[str | None, typer.Option(
         help="Baseline policy of the headline (one of --policies; default mtp1 when "
              "swept).")] = None,
-    vllm_results: Annotated[Path | None, typer.Option(
+    vllm_results: Annotated[Path | None, PathOption(
         help="Folder of vLLM `bench serve` result JSON files to overlay.")] = None,
     gpus: Annotated[int | None, typer.Option(help="GPUs behind the vLLM results (per-GPU).")] = None,
-    config: Annotated[Path | None, typer.Option(help="Base TOML config.")] = None,
+    config: Annotated[Path | None, PathOption(help="Base TOML config.")] = None,
     basis: Annotated[str, typer.Option(
         help="Figures of the fronts, headline and report: steady (warm-up and drain "
              "excluded) | whole (whole-run, vLLM bench serve).")] = "steady",
@@ -695,7 +714,7 @@ def train_drafter_cmd(
     target: Annotated[str, typer.Option(
         help="smollm2 (the CPU default), an HF model directory, or a .gguf file.")] = "smollm2",
     steps: Annotated[int, typer.Option(help="Optimizer steps per drafter.")] = 300,
-    out: Annotated[Path | None, typer.Option(
+    out: Annotated[Path | None, PathOption(
         help="Checkpoint root (default: the package's traces/data/drafters).")] = None,
     prompts: PromptDir = None,
     device: Device = "cpu",
@@ -728,7 +747,7 @@ def train_drafter_cmd(
 
 @app.command()
 def capture(
-    out: Annotated[Path, typer.Option(help="Folder for the traces (one parquet per drafter).")],
+    out: Annotated[Path, PathOption(help="Folder for the traces (one parquet per drafter).")],
     drafters: Annotated[str, typer.Option(help="Comma-separated drafters.")] =
         "mtp1,parallel,dspark,lookup",
     target: Annotated[str, typer.Option(help="smollm2, an HF model directory, or a .gguf.")] =
@@ -754,7 +773,7 @@ def capture(
 
 @app.command()
 def validate(
-    out: Annotated[Path, typer.Option(help="Folder for real and simulated results.")] =
+    out: Annotated[Path, PathOption(help="Folder for real and simulated results.")] =
         Path("runs/validate"),
     policies: Annotated[str, typer.Option(help="Comma-separated policies.")] =
         "mtp1,fixed:3,confidence",
@@ -767,7 +786,7 @@ def validate(
         help="Cost tables to compare: built-in/TOML, 'measure' (re-measure now), 'insitu'.")] =
         "insitu,measure,auto",
     clock: Annotated[str, typer.Option(help="auto | cpu (thread CPU time) | wall")] = "auto",
-    save_profile: Annotated[Path | None, typer.Option(
+    save_profile: Annotated[Path | None, PathOption(
         help="Also write the engine-in-the-loop profile measured for 'measure'/'auto' here.")] =
         None,
     sim_seeds: Annotated[int, typer.Option(help="Simulator seeds averaged per point.")] = 5,
@@ -808,11 +827,11 @@ def _ints(option: str, spec: str, lo: int = 1) -> tuple[int, ...]:
 
 @calibrate_app.command("engine")
 def calibrate_engine(
-    out: Annotated[Path, typer.Option(help="Profile TOML to write.")],
+    out: Annotated[Path, PathOption(help="Profile TOML to write.")],
     model: Annotated[str | None, typer.Option(
         help="HF config.json, model dir or .gguf (default: the SmolLM2 CPU target). "
              "Weights are random: only the architecture is timed.")] = None,
-    sheet: Annotated[Path | None, typer.Option(
+    sheet: Annotated[Path | None, PathOption(
         help="Instead of measuring: an analytic profile from a hardware+model sheet TOML.")] = None,
     device: Device = "cpu",
     batch_requests: Annotated[str, typer.Option(help="Requests per timed batch.")] = "1,2,4,6,8",
@@ -857,10 +876,10 @@ def calibrate_engine(
 @calibrate_app.command("confidence")
 def calibrate_confidence_cmd(
     trace: Annotated[str, typer.Option(help="Trace path or built-in name.")],
-    out: Annotated[Path, typer.Option(help="Calibration map TOML to write.")],
+    out: Annotated[Path, PathOption(help="Calibration map TOML to write.")],
     method: Annotated[str, typer.Option(help="temperature (sequential) | isotonic")] = "temperature",
     holdout: Annotated[float, typer.Option(help="Fraction of requests held out for the report.")] = 0.3,
-    html: Annotated[Path | None, typer.Option(help="Also write a reliability diagram (HTML).")] = None,
+    html: Annotated[Path | None, PathOption(help="Also write a reliability diagram (HTML).")] = None,
     seed: Seed = 0,
 ) -> None:
     """Fit sequential temperature scaling (or isotonic) on a trace; report ECE/AUC."""

@@ -324,3 +324,51 @@ def test_sweep_refuses_a_fixed_k_the_drafter_cannot_draft(no_simulation, tmp_pat
     one_line_error(invoke("sweep", "--out", str(tmp_path / "sw"), "--policies", "mtp1,fixed:9",
                           "--qps", "1", "--executor", "serial"), "--policies", "gamma_max = 7")
     assert not (tmp_path / "sw" / "results.parquet").exists()
+
+
+def _path_parameters():
+    """(command words, flag or None for an argument, name) of every Path-typed option and
+    argument of every command, read from the app itself: a new one is covered too."""
+    import typing
+    from pathlib import Path
+
+    import typer
+
+    found = []
+
+    def walk(cmd, words):
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, [*words, name])
+        if getattr(cmd, "commands", None):
+            return
+        by_name = {p.name: p for p in cmd.params}
+        for name, hint in typing.get_type_hints(cmd.callback).items():
+            if hint is Path or Path in typing.get_args(hint):
+                opts = by_name[name].opts
+                found.append((words, opts[0] if opts[0].startswith("--") else None, name))
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+PATH_PARAMETERS = _path_parameters()
+
+
+def test_every_output_option_is_among_the_path_parameters():
+    outs = {" ".join(w) for w, flag, _ in PATH_PARAMETERS if flag == "--out"}
+    assert outs >= {"run", "sweep", "capture", "validate", "train-drafter", "traces synth",
+                    "traces import", "traces export", "calibrate engine",
+                    "calibrate confidence"}, outs
+
+
+@pytest.mark.parametrize("words,flag,name", PATH_PARAMETERS,
+                         ids=[f"{' '.join(w)} {f or n}" for w, f, n in PATH_PARAMETERS])
+@pytest.mark.parametrize("empty", ["", " "])
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(
+        no_simulation, tmp_path, monkeypatch, words, flag, name, empty):
+    # typer made --out '' Path('.'): run and sweep wrote their outputs into the current
+    # folder, capture and validate loaded a model to write there
+    monkeypatch.chdir(tmp_path)
+    given = [flag, empty] if flag else [empty]
+    one_line_error(invoke(*words, *given), flag or name, "empty path")
+    assert list(tmp_path.iterdir()) == []
