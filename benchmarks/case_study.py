@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     base = case_base(args.max_num_seqs, args.num_requests, args.trace, args.gamma_max)
     conc = parse_numbers(args.concurrency, integer=True, option="--concurrency")
-    ext = parse_numbers(args.extend, integer=True, option="--extend") or []
+    ext = (parse_numbers(args.extend, integer=True, option="--extend")
+           if args.extend.strip() else [])  # '': none
     policies = parse_list(args.policies)
     seeds = parse_numbers(args.seeds, integer=True, option="--seeds", allow_zero=True)
     tiers = parse_numbers(args.tiers, option="--tiers")

@@ -292,8 +292,8 @@ def main(argv: list[str] | None = None) -> dict:
         blocks.append(text)
         print(text)
 
-    traces = parse_list(args.traces)
-    c1_pols = parse_list(args.c1_policies)
+    traces = parse_list(args.traces, option="--traces", what="trace")
+    c1_pols = parse_list(args.c1_policies, option="--c1-policies")
     result: dict = {"profile": args.profile, "offline": [], "cure_grid": [], "c1": {},
                     "front": [], "captured": {}, "pctree_step_ratio": PCTREE_STEP_RATIO}
     emit("### 1. Accepted length, offline (static replay of every request)\n")
@@ -323,16 +323,19 @@ def main(argv: list[str] | None = None) -> dict:
 
     if not args.skip_front:
         conc = parse_numbers(args.concurrency, integer=True, option="--concurrency")
-        for t in parse_list(args.front_traces):
+        front_pols = parse_list(args.front_policies, option="--front-policies")
+        for t in parse_list(args.front_traces, option="--front-traces", what="trace"):
             emit(f"### 3. Front under load: {t} on {args.profile} (closed loop; "
                   f"max({args.front_requests}, {args.per_client} x C) requests)\n")
             g = load_trace(t).gamma_max
-            rows = front_rows(t, args.profile, _chain_for(parse_list(args.front_policies), g),
+            rows = front_rows(t, args.profile, _chain_for(front_pols, g),
                               conc, args.front_requests, args.per_client)
             result["front"] += [dict(r, trace=t) for r in rows]
             emit(md_front(rows) + "\n")
 
-    for path in parse_list(args.captured) or []:
+    captured = (parse_list(args.captured, option="--captured", what="trace")
+                if args.captured.strip() else [])  # '': none
+    for path in captured:
         tr = load_trace(path)
         emit(f"### 4. Captured trace {Path(path).stem}\n\n{tr.meta.drafter} drafting for {tr.meta.target}, "
               f"block {tr.gamma_max}, {tr.num_positions} positions, {tr.num_requests} "

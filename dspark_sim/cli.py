@@ -606,19 +606,17 @@ def sweep(
                           options={"num_requests": num_requests, "replicas": replicas,
                                    "lengths": lengths})
     tiers = parse_numbers(sla, option="--sla")
-    policy_specs, profile_specs, trace_specs = (parse_list(policies), parse_list(profiles),
-                                                parse_list(traces))
-    if not policy_specs:
-        raise InputError("--policies", f"no policy in {policies!r}")
+    policy_specs = parse_list(policies)
+    profile_specs = parse_list(profiles, option="--profiles", what="profile")
+    trace_specs = parse_list(traces, option="--traces", what="trace")
     candidate = _headline_policy("--candidate", candidate, "confidence-async", policy_specs)
     baseline = _headline_policy("--baseline", baseline, "mtp1", policy_specs)
     _check_grid(base, policy_specs, profile_specs, trace_specs)
     _check_overlay(vllm_results, gpus)
     df = run_sweep(
         base,
-        qps=parse_numbers(qps) if qps else None,
-        concurrency=parse_numbers(concurrency, integer=True, option="--concurrency")
-        if concurrency else None,
+        qps=parse_numbers(qps),
+        concurrency=parse_numbers(concurrency, integer=True, option="--concurrency"),
         policies=policy_specs,
         profiles=profile_specs,
         traces=trace_specs,
@@ -764,7 +762,7 @@ def capture(
     from dspark_sim.traces.capture import capture as run_capture
 
     kw = {"prompt_dir": prompts} if prompts is not None else {}
-    paths = run_capture(target=target, drafters=tuple(parse_list(drafters) or ()), gamma_max=gamma_max,
+    paths = run_capture(target=target, drafters=tuple(parse_list(drafters, option="--drafters", what="drafter")), gamma_max=gamma_max,
                         max_new_tokens=max_new_tokens, out=out, resume=resume,
                         per_domain=per_domain, device=device, **kw)
     for name, path in paths.items():
@@ -800,9 +798,9 @@ def validate(
     from dspark_sim.validation.harness import validate as run_validation
 
     setup = ValidationSetup(
-        policies=tuple(parse_list(policies) or ()), rates=tuple(parse_numbers(rates, option="--rates") or ()),
+        policies=tuple(parse_list(policies)), rates=tuple(parse_numbers(rates, option="--rates")),
         num_requests=num_requests, max_new_tokens=max_new_tokens, out_dir=out, device=device,
-        drafter=drafter, profiles=tuple(parse_list(profile) or ()), clock=clock,
+        drafter=drafter, profiles=tuple(parse_list(profile, option="--profile", what="profile")), clock=clock,
         save_profile=save_profile, sim_seeds=sim_seeds, seed=seed,
     ).check()  # every argument before a model loads
     result = run_validation(setup, log=lambda msg: console.print(msg,

@@ -386,8 +386,10 @@ def _toml_layer(data: dict, source: str) -> _Layer:
 
 
 def parse_slo(spec: str | None) -> tuple[float | None, float | None]:
-    """``ttft:MS,tpot:MS`` (either part optional) -> (ttft_ms, tpot_ms)."""
-    if not spec:
+    """``ttft:MS,tpot:MS`` (either part optional) -> (ttft_ms, tpot_ms); ``None``: not
+    given. An empty one is refused like any other malformed spec (it was read as "not
+    given")."""
+    if spec is None:
         return None, None
     out: dict[str, float] = {}
     for part in spec.split(","):

@@ -84,16 +84,16 @@ def parse_numbers(spec: str | Sequence[float] | None, *, integer: bool = False,
                   ) -> list[float] | list[int] | None:
     """Parse ``"10:400:20"`` (start:stop:step, stop inclusive when it lands),
     ``"1:256:x2"`` (geometric: multiply by 2), ``"1,2,4,8"`` or a mix
-    (``"1,2,4:64:x2,100"``). Order is kept, duplicates dropped. ``None``/``""`` -> None.
-    Values must be > 0 (``allow_zero``: >= 0, e.g. seeds).
+    (``"1,2,4:64:x2,100"``). Order is kept, duplicates dropped. Values must be > 0
+    (``allow_zero``: >= 0, e.g. seeds). ``None`` (the option not given) -> None; given
+    but empty (``""``, ``","``) is an :class:`InputError` naming ``option``, never
+    read as "not given" (``sweep --seeds ''`` silently swept the default seed).
     """
     if spec is None:
         return None
     if not isinstance(spec, str):
         items = [str(v) for v in spec]
     else:
-        if not spec.strip():
-            return None
         items = [s for s in spec.replace(" ", "").split(",") if s]
     out: list[float] = []
     for item in items:
@@ -102,7 +102,7 @@ def parse_numbers(spec: str | Sequence[float] | None, *, integer: bool = False,
             raise InputError(option, f"{spec!r} expands to more than "
                                      f"{MAX_VALUES_PER_OPTION:,} values")
     if not out:
-        raise InputError(option, f"no values in {spec!r}")
+        raise InputError(option, f"name at least one value, got {spec!r}")
     if any(not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero) for v in out):
         kind = "non-negative" if allow_zero else "positive"
         raise InputError(option, f"values must be {kind} numbers, got {spec!r}")
@@ -161,8 +161,12 @@ def _check_count(item: str, option: str, steps: float) -> None:
 SCALAR_ARG = re.compile(r"^(?P<name>fixed|threshold|skip):[^,@]*$", re.I)
 
 
-def parse_list(spec: str | Sequence[str] | None) -> list[str] | None:
-    """``"mtp1,confidence-async"`` -> list; ``None``/``""`` -> None. A bare number right
+def parse_list(spec: str | Sequence[str] | None, *, option: str = "--policies",
+               what: str = "policy") -> list[str] | None:
+    """``"mtp1,confidence-async"`` -> list, duplicates dropped. ``None`` (the option not
+    given) -> None; given but empty (``""``, ``" , "``, ``[]``) is an :class:`InputError`
+    naming ``option`` ("name at least one ``what``"), never read as "not given"
+    (``sweep --profiles ''`` silently swept the default profile). A bare number right
     after an item with arguments continues it: ``"asd:0.5,1,8,mtp1"`` -> ``["asd:0.5,1,8",
     "mtp1"]`` (policies whose argument is a comma-separated tuple), except after a
     one-scalar policy, where it is another of the same: ``"fixed:3,5,7"`` -> ``["fixed:3",
@@ -180,7 +184,9 @@ def parse_list(spec: str | Sequence[str] | None) -> list[str] | None:
                 out[-1] += f",{s}"
         else:
             out.append(s)
-    return list(dict.fromkeys(out)) or None
+    if not out:
+        raise InputError(option, f"name at least one {what}, got {spec!r}")
+    return list(dict.fromkeys(out))
 
 
 def _is_number(s: str) -> bool:

@@ -156,7 +156,16 @@ def test_sweep_checks_profiles_and_traces_before_running(no_simulation, tmp_path
 
 
 @pytest.mark.parametrize("args,needles", [
-    (["--policies", ",,,"], ["--policies", "no policy", "',,,'"]),
+    (["--policies", ",,,"], ["--policies", "at least one policy", "',,,'"]),
+    # given but empty was read as not given: the default profiles, traces, seeds and a
+    # base-load sweep ran silently, and --sla '' was a TypeError after every point
+    (["--policies", "", "--qps", "1"], ["--policies", "at least one policy"]),
+    (["--qps", "1", "--profiles", ""], ["--profiles", "at least one profile", "''"]),
+    (["--qps", "1", "--traces", " , "], ["--traces", "at least one trace"]),
+    (["--qps", ""], ["--qps", "at least one value"]),
+    (["--concurrency", ","], ["--concurrency", "at least one value"]),
+    (["--qps", "1", "--seeds", ""], ["--seeds", "at least one value"]),
+    (["--qps", "1", "--sla", " "], ["--sla", "at least one value"]),
     (["--concurrency", "1:1000000:1"], ["--concurrency", "'1:1000000:1'", "10,000 values"]),
     (["--qps", "1:1e12:1"], ["--qps", "'1:1e12:1'", "10,000 values"]),
     (["--qps", "1:2:x1.0000001"], ["--qps", "10,000 values"]),

@@ -46,6 +46,7 @@ def one_line_error(r, *needles: str) -> str:
     (["--policy", "fixed:1000"], ["--policy", "gamma_max = 7"]),
     (["--lengths", "fixed:10:1000000000000"], ["--lengths"]),
     (["--slo", "ttft:inf"], ["--slo"]),
+    (["--slo", ""], ["--slo", "ttft:MS,tpot:MS"]),  # was read as no SLO
     (["--no-such-option"], ["--no-such-option"]),
 ])
 def test_bad_options_are_refused_before_simulating(no_simulation, args, needles):

@@ -52,10 +52,10 @@ def test_parse_lists_geometric_and_mixed():
     assert parse_numbers("1:256:x2", integer=True) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
     assert parse_numbers("1,2,4:16:x2,100,2", integer=True) == [1, 2, 4, 8, 16, 100]
     assert parse_numbers([5, 10.0]) == [5.0, 10.0]
-    assert parse_numbers(None) is None and parse_numbers(" ") is None
+    assert parse_numbers(None) is None  # not given; given but empty is refused below
     assert parse_numbers("0,1", integer=True, allow_zero=True) == [0, 1]
     assert parse_list("mtp1, confidence-async,,mtp1") == ["mtp1", "confidence-async"]
-    assert parse_list("") is None
+    assert parse_list(None) is None
     # tree specs carry commas in their arguments (a leading empty one too)
     assert parse_list("fixed:16, pctree:16,1,cure:24,2,3,0.4,dspark-tree:,2,none") == [
         "fixed:16", "pctree:16,1", "cure:24,2,3,0.4", "dspark-tree:,2", "none"]
@@ -71,6 +71,16 @@ def test_parse_lists_geometric_and_mixed():
 def test_parse_rejects_bad_specs(spec):
     with pytest.raises(InputError):
         parse_numbers(spec, integer=True, option="--concurrency")
+
+
+@pytest.mark.parametrize("spec", ["", " ", ",", " , ,", []])
+def test_given_but_empty_lists_are_refused_not_read_as_not_given(spec):
+    # None means "option not given" (callers then use their default); an empty value
+    # used to return None too, so `--profiles ''` silently swept the default profile
+    with pytest.raises(InputError, match="^--profiles: name at least one profile"):
+        parse_list(spec, option="--profiles", what="profile")
+    with pytest.raises(InputError, match="^--seeds: name at least one value"):
+        parse_numbers(spec, integer=True, allow_zero=True, option="--seeds")
 
 
 # -- grid ----------------------------------------------------------------------------------
