@@ -142,6 +142,26 @@ def test_real_smollm2_decodes(tmp_path, monkeypatch):
     assert tgt.hidden_size == 576 and tgt.vocab_size == 49152
 
 
+@pytest.mark.parametrize("gamma", [True, 7.9, "7", 0, None])
+def test_drafter_sidecar_gamma_must_be_an_integer(tmp_path, gamma):
+    # int() took true as a block of 1 and 7.9 as 7
+    import json
+
+    from dspark_sim.errors import InputError
+    from dspark_sim.traces.capture import check_drafter_spec
+
+    (tmp_path / "drafter.safetensors").write_bytes(b"")  # not read: the sidecar alone
+    side = tmp_path / "drafter.json"
+    side.write_text(json.dumps({"config": {"kind": "dspark", "gamma": 7}}))
+    check_drafter_spec(tmp_path, 7)  # the well-formed sidecar passes
+    with pytest.raises(InputError, match="trained for gamma 7 < gamma_max 8"):
+        check_drafter_spec(tmp_path, 8)
+    side.write_text(json.dumps({"config": {"kind": "dspark", "gamma": gamma}}))
+    with pytest.raises(InputError, match="'gamma' must be an integer >= 1") as err:
+        check_drafter_spec(tmp_path, 1)
+    assert str(side) in str(err.value)
+
+
 def test_block_drafter_gamma_max_beyond_training_is_refused(env, tmp_path):
     from dspark_sim.errors import InputError
 

@@ -177,6 +177,8 @@ def test_float_accept_len_is_refused_not_truncated():
     ("temperature", "hot"), ("temperature", -1), ("drafter", 3), ("domains", "math"),
     pytest.param("temperature", 10**400, id="temperature-past-float64"),  # np.isfinite raised
     ("generator", [1]), ("calibration", 5), ("source", "made-up"),
+    # true == 1 and 1.0 == 1: `in (1, 2)` took them for schema v1
+    ("schema_version", True), ("schema_version", 1.0), ("schema_version", "1"),
 ])
 def test_wrong_typed_metadata_is_one_line_error(tmp_path, key, value):
     import json

@@ -331,9 +331,12 @@ def check_drafter_spec(spec: str | Path, gamma_max: int, option: str = "--drafte
                          "checkpoint folder (drafter.safetensors + drafter.json)")
     try:
         cfg = json.loads(sidecar.read_text())["config"]
-        kind, trained = str(cfg["kind"]), int(cfg["gamma"])
+        kind, trained = str(cfg["kind"]), cfg["gamma"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(sidecar, f"unreadable drafter sidecar ({exc.__class__.__name__})") from None
+    if isinstance(trained, bool) or not isinstance(trained, int) or trained < 1:
+        # int() took true as 1 and 7.9 as 7
+        raise InputError(sidecar, f"config 'gamma' must be an integer >= 1, got {trained!r}")
     why = _block_too_short(kind, trained, gamma_max)
     if why is not None:
         raise InputError("--gamma-max", f"drafter {str(spec)!r} {why}")

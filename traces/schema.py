@@ -397,8 +397,12 @@ def _meta_from_json(raw: bytes, source: str) -> TraceMeta:
         raise InputError(source, f"trace metadata is not valid JSON ({exc})") from exc
     if not isinstance(d, dict):
         raise InputError(source, "trace metadata must be a JSON object")
-    if d.get("schema_version") not in SCHEMA_VERSIONS:
-        raise InputError(source, f"unsupported trace schema_version {d.get('schema_version')!r}")
+    version = d.get("schema_version")
+    # an integer, compared by type too: true == 1 and 1.0 == 1 in Python, so `in` took them
+    if isinstance(version, bool) or not isinstance(version, int) \
+            or version not in SCHEMA_VERSIONS:
+        raise InputError(source, f"unsupported trace schema_version {version!r} (an integer: "
+                                 f"{' or '.join(map(str, SCHEMA_VERSIONS))})")
     for key in ("drafter", "target", "gamma_max"):
         if key not in d:
             raise InputError(source, f"trace metadata lacks '{key}'")
