@@ -711,7 +711,8 @@ def train_drafter_cmd(
     drafter: Annotated[str, typer.Option(help="mtp1 | parallel | dspark | all")] = "all",
     target: Annotated[str, typer.Option(
         help="smollm2 (the CPU default), an HF model directory, or a .gguf file.")] = "smollm2",
-    steps: Annotated[int, typer.Option(help="Optimizer steps per drafter.")] = 300,
+    steps: Annotated[int, typer.Option(help="Optimizer steps per drafter (at most 100,000).")] =
+        300,
     out: Annotated[Path | None, PathOption(
         help="Checkpoint root (default: the package's traces/data/drafters).")] = None,
     prompts: PromptDir = None,
@@ -720,14 +721,13 @@ def train_drafter_cmd(
 ) -> None:
     """Self-distil drafters on the target's own greedy generations (training prompts only)."""
     from dspark_sim.traces.targets import PROMPT_DIR, check_device, check_target_spec
-    from dspark_sim.traces.train import LEARNED_KINDS, train_all
+    from dspark_sim.traces.train import LEARNED_KINDS, check_steps, train_all
 
     # every argument before the target loads (#12.10)
     kinds = LEARNED_KINDS if drafter == "all" else (drafter,)
     if any(k not in LEARNED_KINDS for k in kinds):
         raise InputError("--drafter", f"must be one of {', '.join(LEARNED_KINDS)} or all")
-    if steps < 1:
-        raise InputError("--steps", f"must be >= 1, got {steps}")
+    check_steps(steps)
     check_device(device)
     check_target_spec(target)
     if not Path(prompts or PROMPT_DIR).is_dir():
@@ -775,9 +775,11 @@ def validate(
         Path("runs/validate"),
     policies: Annotated[str, typer.Option(help="Comma-separated policies.")] =
         "mtp1,fixed:3,confidence",
-    rates: Annotated[str, typer.Option(help="Poisson request rates (req/s).")] = "0.25,0.6",
-    num_requests: Annotated[int, typer.Option(help="Requests per point.")] = 10,
-    max_new_tokens: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
+    rates: Annotated[str, typer.Option(
+        help="Poisson request rates (req/s): at most 16, each in [0.01, 1000].")] = "0.25,0.6",
+    num_requests: Annotated[int, typer.Option(help="Requests per point (at most 1,000).")] = 10,
+    max_new_tokens: Annotated[int, typer.Option(
+        help="Output tokens per request (at most 32,768).")] = 128,
     device: Device = "cpu",
     drafter: Annotated[str, typer.Option(help="auto | dspark | mtp1 | parallel | lookup")] = "auto",
     profile: Annotated[str, typer.Option(
@@ -787,7 +789,8 @@ def validate(
     save_profile: Annotated[Path | None, PathOption(
         help="Also write the engine-in-the-loop profile measured for 'measure'/'auto' here.")] =
         None,
-    sim_seeds: Annotated[int, typer.Option(help="Simulator seeds averaged per point.")] = 5,
+    sim_seeds: Annotated[int, typer.Option(
+        help="Simulator seeds averaged per point (at most 100).")] = 5,
     seed: Seed = 0,
     strict: Annotated[bool, typer.Option(
         help="Exit 1 when a point misses 10 % on throughput or median TPOT.")] = False,

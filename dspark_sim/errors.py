@@ -29,6 +29,18 @@ class InputError(ValueError):
         return (type(self), (self.where, self.problem))
 
 
+def check_positive_int(option: str, v: object, limit: int | None = None) -> None:
+    """A positive integer up to ``limit`` (None passes: the field is optional). Every
+    capped count says it alike: ``--num-requests: 2,000,000 is above the limit of
+    1,000,000``."""
+    if v is None:
+        return
+    if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
+        raise InputError(option, f"must be a positive integer, got {v!r}")
+    if limit is not None and v > limit:
+        raise InputError(option, f"{v:,} is above the limit of {limit:,}")
+
+
 def check_seed(seed: object, option: str = "--seed") -> None:
     """A seed numpy's ``default_rng`` takes: a non-negative integer (a negative one is a
     numpy traceback, a float a TypeError)."""

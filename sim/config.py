@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, check_positive_int
 from dspark_sim.io import read_toml
 
 ARRIVALS = ("poisson", "gamma", "closed", "replay")
@@ -137,37 +137,37 @@ class SimConfig:
             if v is not None:
                 _pos_float("--slo", v)
         _pos_float("--drain-timeout-s", self.drain_timeout_s, MAX_SIM_TIME_S)
-        _pos_int("--max-engine-steps", self.max_engine_steps, MAX_ENGINE_STEPS)
-        _pos_int("--gamma-max", self.gamma_max, 64)
+        check_positive_int("--max-engine-steps", self.max_engine_steps, MAX_ENGINE_STEPS)
+        check_positive_int("--gamma-max", self.gamma_max, 64)
         return self
 
 
 def _validate_engine(e: EngineConfig) -> None:
-    _pos_int("--max-num-seqs", e.max_num_seqs, MAX_NUM_SEQS)
-    _pos_int("--max-num-batched-tokens", e.max_num_batched_tokens, MAX_NUM_BATCHED_TOKENS)
-    _pos_int("--kv-capacity-tokens", e.kv_capacity_tokens, MAX_KV_CAPACITY_TOKENS)
+    check_positive_int("--max-num-seqs", e.max_num_seqs, MAX_NUM_SEQS)
+    check_positive_int("--max-num-batched-tokens", e.max_num_batched_tokens, MAX_NUM_BATCHED_TOKENS)
+    check_positive_int("--kv-capacity-tokens", e.kv_capacity_tokens, MAX_KV_CAPACITY_TOKENS)
     if None not in (e.max_num_seqs, e.max_num_batched_tokens) \
             and e.max_num_seqs > e.max_num_batched_tokens:
         raise InputError("--max-num-seqs", "must not exceed max_num_batched_tokens")
     _choice("--kv-mode", e.kv_mode, KV_MODES)
-    _pos_int("--max-model-len", e.max_model_len, MAX_KV_CAPACITY_TOKENS)
+    check_positive_int("--max-model-len", e.max_model_len, MAX_KV_CAPACITY_TOKENS)
     if e.prefill is not None:
         _choice("--prefill", e.prefill, PREFILL_MODES)
 
 
 def _validate_deployment(d: DeploymentConfig) -> None:
-    _pos_int("--replicas", d.replicas, MAX_REPLICAS)
+    check_positive_int("--replicas", d.replicas, MAX_REPLICAS)
     _choice("--router", d.router, ROUTERS)
 
 
 def _validate_workload(w: WorkloadConfig) -> None:
     _choice("arrival", w.arrival, ARRIVALS)
-    _pos_int("--num-requests", w.num_requests, MAX_NUM_REQUESTS)
+    check_positive_int("--num-requests", w.num_requests, MAX_NUM_REQUESTS)
     _pos_float("--duration-s", w.duration_s, MAX_SIM_TIME_S)
     if w.arrival in ("poisson", "gamma"):
         _validate_open_loop(w)
     if w.arrival == "closed":
-        _pos_int("--max-concurrency", w.max_concurrency, MAX_NUM_REQUESTS)
+        check_positive_int("--max-concurrency", w.max_concurrency, MAX_NUM_REQUESTS)
         if w.num_requests is None and not w.workload_path:
             raise InputError("--num-requests", "closed-loop runs need --num-requests "
                              "(or a --workload file whose requests the clients send)")
@@ -218,16 +218,6 @@ def _validate_lengths(spec: str) -> None:
         if not math.isfinite(v) or v > MAX_TOKENS_PER_REQUEST:
             raise InputError("--lengths", f"{spec!r}: token counts must be finite and at most "
                              f"{MAX_TOKENS_PER_REQUEST:,}")
-
-
-def _pos_int(option: str, v, limit: int | None = None) -> None:
-    """A positive integer up to ``limit`` (None passes: the field is optional)."""
-    if v is None:
-        return
-    if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
-        raise InputError(option, f"must be a positive integer, got {v!r}")
-    if limit is not None and v > limit:
-        raise InputError(option, f"{v:,} is above the limit of {limit:,}")
 
 
 def _pos_float(option: str, v, limit: float | None = None) -> None:

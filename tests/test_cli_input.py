@@ -210,6 +210,13 @@ LOADING_BASE = {"capture": ["--drafters", "lookup"], "validate": []}
     ("validate", ["--rates", " "], ["--rates", "at least one"]),
     ("validate", ["--profile", ","], ["--profile", "at least one"]),
     ("validate", ["--policies", "mtp1,bogus"], ["error: --policies:", "bogus"]),
+    # no caps: an absurd value served (or slept) for days instead of failing
+    ("validate", ["--num-requests", "1001"], ["--num-requests", "limit of 1,000"]),
+    ("validate", ["--rates", "0.001"], ["--rates", "0.001 req/s", "[0.01, 1000]"]),
+    ("validate", ["--rates", "0.5,1e6"], ["--rates", "1e+06 req/s", "[0.01, 1000]"]),
+    ("validate", ["--rates", "1:17:1"], ["--rates", "17 rates", "limit of 16"]),
+    ("validate", ["--sim-seeds", "101"], ["--sim-seeds", "limit of 100"]),
+    ("validate", ["--max-new-tokens", "1000000"], ["--max-new-tokens", "limit of 32,768"]),
 ])
 def test_model_loading_commands_check_every_argument_first(no_model_load, tmp_path, command,
                                                             args, needles):
@@ -224,9 +231,33 @@ def test_out_and_train_arguments_checked_first(no_model_load, tmp_path):
         one_line_error(invoke(command, "--out", str(a_file), *base), "--out")
     one_line_error(invoke("train-drafter", "--drafter", "bogus"), "--drafter")
     one_line_error(invoke("train-drafter", "--steps", "0"), "--steps")
+    one_line_error(invoke("train-drafter", "--steps", "100001"), "--steps", "limit of 100,000")
     one_line_error(invoke("train-drafter", "--target", "/no/such"), "--target")
     one_line_error(invoke("train-drafter", "--device", "gpu"), "--device")
     one_line_error(invoke("train-drafter", "--out", str(a_file)), "--out")
+
+
+def test_caps_are_in_the_help_and_the_largest_allowed_value_passes(no_model_load, tmp_path):
+    import typer
+
+    from dspark_sim.traces.train import MAX_TRAIN_STEPS, check_steps
+    from dspark_sim.validation import harness as h
+
+    def helps(command):
+        return {p.opts[0]: p.help for p in typer.main.get_command(app).commands[command].params}
+
+    v = helps("validate")
+    lo, hi = h.RATE_RANGE
+    assert f"at most {h.MAX_RATES}, each in [{lo:g}, {hi:g}]" in v["--rates"]
+    for opt, cap in (("--num-requests", h.MAX_REQUESTS), ("--sim-seeds", h.MAX_SIM_SEEDS),
+                     ("--max-new-tokens", h.MAX_NEW_TOKENS)):
+        assert f"at most {cap:,}" in v[opt], (opt, v[opt])
+    assert f"at most {MAX_TRAIN_STEPS:,}" in helps("train-drafter")["--steps"]
+    # the caps themselves are allowed (a > vs >= slip would refuse them)
+    check_steps(MAX_TRAIN_STEPS)
+    h.ValidationSetup(rates=(lo, hi) + (1.0,) * (h.MAX_RATES - 2), num_requests=h.MAX_REQUESTS,
+                      max_new_tokens=h.MAX_NEW_TOKENS, sim_seeds=h.MAX_SIM_SEEDS,
+                      out_dir=tmp_path / "v", profiles=("smollm2-cpu",)).check()
 
 
 @pytest.mark.parametrize("command", ["capture", "train-drafter"])

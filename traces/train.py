@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dspark_sim.errors import InputError, check_seed
+from dspark_sim.errors import InputError, check_positive_int, check_seed
 from dspark_sim.traces.drafters import (
     LEARNED_KINDS,
     SequenceStore,
@@ -57,6 +57,14 @@ from dspark_sim.traces.targets import (
 )
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "drafters"
+# A generous cap, so a typo fails at once instead of training for weeks: 50x the longest
+# documented run (the shipped dspark's 1,900 steps, hours on the CPU target)
+MAX_TRAIN_STEPS = 100_000
+
+
+def check_steps(steps: Any) -> None:
+    """``--steps``: a positive integer up to :data:`MAX_TRAIN_STEPS` (run's caps' words)."""
+    check_positive_int("--steps", steps, MAX_TRAIN_STEPS)
 
 
 def training_prompts(per_domain: int = 32, split_seed: int = SPLIT_SEED,
@@ -109,8 +117,7 @@ def train_drafter(
     """Train one drafter by self-distillation; returns the sidecar dict it wrote."""
     if kind not in LEARNED_KINDS:
         raise InputError("--drafter", f"only {', '.join(LEARNED_KINDS)} are trained (got {kind!r})")
-    if steps < 1:
-        raise InputError("--steps", f"steps must be >= 1, got {steps}")
+    check_steps(steps)
     check_seed(seed)
     if prompts is None:
         prompts = training_prompts(per_domain, split_seed, prompt_dir)
@@ -277,6 +284,7 @@ def train_all(
     # the seed and the prompt files before the target loads and generates (minutes):
     # default_rng(-1) or a bad prompt line once failed only after that
     check_seed(kw.get("seed", 0))
+    check_steps(steps)
     prompts = training_prompts(per_domain, split_seed, prompt_dir)
     tgt = target if isinstance(target, Target) else load_target(target, device=device)
     store = training_data(tgt, prompts, max_new_tokens, progress=kw.get("progress", True))

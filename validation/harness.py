@@ -59,7 +59,7 @@ import polars as pl
 
 from dspark_sim.calibration.confmap import CalibrationMap, load_calibration
 from dspark_sim.calibration.profile import EngineProfile, builtin_profiles, load_profile
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, check_positive_int
 from dspark_sim.io import (
     check_writable,
     jsonable,
@@ -84,6 +84,15 @@ METRICS = (
 )
 DEFAULT_POLICIES = ("mtp1", "fixed:3", "confidence")
 DEFAULT_RATES = (0.25, 0.6)
+# Generous caps, so a typo fails in a second instead of serving for days (the defaults
+# take ~9 min on the CPU target: ~1.5 min per policy x rate point of 10 requests)
+MAX_REQUESTS = 1_000  # per point; at 0.25 req/s the arrivals alone span ~67 min
+MAX_RATES = 16  # each rate is one real run per policy
+# req/s: below, a wall clock sleeps ~100 s per request between arrivals; far above, every
+# request arrives at once anyway
+RATE_RANGE = (0.01, 1000.0)
+MAX_NEW_TOKENS = 32_768  # 4x the SmolLM2 target's whole context
+MAX_SIM_SEEDS = 100  # one simulation per seed, point and profile
 SHIPPED_PROFILE = "smollm2-cpu"
 INSITU = "insitu"  # profile spec: rescaled on the other points' real steps (leave-one-point-out)
 INSITU_SELF = "insitu-self"  # diagnostic: rescaled on the point's *own* steps (level known)
@@ -308,15 +317,26 @@ class ValidationSetup:
                 raise InputError("--policies", exc.problem) from None
         if not self.rates:
             raise InputError("--rates", "name at least one rate")
+        if len(self.rates) > MAX_RATES:
+            raise InputError("--rates", f"{len(self.rates):,} rates are above the limit of "
+                                        f"{MAX_RATES} (each is a real run per policy)")
+        lo, hi = RATE_RANGE
         for r in self.rates:
-            if not (isinstance(r, int | float) and math.isfinite(r) and r > 0):
+            if isinstance(r, bool) or not (isinstance(r, int | float) and math.isfinite(r)
+                                           and r > 0):
                 raise InputError("--rates", f"rates must be positive, got {r!r}")
-        for option, v, low in (("--num-requests", self.num_requests, 1),
-                               ("--max-new-tokens", self.max_new_tokens, 2),
-                               ("--sim-seeds", self.sim_seeds, 1), ("--seed", self.seed, 0),
-                               ("--max-prompt-tokens", self.max_prompt_tokens, 1)):
-            if not isinstance(v, int) or v < low:
+            if not lo <= r <= hi:
+                raise InputError("--rates", f"{r:g} req/s is outside the limits [{lo:g}, "
+                                            f"{hi:g}]")
+        for option, v, low, limit in (
+                ("--num-requests", self.num_requests, 1, MAX_REQUESTS),
+                ("--max-new-tokens", self.max_new_tokens, 2, MAX_NEW_TOKENS),
+                ("--sim-seeds", self.sim_seeds, 1, MAX_SIM_SEEDS), ("--seed", self.seed, 0, None),
+                ("--max-prompt-tokens", self.max_prompt_tokens, 1, None)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise InputError(option, f"must be an integer >= {low}, got {v!r}")
+            if limit is not None:
+                check_positive_int(option, v, limit)  # run's and sweep's caps say it alike
         if not 1 <= self.gamma_max <= 32:
             raise InputError("--gamma-max", f"must be in [1, 32], got {self.gamma_max}")
         if self.num_threads is not None and self.num_threads < 1:
