@@ -109,8 +109,10 @@ class DraftTree:
     """Varlen draft trees: node blocks, each node's request-local parent, the depth bound.
 
     ``parents`` [N] int: ``-1`` for a child of the root, else an earlier node of the same
-    request. ``max_depth`` bounds the deepest path (the width of ``TreeVerify.path``); it
-    defaults to the largest tree, always safe. Build with :meth:`build`."""
+    request. ``max_depth`` bounds the deepest path (the width of ``TreeVerify.path`` and
+    the ancestor walk's length); it defaults to the largest tree, always safe. A smaller
+    one must still reach the deepest node: :meth:`build` checks that when it validates
+    (unchecked, a shallower walk mis-judges the deep nodes)."""
 
     parents: torch.Tensor
     blocks: Blocks
@@ -129,12 +131,14 @@ class DraftTree:
         if parents.device != blocks.cu_seqlens.device:
             raise ValueError(f"parents on {parents.device}, cu_nodes on "
                              f"{blocks.cu_seqlens.device}")
-        if validate and parents.numel():
-            _check_topological(parents, blocks)
-        depth = blocks.max_seqlen if max_depth is None else int(max_depth)
-        if depth < 0:
-            raise ValueError(f"max_depth must be >= 0, got {depth}")
-        return cls(parents, blocks, depth)
+        deepest = _check_topological(parents, blocks) if validate and parents.numel() else 0
+        if max_depth is None:
+            return cls(parents, blocks, blocks.max_seqlen)  # always safe: depth <= n_r
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int):
+            raise TypeError(f"max_depth must be an int, got {max_depth!r}")
+        if max_depth < deepest:  # a shallower walk mis-judges deep nodes, silently on Triton
+            raise ValueError(f"max_depth={max_depth} is below the deepest node ({deepest})")
+        return cls(parents, blocks, max_depth)
 
 
 def request_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,13 +154,24 @@ def request_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor
     return req, torch.arange(num_tokens, device=cu.device) - cu[req]
 
 
-def _check_topological(parents: torch.Tensor, blocks: Blocks) -> None:
-    _, local = request_ids(blocks.cu_seqlens, blocks.num_tokens)
+def _check_topological(parents: torch.Tensor, blocks: Blocks) -> int:
+    """Refuse a parent that is not an earlier node of its request; return the deepest
+    node's depth (pointer doubling: ceil(log2 max_nodes) rounds of [N] gathers)."""
+    req, local = request_ids(blocks.cu_seqlens, blocks.num_tokens)
     bad = (parents < -1) | (parents >= local)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
         raise ValueError(f"parents must satisfy -1 <= parent < local index (topological "
                          f"order); node {i} has parent {int(parents[i])}")
+    par = parents.to(torch.int64)
+    anc = torch.where(par >= 0, blocks.cu_seqlens.to(torch.int64)[req] + par, -1)
+    depth = torch.ones_like(anc)
+    for _ in range(max(blocks.max_seqlen - 1, 0).bit_length()):
+        has = anc >= 0
+        up = anc.clamp(min=0)
+        depth = depth + torch.where(has, depth[up], 0)
+        anc = torch.where(has, anc[up], -1)
+    return int(depth.max())
 
 
 __all__ = ["Blocks", "DraftTree", "as_blocks", "request_ids"]

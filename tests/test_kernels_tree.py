@@ -148,6 +148,21 @@ def test_tree_rejects_malformed_trees():
         verify_tree_greedy(torch.zeros(4, dtype=torch.long), torch.zeros(4, 5), tree)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_tree_max_depth_must_reach_the_deepest_node(seed):
+    """A max_depth below the deepest node once gave an IndexError (torch) or a silently
+    shortened path (Triton); build() now refuses it, and accepts exactly the true depth."""
+    _, parents, _ = _random_trees(LENGTHS, 4, torch.Generator().manual_seed(seed))
+    deepest = int(_mask_oracle(parents, LENGTHS, max(LENGTHS))[1].max())
+    assert deepest >= 3
+    tree = DraftTree.build(parents, _cu(LENGTHS, "cpu"), max_depth=deepest)
+    assert tree.max_depth == deepest and tree.blocks.max_seqlen == max(LENGTHS)
+    with pytest.raises(ValueError, match=f"below the deepest node \\({deepest}\\)"):
+        DraftTree.build(parents, _cu(LENGTHS, "cpu"), max_depth=deepest - 1)
+    with pytest.raises(TypeError, match="max_depth"):
+        DraftTree.build(parents, _cu(LENGTHS, "cpu"), max_depth=2.5)
+
+
 def _mask_oracle(parents, lengths, m):
     masks, depths, base = [], [], 0
     for n in lengths:
