@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 @contextmanager
@@ -57,6 +58,26 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 
 def write_json_atomic(path: str | Path, obj: object) -> Path:
     return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def progress_bar(*columns: Any, **kw: Any) -> Any:
+    """A rich ``Progress`` whose task descriptions print as written: a label carries user
+    text (a target model's folder name, a policy spec) in which ``[...]`` is data, not
+    rich markup (``[/bold]`` in a label crashed the bar with a MarkupError, ``[v2]``
+    vanished). ``columns``: rich's default ones when none are given, the description
+    column first; put :func:`description_column` where a custom layout shows it."""
+    from rich.progress import Progress
+
+    if not columns:
+        columns = (description_column(), *Progress.get_default_columns()[1:])
+    return Progress(*columns, **kw)
+
+
+def description_column() -> Any:
+    """The task description, markup off (rich's default column parses it as markup)."""
+    from rich.progress import TextColumn
+
+    return TextColumn("{task.description}", markup=False, style="progress.description")
 
 
 def read_toml(path: str | Path, what: str = "file") -> dict:

@@ -623,15 +623,16 @@ def run_points(points: Sequence[SweepPoint], *, out: str | Path, executor: str =
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
-            Progress,
             TextColumn,
             TimeElapsedColumn,
             TimeRemainingColumn,
         )
 
-        bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), TimeRemainingColumn(),
-                       TextColumn("{task.description}"), transient=False)
+        from dspark_sim.io import description_column, progress_bar
+
+        bar = progress_bar(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
+                           TimeElapsedColumn(), TimeRemainingColumn(),
+                           description_column(), transient=False)
         task = bar.add_task(f"{len(points) - len(todo)} reused", total=len(points),
                             completed=len(points) - len(todo))
         bar.start()

@@ -336,6 +336,25 @@ def test_user_text_with_brackets_prints_as_written(tmp_path):
     assert r.exit_code == 2 and "[bold]missing.toml" in r.output
 
 
+@pytest.mark.parametrize("label", ["odd [/bold] target", "model [v2]", "[/]", "a[bold]b"])
+def test_progress_labels_print_as_written(tmp_path, capsys, label):
+    # a label holding "[/bold]" crashed the bar (MarkupError), "[v2]" vanished from it
+    pytest.importorskip("torch")
+    from dspark_sim.io import progress_bar
+    from dspark_sim.traces.capture import _run_chunks
+
+    manifest = {"done": {}}
+    _run_chunks([[0], [1]], manifest, tmp_path / "manifest.json", lambda ci, chunk: {"ci": ci},
+                f"capture {label}", progress=True, fail_after=None)
+    assert manifest["done"] == {"0": {"ci": 0}, "1": {"ci": 1}}
+    assert f"capture {label}" in capsys.readouterr().out
+    bar = progress_bar(transient=False)  # the sweep's and training's bars: the same columns
+    with bar:
+        task = bar.add_task("start", total=2)
+        bar.update(task, advance=2, description=f"{label} qps=1")
+    assert f"{label} qps=1" in capsys.readouterr().out
+
+
 def test_run_help_lists_every_policy_and_length_model():
     # the help text is where a user looks first; it drifted behind the registry once
     from dspark_sim.policies.registry import POLICY_NAMES

@@ -474,9 +474,9 @@ def _run_chunks(chunks: list[list[int]], manifest: dict[str, Any], mpath: Path, 
     """Run the chunks the manifest does not list yet, recording each as it finishes."""
     bar = None
     if progress:
-        from rich.progress import Progress
+        from dspark_sim.io import progress_bar
 
-        bar = Progress(transient=False)
+        bar = progress_bar(transient=False)  # the label holds the target's name: no markup
         bar.start()
         task = bar.add_task(label, total=len(chunks))
         bar.update(task, completed=len(manifest["done"]))

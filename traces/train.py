@@ -84,9 +84,9 @@ def training_data(target: Target, prompts: list[Prompt], max_new_tokens: int = 1
 def _generate_with_progress(target, prompts, max_new_tokens, layers, batch_size, progress, label):
     if not progress:
         return generate_cached(target, prompts, max_new_tokens, layers, batch_size)
-    from rich.progress import Progress
+    from dspark_sim.io import progress_bar
 
-    with Progress(transient=False) as bar:
+    with progress_bar(transient=False) as bar:
         task = bar.add_task(label, total=len(prompts))
         return generate_cached(target, prompts, max_new_tokens, layers, batch_size,
                                progress=lambda n: bar.advance(task, n))
@@ -188,9 +188,9 @@ def _optimise(model, kind: str, tgt: Target, store: SequenceStore, anchors: np.n
     need_tl = kind == "dspark"
     bar = None
     if progress:
-        from rich.progress import Progress
+        from dspark_sim.io import progress_bar
 
-        bar = Progress(transient=False)
+        bar = progress_bar(transient=False)
         bar.start()
         task = bar.add_task(f"training {kind}", total=steps)
     try:
