@@ -78,8 +78,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     cls=OneLineErrors,
 )
-traces_app = typer.Typer(help="Write, import, inspect and export acceptance traces (schema v1).",
-                         no_args_is_help=True)
+traces_app = typer.Typer(help="Write, import, inspect and export acceptance traces (schema v1 "
+                              "and v2: docs/traces.md).", no_args_is_help=True)
 profiles_app = typer.Typer(help="List and show engine profiles.", no_args_is_help=True)
 calibrate_app = typer.Typer(help="Measure engine profiles and calibrate drafter confidences.",
                             no_args_is_help=True)
@@ -781,9 +781,15 @@ def validate(
     max_new_tokens: Annotated[int, typer.Option(
         help="Output tokens per request (at most 32,768).")] = 128,
     device: Device = "cpu",
-    drafter: Annotated[str, typer.Option(help="auto | dspark | mtp1 | parallel | lookup")] = "auto",
+    drafter: Annotated[str, typer.Option(
+        help="auto (the shipped dspark checkpoint, else mtp1's, else lookup) | lookup | a "
+             "shipped kind: mtp1, parallel, dspark | a checkpoint folder (drafter.safetensors "
+             "+ drafter.json) | deepspec:DIR (a DeepSpec checkpoint).")] = "auto",
     profile: Annotated[str, typer.Option(
-        help="Cost tables to compare: built-in/TOML, 'measure' (re-measure now), 'insitu'.")] =
+        help="Comma-separated cost tables to compare, the first the headline: a built-in name "
+             "or TOML path | auto (built-in smollm2-cpu, else measured) | measure (re-measure "
+             "now) | insitu (the first real one rescaled to the other points' real steps) | "
+             "insitu-self (diagnostic: to the point's own steps).")] =
         "insitu,measure,auto",
     clock: Annotated[str, typer.Option(help="auto | cpu (thread CPU time) | wall")] = "auto",
     save_profile: Annotated[Path | None, PathOption(

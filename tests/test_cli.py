@@ -368,3 +368,22 @@ def test_run_help_lists_every_policy_and_length_model():
     assert "@BASE" in text
     assert [n for n in ("azure-conv", "azure-code", "mooncake", "long-context", "fixed:",
                         "lognormal:", *TRACE_LENGTHS) if n not in text] == []
+
+
+def test_validate_and_traces_help_say_what_the_code_accepts():
+    # validate --drafter did not say it takes a checkpoint folder, --profile lacked auto
+    # and insitu-self, and the traces group said "schema v1" beside v2 traces
+    import typer
+
+    from dspark_sim.traces.schema import SCHEMA_VERSIONS
+    from dspark_sim.traces.train import LEARNED_KINDS
+    from dspark_sim.validation.harness import INSITU, INSITU_SELF
+
+    group = typer.main.get_command(app)
+    helps = {p.opts[0]: p.help for p in group.commands["validate"].params}
+    assert [w for w in ("auto", "lookup", *LEARNED_KINDS, "checkpoint folder", "deepspec:DIR")
+            if w not in helps["--drafter"]] == []
+    assert [w for w in ("auto", "measure", INSITU, INSITU_SELF, "TOML")
+            if w not in helps["--profile"]] == []
+    traces_help = group.commands["traces"].help
+    assert [v for v in SCHEMA_VERSIONS if f"v{v}" not in traces_help] == []
