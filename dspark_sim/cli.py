@@ -284,6 +284,8 @@ def run(
     if out is not None:
         check_writable(out, "--out", inside={SUMMARY: "file", REQUESTS: "file"})
     cfg = resolve_config(preset_name=preset_name, config_path=config, options=given)
+    if policy_profile is not None and not policy_profile.strip():
+        raise InputError("--policy-profile", "is empty: give a profile or leave the option out")
     sched_profile = load_profile(policy_profile) if policy_profile is not None else None
     trace_obj = resolve_trace(cfg, get_policy(cfg.policy))
     pol = get_policy(cfg.policy)

@@ -306,6 +306,10 @@ class _Layer:
         self.where: dict[str, str] = {}
 
     def set(self, path: str, value: Any, where: str) -> None:
+        if isinstance(value, str) and not value.strip():
+            # given but empty is not "not given": --lengths '' or a file's lengths = ""
+            # ran the default lengths, --trace '' the default trace
+            raise InputError(where, "is empty: give a value or leave it out")
         self.values[path] = _coerce(value, _field_type(path), where)
         self.where[path] = where
 
@@ -512,6 +516,8 @@ def resolve_config(*, preset_name: str | None = None, config_path: str | Path | 
     file_preset = data.get("preset")
     if preset_name is None and file_preset is not None and not isinstance(file_preset, str):
         raise InputError(f"{config_path} preset", f"must be a string, got {file_preset!r}")
+    if preset_name is not None and not preset_name.strip():
+        raise InputError("--preset", "is empty: give a preset name or leave the option out")
     name = preset_name or file_preset or "default"
     cfg = preset(name)
     layers = [_preset_layer(name, cfg)]

@@ -46,7 +46,15 @@ def one_line_error(r, *needles: str) -> str:
     (["--policy", "fixed:1000"], ["--policy", "gamma_max = 7"]),
     (["--lengths", "fixed:10:1000000000000"], ["--lengths"]),
     (["--slo", "ttft:inf"], ["--slo"]),
-    (["--slo", ""], ["--slo", "ttft:MS,tpot:MS"]),  # was read as no SLO
+    # given but empty was read as not given: the default lengths, trace, preset, no SLO
+    (["--slo", ""], ["--slo", "ttft:MS,tpot:MS"]),
+    (["--lengths", ""], ["--lengths", "empty"]),
+    (["--trace", " "], ["--trace", "empty"]),
+    (["--mtp-trace", ""], ["--mtp-trace", "empty"]),
+    (["--domain", ""], ["--domain", "empty"]),
+    (["--calibration", ""], ["--calibration", "empty"]),  # the error named no option
+    (["--policy-profile", ""], ["--policy-profile", "empty"]),  # it named --profile
+    (["--preset", ""], ["--preset", "empty"]),
     (["--no-such-option"], ["--no-such-option"]),
 ])
 def test_bad_options_are_refused_before_simulating(no_simulation, args, needles):
@@ -116,6 +124,9 @@ def test_preset_flag_beats_the_files_preset(tmp_path):
     ('[bogus]\nx = 1\n', ["unknown table"]),
     ('preset = 3\n', ["preset"]),
     ('[workload]\narrival = "closed"\nqps = 5.0\n', ["qps", "closed"]),
+    # an empty string was read as not given: the default lengths and trace ran
+    ('[workload]\nlengths = ""\n', ["[workload] lengths", "empty"]),
+    ('[run]\ntrace = " "\n', ["[run] trace", "empty"]),
 ])
 def test_config_file_is_type_checked(no_simulation, tmp_path, text, needles):
     cfg = _write_config(tmp_path, text)
