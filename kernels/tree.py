@@ -178,8 +178,9 @@ def verify_tree_greedy(node_tokens: torch.Tensor, target: torch.Tensor, tree: Dr
     streams each row once, like :func:`~dspark_sim.kernels.verify_greedy`) or the argmax
     ids [N + R]. ``tree`` (:class:`~dspark_sim.kernels.layout.DraftTree`) carries the
     parents, the node blocks and ``max_depth``, the width of ``path``."""
-    if node_tokens.dim() != 1:
-        raise ValueError(f"node_tokens must be 1-D [N], got {tuple(node_tokens.shape)}")
+    if node_tokens.dim() != 1 or node_tokens.is_floating_point() or node_tokens.is_complex():
+        raise ValueError(f"node_tokens must be 1-D integer ids [N], got "
+                         f"{tuple(node_tokens.shape)} {node_tokens.dtype}")
     blocks, parents = tree.blocks, tree.parents
     blocks.expect_tokens(node_tokens.numel(), "node_tokens")
     am = _argmax_rows(target, blocks.num_target_rows)

@@ -63,6 +63,15 @@ def _check_rows(name: str, x: torch.Tensor, rows: int, vocab: int | None) -> int
     return x.shape[1]
 
 
+def _check_tokens(name: str, tokens: torch.Tensor, blocks: Blocks) -> None:
+    """1-D integer ids, one per token of the layout (any value: ids outside the
+    vocabulary are rejected by verification, never read)."""
+    if tokens.dim() != 1 or tokens.is_floating_point() or tokens.is_complex() or (
+            tokens.dtype == torch.bool):
+        raise TypeError(f"{name} must be 1-D integer ids, got {tuple(tokens.shape)} {tokens.dtype}")
+    blocks.expect_tokens(tokens.numel(), name)
+
+
 def _check_prob_rows(draft_probs: torch.Tensor, target_probs: torch.Tensor,
                      blocks: Blocks | torch.Tensor) -> Blocks:
     """The layout, with ``draft_probs`` [T, V] and ``target_probs`` [T + R, V] checked on it."""
@@ -107,7 +116,7 @@ def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
     target row once (``(T + R) * V`` elements) and writes ``O(T + R)`` integers.
     """
     blocks = as_blocks(blocks)
-    blocks.expect_tokens(draft_tokens.numel(), "draft_tokens")
+    _check_tokens("draft_tokens", draft_tokens, blocks)
     _check_rows("target_logits", target_logits, blocks.num_target_rows, None)
     same_device(draft_tokens, target_logits, blocks.cu_seqlens)
     if resolve_backend(backend, target_logits) == "torch":
@@ -177,10 +186,12 @@ def verify_stochastic_torch(
     num_req, num_draft = lengths.numel(), draft_tokens.numel()
     req, pos = _request_ids(cu, num_draft)
     tv = _tv_from_diff(_target_minus_draft(draft_probs, target_probs, req, max_seqlen))
-    x = draft_tokens.unsqueeze(1)
-    px_d = draft_probs.gather(1, x).squeeze(1).float()
-    px_t = target_probs[torch.arange(num_draft, device=cu.device) + req, draft_tokens].float()
-    ok = uniforms.accept * px_d < px_t
+    vocab = target_probs.shape[1]
+    in_vocab = (draft_tokens >= 0) & (draft_tokens < vocab)  # outside: p_t(x) = 0, rejected
+    x = draft_tokens.clamp(0, vocab - 1)
+    px_d = draft_probs.gather(1, x.unsqueeze(1)).squeeze(1).float()
+    px_t = target_probs[torch.arange(num_draft, device=cu.device) + req, x].float()
+    ok = in_vocab & (uniforms.accept * px_d < px_t)
     acc = _first_false(ok, req, pos, lengths)
 
     rejected = acc < lengths
@@ -233,7 +244,7 @@ def verify_stochastic(
     pass 1 (TV, accept test, residual mass), at most ``2 R`` rows in pass 2 (sampling).
     """
     blocks = _check_prob_rows(draft_probs, target_probs, blocks)
-    blocks.expect_tokens(draft_tokens.numel(), "draft_tokens")
+    _check_tokens("draft_tokens", draft_tokens, blocks)
     num_draft, num_req = blocks.num_tokens, blocks.num_requests
     device = same_device(draft_tokens, draft_probs, target_probs, blocks.cu_seqlens)
     if uniforms is None:

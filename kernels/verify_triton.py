@@ -138,10 +138,13 @@ def _stoch_rows_kernel(
         if WITH_ACCEPT:
             tl.store(mass_ptr + row_t, tl.sum(res_sum, 0))
             x = tl.load(tok_ptr + i)
-            px_d = tl.load(pd_base + x).to(tl.float32)
-            px_t = tl.load(pt_base + x).to(tl.float32)
+            # A token outside the vocabulary has p_t(x) = 0: rejected, never loaded (an
+            # unmasked load there read past the row: garbage, or an illegal address).
+            x_ok = (x >= 0) & (x < V)
+            px_d = tl.load(pd_base + x, mask=x_ok, other=0.0).to(tl.float32)
+            px_t = tl.load(pt_base + x, mask=x_ok, other=0.0).to(tl.float32)
             u = tl.load(u_ptr + i)
-            tl.store(ok_ptr + i, (u * px_d < px_t).to(tl.int8))
+            tl.store(ok_ptr + i, (x_ok & (u * px_d < px_t)).to(tl.int8))
     elif WITH_ACCEPT:
         if k == n:
             row_t = start + n + r

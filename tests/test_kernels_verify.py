@@ -297,6 +297,28 @@ def test_malformed_layouts_are_refused(offsets, needle, backend):
                       torch.tensor(offsets, device=DEV), backend=backend)
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_out_of_vocab_draft_tokens_are_rejected_not_read(backend):
+    """A draft id outside [0, V) has p_t = 0: rejected at its position on both backends.
+    The Triton kernel used to load p_d/p_t at that id, past the row."""
+    gen = torch.Generator().manual_seed(4)
+    lengths, vocab = [3, 3, 2], 16
+    draft, pd, pt = _stoch_case(lengths, vocab, torch.float32, gen, DEV)
+    u_zero = Uniforms(torch.zeros(8, device=DEV), torch.full((3,), 0.5, dtype=torch.float64,
+                                                           device=DEV))
+    pt = pd.new_ones(pt.shape) / vocab  # u = 0 accepts every in-vocab token
+    bad = draft.clone()
+    bad[1], bad[3], bad[7] = vocab, -1, 10**6  # request 0 at k=1, 1 at k=0, 2 at k=1
+    out = verify_stochastic(bad, pd, pt, _cu(lengths), uniforms=u_zero, backend=backend)
+    assert out.accepted_len.tolist() == [1, 0, 1]
+    ref = verify_stochastic(draft, pd, pt, _cu(lengths), uniforms=u_zero, backend=backend)
+    assert ref.accepted_len.tolist() == lengths  # the same draft in vocab: all accepted
+    with pytest.raises(TypeError, match="integer ids"):
+        verify_stochastic(bad.float(), pd, pt, _cu(lengths), backend=backend)
+    with pytest.raises(TypeError, match="integer ids"):
+        verify_greedy(bad.float(), pt, _cu(lengths), backend=backend)
+
+
 def test_blocks_layout():
     blocks = Blocks.from_lengths([3, 0, 5])
     assert blocks.cu_seqlens.tolist() == [0, 3, 3, 8]
