@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import write_text_atomic
+from dspark_sim.io import loads_toml, write_text_atomic
 
 METHODS = ("identity", "temperature", "isotonic")
 _EPS = 1e-6
@@ -178,7 +178,7 @@ def load_calibration(path: str | Path | None) -> CalibrationMap:
         except UnicodeDecodeError as exc:
             raise InputError(source, "not a text file") from exc
     try:
-        data = tomllib.loads(text)
+        data = loads_toml(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(source, f"invalid TOML: {exc}") from exc
     return _from_table(data.get("calibration"), source)

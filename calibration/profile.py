@@ -114,6 +114,7 @@ from typing import Any
 import numpy as np
 
 from dspark_sim.errors import InputError
+from dspark_sim.io import loads_toml
 
 # analytic: a roofline from hardware/model sheets; measured: timed on a device;
 # published: a third party's published cost fit, transcribed (sourced in the file).
@@ -600,7 +601,7 @@ def load_profile(path_or_name: str | Path | None = None) -> EngineProfile:
         text = res.read_text()
         source = f"builtin:{spec}"
     try:
-        data = tomllib.loads(text)
+        data = loads_toml(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(source, f"invalid TOML: {exc}") from exc
     return profile_from_dict(data, source)

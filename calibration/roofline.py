@@ -64,7 +64,7 @@ import numpy as np
 
 from dspark_sim.calibration.profile import DraftCost, EngineLimits, EngineProfile, profile_from_dict
 from dspark_sim.errors import InputError
-from dspark_sim.io import read_toml
+from dspark_sim.io import loads_json, read_toml
 
 
 @dataclass(frozen=True)
@@ -611,7 +611,7 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
         cfg_path = Path(str(m_spec["hf_config"]))
         cfg_path = cfg_path if cfg_path.is_absolute() else base / cfg_path
         try:
-            cfg = json.loads(cfg_path.read_text(encoding="utf-8-sig"))
+            cfg = loads_json(cfg_path.read_text(encoding="utf-8-sig"))
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(str(cfg_path), f"cannot read HF config ({exc})") from exc
         derived = asdict(model_sheet_from_hf_config(cfg))

@@ -80,6 +80,28 @@ def description_column() -> Any:
     return TextColumn("{task.description}", markup=False, style="progress.description")
 
 
+def loads_json(text: str | bytes):
+    """``json.loads`` for user files: a document nested too deeply for the parser is a
+    ``json.JSONDecodeError`` like any other malformed JSON. (``json.loads("[" * 10**5)``
+    raises RecursionError, which no reader's ``except JSONDecodeError`` caught: a
+    traceback instead of the one-line error.)"""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", "", 0) from None
+
+
+def loads_toml(text: str) -> dict:
+    """``tomllib.loads`` for user files: nesting too deep for the (recursive) parser is a
+    ``TOMLDecodeError`` like any other malformed TOML, never a RecursionError."""
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise tomllib.TOMLDecodeError("arrays or tables nested too deeply") from None
+
+
 def read_toml(path: str | Path, what: str = "file") -> dict:
     """Parse a TOML file; a missing, unreadable or malformed file is an ``InputError``
     naming it (one line), never a traceback."""
@@ -91,7 +113,7 @@ def read_toml(path: str | Path, what: str = "file") -> dict:
     if not p.is_file():
         raise InputError(str(p), f"{what} not found")
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8-sig"))  # a BOM is not TOML
+        return loads_toml(p.read_text(encoding="utf-8-sig"))  # a BOM is not TOML
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(str(p), f"invalid TOML: {exc}") from exc
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import polars as pl
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import sha256_file
+from dspark_sim.io import loads_json, sha256_file
 
 SUMMARY = "summary.json"
 REQUESTS = "requests.parquet"
@@ -111,7 +111,7 @@ def read_run(out: str | Path) -> tuple[dict, pl.DataFrame]:
         if not p.is_file():
             raise InputError(str(p), "not found (not a run folder?)")
     try:
-        summary = json.loads(s_path.read_text())
+        summary = loads_json(s_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(str(s_path), f"not a JSON file ({exc})") from exc
     if not isinstance(summary, dict):

@@ -29,7 +29,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import write_text_atomic
+from dspark_sim.io import loads_json, write_text_atomic
 from dspark_sim.sim.frontier import (
     BASIS_TEXT,
     DEFAULT_TIERS,
@@ -92,7 +92,7 @@ def read_vllm_results(path: str | Path, gpus: int | None = None) -> pl.DataFrame
     rows = []
     for f in files:
         try:
-            d = json.loads(f.read_text(encoding="utf-8-sig"))
+            d = loads_json(f.read_text(encoding="utf-8-sig"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(str(f), f"not a JSON file ({exc})") from exc
         except OSError as exc:

@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import tidy_csv
+from dspark_sim.io import loads_json, tidy_csv
 from dspark_sim.sim.config import (
     MAX_LOGNORMAL_SIGMA,
     MAX_SIM_TIME_S,
@@ -131,7 +131,7 @@ def _read_mooncake(p: Path, source: str) -> pl.DataFrame:
             if not line.strip():
                 continue
             try:
-                d = json.loads(line)
+                d = loads_json(line)
                 rows.append((float(d["timestamp"]) / 1e3, _count(d["input_length"]),
                              _count(d["output_length"])))
             except json.JSONDecodeError as exc:

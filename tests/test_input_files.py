@@ -136,3 +136,64 @@ def test_a_replay_past_the_clock_names_the_file_unless_a_rate_was_given(tmp_path
     r = CliRunner().invoke(app, ["run", "--workload", str(plain), "--replay-qps", "1e-12",
                                  "--quiet"])
     assert r.exit_code == 2 and r.output.startswith("error: --replay-qps: the replay spans 2e+12 s")
+
+
+DEEP_JSON = "[" * 100_000 + "]" * 100_000  # past the C parser's recursion limit
+DEEP_TOML = "x = " + DEEP_JSON + "\n"       # tomllib recurses per nested array too
+
+
+def _deep_trace(path):
+    import pyarrow.parquet as pq
+
+    from dspark_sim.traces.schema import META_KEY, load_trace
+
+    table = load_trace("mtp1-synthetic").to_polars().head(4).to_arrow()
+    pq.write_table(table.replace_schema_metadata({META_KEY: DEEP_JSON.encode()}), path)
+    return load_trace(path)
+
+
+def _deep_run_folder(path):
+    from dspark_sim.sim.outputs import read_run
+
+    path.mkdir()
+    (path / "summary.json").write_text(DEEP_JSON)
+    (path / "requests.parquet").write_bytes(b"")
+    return read_run(path)
+
+
+def _loaders():
+    from dspark_sim.calibration.confmap import load_calibration
+    from dspark_sim.calibration.profile import load_profile
+    from dspark_sim.calibration.roofline import profile_from_sheets
+    from dspark_sim.sim.config import load_config
+    from dspark_sim.sim.report import read_vllm_results
+    from dspark_sim.traces.importers import import_specdecode_bench, read_vllm_counters
+    from dspark_sim.traces.targets import load_prompts
+
+    def file(name, text, load):
+        return lambda d: load(_write(d / name, text))
+
+    return {
+        "trace metadata": lambda d: _deep_trace(d / "t.parquet"),
+        "mooncake workload": file("w.jsonl", DEEP_JSON + "\n", read_workload),
+        "vllm results": file("r.json", DEEP_JSON, read_vllm_results),
+        "vllm counters": file("b.json", "{" + f'"a": {DEEP_JSON}' + "}", read_vllm_counters),
+        "specdecode-bench": file("s.jsonl", DEEP_JSON + "\n", import_specdecode_bench),
+        "per-position jsonl": file("p.jsonl", DEEP_JSON + "\n", import_per_position),
+        "prompts": lambda d: load_prompts(_write(d / "gsm8k.jsonl", DEEP_JSON + "\n").parent),
+        "run summary": lambda d: _deep_run_folder(d / "run"),
+        "config": file("c.toml", DEEP_TOML, load_config),
+        "profile": file("p.toml", DEEP_TOML, load_profile),
+        "calibration map": file("m.toml", DEEP_TOML, load_calibration),
+        "sheet": file("s.toml", DEEP_TOML, lambda p: profile_from_sheets(p, name="s")),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_loaders()))
+def test_a_document_nested_too_deeply_is_malformed_input_not_a_recursion_error(tmp_path, kind):
+    """``json.loads`` and ``tomllib`` raise RecursionError on ~10^5 nested brackets, which
+    the readers' ``except JSONDecodeError`` / ``TOMLDecodeError`` missed: a traceback from
+    every command reading the file. It is malformed JSON / TOML like any other."""
+    with pytest.raises(InputError, match="nested too deeply") as err:
+        _loaders()[kind](tmp_path)
+    assert str(tmp_path) in str(err.value) and "\n" not in str(err.value)

