@@ -191,3 +191,33 @@ def test_wrong_typed_metadata_is_one_line_error(tmp_path, key, value):
     with pytest.raises(InputError, match=key) as exc:
         read_trace(p)
     assert str(p) in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("domain,match", [
+    (pl.Series("domain", [None, "math", "math"], dtype=pl.Utf8), "'domain' has a missing value at row 0"),
+    (pl.Series("domain", [3, 3, 3]), "'domain' must hold strings, got Int64"),
+])
+def test_a_domain_column_that_is_not_strings_is_refused(domain, match):
+    """A null domain became the domain "None" (and a number "3"): a run of
+    ``--domain math`` silently dropped that request."""
+    with pytest.raises(InputError, match=match):
+        trace_from_frame(_frame().with_columns(domain), META, "d.parquet")
+    cat = trace_from_frame(_frame().with_columns(pl.col("domain").cast(pl.Categorical)), META)
+    assert cat.req_domain.tolist() == ["math", "math"]
+
+
+def test_integer_ids_past_int32_keep_their_digits(tmp_path):
+    """Ids were cast to int32, so 2**32 wrapped round to request 0's id: two requests,
+    one id. Past int32 they are kept as their digits (as the importers keep them), in
+    numeric order, and read back the same."""
+    df = _frame().with_columns(pl.Series("request_id", [2**32, 2**32, 0], dtype=pl.Int64))
+    t = trace_from_frame(df, META, "x")
+    assert t.req_ids.tolist() == ["0", str(2**32)]
+    assert t.accept_len.tolist() == [0, 1, 3]  # request 0's row first, numeric order
+    u = read_trace(write_trace(t, tmp_path / "ids.parquet"))
+    assert u.req_ids.tolist() == ["0", str(2**32)] and u.accept_len.tolist() == [0, 1, 3]
+    big = _frame().with_columns(pl.Series("request_id", [2**64 - 1] * 2 + [1], dtype=pl.UInt64))
+    assert trace_from_frame(big, META).req_ids.tolist() == ["1", str(2**64 - 1)]
+    small = trace_from_frame(_frame().with_columns(pl.col("request_id").cast(pl.UInt8)), META)
+    assert small.req_ids.dtype == np.int32 and small.req_ids.tolist() == [0, 1]
+

@@ -347,25 +347,43 @@ def trace_from_frame(df: pl.DataFrame, meta: TraceMeta, source: str = "<memory>"
             bad = int(np.flatnonzero(differ)[0])
             raise InputError(source, f"{col} differs between rows of request {rid_s[bad]} (row {bad})")
         req_len[col] = per_req
-    domain = df["domain"].cast(pl.Utf8).to_numpy()[starts].astype(str)
+    domain = _req_domains(df["domain"], starts, source)
     domains = tuple(sorted(set(domain.tolist())))
     if not meta.domains:
         meta = replace(meta, domains=domains)
-    req_ids = (rid_s.cast(pl.Int64).to_numpy()[starts].astype(np.int32) if rid_s.dtype.is_integer()
-               else rid_s.cast(pl.Utf8).to_numpy()[starts].astype(str))
     return AcceptanceTrace(
         meta=meta,
         accept_len=m.astype(np.int8),
         conf=conf,
         req_offsets=offsets,
         req_domain=domain,
-        req_ids=req_ids,
+        req_ids=_req_ids(rid_s, starts),
         tv_accept=tv,
         source_path=source,
         req_prompt_tokens=req_len.get("prompt_tokens"),
         req_output_tokens=req_len.get("output_tokens"),
         v2=_v2_or_none(schema_v2.from_frame(df, g, starts, source)),
     )
+
+
+def _req_domains(dom: pl.Series, starts: np.ndarray, source: str) -> np.ndarray:
+    # a null became the domain "None" and a number "3": refused like any mistyped column
+    if dom.dtype not in (pl.Utf8, pl.Categorical) and not isinstance(dom.dtype, pl.Enum):
+        raise InputError(source, f"column 'domain' must hold strings, got {dom.dtype}")
+    if dom.null_count():
+        raise InputError(source, f"column 'domain' has a missing value at row "
+                                 f"{int(dom.is_null().arg_max())}")
+    return dom.cast(pl.Utf8).to_numpy()[starts].astype(str)
+
+
+def _req_ids(rid: pl.Series, starts: np.ndarray) -> np.ndarray:
+    """Integer ids are held as int32; ids past its range keep their digits as strings, as
+    the importers keep them (cast to int32 they wrapped round: 2**32 became request 0,
+    two requests one id)."""
+    i32 = np.iinfo(np.int32)
+    if rid.dtype.is_integer() and i32.min <= rid.min() and rid.max() <= i32.max:
+        return rid.cast(pl.Int32).to_numpy()[starts]
+    return rid.cast(pl.Utf8).to_numpy()[starts].astype(str)
 
 
 def _v2_or_none(v: V2Fields) -> V2Fields | None:
