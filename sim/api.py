@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from dspark_sim.calibration.confmap import CalibrationMap, load_calibration
+from dspark_sim.calibration.confmap import CalibrationMap, builtin_calibrations, load_calibration
 from dspark_sim.calibration.profile import EngineProfile, load_profile
 from dspark_sim.errors import InputError
 from dspark_sim.io import jsonable
@@ -87,8 +87,16 @@ def resolve_calibration(cfg: SimConfig, trace: AcceptanceTrace | None) -> Calibr
     name), as a deployed drafter ships with its fitted map; otherwise the identity."""
     if cfg.calibration is not None:
         return load_calibration(cfg.calibration)
-    if trace is not None and trace.meta.extra.get("calibration"):
-        return load_calibration(str(trace.meta.extra["calibration"]))
+    name = trace.meta.extra.get("calibration") if trace is not None else None
+    if name:
+        # a built-in name, never a file: a path here would be read relative to wherever
+        # the command runs, and a name not found was blamed on the name, not the trace
+        if name not in ("identity", "none", *builtin_calibrations()):
+            raise InputError(trace.source_path, f"trace metadata 'calibration' names {name!r}, "
+                             "which is not a built-in calibration map; give the map with "
+                             "--calibration (built-in: "
+                             f"{', '.join(builtin_calibrations())})")
+        return load_calibration(name)
     return load_calibration(None)
 
 

@@ -221,3 +221,19 @@ def test_integer_ids_past_int32_keep_their_digits(tmp_path):
     small = trace_from_frame(_frame().with_columns(pl.col("request_id").cast(pl.UInt8)), META)
     assert small.req_ids.dtype == np.int32 and small.req_ids.tolist() == [0, 1]
 
+
+@pytest.mark.parametrize("name", ["no-such-map", "../../etc/passwd"])
+def test_a_calibration_map_the_metadata_names_must_be_built_in(name):
+    """The metadata names a built-in map; any other value (a path read relative to the
+    working folder, a name not shipped) is refused naming the trace, not the name."""
+    from dspark_sim.sim.api import resolve_calibration
+    from dspark_sim.sim.config import preset
+
+    t = trace_from_frame(_frame(), replace(META, extra={"calibration": name}), "m.parquet")
+    with pytest.raises(InputError, match=r"^m.parquet: trace metadata 'calibration' names"):
+        resolve_calibration(preset("tiny"), t)
+    ok = replace(t, meta=replace(META, extra={"calibration": "dspark-synthetic-sts"}))
+    assert resolve_calibration(preset("tiny"), ok).source == "builtin:dspark-synthetic-sts"
+    # --calibration wins: the trace's name is not looked at
+    given = replace(preset("tiny"), calibration="identity")
+    assert resolve_calibration(given, t).is_identity
