@@ -10,31 +10,66 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+INTERRUPTS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                   if hasattr(signal, name))
+
+
+@contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP back until the block ends, then deliver the first
+    one to the handler it would have reached.
+
+    Why: polars writes a parquet file on its own threads, and an interrupt raised in the
+    calling thread does not stop them, so the file kept growing after the ``finally``
+    meant to delete it had run: a half-written ``.NAME.*.tmp`` (or a ``.run-*`` folder)
+    stayed beside the output. Deferred, the write finishes, is renamed into place or
+    removed, and the command then stops as it would have. Costs the length of one write
+    (a second or so for a million-row parquet). Only the main thread can set handlers;
+    elsewhere the block runs undeferred."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: pending.append(signum))
+                for sig in INTERRUPTS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if pending:
+            signal.raise_signal(pending[0])
+
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; move it into place on success."""
+    """Yield a temporary path next to ``path``; move it into place on success. An
+    interrupt during the block is held back until the file is in place or removed
+    (:func:`deferred_interrupts`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        # mkstemp creates 0600; give the file the mode a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_path, 0o666 & ~umask)
-        os.replace(tmp_path, path)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+    with deferred_interrupts():
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp_path = Path(tmp)
+        try:
+            yield tmp_path
+            # mkstemp creates 0600; give the file the mode a plain open() would have.
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp_path, 0o666 & ~umask)
+            os.replace(tmp_path, path)
+        finally:
+            if tmp_path.exists():
+                tmp_path.unlink()
 
 
 def sha256_file(path: str | Path) -> str:

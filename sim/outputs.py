@@ -33,7 +33,7 @@ from pathlib import Path
 import polars as pl
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import loads_json, sha256_file
+from dspark_sim.io import deferred_interrupts, loads_json, sha256_file
 
 SUMMARY = "summary.json"
 REQUESTS = "requests.parquet"
@@ -58,6 +58,12 @@ def write_unit(out: str | Path, index: str, obj: dict,
     committed last; a failure before the commit restores every file it replaced."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    with deferred_interrupts():  # an interrupt waits for the commit or the rollback
+        return _write_unit(out, index, obj, files)
+
+
+def _write_unit(out: Path, index: str, obj: dict,
+                files: dict[str, Callable[[Path], object]]) -> Path:
     stage = Path(tempfile.mkdtemp(prefix=".run-", dir=out))
     umask = os.umask(0)
     os.umask(umask)

@@ -157,3 +157,54 @@ def test_validation_harness_writes_its_run_folders_as_one_unit(tmp_path, two_run
         "requests.parquet", "steps.parquet", "summary.json"]
     _write_run(tmp_path / "paired", a.summary, None)  # a summary alone: one atomic file
     assert [p.name for p in (tmp_path / "paired").iterdir()] == ["summary.json"]
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_during_a_write_waits_for_the_file_then_stops(tmp_path, two_runs,
+                                                                    signame):
+    """polars writes a parquet on its own threads: an interrupt raised in the calling
+    thread stopped the call but not the write, which went on after the cleanup had run,
+    so a half-written ``.run-*/requests.parquet`` or ``.NAME.*.tmp`` stayed beside the
+    output. The signal is now held until the write is committed (or rolled back), then
+    delivered: a complete new pair, nothing else in the folder, then the interrupt."""
+    import signal
+
+    from dspark_sim.io import write_atomic
+
+    a, b = two_runs
+    out = a.write(tmp_path / "run")
+    sig = getattr(signal, signame)
+    caught: list[int] = []
+
+    def handler(signum, _frame):
+        caught.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(sig, handler)
+    try:
+        def interrupted_write(path):
+            signal.raise_signal(sig)  # arrives mid-write: must wait
+            assert not caught
+            b.requests.write_parquet(path)
+
+        with pytest.raises(KeyboardInterrupt):
+            outputs.write_unit(out, "summary.json", b.summary,
+                               {"requests.parquet": interrupted_write})
+        assert caught == [sig]
+        summary, req = read_run(out)
+        assert summary["seed"] == b.summary["seed"] and req.equals(b.requests)
+        assert sorted(p.name for p in out.iterdir()) == ["requests.parquet", "summary.json"]
+
+        caught.clear()
+        def interrupted_text(path):
+            signal.raise_signal(sig)
+            path.write_text("xxxxx")
+
+        with pytest.raises(KeyboardInterrupt):
+            write_atomic(tmp_path / "t.txt", interrupted_text)
+        assert caught == [sig] and (tmp_path / "t.txt").read_text() == "xxxxx"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "t.txt"]
+        assert signal.getsignal(sig) is handler  # the deferral put the handler back
+    finally:
+        signal.signal(sig, previous)
+
