@@ -10,8 +10,11 @@ exit code 2, never a traceback; every argument is checked before anything expens
 from __future__ import annotations
 
 import math
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,6 +46,30 @@ def _error_line(text: str) -> None:
                       soft_wrap=True)
 
 
+def _terminated(signum: int, _frame: Any) -> None:
+    # an exception, not the default death: every ``finally`` runs, so a file being
+    # written atomically loses its temporary sibling and a run's output pair is rolled
+    # back (killed outright, a half-written ``.NAME.*.tmp`` stayed beside the output)
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def _exit_cleanly_on_termination():
+    """SIGTERM and SIGHUP (``kill``, a closed terminal, a batch scheduler's time limit)
+    end the command as Ctrl-C does: temporary files removed, the previous output kept,
+    exit code 128 + the signal's number, no traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    sigs = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    previous = {sig: signal.signal(sig, _terminated) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 class OneLineErrors(TyperGroup):
     """Runs the app with every failure a user can cause turned into one line and exit 2
     (typer's own usage errors included, which it would otherwise draw as a box)."""
@@ -52,7 +79,9 @@ class OneLineErrors(TyperGroup):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            with _exit_cleanly_on_termination():
+                rv = super().main(args, prog_name, complete_var, standalone_mode=False,
+                                  **extra)
         except InputError as exc:
             _error_line(str(exc))
             sys.exit(2)

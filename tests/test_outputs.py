@@ -208,3 +208,30 @@ def test_an_interrupt_during_a_write_waits_for_the_file_then_stops(tmp_path, two
     finally:
         signal.signal(sig, previous)
 
+
+def test_sigterm_ends_a_command_like_ctrl_c(tmp_path):
+    """``kill`` (SIGTERM) killed the process outright, mid-write: the temporary file
+    stayed beside the output. Now every ``finally`` runs: the trace being written is
+    completed and renamed into place, nothing else is left, exit code 143."""
+    out = tmp_path / "t.parquet"
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        import pyarrow.parquet as pq
+        from dspark_sim.cli import app
+        real = pq.write_table
+        def write_then_get_killed(*a, **k):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return real(*a, **k)
+        pq.write_table = write_then_get_killed
+        sys.argv = ["dspark-sim", "traces", "synth", "--out", {str(out)!r}, "--requests", "3",
+                    "--positions", "16"]
+        app()
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 143, r.stderr
+    assert "Traceback" not in r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["t.parquet"]
+    from dspark_sim.traces.schema import read_trace
+
+    assert read_trace(out).num_requests == 3
