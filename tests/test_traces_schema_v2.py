@@ -98,12 +98,19 @@ def test_a_missing_integer_is_refused_as_missing_not_cast(where, recwarn):
     ("tgt_token", pl.Int32, None, "'tgt_token' has missing"),
     ("tgt_token", pl.Int64, 2**40, r"range of int32 \(\[-2147483648, 2147483647\]\)"),
     ("target_entropy", pl.Float64, 1e6, r"range of float16 \(\[-65504, 65504\]\)"),
+    # a fraction was truncated (tgt_token 1.5 -> 1), a boolean read as 0 / 1
+    ("tgt_token", pl.Float64, 1.5, "'tgt_token' must hold integers, got Float64"),
+    ("req_correct", pl.Boolean, True, "'req_correct' must hold integers, got Boolean"),
+    ("true_rank", pl.Array(pl.Float32, G), [0.5] * G,
+     r"'true_rank' must hold integers, got Array\(Float32"),
+    ("true_rank", pl.List(pl.Float64), [0.5] * G, "'true_rank' must hold integers"),
 ])
 def test_per_row_values_that_would_not_survive_the_stored_type_are_refused(
         column, dtype, value, message, recwarn):
     """Stored as int8/int32/float16: a null or a value past the type's range would be cast
     to garbage (an integer wraps, a float16 becomes infinite), so it is refused."""
-    df = pl.DataFrame({column: pl.Series([1, 1, value, 1, 1], dtype=dtype)})
+    fill = [1] * G if isinstance(dtype, pl.Array | pl.List) else (dtype == pl.Boolean or 1)
+    df = pl.DataFrame({column: pl.Series([fill, fill, value, fill, fill], dtype=dtype)})
     with pytest.raises(InputError, match=message):
         schema_v2.from_frame(df, G, np.array([0, 2]), "bad.parquet")
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

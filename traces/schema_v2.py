@@ -193,6 +193,12 @@ def from_frame(df: pl.DataFrame, gamma: int, req_starts: np.ndarray, source: str
         if name not in df.columns:
             continue
         s = df[name]
+        leaf = s.dtype
+        while isinstance(leaf, pl.List | pl.Array):
+            leaf = leaf.inner
+        if dt != np.float16 and not leaf.is_integer():
+            # a float rank 0.5 was truncated to 0 (a hit), a boolean read as 0 / 1
+            raise InputError(source, f"'{name}' must hold integers, got {s.dtype}")
         try:
             if kind in ("g", "gk") and isinstance(s.dtype, pl.List):
                 s = s.list.to_array(int(s.list.len().max() or 0))
