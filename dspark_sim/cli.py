@@ -782,7 +782,8 @@ def capture(
     target: Annotated[str, typer.Option(help="smollm2, an HF model directory, or a .gguf.")] =
         "smollm2",
     gamma_max: Annotated[int, typer.Option(help="Draft block length recorded per position.")] = 7,
-    max_new_tokens: Annotated[int, typer.Option(help="Greedy output tokens per prompt.")] = 160,
+    max_new_tokens: Annotated[int, typer.Option(
+        help="Greedy output tokens per prompt (at most 32,768).")] = 160,
     per_domain: Annotated[int, typer.Option(help="Held-out prompts per domain.")] = 20,
     prompts: PromptDir = None,
     resume: Annotated[bool, typer.Option(help="Continue a killed capture from its shards.")] = False,
@@ -875,8 +876,10 @@ def calibrate_engine(
     batch_requests: Annotated[str, typer.Option(help="Requests per timed batch.")] = "1,2,4,6,8",
     verify_lengths: Annotated[str, typer.Option(help="Draft tokens verified per request.")] = "0,1,3,7",
     context_lengths: Annotated[str, typer.Option(help="KV context lengths.")] = "128,512",
-    warmup: Annotated[int, typer.Option()] = 2,
-    repeats: Annotated[int, typer.Option(help="Timed passes per shape (median); 12 keeps a shared CPU within ~10 %.")] = 12,
+    warmup: Annotated[int, typer.Option(help="Untimed passes per shape (at most 1,000).")] = 2,
+    repeats: Annotated[int, typer.Option(
+        help="Timed passes per shape (median; at most 1,000); 12 keeps a shared CPU within "
+             "~10 %.")] = 12,
     cuda_graphs: Annotated[bool, typer.Option(help="Capture CUDA graphs per bucket.")] = False,
     name: Annotated[str | None, typer.Option(help="Profile name.")] = None,
 ) -> None:

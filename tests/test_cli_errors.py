@@ -274,6 +274,8 @@ def test_imported_integers_past_int64_are_one_line_errors(tmp_path, name, body, 
     (["--context-lengths", "x"], ["--context-lengths", "integers", "'x'"]),
     (["--warmup", "-1"], ["--warmup", ">= 0"]),
     (["--repeats", "0"], ["--repeats", ">= 1"]),
+    (["--repeats", "1001"], ["--repeats", "limit of 1,000"]),  # timed for days before
+    (["--warmup", "1001"], ["--warmup", "limit of 1,000"]),
     (["--device", "tpu"], ["--device", "cpu or cuda", "'tpu'"]),
     (["--out", "/proc/p.toml"], ["--out", "/proc"]),
     # SmolLM2-135M: 8,192 positions; 30 layers x 2 x 3 KV heads x 64 x 4 bytes per token

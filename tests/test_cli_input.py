@@ -205,6 +205,7 @@ LOADING_BASE = {"capture": ["--drafters", "lookup"], "validate": []}
     ("capture", ["--device", "tpu"], ["--device"]),
     ("capture", ["--gamma-max", "0"], ["--gamma-max"]),
     ("capture", ["--max-new-tokens", "1"], ["--max-new-tokens"]),
+    ("capture", ["--max-new-tokens", "32769"], ["--max-new-tokens", "limit of 32,768"]),
     ("capture", ["--prompts", "/no/such/prompts"], ["--prompts"]),
     ("validate", ["--drafter", "bogus"], ["--drafter", "bogus"]),
     ("validate", ["--profile", "no-such-profile"], ["--profile"]),
@@ -251,6 +252,8 @@ def test_out_and_train_arguments_checked_first(no_model_load, tmp_path):
 def test_caps_are_in_the_help_and_the_largest_allowed_value_passes(no_model_load, tmp_path):
     import typer
 
+    from dspark_sim.calibration.measure import MAX_TIMED_PASSES
+    from dspark_sim.traces.capture import MAX_NEW_TOKENS
     from dspark_sim.traces.train import MAX_TRAIN_STEPS, check_steps
     from dspark_sim.validation import harness as h
 
@@ -261,13 +264,18 @@ def test_caps_are_in_the_help_and_the_largest_allowed_value_passes(no_model_load
     lo, hi = h.RATE_RANGE
     assert f"at most {h.MAX_RATES}, each in [{lo:g}, {hi:g}]" in v["--rates"]
     for opt, cap in (("--num-requests", h.MAX_REQUESTS), ("--sim-seeds", h.MAX_SIM_SEEDS),
-                     ("--max-new-tokens", h.MAX_NEW_TOKENS)):
+                     ("--max-new-tokens", MAX_NEW_TOKENS)):
         assert f"at most {cap:,}" in v[opt], (opt, v[opt])
     assert f"at most {MAX_TRAIN_STEPS:,}" in helps("train-drafter")["--steps"]
+    assert f"at most {MAX_NEW_TOKENS:,}" in helps("capture")["--max-new-tokens"]
+    engine = {p.opts[0]: p.help for p in
+              typer.main.get_command(app).commands["calibrate"].commands["engine"].params}
+    for opt in ("--warmup", "--repeats"):
+        assert f"at most {MAX_TIMED_PASSES:,}" in engine[opt], (opt, engine[opt])
     # the caps themselves are allowed (a > vs >= slip would refuse them)
     check_steps(MAX_TRAIN_STEPS)
     h.ValidationSetup(rates=(lo, hi) + (1.0,) * (h.MAX_RATES - 2), num_requests=h.MAX_REQUESTS,
-                      max_new_tokens=h.MAX_NEW_TOKENS, sim_seeds=h.MAX_SIM_SEEDS,
+                      max_new_tokens=MAX_NEW_TOKENS, sim_seeds=h.MAX_SIM_SEEDS,
                       out_dir=tmp_path / "v", profiles=("smollm2-cpu",)).check()
 
 

@@ -47,7 +47,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, check_positive_int
 from dspark_sim.io import check_writable, write_json_atomic
 from dspark_sim.traces import capture_v2, schema_v2
 from dspark_sim.traces.drafters import (
@@ -83,6 +83,9 @@ from dspark_sim.traces.targets import (
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SHIPPED_DRAFTERS = DATA_DIR / "drafters"
 MANIFEST = "manifest.json"
+# Greedy tokens per prompt (capture, and validate's requests): a generous cap, 4x the
+# SmolLM2 target's whole context, so a typo fails at once instead of decoding for days
+MAX_NEW_TOKENS = 32_768
 
 
 def heldout_prompts(per_domain: int = 20, split_seed: int = SPLIT_SEED,
@@ -351,6 +354,7 @@ def check_capture_args(target: Any, drafters: Sequence[str], *, gamma_max: int,
         raise InputError("--gamma-max", f"gamma_max must be in [1, 32], got {gamma_max}")
     if max_new_tokens < 2:
         raise InputError("--max-new-tokens", f"must be >= 2, got {max_new_tokens}")
+    check_positive_int("--max-new-tokens", max_new_tokens, MAX_NEW_TOKENS)
     if per_domain < 1 or batch_size < 1:
         raise InputError("--per-domain", "per_domain and batch_size must be >= 1")
     check_device(device)

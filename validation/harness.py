@@ -91,7 +91,6 @@ MAX_RATES = 16  # each rate is one real run per policy
 # req/s: below, a wall clock sleeps ~100 s per request between arrivals; far above, every
 # request arrives at once anyway
 RATE_RANGE = (0.01, 1000.0)
-MAX_NEW_TOKENS = 32_768  # 4x the SmolLM2 target's whole context
 MAX_SIM_SEEDS = 100  # one simulation per seed, point and profile
 SHIPPED_PROFILE = "smollm2-cpu"
 INSITU = "insitu"  # profile spec: rescaled on the other points' real steps (leave-one-point-out)
@@ -304,7 +303,7 @@ class ValidationSetup:
 
     def check(self) -> ValidationSetup:
         """Every argument, cheaply: no model loads (#12.10). Returns ``self``."""
-        from dspark_sim.traces.capture import check_drafter_spec
+        from dspark_sim.traces.capture import MAX_NEW_TOKENS, check_drafter_spec
         from dspark_sim.traces.targets import check_device, check_target_spec
         from dspark_sim.validation.clock import CLOCKS
 
