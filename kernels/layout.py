@@ -19,6 +19,7 @@ the token count (garbage accepted lengths on CPU, an illegal address on CUDA).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,7 +39,7 @@ def _host_offsets(cu_seqlens: torch.Tensor) -> list[int]:
     return cu_seqlens.tolist()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity equality: == on tensor fields is ambiguous
 class Blocks:
     """Varlen blocks: ``cu_seqlens`` [R+1] (on the kernels' device) and its host facts.
 
@@ -66,7 +67,7 @@ class Blocks:
     @classmethod
     def from_lengths(cls, lengths: Sequence[int], device: torch.device | str = "cpu",
                      max_seqlen: int | None = None) -> Blocks:
-        lens = [int(n) for n in lengths]
+        lens = [operator.index(n) for n in lengths]  # 2.5 is refused, not cut to 2
         if any(n < 0 for n in lens):
             raise ValueError(f"block lengths must be >= 0, got {min(lens)}")
         offsets = [0]
@@ -104,7 +105,7 @@ def as_blocks(layout: Blocks | torch.Tensor) -> Blocks:
     return layout if isinstance(layout, Blocks) else Blocks.from_cu_seqlens(layout)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DraftTree:
     """Varlen draft trees: node blocks, each node's request-local parent, the depth bound.
 

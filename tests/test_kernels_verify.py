@@ -334,6 +334,8 @@ def test_blocks_layout():
         Blocks.from_lengths([2], max_seqlen=True)
     with pytest.raises(ValueError, match=">= 0"):
         Blocks.from_lengths([2, -1])
+    with pytest.raises(TypeError):
+        Blocks.from_lengths([2.5])  # not cut to 2
     with pytest.raises(TypeError, match="int32/int64"):
         Blocks.from_cu_seqlens(torch.tensor([0.0, 2.0]))
     with pytest.raises(ValueError, match="1-D"):
