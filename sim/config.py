@@ -135,9 +135,10 @@ class SimConfig:
         for name in ("slo_ttft_ms", "slo_tpot_ms"):
             v = getattr(self, name)
             if v is not None:
-                _pos_float("--slo", v)
-        _pos_float("--drain-timeout-s", self.drain_timeout_s, MAX_SIM_TIME_S)
-        check_positive_int("--max-engine-steps", self.max_engine_steps, MAX_ENGINE_STEPS)
+                _pos_float(f"--slo/{name}", v)  # the option, or the file's key
+        # no option sets these two: a config file or a preset did (named by _reblame)
+        _pos_float("drain_timeout_s", self.drain_timeout_s, MAX_SIM_TIME_S)
+        check_positive_int("max_engine_steps", self.max_engine_steps, MAX_ENGINE_STEPS)
         check_positive_int("--gamma-max", self.gamma_max, 64)
         return self
 
@@ -161,7 +162,7 @@ def _validate_deployment(d: DeploymentConfig) -> None:
 
 
 def _validate_workload(w: WorkloadConfig) -> None:
-    _choice("arrival", w.arrival, ARRIVALS)
+    _choice("workload.arrival", w.arrival, ARRIVALS)
     check_positive_int("--num-requests", w.num_requests, MAX_NUM_REQUESTS)
     _pos_float("--duration-s", w.duration_s, MAX_SIM_TIME_S)
     if w.arrival in ("poisson", "gamma"):
@@ -285,6 +286,10 @@ OPTION_FIELDS: dict[str, str] = {
     "max_model_len": "engine.max_model_len", "prefill": "engine.prefill",
     "gamma_max": "gamma_max",
 }
+
+# Every config field as a layer names it: a [run] key, or "section.field".
+CONFIG_PATHS = frozenset(RUN_KEYS) | {f"{section}.{f.name}" for section, cls in SECTIONS.items()
+                                      for f in fields(cls)}
 
 # Workload fields that mean nothing under an arrival kind: setting one explicitly (at the
 # layer that chose the arrival, or above) is a conflict, not something to drop silently.
@@ -479,7 +484,7 @@ def _check_conflicts(cfg: SimConfig, layers: list[_Layer], arrival_layer: int) -
     arrival = cfg.workload.arrival
     decided_by = layers[arrival_layer].where.get("workload.arrival", layers[arrival_layer].name)
     for layer in layers[max(arrival_layer, 1):]:
-        for name in UNUSED_BY_ARRIVAL[arrival]:
+        for name in UNUSED_BY_ARRIVAL.get(arrival, ()):  # an unknown kind: validated next
             where = layer.where.get(f"workload.{name}")
             if where is not None:
                 raise InputError(where, f"does not apply to {arrival} arrivals (chosen by "
@@ -565,7 +570,10 @@ def _reblame(err: InputError, layers: list[_Layer]) -> typing.NoReturn:
     for group in (layers[1:], layers[:1]):
         found = False
         for flag in flags:
-            path = OPTION_FIELDS.get(flag.removeprefix("--").replace("-", "_"))
+            # an option's name, or a config field no option sets ("drain_timeout_s",
+            # "workload.arrival"): that one was blamed on an option nobody can type
+            path = OPTION_FIELDS.get(flag.removeprefix("--").replace("-", "_"),
+                                     flag if flag in CONFIG_PATHS else None)
             given = next((layer.where[path] for layer in reversed(group)
                           if path is not None and path in layer.where), None)
             if given is not None and given != flag:

@@ -127,6 +127,13 @@ def test_preset_flag_beats_the_files_preset(tmp_path):
     # an empty string was read as not given: the default lengths and trace ran
     ('[workload]\nlengths = ""\n', ["[workload] lengths", "empty"]),
     ('[run]\ntrace = " "\n', ["[run] trace", "empty"]),
+    # an unknown arrival kind was a KeyError traceback; the keys no option sets were
+    # blamed on options that do not exist (--drain-timeout-s, --max-engine-steps) or
+    # were not typed (--slo)
+    ('[workload]\narrival = "bogus"\n', ["[workload] arrival", "one of", "'bogus'"]),
+    ("[run]\ndrain_timeout_s = nan\n", ["[run] drain_timeout_s", "positive"]),
+    ("[run]\nmax_engine_steps = 0\n", ["[run] max_engine_steps", "positive integer"]),
+    ("[run]\nslo_tpot_ms = -1.0\n", ["[run] slo_tpot_ms", "positive"]),
 ])
 def test_config_file_is_type_checked(no_simulation, tmp_path, text, needles):
     cfg = _write_config(tmp_path, text)
