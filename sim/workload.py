@@ -87,6 +87,10 @@ def read_workload(path: str | Path) -> pl.DataFrame:
         v = df[col].to_numpy()
         if np.any(v < 0):
             raise InputError(source, f"negative token count in {col}")
+        if np.any(v > MAX_TOKENS_PER_REQUEST):  # the limit a --lengths spec has
+            raise InputError(source, f"{col} above the per-request limit of "
+                             f"{MAX_TOKENS_PER_REQUEST:,} in data row "
+                             f"{int(np.argmax(v > MAX_TOKENS_PER_REQUEST)) + 1}")
     df = df.sort("arrival_s", maintain_order=True)
     return df.with_columns(pl.col("arrival_s") - pl.col("arrival_s").min())
 
@@ -121,7 +125,18 @@ def _count(v) -> int:
         raise TypeError(f"token count {v!r} is not a number")
     if isinstance(v, float) and not v.is_integer():  # NaN and inf included
         raise ValueError(f"token count {v!r} is not a whole number")
-    return int(v)
+    n = int(v)
+    if n > MAX_TOKENS_PER_REQUEST:  # 10**30 became a 128-bit polars column: a traceback
+        raise ValueError(f"token count {n} is above the per-request limit of "
+                         f"{MAX_TOKENS_PER_REQUEST:,}")
+    return n
+
+
+def _timestamp_ms(v) -> float:
+    """A Mooncake timestamp (ms): a number, never a bool (true read as 1 ms)."""
+    if isinstance(v, bool):
+        raise TypeError(f"timestamp {v!r} is not a number")
+    return float(v)
 
 
 def _read_mooncake(p: Path, source: str) -> pl.DataFrame:
@@ -132,7 +147,7 @@ def _read_mooncake(p: Path, source: str) -> pl.DataFrame:
                 continue
             try:
                 d = loads_json(line)
-                rows.append((float(d["timestamp"]) / 1e3, _count(d["input_length"]),
+                rows.append((_timestamp_ms(d["timestamp"]) / 1e3, _count(d["input_length"]),
                              _count(d["output_length"])))
             except json.JSONDecodeError as exc:
                 raise InputError(source, f"line {i}: not JSON ({exc.msg})") from None

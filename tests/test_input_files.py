@@ -84,12 +84,28 @@ def test_a_blank_line_inside_a_csv_keeps_the_line_numbers_of_the_rows_after_it(t
     ("100.7", "token count 100.7 is not a whole number"),
     ("true", "token count True is not a number"),
     ("[100]", "token count \\[100\\] is not a number"),
+    # 10**30 made a 128-bit polars column (a traceback); past the --lengths limit
+    (str(10**30), f"token count {10**30} is above the per-request limit of 16,777,216"),
+    (str((1 << 24) + 1), "token count 16777217 is above the per-request limit of 16,777,216"),
+    pytest.param("true", "timestamp True is not a number", id="timestamp-true"),
 ])
 def test_mooncake_counts_that_are_not_whole_numbers_are_refused(tmp_path, value, message):
-    text = "".join(json.dumps(r) + "\n" for r in MOONCAKE).replace(
-        '"input_length": 50', f'"input_length": {value}')
+    key = "timestamp" if "timestamp" in message else "input_length"
+    old = '"timestamp": 500' if key == "timestamp" else '"input_length": 50'
+    text = "".join(json.dumps(r) + "\n" for r in MOONCAKE).replace(old, f'"{key}": {value}')
     with pytest.raises(InputError, match=f"bad.jsonl: line 2: not a Mooncake record \\({message}\\)"):
         read_workload(_write(tmp_path / "bad.jsonl", text))
+
+
+def test_azure_token_counts_past_the_per_request_limit_are_refused(tmp_path):
+    """An int64-sized count (9223372036854775807) was taken as a request and refused at
+    arrival; the file holds a count no --lengths spec may give: refused, naming the row."""
+    text = AZURE.replace(",396,", f",{(1 << 63) - 1},")
+    with pytest.raises(InputError, match="big.csv: prompt_tokens above the per-request "
+                                         "limit of 16,777,216 in data row 2"):
+        read_workload(_write(tmp_path / "big.csv", text))
+    assert read_workload(_write(tmp_path / "ok.csv", AZURE.replace(",396,", f",{1 << 24},"))
+                         )["prompt_tokens"].max() == 1 << 24
 
 
 def test_toml_files_with_a_byte_order_mark_read_as_without(tmp_path):
