@@ -295,6 +295,7 @@ def test_caps_are_in_the_help_and_the_largest_allowed_value_passes(no_model_load
     (b'{"turns": [1, 2]}\n', "non-empty list of strings"),
     (b'{"turn": ["x"]}\n', "turns"),
     (None, "cannot read"),  # a folder named gsm8k.jsonl: IsADirectoryError
+    (b"\n  \n", "no prompt in the file"),  # train-drafter: torch.cat raised, target loaded
 ])
 def test_prompt_files_are_read_before_a_model_loads(no_model_load, tmp_path, command, body,
                                                     needle):

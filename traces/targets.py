@@ -417,6 +417,9 @@ def load_prompts(prompt_dir: str | Path = PROMPT_DIR, datasets: list[str] | None
                 raise InputError(f"{f}:{i + 1}", "'turns' must be a non-empty list of strings, "
                                                  f"got {turns!r:.60}")
             out.append(Prompt(f.stem, i, tuple(turns)))
+    if not out:  # train-drafter failed in torch.cat only after the target had loaded
+        raise InputError(", ".join(map(str, files)), "no prompt in the file(s): every line "
+                                                     "is blank")
     return out
 
 
