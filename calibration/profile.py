@@ -464,6 +464,21 @@ def _table(where: str, data: dict, key: str, *, required: bool = False) -> dict:
     return v
 
 
+PROFILE_TABLES = ("profile", "target", "engine", "draft")
+PROFILE_KEYS = ("name", "kind", "gpus_per_replica", "interpolation", "description",
+                "parameters")
+TARGET_KEYS = ("tokens", "step_ms", "step_std_ms", "kv_us_per_token", "logits_us_per_row",
+               "attn_ns_per_query_ctx", "multi_kv_us_per_token", "request_us",
+               "attn_window_tokens", "eager_penalty_ms")
+
+
+def _known_keys(where: str, table: dict, known: tuple[str, ...]) -> None:
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise InputError(where, f"unknown key(s) {', '.join(unknown)}; known: "
+                                f"{', '.join(known)}")
+
+
 DRAFT_KEYS = ("batch", "time_ms", "gamma_ref", "gamma_slope", "kv_us_per_token", "block",
               "kv_budget_tokens", "sparse_kv_us_per_token", "select_us_per_context_token")
 
@@ -471,10 +486,7 @@ DRAFT_KEYS = ("batch", "time_ms", "gamma_ref", "gamma_slope", "kv_us_per_token",
 def _draft_cost(where: str, d: dict) -> DraftCost:
     if not isinstance(d, dict):
         raise InputError(where, "must be a table")
-    unknown = sorted(set(d) - set(DRAFT_KEYS))
-    if unknown:  # a misspelt cost term would otherwise be a silent zero
-        raise InputError(where, f"unknown key(s) {', '.join(unknown)}; known: "
-                                f"{', '.join(DRAFT_KEYS)}")
+    _known_keys(where, d, DRAFT_KEYS)  # a misspelt cost term would be a silent zero
     sparse_us = _number(where, d, "sparse_kv_us_per_token")
     budget = _count(where, d, "kv_budget_tokens")
     if sparse_us and budget is None:
@@ -507,6 +519,15 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
     head = _table(source, data, "profile", required=True)
     target = _table(source, data, "target", required=True)
     where_t = f"{source} [target]"
+    # a misspelt key was ignored: a cost term silently zero ([target] kv_us_per_tokn), a
+    # table silently unused ([drafts.dspark]); refused as [engine] and [draft.*] keys are
+    _known_keys(source, data, PROFILE_TABLES)
+    _known_keys(f"{source} [profile]", head, PROFILE_KEYS)
+    _known_keys(where_t, target, TARGET_KEYS)
+    for key in ("name", "description"):  # name = 5 was shown as "5"
+        if not isinstance(head.get(key, ""), str):
+            raise InputError(f"{source} [profile]", f"'{key}' must be a string, got "
+                                                    f"{head[key]!r}")
     kind = head.get("kind", "analytic")
     if kind not in PROFILE_KINDS:
         raise InputError(source, f"[profile] kind must be one of {PROFILE_KINDS}, got {kind!r}")
@@ -529,10 +550,7 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
             raise InputError(source, "[target] step_std_ms differs in length from tokens")
     where_e = f"{source} [engine]"
     engine = _table(source, data, "engine")
-    unknown = sorted(set(engine) - set(ENGINE_LIMITS))
-    if unknown:
-        raise InputError(where_e, f"unknown key(s) {', '.join(unknown)}; known: "
-                                  f"{', '.join(ENGINE_LIMITS)}")
+    _known_keys(where_e, engine, ENGINE_LIMITS)
     prefill = engine.get("prefill")
     if prefill is not None and prefill not in PREFILL_MODES:
         raise InputError(where_e, f"'prefill' must be one of {', '.join(PREFILL_MODES)}, "

@@ -124,6 +124,14 @@ GOOD = default_profile().to_toml()
         (lambda s: s.replace("[draft.mtp1]\nbatch = [1, 8", "[draft.mtp1]\nbatch = [8, 1"),
          "draft.mtp1"),
         (lambda s: s + "\n[[[broken", "TOML"),
+        # misspelt keys and tables were ignored: a cost term silently zero, a table unused
+        (lambda s: s.replace("kv_us_per_token =", "kv_us_per_tokn =", 1),
+         "[target]: unknown key(s) kv_us_per_tokn"),
+        (lambda s: s.replace("interpolation =", "interpolaton =", 1),
+         "[profile]: unknown key(s) interpolaton"),
+        (lambda s: s.replace("[draft.mtp1]", "[drafts.mtp1]"), "unknown key(s) drafts"),
+        (lambda s: re.sub(r'^name = .*$', "name = 5", s, count=1, flags=re.M),
+         "[profile]: 'name' must be a string"),
     ],
 )
 def test_bad_profile_files(tmp_path, edit, message):
