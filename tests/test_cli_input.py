@@ -413,6 +413,16 @@ def _path_parameters():
 PATH_PARAMETERS = _path_parameters()
 
 
+@pytest.mark.parametrize("args", [["traces", "inspect", ""],
+                                  ["traces", "export", " ", "--out", "x.json"],
+                                  ["calibrate", "confidence", "--trace", "", "--out", "m.toml"]])
+def test_an_empty_trace_is_refused_naming_it(tmp_path, monkeypatch, args):
+    # Path("") is the current folder: the error named "." ("trace file not found")
+    monkeypatch.chdir(tmp_path)
+    one_line_error(invoke(*args), "--trace", "empty trace name or path")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_every_output_option_is_among_the_path_parameters():
     outs = {" ".join(w) for w, flag, _ in PATH_PARAMETERS if flag == "--out"}
     assert outs >= {"run", "sweep", "capture", "validate", "train-drafter", "traces synth",

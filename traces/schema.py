@@ -530,8 +530,10 @@ def builtin_traces() -> list[str]:
 
 
 def load_trace(path_or_name: str | Path) -> AcceptanceTrace:
-    """A schema-v1 file path, or the name of a trace shipped in the package."""
+    """A schema v1 or v2 file path, or the name of a trace shipped in the package."""
     spec = str(path_or_name)
+    if not spec.strip():  # Path("") is the working directory: name the option instead
+        raise InputError("--trace", "empty trace name or path")
     p = Path(spec)
     if p.suffix == ".parquet" or p.exists():
         return read_trace(p)
