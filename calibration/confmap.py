@@ -33,6 +33,7 @@ from dspark_sim.errors import InputError
 from dspark_sim.io import loads_toml, write_text_atomic
 
 METHODS = ("identity", "temperature", "isotonic")
+MAP_KEYS = ("method", "drafter", "gamma", "temperatures", "isotonic")
 _EPS = 1e-6
 
 
@@ -189,15 +190,26 @@ def _from_table(cal, source: str) -> CalibrationMap:
     what a valid map is: :func:`temperature_map` / :func:`isotonic_map`)."""
     if not isinstance(cal, dict):
         raise InputError(source, "missing [calibration] table")
+    # a misspelt key was ignored: "methd" made an identity map, "temperaturs" was unread
+    unknown = sorted(set(cal) - set(MAP_KEYS))
+    if unknown:
+        raise InputError(f"{source} [calibration]", f"unknown key(s) {', '.join(unknown)}; "
+                                                    f"known: {', '.join(MAP_KEYS)}")
     method = cal.get("method", "identity")
     if method not in METHODS:
         raise InputError(source, f"method must be one of {METHODS}, got {method!r}")
     drafter = cal.get("drafter", "")
     if not isinstance(drafter, str):
         raise InputError(source, f"drafter must be a string, got {drafter!r}")
+    gamma = cal.get("gamma")
+    if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int)
+                              or gamma < 1):
+        raise InputError(source, f"gamma must be a positive integer, got {gamma!r}")
     if method == "temperature":
-        return temperature_map(_numbers(source, "temperatures", cal.get("temperatures", [])),
-                               drafter, source)
+        temps = _numbers(source, "temperatures", cal.get("temperatures", []))
+        if gamma is not None and gamma != temps.size:  # what to_toml writes: the two agree
+            raise InputError(source, f"gamma = {gamma} but {temps.size} temperatures")
+        return temperature_map(temps, drafter, source)
     if method == "isotonic":
         rows = cal.get("isotonic", [])
         if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):

@@ -303,11 +303,19 @@ def test_bad_inputs_raise_input_error(overconfident):
         isotonic_map([[0.0, 1.0]], [[0.5, 0.2]])
 
 
-@pytest.mark.parametrize("text", [
-    '[calibration]\nmethod = "temperature"\ntemperatures = [1.0, nan]\n',
-    '[calibration]\nmethod = "magic"\n'], ids=["nan-temperature", "unknown-method"])
-def test_load_calibration_rejects_bad_files(tmp_path, text):
-    assert_rejects_file(tmp_path / "bad_cal.toml", text, load_calibration, "bad_cal.toml")
+@pytest.mark.parametrize("text, match", [
+    ('[calibration]\nmethod = "temperature"\ntemperatures = [1.0, nan]\n', "positive"),
+    ('[calibration]\nmethod = "magic"\n', "method"),
+    # a misspelt key was ignored: "methd" gave the identity map; gamma was never read
+    ('[calibration]\nmethd = "temperature"\ntemperatures = [1.5]\n', r"unknown key\(s\) methd"),
+    ('[calibration]\nmethod = "temperature"\ngamma = "2"\ntemperatures = [1.5, 1.2]\n',
+     "gamma must be a positive integer"),
+    ('[calibration]\nmethod = "temperature"\ngamma = 7\ntemperatures = [1.5, 1.2]\n',
+     "gamma = 7 but 2 temperatures"),
+], ids=["nan-temperature", "unknown-method", "misspelt-key", "gamma-string", "gamma-count"])
+def test_load_calibration_rejects_bad_files(tmp_path, text, match):
+    assert_rejects_file(tmp_path / "bad_cal.toml", text, load_calibration, match)
+
 
 
 # -- reliability diagram ---------------------------------------------------------------------
