@@ -43,7 +43,10 @@ def _logit(p: np.ndarray) -> np.ndarray:
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
+    # exp overflows to inf for x below ~-709 (a tiny temperature): 1 / inf is the right 0,
+    # but numpy printed an overflow warning on stderr beside the command's output
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,7 +70,8 @@ class CalibrationMap:
         g = conf.shape[-1]
         if self.method == "temperature":
             t = self._per_position(self.temperatures, g)
-            return _sigmoid(_logit(conf) / t)
+            with np.errstate(over="ignore"):  # a tiny temperature: logit / t is +-inf
+                return _sigmoid(_logit(conf) / t)
         out = np.empty_like(conf)
         for k in range(g):
             j = min(k, len(self.iso_x) - 1)

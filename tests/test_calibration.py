@@ -317,6 +317,14 @@ def test_load_calibration_rejects_bad_files(tmp_path, text, match):
     assert_rejects_file(tmp_path / "bad_cal.toml", text, load_calibration, match)
 
 
+def test_a_tiny_temperature_is_the_step_function_without_overflow_warnings(recwarn):
+    """T -> 0 sharpens every confidence to 0 or 1; at T = 1e-300 logit/T and exp
+    overflow to inf, which numpy reported on stderr beside the command's output."""
+    cal = temperature_map([1e-300, 1.0])
+    out = cal.apply(np.array([[0.2, 0.2], [0.7, 0.7]]))
+    assert out[:, 0].tolist() == [0.0, 1.0] and np.allclose(out[:, 1], [0.2, 0.7])
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
 
 # -- reliability diagram ---------------------------------------------------------------------
 
