@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,6 +105,10 @@ def read_vllm_results(path: str | Path, gpus: int | None = None) -> pl.DataFrame
                 or _result_number(f, d, "median_itl_ms", low=0.0, optional=True))
         if not tpot:
             raise InputError(str(f), "needs median_tpot_ms or median_itl_ms > 0")
+        if not math.isfinite(1000.0 / tpot):  # 1e-320 ms: an infinite interactivity point
+            key = "median_tpot_ms" if d.get("median_tpot_ms") else "median_itl_ms"
+            raise InputError(str(f), f"'{key}' {tpot!r} is too small: 1000 / it (the "
+                                     "interactivity) is not a finite number")
         n = _result_number(f, d, "num_gpus", low=0, integer=True, optional=True) or gpus
         if not n or int(n) < 1:
             raise InputError("--gpus", f"{f}: per-GPU throughput needs --gpus N or a "

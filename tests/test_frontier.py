@@ -220,7 +220,7 @@ GOOD_RESULT = {"output_throughput": 3200.0, "median_tpot_ms": 12.5, "max_concurr
 @pytest.mark.parametrize("key", ["output_throughput", "median_tpot_ms", "num_gpus",
                                  "max_concurrency", "request_rate"])
 @pytest.mark.parametrize("value", ["abc", [1], {"a": 1}, math.nan, math.inf, -1, 2**70, 1.5,
-                                   True])
+                                   True, 1e-320])  # 1000 / 1e-320 ms: infinite interactivity
 def test_a_bench_serve_field_of_the_wrong_kind_is_one_line_naming_the_file(tmp_path, key,
                                                                            value):
     """Each field a report reads is a number where it must be one (float("abc"), int(inf),
@@ -241,7 +241,8 @@ def test_a_bench_serve_field_of_the_wrong_kind_is_one_line_naming_the_file(tmp_p
     assert row["num_gpus"] >= 1 and (row["max_concurrency"] or 1) >= 1
     # what may pass: a text rate (bench serve's "inf" is one), a fractional rate/throughput
     assert (key == "request_rate" and isinstance(value, str)) or (
-        value == 1.5 and key in ("output_throughput", "request_rate", "median_tpot_ms")), \
+        value == 1.5 and key in ("output_throughput", "request_rate", "median_tpot_ms")) or (
+        value == 1e-320 and key in ("output_throughput", "request_rate")), \
         (key, value, row)
 
 
