@@ -304,23 +304,20 @@ def run(
 ) -> None:
     """Simulate one deployment under load and print a summary."""
     from dspark_sim.calibration.profile import load_profile
-    from dspark_sim.policies.registry import get_policy
-    from dspark_sim.sim.api import resolve_trace, simulate
-    from dspark_sim.sim.config import OPTION_FIELDS, check_draft_length, resolve_config
+    from dspark_sim.sim.config import OPTION_FIELDS, resolve_config
     from dspark_sim.sim.outputs import REQUESTS, SUMMARY
 
     given = {k: v for k, v in locals().items() if k in OPTION_FIELDS or k == "slo"}
     if out is not None:
         check_writable(out, "--out", inside={SUMMARY: "file", REQUESTS: "file"})
-    cfg = resolve_config(preset_name=preset_name, config_path=config, options=given)
+    layers: list = []
+    cfg = resolve_config(preset_name=preset_name, config_path=config, options=given,
+                         layers_out=layers)
     if policy_profile is not None and not policy_profile.strip():
         raise InputError("--policy-profile", "is empty: give a profile or leave the option out")
     sched_profile = load_profile(policy_profile) if policy_profile is not None else None
-    trace_obj = resolve_trace(cfg, get_policy(cfg.policy))
-    pol = get_policy(cfg.policy)
-    check_draft_length(pol, trace_obj, cfg.gamma_max if pol.drafter == "dspark" else None)
     t0 = time.perf_counter()
-    result = simulate(cfg, trace=trace_obj, policy_profile=sched_profile)
+    result = _simulate_checked(cfg, layers, sched_profile)
     wall = time.perf_counter() - t0
     if out is not None:
         result.write(out)
@@ -328,6 +325,20 @@ def run(
         print_summary(result.summary, wall)
         if out is not None:
             console.print(f"wrote {out / 'summary.json'} and {out / 'requests.parquet'}", style="dim")
+
+
+def _simulate_checked(cfg, layers: list, sched_profile):
+    """The trace, the policy and its draft length checked, then the run; a bad value the
+    config file gave names the file's key (``layers``: :func:`resolve_config`'s)."""
+    from dspark_sim.policies.registry import get_policy
+    from dspark_sim.sim.api import resolve_trace, simulate
+    from dspark_sim.sim.config import blame_config, check_draft_length
+
+    with blame_config(layers):
+        pol = get_policy(cfg.policy)
+        trace_obj = resolve_trace(cfg, pol)
+        check_draft_length(pol, trace_obj, cfg.gamma_max if pol.drafter == "dspark" else None)
+        return simulate(cfg, trace=trace_obj, policy_profile=sched_profile)
 
 
 @traces_app.command("synth")
@@ -624,7 +635,7 @@ def sweep(
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Sweep loads x policies (x profiles x traces x seeds); write results and a report."""
-    from dspark_sim.sim.config import resolve_config
+    from dspark_sim.sim.config import blame_config, resolve_config
     from dspark_sim.sim.frontier import BASES
     from dspark_sim.sim.sweep import SWEEP_OUTPUTS, Sizing, parse_list, parse_numbers, run_sweep
 
@@ -633,27 +644,29 @@ def sweep(
     sizing = Sizing(requests_per_client=requests_per_client, max_doublings=max_doublings,
                     target_rse=target_rse, max_requests=max_requests).validate()
     check_writable(out, "--out", inside=SWEEP_OUTPUTS)
+    layers: list = []
     base = resolve_config(config_path=config,
                           options={"num_requests": num_requests, "replicas": replicas,
-                                   "lengths": lengths})
+                                   "lengths": lengths}, layers_out=layers)
     tiers = parse_numbers(sla, option="--sla")
     policy_specs = parse_list(policies)
     profile_specs = parse_list(profiles, option="--profiles", what="profile")
     trace_specs = parse_list(traces, option="--traces", what="trace")
     candidate = _headline_policy("--candidate", candidate, "confidence-async", policy_specs)
     baseline = _headline_policy("--baseline", baseline, "mtp1", policy_specs)
-    _check_grid(base, policy_specs, profile_specs, trace_specs)
+    _check_grid(base, policy_specs, profile_specs, trace_specs, layers)
     _check_overlay(vllm_results, gpus)
-    df = run_sweep(
-        base,
-        qps=parse_numbers(qps),
-        concurrency=parse_numbers(concurrency, integer=True, option="--concurrency"),
-        policies=policy_specs,
-        profiles=profile_specs,
-        traces=trace_specs,
-        seeds=parse_numbers(seeds, integer=True, allow_zero=True, option="--seeds"),
-        out=out, executor=executor, workers=workers, progress=not quiet, sizing=sizing,
-    )
+    with blame_config(layers):  # a bad value the config file gave names the file's key
+        df = run_sweep(
+            base,
+            qps=parse_numbers(qps),
+            concurrency=parse_numbers(concurrency, integer=True, option="--concurrency"),
+            policies=policy_specs,
+            profiles=profile_specs,
+            traces=trace_specs,
+            seeds=parse_numbers(seeds, integer=True, allow_zero=True, option="--seeds"),
+            out=out, executor=executor, workers=workers, progress=not quiet, sizing=sizing,
+        )
     _report_sweep(df, out, candidate, baseline, tiers=tiers, vllm_results=vllm_results,
                   gpus=gpus, basis=basis)
 
@@ -701,15 +714,21 @@ def _check_overlay(vllm_results: Path | None, gpus: int | None) -> None:
 
 
 def _check_grid(base, policies: list[str], profiles: list[str] | None,
-                traces: list[str] | None) -> None:
+                traces: list[str] | None, layers: list) -> None:
     """Every policy, profile and trace of a sweep's grid, before any point runs (a bad name
     found by a worker would surface only after other points ran); ``fixed:K`` must fit
-    each trace's ``gamma_max``. Errors name the sweep's options."""
+    each trace's ``gamma_max``. Errors name the sweep's options, or where the config
+    file gave the value (``layers``: the base config's) when no sweep option replaced it
+    (a [run] trace with no --traces)."""
+    from dspark_sim.sim.config import blame_config
     from dspark_sim.sim.sweep import as_sweep_error
 
     try:
         _check_grid_names(base, policies, profiles, traces)
     except InputError as exc:
+        if not {"--policy": policies, "--profile": profiles, "--trace": traces}.get(exc.where):
+            with blame_config(layers):
+                raise exc from None
         raise as_sweep_error(exc) from None
 
 

@@ -15,6 +15,8 @@ import math
 import numbers
 import types
 import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -501,7 +503,8 @@ _ARRIVAL_HELP = {
 
 
 def resolve_config(*, preset_name: str | None = None, config_path: str | Path | None = None,
-                   options: dict[str, Any] | None = None) -> SimConfig:
+                   options: dict[str, Any] | None = None,
+                   layers_out: list | None = None) -> SimConfig:
     """The run's config: preset < config file < explicitly given options.
 
     ``preset_name`` (``--preset``) wins over the file's own ``preset = ...`` key, which
@@ -512,6 +515,7 @@ def resolve_config(*, preset_name: str | None = None, config_path: str | Path | 
     bounds the run, ``qps`` with a replay -> ``replay_qps``; ``qps``, ``burstiness`` or
     ``duration_s`` over a lower layer's closed loop -> an open loop, :func:`_opened_loop`);
     a setting that does not apply to the resulting arrival kind is an error naming it.
+    ``layers_out``, if given, receives the layers, for :func:`blame_config`.
     """
     data: dict = {}
     file_layer = None
@@ -524,7 +528,13 @@ def resolve_config(*, preset_name: str | None = None, config_path: str | Path | 
     if preset_name is not None and not preset_name.strip():
         raise InputError("--preset", "is empty: give a preset name or leave the option out")
     name = preset_name or file_preset or "default"
-    cfg = preset(name)
+    try:
+        cfg = preset(name)
+    except InputError as err:
+        if preset_name:
+            raise
+        # the file's preset, not the --preset option nobody typed
+        raise InputError(f"{config_path} preset", err.problem) from None
     layers = [_preset_layer(name, cfg)]
     arrival_layer = 0
     for layer in (file_layer, _options_layer(options or {})):
@@ -535,7 +545,21 @@ def resolve_config(*, preset_name: str | None = None, config_path: str | Path | 
     _check_conflicts(cfg, layers, arrival_layer)
     cfg = _validate_blaming(cfg, layers)
     _check_engine_limits(cfg, layers)
+    if layers_out is not None:
+        layers_out.extend(layers)
     return cfg
+
+
+@contextmanager
+def blame_config(layers: list[_Layer]) -> Iterator[None]:
+    """An :class:`InputError` raised in the block about a setting (a policy, profile,
+    trace, length spec or domain found bad only when it is loaded) names where the value
+    was given: the config file's table and key, or the preset, rather than an option the
+    user never typed (``--policy: unknown policy`` for the file's ``[run] policy``)."""
+    try:
+        yield
+    except InputError as err:
+        _reblame(err, layers)
 
 
 def _preset_layer(name: str, cfg: SimConfig) -> _Layer:

@@ -140,6 +140,30 @@ def test_config_file_is_type_checked(no_simulation, tmp_path, text, needles):
     one_line_error(invoke("run", "--config", str(cfg)), str(cfg), *needles)
 
 
+@pytest.mark.parametrize("command", ["run", "sweep"])
+@pytest.mark.parametrize("text,needles", [
+    ('[run]\npolicy = "bogus"\n', ["[run] policy", "unknown policy"]),
+    ('[deployment]\nprofile = "nosuch"\n', ["[deployment] profile", "unknown profile"]),
+    ('[run]\ntrace = "nosuch"\n', ["[run] trace", "unknown trace"]),
+    ('[workload]\ndomain = "nosuch"\n', ["[workload] domain", "no requests of domain"]),
+    ('[workload]\nlengths = "bogus"\n', ["[workload] lengths", "bad length spec"]),
+    ('preset = "nosuch"\n', [" preset: unknown preset"]),
+])
+def test_a_bad_value_the_config_file_gave_names_the_files_key(tmp_path, command, text,
+                                                               needles):
+    """Found bad only when loaded (a policy, profile, trace, domain, length spec, preset),
+    a value the file gave was blamed on the option (--policy, --profile, ...) the user
+    never typed; now on the file's table and key, as a mistyped value already was."""
+    cfg = _write_config(tmp_path, text)
+    extra = ["--qps", "5", "--executor", "serial", "--out", str(tmp_path / "sw")] \
+        if command == "sweep" else []
+    if command == "sweep" and "policy" in text:
+        extra += ["--policies", "bogus-too"]  # sweep's --policies replaces [run] policy
+        needles = ["--policies", "unknown policy 'bogus-too'"]
+    one_line_error(invoke(command, "--config", str(cfg), "--num-requests", "5", "--quiet",
+                          *extra), *needles)
+
+
 @pytest.mark.parametrize("file_workload,flag,described,completed", [
     # a rate flag opens the file's closed loop (it used to be refused)
     ('arrival = "closed"\nnum_requests = 10\n', ["--qps", "5"],
