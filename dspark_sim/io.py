@@ -55,6 +55,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     interrupt during the block is held back until the file is in place or removed
     (:func:`deferred_interrupts`)."""
     path = Path(path)
+    if _special(path):
+        from dspark_sim.errors import InputError
+
+        raise InputError(str(path), "not a regular file (a device, pipe or socket): writing "
+                                    "would replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
     with deferred_interrupts():
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -183,6 +188,20 @@ def jsonable(d):
     return d
 
 
+# A write is a rename onto the path, which would replace a device node itself: --out
+# /dev/full (or /dev/null, as root) became a regular file holding the output.
+SPECIAL_FILE = ("{} is not a regular file (a device, pipe or socket): writing the output "
+                "would replace it; give a file path")
+
+
+def _special(p: Path) -> bool:
+    """``p`` exists and is neither a regular file nor a folder (symlinks followed)."""
+    try:
+        return p.exists() and not (p.is_file() or p.is_dir())
+    except OSError:
+        return False
+
+
 def _same_file(a: Path, b: Path) -> bool:
     """``a`` and ``b`` name one file: the same path once resolved (symlinks followed, so a
     file not written yet compares too), or one inode (a hard link)."""
@@ -221,11 +240,15 @@ def check_writable(path: str | Path, option: str, *, kind: str = "dir",
         raise InputError(option, f"{p} exists and is not a folder")
     if kind == "file" and p.is_dir():
         raise InputError(option, f"{p} is a folder, not a file")
+    if kind == "file" and _special(p):
+        raise InputError(option, SPECIAL_FILE.format(p))
     for name, entry_kind in (inside or {}).items():
         q = p / name
         if entry_kind == "file" and q.is_dir():
             raise InputError(option, f"{q} is a folder, so the {name} this writes cannot "
                                      "replace it")
+        if entry_kind == "file" and _special(q):
+            raise InputError(option, SPECIAL_FILE.format(q))
         if entry_kind == "dir" and q.exists() and not q.is_dir():
             raise InputError(option, f"{q} exists and is not a folder, so the {name}/ this "
                                      "writes cannot be created")

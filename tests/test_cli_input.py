@@ -71,6 +71,44 @@ def test_unusable_out_is_found_before_simulating(no_simulation, tmp_path):
     one_line_error(invoke("sweep", "--out", str(a_file), "--qps", "1"), "--out")
 
 
+@pytest.mark.parametrize("args", [
+    ["traces", "synth", "--requests", "2", "--positions", "8"],
+    ["traces", "export", "mtp1-synthetic"],
+    ["calibrate", "confidence", "--trace", "mtp1-synthetic"],
+    ["run", "--num-requests", "3", "--replicas", "1"],
+    ["sweep", "--qps", "1", "--policies", "fixed:1"],
+], ids=["synth", "export", "calibrate", "run", "sweep"])
+def test_an_out_that_is_a_device_or_pipe_is_refused(no_simulation, tmp_path, args):
+    """A write renames a temporary file onto the path, which replaced a device node itself:
+    --out /dev/full became a regular file holding the trace (as root, /dev/null would
+    too). A FIFO stands in for the device here; the run folder's summary.json and the
+    sweep's results.parquet are checked the same way."""
+    import os
+    import stat
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    out = fifo
+    if args[0] in ("run", "sweep"):
+        out = tmp_path / "o"
+        out.mkdir()
+        os.symlink(fifo, out / ("summary.json" if args[0] == "run" else "results.parquet"))
+    one_line_error(invoke(*args, "--out", str(out)), "--out", "not a regular file")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_atomic_writes_never_replace_a_device_or_pipe(tmp_path):
+    import os
+
+    from dspark_sim.errors import InputError
+    from dspark_sim.io import write_text_atomic
+
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(InputError, match="pipe: not a regular file"):
+        write_text_atomic(tmp_path / "pipe", "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
 def test_run_that_draws_no_request_says_so(tmp_path):
     # 1.5 expected arrivals pass the up-front check, but seed 4's first Poisson gap at
     # 1 req/s is 3.8 s (numpy's Generator, drawn first): nothing arrives in the 1.5 s
