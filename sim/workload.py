@@ -219,6 +219,13 @@ def _lengths(w: WorkloadConfig, n: int, rng: np.random.Generator, trace,
         where = "no trace" if trace is None else f"trace {trace.source_path}"
         raise InputError("--lengths", f"{spec!r} needs a trace whose requests carry their prompt "
                          f"and output lengths (an imported trace); {where} has none")
+    for col, v in (("prompt_tokens", trace.req_prompt_tokens),
+                   ("output_tokens", trace.req_output_tokens)):
+        if np.any(v > MAX_TOKENS_PER_REQUEST):  # the limit a --lengths spec or file row has
+            bad = int(np.argmax(v > MAX_TOKENS_PER_REQUEST))
+            raise InputError(trace.source_path, f"{col} of request {trace.req_ids[bad]} "
+                             f"({int(v[bad]):,}) is above the per-request limit of "
+                             f"{MAX_TOKENS_PER_REQUEST:,}")
     if spec == "trace":
         rows = np.arange(n, dtype=np.int64) % trace.num_requests
         how = "cycled in order"

@@ -91,6 +91,22 @@ def test_trace_without_lengths_is_refused():
         simulate(cfg)
 
 
+def test_trace_lengths_past_the_per_request_limit_are_refused(trace):
+    """A trace request's own length above 2^24 (the --lengths and workload-file limit) was
+    replayed and refused at arrival, every request of it; it is the trace's fault."""
+    big = trace.req_prompt_tokens.copy()
+    big[1] = (1 << 24) + 1
+    cfg = preset("tiny")
+    cfg = replace(cfg, policy="fixed:3", workload=replace(cfg.workload, lengths="trace"))
+    with pytest.raises(InputError, match=rf"^big.parquet: prompt_tokens of request "
+                                         rf"{trace.req_ids[1]} \(16,777,217\) is above"):
+        simulate(cfg, trace=replace(trace, req_prompt_tokens=big, source_path="big.parquet"))
+    big[1] = 1 << 24  # the limit itself is a length
+    ok = simulate(replace(cfg, workload=replace(cfg.workload, num_requests=2)),
+                  trace=replace(trace, req_prompt_tokens=big))
+    assert ok.summary["completed"] + ok.summary["rejected"] == 2
+
+
 def test_cli_closed_loop_trace_lengths(tmp_path, trace):
     p = write_trace(trace, tmp_path / "t.parquet")
     r = CliRunner().invoke(app, ["run", "--trace", str(p), "--policy", "fixed:3", "--lengths",
