@@ -318,7 +318,11 @@ def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
     points: list[SweepPoint] = []
     for kind, load in loads:
         w = base.workload
-        if kind == "qps":
+        if kind == "qps" and w.workload_path:
+            # as in run: a rate over a workload file replays it, its timestamps rescaled
+            # to the rate (the file was dropped for Poisson arrivals, even a missing one)
+            w = replace(w, arrival="replay", qps=float(load), replay_qps=float(load))
+        elif kind == "qps":
             arrival = w.arrival if w.arrival in ("poisson", "gamma") else "poisson"
             w = replace(w, arrival=arrival, qps=float(load))
         elif kind == "concurrency":
@@ -587,7 +591,8 @@ def run_sweep(
     """Run the grid ``(qps | concurrency) x policies x profiles x traces x seeds``.
 
     ``qps`` points use open-loop arrivals (the base's ``gamma`` burstiness is kept,
-    otherwise Poisson); ``concurrency`` points use a closed loop of that many
+    otherwise Poisson; a base with a workload file replays it, rescaled to the rate, as
+    ``run --workload F --qps R`` does); ``concurrency`` points use a closed loop of that many
     clients. With neither, the base workload's own load is the single load.
     ``profiles`` defaults to the base's profile, ``traces`` to ``[None]`` (the
     base's/built-in trace), ``seeds`` to the base's seed. Finished points already in

@@ -104,6 +104,30 @@ def test_build_points_grid_and_loads(base):
     assert only.load_kind == "base" and only.load == base.workload.qps
 
 
+def test_qps_over_a_workload_file_replays_it_rescaled_as_run_does(base, tmp_path):
+    """A base replaying a workload file (or sending its requests from a closed loop) was
+    turned into Poisson arrivals at --qps: the file silently dropped, a missing one never
+    noticed. As in run, the rate rescales the file's replay."""
+    import json
+
+    from dspark_sim.sim.api import simulate
+
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": 10 + i,
+                                      "output_length": 5}) + "\n" for i in range(6)))
+    for arrival in ("replay", "closed"):
+        b = replace(base, workload=replace(base.workload, arrival=arrival,
+                                           workload_path=str(wl), max_concurrency=2))
+        pts = build_points(b, qps=[2.0], policies=["mtp1"])
+        w = pts[0].config.workload
+        assert (w.arrival, w.replay_qps, pts[0].params()["qps"]) == ("replay", 2.0, 2.0)
+    s = simulate(pts[0].config).summary
+    assert "time-scaled to 2 req/s" in s["workload"] and s["completed"] == 6
+    gone = replace(b, workload=replace(b.workload, workload_path=str(tmp_path / "no.csv")))
+    with pytest.raises(InputError, match="no.csv: workload file not found"):
+        simulate(build_points(gone, qps=[2.0], policies=["mtp1"])[0].config)
+
+
 def test_point_hash_is_stable_and_config_sensitive(base):
     a = replace(base, policy="mtp1")
     assert point_hash(a) == point_hash(replace(base, policy="mtp1"))
