@@ -591,6 +591,8 @@ def _reblame(err: InputError, layers: list[_Layer]) -> typing.NoReturn:
     and key, or the preset) rather than the option itself, if not on the command line.
     ``layers[0]`` (the preset) is blamed only when no higher layer gave any of them."""
     flags = (err.where or "").split("/")
+    if not all(f.startswith("--") or f in CONFIG_PATHS for f in flags):
+        raise err  # a file's path ("runs/workload/w.csv"), not options: it names the file
     for group in (layers[1:], layers[:1]):
         found = False
         for flag in flags:

@@ -109,6 +109,20 @@ def test_atomic_writes_never_replace_a_device_or_pipe(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
 
 
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_an_error_naming_a_file_keeps_the_files_name(tmp_path, command):
+    """Re-addressing errors to the config file's key must leave one that names a file
+    alone: a path is not an option, even one with a folder called 'workload' in it."""
+    bad = tmp_path / "workload" / "trace" / "w.csv"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,5\n")
+    cfg = _write_config(tmp_path, f'[workload]\nworkload_path = "{bad}"\n')
+    extra = ["--concurrency", "2", "--executor", "serial", "--out", str(tmp_path / "sw")] \
+        if command == "sweep" else []
+    one_line_error(invoke(command, "--config", str(cfg), "--quiet", *extra),
+                   f"error: {bad}: unparseable value in data row 1")
+
+
 def test_run_that_draws_no_request_says_so(tmp_path):
     # 1.5 expected arrivals pass the up-front check, but seed 4's first Poisson gap at
     # 1 req/s is 3.8 s (numpy's Generator, drawn first): nothing arrives in the 1.5 s
