@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, check_known_keys
 from dspark_sim.io import loads_toml, write_text_atomic
 
 METHODS = ("identity", "temperature", "isotonic")
@@ -195,10 +195,7 @@ def _from_table(cal, source: str) -> CalibrationMap:
     if not isinstance(cal, dict):
         raise InputError(source, "missing [calibration] table")
     # a misspelt key was ignored: "methd" made an identity map, "temperaturs" was unread
-    unknown = sorted(set(cal) - set(MAP_KEYS))
-    if unknown:
-        raise InputError(f"{source} [calibration]", f"unknown key(s) {', '.join(unknown)}; "
-                                                    f"known: {', '.join(MAP_KEYS)}")
+    check_known_keys(f"{source} [calibration]", cal, MAP_KEYS)
     method = cal.get("method", "identity")
     if method not in METHODS:
         raise InputError(source, f"method must be one of {METHODS}, got {method!r}")

@@ -113,7 +113,7 @@ from typing import Any
 
 import numpy as np
 
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, check_known_keys
 from dspark_sim.io import loads_toml
 
 # analytic: a roofline from hardware/model sheets; measured: timed on a device;
@@ -472,13 +472,6 @@ TARGET_KEYS = ("tokens", "step_ms", "step_std_ms", "kv_us_per_token", "logits_us
                "attn_window_tokens", "eager_penalty_ms")
 
 
-def _known_keys(where: str, table: dict, known: tuple[str, ...]) -> None:
-    unknown = sorted(set(table) - set(known))
-    if unknown:
-        raise InputError(where, f"unknown key(s) {', '.join(unknown)}; known: "
-                                f"{', '.join(known)}")
-
-
 DRAFT_KEYS = ("batch", "time_ms", "gamma_ref", "gamma_slope", "kv_us_per_token", "block",
               "kv_budget_tokens", "sparse_kv_us_per_token", "select_us_per_context_token")
 
@@ -486,7 +479,7 @@ DRAFT_KEYS = ("batch", "time_ms", "gamma_ref", "gamma_slope", "kv_us_per_token",
 def _draft_cost(where: str, d: dict) -> DraftCost:
     if not isinstance(d, dict):
         raise InputError(where, "must be a table")
-    _known_keys(where, d, DRAFT_KEYS)  # a misspelt cost term would be a silent zero
+    check_known_keys(where, d, DRAFT_KEYS)  # a misspelt cost term would be a silent zero
     sparse_us = _number(where, d, "sparse_kv_us_per_token")
     budget = _count(where, d, "kv_budget_tokens")
     if sparse_us and budget is None:
@@ -521,9 +514,9 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
     where_t = f"{source} [target]"
     # a misspelt key was ignored: a cost term silently zero ([target] kv_us_per_tokn), a
     # table silently unused ([drafts.dspark]); refused as [engine] and [draft.*] keys are
-    _known_keys(source, data, PROFILE_TABLES)
-    _known_keys(f"{source} [profile]", head, PROFILE_KEYS)
-    _known_keys(where_t, target, TARGET_KEYS)
+    check_known_keys(source, data, PROFILE_TABLES)
+    check_known_keys(f"{source} [profile]", head, PROFILE_KEYS)
+    check_known_keys(where_t, target, TARGET_KEYS)
     for key in ("name", "description"):  # name = 5 was shown as "5"
         if not isinstance(head.get(key, ""), str):
             raise InputError(f"{source} [profile]", f"'{key}' must be a string, got "
@@ -550,7 +543,7 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
             raise InputError(source, "[target] step_std_ms differs in length from tokens")
     where_e = f"{source} [engine]"
     engine = _table(source, data, "engine")
-    _known_keys(where_e, engine, ENGINE_LIMITS)
+    check_known_keys(where_e, engine, ENGINE_LIMITS)
     prefill = engine.get("prefill")
     if prefill is not None and prefill not in PREFILL_MODES:
         raise InputError(where_e, f"'prefill' must be one of {', '.join(PREFILL_MODES)}, "

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from dspark_sim.calibration.profile import DraftCost, EngineLimits, EngineProfile, profile_from_dict
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, check_known_keys
 from dspark_sim.io import loads_json, read_toml
 
 
@@ -458,9 +458,7 @@ def _sheet(cls, where: str, table: Any, defaults: dict[str, Any] | None = None):
     if not isinstance(table, dict):
         raise InputError(where, "must be a table")
     known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(table) - set(known))
-    if unknown:
-        raise InputError(where, f"unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    check_known_keys(where, table, known)
     merged = dict(defaults or {}) | dict(table)
     missing = [k for k, f in known.items()
                if k not in merged and f.default is MISSING and f.default_factory is MISSING]

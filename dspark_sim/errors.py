@@ -29,6 +29,15 @@ class InputError(ValueError):
         return (type(self), (self.where, self.problem))
 
 
+def check_known_keys(where: str, table: dict, known) -> None:
+    """Refuse keys a TOML table does not define: a misspelt key read as absent makes a
+    silent default (a cost term of zero, an identity map)."""
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise InputError(where, f"unknown key(s) {', '.join(unknown)}; known: "
+                                f"{', '.join(known)}")
+
+
 def check_positive_int(option: str, v: object, limit: int | None = None) -> None:
     """A positive integer up to ``limit`` (None passes: the field is optional). Every
     capped count says it alike: ``--num-requests: 2,000,000 is above the limit of
