@@ -18,6 +18,12 @@ the prefix sums. Every path sums in numpy's sequential order -- the Triton kerne
 scalar loop (``n * gamma`` dependent adds), the torch reference with CPU ``cumsum``
 (a CUDA tensor is summed on the host: one sync) -- so ``l`` and K equal numpy's bit for
 bit, exact ties included.
+
+NaN: a NaN survival or steps/s counts as 0 (a draft that never survives, a batch size
+not worth running), elementwise on device, so both backends rank and stop the same way.
+Without it torch's sort put NaN first and Triton's comparisons dropped it: the two
+returned different budgets. (Refusing NaN would need a host sync; the numpy reference
+takes finite inputs, which the simulator's survivals and profiles are checked to be.)
 """
 
 from __future__ import annotations
@@ -40,13 +46,18 @@ def _prep(survival, sps=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     s = survival if torch.is_tensor(survival) else torch.as_tensor(np.asarray(survival))
     if s.dim() != 2:
         raise ValueError(f"survival must be [n, gamma], got {tuple(s.shape)}")
-    s = s.to(torch.float64)
+    s = _nan_as_zero(s.to(torch.float64))
     if sps is None:
         return s, None
     table = _as_f64(sps, s.device).reshape(-1)
     if table.numel() < s.numel() + 1:
         raise ValueError(f"sps has {table.numel()} entries, needs n*gamma+1 = {s.numel() + 1}")
-    return s, table[: s.numel() + 1].contiguous()
+    return s, _nan_as_zero(table[: s.numel() + 1]).contiguous()
+
+
+def _nan_as_zero(x: torch.Tensor) -> torch.Tensor:
+    # torch.nan_to_num would also turn +-inf into the largest finite float
+    return torch.where(x.isnan(), x.new_zeros(()), x)
 
 
 def rank_torch(survival: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

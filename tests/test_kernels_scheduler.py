@@ -95,6 +95,27 @@ def test_float32_survival_and_edges(backend):
         ks.schedule_sync(s, np.ones(surv.size), backend=backend)  # table one entry short
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_survival_or_steps_per_s_counts_as_zero(backend):
+    """torch's sort ranked a NaN survival first and Triton's comparisons skipped it, so the
+    two backends returned different budgets (0 vs 1 here); both now read NaN as 0."""
+    rng = np.random.default_rng(11)
+    for case in range(24):
+        surv, sps = _batch(rng, case)
+        surv[rng.random(surv.shape) < 0.25] = np.nan
+        sps[rng.random(sps.shape) < 0.2] = np.nan
+        clean_surv, clean_sps = np.nan_to_num(surv, nan=0.0), np.nan_to_num(sps, nan=0.0)
+        s_dev = torch.tensor(surv, device=DEV)
+        np.testing.assert_array_equal(
+            ks.schedule_sync(s_dev, sps, backend=backend).cpu().numpy(),
+            ref.schedule_sync(clean_surv, clean_sps), err_msg=f"case {case}")
+        assert int(ks.budget_global(s_dev, sps, backend=backend)) == \
+            ref.budget_global(clean_surv, clean_sps), case
+        np.testing.assert_array_equal(
+            ks.schedule_topk(s_dev, 5, backend=backend).cpu().numpy(),
+            ref.schedule_topk(clean_surv, 5), err_msg=f"case {case}")
+
+
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_cuda_benchmark_shape_256x7():
     rng = np.random.default_rng(3)
