@@ -1,4 +1,5 @@
-"""The README's two set-up commands are exactly what CI runs."""
+"""The README's two set-up commands are exactly what CI runs; its example output is
+the command's."""
 
 from __future__ import annotations
 
@@ -18,3 +19,39 @@ def test_ci_runs_the_readme_commands():
     assert len(ci) == 2
     assert ci == readme[:2]
     assert "dspark-sim run --policy confidence --qps 200" in ci[0]
+
+
+def _example(text: str) -> tuple[list[str], list[str]]:
+    """The ``$ dspark-sim run --policy confidence --qps 200`` console block of a doc:
+    its header lines (policy ... calibration, exactly) and the table's metric labels
+    (first column), the parts no re-measurement changes."""
+    block = text.split("$ dspark-sim run --policy confidence --qps 200\n", 1)[1]
+    return _header_and_labels(block.split("```", 1)[0])
+
+
+def _header_and_labels(out: str) -> tuple[list[str], list[str]]:
+    lines = [ln.rstrip() for ln in out.splitlines()]
+    title = next(i for i, ln in enumerate(lines) if ln.strip() == "dspark-sim run")
+    labels = [ln.split("│")[1].strip() for ln in lines[title:] if ln.startswith("│")]
+    return lines[:title], labels
+
+
+def test_the_docs_example_output_is_what_the_command_prints():
+    """README.md and docs/cli.md show the default run's output: the lines that describe
+    the run (policy, deployment, workload, trace, calibration) and the rows the table
+    has are what the command prints today at that width (the figures are checked, with
+    their tolerance, by tests/test_case_study.py). The trace line once lost its
+    '[synthetic, drafter ..., gamma_max 7]' in the docs."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", "from dspark_sim.cli import main; main()",
+         "run", "--policy", "confidence", "--qps", "200"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+        env={**os.environ, "COLUMNS": "100"}).stdout
+    printed = _header_and_labels(out)
+    assert len(printed[0]) >= 5 and len(printed[1]) >= 15
+    for doc in ("README.md", "docs/cli.md"):
+        assert _example((ROOT / doc).read_text()) == printed, doc
