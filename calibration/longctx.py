@@ -18,8 +18,9 @@ it. So (``[draft.selfspec]``, :class:`~dspark_sim.calibration.profile.DraftCost`
   assumption, stated: the selection kernel is not published in the figures here).
 
 Whether long contexts keep speculation profitable at large batch depends on what an extra
-*verify* token costs next to the step (PUBLISHED_FIGURES, "Why a confidence-scheduled
-budget shrinks with load"): the two shipped profiles sit on either side.
+*verify* token costs next to the step (the admission threshold ``a*`` of
+docs/architecture.md, from ../shared/reference/PUBLISHED_FIGURES.md's "Why a
+confidence-scheduled budget shrinks with load"): the two shipped profiles sit on either side.
 
 * ``selfspec-llama8b-8xh200`` (**KV-bound**): a Llama-3.1-8B-like dense model (GQA 32/8
   heads of 128, BF16 KV: 128 KiB per token) tensor-parallel over 8 H200. A request's KV

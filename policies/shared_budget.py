@@ -22,12 +22,12 @@ schedule_topk`).
   ``{100 %}`` DFly verifies every drafted token: it *is* ``fixed:gamma``.
 * **D-cut** places the cut anywhere along the same ranked list (K in ``0..n*gamma``, one
   slot of resolution), with the same progress / latency objective. The papers' text is
-  not in this repository; ``PUBLISHED_FIGURES.md`` records that DFly saturates past
-  concurrency 48 while D-cut keeps gaining (up to +15.7 %). The mechanism modelled here is
-  the one that behaviour points to: DFly's coarsest ratio (25 % of the slots) is a floor
-  and its 25-point grid a quantisation; once the best K falls between grid points or
-  below the floor (large batches, where each verified token displaces compute) DFly
-  over- or under-verifies and D-cut follows the optimum.
+  not in this repository; their published figures (docs/related-work.md) record that
+  DFly saturates past concurrency 48 while D-cut keeps gaining (up to +15.7 %). The
+  mechanism modelled here is the one that behaviour points to: DFly's coarsest ratio
+  (25 % of the slots) is a floor and its 25-point grid a quantisation; once the best K
+  falls between grid points or below the floor (large batches, where each verified token
+  displaces compute) DFly over- or under-verifies and D-cut follows the optimum.
 
 Both decide on this step's survivals (synchronous: the drafts are in hand when K is
 chosen); ``confidence`` sizes K on survivals two steps old (DSpark's asynchronous
