@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -135,12 +136,38 @@ def PathArgument(**kw: Any) -> Any:
     return typer.Argument(parser=_path_value, **kw)
 
 
+def _name_value(value: str) -> str:
+    """A positional built-in name or path (``traces inspect TRACE``, ``profiles show
+    NAME``): an empty one is refused naming the argument; the loaders' own check names
+    the option (``--trace``, ``--profile``) the user never typed here."""
+    if not value.strip():
+        raise typer.BadParameter("empty name: give a built-in name or a file path")
+    return value
+
+
+def NameArgument(**kw: Any) -> Any:
+    """``typer.Argument`` for a built-in name or a file path."""
+    return typer.Argument(parser=_name_value, **kw)
+
+
+@contextmanager
+def _as_argument(option: str, argument: str) -> Iterator[None]:
+    """The loaders name the option they serve in run/sweep (``--trace``, ``--profile``)
+    for an unknown name; a value given here as the positional ``argument`` is named so."""
+    try:
+        yield
+    except InputError as exc:
+        if exc.where != option:
+            raise
+        raise InputError(f"argument '{argument}'", exc.problem) from None
+
+
 # Options several commands take, declared once (the parameter's name makes the flag).
 Device = Annotated[str, typer.Option(help="cpu | cuda")]
 Seed = Annotated[int, typer.Option()]
 PromptDir = Annotated[Path | None, PathOption(help="Folder of {turns: [...]} JSONL prompts.")]
 OutParquet = Annotated[Path, PathOption(help="Output parquet path.")]
-TraceArg = Annotated[str, typer.Argument(help="Trace path or built-in name.")]
+TraceArg = Annotated[str, NameArgument(help="Trace path or built-in name.")]
 
 
 def _fmt(v, nd: int = 1) -> str:
@@ -459,7 +486,8 @@ def traces_export(
     from dspark_sim.traces.schema import load_trace
 
     check_writable(out, "--out", kind="file", not_over={"the trace": _file_or_none(trace)})
-    t = load_trace(trace)
+    with _as_argument("--trace", "trace"):
+        t = load_trace(trace)
     cfg = export_trace(t, fmt, out, num_speculative_tokens=num_speculative_tokens,
                        weighting=weighting, method=method, model=model)
     k = cfg["num_speculative_tokens"]
@@ -477,7 +505,8 @@ def traces_inspect(
     and the per-position acceptance of a trace."""
     from dspark_sim.traces.schema import load_trace
 
-    tr = load_trace(trace)
+    with _as_argument("--trace", "trace"):
+        tr = load_trace(trace)
     meta = tr.meta
     console.print(Text(str(tr.source_path), style="bold"),
                   f" drafter {meta.drafter}, target {meta.target}, "
@@ -537,11 +566,12 @@ def profiles_list() -> None:
 
 
 @profiles_app.command("show")
-def profiles_show(name: Annotated[str, typer.Argument(help="Built-in name or TOML path.")]) -> None:
+def profiles_show(name: Annotated[str, NameArgument(help="Built-in name or TOML path.")]) -> None:
     """SPS(B) table and draft costs of a profile."""
     from dspark_sim.calibration.profile import load_profile
 
-    prof = load_profile(name)
+    with _as_argument("--profile", "name"):
+        prof = load_profile(name)
     console.print(Text(prof.summary(), style="bold"))
     console.print(prof.description)
     tab = Table(title="target step time and steps/s")

@@ -230,7 +230,7 @@ def test_traces_synth_checks_its_output_before_generating(tmp_path):
 
 def test_inspect_profiles_and_calibrate(tmp_path):
     one_line_error(["traces", "inspect", "/no/such.parquet"], "/no/such.parquet", "not found")
-    one_line_error(["profiles", "show", "no-such"], "--profile", "unknown profile 'no-such'")
+    one_line_error(["profiles", "show", "no-such"], "argument 'name'", "unknown profile 'no-such'")
     out = tmp_path / "map.toml"
     base = ["calibrate", "confidence", "--trace", "dspark-synthetic", "--out", str(out)]
     one_line_error([*base, "--method", "bogus"], "--method", "temperature", "isotonic",

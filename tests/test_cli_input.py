@@ -488,13 +488,24 @@ def _path_parameters():
 PATH_PARAMETERS = _path_parameters()
 
 
-@pytest.mark.parametrize("args", [["traces", "inspect", ""],
-                                  ["traces", "export", " ", "--out", "x.json"],
-                                  ["calibrate", "confidence", "--trace", "", "--out", "m.toml"]])
-def test_an_empty_trace_is_refused_naming_it(tmp_path, monkeypatch, args):
+@pytest.mark.parametrize("args,needles", [
+    (["calibrate", "confidence", "--trace", "", "--out", "m.toml"],
+     ["--trace", "empty trace name or path"]),
+    # positional: the loaders' checks named --trace / --profile, options not typed here
+    (["traces", "inspect", ""], ["'trace'", "empty name"]),
+    (["traces", "export", " ", "--out", "x.json"], ["'trace'", "empty name"]),
+    (["profiles", "show", ""], ["'name'", "empty name"]),
+    (["traces", "inspect", "no-such"], ["argument 'trace'", "unknown trace 'no-such'"]),
+    (["traces", "export", "no-such", "--out", "x.json"],
+     ["argument 'trace'", "unknown trace 'no-such'"]),
+])
+def test_an_empty_or_unknown_name_is_refused_naming_where_it_was_given(
+        tmp_path, monkeypatch, args, needles):
     # Path("") is the current folder: the error named "." ("trace file not found")
     monkeypatch.chdir(tmp_path)
-    one_line_error(invoke(*args), "--trace", "empty trace name or path")
+    line = one_line_error(invoke(*args), *needles)
+    if args[0] != "calibrate":
+        assert "--trace" not in line and "--profile" not in line
     assert list(tmp_path.iterdir()) == []
 
 
