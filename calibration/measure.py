@@ -169,6 +169,9 @@ def load_model_config(model_source: Any = None):
         if mtype not in CONFIG_MAPPING:
             raise InputError("<config dict>", f"unknown or missing model_type {mtype!r}")
         return CONFIG_MAPPING[mtype](**d)
+    if isinstance(model_source, str) and not model_source.strip():
+        # Path("") is the working directory: the error named "." instead of the option
+        raise InputError("--model", "empty model path or name")
     if model_source is None or str(model_source).lower() in ("smollm2", "smollm2-135m"):
         model_source = smollm2_gguf_path()
     p = Path(model_source)

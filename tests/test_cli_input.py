@@ -491,6 +491,9 @@ PATH_PARAMETERS = _path_parameters()
 @pytest.mark.parametrize("args,needles", [
     (["calibrate", "confidence", "--trace", "", "--out", "m.toml"],
      ["--trace", "empty trace name or path"]),
+    # Path("") is the current folder: the error named "." ("directory holds neither ...")
+    (["calibrate", "engine", "--model", " ", "--out", "p.toml"],
+     ["--model", "empty model path or name"]),
     # positional: the loaders' checks named --trace / --profile, options not typed here
     (["traces", "inspect", ""], ["'trace'", "empty name"]),
     (["traces", "export", " ", "--out", "x.json"], ["'trace'", "empty name"]),
