@@ -158,10 +158,18 @@ def _parse_int(spec: str, arg: str | None, default: int | None) -> int:
     return k
 
 
+# Policies without a parameter: an argument given to one is refused, not dropped
+# (``confidence:0.9`` ran plain confidence under a name the user did not ask for).
+NO_ARGUMENT = ("none", "mtp1", "confidence", "confidence-sync", "alg1", "confidence-async",
+               "confidence_async", "vllm-adaptive", "vllm_adaptive")
+
+
 def _make(spec: str) -> Policy:
     name, _, arg = spec.strip().partition(":")
     name = name.strip().lower()
     arg = arg.strip() or None
+    if arg is not None and name in NO_ARGUMENT:
+        raise InputError("--policy", f"{spec!r}: {name} takes no argument")
     if name == "none":
         return Policy(name="none", drafter=None, decide=_const(0), draft_gamma=0,
                       description="no speculation")

@@ -176,6 +176,13 @@ def test_threshold_default_is_one_half():
     ("fixed:-1", "must be >= 0"), ("threshold:2", "[0, 1]"), ("threshold:-0.1", "[0, 1]"),
     ("threshold:abc", "must be a number"), ("bogus", "unknown policy 'bogus'"),
     ("", "empty policy name"), ("  ", "empty policy name"),
+    # an argument to a policy that takes none was dropped: confidence:0.9 ran confidence
+    ("none:3", "none takes no argument"), ("mtp1:2", "mtp1 takes no argument"),
+    ("confidence:0.9", "confidence takes no argument"),
+    ("Confidence-Sync:x", "confidence-sync takes no argument"),
+    ("alg1:1", "alg1 takes no argument"),
+    ("confidence-async:2", "confidence-async takes no argument"),
+    ("vllm-adaptive:1", "vllm-adaptive takes no argument"),
 ])
 def test_bad_policy_messages(bad, message):
     with pytest.raises(InputError, match="--policy") as e:
