@@ -189,8 +189,11 @@ def make_asd(arg: str | None, get_policy) -> object:
 
 
 def _chain_base(spec: str, get_policy, who: str):
-    base = get_policy(spec)
-    if base.replay is not None or base.drafter is None:
+    # a lossy base is refused before it is built: built first, asd@asd@...@fixed:3
+    # recursed once per '@' (a RecursionError traceback past ~300 of them)
+    lossy_base = spec.partition("@")[0].partition(":")[0].strip().lower() in ("asd", "skip")
+    base = None if lossy_base else get_policy(spec)
+    if base is None or base.replay is not None or base.drafter is None:
         raise InputError("--policy", f"{who}: base {spec!r} must be a speculative chain "
                                      "policy (e.g. confidence, fixed:7)")
     return base

@@ -386,7 +386,10 @@ def test_policy_specs_parse_and_sweep_lists_keep_their_commas():
     assert get_policy("skip:0@fixed:3").name == "skip:0@fixed:3"
     for bad in ("asd:1,2", "asd:x,1,1", "asd:-1,1,1", "asd:1,-1,1", "asd:1,1,-1",
                 "asd:nan,1,1", "asd:1,1,nan", "skip:x", "skip:-0.5", "skip:nan", "asd@none",
-                "skip@asd"):
+                "skip@asd", "asd@skip:0.9@fixed:3", "skip@ASD :1,1,1@fixed:3",
+                # nested lossy bases were built before being refused: one recursion per
+                # '@' (a RecursionError past ~300)
+                "asd@" * 2000 + "fixed:3", "skip@" * 2000):
         with pytest.raises(InputError, match="--policy"):
             get_policy(bad)
 
