@@ -774,6 +774,19 @@ def _check_policy_fields(policy: Policy, trace: AcceptanceTrace | None, gamma: i
                              f"{', '.join(missing)} (schema v2); this trace has none")
 
 
+def _run_gamma(cfg: SimConfig, policy: Policy, trace: AcceptanceTrace | None) -> int:
+    """Draft positions per step: the trace's, or ``--gamma-max``'s block for the block
+    drafter (DSpark-5 on a gamma-7 trace; MTP-1 keeps its one). The policy's draft
+    length is checked here, not only by the CLI: simulate() given fixed:9 on a gamma-7
+    trace verified 7 under the name fixed:9."""
+    gamma = 0 if (trace is None or policy.drafter is None) else trace.gamma_max
+    block_gamma = cfg.gamma_max if policy.drafter == "dspark" else None
+    check_draft_length(policy, trace, block_gamma)
+    if block_gamma is not None and trace is not None:
+        gamma = min(gamma, block_gamma)
+    return gamma
+
+
 class SimContext:
     """Everything the replicas share: config, profile, trace, policy, outputs."""
 
@@ -795,11 +808,7 @@ class SimContext:
         self.reserve = cfg.engine.kv_mode == "reserve"
         self.max_engine_steps = cfg.max_engine_steps
         self.stop = self.env.event()  # triggered by the step bound or the time horizon
-        self.gamma = 0 if (trace is None or policy.drafter is None) else trace.gamma_max
-        if cfg.gamma_max is not None and policy.drafter == "dspark" and trace is not None:
-            # the block drafter's block (DSpark-5 on a gamma-7 trace); MTP-1 keeps its one
-            check_draft_length(policy, trace, cfg.gamma_max)
-            self.gamma = min(self.gamma, cfg.gamma_max)
+        self.gamma = _run_gamma(cfg, policy, trace)
         # Verify at most this many drafts per request (fixed:K: K); a KV slot each.
         self.verify_max = min(policy.draft_gamma if policy.draft_gamma is not None
                               else self.gamma, self.gamma)

@@ -897,7 +897,8 @@ def test_the_policy_reads_its_snapshot_read_only():
 def test_gamma_max_shortens_the_block_drafters_block_only():
     """--gamma-max 3 on a gamma-7 trace: the DSpark block drafter drafts (and a policy
     verifies) at most 3 per step; MTP-1 keeps the trace's block; a fixed:7 that the
-    shortened block cannot feed, or a gamma_max past the trace, is refused."""
+    shortened block cannot feed, a fixed:9 the trace cannot, or a gamma_max past the
+    trace, is refused."""
     from dspark_sim.errors import InputError
 
     trace = synth_iid(0.9, 7, num_requests=4, positions=64, seed=3)
@@ -916,6 +917,11 @@ def test_gamma_max_shortens_the_block_drafters_block_only():
         simulate(replace(base, policy="fixed:7", gamma_max=3), profile=_flat(), trace=trace)
     with pytest.raises(InputError, match="--gamma-max"):
         simulate(replace(base, gamma_max=9), profile=_flat(), trace=trace)
+    # without --gamma-max the trace's 7 is the limit: simulate() (the CLI checked, the
+    # library did not) ran fixed:9 as fixed:7 under the name fixed:9, asd@fixed:9 alike
+    for spec in ("fixed:9", "asd@fixed:9", "skip@fixed:8"):
+        with pytest.raises(InputError, match=r"^--policy: .* gamma_max = 7"):
+            simulate(replace(base, policy=spec), profile=_flat(), trace=trace)
 
 
 def test_limits_allow_as_many_sequences_as_batched_tokens_and_are_frozen():

@@ -24,7 +24,7 @@ from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, Wor
 from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta
 
 GAMMA = 5
-POLICIES = ["none", "mtp1", "fixed:1", "fixed:3", "fixed:5", "fixed:9", "confidence",
+POLICIES = ["none", "mtp1", "fixed:1", "fixed:3", "fixed:4", "fixed:5", "confidence",
             "confidence-sync", "confidence-async", "threshold:0.3", "threshold:0.7", "topk:6"]
 
 
