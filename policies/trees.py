@@ -164,8 +164,18 @@ def _markov_cost(plan_parent, order, spine, tokens) -> np.ndarray:
 
 # -- the three policies ----------------------------------------------------------------
 
+# _frontier_width: a frontier wider than the request's node budget N changes nothing, so
+# the policies keep min(width, N) slots per depth. A node outside its depth's top N has N
+# nodes of that depth at least as good ahead of it in _order (same depth: frontier order
+# breaks ties), so its order is >= N and it is never verified; its descendants score no
+# more and come after it. The verified nodes, their order and the tokens are the same;
+# the arrays [n, gamma, width] are not: pctree:64,100000 took minutes per step and
+# dspark-tree:1,99999999 exhausted memory.
+
 
 def pctree_decide(budget: int, width: int):
+    width = min(width, budget)  # exact: see _frontier_width
+
     def decide(s: BatchSnapshot) -> Verification:
         p = _alt(s)
         allowed = np.ones(p.shape, bool)
@@ -179,6 +189,8 @@ def pctree_decide(budget: int, width: int):
 
 
 def cure_decide(budget: int, branches: int, frontier: int, margin: float):
+    frontier = min(frontier, budget)  # exact: see _frontier_width
+
     def decide(s: BatchSnapshot) -> Verification:
         p = _alt(s)
         n, g, k = p.shape
@@ -229,6 +241,8 @@ def _tree_step_s(cost, n: int, size: int) -> np.ndarray:
 
 
 def dspark_tree_decide(cap: int, width: int):
+    width = min(width, cap)  # exact: see _frontier_width
+
     def decide(s: BatchSnapshot) -> Verification:
         p = _alt(s)
         n, g, k = p.shape
@@ -286,6 +300,11 @@ TREE_SPECS: dict[str, tuple[tuple[str, ...], tuple, tuple]] = {
     "pctree": (("N", "k"), (64, 4), (int, int)),
     "dspark-tree": (("N", "k"), (64, 4), (int, int)),
 }
+# Most nodes one request's tree may verify (N): each is a batch token and a KV slot held
+# for the whole request, so a huge N refused every request at arrival as over the KV
+# capacity (or allocated N-sized statistics: cure:10**14 was a MemoryError). The
+# published trees verify 32-64 nodes.
+MAX_TREE_NODES = 1024
 
 
 def parse_tree_spec(spec: str, name: str, arg: str | None) -> tuple:
@@ -307,6 +326,9 @@ def parse_tree_spec(spec: str, name: str, arg: str | None) -> tuple:
     for nm, v, t in zip(names, vals, types, strict=True):
         if t is int and v < 1:
             raise InputError("--policy", f"{spec!r}: {nm} must be >= 1")
+        if nm == "N" and v > MAX_TREE_NODES:
+            raise InputError("--policy", f"{spec!r}: N (nodes per request) must be at most "
+                                         f"{MAX_TREE_NODES:,}")
         if t is float and not 0.0 <= v <= 1.0:
             raise InputError("--policy", f"{spec!r}: {nm} must lie in [0, 1]")
     return tuple(vals)

@@ -18,7 +18,12 @@ from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot, StepCost, Verification, readonly
 from dspark_sim.policies.registry import Policy, get_policy
 from dspark_sim.policies.scheduler import budget_displacement, schedule_topk
-from dspark_sim.policies.trees import UNUSED, node_survival_factors, tree_accepted
+from dspark_sim.policies.trees import (
+    MAX_TREE_NODES,
+    UNUSED,
+    node_survival_factors,
+    tree_accepted,
+)
 from dspark_sim.sim import api
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import DeploymentConfig, SimConfig, WorkloadConfig
@@ -291,9 +296,12 @@ def test_tree_specs_parse_and_reject_bad_arguments():
     assert get_policy("cure").name == "cure:32,2,4,0.5"
     assert get_policy("pctree:48").name == "pctree:48,4"
     assert get_policy("dspark-tree:,2").name == "dspark-tree:64,2"
-    for bad in ("cure:0", "pctree:a", "cure:8,2,4,1.5", "pctree:1,2,3"):
-        with pytest.raises(InputError):
+    for bad in ("cure:0", "pctree:a", "cure:8,2,4,1.5", "pctree:1,2,3",
+                # N past the cap: cure:10**14 allocated N-sized statistics (MemoryError)
+                "cure:1025", "pctree:100000000,4", "dspark-tree:99999999999999"):
+        with pytest.raises(InputError, match="--policy"):
             get_policy(bad)
+    assert get_policy(f"pctree:{MAX_TREE_NODES}").max_tokens == MAX_TREE_NODES
 
 
 def test_a_v1_trace_is_refused_by_name(tmp_path):
@@ -585,8 +593,19 @@ def test_tree_builders_equal_their_definitions(spec, seed, n, g, budget):
     snap = _tie_snapshot(seed, n, g, max(budget, n))
     v = get_policy(spec)(snap)
     tokens, rankings, drafted = _bf_policy(spec, snap)
+    name, _, arg = spec.partition(":")
+    vals = [int(float(a)) for a in arg.split(",")]
+    n_max, width = vals[0], vals[2 if name == "cure" else 1]
+    # pctree:64,100000 built [n, gamma, 100000] arrays (minutes a step; wider: no memory)
+    assert v.plan.rank.shape[2] == min(width, n_max)
     for r in range(n):
-        assert _plan_ranking(v.plan, r) == rankings[r], r
+        got = _plan_ranking(v.plan, r)
+        # a frontier wider than N keeps N slots per depth (policies/trees.py
+        # _frontier_width): the N nodes that can ever be verified, and their order, are
+        # the definition's; the never-verifiable tail is not built
+        assert got[:n_max] == rankings[r][:n_max], r
+        if width <= n_max:
+            assert got == rankings[r], r
     assert np.asarray(v.tokens).tolist() == tokens
     assert np.asarray(v.draft_tokens).tolist() == drafted
 
