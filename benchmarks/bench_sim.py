@@ -3,7 +3,9 @@
 Standard workload: Poisson arrivals at 200 req/s for 600 simulated seconds, the
 ``confidence`` policy, the default profile and deployment. Targets on the 2-core
 dev machine: under 15 s wall for the standard workload, under 5 s for the default
-``dspark-sim run``.
+``dspark-sim run``; memory: the standard run's peak-RSS growth under 1 GiB (the
+simulator keeps per-request rows and per-step counters, never per-token state, so it
+grows with requests, not with tokens or steps x batch).
 
     python benchmarks/bench_sim.py                 # standard + default run
     python benchmarks/bench_sim.py --duration-s 60 # shorter
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import resource
 import subprocess
 import sys
 import time
@@ -39,12 +42,14 @@ def main() -> None:
 
     cfg = standard(args.duration_s, args.policy)
     simulate(replace(cfg, workload=replace(cfg.workload, duration_s=2.0)))  # warm imports
+    rss0_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
     if args.cprofile:
         prof = cProfile.Profile()
         prof.enable()
     t0, c0 = time.perf_counter(), time.process_time()
     res = simulate(cfg)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0_kib) / 1024
     if args.cprofile:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
@@ -56,6 +61,10 @@ def main() -> None:
     print(f"  {steps / wall:,.0f} engine steps per wall-second  ({wall / steps * 1e6:.0f} us/step)")
     print(f"  simulated/wall time ratio {args.duration_s / wall:.1f}x")
     print(f"  target: < 15 s wall -> {'OK' if wall < 15 else 'MISSED'} ({wall / 15:.2f} of budget)")
+    print(f"  peak RSS grew {grown_mib:,.0f} MiB during the run ({grown_mib * 1024 / n:.2f} KiB "
+          f"per request; requests frame {res.requests.estimated_size() / 2**20:,.1f} MiB)")
+    print(f"  target: < 1024 MiB -> {'OK' if grown_mib < 1024 else 'MISSED'} "
+          f"({grown_mib / 1024:.2f} of budget)")
     if not args.skip_cli:
         t0 = time.perf_counter()
         subprocess.run(["dspark-sim", "run", "--policy", "confidence", "--qps", "200", "--quiet"],
