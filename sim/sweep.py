@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 import os
 import re
 import time
@@ -53,6 +54,7 @@ from pathlib import Path
 import polars as pl
 
 from dspark_sim import __version__
+from dspark_sim.calibration.profile import load_profile
 from dspark_sim.errors import InputError
 from dspark_sim.io import atomic_path
 from dspark_sim.policies.registry import get_policy
@@ -288,6 +290,48 @@ def _validate_point(cfg: SimConfig) -> None:
         raise as_sweep_error(exc) from None
 
 
+def _grid_numbers(values, option: str, *, integer: bool = False,
+                  allow_zero: bool = False) -> list | None:
+    """A grid axis given from Python: a string is the option's text (``"1:256:x2"``), a
+    number one value, a sequence its values, each checked as the CLI checks them
+    (:func:`parse_numbers`). ``int()`` made concurrency 2.7 two clients and seed True
+    seed 1, silently; 'abc', None, NaN were ValueError/TypeError/OverflowError
+    tracebacks. None or an empty sequence: not given."""
+    if values is None:
+        return None
+    if isinstance(values, numbers.Real) and not isinstance(values, bool):
+        values = [values]
+    if not isinstance(values, str):
+        try:
+            values = list(values)
+        except TypeError:
+            raise InputError(option, f"must be a list of numbers, got {values!r}") from None
+        if not values:
+            return None
+        bad = [v for v in values if isinstance(v, bool)]
+        if bad:
+            raise InputError(option, f"values must be numbers, got {bad[0]!r}")
+    return parse_numbers(values, integer=integer, option=option, allow_zero=allow_zero)
+
+
+def _grid_names(values, option: str, what: str, *, allow_none: bool = False) -> list | None:
+    """A grid axis of names from Python: a string is a comma list (as the option's text;
+    iterated, 'v4flash-h200' swept a profile per character), a sequence's items must be
+    strings (``None`` too where it means the base's). None or empty: not given."""
+    if values is None:
+        return None
+    if isinstance(values, str):
+        return parse_list(values, option=option, what=what)
+    try:
+        values = list(values)
+    except TypeError:
+        raise InputError(option, f"must be a list of {what} names, got {values!r}") from None
+    bad = [v for v in values if not (isinstance(v, str) or (allow_none and v is None))]
+    if bad:
+        raise InputError(option, f"{what} names must be strings, got {bad[0]!r}")
+    return values or None
+
+
 def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
                  concurrency: Sequence[int] | None = None, policies: Sequence[str],
                  profiles: Sequence[str] | None = None,
@@ -297,16 +341,26 @@ def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
     """Expand the grid (validated up front, so a bad option fails before any work).
     ``sizing.requests_per_client`` raises each closed-loop point's request count."""
     sizing = (sizing or Sizing()).validate()
+    policies = _grid_names(policies, "--policies", "policy")
     if not policies:
         raise InputError("--policies", "give at least one policy")
-    profiles = list(profiles) if profiles else [base.deployment.profile]
-    traces = list(traces) if traces else [None]
-    seeds = list(seeds) if seeds else [base.seed]
-    for p in policies:
-        get_policy(p)  # raises InputError on an unknown spec
+    given_profiles = _grid_names(profiles, "--profiles", "profile")
+    profiles = given_profiles or [base.deployment.profile]
+    traces = _grid_names(traces, "--traces", "trace", allow_none=True) or [None]
+    seeds = _grid_numbers(seeds, "--seeds", integer=True, allow_zero=True) or [base.seed]
+    try:  # unknown names fail here, before any point runs (a profile only in a worker)
+        for p in policies:
+            get_policy(p)
+        for p in given_profiles or ():
+            load_profile(p)
+    except InputError as exc:
+        raise as_sweep_error(exc) from None
+    if not given_profiles:  # the base's, blamed where it was set (--profile, a file's key)
+        load_profile(base.deployment.profile)
     loads: list[tuple[str, float]] = []
-    loads += [("qps", float(q)) for q in (qps or [])]
-    loads += [("concurrency", int(c)) for c in (concurrency or [])]
+    loads += [("qps", float(q)) for q in _grid_numbers(qps, "--qps") or []]
+    loads += [("concurrency", int(c))
+              for c in _grid_numbers(concurrency, "--concurrency", integer=True) or []]
     if not loads:
         w = base.workload
         loads = [("base", float(w.max_concurrency if w.arrival == "closed" else w.qps))]

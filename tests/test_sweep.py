@@ -145,6 +145,42 @@ def test_bad_inputs_fail_before_any_work(base, tmp_path):
     assert not list(tmp_path.glob("points/*.parquet"))
 
 
+@pytest.mark.parametrize("grid,needle", [
+    # int() made 2.7 clients two and seed 1.9 (or True) seed 1, silently
+    ({"concurrency": [2.7]}, "--concurrency: values must be integers"),
+    ({"concurrency": [True]}, "--concurrency: values must be numbers"),
+    ({"seeds": [1.9]}, "--seeds: values must be integers"),
+    ({"seeds": [True]}, "--seeds: values must be numbers"),
+    # ValueError / TypeError / OverflowError tracebacks of the wrong kind
+    ({"qps": ["abc"]}, "--qps: bad value 'abc'"), ({"qps": [None]}, "--qps: bad value"),
+    ({"concurrency": [float("nan")]}, "--concurrency: values must be positive"),
+    ({"concurrency": [float("inf")]}, "--concurrency: values must be positive"),
+    ({"seeds": ["x"]}, "--seeds: bad value 'x'"), ({"qps": object()}, "--qps: must be a list"),
+    ({"profiles": [5]}, "--profiles: profile names must be strings"),
+    ({"traces": [None, 3]}, "--traces: trace names must be strings"),
+    # found only when a worker ran the point
+    ({"profiles": ["no-such"]}, "--profiles: unknown profile 'no-such'"),
+    ({"policies": [""]}, "--policies: empty policy name"),
+])
+def test_grid_values_from_python_are_checked_as_the_cli_checks_them(base, grid, needle):
+    with pytest.raises(InputError) as e:
+        build_points(base, **{"policies": ["mtp1"], **grid})
+    assert str(e.value).startswith(needle), str(e.value)
+
+
+def test_grid_strings_are_the_options_text_not_one_value_per_character(base):
+    """A string was iterated: profiles='v4flash-h200' swept 12 one-letter profiles and
+    policies='confidence' refused 'c'. It reads as the option's text, a number as one
+    value; each gives the same points as the list."""
+    as_text = build_points(base, qps="5,10", concurrency=4, policies="mtp1,fixed:3,5",
+                           profiles="v4flash-h200", traces="dspark-synthetic", seeds="0:1:1")
+    as_list = build_points(base, qps=[5, 10], concurrency=[4],
+                           policies=["mtp1", "fixed:3", "fixed:5"], profiles=["v4flash-h200"],
+                           traces=["dspark-synthetic"], seeds=[0, 1])
+    assert [p.point_id for p in as_text] == [p.point_id for p in as_list]
+    assert len(as_list) == 3 * 3 * 2
+
+
 # -- running -------------------------------------------------------------------------------
 def test_sweep_rows_parts_and_resume(base, tmp_path, monkeypatch):
     out = tmp_path / "sw"
