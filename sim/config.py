@@ -360,10 +360,22 @@ def _check_types(cfg: SimConfig) -> None:
         if f.name in SECTIONS:
             part = getattr(cfg, f.name)
             for g in fields(part):
-                _coerce(getattr(part, g.name), _field_type(f"{f.name}.{g.name}"),
-                        f"--{g.name.replace('_', '-')}")
+                _check_field(f"{f.name}.{g.name}", getattr(part, g.name))
         else:
-            _coerce(getattr(cfg, f.name), _field_type(f.name), f"--{f.name.replace('_', '-')}")
+            _check_field(f.name, getattr(cfg, f.name))
+
+
+# config field -> the option that sets it (workload.workload_path: --workload)
+_OPTION_OF = {path: f"--{name.replace('_', '-')}" for name, path in OPTION_FIELDS.items()}
+
+
+def _check_field(path: str, value: Any) -> None:
+    where = _OPTION_OF.get(path, f"--{path.rpartition('.')[2].replace('_', '-')}")
+    _coerce(value, _field_type(path), where)
+    if isinstance(value, str) and not value.strip():
+        # given but empty, as the layers refuse it (_Layer.set): a config built in Python
+        # with trace="" (or domain, lengths, calibration, mtp_trace) ran the default
+        raise InputError(where, "is empty: give a value or leave it out")
 
 
 def _toml_layer(data: dict, source: str) -> _Layer:

@@ -7,7 +7,13 @@ from input_checks import assert_rejects_file
 
 from dspark_sim.errors import InputError
 from dspark_sim.sim.api import simulate
-from dspark_sim.sim.config import load_config, preset
+from dspark_sim.sim.config import (
+    DeploymentConfig,
+    SimConfig,
+    WorkloadConfig,
+    load_config,
+    preset,
+)
 
 
 def test_toml_config_composes_with_preset(tmp_path):
@@ -47,6 +53,21 @@ def test_settings_are_checked_against_the_field_annotations():
                         ("x", float | None), (False, float)]:
         with pytest.raises(InputError, match="^where: must be"):
             _coerce(value, hint, "where")
+
+
+@pytest.mark.parametrize("cfg,option", [
+    (SimConfig(trace=""), "--trace"), (SimConfig(mtp_trace=" "), "--mtp-trace"),
+    (SimConfig(calibration=""), "--calibration"), (SimConfig(policy=""), "--policy"),
+    (SimConfig(workload=WorkloadConfig(lengths="")), "--lengths"),
+    (SimConfig(workload=WorkloadConfig(domain=" ")), "--domain"),
+    (SimConfig(workload=WorkloadConfig(workload_path="")), "--workload"),
+    (SimConfig(deployment=DeploymentConfig(profile="")), "--profile"),
+])
+def test_a_config_built_in_python_refuses_empty_strings_as_the_layers_do(cfg, option):
+    # trace="" (or domain, lengths, calibration, mtp_trace) silently ran the default,
+    # which the CLI and config files refuse (_Layer.set)
+    with pytest.raises(InputError, match=f"^{option}: is empty"):
+        cfg.validate()
 
 
 def test_options_layer_over_preset_and_file(tmp_path):
