@@ -128,10 +128,13 @@ def _request_log(cfg: SimConfig, rng: np.random.Generator, trace: AcceptanceTrac
         if stream.trace_rows is not None:  # each request replays the row its lengths came from
             log.trace_row[:] = stream.trace_rows
         if trace_rows is not None:
-            rows_in = np.asarray(trace_rows, dtype=np.int64)
-            if rows_in.shape != (n,) or rows_in.min(initial=0) < 0 \
-                    or rows_in.max(initial=0) >= trace.num_requests:
-                raise InputError("trace_rows", f"need {n} row indices in [0, {trace.num_requests})")
+            # integers as given: a cast cut 1.7 to row 1 and read True as row 1, and NaN,
+            # None or 2**70 were ValueError / TypeError / OverflowError tracebacks
+            rows_in = np.asarray(trace_rows)
+            if rows_in.dtype.kind not in "iu" or rows_in.shape != (n,) \
+                    or rows_in.min(initial=0) < 0 or rows_in.max(initial=0) >= trace.num_requests:
+                raise InputError("trace_rows", f"need {n} integer row indices in "
+                                               f"[0, {trace.num_requests})")
             log.trace_row[:] = rows_in
     return stream, log
 

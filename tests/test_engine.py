@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dspark_sim.calibration.profile import DraftCost, EngineProfile, load_profile
+from dspark_sim.errors import InputError
 from dspark_sim.policies.registry import Policy, get_policy
 from dspark_sim.sim import api
 from dspark_sim.sim.api import simulate
@@ -406,6 +407,22 @@ def test_engine_serves_the_traces_served_tau_exactly(k):
     np.testing.assert_array_equal(r["accepted_tokens"].to_numpy() + r["steps"].to_numpy(),
                                   tokens)
     assert s["spec_decode_acceptance_length"] == pytest.approx(trace.served_tau(k), rel=1e-12)
+
+
+@pytest.mark.parametrize("rows", [
+    [0, 1], [[0, 1, 2]], [-1, 0, 0], [0, 0, 4],  # shape and range
+    [0.0, 1.7, 2.0], [True, False, True], ["0", "1", "2"],  # cast: 1.7 ran row 1
+    [0, float("nan"), 1], [0, 0, 2**70], [None, 0, 1],  # cast: tracebacks
+])
+def test_pinned_trace_rows_must_be_integer_indices_into_the_trace(rows):
+    trace = synth_iid(0.8, 5, num_requests=4, positions=64)
+    cfg = SimConfig(policy="fixed:3", deployment=DeploymentConfig(replicas=1),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=3, num_requests=3,
+                                            lengths="fixed:10:20"))
+    with pytest.raises(InputError, match=r"^trace_rows: need 3 integer row indices in \[0, 4\)"):
+        simulate(cfg, trace=trace, trace_rows=rows)
+    assert simulate(cfg, trace=trace, trace_rows=np.array([0, 3, 3], np.int32)).summary[
+        "completed"] == 3
 
 
 def test_kv_blocked_steps_counted_by_hand():
