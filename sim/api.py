@@ -195,17 +195,37 @@ def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
     return summary
 
 
-def simulate(cfg: SimConfig, *, profile: EngineProfile | None = None,
-             trace: AcceptanceTrace | None = None,
-             calibration: CalibrationMap | None = None,
+def _loaded(value, cls: type, load, what: str):
+    """``value`` as a ``cls``: a name or path is loaded; anything else was an
+    AttributeError traceback deep in the engine ('str' object has no attribute 'limits')."""
+    if value is None or isinstance(value, cls):
+        return value
+    if isinstance(value, str | Path):
+        return load(value)
+    raise TypeError(f"simulate: {what} must be a {cls.__name__} object, a built-in name or a "
+                    f"path, got {type(value).__name__}")
+
+
+def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = None,
+             trace: AcceptanceTrace | str | Path | None = None,
+             calibration: CalibrationMap | str | Path | None = None,
              trace_rows: np.ndarray | None = None,
-             policy_profile: EngineProfile | None = None) -> SimResult:
+             policy_profile: EngineProfile | str | Path | None = None) -> SimResult:
     """Run one simulation. ``profile``/``trace``/``calibration`` override the config's
     (already loaded). ``trace_rows`` pins request ``i`` to trace row ``trace_rows[i]``
     (validation replays each served request's own row); by default rows are drawn from
     the seeded generator. ``policy_profile`` is the table the scheduler's SPS curve comes
     from when it differs from the one the steps cost (``profile``): a real server's
-    configured table, or a what-if on a stale one."""
+    configured table, or a what-if on a stale one. Each of the four may also be given as
+    a built-in name or a file path (loaded as ``--profile``/``--trace``/``--calibration``
+    load it)."""
+    if not isinstance(cfg, SimConfig):
+        raise TypeError(f"simulate: cfg must be a SimConfig (sim.config.preset(name) or "
+                        f"load_config(path)), got {type(cfg).__name__}")
+    profile = _loaded(profile, EngineProfile, load_profile, "profile")
+    policy_profile = _loaded(policy_profile, EngineProfile, load_profile, "policy_profile")
+    trace = _loaded(trace, AcceptanceTrace, load_trace, "trace")
+    calibration = _loaded(calibration, CalibrationMap, load_calibration, "calibration")
     cfg = cfg.validate()
     policy = get_policy(cfg.policy)
     profile = profile or load_profile(cfg.deployment.profile)

@@ -425,6 +425,30 @@ def test_pinned_trace_rows_must_be_integer_indices_into_the_trace(rows):
         "completed"] == 3
 
 
+def test_simulate_loads_names_given_for_its_objects_and_refuses_other_types():
+    """simulate(cfg, profile='v4flash-h200') (or a trace, calibration or policy profile
+    named) was an AttributeError traceback deep in the engine; a name or path now loads as
+    the config's does, the same run as the loaded object gives."""
+    from dspark_sim.calibration.confmap import load_calibration
+    from dspark_sim.traces.schema import load_trace
+
+    cfg = SimConfig(policy="confidence", deployment=DeploymentConfig(replicas=1),
+                    workload=WorkloadConfig(qps=20.0, num_requests=20))
+    named = simulate(cfg, profile="v4flash-b200", trace="dspark-v4flash-synthetic",
+                     calibration="identity", policy_profile="v4flash-h100").summary
+    loaded = simulate(cfg, profile=load_profile("v4flash-b200"),
+                      trace=load_trace("dspark-v4flash-synthetic"),
+                      calibration=load_calibration("identity"),
+                      policy_profile=load_profile("v4flash-h100")).summary
+    assert named == loaded and named["profile"] == "v4flash-b200"
+    assert named != simulate(cfg).summary
+    for kw in ({"profile": 5}, {"trace": [1]}, {"calibration": 0.5}, {"policy_profile": {}}):
+        with pytest.raises(TypeError, match=f"^simulate: {next(iter(kw))} must be a "):
+            simulate(cfg, **kw)
+    with pytest.raises(TypeError, match="^simulate: cfg must be a SimConfig"):
+        simulate("tiny")
+
+
 def test_kv_blocked_steps_counted_by_hand():
     """Reserve mode, room for one request (prompt 100 + output 20) at a time, two clients:
     the second is held back at the admission of each of the first's 20 steps (1 prefill,
