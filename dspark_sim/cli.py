@@ -712,6 +712,9 @@ def _report_sweep(df, out: Path, candidate: str | None, baseline: str | None, *,
                           tiers=tiers, vllm_results=vllm_results, gpus=gpus, basis=basis)
     console.print(f"{df.height} points -> {out / 'results.parquet'}; report {report}")
     console.print(f"figures: {BASIS_TEXT[basis_used(df, basis)]}")
+    if df["load"].n_unique() < 2:  # the base workload's own load: a point, not a front
+        console.print("one load per policy: a front needs several, e.g. --concurrency "
+                      "1:256:x2 or --qps 10:400:40", style="dim", highlight=False)
     pols = set(df["policy_spec"].to_list())
     if candidate in pols and baseline in pols:
         console.print(format_headline(headline(df, candidate=candidate, baseline=baseline,

@@ -169,7 +169,11 @@ def test_sweep_cli_writes_results_report_and_headline(tmp_path):
     df = pl.read_parquet(out / "results.parquet")
     assert df.height == 4 and set(df["policy_spec"]) == {"mtp1", "confidence-async"}
     assert (out / "report.html").stat().st_size > 100_000
-    assert "matched throughput" in r.output
+    assert "matched throughput" in r.output and "one load per policy" not in r.output
+    # no --qps / --concurrency: the base's own load, one point per policy, and a hint
+    r = invoke("sweep", "--out", str(tmp_path / "one"), "--policies", "mtp1",
+               "--num-requests", "40", "--replicas", "1", "--executor", "serial", "--quiet")
+    assert r.exit_code == 0 and "one load per policy: a front needs several" in r.output, r.output
     _one_line_error(invoke("sweep", "--out", str(tmp_path / "x"), "--qps", "5:1:0"), "--qps")
 
 
