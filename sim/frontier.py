@@ -38,6 +38,8 @@ axis of their own: throughput against changed tokens).
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -82,6 +84,9 @@ def pareto_front(x: Sequence[float], y: Sequence[float]) -> np.ndarray:
     kept."""
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:  # an IndexError, or a front of mismatched pairs
+        raise ValueError(f"pareto_front: x and y must be 1-D and of one length, got shapes "
+                         f"{x.shape} and {y.shape}")
     ok = np.flatnonzero(np.isfinite(x) & np.isfinite(y))
     if ok.size == 0:
         return np.zeros(0, dtype=np.int64)
@@ -252,6 +257,14 @@ def matched_throughput_gain(a: Front, b: Front, *, samples: int = 401,
     production runs below compute saturation, §5.3). Keys: ``feasible``,
     ``y_lo``, ``y_hi`` (tok/s/GPU), ``gain_min``, ``gain_max``, ``gain_mean`` (fractions,
     0.6 = +60%), ``gain_at_lo``, ``gain_at_hi``, ``reason`` (when not feasible)."""
+    # checked: samples=0 was numpy's zero-size reduction error, a NaN fraction a
+    # 'feasible' result with y_hi NaN (or silently no floor)
+    if isinstance(samples, bool) or not isinstance(samples, numbers.Integral) or samples < 1:
+        raise ValueError(f"matched_throughput_gain: samples must be a positive integer, "
+                         f"got {samples!r}")
+    for name, v in (("floor_fraction", floor_fraction), ("ceil_fraction", ceil_fraction)):
+        if not 0.0 <= v <= 1.0:  # a floor above the ceiling is an empty band, said below
+            raise ValueError(f"matched_throughput_gain: {name} must lie in [0, 1], got {v!r}")
     res = {"feasible": False, "y_lo": None, "y_hi": None, "gain_min": None, "gain_max": None,
            "gain_mean": None, "gain_at_lo": None, "gain_at_hi": None, "reason": None}
     if a.empty or b.empty:
@@ -292,6 +305,8 @@ class TierResult:
 
 
 def tier_throughput(front: Front, tier: float) -> TierResult:
+    if math.isnan(tier):  # read as a feasible tier of NaN tok/s/GPU
+        raise ValueError(f"tier_throughput: the tier must be a number of tok/s/user, got {tier!r}")
     if front.empty:
         return TierResult(float(tier), None, "infeasible", None)
     thr = front.throughput_at(tier)
@@ -318,8 +333,10 @@ def tier_gain(a: Front, b: Front, tiers: Sequence[float] = DEFAULT_TIERS) -> lis
             text = "infeasible for both"
         elif rb.throughput is None:
             text = f"infeasible for {b.label} ({rb.text()}); {a.label}: {ra.text()}"
-        else:
+        elif ra.throughput is None:
             text = f"infeasible for {a.label} ({ra.text()})"
+        else:  # both feasible, the baseline at no throughput: no ratio (was blamed on a)
+            text = f"no gain: {b.label} serves {rb.text()} at this tier; {a.label}: {ra.text()}"
         rows.append({"tier": float(t), "candidate": ra, "baseline": rb, "gain": gain,
                      "text": text})
     return rows

@@ -107,6 +107,34 @@ def test_matched_throughput_gain_on_linear_fronts():
     assert back["gain_max"] == pytest.approx(1 / (2 + 2 / 7) - 1)  # ratio 16/7 inverted
 
 
+@pytest.mark.parametrize("call,needle", [
+    # numpy's own errors: a zero-size reduction, a negative count, a float count
+    (lambda: matched_throughput_gain(A, B, samples=0), "samples must be a positive integer"),
+    (lambda: matched_throughput_gain(A, B, samples=-1), "samples must be a positive integer"),
+    (lambda: matched_throughput_gain(A, B, samples=2.5), "samples must be a positive integer"),
+    # silently wrong: 'feasible' with y_hi NaN, or no floor at all
+    (lambda: matched_throughput_gain(A, B, ceil_fraction=math.nan), "ceil_fraction must lie"),
+    (lambda: matched_throughput_gain(A, B, floor_fraction=math.nan), "floor_fraction must"),
+    (lambda: matched_throughput_gain(A, B, ceil_fraction=math.inf), "ceil_fraction must lie"),
+    (lambda: matched_throughput_gain(A, B, floor_fraction=-0.5), "floor_fraction must lie"),
+    (lambda: tier_throughput(A, math.nan), "tier must be a number"),  # 'ok', NaN tok/s
+    (lambda: tier_gain(A, B, [math.nan]), "tier must be a number"),  # 'infeasible for A'
+    (lambda: pareto_front([1.0, 2.0], [1.0]), "one length"),  # IndexError
+])
+def test_comparisons_refuse_arguments_that_would_give_nan_or_numpy_errors(call, needle):
+    with pytest.raises(ValueError, match=needle):
+        call()
+
+
+def test_a_baseline_at_zero_throughput_is_not_blamed_on_the_candidate():
+    # both feasible at the tier, the baseline serving nothing there: no ratio, and the
+    # text said "infeasible for A" although A serves 500 tok/s/GPU
+    zero = Front.from_points("Z", [10, 50], [1.0, 0.0])
+    (row,) = tier_gain(A, zero, [50])
+    assert row["gain"] is None and row["text"].startswith("no gain: Z serves ")
+    assert "A: 500 tok/s/GPU" in row["text"]
+
+
 def test_matched_gain_without_overlap_says_why():
     lo = Front.from_points("lo", [10, 20], [100, 50])
     hi = Front.from_points("hi", [10, 20], [900, 800])
