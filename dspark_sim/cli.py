@@ -26,7 +26,7 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import check_writable
+from dspark_sim.io import check_writable, deferred_interrupts
 from dspark_sim.sim.quality import quality_rows
 
 try:  # typer >= 0.22 parses with its own copy of click, older ones with click itself
@@ -994,10 +994,12 @@ def calibrate_confidence_cmd(
     # The shipped map uses every request; the report is on held-out requests.
     full, _ = calibrate_confidence(t, method=method, holdout=0.0, seed=seed)
     # the diagram first: it can still refuse the trace, and then neither file is touched
-    # and nothing but that one error line is printed
-    if html is not None:
-        write_reliability_html(html, t, fitted, report=report)
-    full.save(out)
+    # and nothing but that one error line is printed. Both under one deferral: an
+    # interrupt between the two writes left a new diagram beside the old (or no) map
+    with deferred_interrupts():
+        if html is not None:
+            write_reliability_html(html, t, fitted, report=report)
+        full.save(out)
     console.print(format_report(report), highlight=False)
     console.print(f"wrote {out} (fitted on all {t.num_requests} requests)")
     if html is not None:

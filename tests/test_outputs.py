@@ -209,6 +209,34 @@ def test_an_interrupt_during_a_write_waits_for_the_file_then_stops(tmp_path, two
         signal.signal(sig, previous)
 
 
+def test_an_interrupt_between_the_diagram_and_the_map_writes_both(tmp_path):
+    """calibrate confidence --html writes the diagram, then the map: a SIGTERM between the
+    two left a new diagram beside the old map (or none). They are one write now: both
+    land, then the command stops (exit 143, no traceback)."""
+    out, html = tmp_path / "m.toml", tmp_path / "m.html"
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        from dspark_sim.calibration import fit
+        from dspark_sim.cli import app
+        real = fit.write_reliability_html
+        def write_then_get_killed(*a, **k):
+            real(*a, **k)
+            os.kill(os.getpid(), signal.SIGTERM)
+        fit.write_reliability_html = write_then_get_killed
+        sys.argv = ["dspark-sim", "calibrate", "confidence", "--trace", "dspark-synthetic",
+                    "--out", {str(out)!r}, "--html", {str(html)!r}]
+        app()
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 143, r.stderr
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.html", "m.toml"]
+    from dspark_sim.calibration.confmap import load_calibration
+
+    assert load_calibration(out).method == "temperature"
+
+
 def test_sigterm_ends_a_command_like_ctrl_c(tmp_path):
     """``kill`` (SIGTERM) killed the process outright, mid-write: the temporary file
     stayed beside the output. Now every ``finally`` runs: the trace being written is
