@@ -170,7 +170,7 @@ def make_asd(arg: str | None, get_policy) -> object:
         if len(parts) != 3:
             raise InputError("--policy", f"'asd:{arg}': expected asd:g,m,B[@BASE]")
         try:
-            g, m, budget = float(parts[0]), int(parts[1]), float(parts[2])
+            g, m, budget = float(parts[0]) + 0.0, int(parts[1]), float(parts[2]) + 0.0
         except ValueError as exc:
             raise InputError("--policy", f"'asd:{arg}': g and B must be numbers, m an "
                                          "integer") from exc
@@ -239,7 +239,7 @@ def make_skip(arg: str | None, get_policy) -> object:
     """``skip[:P][@BASE]``."""
     p_text, base_spec = _base_of(arg)
     try:
-        p = float(p_text) if p_text else 0.9
+        p = float(p_text) + 0.0 if p_text else 0.9
     except ValueError as exc:
         raise InputError("--policy", f"'skip:{arg}': P must be a number") from exc
     if not p >= 0 or np.isnan(p):

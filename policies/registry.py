@@ -202,7 +202,8 @@ def _make(spec: str) -> Policy:
                                   "current T + B cost table, global search, top-B")
     if name == "threshold":
         try:
-            p = float(arg) if arg is not None else 0.5
+            # + 0.0: -0 is 0, one canonical name (threshold:-0 was a policy of its own)
+            p = float(arg) + 0.0 if arg is not None else 0.5
         except ValueError as exc:
             raise InputError("--policy", f"{spec!r}: threshold must be a number") from exc
         if not 0.0 <= p <= 1.0:

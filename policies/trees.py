@@ -318,7 +318,7 @@ def parse_tree_spec(spec: str, name: str, arg: str | None) -> tuple:
         if not a:
             continue
         try:
-            vals[i] = types[i](a)
+            vals[i] = types[i](a) + 0  # + 0: -0 reads (and is named) 0
         except ValueError as exc:
             raise InputError("--policy", f"{spec!r}: {names[i]} must be "
                                          f"{'an integer' if types[i] is int else 'a number'}"

@@ -384,6 +384,9 @@ def test_policy_specs_parse_and_sweep_lists_keep_their_commas():
     # the lower ends of the ranges are settings: g = m = B = 0 (strict), P = 0
     assert get_policy("asd:0,0,0@fixed:3").name == "asd:0,0,0@fixed:3"
     assert get_policy("skip:0@fixed:3").name == "skip:0@fixed:3"
+    # -0 is 0 (named 'skip:-0', 'asd:-0,0,-0': a policy of its own in a sweep's fronts)
+    assert get_policy("skip:-0@fixed:3").name == "skip:0@fixed:3"
+    assert get_policy("asd:-0,0,-0@fixed:3").name == "asd:0,0,0@fixed:3"
     for bad in ("asd:1,2", "asd:x,1,1", "asd:-1,1,1", "asd:1,-1,1", "asd:1,1,-1",
                 "asd:nan,1,1", "asd:1,1,nan", "skip:x", "skip:-0.5", "skip:nan", "asd@none",
                 "skip@asd", "asd@skip:0.9@fixed:3", "skip@ASD :1,1,1@fixed:3",

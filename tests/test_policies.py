@@ -102,6 +102,7 @@ def test_bad_policy_specs(bad):
     ("none", "none", None, 0, set()),
     (" MTP1 ", "mtp1", "mtp1", 1, set()),
     ("fixed:0", "fixed:0", None, 0, set()),
+    ("threshold:-0", "threshold:0", "dspark", None, {"needs_survival"}),  # was 'threshold:-0'
     ("Fixed: 3", "fixed:3", "dspark", 3, set()),
     ("confidence", "confidence", "dspark", None, {"needs_cost", "needs_lag", "needs_survival"}),
     ("confidence-sync", "confidence-sync", "dspark", None,

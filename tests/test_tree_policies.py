@@ -296,6 +296,7 @@ def test_tree_specs_parse_and_reject_bad_arguments():
     assert get_policy("cure").name == "cure:32,2,4,0.5"
     assert get_policy("pctree:48").name == "pctree:48,4"
     assert get_policy("dspark-tree:,2").name == "dspark-tree:64,2"
+    assert get_policy("cure:8,2,4,-0").name == "cure:8,2,4,0"  # was 'cure:8,2,4,-0'
     for bad in ("cure:0", "pctree:a", "cure:8,2,4,1.5", "pctree:1,2,3",
                 # N past the cap: cure:10**14 allocated N-sized statistics (MemoryError)
                 "cure:1025", "pctree:100000000,4", "dspark-tree:99999999999999"):
