@@ -184,7 +184,11 @@ def _loaders():
     from dspark_sim.sim.config import load_config
     from dspark_sim.sim.report import read_vllm_results
     from dspark_sim.traces.importers import import_specdecode_bench, read_vllm_counters
-    from dspark_sim.traces.targets import load_prompts
+
+    def load_prompts(folder):
+        # imported here, not at collection: traces.targets needs torch, and the mutation
+        # runner (benchmarks/mutation.py) collects this file with torch blocked
+        return pytest.importorskip("dspark_sim.traces.targets").load_prompts(folder)
 
     def file(name, text, load):
         return lambda d: load(_write(d / name, text))
