@@ -447,6 +447,11 @@ def baseline(modules: list[str], tests: list[str], out_json: Path) -> dict[str, 
         class Plugin:
             def pytest_runtest_setup(self, item):
                 current[0] = item.nodeid
+                # re-armed per test: CPython drops a trace function that raises, and a
+                # test that recurses to the limit (test_input_files' deeply nested
+                # documents) makes it raise RecursionError; every later test then ran
+                # untraced and its lines counted "not covered"
+                sys.settrace(glob)
 
             def pytest_runtest_logreport(self, report):
                 if report.when == "call":
