@@ -196,6 +196,49 @@ def test_read_workload_refuses_what_is_not_a_request(tmp_path, rows, message):
         read_workload(tmp_path / "none.jsonl")
 
 
+AZURE = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+         "2023-11-16 18:15:50.9951690,396,109\n2023-11-16 18:15:51.2000000,100,10\n")
+
+
+def test_azure_timestamps_read_as_seconds_from_the_first(tmp_path):
+    """7 fractional digits trimmed to microseconds: 46.680590, 50.995169, 51.200000 (the
+    epoch seconds, ~1.7e9, hold ~0.2 us in a float64)."""
+    p = tmp_path / "a.csv"
+    p.write_text(AZURE)
+    df = read_workload(p)
+    assert np.allclose(df["arrival_s"], [0.0, 4.314579, 4.519410], rtol=0, atol=1e-6)
+    assert df["prompt_tokens"].to_list() == [374, 396, 100]
+    assert df["output_tokens"].to_list() == [44, 109, 10]
+
+
+@pytest.mark.parametrize("old, new, row", [
+    ("2023-11-16 18:15:50.9951690", "yesterday", 2),
+    (",396,", ",lots,", 2),
+    (",10\n", ",ten\n", 3),
+])
+def test_azure_unparseable_cells_name_their_row(tmp_path, old, new, row):
+    """One bad cell, not a polars parse error: the row is named (the columns are read as
+    text and converted leniently, nulls marking what did not convert)."""
+    p = tmp_path / "a.csv"
+    p.write_text(AZURE.replace(old, new))
+    with pytest.raises(InputError, match=f"^{p}: unparseable value in data row {row}$"):
+        read_workload(p)
+    p.write_text(AZURE.replace("ContextTokens", "Context"))
+    with pytest.raises(InputError, match="needs columns ContextTokens, GeneratedTokens, TIMESTAMP"):
+        read_workload(p)
+
+
+def test_mooncake_counts_up_to_the_per_request_limit_are_read(tmp_path):
+    df = read_workload(_mooncake(tmp_path / "w.jsonl", [(0, MAX, 1), (5, 1, MAX)]))
+    assert df["prompt_tokens"].to_list() == [MAX, 1] and df["output_tokens"].max() == MAX
+
+
+def test_requests_at_the_same_time_keep_the_files_order(tmp_path):
+    rows = [(100, 1, 1), *[(50, i, 1) for i in range(2, 40)], (0, 99, 1)]
+    df = read_workload(_mooncake(tmp_path / "w.jsonl", rows))
+    assert df["prompt_tokens"].to_list() == [99, *range(2, 40), 1]
+
+
 def _replay(path, **kw) -> WorkloadConfig:
     return WorkloadConfig(arrival="replay", workload_path=path, **{"num_requests": None, **kw})
 
@@ -286,3 +329,91 @@ def test_closed_loop_without_a_file_draws_its_lengths():
     s = build_stream(_closed(num_requests=6, lengths="fixed:8:9"), _rng())
     assert s.arrival_s.tolist() == [0.0] * 6 and s.output_tokens.tolist() == [9] * 6
     assert s.description == "closed loop, 3 clients, fixed 8 in / 9 out"
+
+
+def test_a_stream_is_frozen():
+    from dataclasses import FrozenInstanceError
+
+    s = build_stream(_closed(num_requests=2, lengths="fixed:8:9"), _rng())
+    with pytest.raises(FrozenInstanceError):
+        s.description = "edited"
+
+
+def test_one_token_requests_stay_one_token(tmp_path):
+    """Zero counts are served as one token; one token is one token (not raised further)."""
+    s = build_stream(_replay(_mooncake(tmp_path / "w.jsonl", [(0, 1, 1), (10, 0, 0), (20, 2, 3)])),
+                     _rng())
+    assert s.prompt_tokens.tolist() == [1, 1, 2] and s.output_tokens.tolist() == [1, 1, 3]
+
+
+def test_a_negative_count_anywhere_in_the_file_is_refused(tmp_path):
+    p = _mooncake(tmp_path / "w.jsonl", [(0, 5, 5), (1, 5, -2), (2, 5, 5)])
+    with pytest.raises(InputError, match="negative token count in output_tokens"):
+        read_workload(p)
+
+
+def test_a_bursty_window_is_filled_past_the_first_batch_of_gaps(monkeypatch):
+    """Shape 0.01 at 1 req/s over 10 s: the first batch of gaps (~50) often sums to less
+    than the window (a few gaps carry almost all the time), so more are drawn until it is
+    filled. Each later batch continues from the last arrival: the arrivals keep rising."""
+    import dspark_sim.sim.workload as wl
+
+    calls = []
+    gaps = wl._gaps
+    monkeypatch.setattr(wl, "_gaps", lambda *a: calls.append(1) or gaps(*a))
+    refilled = 0
+    for seed in range(24):
+        calls.clear()
+        s = build_stream(_open(arrival="gamma", qps=1.0, burstiness=0.01, num_requests=None,
+                               duration_s=10.0), _rng(seed))
+        refilled += len(calls) > 1
+        assert s.arrival_s[0] == 0.0 and s.arrival_s[-1] < 10.0
+        assert np.all(np.diff(s.arrival_s) >= 0), seed
+    assert refilled  # the refill is exercised (in 7 of these 24 seeds), not just possible
+
+
+# -- lengths from an acceptance trace ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def trace():
+    from pathlib import Path
+
+    from dspark_sim.traces.importers import import_specdecode_bench
+
+    return import_specdecode_bench(Path(__file__).parent / "data" / "specdecode_bench"
+                                   / "combined_fixture.jsonl")
+
+
+def test_trace_sample_draws_rows_uniformly_with_the_seed(trace):
+    n = 200
+    s = build_stream(_closed(num_requests=n, lengths="trace:sample"), _rng(9), trace=trace)
+    rows = _rng(9).integers(0, trace.num_requests, size=n)  # every row, the first included
+    assert s.trace_rows.tolist() == rows.tolist()
+    assert s.prompt_tokens.tolist() == trace.req_prompt_tokens[rows].tolist()
+    assert "drawn with the seed" in s.description
+
+
+def test_trace_lengths_of_zero_and_one_token(trace):
+    t = replace(trace, req_prompt_tokens=np.array([0, 1, 2, 1, 0, 7]),
+                req_output_tokens=np.array([1, 0, 1, 2, 3, 0]))
+    s = build_stream(_closed(num_requests=8, lengths="trace"), _rng(), trace=t)
+    assert s.trace_rows.tolist() == [0, 1, 2, 3, 4, 5, 0, 1]  # cycled in order
+    assert s.prompt_tokens.tolist() == [1, 1, 2, 1, 1, 7, 1, 1]
+    assert s.output_tokens.tolist() == [1, 1, 1, 2, 3, 1, 1, 1]
+
+
+def test_trace_lengths_need_a_trace_that_carries_them(trace):
+    w = _closed(num_requests=3, lengths="trace")
+    with pytest.raises(InputError, match="needs a trace .*; no trace has none"):
+        build_stream(w, _rng(), trace=None)
+    bare = replace(trace, req_prompt_tokens=None, req_output_tokens=None, source_path="b.parquet")
+    with pytest.raises(InputError, match="needs a trace .*; trace b.parquet has none"):
+        build_stream(w, _rng(), trace=bare)
+
+
+def test_the_first_trace_request_past_the_limit_is_named(trace):
+    big = trace.req_output_tokens.copy()
+    big[1], big[3] = MAX, MAX + 1  # the limit itself is a length
+    with pytest.raises(InputError, match=rf"output_tokens of request {trace.req_ids[3]} "
+                                         rf"\(16,777,217\) is above"):
+        build_stream(_closed(num_requests=3, lengths="trace"), _rng(),
+                     trace=replace(trace, req_output_tokens=big))
