@@ -30,11 +30,27 @@ def test_run_prints_summary_and_writes_outputs(tmp_path):
     assert pl.read_parquet(out / "requests.parquet").height == 120
 
 
-@pytest.mark.parametrize("policy", ["fixed:5", "mtp1", "none", "confidence-async", "threshold:0.6"])
-def test_run_policies(policy):
-    r = invoke("run", "--policy", policy, *SMALL, "--quiet")
+# draft tokens verified per request-step, from each policy's definition (None: it varies
+# with the survivals, between 1 and gamma_max = 7)
+DRAFTS_PER_STEP = {"fixed:5": 5, "mtp1": 1, "none": 0, "confidence-async": None,
+                   "threshold:0.6": None}
+
+
+@pytest.mark.parametrize("policy", list(DRAFTS_PER_STEP))
+def test_run_policies(policy, tmp_path):
+    """--policy reaches the simulator: the summary names it, and the draft tokens it
+    verified are what the policy asks for per request-step (it checked only exit 0)."""
+    r = invoke("run", "--policy", policy, *SMALL, "--quiet", "--out", str(tmp_path / "o"))
     assert r.exit_code == 0, r.output
     assert r.output == ""
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert s["policy"] == policy and s["completed"] == 120 and s["num_drafts"] > 0
+    verified, steps = s["num_draft_tokens_verified"], s["num_drafts"]
+    assert 0 <= s["num_accepted_tokens"] <= verified
+    if DRAFTS_PER_STEP[policy] is None:
+        assert steps < verified < 7 * steps
+    else:
+        assert verified == DRAFTS_PER_STEP[policy] * steps
 
 
 def test_run_options(tmp_path):
@@ -51,8 +67,11 @@ def test_run_options(tmp_path):
     ok = req.filter((pl.col("ttft_ms") <= 500) & ~(pl.col("tpot_ms") > 20).fill_null(False))
     assert s["goodput"] == pytest.approx(ok.height / s["duration"], rel=1e-12)
     assert "closed loop, 8 clients" in s["workload"]
-    r = invoke("run", "--qps", "30", "--burstiness", "0.5", *SMALL[:4], "--quiet")
+    r = invoke("run", "--qps", "30", "--burstiness", "0.5", *SMALL[:4], "--quiet",
+               "--out", str(out))
     assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["workload"].startswith("gamma(burstiness=0.5) arrivals at 30 req/s"), s["workload"]
 
 
 def test_workload_replay_cli(shared_dir, tmp_path):
@@ -200,8 +219,23 @@ def test_validate_cli_rejects_bad_options():
 
 
 def test_run_policy_profile(tmp_path):
-    r = invoke("run", "--policy", "confidence", *SMALL, "--policy-profile", "v4flash-h200")
-    assert r.exit_code == 0, r.output
+    """--policy-profile prices the scheduler's SPS curve only: the run's own profile
+    (v4flash-h200) as the policy profile changes nothing; another one changes the drafts
+    the confidence scheduler verifies, not the engine that runs them."""
+    def summary(*extra: str) -> dict:
+        out = tmp_path / f"o{len(list(tmp_path.iterdir()))}"
+        r = invoke("run", "--policy", "confidence", *SMALL, *extra, "--out", str(out),
+                   "--quiet")
+        assert r.exit_code == 0, r.output
+        s = json.loads((out / "summary.json").read_text())
+        s.pop("outputs")
+        return s
+
+    plain = summary()
+    assert summary("--policy-profile", "v4flash-h200") == plain
+    other = summary("--policy-profile", "qwen3-8b-h100")
+    assert other["profile"] == plain["profile"] == "v4flash-h200"
+    assert other["num_draft_tokens_verified"] != plain["num_draft_tokens_verified"]
     bad = tmp_path / "bad.toml"
     bad.write_text("[profile]\nname = 'x'\n")
     _one_line_error(invoke("run", "--policy", "confidence", *SMALL, "--policy-profile", str(bad)),
