@@ -150,10 +150,19 @@ def test_traces_synth_and_inspect(tmp_path):
     # both near Leviathan's (1 - 0.7^5) / 0.3 = 2.77 for iid acceptance (1,600 positions)
     assert abs(served - (1 - 0.7**5) / 0.3) < 0.1 and abs(per_pos - (1 - 0.7**5) / 0.3) < 0.1
     assert "P(k | 1..k-1)" in r.output
-    r = invoke("run", "--trace", str(p), "--policy", "fixed:2", *SMALL, "--quiet")
+    r = invoke("run", "--trace", str(p), "--policy", "fixed:2", *SMALL, "--quiet",
+               "--out", str(tmp_path / "run"))
     assert r.exit_code == 0, r.output
+    # the run served this trace: iid acceptance 0.7 at position 1, 0.7^2 at position 2
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["trace"] == str(p) and s["trace_drafter"] == "iid-alpha0.7"
+    assert s["num_draft_tokens_verified"] == 2 * s["num_drafts"]
+    assert s["acceptance_per_position"][:2] == pytest.approx([0.7, 0.49], abs=0.04)
     r = invoke("traces", "inspect", "dspark-synthetic")
-    assert r.exit_code == 0 and "math" in r.output
+    assert r.exit_code == 0, r.output
+    # served tau at l = 7 per domain: DSpark Table 1's math 5.57, code 5.12, chat 3.49
+    row7 = re.search(r"│ 7 │(.*)│", r.output).group(1).split("│")
+    assert [float(v) for v in row7[2::2]] == [5.57, 5.12, 3.49], r.output
     _one_line_error(invoke("traces", "synth", "--kind", "iid", "--alpha", "1.5",
                            "--out", str(tmp_path / "x.parquet")), "--alpha")
     assert not (tmp_path / "x.parquet").exists()
