@@ -416,6 +416,8 @@ def parse_slo(spec: str | None) -> tuple[float | None, float | None]:
             raise InputError("--slo", f"{key} needs a number of milliseconds, got {val!r}") from None
         if not (math.isfinite(v) and v > 0):
             raise InputError("--slo", f"{key} must be a positive number of ms, got {val!r}")
+        if key in out:  # tpot:5,tpot:6 kept the last, silently
+            raise InputError("--slo", f"{key} given twice in {spec!r}")
         out[key] = v
     return out.get("ttft"), out.get("tpot")
 

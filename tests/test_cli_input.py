@@ -46,6 +46,7 @@ def one_line_error(r, *needles: str) -> str:
     (["--policy", "fixed:1000"], ["--policy", "gamma_max = 7"]),
     (["--lengths", "fixed:10:1000000000000"], ["--lengths"]),
     (["--slo", "ttft:inf"], ["--slo"]),
+    (["--slo", "tpot:5,TPOT:6"], ["--slo", "tpot given twice"]),  # kept the last
     # given but empty was read as not given: the default lengths, trace, preset, no SLO
     (["--slo", ""], ["--slo", "ttft:MS,tpot:MS"]),
     (["--lengths", ""], ["--lengths", "empty"]),
