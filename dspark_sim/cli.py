@@ -636,7 +636,8 @@ def sweep(
     lengths: Annotated[str | None, typer.Option(
         help="Request lengths, as for run (e.g. trace: each trace request's own).")] = None,
     executor: Annotated[str, typer.Option(help="process | serial | ray")] = "process",
-    workers: Annotated[int | None, typer.Option(help="Parallel workers (default: cores).")] = None,
+    workers: Annotated[int | None, typer.Option(
+        help="Parallel workers (default: cores; at most 4 per core).")] = None,
     sla: Annotated[str, typer.Option(help="Interactivity tiers (tok/s/user) for the headline.")] =
         "80,120",
     candidate: Annotated[str | None, typer.Option(

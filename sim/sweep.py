@@ -55,7 +55,7 @@ import polars as pl
 
 from dspark_sim import __version__
 from dspark_sim.calibration.profile import load_profile
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, check_positive_int
 from dspark_sim.io import atomic_path
 from dspark_sim.policies.registry import get_policy
 from dspark_sim.sim.config import SimConfig
@@ -627,6 +627,18 @@ _EXECUTORS: dict[str, Callable[[list[SweepPoint], int | None], Iterator[dict]]] 
     "serial": _run_serial, "process": _run_process, "ray": _run_ray}
 
 
+# Workers per core at most: the points are CPU-bound, so more gain nothing, and each
+# worker is an interpreter of its own (~200 MB): --workers 1000 spawned one per point
+# until the memory ran out.
+WORKERS_PER_CORE = 4
+
+
+def check_workers(workers: int | None) -> None:
+    """``--workers``: None (one per core) or a positive integer up to
+    ``WORKERS_PER_CORE`` x this machine's cores."""
+    check_positive_int("--workers", workers, WORKERS_PER_CORE * (os.cpu_count() or 1))
+
+
 def run_sweep(
     base: SimConfig,
     *,
@@ -656,8 +668,7 @@ def run_sweep(
     """
     if executor not in EXECUTORS:
         raise InputError("--executor", f"must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    if workers is not None and (not isinstance(workers, int) or workers < 1):
-        raise InputError("--workers", f"must be a positive integer, got {workers!r}")
+    check_workers(workers)
     points = build_points(base, qps=qps, concurrency=concurrency, policies=policies,
                           profiles=profiles, traces=traces, seeds=seeds, sizing=sizing)
     return run_points(points, out=out, executor=executor, workers=workers, progress=progress)
@@ -669,6 +680,7 @@ def run_points(points: Sequence[SweepPoint], *, out: str | Path, executor: str =
     :func:`run_sweep` does: resumable parts, ``results.parquet``; returns their rows."""
     if executor not in EXECUTORS:
         raise InputError("--executor", f"must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    check_workers(workers)
     points = list({p.point_id: p for p in points}.values())
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ from dspark_sim.sim.sweep import (
     parse_list,
     parse_numbers,
     point_hash,
+    run_points,
     run_sweep,
 )
 
@@ -146,6 +147,17 @@ def test_bad_inputs_fail_before_any_work(base, tmp_path):
     with pytest.raises(InputError, match="executor"):
         run_sweep(base, qps=[5], policies=["mtp1"], out=tmp_path, executor="threads",
                   progress=False)
+    # a worker per point past the cores: --workers 1000 spawned interpreters (~200 MB
+    # each) until the memory ran out; True was one worker
+    cap = sweep.WORKERS_PER_CORE * (os.cpu_count() or 1)
+    for run in (run_sweep, run_points):
+        args = (base,) if run is run_sweep else (build_points(base, qps=[5], policies=["mtp1"]),)
+        kw = {"qps": [5], "policies": ["mtp1"]} if run is run_sweep else {}
+        with pytest.raises(InputError, match=f"^--workers: {cap + 1:,} is above the limit of "
+                                             f"{cap:,}"):
+            run(*args, **kw, out=tmp_path, workers=cap + 1, progress=False)
+        with pytest.raises(InputError, match="^--workers: must be a positive integer"):
+            run(*args, **kw, out=tmp_path, workers=True, progress=False)
     assert not list(tmp_path.glob("points/*.parquet"))
 
 
