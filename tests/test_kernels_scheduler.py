@@ -91,7 +91,7 @@ def test_float32_survival_and_edges(backend):
     np.testing.assert_array_equal(
         ks.schedule_topk(s, k_dev, backend=backend).cpu().numpy(), ref.schedule_topk(surv, 9)
     )
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"sps has 112 entries, needs n\*gamma\+1 = 113"):
         ks.schedule_sync(s, np.ones(surv.size), backend=backend)  # table one entry short
 
 

@@ -72,7 +72,7 @@ def test_dense_form_matches_varlen():
 
 def test_checks():
     z = torch.zeros(4)
-    with pytest.raises(ValueError):  # blocks longer than the temperature table
+    with pytest.raises(ValueError, match="temperature has 3 entries, blocks reach 4"):
         survival_varlen(z, _cu([4], "cpu"), torch.ones(3), backend="torch")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="conf_logits must be a 1-D"):
         survival_varlen(z.view(2, 2), _cu([4], "cpu"), torch.ones(4), backend="torch")

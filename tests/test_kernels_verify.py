@@ -265,11 +265,11 @@ def test_seeded_and_explicit_uniforms():
 
 def test_input_checks_and_dispatch():
     cu = _cu([2], "cpu")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"target_logits must be \[3, V\], got \(2, 10\)"):
         verify_greedy(torch.zeros(2, dtype=torch.int64), torch.randn(2, 10), cu, backend="torch")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="backend must be one of .* got 'gpu'"):
         verify_greedy(torch.zeros(2, dtype=torch.int64), torch.randn(3, 10), cu, backend="gpu")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="draft_probs has V=9, expected 10"):
         verify_stochastic(
             torch.zeros(2, dtype=torch.int64), torch.rand(2, 9), torch.rand(3, 10), cu, backend="torch"
         )
@@ -334,7 +334,7 @@ def test_blocks_layout():
         Blocks.from_lengths([2], max_seqlen=True)
     with pytest.raises(ValueError, match=">= 0"):
         Blocks.from_lengths([2, -1])
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="integer"):
         Blocks.from_lengths([2.5])  # not cut to 2
     with pytest.raises(TypeError, match="int32/int64"):
         Blocks.from_cu_seqlens(torch.tensor([0.0, 2.0]))

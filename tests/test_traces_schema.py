@@ -84,7 +84,9 @@ META = TraceMeta(drafter="d", target="t", gamma_max=3)
 
 
 def test_validation_errors(tmp_path):
-    trace_from_frame(_frame(), META)  # valid
+    ok = trace_from_frame(_frame(), META)  # valid: two requests, rows in file order
+    assert ok.accept_len.tolist() == [1, 3, 0] and ok.req_offsets.tolist() == [0, 2, 3]
+    assert ok.req_domain.tolist() == ["math", "math"] and ok.conf.shape == (3, 3)
     with pytest.raises(InputError, match="missing column.*accept_len"):
         trace_from_frame(_frame().drop("accept_len"), META, "x.parquet")
     with pytest.raises(InputError, match="accept_len out of"):
@@ -127,7 +129,7 @@ def test_write_is_atomic(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(pq, "write_table", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="disk full"):
         write_trace(synth_iid(0.9, 2, num_requests=2, positions=10), p)
     assert p.read_bytes() == before
     assert [x.name for x in tmp_path.iterdir()] == ["t.parquet"]
