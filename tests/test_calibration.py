@@ -95,6 +95,7 @@ def test_sts_fixes_overconfidence(overconfident):
     assert rep["ece_bins"] == 15 and rep["split"]["by"] == "request"
     assert rep["ece_before_mean"] > 0.05
     assert rep["ece_after_mean"] < 0.02
+    assert len(rep["positions"]) == overconfident.gamma_max  # the loop below checks each
     for p in rep["positions"]:
         assert p["ece_after"] < p["ece_before"]
         assert p["auc_after"] > p["auc_before"] - 0.01
@@ -286,7 +287,7 @@ def test_bad_inputs_raise_input_error(overconfident):
         calibration_metrics(bad, m)
     with pytest.raises(InputError, match="outside"):
         fit_sequential_temperature(c, np.full(len(m), 9))
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="^grid: temperature grid must be positive"):
         fit_sequential_temperature(c, m, grid=[0.0, 1.0])
     with pytest.raises(InputError, match="method"):
         calibrate_confidence(overconfident, "platt")
@@ -297,9 +298,9 @@ def test_bad_inputs_raise_input_error(overconfident):
         calibrate_confidence(one, holdout=0.3)
     with pytest.raises(InputError, match="trace"):
         calibrate_confidence(np.zeros((3, 7)))
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="temperatures must be a non-empty list of positive"):
         temperature_map([1.0, -2.0])
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="isotonic row 0: x and y must be non-decreasing"):
         isotonic_map([[0.0, 1.0]], [[0.5, 0.2]])
 
 

@@ -26,6 +26,7 @@ def mutation():
 
 def test_every_register_entry_names_a_mutant_of_todays_source(mutation):
     register = mutation.load_equivalent()
+    assert register, "no register entries: the loop below would check nothing"
     made: dict[str, set[tuple[str, str, str | None, str | None]]] = {}
     for e in register:
         if e.module not in made:
