@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dspark_sim.calibration.profile import builtin_profiles
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import preset
 from dspark_sim.traces.importers import import_specdecode_bench
@@ -59,8 +58,6 @@ def _request_s(prompt: int, acc_len: np.ndarray, k: int | None) -> float:
     return t
 
 
-@pytest.mark.skipif(PROFILE not in builtin_profiles(),
-                    reason=f"the {PROFILE} profile (lead, #14.4) has not shipped yet")
 def test_batch1_speedups_match_the_published_fit():
     trace = import_specdecode_bench(FIXTURE)
     n = trace.num_requests
