@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from dspark_sim.calibration.confmap import load_calibration
 from dspark_sim.calibration.fit import calibrate_confidence
 from dspark_sim.cli import app
 from dspark_sim.sim.api import simulate
@@ -111,9 +113,16 @@ def test_calibrate_confidence_cli(tmp_path):
                             "--out", str(out), "--html", str(html)])
     assert r.exit_code == 0, r.output
     assert "ECE before" in r.output and out.is_file() and html.stat().st_size > 100_000
+    # the default method on the synthetic drafter's over-confident raw confidences: a
+    # temperature above 1 at every position of its block
+    cmap = load_calibration(out)
+    assert cmap.method == "temperature" and cmap.drafter == "dspark-synthetic"
+    assert len(cmap.temperatures) == 7 and (cmap.temperatures > 1).all(), cmap.temperatures
     r = runner.invoke(app, ["run", "--calibration", str(out), "--num-requests", "60",
-                            "--replicas", "1", "--quiet"])
+                            "--replicas", "1", "--quiet", "--out", str(tmp_path / "run")])
     assert r.exit_code == 0, r.output
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["calibration"] == str(out) and s["policy"] == "confidence" and s["completed"] == 60
     bad = tmp_path / "bad.toml"
     bad.write_text("[calibration]\nmethod = 'temperature'\ntemperatures = [-1.0]\n")
     r = runner.invoke(app, ["run", "--calibration", str(bad)])

@@ -428,6 +428,9 @@ def test_asd_refusal_points_at_a_remedy_that_exists(tmp_path):
     assert "traces synth-lossy" not in lines[0]
     r = runner.invoke(app, [*small, "--trace", LOSSY_TRACE, "--out", str(tmp_path / "ok")])
     assert r.exit_code == 0, r.output
+    s = json.loads((tmp_path / "ok" / "summary.json").read_text())
+    assert s["trace"] == f"builtin:{LOSSY_TRACE}" and s["lossy"] is True
+    assert s["policy"].startswith("asd") and s["completed"] == 2
 
 
 # -- fronts and reports keep the lossy axis apart -----------------------------------------

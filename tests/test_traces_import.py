@@ -223,8 +223,12 @@ def test_cli_import_run_export(tmp_path):
     assert r.exit_code == 0, r.output
     assert read_trace(tr).num_requests == 6
     r = runner.invoke(app, ["run", "--trace", str(tr), "--policy", "fixed:3", "--num-requests",
-                            "20", "--replicas", "1", "--qps", "5", "--quiet"])
+                            "20", "--replicas", "1", "--qps", "5", "--quiet",
+                            "--out", str(tmp_path / "run")])
     assert r.exit_code == 0, r.output
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["trace"] == str(tr) and s["completed"] == 20
+    assert s["num_draft_tokens_verified"] == 3 * s["num_drafts"]
     r = runner.invoke(app, ["run", "--trace", str(tr), "--policy", "confidence",
                             "--num-requests", "20", "--replicas", "1", "--qps", "5", "--quiet"])
     assert r.exit_code == 2 and "no 'conf' column" in r.output and str(tr) in r.output
@@ -235,6 +239,9 @@ def test_cli_import_run_export(tmp_path):
     cfg = json.loads(out.read_text())
     assert cfg["rejection_sample_method"] == "synthetic" and cfg["method"] == "eagle3"
     assert cfg["num_speculative_tokens"] == 3 and len(cfg["synthetic_acceptance_rates"]) == 3
+    # the rates serve the imported trace's tau at 3 (vLLM: 1 + sum of the rates)
+    assert 1 + sum(cfg["synthetic_acceptance_rates"]) == pytest.approx(
+        read_trace(tr).served_tau(3), abs=1e-5)
     r = runner.invoke(app, ["traces", "import", "--format", "per-position", str(FIXTURE),
                             "--column", "ngram", "--out", str(tmp_path / "x.parquet")])
     assert r.exit_code == 2 and "--column" in r.output

@@ -113,6 +113,16 @@ def test_cli_closed_loop_trace_lengths(tmp_path, trace):
                                  "trace", "--max-concurrency", "2", "--num-requests", "6",
                                  "--out", str(tmp_path / "o"), "--quiet"])
     assert r.exit_code == 0, r.output
+    # the written requests are the trace's six, each its own row's fixed-3 chain by hand
+    import polars as pl
+
+    df = pl.read_parquet(tmp_path / "o" / "requests.parquet").sort("request_id")
+    assert df["trace_row"].to_list() == list(range(trace.num_requests)) == list(range(6))
+    assert df["output_tokens"].to_list() == trace.req_output_tokens.tolist()
+    for r in range(6):
+        m = trace.accept_len[trace.req_offsets[r]:trace.req_offsets[r + 1]]
+        assert (df["steps"][r], df["accepted_tokens"][r]) == _chain(
+            m, int(trace.req_output_tokens[r]), 3), r
     r = CliRunner().invoke(app, ["run", "--policy", "fixed:3", "--lengths", "trace",
                                  "--max-concurrency", "2", "--num-requests", "6", "--quiet"])
     assert r.exit_code == 2 and "--lengths" in r.output
