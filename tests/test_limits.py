@@ -39,12 +39,14 @@ def test_limits_come_from_the_profile_unless_given():
                                          "max_num_batched_tokens": "default",
                                          "max_model_len": "default", "prefill": "default"}
     # 12 requests, 3 at a time, each 20 prefill + 4 more decode steps of 10 ms: the
-    # batch never holds more than 3, so the run takes 4 rounds of 5 steps
-    assert s["mean_decode_batch"] <= 3 and s["completed"] == 12
+    # batch never holds more than 3, so the run takes 4 rounds of 5 steps (0.2 s); per
+    # round one prefill step decodes nobody, four decode 3: a mean batch of 12 / 5
+    assert s["engine_steps"] == 4 * 5 and s["duration"] == pytest.approx(0.2, rel=1e-9)
+    assert s["mean_decode_batch"] == pytest.approx(12 / 5) and s["completed"] == 12
     s2 = simulate(_closed("none", "fixed:20:5", n=12, clients=12, max_num_seqs=6),
                   profile=prof).summary
     assert s2["max_num_seqs"] == 6 and s2["engine_limits_source"]["max_num_seqs"] == "option"
-    assert s2["engine_steps"] < s["engine_steps"]
+    assert s2["engine_steps"] == 2 * 5  # 6 seats: two rounds
 
 
 def test_shipped_profiles_state_their_kv_capacity():
