@@ -9,6 +9,7 @@ exit code 2, never a traceback; every argument is checked before anything expens
 
 from __future__ import annotations
 
+import functools
 import math
 import signal
 import sys
@@ -278,56 +279,68 @@ LENGTHS_HELP = ("azure-conv | azure-code | mooncake | long-context[:IN:OUT[:SIGM
                 "row's lengths)")
 
 
+# run --help groups its options by the --config table that holds the same setting
+# (docs/cli.md); no "[table]" in a panel title: rich would read it as markup.
+RUN_LOAD = "Load (config table: workload)"
+RUN_POLICY = "Policy and trace (config table: run)"
+RUN_DEPLOY = "Deployment and engine (config tables: deployment, engine)"
+RUN_OUT = "Settings and output"
+LoadOption, PolicyOption, DeployOption, OutputOption = (
+    functools.partial(typer.Option, rich_help_panel=p)
+    for p in (RUN_LOAD, RUN_POLICY, RUN_DEPLOY, RUN_OUT))
+
+
 @app.command()
 def run(
-    policy: Annotated[str | None, typer.Option(help=POLICY_HELP)] = None,
-    qps: Annotated[float | None, typer.Option(
+    policy: Annotated[str | None, PolicyOption(help=POLICY_HELP)] = None,
+    qps: Annotated[float | None, LoadOption(
         help="Open-loop request rate (req/s); with --workload: rescale its timestamps.")] = None,
-    burstiness: Annotated[float | None, typer.Option(
+    burstiness: Annotated[float | None, LoadOption(
         help="Gamma arrivals with this shape (1 = Poisson, vLLM semantics).")] = None,
-    max_concurrency: Annotated[int | None, typer.Option(
+    max_concurrency: Annotated[int | None, LoadOption(
         help="Closed loop: this many clients, each sends its next request on completion "
              "(with --workload: the file's requests, in order).")] = None,
-    num_requests: Annotated[int | None, typer.Option(help="Requests to simulate.")] = None,
-    duration_s: Annotated[float | None, typer.Option(help="Arrival window in seconds.")] = None,
+    num_requests: Annotated[int | None, LoadOption(help="Requests to simulate.")] = None,
+    duration_s: Annotated[float | None, LoadOption(help="Arrival window in seconds.")] = None,
     workload: Annotated[Path | None, PathOption(
-        help="Replay an Azure CSV or Mooncake JSONL workload file.")] = None,
-    replay_qps: Annotated[float | None, typer.Option(
+        help="Replay an Azure CSV or Mooncake JSONL workload file.", rich_help_panel=RUN_LOAD)] = None,
+    replay_qps: Annotated[float | None, LoadOption(
         help="Time-scale a replayed workload to this rate.")] = None,
-    lengths: Annotated[str | None, typer.Option(help=LENGTHS_HELP)] = None,
-    trace: Annotated[str | None, typer.Option(
+    lengths: Annotated[str | None, LoadOption(help=LENGTHS_HELP)] = None,
+    trace: Annotated[str | None, PolicyOption(
         help="Acceptance trace, schema v1 or v2 (path or built-in name; tree policies need "
              "v2, e.g. cure-qwen3-8b-synthetic).")] = None,
-    mtp_trace: Annotated[str | None, typer.Option(help="Trace for the mtp1 policy.")] = None,
-    domain: Annotated[str | None, typer.Option(help="Use only this domain of the trace.")] = None,
-    profile: Annotated[str | None, typer.Option(help="Engine profile: TOML path or built-in name.")] = None,
-    policy_profile: Annotated[str | None, typer.Option(
+    mtp_trace: Annotated[str | None, PolicyOption(help="Trace for the mtp1 policy.")] = None,
+    domain: Annotated[str | None, LoadOption(help="Use only this domain of the trace.")] = None,
+    profile: Annotated[str | None, DeployOption(help="Engine profile: TOML path or built-in name.")] = None,
+    policy_profile: Annotated[str | None, DeployOption(
         help="Profile the scheduler's SPS curve comes from (default: --profile); steps "
-             "still cost --profile. A what-if on a stale or mis-calibrated table.")] = None,
-    calibration: Annotated[str | None, typer.Option(
+             "still cost --profile. A what-if on a stale or mis-calibrated table (an "
+             "option only, no config key).")] = None,
+    calibration: Annotated[str | None, PolicyOption(
         help="Confidence calibration map: TOML path, built-in name, or 'identity' "
              "(default: the map the trace names, else identity).")] = None,
-    replicas: Annotated[int | None, typer.Option(help="Replicas behind the router.")] = None,
-    router: Annotated[str | None, typer.Option(help="round-robin | least-outstanding")] = None,
-    max_num_seqs: Annotated[int | None, typer.Option(help="Per replica.")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Per step, per replica.")] = None,
-    kv_capacity_tokens: Annotated[int | None, typer.Option(help="KV cache per replica.")] = None,
-    kv_mode: Annotated[str | None, typer.Option(help="preempt | reserve")] = None,
-    max_model_len: Annotated[int | None, typer.Option(
+    replicas: Annotated[int | None, DeployOption(help="Replicas behind the router.")] = None,
+    router: Annotated[str | None, DeployOption(help="round-robin | least-outstanding")] = None,
+    max_num_seqs: Annotated[int | None, DeployOption(help="Per replica.")] = None,
+    max_num_batched_tokens: Annotated[int | None, DeployOption(help="Per step, per replica.")] = None,
+    kv_capacity_tokens: Annotated[int | None, DeployOption(help="KV cache per replica.")] = None,
+    kv_mode: Annotated[str | None, DeployOption(help="preempt | reserve")] = None,
+    max_model_len: Annotated[int | None, DeployOption(
         help="Refuse requests whose prompt + output exceed this (default: the profile's).")] = None,
-    prefill: Annotated[str | None, typer.Option(
+    prefill: Annotated[str | None, DeployOption(
         help="chunked (prefill shares the step's token budget) | disaggregated (prefill "
              "instances; default: the profile's choice)")] = None,
-    gamma_max: Annotated[int | None, typer.Option(
+    gamma_max: Annotated[int | None, PolicyOption(
         help="Draft block the block drafter proposes per step (DSpark-5: 5; default: the "
              "trace's).")] = None,
-    seed: Annotated[int | None, typer.Option(help="One seed for everything random [0].")] = None,
-    slo: Annotated[str | None, typer.Option(help="Goodput SLO, e.g. ttft:2000,tpot:20")] = None,
+    seed: Annotated[int | None, PolicyOption(help="One seed for everything random [0].")] = None,
+    slo: Annotated[str | None, PolicyOption(help="Goodput SLO, e.g. ttft:2000,tpot:20")] = None,
     config: Annotated[Path | None, PathOption(
-        help="TOML config file; explicit options override it (docs/cli.md).")] = None,
-    preset_name: Annotated[str | None, typer.Option("--preset", help="default | single-replica | tiny")] = None,
-    out: Annotated[Path | None, PathOption(help="Write summary.json and requests.parquet here.")] = None,
-    quiet: Annotated[bool, typer.Option(help="Print nothing but errors.")] = False,
+        help="TOML config file; explicit options override it (docs/cli.md).", rich_help_panel=RUN_OUT)] = None,
+    preset_name: Annotated[str | None, OutputOption("--preset", help="default | single-replica | tiny")] = None,
+    out: Annotated[Path | None, PathOption(help="Write summary.json and requests.parquet here.", rich_help_panel=RUN_OUT)] = None,
+    quiet: Annotated[bool, OutputOption(help="Print nothing but errors.")] = False,
 ) -> None:
     """Simulate one deployment under load and print a summary."""
     from dspark_sim.calibration.profile import load_profile

@@ -417,6 +417,26 @@ def test_run_help_lists_every_policy_and_length_model():
                         "lognormal:", *TRACE_LENGTHS) if n not in text] == []
 
 
+def test_run_help_panels_name_the_config_table_of_each_option():
+    """run --help groups its options by the --config table holding the same setting: a
+    panel that names the wrong table sends the user to the wrong key."""
+    import typer
+
+    from dspark_sim.sim.config import OPTION_FIELDS
+
+    params = typer.main.get_command(app).commands["run"].params
+    panels = {p.name: p.rich_help_panel for p in params if p.name != "help"}
+    for name, path in OPTION_FIELDS.items():
+        table = path.split(".")[0] if "." in path else "run"
+        assert f"table: {table})" in panels[name] or f"tables: {table}," in panels[name] \
+            or f", {table})" in panels[name], (name, path, panels[name])
+    assert set(panels) - set(OPTION_FIELDS) == {"slo", "policy_profile", "config",
+                                                 "preset_name", "out", "quiet"}
+    assert "table: run" in panels["slo"]  # [run] slo_ttft_ms, slo_tpot_ms
+    r = invoke("run", "--help")
+    assert r.exit_code == 0 and "Load (config table: workload)" in r.output
+
+
 def test_validate_and_traces_help_say_what_the_code_accepts():
     # validate --drafter did not say it takes a checkpoint folder, --profile lacked auto
     # and insitu-self, and the traces group said "schema v1" beside v2 traces
