@@ -114,6 +114,10 @@ def parse_numbers(spec: str | Sequence[float] | None, *, integer: bool = False,
         if any(v > MAX_INTEGER_VALUE for v in out):
             raise InputError(option, f"values must be below 2**63, got {spec!r}")
         return list(dict.fromkeys(int(round(v)) for v in out))
+    tiny = [v for v in out if v > 0 and round(v, 9) == 0]
+    if tiny:  # was read as 0 and refused as 'got [0.0]', a value the user never typed
+        raise InputError(option, f"{tiny[0]:g} rounds to 0: values keep 9 decimals, got "
+                                 f"{spec!r}")
     return list(dict.fromkeys(round(v, 9) for v in out))
 
 

@@ -78,6 +78,14 @@ def test_parse_rejects_bad_specs(spec, why):
         parse_numbers(spec, integer=True, option="--concurrency")
 
 
+def test_a_rate_that_rounds_to_zero_is_refused_as_typed():
+    # --qps 1e-10 became 0.0 and was refused as "got [0.0]", a value nobody typed
+    with pytest.raises(InputError, match=r"^--qps: 1e-10 rounds to 0: values keep 9 "
+                                         r"decimals, got '5,1e-10'"):
+        parse_numbers("5,1e-10")
+    assert parse_numbers("1e-9,0.1:0.3:0.1") == [1e-9, 0.1, 0.2, 0.3]  # float noise kept out
+
+
 @pytest.mark.parametrize("spec", ["", " ", ",", " , ,", []])
 def test_given_but_empty_lists_are_refused_not_read_as_not_given(spec):
     # None means "option not given" (callers then use their default); an empty value
