@@ -539,6 +539,8 @@ def resolve_config(*, preset_name: str | None = None, config_path: str | Path | 
     file_preset = data.get("preset")
     if preset_name is None and file_preset is not None and not isinstance(file_preset, str):
         raise InputError(f"{config_path} preset", f"must be a string, got {file_preset!r}")
+    if preset_name is not None and not isinstance(preset_name, str):  # .strip() raised
+        raise InputError("--preset", f"must be a string, got {preset_name!r}")
     if preset_name is not None and not preset_name.strip():
         raise InputError("--preset", "is empty: give a preset name or leave the option out")
     name = preset_name or file_preset or "default"

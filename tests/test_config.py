@@ -38,8 +38,13 @@ def test_bad_config(tmp_path, text, needle):
 
 
 def test_unknown_preset():
+    from dspark_sim.sim.config import resolve_config
+
     with pytest.raises(InputError, match="--preset"):
         preset("huge")
+    # from Python: an AttributeError traceback ('int' object has no attribute 'strip')
+    with pytest.raises(InputError, match="^--preset: must be a string, got 5"):
+        resolve_config(preset_name=5)
 
 
 def test_settings_are_checked_against_the_field_annotations():
