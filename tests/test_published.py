@@ -3,6 +3,9 @@ fitted, falls in its band (validation/published.py; docs/profiles.md lists them)
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from dspark_sim.validation.published import POINTS, runner
@@ -25,7 +28,12 @@ def test_published_point_in_band(point):
 
 def test_each_profile_has_held_out_points():
     """Fitted points choose parameters; a profile's claim rests on the ones it was not
-    fitted to."""
+    fitted to. The profiles holding points are the ones docs/profiles.md's "Published
+    points" section introduces (an empty POINTS would have passed here vacuously)."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "profiles.md").read_text()
+    section = docs.split("## Published points")[1].split("\n## ")[0]
+    named = set(re.findall(r"^\*\*`([\w.-]+)`\*\*", section, re.M))
+    assert {p.profile for p in POINTS} == named and len(named) >= 2, named
     for profile in {p.profile for p in POINTS}:
         held = [p for p in POINTS if p.profile == profile and not p.fitted]
         assert len(held) >= 2, profile
