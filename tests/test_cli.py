@@ -169,13 +169,15 @@ def test_traces_synth_and_inspect(tmp_path):
 
 
 def test_profiles_commands():
+    from dspark_sim.calibration.profile import builtin_profiles, load_profile
+
     r = invoke("profiles", "list")
-    assert r.exit_code == 0 and "v4flash-h200" in r.output
+    assert r.exit_code == 0, r.output
+    # every shipped profile is listed (it checked for the default one only)
+    assert [n for n in builtin_profiles() if n not in r.output] == []
     r = invoke("profiles", "show", "v4flash-h200")
     assert r.exit_code == 0 and "draft [dspark]" in r.output
     # every term is printed, set or not, with the draft tables' gamma_slope and KV term
-    from dspark_sim.calibration.profile import load_profile
-
     p = load_profile("v4flash-h200")
     for key in ("kv_us_per_token", "multi_kv_us_per_token", "attn_ns_per_query_ctx",
                 "logits_us_per_row", "request_us", "eager_penalty_ms", "gamma_slope",

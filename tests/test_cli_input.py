@@ -453,6 +453,12 @@ def test_wide_lognormal_lengths_are_capped_not_garbage(tmp_path):
     req = pl.read_parquet(out / "requests.parquet")
     assert req["prompt_tokens"].min() >= 1 and req["prompt_tokens"].max() <= 1 << 24
     assert req["output_tokens"].min() >= 1
+    # and the bounds are reached, not just respected: P(1e6 e^(4Z) > 2^24) = P(Z > 0.70)
+    # ~ 0.24 of the prompts sit at the cap, P(3 e^(4Z) < 1.5) ~ 0.43 of the outputs at 1
+    # (the seeded 30 draws: 10 and 13), and the rest lie between
+    capped = (req["prompt_tokens"] == 1 << 24).sum()
+    floored = (req["output_tokens"] == 1).sum()
+    assert 3 <= capped <= 15 and 6 <= floored <= 20, (capped, floored)
 
 
 def test_sweep_refuses_a_fixed_k_the_drafter_cannot_draft(no_simulation, tmp_path):

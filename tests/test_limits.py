@@ -57,6 +57,11 @@ def test_shipped_profiles_state_their_kv_capacity():
     kv_bytes = p.parameters["model_kv_bytes_per_token"]
     hbm = p.parameters["hw_hbm_bytes"]
     assert p.limits.kv_capacity_tokens * kv_bytes < hbm
+    # by hand: 80 GB less the 10 % activation reserve less 8.2e9 bf16 weights (16.4 GB),
+    # over 147,500 bytes a token: 55.6e9 / 147,500 = 376,949 tokens
+    free = hbm * (1 - p.parameters["deploy_activation_reserve"]) \
+        - p.parameters["model_bytes_per_param"] * p.parameters["model_dense_params"]
+    assert p.limits.kv_capacity_tokens == int(free // kv_bytes) == 376_949
 
 
 @pytest.mark.parametrize("kv_mode", ["preempt", "reserve"])
