@@ -94,3 +94,74 @@ def test_options_layer_over_preset_and_file(tmp_path):
     assert cfg.mtp_trace == "x.parquet"
     with pytest.raises(InputError, match="^--max-concurrency: must be a positive integer"):
         resolve_config(options={"max_concurrency": 0})
+
+
+def _with(**kw):
+    """The default config with ``section__field=value`` / ``field=value`` changed."""
+    from dataclasses import replace
+
+    from dspark_sim.sim.config import SimConfig
+
+    cfg, parts = SimConfig(), {}
+    for k, v in kw.items():
+        section, _, name = k.rpartition("__")
+        if section:
+            parts[section] = replace(parts.get(section, getattr(cfg, section)), **{name: v})
+        else:
+            cfg = replace(cfg, **{name: v})
+    return replace(cfg, **parts)
+
+
+# (settings that sit exactly on a documented limit, the same just past it, the option named)
+LIMITS = [
+    ({"seed": 0}, {"seed": -1}, "--seed"),
+    ({"seed": 2**63 - 1}, {"seed": 2**63}, "--seed"),
+    ({"gamma_max": 64}, {"gamma_max": 65}, "--gamma-max"),
+    ({"drain_timeout_s": 1e7}, {"drain_timeout_s": 1.0000001e7}, "drain_timeout_s"),
+    ({"slo_ttft_ms": 1e-9}, {"slo_ttft_ms": 0.0}, "--slo/slo_ttft_ms"),
+    ({"slo_tpot_ms": 1e-9}, {"slo_tpot_ms": -1.0}, "--slo/slo_tpot_ms"),
+    ({"engine__max_num_seqs": 64, "engine__max_num_batched_tokens": 64},
+     {"engine__max_num_seqs": 65, "engine__max_num_batched_tokens": 64}, "--max-num-seqs"),
+    ({"workload__arrival": "gamma", "workload__burstiness": 1e-3},
+     {"workload__arrival": "gamma", "workload__burstiness": 0.99e-3}, "--burstiness"),
+    ({"workload__arrival": "gamma", "workload__burstiness": 1e3},
+     {"workload__arrival": "gamma", "workload__burstiness": 1.01e3}, "--burstiness"),
+    # 1e5 requests at 0.01 req/s: 1e7 s, the clock's limit
+    ({"workload__num_requests": 100_000, "workload__qps": 0.01},
+     {"workload__num_requests": 100_001, "workload__qps": 0.01}, "--qps"),
+    # qps * duration: one expected request is enough, fewer is not
+    ({"workload__qps": 0.5, "workload__duration_s": 2.0},
+     {"workload__qps": 0.5, "workload__duration_s": 1.9}, "--qps/--duration-s"),
+    # ... and a window alone may expect up to MAX_NUM_REQUESTS (1e6)
+    ({"workload__qps": 100.0, "workload__duration_s": 1e4, "workload__num_requests": None},
+     {"workload__qps": 100.0, "workload__duration_s": 1.0001e4, "workload__num_requests": None},
+     "--qps/--duration-s"),
+    ({"workload__lengths": "fixed:16777216:1"}, {"workload__lengths": "fixed:16777217:1"},
+     "--lengths"),
+]
+
+
+@pytest.mark.parametrize("ok, bad, option", LIMITS)
+def test_a_limit_itself_is_allowed_and_just_past_it_refused(ok, bad, option):
+    _with(**ok).validate()
+    with pytest.raises(InputError) as err:
+        _with(**bad).validate()
+    assert err.value.where == option
+
+
+def test_a_window_with_a_count_is_not_held_to_the_request_limit():
+    """--num-requests caps the count: the window may then expect any number."""
+    _with(workload__qps=1000.0, workload__duration_s=5e3, workload__num_requests=10).validate()
+
+
+def test_settings_an_arrival_kind_does_not_read_are_not_checked_for_it():
+    # a Poisson stream has no shape; a closed loop or a replay no rate
+    _with(workload__burstiness=5e3).validate()
+    _with(workload__arrival="closed", workload__qps=1e-9, workload__num_requests=5).validate()
+    # a closed loop needs a count unless a file gives its requests
+    _with(workload__arrival="closed", workload__num_requests=None,
+          workload__workload_path="w.csv").validate()
+    with pytest.raises(InputError, match="^--num-requests: closed-loop runs need"):
+        _with(workload__arrival="closed", workload__num_requests=None).validate()
+    with pytest.raises(InputError, match="^--workload: replay arrivals need a workload file"):
+        _with(workload__arrival="replay").validate()
