@@ -58,6 +58,9 @@ def test_settings_are_checked_against_the_field_annotations():
                         ("x", float | None), (False, float)]:
         with pytest.raises(InputError, match="^where: must be"):
             _coerce(value, hint, "where")
+    # an optional field's None is no type the user can give: not named
+    with pytest.raises(InputError, match="^where: must be an integer, got '5'$"):
+        _coerce("5", int | None, "where")
 
 
 @pytest.mark.parametrize("cfg,option", [
@@ -90,6 +93,10 @@ def test_options_layer_over_preset_and_file(tmp_path):
     assert (cfg.workload.arrival, cfg.workload.replay_qps) == ("replay", 40.0)
     cfg = resolve_config(options={"burstiness": 0.5})
     assert cfg.workload.arrival == "gamma"
+    cfg = resolve_config(options={"slo": "ttft:250,tpot:20"})
+    assert (cfg.slo_ttft_ms, cfg.slo_tpot_ms) == (250.0, 20.0)
+    cfg = resolve_config(options={"slo": "tpot:20"})
+    assert (cfg.slo_ttft_ms, cfg.slo_tpot_ms) == (None, 20.0)
     cfg = resolve_config(options={"trace": "x.parquet", "policy": "mtp1"})
     assert cfg.mtp_trace == "x.parquet"
     with pytest.raises(InputError, match="^--max-concurrency: must be a positive integer"):
@@ -120,6 +127,10 @@ LIMITS = [
     ({"drain_timeout_s": 1e7}, {"drain_timeout_s": 1.0000001e7}, "drain_timeout_s"),
     ({"slo_ttft_ms": 1e-9}, {"slo_ttft_ms": 0.0}, "--slo/slo_ttft_ms"),
     ({"slo_tpot_ms": 1e-9}, {"slo_tpot_ms": -1.0}, "--slo/slo_tpot_ms"),
+    ({"engine__max_num_seqs": 1 << 16, "engine__max_num_batched_tokens": 1 << 20},
+     {"engine__max_num_seqs": (1 << 16) + 1, "engine__max_num_batched_tokens": 1 << 20},
+     "--max-num-seqs"),
+    ({"engine__max_model_len": 1}, {"engine__max_model_len": 0}, "--max-model-len"),
     ({"engine__max_num_seqs": 64, "engine__max_num_batched_tokens": 64},
      {"engine__max_num_seqs": 65, "engine__max_num_batched_tokens": 64}, "--max-num-seqs"),
     ({"workload__arrival": "gamma", "workload__burstiness": 1e-3},
@@ -165,3 +176,68 @@ def test_settings_an_arrival_kind_does_not_read_are_not_checked_for_it():
         _with(workload__arrival="closed", workload__num_requests=None).validate()
     with pytest.raises(InputError, match="^--workload: replay arrivals need a workload file"):
         _with(workload__arrival="replay").validate()
+
+
+def test_every_config_component_is_frozen():
+    from dataclasses import FrozenInstanceError
+
+    from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
+
+    for obj, name in [(EngineConfig(), "max_num_seqs"), (DeploymentConfig(), "replicas"),
+                      (WorkloadConfig(), "qps"), (SimConfig(), "seed")]:
+        with pytest.raises(FrozenInstanceError):
+            setattr(obj, name, 1)
+
+
+def test_gamma_arrivals_without_a_burstiness_are_poisson():
+    """vLLM semantics: burstiness 1 (the default) is Poisson; not given, gamma is Poisson."""
+    import numpy as np
+
+    from dspark_sim.sim.config import WorkloadConfig
+    from dspark_sim.sim.workload import build_stream
+
+    s = build_stream(WorkloadConfig(arrival="gamma", num_requests=3, lengths="fixed:2:2"),
+                     np.random.default_rng(0))
+    assert s.description.startswith("Poisson arrivals")
+
+
+def test_the_single_replica_preset_is_one_replica():
+    from dspark_sim.sim.config import resolve_config
+
+    assert resolve_config(preset_name="single-replica").deployment.replicas == 1
+
+
+def test_conflicts_name_what_chose_the_arrival_kind(tmp_path):
+    from dspark_sim.sim.config import resolve_config
+
+    with pytest.raises(InputError, match=r"^--replay-qps: does not apply to poisson arrivals "
+                                         r"\(chosen by preset default\)"):
+        resolve_config(options={"replay_qps": 5.0})
+    # a file's closed loop over its workload file, opened by a rate and a window given
+    # together: the rate (the first of them) opened it into a replay
+    p = tmp_path / "c.toml"
+    p.write_text(f'[workload]\narrival = "closed"\nworkload_path = "{tmp_path / "w.csv"}"\n')
+    with pytest.raises(InputError, match=r"^--burstiness: does not apply to replay arrivals "
+                                         r"\(chosen by --qps\)"):
+        resolve_config(config_path=p, options={"qps": 5.0, "duration_s": 10.0, "burstiness": 2.0})
+
+
+def test_an_option_given_on_the_command_line_is_blamed_on_itself_not_the_preset():
+    """The preset changes replicas too; the bad value came from --replicas."""
+    from dspark_sim.sim.config import resolve_config
+
+    with pytest.raises(InputError) as err:
+        resolve_config(preset_name="single-replica", options={"replicas": 0})
+    assert err.value.where == "--replicas"
+
+
+def test_gamma_max_may_equal_the_traces():
+    from dspark_sim.policies.registry import get_policy
+    from dspark_sim.sim.config import check_draft_length
+    from dspark_sim.traces.schema import load_trace
+
+    trace = load_trace("dspark-synthetic")
+    pol = get_policy("fixed:3")
+    check_draft_length(pol, trace, gamma_max=trace.gamma_max)
+    with pytest.raises(InputError, match="^--gamma-max: "):
+        check_draft_length(pol, trace, gamma_max=trace.gamma_max + 1)
