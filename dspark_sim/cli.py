@@ -293,6 +293,18 @@ LoadOption, PolicyOption, DeployOption, OutputOption = (
 @app.command()
 def run(
     policy: Annotated[str | None, PolicyOption(help=POLICY_HELP)] = None,
+    trace: Annotated[str | None, PolicyOption(
+        help="Acceptance trace, schema v1 or v2 (path or built-in name; tree policies need "
+             "v2, e.g. cure-qwen3-8b-synthetic).")] = None,
+    mtp_trace: Annotated[str | None, PolicyOption(help="Trace for the mtp1 policy.")] = None,
+    calibration: Annotated[str | None, PolicyOption(
+        help="Confidence calibration map: TOML path, built-in name, or 'identity' "
+             "(default: the map the trace names, else identity).")] = None,
+    gamma_max: Annotated[int | None, PolicyOption(
+        help="Draft block the block drafter proposes per step (DSpark-5: 5; default: the "
+             "trace's).")] = None,
+    seed: Annotated[int | None, PolicyOption(help="One seed for everything random [0].")] = None,
+    slo: Annotated[str | None, PolicyOption(help="Goodput SLO, e.g. ttft:2000,tpot:20")] = None,
     qps: Annotated[float | None, LoadOption(
         help="Open-loop request rate (req/s); with --workload: rescale its timestamps.")] = None,
     burstiness: Annotated[float | None, LoadOption(
@@ -307,19 +319,12 @@ def run(
     replay_qps: Annotated[float | None, LoadOption(
         help="Time-scale a replayed workload to this rate.")] = None,
     lengths: Annotated[str | None, LoadOption(help=LENGTHS_HELP)] = None,
-    trace: Annotated[str | None, PolicyOption(
-        help="Acceptance trace, schema v1 or v2 (path or built-in name; tree policies need "
-             "v2, e.g. cure-qwen3-8b-synthetic).")] = None,
-    mtp_trace: Annotated[str | None, PolicyOption(help="Trace for the mtp1 policy.")] = None,
     domain: Annotated[str | None, LoadOption(help="Use only this domain of the trace.")] = None,
     profile: Annotated[str | None, DeployOption(help="Engine profile: TOML path or built-in name.")] = None,
     policy_profile: Annotated[str | None, DeployOption(
         help="Profile the scheduler's SPS curve comes from (default: --profile); steps "
              "still cost --profile. A what-if on a stale or mis-calibrated table (an "
              "option only, no config key).")] = None,
-    calibration: Annotated[str | None, PolicyOption(
-        help="Confidence calibration map: TOML path, built-in name, or 'identity' "
-             "(default: the map the trace names, else identity).")] = None,
     replicas: Annotated[int | None, DeployOption(help="Replicas behind the router.")] = None,
     router: Annotated[str | None, DeployOption(help="round-robin | least-outstanding")] = None,
     max_num_seqs: Annotated[int | None, DeployOption(help="Per replica.")] = None,
@@ -331,11 +336,6 @@ def run(
     prefill: Annotated[str | None, DeployOption(
         help="chunked (prefill shares the step's token budget) | disaggregated (prefill "
              "instances; default: the profile's choice)")] = None,
-    gamma_max: Annotated[int | None, PolicyOption(
-        help="Draft block the block drafter proposes per step (DSpark-5: 5; default: the "
-             "trace's).")] = None,
-    seed: Annotated[int | None, PolicyOption(help="One seed for everything random [0].")] = None,
-    slo: Annotated[str | None, PolicyOption(help="Goodput SLO, e.g. ttft:2000,tpot:20")] = None,
     config: Annotated[Path | None, PathOption(
         help="TOML config file; explicit options override it (docs/cli.md).", rich_help_panel=RUN_OUT)] = None,
     preset_name: Annotated[str | None, OutputOption("--preset", help="default | single-replica | tiny")] = None,
