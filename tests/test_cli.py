@@ -82,6 +82,19 @@ def test_workload_replay_cli(shared_dir, tmp_path):
     assert r.exit_code == 0, r.output
     s = json.loads((out / "summary.json").read_text())
     assert "time-scaled to 40 req/s" in s["workload"]
+    # the replay sends the file's first 150 rows in order, at its timestamps' offsets all
+    # scaled by one factor (it checked the description only)
+    import numpy as np
+
+    rows = pl.read_csv(wl, n_rows=150)
+    req = pl.read_parquet(out / "requests.parquet").sort("request_id")
+    assert req["prompt_tokens"].to_list() == rows["ContextTokens"].to_list()
+    assert req["output_tokens"].to_list() == rows["GeneratedTokens"].to_list()
+    ts = rows["TIMESTAMP"].str.to_datetime().dt.epoch("us").to_numpy() / 1e6
+    native_s = ts - ts[0]
+    arrival_s = req["arrival_s"].to_numpy()
+    np.testing.assert_allclose(arrival_s, native_s * (arrival_s[-1] / native_s[-1]),
+                               rtol=1e-6, atol=1e-9)
 
 
 def _one_line_error(r, *needles):
