@@ -156,6 +156,11 @@ def test_dflash_and_eagle3(env):
     a = np.array([store.starts[1] + store.prompt_lens[1] + 1])
     d = m.draft(store.batch(a, 32, BLOCK, None, with_future=False), shared, BLOCK)
     assert ((d["conf"] >= 0) & (d["conf"] <= 1)).all()
+    # no confidence head: a greedy block whose confidence is the drafter's probability of
+    # each token (it checked the range only)
+    assert torch.equal(d["tokens"], d["logits"].argmax(-1))
+    want = torch.softmax(d["logits"].float(), -1).gather(-1, d["tokens"][..., None])[..., 0]
+    torch.testing.assert_close(d["conf"], want, rtol=1e-6, atol=1e-7)
     e, einfo = load_deepspec_drafter(write_checkpoint(env / "eagle3", arch="Qwen3Eagle3Model"),
                                      target)
     assert einfo["family"] == "eagle3"
@@ -165,6 +170,7 @@ def test_dflash_and_eagle3(env):
     b.ctx_tokens = store.tokens[ctx]
     d = e.draft(b, shared, 5)
     assert d["tokens"].shape == (1, 5) and ((d["conf"] >= 0) & (d["conf"] <= 1)).all()
+    assert torch.equal(d["tokens"], d["logits"].argmax(-1))
     with pytest.raises(InputError, match="capture"):
         load_drafter(f"deepspec:{env / 'eagle3'}", target)
 

@@ -101,6 +101,12 @@ def test_draft_shapes_and_conf(target, kind):
     assert out["logits"].shape == (9, 5, VOCAB)
     c = out["conf"]
     assert torch.all((c >= 0) & (c <= 1))
+    # a greedy draft: each token is its logits' argmax (it checked shapes and ranges only)
+    assert torch.equal(out["tokens"], out["logits"].argmax(-1))
+    if kind != "dspark":  # the confidence is the drafter's probability of its token
+        p = torch.softmax(out["logits"].float(), -1)
+        want = p.gather(-1, out["tokens"][..., None])[..., 0]
+        torch.testing.assert_close(c, want, rtol=1e-6, atol=1e-7)
 
 
 def test_dspark_markov_head_is_sequential(target):
