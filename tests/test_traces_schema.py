@@ -93,6 +93,28 @@ def test_validation_errors(tmp_path):
         trace_from_frame(_frame().with_columns(pl.lit(9).alias("accept_len")), META, "x")
     with pytest.raises(InputError, match="not contiguous"):
         trace_from_frame(_frame().with_columns(pl.Series("position", [0, 2, 0])), META, "x")
+    # the error names the first row out of place (row 1: request 0's second row), not row 0
+    with pytest.raises(InputError, match=r"positions of request 0 are not contiguous from 0 \(row 1\)"):
+        trace_from_frame(_frame().with_columns(pl.Series("position", [0, 2, 0])), META, "x")
+    # one confidence below 0 among valid ones is refused like a NaN
+    with pytest.raises(InputError, match="outside"):
+        trace_from_frame(_frame().with_columns(pl.Series(
+            "conf", [[0.9, 0.8, 0.5], [0.9, -0.1, 0.5], [0.9, 0.8, 0.5]],
+            dtype=pl.Array(pl.Float32, 3))), META, "x")
+    # confidences as lists: each row must hold gamma_max values, every row checked
+    lists = pl.Series("conf", [[0.9, 0.8, 0.5], [0.9, 0.8], [0.9, 0.8, 0.5]],
+                      dtype=pl.List(pl.Float32))
+    with pytest.raises(InputError, match="'conf' rows must have gamma_max=3 values"):
+        trace_from_frame(_frame().with_columns(lists), META, "x")
+    ok_lists = trace_from_frame(_frame().with_columns(
+        pl.Series("conf", [[0.9, 0.8, 0.5]] * 3, dtype=pl.List(pl.Float32))), META, "x")
+    assert np.allclose(ok_lists.conf, [[0.9, 0.8, 0.5]] * 3)
+    # zero-token prompts and outputs are lengths (a request may be empty); negative are not
+    zero = trace_from_frame(_frame().with_columns(pl.Series("prompt_tokens", [0, 0, 5]),
+                                                  pl.Series("output_tokens", [3, 3, 0])), META)
+    assert zero.req_prompt_tokens.tolist() == [0, 5] and zero.req_output_tokens.tolist() == [3, 0]
+    with pytest.raises(InputError, match="negative prompt_tokens at row 2"):
+        trace_from_frame(_frame().with_columns(pl.Series("prompt_tokens", [0, 0, -1])), META)
     with pytest.raises(InputError, match="outside"):
         bad = _frame().with_columns(
             pl.Series("conf", [[0.9, float("nan"), 0.5]] * 3, dtype=pl.Array(pl.Float32, 3)))
@@ -239,3 +261,29 @@ def test_a_calibration_map_the_metadata_names_must_be_built_in(name):
     # --calibration wins: the trace's name is not looked at
     given = replace(preset("tiny"), calibration="identity")
     assert resolve_calibration(given, t).is_identity
+
+
+def test_metadata_without_a_temperature_is_greedy(tmp_path):
+    """temperature is optional in the metadata; absent, the trace was decoded greedily
+    (0.0), so even a captured trace replays exactly."""
+    import json
+
+    table = _frame().to_arrow()
+    meta = {"schema_version": 1, "drafter": "d", "target": "t", "gamma_max": 3,
+            "source": "captured"}
+    pq.write_table(table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()}),
+                   tmp_path / "t.parquet")
+    t = read_trace(tmp_path / "t.parquet")
+    assert t.meta.temperature == 0.0 and t.meta.replay_exact
+
+
+def test_traces_of_different_gamma_max_are_not_concatenated():
+    from dspark_sim.traces.schema import concat_traces
+
+    a = trace_from_frame(_frame(), META)
+    b = trace_from_frame(_frame().with_columns(
+        pl.Series("conf", [[0.9, 0.8, 0.5, 0.1]] * 3, dtype=pl.Array(pl.Float32, 4))),
+        replace(META, gamma_max=4))
+    assert concat_traces([a, a]).num_requests == 4
+    with pytest.raises(InputError, match="different gamma_max"):
+        concat_traces([a, a, b])  # one differs: refused (not only when all do)
