@@ -101,6 +101,13 @@ def test_validation_errors(tmp_path):
         trace_from_frame(_frame().with_columns(pl.Series(
             "conf", [[0.9, 0.8, 0.5], [0.9, -0.1, 0.5], [0.9, 0.8, 0.5]],
             dtype=pl.Array(pl.Float32, 3))), META, "x")
+    # ... and one above 1 (1.5: a probability cannot be), while 1.0 itself is one
+    with pytest.raises(InputError, match="outside"):
+        trace_from_frame(_frame().with_columns(pl.Series(
+            "conf", [[0.9, 0.8, 0.5], [0.9, 1.5, 0.5], [0.9, 0.8, 0.5]],
+            dtype=pl.Array(pl.Float32, 3))), META, "x")
+    assert trace_from_frame(_frame().with_columns(pl.Series(
+        "conf", [[1.0, 0.0, 0.5]] * 3, dtype=pl.Array(pl.Float32, 3))), META).conf.max() == 1.0
     # confidences as lists: each row must hold gamma_max values, every row checked
     lists = pl.Series("conf", [[0.9, 0.8, 0.5], [0.9, 0.8], [0.9, 0.8, 0.5]],
                       dtype=pl.List(pl.Float32))
