@@ -44,8 +44,16 @@ err_console = Console(stderr=True, emoji=False, markup=False)
 
 
 def _error_line(text: str) -> None:
-    err_console.print("error: " + " ".join(text.split()), highlight=False,
+    err_console.print("error: " + " ".join(map(_shortened, text.split())), highlight=False,
                       soft_wrap=True)
+
+
+def _shortened(word: str, longest: int = 200) -> str:
+    """An error echoes the value it refuses: a 100,000-character policy spec or path made
+    a 100,000-character line. Its head and tail stay, and how long it was."""
+    if len(word) <= longest:
+        return word
+    return f"{word[:120]}...({len(word):,} characters)...{word[-40:]}"
 
 
 def _terminated(signum: int, _frame: Any) -> None:

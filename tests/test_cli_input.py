@@ -62,6 +62,16 @@ def test_bad_options_are_refused_before_simulating(no_simulation, args, needles)
     one_line_error(invoke("run", *args), *needles)
 
 
+def test_an_echoed_huge_value_is_shortened(no_simulation):
+    """The line names the option and the problem, not 100,000 characters of the value."""
+    spec = "x" * 99_990 + "tail:1"
+    echoed = f"'{spec}';"  # the word the error holds: quoted, then a semicolon
+    line = one_line_error(invoke("run", "--policy", spec), "--policy", "unknown policy",
+                          f"({len(echoed):,} characters)", "xxtail:1';", "known: none")
+    assert len(line) < 1_000, len(line)
+
+
+
 def test_unusable_out_is_found_before_simulating(no_simulation, tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("keep me")
