@@ -272,6 +272,10 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
 
     summary = _summary(cfg, policy, profile, stream, trace, calibration, log, ctx,
                        closed=closed, bounded_by=bounded_by, horizon=horizon)
+    if policy_profile is not None and policy_profile is not profile:
+        # the scheduler's table, when given apart from the cost's: without it two runs'
+        # outputs could not be told apart (absent otherwise: summaries stay as they were)
+        summary["policy_profile"] = policy_profile.name
     return SimResult(cfg, jsonable(summary), requests_frame(log))
 
 

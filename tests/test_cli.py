@@ -256,9 +256,11 @@ def test_run_policy_profile(tmp_path):
         return s
 
     plain = summary()
-    assert summary("--policy-profile", "v4flash-h200") == plain
+    assert "policy_profile" not in plain
+    assert summary("--policy-profile", "v4flash-h200") == plain | {"policy_profile": "v4flash-h200"}
     other = summary("--policy-profile", "qwen3-8b-h100")
     assert other["profile"] == plain["profile"] == "v4flash-h200"
+    assert other["policy_profile"] == "qwen3-8b-h100"  # the outputs say which table decided
     assert other["num_draft_tokens_verified"] != plain["num_draft_tokens_verified"]
     bad = tmp_path / "bad.toml"
     bad.write_text("[profile]\nname = 'x'\n")

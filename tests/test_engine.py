@@ -334,13 +334,15 @@ def test_policy_profile_drives_the_scheduler_not_the_step_cost():
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     # an equal copy takes the separate-profile path (its own tables): the same bytes too,
     # also where the priced steps reach the token budget (the table's last entry: 32
-    # requests x (1 + 7) tokens > 128)
+    # requests x (1 + 7) tokens > 128); the summary names the policy profile it was given
     copy = simulate(cfg, profile=prof, policy_profile=replace(prof)).summary
+    assert copy.pop("policy_profile") == "v4flash-h200" and "policy_profile" not in a
     assert json.dumps(a, sort_keys=True) == json.dumps(copy, sort_keys=True)
     tight = replace(cfg, engine=EngineConfig(max_num_batched_tokens=128, max_num_seqs=32))
     own = simulate(tight, profile=prof).summary
-    assert json.dumps(own, sort_keys=True) == json.dumps(
-        simulate(tight, profile=prof, policy_profile=replace(prof)).summary, sort_keys=True)
+    priced = simulate(tight, profile=prof, policy_profile=replace(prof)).summary
+    assert priced.pop("policy_profile") == "v4flash-h200"
+    assert json.dumps(own, sort_keys=True) == json.dumps(priced, sort_keys=True)
     flat = replace(prof, step_s=np.full_like(prof.step_s, prof.step_s[0]))  # B costs nothing
     c = simulate(cfg, profile=prof, policy_profile=flat).summary
     assert c["mean_verify_tokens_per_request_step"] > a["mean_verify_tokens_per_request_step"]
