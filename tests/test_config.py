@@ -131,6 +131,13 @@ LIMITS = [
      {"engine__max_num_seqs": (1 << 16) + 1, "engine__max_num_batched_tokens": 1 << 20},
      "--max-num-seqs"),
     ({"engine__max_model_len": 1}, {"engine__max_model_len": 0}, "--max-model-len"),
+    # docs/cli.md's limits table: 1,048,576 batched tokens, 2^40 KV tokens (and model length)
+    ({"engine__max_num_batched_tokens": 1 << 20}, {"engine__max_num_batched_tokens": (1 << 20) + 1},
+     "--max-num-batched-tokens"),
+    ({"engine__kv_capacity_tokens": 1 << 40}, {"engine__kv_capacity_tokens": (1 << 40) + 1},
+     "--kv-capacity-tokens"),
+    ({"engine__max_model_len": 1 << 40}, {"engine__max_model_len": (1 << 40) + 1},
+     "--max-model-len"),
     ({"engine__max_num_seqs": 64, "engine__max_num_batched_tokens": 64},
      {"engine__max_num_seqs": 65, "engine__max_num_batched_tokens": 64}, "--max-num-seqs"),
     ({"workload__arrival": "gamma", "workload__burstiness": 1e-3},
