@@ -9,6 +9,7 @@ from dspark_sim.errors import InputError
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import (
     DeploymentConfig,
+    EngineConfig,
     SimConfig,
     WorkloadConfig,
     load_config,
@@ -61,6 +62,23 @@ def test_settings_are_checked_against_the_field_annotations():
     # an optional field's None is no type the user can give: not named
     with pytest.raises(InputError, match="^where: must be an integer, got '5'$"):
         _coerce("5", int | None, "where")
+
+
+@pytest.mark.parametrize("cfg,option,kind", [
+    (SimConfig(seed="3"), "--seed", "an integer"),
+    (SimConfig(seed=1.0), "--seed", "an integer"),
+    (SimConfig(policy=3), "--policy", "a string"),
+    (SimConfig(workload=WorkloadConfig(qps="fast")), "--qps", "a number"),
+    (SimConfig(workload=WorkloadConfig(num_requests=True)), "--num-requests", "an integer"),
+    (SimConfig(engine=EngineConfig(max_num_seqs=2.5)), "--max-num-seqs", "an integer"),
+    (SimConfig(deployment=DeploymentConfig(replicas="2")), "--replicas", "an integer"),
+])
+def test_a_config_built_in_python_is_type_checked_by_validate(cfg, option, kind):
+    """What the TOML and option layers coerce, a SimConfig built in Python gets from
+    validate(): "3" is no seed, True no request count (each named by its option)."""
+    with pytest.raises(InputError, match=f"must be {kind}") as err:
+        cfg.validate()
+    assert err.value.where == option
 
 
 @pytest.mark.parametrize("cfg,option", [
