@@ -166,9 +166,7 @@ def _as_argument(option: str, argument: str) -> Iterator[None]:
     try:
         yield
     except InputError as exc:
-        if exc.where != option:
-            raise
-        raise InputError(f"argument '{argument}'", exc.problem) from None
+        raise exc.readdressed({option: f"argument '{argument}'"}) from None
 
 
 # Options several commands take, declared once (the parameter's name makes the flag).

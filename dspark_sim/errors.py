@@ -28,6 +28,12 @@ class InputError(ValueError):
         # picklable (a sweep worker's error reaches the parent process intact)
         return (type(self), (self.where, self.problem))
 
+    def readdressed(self, names: dict[str, str]) -> InputError:
+        """This error named as the user knows its ``where`` here (``names``: where ->
+        name): sweep's ``--policies`` for run's ``--policy``, a positional argument for
+        the option a loader serves elsewhere. Itself when ``where`` is not in ``names``."""
+        return InputError(names[self.where], self.problem) if self.where in names else self
+
 
 def check_known_keys(where: str, table: dict, known) -> None:
     """Refuse keys a TOML table does not define: a misspelt key read as absent makes a

@@ -282,9 +282,7 @@ SWEEP_OPTION = {"--max-concurrency": "--concurrency", "--seed": "--seeds",
 def as_sweep_error(exc: InputError) -> InputError:
     """``exc`` re-addressed to the sweep option the user typed (a point's check names
     run's singular option)."""
-    if exc.where in SWEEP_OPTION:
-        return InputError(SWEEP_OPTION[exc.where], exc.problem)
-    return exc
+    return exc.readdressed(SWEEP_OPTION)
 
 
 def _validate_point(cfg: SimConfig) -> None:
