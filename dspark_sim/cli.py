@@ -449,6 +449,9 @@ def traces_import(
     positions: Annotated[int | None, typer.Option(
         help="vllm-counters: positions per request (default 512).")] = None,
     seed: Annotated[int | None, typer.Option(help="vllm-counters: seed (default 0).")] = None,
+    model_name: Annotated[str | None, typer.Option(
+        help="vllm-counters: the model_name label to read from a scrape of several models.")]
+    = None,
 ) -> None:
     """Import another engine's acceptance data as a schema-v1 trace (docs/traces.md)."""
     from dspark_sim.traces.importers import FORMATS, import_trace
@@ -458,17 +461,20 @@ def traces_import(
     if fmt not in FORMATS:
         raise InputError("--format", f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
     given = {"--column": column, "--domain": domain, "--gamma-max": gamma_max,
-             "--requests": requests, "--positions": positions, "--seed": seed}
+             "--requests": requests, "--positions": positions, "--seed": seed,
+             "--model-name": model_name}
     applies = {"specdecode-bench": {"--column", "--domain", "--gamma-max"},
                "per-position": {"--domain", "--gamma-max"},
-               "vllm-counters": {"--domain", "--requests", "--positions", "--seed"}}[fmt]
+               "vllm-counters": {"--domain", "--requests", "--positions", "--seed",
+                                 "--model-name"}}[fmt]
     for opt, val in given.items():
         if val is not None and opt not in applies:
             raise InputError(opt, f"does not apply to --format {fmt}")
     check_writable(out, "--out", kind="file", not_over={"the source file": src})
     opts = {k: v for k, v in {"column": column, "domain": domain, "gamma_max": gamma_max,
                                "drafter": drafter, "target": target, "requests": requests,
-                               "positions": positions, "seed": seed}.items() if v is not None}
+                               "positions": positions, "seed": seed,
+                               "model_name": model_name}.items() if v is not None}
     t = import_trace(fmt, src, **opts)
     write_trace(t, out)
     console.print(f"wrote {out}: {t.num_requests} requests, {t.num_positions:,} positions, "

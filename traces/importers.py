@@ -21,11 +21,13 @@ Formats (``dspark-sim traces import --format F SRC --out trace.parquet``):
     ``conf_G``). Source ``imported``.
 
 ``vllm-counters``
-    vLLM's speculative-decoding counters, from a ``/metrics`` Prometheus scrape
-    (``vllm:spec_decode_num_drafts_total`` and
+    vLLM's speculative-decoding counters, from a ``/metrics`` Prometheus scrape, text
+    format or OpenMetrics (``vllm:spec_decode_num_drafts_total`` and
     ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}``, summed over
-    label sets) or a ``vllm bench serve`` result JSON
-    (``spec_decode_per_position_acceptance_rates``, ``spec_decode_num_drafts``). These
+    engines and servers of one ``model_name``; several models need ``model_name``) or a
+    ``vllm bench serve`` result JSON (``spec_decode_per_position_acceptance_rates``,
+    ``spec_decode_num_drafts``). Totals beside them (accepted and draft tokens, the
+    acceptance length) are checked against them. These
     give only the unconditional survival ``r_j = P(m >= j)`` over verify steps at
     ``num_speculative_tokens`` = ``len(r)``, nothing per request or per position. The
     importer therefore writes a *synthetic* trace (source ``synthetic``, the counters in
@@ -178,6 +180,27 @@ def _default_domain(p: Path) -> str:
     return stem.removeprefix("combined_") or "imported"
 
 
+def _sdb_acc_len(d: dict, key: str, used: dict[str, int], where: str, i: int) -> list[int]:
+    """Line ``i``'s acceptance list: ``key`` (``acc_eagle``/``acc_ngram``), else the single
+    ``acc`` table SpecDecode-Bench's request.py falls back to. ``used`` (table -> first
+    line) keeps a file to one table: a mix would put two drafters' data in one trace."""
+    read_key = key if key in d or "acc" not in d else "acc"
+    if used and read_key not in used:
+        other = next(iter(used))
+        raise InputError(where, f"line {i}: acceptance read from '{read_key}', but from "
+                                f"'{other}' on line {used[other]}; one table per file")
+    used.setdefault(read_key, i)
+    acc = d.get(read_key)
+    if not isinstance(acc, dict) or not isinstance(acc.get("acc_len"), list):
+        raise InputError(where, f"line {i}: no '{key}.acc_len' list")
+    acc_len = acc["acc_len"]
+    if not all(_is_int(x) and 1 <= x <= MAX_COUNT for x in acc_len):
+        bad = next(x for x in acc_len if not (_is_int(x) and 1 <= x <= MAX_COUNT))
+        raise InputError(where, f"line {i}: '{read_key}.acc_len' values must be integers in "
+                                f"[1, 2**31] (tokens per verify step incl. bonus), got {bad!r}")
+    return acc_len
+
+
 # -- SpecDecode-Bench --------------------------------------------------------------------
 def import_specdecode_bench(src: str | Path, *, column: str = "eagle", domain: str | None = None,
                             gamma_max: int | None = None, drafter: str | None = None,
@@ -193,6 +216,7 @@ def import_specdecode_bench(src: str | Path, *, column: str = "eagle", domain: s
     prompt: list[int] = []
     output: list[int] = []
     seen: dict = {}
+    used: dict[str, int] = {}  # the table read ('acc_<column>' or 'acc') -> first line
     skipped = mismatched = 0
     for i, d in _json_lines(p, where):
         rid = d.get("id")
@@ -205,16 +229,7 @@ def import_specdecode_bench(src: str | Path, *, column: str = "eagle", domain: s
         toks = d.get("prompt_token_ids")
         if not isinstance(toks, list):
             raise InputError(where, f"line {i}: 'prompt_token_ids' must be a list")
-        # SpecDecode-Bench's request.py falls back to a single 'acc' table
-        acc = d.get(key, d.get("acc"))
-        if not isinstance(acc, dict) or not isinstance(acc.get("acc_len"), list):
-            raise InputError(where, f"line {i}: no '{key}.acc_len' list")
-        acc_len = acc["acc_len"]
-        if not all(_is_int(x) and 1 <= x <= MAX_COUNT for x in acc_len):
-            bad = next(x for x in acc_len if not (_is_int(x) and 1 <= x <= MAX_COUNT))
-            raise InputError(where, f"line {i}: '{key}.acc_len' values must be integers in "
-                                    f"[1, 2**31] (tokens per verify step incl. bonus), "
-                                    f"got {bad!r}")
+        acc_len = _sdb_acc_len(d, key, used, where, i)
         if not acc_len:  # SpecDecode-Bench's simulator drops these too
             skipped += 1
             continue
@@ -227,13 +242,14 @@ def import_specdecode_bench(src: str | Path, *, column: str = "eagle", domain: s
         output.append(len(acc_len))
     observed = max((int(r.max()) for r in m_rows if r.size), default=0)
     g = _gamma(observed, gamma_max, where)
+    table = next(iter(used), key)  # what was read: acc_<column>, or the fallback 'acc'
     meta = TraceMeta(
-        drafter=drafter or f"specdecode-bench-{column}", target=target, gamma_max=g,
-        source="imported", temperature=float(temperature),
-        generator={"kind": "import", "format": "specdecode-bench", "column": key + ".acc_len",
+        drafter=drafter or f"specdecode-bench-{table.removeprefix('acc_')}", target=target,
+        gamma_max=g, source="imported", temperature=float(temperature),
+        generator={"kind": "import", "format": "specdecode-bench", "column": f"{table}.acc_len",
                    "file": p.name, "observed_max_accept_len": observed,
                    "skipped_empty_requests": skipped,
-                   "output_tokens": f"len({key}.acc_len), the positions SpecDecode-Bench's "
+                   "output_tokens": f"len({table}.acc_len), the positions SpecDecode-Bench's "
                                     "simulator replays",
                    "requests_where_generated_token_ids_length_differs": mismatched},
     )
@@ -428,13 +444,29 @@ def _pp_csv(p: Path, where: str):
 
 
 # -- vLLM counters -----------------------------------------------------------------------
-_PROM_LINE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+'
-                        r'(?P<value>\S+)(?:\s+\S+)?$')
+# One sample line of the Prometheus text format or OpenMetrics: a name, an optional label
+# set (values are quoted and may hold escaped quotes, commas or braces), the value, an
+# optional timestamp and an optional OpenMetrics exemplar ("# {labels} value [ts]").
+_PROM_SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)'
+                          r'(?:\{(?P<labels>(?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?'
+                          r'[ \t]+(?P<value>[^ \t#]+)(?:[ \t]+[^ \t#]+)?(?:[ \t]+#.*)?$')
+_PROM_LABEL = re.compile(r'[ \t]*(?P<key>[A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*'
+                         r'"(?P<value>(?:[^"\\]|\\.)*)"[ \t]*(?:,|$)')
+# The counters read, by the sample name prometheus_client prints for them (``_total``;
+# the ``_created`` timestamps beside them and vLLM V0's gauges are not read).
+_VLLM_COUNTERS = {"vllm:spec_decode_num_drafts_total": "drafts",
+                  "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
+                  "vllm:spec_decode_num_accepted_tokens_total": "accepted",
+                  "vllm:spec_decode_num_accepted_tokens_per_pos_total": "per_pos"}
+# Counters vLLM increments one after the other may be scraped between two increments: a
+# total and the sum of its parts may differ by a step's worth, never by more than this.
+COUNTER_TOLERANCE = 0.01
 
 
-def read_vllm_counters(src: str | Path) -> dict[str, Any]:
-    """``{"num_drafts", "accepted_per_pos", "survival", "source_kind"}`` from a
-    ``/metrics`` scrape (text) or a ``vllm bench serve`` result (JSON)."""
+def read_vllm_counters(src: str | Path, model_name: str | None = None) -> dict[str, Any]:
+    """``{"num_drafts", "accepted_per_pos", "survival", "source_kind", ...}`` from a
+    ``/metrics`` scrape (text) or a ``vllm bench serve`` result (JSON). ``model_name``
+    picks one model's counters from a scrape that holds several."""
     p, where = _check_file(src)
     try:
         text = p.read_text(encoding="utf-8-sig")
@@ -442,68 +474,186 @@ def read_vllm_counters(src: str | Path) -> dict[str, Any]:
         raise InputError(where, f"not UTF-8 text ({exc.reason})") from None
     except OSError as exc:
         raise InputError(where, f"cannot read ({exc.strerror})") from None
-    if text.lstrip().startswith("{"):
-        return _bench_serve_counters(text, where)
-    return _prometheus_counters(text, where)
+    if text.lstrip().startswith(("{", "[")):
+        return _bench_serve_counters(text, where, model_name)
+    return _prometheus_counters(text, where, model_name)
 
 
-def _bench_serve_counters(text: str, where: str) -> dict[str, Any]:
+def _bench_serve_json(text: str, where: str) -> dict:
     try:
         d = loads_json(text)
     except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":  # vllm bench serve --append-result: one run per line
+            raise InputError(where, f"line {exc.lineno}: a second JSON document; a bench "
+                                    "serve file written with --append-result holds one run "
+                                    "per line: keep the one run to import") from None
         raise InputError(where, f"line {exc.lineno}: not JSON ({exc.msg})") from None
+    if not isinstance(d, dict):
+        raise InputError(where, "expected a vllm bench serve result (a JSON object), got a "
+                                f"JSON {type(d).__name__}")
+    return d
+
+
+def _bench_serve_counters(text: str, where: str, model_name: str | None) -> dict[str, Any]:
+    d = _bench_serve_json(text, where)
+    if model_name is not None and d.get("model_id") != model_name:
+        raise InputError("--model-name", f"{where} is a bench serve result for model_id "
+                                         f"{d.get('model_id')!r}, not {model_name!r}")
     rates = d.get("spec_decode_per_position_acceptance_rates")
     drafts = d.get("spec_decode_num_drafts")
+    if not any(k.startswith("spec_decode_") for k in d):
+        raise InputError(where, "bench serve result has no spec_decode_* keys: the server "
+                                "ran without speculative decoding (or drafted nothing in the "
+                                "benchmark window)")
     if not isinstance(rates, list) or not rates:
-        raise InputError(where, "bench serve result has no 'spec_decode_per_position_"
-                                "acceptance_rates' (was the server run with speculative decoding?)")
+        raise InputError(where, "bench serve result has no per-position rates "
+                                "('spec_decode_per_position_acceptance_rates' absent or "
+                                "empty: the server exposed no per-position counters); a mean "
+                                "acceptance length alone does not give them")
     if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in rates):
         raise InputError(where, "spec_decode_per_position_acceptance_rates must be numbers")
     if not (_is_int(drafts) or (isinstance(drafts, float) and drafts.is_integer())) or drafts <= 0:
-        raise InputError(where, f"spec_decode_num_drafts must be a positive integer, got {drafts!r}")
-    surv = [float(x) for x in rates]
-    return {"num_drafts": int(drafts), "survival": _check_survival(surv, where),
-            "accepted_per_pos": [round(x * drafts) for x in surv], "source_kind": "bench-serve"}
+        raise InputError(where, "spec_decode_num_drafts must be a positive integer (vLLM "
+                                "writes it beside its per-position rates; without it the rates "
+                                f"cannot be told to be vLLM's counters), got {drafts!r}")
+    surv = _check_survival([float(x) for x in rates], where)
+    accepted = d.get("spec_decode_accepted_tokens")
+    c = {"num_drafts": int(drafts), "survival": surv, "source_kind": "bench-serve",
+         "accepted_per_pos": [round(x * drafts) for x in surv],
+         "num_draft_tokens": d.get("spec_decode_draft_tokens"),
+         "num_accepted_tokens": accepted, "model_name": d.get("model_id")}
+    al = d.get("spec_decode_acceptance_length")
+    if al is not None and not (isinstance(al, int | float) and abs(al - 1 - sum(surv)) <= 0.01):
+        raise InputError(where, f"spec_decode_acceptance_length {al!r} is not 1 + the sum of "
+                                f"the per-position rates ({1 + sum(surv):.4f}); vLLM writes both "
+                                "from the same counters (its length includes the bonus token; "
+                                "TensorRT-LLM's AL - 1 or conditional per-position rates would "
+                                "not match)")
+    _check_totals(c, where, "spec_decode_accepted_tokens", "spec_decode_draft_tokens")
+    return c
 
 
-def _prometheus_counters(text: str, where: str) -> dict[str, Any]:
-    drafts = 0.0
-    found_drafts = False
-    per_pos: dict[int, float] = {}
+def _prom_labels(text: str, where: str, line: int) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    at = 0
+    while text[at:].strip():
+        mt = _PROM_LABEL.match(text, at)
+        if mt is None:
+            raise InputError(where, f"line {line}: malformed label set {{{text}}}")
+        if mt["key"] in labels:
+            raise InputError(where, f"line {line}: label {mt['key']!r} given twice")
+        labels[mt["key"]] = re.sub(r"\\(.)", lambda e: "\n" if e[1] == "n" else e[1],
+                                   mt["value"])
+        at = mt.end()
+    return labels
+
+
+def _prom_samples(text: str, where: str) -> list[tuple[int, str, dict[str, str], float]]:
+    """(line, kind, labels, value) of every counter sample of :data:`_VLLM_COUNTERS`;
+    one series twice (two scrapes pasted into one file) is refused, not summed."""
+    out = []
+    first: dict[tuple, int] = {}
     for i, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
-        if not line or line.startswith("#") or not line.startswith("vllm:spec_decode_num_"):
-            continue
-        mt = _PROM_LINE.match(line)
+        if not line.startswith("vllm:spec_decode_num_"):
+            continue  # comments (HELP, TYPE, EOF), other metrics, blank lines
+        mt = _PROM_SAMPLE.match(line)
         if mt is None:
             raise InputError(where, f"line {i}: not a Prometheus sample")
-        name = mt["name"]
+        kind = _VLLM_COUNTERS.get(mt["name"])
+        if kind is None:
+            continue
+        labels = _prom_labels(mt["labels"] or "", where, i)
         try:
             val = float(mt["value"])
         except ValueError:
             raise InputError(where, f"line {i}: value {mt['value']!r} is not a number") from None
         if not math.isfinite(val) or val < 0:
             raise InputError(where, f"line {i}: counter value must be finite and >= 0")
-        if name == "vllm:spec_decode_num_drafts_total":
-            drafts += val
-            found_drafts = True
-        elif name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
-            lab = re.search(r'position="(\d+)"', mt["labels"] or "")
-            if lab is None:
-                raise InputError(where, f"line {i}: per-position counter without a position label")
-            k = int(lab.group(1))
-            per_pos[k] = per_pos.get(k, 0.0) + val
-    if not found_drafts or not per_pos:
-        raise InputError(where, "no vllm:spec_decode_num_drafts_total and "
-                                "vllm:spec_decode_num_accepted_tokens_per_pos_total samples")
+        key = (mt["name"], tuple(sorted(labels.items())))
+        if key in first:
+            raise InputError(where, f"line {i}: the series on line {first[key]} again (two "
+                                    "scrapes in one file?); import one scrape")
+        first[key] = i
+        out.append((i, kind, labels, val))
+    return out
+
+
+def _pick_model(samples: list, where: str, model_name: str | None) -> str | None:
+    """The one model whose counters are read: summing two models' counters would mix two
+    drafters' acceptance into one curve that belongs to neither."""
+    models = sorted({s[2].get("model_name", "") for s in samples})
+    shown = ", ".join(repr(m) if m else "(no model_name label)" for m in models)
+    if model_name is not None:
+        if model_name not in models:
+            raise InputError("--model-name", f"{where} has no counters of model "
+                                             f"{model_name!r}; it has {shown}")
+        return model_name
+    if len(models) > 1:
+        raise InputError(where, f"counters of {len(models)} models in one scrape ({shown}); "
+                                "pick one with --model-name")
+    return models[0] if models else None
+
+
+def _prometheus_counters(text: str, where: str, model_name: str | None) -> dict[str, Any]:
+    samples = _prom_samples(text, where)
+    model = _pick_model(samples, where, model_name)
+    totals: dict[str, float] = {}
+    per_pos: dict[int, float] = {}
+    for i, kind, labels, val in samples:
+        if labels.get("model_name", "") != (model or ""):
+            continue
+        if kind == "per_pos":
+            pos = labels.get("position", "")
+            if not pos.isdigit():
+                raise InputError(where, f"line {i}: per-position counter without a "
+                                        f"position=\"0\", \"1\", ... label")
+            per_pos[int(pos)] = per_pos.get(int(pos), 0.0) + val
+        else:
+            totals[kind] = totals.get(kind, 0.0) + val
+    if "drafts" not in totals or not per_pos:
+        raise InputError(where, "no vllm:spec_decode_num_drafts_total and vllm:spec_decode_"
+                                "num_accepted_tokens_per_pos_total samples (no speculative "
+                                "decoding, or a vLLM without per-position counters: V0 "
+                                "engines report only totals)")
     if sorted(per_pos) != list(range(len(per_pos))):
         raise InputError(where, f"per-position counters are not positions 0..K-1: {sorted(per_pos)}")
+    drafts = totals["drafts"]
     if drafts <= 0:
         raise InputError(where, "vllm:spec_decode_num_drafts_total is 0: no drafts were verified")
     acc = [per_pos[k] for k in range(len(per_pos))]
-    return {"num_drafts": int(drafts), "accepted_per_pos": [int(x) for x in acc],
-            "survival": _check_survival([x / drafts for x in acc], where),
-            "source_kind": "prometheus"}
+    c = {"num_drafts": int(drafts), "accepted_per_pos": [int(x) for x in acc],
+         "survival": _check_survival([x / drafts for x in acc], where),
+         "source_kind": "prometheus", "model_name": model,
+         "num_draft_tokens": totals.get("draft_tokens"), "num_accepted_tokens": totals.get("accepted")}
+    _check_totals(c, where, "vllm:spec_decode_num_accepted_tokens_total",
+                  "vllm:spec_decode_num_draft_tokens_total")
+    return c
+
+
+def _check_totals(c: dict[str, Any], where: str, accepted_name: str, drafted_name: str) -> None:
+    """The totals beside the per-position counts, where the file has them: accepted
+    tokens are the per-position counts' sum (vLLM counts both from one draft), and no
+    draft is longer than K positions (more draft tokens than that: positions missing)."""
+    drafts, k = c["num_drafts"], len(c["survival"])
+    accepted = drafts * sum(c["survival"])
+    for name, v in ((accepted_name, c.get("num_accepted_tokens")),
+                    (drafted_name, c.get("num_draft_tokens"))):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                              or not math.isfinite(v) or v < 0):
+            raise InputError(where, f"{name} must be a count >= 0, got {v!r}")
+    drafted = c.get("num_draft_tokens")
+    if drafted is not None and drafted > k * drafts * (1 + COUNTER_TOLERANCE):
+        raise InputError(where, f"{drafted_name} is {drafted:g}, more than {k} positions x "
+                                f"{drafts} drafts: per-position counters are missing")
+    got = c.get("num_accepted_tokens")
+    if got is not None and abs(got - accepted) > COUNTER_TOLERANCE * max(accepted, 100.0):
+        raise InputError(where, f"{accepted_name} is {got:g} but the per-position counts sum "
+                                f"to {accepted:.0f}: the totals and the per-position counters "
+                                "are not from the same drafts")
+    if drafted is not None and drafted < accepted * (1 - COUNTER_TOLERANCE):
+        raise InputError(where, f"{drafted_name} is {drafted:g}, fewer than the "
+                                f"{accepted:.0f} accepted tokens")
 
 
 def _check_survival(surv: list[float], where: str) -> list[float]:
@@ -524,7 +674,8 @@ def survival_to_pmf(surv: np.ndarray) -> np.ndarray:
 
 def import_vllm_counters(src: str | Path, *, requests: int = 64, positions: int = 512,
                          seed: int = 0, domain: str = "vllm", drafter: str | None = None,
-                         target: str = "unknown (vLLM counters)") -> AcceptanceTrace:
+                         target: str | None = None,
+                         model_name: str | None = None) -> AcceptanceTrace:
     where = str(src)
     for name, v in (("--requests", requests), ("--positions", positions)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -534,7 +685,7 @@ def import_vllm_counters(src: str | Path, *, requests: int = 64, positions: int 
         raise InputError("--requests x --positions",  # either may be the large one
                          f"{requests:,} x {positions:,} = {requests * positions:,} exceeds "
                          f"{MAX_SYNTH_CELLS:,}; import fewer requests or positions")
-    c = read_vllm_counters(src)
+    c = read_vllm_counters(src, model_name)
     surv = np.asarray(c["survival"], np.float64)
     k = len(surv)
     if k > GAMMA_LIMIT:
@@ -543,17 +694,23 @@ def import_vllm_counters(src: str | Path, *, requests: int = 64, positions: int 
     rng = np.random.default_rng(seed)
     n = requests * positions
     m = rng.choice(k + 1, size=n, p=pmf / pmf.sum())
-    meta = TraceMeta(
-        drafter=drafter or "vllm-counters", target=target, gamma_max=k, source="synthetic",
-        domains=(domain,),
-        generator={"kind": "vllm-counters", "file": Path(src).name,
-                   "counters_from": c["source_kind"], "num_speculative_tokens": k,
-                   "num_drafts": c["num_drafts"], "accepted_per_pos": c["accepted_per_pos"],
-                   "survival_per_step": [round(x, 6) for x in surv.tolist()],
-                   "acceptance_length": round(1.0 + float(surv.sum()), 6),
-                   "model": "m i.i.d. per position with P(m >= j) = survival_per_step[j-1]",
-                   "requests": requests, "positions": positions, "seed": seed},
-    )
+    generator = {"kind": "vllm-counters", "file": Path(src).name,
+                 "counters_from": c["source_kind"], "num_speculative_tokens": k,
+                 "num_drafts": c["num_drafts"], "accepted_per_pos": c["accepted_per_pos"],
+                 "survival_per_step": [round(x, 6) for x in surv.tolist()],
+                 "acceptance_length": round(1.0 + float(surv.sum()), 6),
+                 "model": "m i.i.d. per position with P(m >= j) = survival_per_step[j-1]",
+                 "requests": requests, "positions": positions, "seed": seed}
+    if c["model_name"]:
+        generator["model_name"] = c["model_name"]
+    if c["num_draft_tokens"] is not None:
+        # below K: drafts shorter than K (an n-gram without a full match, grammar-masked
+        # tokens); the survival counts those positions as rejected, the replay verifies K
+        generator["draft_tokens_per_draft"] = round(c["num_draft_tokens"] / c["num_drafts"], 6)
+    if target is None:
+        target = f"{c['model_name'] or 'unknown'} (vLLM counters)"
+    meta = TraceMeta(drafter=drafter or "vllm-counters", target=target, gamma_max=k,
+                     source="synthetic", domains=(domain,), generator=generator)
     return AcceptanceTrace(
         meta=meta, accept_len=m.astype(np.int8), conf=None,
         req_offsets=np.arange(0, n + 1, positions, dtype=np.int64),
