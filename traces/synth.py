@@ -74,6 +74,11 @@ class DomainCurve:
     tau: float | None  # target served tau at verify length k, incl. bonus; None: decay given
     k: int = 7  # verify length the target was published at (Table 1: block 7)
     decay: float = 0.0  # logit decay per position (solved from tau when p1 is given)
+    # None: p1 is DSpark Fig. 2's rate over every position, met in expectation. An int:
+    # p1 is vLLM's per-position counter (num_accepted_tokens_per_pos / num_drafts) of a
+    # run at num_speculative_tokens = p1_k, i.e. P(m >= 1) over the verify steps that
+    # fixed-k chain visits (AcceptanceTrace.served_survival), solved on the sample like tau.
+    p1_k: int | None = None
 
 
 # DSpark on Qwen3-4B: Table 1 domain means (served tau, block 7, temperature 1) and the
@@ -105,6 +110,12 @@ V4PRO_SPEEDBENCH_CURVES = (DomainCurve("speedbench", p1=0.84, tau=3.44, k=7),)
 # both run a near-equal step: served tau at k = 5 ~ 1.8 x MTP-1's 1.9 = 3.4 (fitted, see
 # validation/published.py); position 1 as the MTP head's (both read the target's state).
 V4FLASH_LIVE_CURVES = (DomainCurve("live", p1=0.9, tau=3.6, k=5),)
+# A DSpark drafter for Llama-3.2-1B (vllm-project/speculators#1135), eight speculative
+# tokens: vLLM's unconditional per-position rates, HumanEval ("code", tau 4.57) 83.7 %
+# first and writing (tau 2.64) 61.7 % first. Both are vLLM's counters of an 8-token run
+# (served, p1_k = 8); positions 2-8 are held out (tests/test_published_acceptance.py).
+LLAMA32_1B_CURVES = (DomainCurve("code", p1=0.837, tau=4.57, k=8, p1_k=8),
+                     DomainCurve("writing", p1=0.617, tau=2.64, k=8, p1_k=8))
 
 
 @dataclass(frozen=True)
@@ -208,6 +219,12 @@ class _Sample:
         tokens, steps = _served_chain(self.accept_len(mu1, decay), self.offsets, k)
         return float(tokens.sum() / steps.sum())
 
+    def served_p1(self, mu1: float, decay: float, k: int) -> float:
+        """P(m >= 1) over the verify steps a fixed-``k`` chain visits (vLLM's counter)."""
+        hist = np.zeros(k + 1, np.int64)
+        _served_chain(self.accept_len(mu1, decay), self.offsets, k, hist)
+        return float(1.0 - hist[0] / hist.sum())
+
 
 def _fit_curve(c: DomainCurve, sample: _Sample, s: SignalModel) -> tuple[float, float]:
     """(mu_1, decay) for one domain: mu_1 from p1 in expectation, then the free parameter
@@ -216,6 +233,8 @@ def _fit_curve(c: DomainCurve, sample: _Sample, s: SignalModel) -> tuple[float, 
         raise InputError("traces synth", f"domain {c.domain!r} needs p1 or a tau target")
     if c.tau is not None and not 1.0 <= c.tau <= c.k + 1:
         raise InputError("traces synth", f"domain {c.domain!r}: tau {c.tau} outside [1, k+1]")
+    if c.p1 is not None and c.p1_k is not None:
+        return _fit_served(c, sample, s)
     if c.p1 is not None:
         mu1 = _solve_mu1(c.p1, s)
         if c.tau is None:
@@ -225,6 +244,23 @@ def _fit_curve(c: DomainCurve, sample: _Sample, s: SignalModel) -> tuple[float, 
         return mu1, decay
     mu1 = _bisect(lambda mu: sample.served_tau(mu, c.decay, c.k), c.tau, -10.0, 15.0, 50)
     return mu1, c.decay
+
+
+def _fit_served(c: DomainCurve, sample: _Sample, s: SignalModel) -> tuple[float, float]:
+    """(mu_1, decay) meeting a served first-position rate (at verify length ``p1_k``) and,
+    if given, the served tau at ``k``: for each candidate mu_1 the decay is solved on tau,
+    and mu_1 by bisection on the first rate that pair serves. Solving each in turn with the
+    other held cycles instead: the sample's chain visits jump as either moves."""
+    if not 0.0 < c.p1 < 1.0:
+        raise InputError("traces synth", f"domain {c.domain!r}: p1 {c.p1} outside (0, 1)")
+
+    def decay_for(mu1: float) -> float:
+        if c.tau is None:
+            return c.decay
+        return -_bisect(lambda d: sample.served_tau(mu1, -d, c.k), c.tau, -6.0, 2.0, 30)
+
+    mu1 = _bisect(lambda mu: sample.served_p1(mu, decay_for(mu), c.p1_k), c.p1, -10.0, 15.0, 30)
+    return mu1, decay_for(mu1)
 
 
 def synth_drafter(
@@ -271,6 +307,8 @@ def synth_drafter(
         parts.append(part)
         params[c.domain] = {"p1": c.p1, "tau_served_target": c.tau, "k": c.k,
                             "mu1": round(mu1, 6), "decay": round(decay, 6)}
+        if c.p1_k is not None:
+            params[c.domain]["p1_k"] = c.p1_k
         if c.tau is not None and c.k <= gamma:
             params[c.domain]["tau_served"] = round(part.served_tau(c.k), 4)
     gen = {"kind": "drafter", "seed": seed, "gamma": gamma, "positions": positions,
@@ -347,3 +385,12 @@ def v4flash_live_trace(seed: int = 4) -> AcceptanceTrace:
                          drafter="dspark-v4flash-synthetic",
                          target="deepseek-v4-flash-like (DSpark §5.4 live traffic)",
                          seed=seed, extra={"calibration": "dspark-v4flash-synthetic-sts"})
+
+
+def llama32_1b_trace(seed: int = 5) -> AcceptanceTrace:
+    """The DSpark drafter of vllm-project/speculators#1135 for Llama-3.2-1B (8 tokens;
+    HumanEval as ``code``, and ``writing``), fitted to each domain's first-position rate
+    and tau as vLLM counts them; the other seven positions are left to the model."""
+    return synth_drafter(LLAMA32_1B_CURVES, gamma=8, drafter="dspark-llama32-1b-synthetic",
+                         target="llama-3.2-1b-like (vllm-project/speculators#1135)", seed=seed,
+                         extra={"calibration": "dspark-llama32-1b-synthetic-sts"})
