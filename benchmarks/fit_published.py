@@ -4,6 +4,7 @@ every point (fitted and held out) for the fitted values.
     python benchmarks/fit_published.py --profile v4pro-b300
     python benchmarks/fit_published.py --profile v4flash-h200
     python benchmarks/fit_published.py --profile v4flash-h200 --check   # no search
+    python benchmarks/fit_published.py --profile glm47-h20
 
 The points are ``dspark_sim.validation.published.POINTS``; the free parameters and their
 grids are below. The search is coordinate descent over the grids (each parameter in
@@ -30,6 +31,11 @@ FREE = {
         "per_token_overhead_us": ("dep", [15.0, 20.0, 22.5, 25.0, 27.5, 30.0]),
         "eager_slowdown": ("dep", [1.5, 2.0, 2.5, 3.0]),
         "eager_penalty_ms": ("dep", [20.0, 40.0, 60.0, 80.0, 120.0]),
+    },
+    "glm47-h20": {
+        "overhead_ms": ("dep", [1.5, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5]),
+        "mem_efficiency": ("hw", [0.6, 0.7, 0.75, 0.8, 0.9, 1.0]),
+        "sample_us_per_row": ("dep", [0.0, 10.0, 20.0, 40.0, 80.0]),
     },
     "v4flash-h200": {
         "overhead_ms": ("dep", [9.0, 10.0, 10.5, 11.0, 11.5, 12.0, 13.0]),

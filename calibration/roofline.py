@@ -140,13 +140,17 @@ B200 = HardwareSheet("B200", hbm_bytes_per_s=8.0e12, peak_flops=4.5e15, hbm_byte
 # the node (1.8 TB/s bidirectional, 900 GB/s each way).
 B300 = HardwareSheet("B300", hbm_bytes_per_s=8.0e12, peak_flops=4.5e15, hbm_bytes=288e9,
                      interconnect_bytes_per_s=900e9)
+# H20 (Hopper, export part): 96 GB HBM3 at 4.0 TB/s, 296 TFLOP/s dense FP8, NVLink 4
+# (900 GB/s bidirectional, 450 GB/s each way).
+H20 = HardwareSheet("H20", hbm_bytes_per_s=4.0e12, peak_flops=0.296e15, hbm_bytes=96e9,
+                    interconnect_bytes_per_s=450e9)
 # BF16 dense peaks, for models served in BF16.
 H100_BF16 = replace(H100, peak_flops=0.989e15)
 H200_BF16 = replace(H200, peak_flops=0.989e15)
 B200_BF16 = replace(B200, peak_flops=2.25e15)
 
 HARDWARE: dict[str, HardwareSheet] = {
-    "H100": H100, "H200": H200, "B200": B200, "B300": B300,
+    "H100": H100, "H200": H200, "H20": H20, "B200": B200, "B300": B300,
     "H100-bf16": H100_BF16, "H200-bf16": H200_BF16, "B200-bf16": B200_BF16,
 }
 
@@ -318,6 +322,9 @@ def analytic_profile(hw: HardwareSheet, model: ModelSheet, dep: DeploymentSheet,
                for k, v in asdict(dep).items()}
     params |= notes or {}
     g, ep = dep.gpus_per_replica, _ep(dep)
+    drafts = draft_costs(hw, model, dep)
+    drafts |= {trace_drafter: drafts[table]
+               for trace_drafter, table in DRAFTER_TABLES.get(name, {}).items()}
     layout = (f"{g} GPU(s) per replica" if ep == g else
               f"one data-parallel attention rank of an EP{ep} group (symmetric load)")
     return EngineProfile(
@@ -334,7 +341,7 @@ def analytic_profile(hw: HardwareSheet, model: ModelSheet, dep: DeploymentSheet,
         else None,
         eager_penalty_s=dep.eager_penalty_ms / 1e3,
         interpolation="step",
-        drafts=draft_costs(hw, model, dep),
+        drafts=drafts,
         limits=engine_limits(hw, model, dep),
         description=description or f"Roofline of {model.name} on {hw.name}: {layout} "
                                    "(CUDA-graph buckets, eager beyond)",
@@ -379,6 +386,31 @@ V4_PRO_B300_TP8 = DeploymentSheet(gpus_per_replica=8, ep_size=8, overhead_ms=9.0
                                   sample_us_per_row=10.0, draft_layers=1.0, draft_gamma=7)
 V4_PRO_B300_HW = replace(B300, flop_efficiency=0.3)
 
+# SGLang's adaptive-speculation benchmark (PR #23336; AutoSpec, PR #22246): GLM-4.7-FP8
+# with its MTP layer as an EAGLE-style chain (topk 1), one engine over TP8, chunked
+# prefill, CUDA graphs. The PRs do not name the GPUs: ASSUMED one 8x H20 node (the
+# series' other runs are on H20; 8 x 96 GB holds the 353 GB of FP8 weights). The MoE
+# runs tensor-parallel (no all-to-all; the EP terms stand in for the all-reduces).
+# overhead_ms, per_token_overhead_us and sample_us_per_row are FITTED
+# (benchmarks/fit_published.py) to no speculation, k = 1 and k = 3 at concurrency 2;
+# flop_efficiency 0.3 is carried over from v4pro-b300 (the other fitted TP8 node; the
+# fitted points are all memory-bound and cannot pin it). k = 7, the adaptive arm and the
+# best k at batch 1 and 64 are held out (validation/published.py).
+# SGLang captures a verify graph per (batch size, draft tokens) tier, so a step is not
+# padded to a power of two of tokens (k = 4 at batch 1 is not priced as k = 7): buckets
+# every token up to 64, then every 8, 32 and 128.
+_FINE_BUCKETS = (*range(1, 64), *range(64, 512, 8), *range(512, 2048, 32),
+                 *range(2048, 8193, 128))
+GLM47_H20_TP8 = DeploymentSheet(gpus_per_replica=8, ep_size=8, overhead_ms=2.25,
+                                per_token_overhead_us=0.0, comm_overlap=0.0, max_num_seqs=256,
+                                max_num_batched_tokens=8192, cuda_graph_max_tokens=8192,
+                                graph_buckets=_FINE_BUCKETS, sample_us_per_row=0.0,
+                                draft_layers=1.0, draft_gamma=7)
+GLM47_H20_HW = replace(H20, flop_efficiency=0.3)
+# Trace drafters a profile prices with one of its own tables: the MTP layer of GLM-4.7
+# drafts autoregressively, one pass per token (the MTP head's table), not as a block.
+DRAFTER_TABLES: dict[str, dict[str, str]] = {"glm47-h20": {"glm47-mtp": "mtp1"}}
+
 # Analytic (not fitted) deployments. The MoE ones carry over the V4-Flash fit's
 # efficiency and overlap (same serving stack, other hardware or model): on Hopper a
 # DP-attention rank of an EP32 group over InfiniBand, on B200 a rank of one EP8 node over
@@ -402,6 +434,7 @@ def builtin_analytic_specs() -> dict[str, tuple[HardwareSheet, ModelSheet, Deplo
         "v4flash-h200": (V4_FLASH_H200_HW, m["v4flash"], V4_FLASH_DP_EP32),
         "v4flash-b200": (moe["B200"], m["v4flash"], _MOE_B200_EP8),
         "v4pro-b300": (V4_PRO_B300_HW, m["v4pro"], V4_PRO_B300_TP8),
+        "glm47-h20": (GLM47_H20_HW, m["glm47"], GLM47_H20_TP8),
         "v3-h100": (moe["H100"], m["v3"], _MOE_HOPPER_EP32),
         "v3-h200": (moe["H200"], m["v3"], _MOE_HOPPER_EP32),
         "v3-b200": (moe["B200"], m["v3"], _MOE_B200_EP8),

@@ -7,6 +7,10 @@ Llama-3.2-1B, eight speculative tokens. vLLM's per-position figures are *uncondi
 i.e. :meth:`AcceptanceTrace.served_survival` at ``k = 8``, and its tau is ``1 +`` their sum.
 Per domain the generator fitted two numbers (position 1 and tau); positions 2-8 are what
 the latent model (logit decay along the block, bursty easy/hard stretches) predicts.
+
+``glm47-mtp-synthetic`` (SGLang PR #23336): GLM-4.7-FP8's MTP layer as a chain, fitted to
+served tau 1.85 at one step and 4.52 at seven; its tau at three steps (3.04) is held out
+as a simulated point of the ``glm47-h20`` profile (validation/published.py).
 """
 
 from __future__ import annotations
@@ -52,3 +56,11 @@ def test_llama32_1b_held_out_positions_match_speculators_1135(llama32_1b, domain
     # vLLM's per-step counter is not the per-position mean over every row: the chain
     # visits hard stretches more often, so it reports less at position 1
     assert served[0] < 100 * sub.survival()[0]
+
+
+def test_glm47_mtp_trace_serves_the_fitted_taus():
+    t = load_trace("glm47-mtp-synthetic")
+    assert t.gamma_max == 7 and t.meta.drafter == "glm47-mtp"
+    assert t.served_tau(1) == pytest.approx(1.85, rel=0.005)
+    assert t.served_tau(7) == pytest.approx(4.52, rel=0.005)
+    assert t.meta.extra["calibration"] == "glm47-mtp-synthetic-sts"
