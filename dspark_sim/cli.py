@@ -294,58 +294,64 @@ RUN_OUT = "Settings and output"
 LoadOption, PolicyOption, DeployOption, OutputOption = (
     functools.partial(typer.Option, rich_help_panel=p)
     for p in (RUN_LOAD, RUN_POLICY, RUN_DEPLOY, RUN_OUT))
+LoadPathOption, OutputPathOption = (functools.partial(PathOption, rich_help_panel=p)
+                                    for p in (RUN_LOAD, RUN_OUT))
+RUN_HELP = {
+    "trace": "Acceptance trace, schema v1 or v2 (path or built-in name; tree policies need "
+             "v2, e.g. cure-qwen3-8b-synthetic).",
+    "calibration": "Confidence calibration map: TOML path, built-in name, or 'identity' "
+                   "(default: the map the trace names, else identity).",
+    "gamma_max": "Draft block the block drafter proposes per step (DSpark-5: 5; default: the "
+                 "trace's).",
+    "qps": "Open-loop request rate (req/s); with --workload: rescale its timestamps.",
+    "burstiness": "Gamma arrivals with this shape (1 = Poisson, vLLM semantics).",
+    "max_concurrency": "Closed loop: this many clients, each sends its next request on "
+                       "completion (with --workload: the file's requests, in order).",
+    "workload": "Replay an Azure CSV or Mooncake JSONL workload file.",
+    "replay_qps": "Time-scale a replayed workload to this rate.",
+    "policy_profile": "Profile the scheduler's SPS curve comes from (default: --profile); "
+                      "steps still cost --profile. A what-if on a stale or mis-calibrated "
+                      "table (an option only, no config key).",
+    "max_model_len": "Refuse requests whose prompt + output exceed this (default: the "
+                     "profile's).",
+    "prefill": "chunked (prefill shares the step's token budget) | disaggregated (prefill "
+               "instances; default: the profile's choice)",
+    "config": "TOML config file; explicit options override it (docs/cli.md).",
+    "out": "Write summary.json and requests.parquet here.",
+}
 
 
 @app.command()
-def run(
+def run(  # one option per line, a table to scan; the longer helps are RUN_HELP's
     policy: Annotated[str | None, PolicyOption(help=POLICY_HELP)] = None,
-    trace: Annotated[str | None, PolicyOption(
-        help="Acceptance trace, schema v1 or v2 (path or built-in name; tree policies need "
-             "v2, e.g. cure-qwen3-8b-synthetic).")] = None,
+    trace: Annotated[str | None, PolicyOption(help=RUN_HELP["trace"])] = None,
     mtp_trace: Annotated[str | None, PolicyOption(help="Trace for the mtp1 policy.")] = None,
-    calibration: Annotated[str | None, PolicyOption(
-        help="Confidence calibration map: TOML path, built-in name, or 'identity' "
-             "(default: the map the trace names, else identity).")] = None,
-    gamma_max: Annotated[int | None, PolicyOption(
-        help="Draft block the block drafter proposes per step (DSpark-5: 5; default: the "
-             "trace's).")] = None,
+    calibration: Annotated[str | None, PolicyOption(help=RUN_HELP["calibration"])] = None,
+    gamma_max: Annotated[int | None, PolicyOption(help=RUN_HELP["gamma_max"])] = None,
     seed: Annotated[int | None, PolicyOption(help="One seed for everything random [0].")] = None,
     slo: Annotated[str | None, PolicyOption(help="Goodput SLO, e.g. ttft:2000,tpot:20")] = None,
-    qps: Annotated[float | None, LoadOption(
-        help="Open-loop request rate (req/s); with --workload: rescale its timestamps.")] = None,
-    burstiness: Annotated[float | None, LoadOption(
-        help="Gamma arrivals with this shape (1 = Poisson, vLLM semantics).")] = None,
-    max_concurrency: Annotated[int | None, LoadOption(
-        help="Closed loop: this many clients, each sends its next request on completion "
-             "(with --workload: the file's requests, in order).")] = None,
+    qps: Annotated[float | None, LoadOption(help=RUN_HELP["qps"])] = None,
+    burstiness: Annotated[float | None, LoadOption(help=RUN_HELP["burstiness"])] = None,
+    max_concurrency: Annotated[int | None, LoadOption(help=RUN_HELP["max_concurrency"])] = None,
     num_requests: Annotated[int | None, LoadOption(help="Requests to simulate.")] = None,
     duration_s: Annotated[float | None, LoadOption(help="Arrival window in seconds.")] = None,
-    workload: Annotated[Path | None, PathOption(
-        help="Replay an Azure CSV or Mooncake JSONL workload file.", rich_help_panel=RUN_LOAD)] = None,
-    replay_qps: Annotated[float | None, LoadOption(
-        help="Time-scale a replayed workload to this rate.")] = None,
+    workload: Annotated[Path | None, LoadPathOption(help=RUN_HELP["workload"])] = None,
+    replay_qps: Annotated[float | None, LoadOption(help=RUN_HELP["replay_qps"])] = None,
     lengths: Annotated[str | None, LoadOption(help=LENGTHS_HELP)] = None,
     domain: Annotated[str | None, LoadOption(help="Use only this domain of the trace.")] = None,
     profile: Annotated[str | None, DeployOption(help="Engine profile: TOML path or built-in name.")] = None,
-    policy_profile: Annotated[str | None, DeployOption(
-        help="Profile the scheduler's SPS curve comes from (default: --profile); steps "
-             "still cost --profile. A what-if on a stale or mis-calibrated table (an "
-             "option only, no config key).")] = None,
+    policy_profile: Annotated[str | None, DeployOption(help=RUN_HELP["policy_profile"])] = None,
     replicas: Annotated[int | None, DeployOption(help="Replicas behind the router.")] = None,
     router: Annotated[str | None, DeployOption(help="round-robin | least-outstanding")] = None,
     max_num_seqs: Annotated[int | None, DeployOption(help="Per replica.")] = None,
     max_num_batched_tokens: Annotated[int | None, DeployOption(help="Per step, per replica.")] = None,
     kv_capacity_tokens: Annotated[int | None, DeployOption(help="KV cache per replica.")] = None,
     kv_mode: Annotated[str | None, DeployOption(help="preempt | reserve")] = None,
-    max_model_len: Annotated[int | None, DeployOption(
-        help="Refuse requests whose prompt + output exceed this (default: the profile's).")] = None,
-    prefill: Annotated[str | None, DeployOption(
-        help="chunked (prefill shares the step's token budget) | disaggregated (prefill "
-             "instances; default: the profile's choice)")] = None,
-    config: Annotated[Path | None, PathOption(
-        help="TOML config file; explicit options override it (docs/cli.md).", rich_help_panel=RUN_OUT)] = None,
+    max_model_len: Annotated[int | None, DeployOption(help=RUN_HELP["max_model_len"])] = None,
+    prefill: Annotated[str | None, DeployOption(help=RUN_HELP["prefill"])] = None,
+    config: Annotated[Path | None, OutputPathOption(help=RUN_HELP["config"])] = None,
     preset_name: Annotated[str | None, OutputOption("--preset", help="default | single-replica | tiny")] = None,
-    out: Annotated[Path | None, PathOption(help="Write summary.json and requests.parquet here.", rich_help_panel=RUN_OUT)] = None,
+    out: Annotated[Path | None, OutputPathOption(help=RUN_HELP["out"])] = None,
     quiet: Annotated[bool, OutputOption(help="Print nothing but errors.")] = False,
 ) -> None:
     """Simulate one deployment under load and print a summary."""
