@@ -248,6 +248,9 @@ def compute_fronts(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
 
 
 # -- comparisons ----------------------------------------------------------------------
+EMPTY_FRONT = "a front is empty"  # headline() replaces it with which policy and why
+
+
 def matched_throughput_gain(a: Front, b: Front, *, samples: int = 401,
                             floor_fraction: float = 0.0, ceil_fraction: float = 1.0) -> dict:
     """Per-user TPS gain of ``a`` over ``b`` at equal throughput, over the overlap of
@@ -268,7 +271,7 @@ def matched_throughput_gain(a: Front, b: Front, *, samples: int = 401,
     res = {"feasible": False, "y_lo": None, "y_hi": None, "gain_min": None, "gain_max": None,
            "gain_mean": None, "gain_at_lo": None, "gain_at_hi": None, "reason": None}
     if a.empty or b.empty:
-        res["reason"] = "a front is empty"
+        res["reason"] = EMPTY_FRONT
         return res
     top = min(a.y_range[1], b.y_range[1])
     lo = max(a.y_range[0], b.y_range[0], floor_fraction * top)
@@ -405,7 +408,26 @@ def headline(df: pl.DataFrame, *, candidate: str = "confidence-async", baseline:
                                                        Front(base, np.zeros(0), np.zeros(0))),
                     "tiers": [], "candidate_front": None, "baseline_front": None,
                     "basis": used})
+    for e in out:
+        if e["matched"]["reason"] == EMPTY_FRONT:
+            e["matched"]["reason"] = _empty_front_reason(df, e, stable_only)
     return out
+
+
+def _empty_front_reason(df: pl.DataFrame, entry: dict, stable_only: bool) -> str:
+    """Why a headline has no front to compare: a policy name the sweep never ran (a typo
+    in ``candidate=`` is told apart from a policy whose every point was unstable)."""
+    present = set(df["policy"].to_list()) if "policy" in df.columns else set()
+    missing = [p for p in (entry["candidate"], entry["baseline"]) if p not in present]
+    if missing:
+        return (f"{' and '.join(missing)} not in the results (policies: "
+                f"{', '.join(sorted(present)) or 'none'})")
+    empty = [role for role in ("candidate", "baseline")
+             if entry[f"{role}_front"] is None or entry[f"{role}_front"].empty]
+    what = "stable point" if stable_only else "point with both figures"
+    names = " and ".join(f"{entry[r]}" for r in empty)
+    ctx = f" for {entry['context']}" if entry["context"] else ""
+    return f"{names} {'have' if len(empty) > 1 else 'has'} no {what}{ctx}"
 
 
 def basis_used(df: pl.DataFrame, basis: str = "steady") -> str:

@@ -416,16 +416,25 @@ def test_headline_defaults_and_missing_fronts():
     assert [t["tier"] for t in e["tiers"]] == list(fr.DEFAULT_TIERS) == [80.0, 120.0]
     only_cand = df.filter(pl.col("policy") == "confidence-async")
     (e,) = fr.headline(only_cand)
-    assert not e["matched"]["feasible"] and e["matched"]["reason"] == "a front is empty"
+    assert not e["matched"]["feasible"]
+    assert e["matched"]["reason"] == "mtp1 not in the results (policies: confidence-async)"
     assert e["baseline_front"].empty and not e["candidate_front"].empty
     only_base = df.filter(pl.col("policy") == "mtp1")
     (e,) = fr.headline(only_base)
     assert e["candidate_front"].empty and not e["baseline_front"].empty
+    # a typo in candidate= is named as such, with what the sweep did run
+    (e,) = fr.headline(df, candidate="confidenc-async")
+    assert e["matched"]["reason"] == ("confidenc-async not in the results (policies: "
+                                      "confidence-async, mtp1)")
     unstable = df.with_columns(pl.lit(False).alias("stable"))
     (e,) = fr.headline(unstable)
     assert e["context"] == "" and e["tiers"] == [] and e["candidate_front"] is None
-    assert e["matched"]["reason"] == "a front is empty"
-    assert "no matched range: a front is empty" in fr.format_headline([e])
+    reason = "confidence-async and mtp1 have no stable point"
+    assert e["matched"]["reason"] == reason
+    assert f"no matched range: {reason}" in fr.format_headline([e])
+    one_unstable = df.with_columns((pl.col("policy") == "mtp1").alias("stable"))
+    (e,) = fr.headline(one_unstable)
+    assert e["matched"]["reason"] == "confidence-async has no stable point"
 
 
 def test_budget_table_puts_unknown_concurrency_last():
