@@ -415,19 +415,34 @@ def headline(df: pl.DataFrame, *, candidate: str = "confidence-async", baseline:
 
 
 def _empty_front_reason(df: pl.DataFrame, entry: dict, stable_only: bool) -> str:
-    """Why a headline has no front to compare: a policy name the sweep never ran (a typo
-    in ``candidate=`` is told apart from a policy whose every point was unstable)."""
+    """Why a headline has no front to compare, for each empty side: a policy the results
+    never ran (a typo in ``candidate=``), one whose points all lack the figures of the
+    basis (steady-state figures need a steady window long enough), or one whose points
+    were all unstable."""
     present = set(df["policy"].to_list()) if "policy" in df.columns else set()
     missing = [p for p in (entry["candidate"], entry["baseline"]) if p not in present]
     if missing:
         return (f"{' and '.join(missing)} not in the results (policies: "
                 f"{', '.join(sorted(present)) or 'none'})")
-    empty = [role for role in ("candidate", "baseline")
-             if entry[f"{role}_front"] is None or entry[f"{role}_front"].empty]
-    what = "stable point" if stable_only else "point with both figures"
-    names = " and ".join(f"{entry[r]}" for r in empty)
-    ctx = f" for {entry['context']}" if entry["context"] else ""
-    return f"{names} {'have' if len(empty) > 1 else 'has'} no {what}{ctx}"
+    view = metric_view(df, entry["basis"])
+    view = with_labels(view, _context_cols(view))  # the labels compute_fronts gave
+    why = []
+    for role in ("candidate", "baseline"):
+        front = entry[f"{role}_front"]
+        if front is not None and not front.empty:
+            continue
+        name = entry[role]
+        label = f"{name} | {entry['context']}" if entry["context"] else name
+        rows = usable(view.filter(pl.col("front_label") == label), stable_only=False)
+        if rows.height == 0:
+            words = "steady-state" if entry["basis"] == "steady" else "whole-run"
+            why.append(f"{name} has no point with {words} figures" + (
+                " (every steady window too short: run more requests per point)"
+                if entry["basis"] == "steady" else ""))
+        elif stable_only:
+            why.append(f"{name} has no stable point")
+    ctx = f" ({entry['context']})" if entry["context"] else ""
+    return "; ".join(why) + ctx
 
 
 def basis_used(df: pl.DataFrame, basis: str = "steady") -> str:

@@ -429,12 +429,30 @@ def test_headline_defaults_and_missing_fronts():
     unstable = df.with_columns(pl.lit(False).alias("stable"))
     (e,) = fr.headline(unstable)
     assert e["context"] == "" and e["tiers"] == [] and e["candidate_front"] is None
-    reason = "confidence-async and mtp1 have no stable point"
+    reason = "confidence-async has no stable point; mtp1 has no stable point"
     assert e["matched"]["reason"] == reason
     assert f"no matched range: {reason}" in fr.format_headline([e])
     one_unstable = df.with_columns((pl.col("policy") == "mtp1").alias("stable"))
     (e,) = fr.headline(one_unstable)
     assert e["matched"]["reason"] == "confidence-async has no stable point"
+    # stable points without the basis' figures are told apart from unstable ones
+    mtp1 = pl.col("policy") == "mtp1"
+    no_x = pl.when(mtp1).then(None).otherwise(pl.col(fr.X))
+    (e,) = fr.headline(df.with_columns(no_x.alias(fr.X)))
+    assert e["matched"]["reason"] == "mtp1 has no point with whole-run figures"
+    steady = df.with_columns(no_x.alias(fr.STEADY + fr.X), pl.col(fr.Y).alias(fr.STEADY + fr.Y))
+    (e,) = fr.headline(steady)
+    assert e["basis"] == "steady" and e["matched"]["reason"] == (
+        "mtp1 has no point with steady-state figures (every steady window too short: run "
+        "more requests per point)")
+    (e,) = fr.headline(steady, basis="whole")
+    assert e["matched"]["feasible"]
+    # a two-profile sweep: the reason names the context whose front is empty
+    b200 = df.with_columns(pl.lit("v4flash-b200").alias("profile_spec"))
+    two = pl.concat([df, b200.with_columns(pl.col("stable") & ~mtp1)])
+    reasons = {e["context"]: e["matched"]["reason"] for e in fr.headline(two)}
+    assert reasons == {"v4flash-b200": "mtp1 has no stable point (v4flash-b200)",
+                       "v4flash-h200": None}
 
 
 def test_budget_table_puts_unknown_concurrency_last():
