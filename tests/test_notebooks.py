@@ -4,6 +4,7 @@ match their generator's cells and carry small executed outputs (issue #13.7)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -84,6 +85,8 @@ def test_notebook_executes(name, small_inputs):
     text = "\n".join(_texts(nb))
     if name == "frontier_explorer.ipynb":
         assert "4 points" in text and "confidence-async vs mtp1" in text
+        # the example sweep is long enough for steady figures: a headline, not a reason
+        assert re.search(r"matched throughput, confidence-async vs mtp1 \| [+-]\d+% to ", text)
         # the table shows the figures the fronts are drawn from (steady state)
         assert "figures: steady" in text
     elif name == "trace_explorer.ipynb":
