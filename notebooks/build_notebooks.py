@@ -38,7 +38,12 @@ Throughput-vs-interactivity fronts of a sweep (`dspark-sim sweep` or
 `dspark_sim.sim.sweep.run_sweep`): x = median interactivity (tok/s/user), y = output
 throughput (tok/s/GPU), as in DSpark Fig. 7 and InferenceX. Pick the policies,
 profiles and SLA tiers in the next cell. `DSPARK_RESULTS` (environment) overrides the
-input: a `results.parquet` or a sweep folder."""),
+input: a `results.parquet` or a sweep folder.
+
+The stored outputs come from a 4-point example sweep (the `tiny` preset, two light loads):
+its engine is memory-bound, verification is nearly free, and the gain over MTP-1 is far
+above a loaded production engine's. For that world run the case study
+(`python benchmarks/case_study.py`, docs/frontiers.md) and point `RESULTS` at it."""),
     ("code", """import os
 
 import plotly.io as pio
