@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from dspark_sim.errors import InputError, check_known_keys
-from dspark_sim.io import loads_toml, write_text_atomic
+from dspark_sim.io import loads_toml, not_a_file, write_text_atomic
 
 METHODS = ("identity", "temperature", "isotonic")
 MAP_KEYS = ("method", "drafter", "gamma", "temperatures", "isotonic")
@@ -176,7 +176,7 @@ def load_calibration(path: str | Path | None) -> CalibrationMap:
         text = res.read_text()
         source = f"builtin:{source}"
     elif not p.is_file():
-        raise InputError(source, "calibration map not found")
+        raise InputError(source, not_a_file(p, "calibration map"))
     else:
         try:
             text = p.read_text(encoding="utf-8-sig")  # a BOM is not TOML

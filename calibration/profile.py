@@ -114,7 +114,7 @@ from typing import Any
 import numpy as np
 
 from dspark_sim.errors import InputError, check_known_keys
-from dspark_sim.io import loads_toml
+from dspark_sim.io import loads_toml, not_a_file
 
 # analytic: a roofline from hardware/model sheets; measured: timed on a device;
 # published: a third party's published cost fit, transcribed (sourced in the file).
@@ -595,7 +595,7 @@ def load_profile(path_or_name: str | Path | None = None) -> EngineProfile:
     p = Path(spec)
     if p.suffix == ".toml" or p.exists():
         if not p.is_file():
-            raise InputError(spec, "profile file not found")
+            raise InputError(spec, not_a_file(p, "profile file"))
         source = str(p)
         try:
             text = p.read_text(encoding="utf-8-sig")  # a BOM is not TOML

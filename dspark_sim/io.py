@@ -142,6 +142,16 @@ def loads_toml(text: str) -> dict:
         raise tomllib.TOMLDecodeError("arrays or tables nested too deeply") from None
 
 
+def not_a_file(p: Path, what: str) -> str:
+    """Why ``p`` (not ``p.is_file()``) cannot be read as a ``what``: a missing path is
+    told apart from a folder or a device given by mistake ("not found" misled there)."""
+    if p.is_dir():
+        return f"is a folder, not a {what}"
+    if p.exists():
+        return f"is not a regular file (a {what} must be one)"
+    return f"{what} not found"
+
+
 def read_toml(path: str | Path, what: str = "file") -> dict:
     """Parse a TOML file; a missing, unreadable or malformed file is an ``InputError``
     naming it (one line), never a traceback."""
@@ -151,7 +161,7 @@ def read_toml(path: str | Path, what: str = "file") -> dict:
 
     p = Path(path)
     if not p.is_file():
-        raise InputError(str(p), f"{what} not found")
+        raise InputError(str(p), not_a_file(p, what))
     try:
         return loads_toml(p.read_text(encoding="utf-8-sig"))  # a BOM is not TOML
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

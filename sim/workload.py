@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import loads_json, tidy_csv
+from dspark_sim.io import loads_json, not_a_file, tidy_csv
 from dspark_sim.sim.config import (
     MAX_LOGNORMAL_SIGMA,
     MAX_SIM_TIME_S,
@@ -68,7 +68,7 @@ def read_workload(path: str | Path) -> pl.DataFrame:
     source = str(path)
     p = Path(path)
     if not p.is_file():
-        raise InputError(source, "workload file not found")
+        raise InputError(source, not_a_file(p, "workload file"))
     try:
         if p.suffix.lower() in (".jsonl", ".json"):
             df = _read_mooncake(p, source)

@@ -51,6 +51,12 @@ def test_run_options_are_refused_before_simulating(no_simulation, args, needles)
     (["--calibration", "/no/such.toml"], ["/no/such.toml", "calibration map not found"]),
     (["--config", "/no/such.toml"], ["/no/such.toml", "config file not found"]),
     (["--workload", "/no/such.csv"], ["/no/such.csv", "workload file not found"]),
+    # a folder or a device is not "not found": say what it is
+    (["--workload", "/dev/null"], ["/dev/null", "not a regular file (a workload file"]),
+    (["--trace", "/dev/null"], ["/dev/null", "not a regular file (a trace file"]),
+    (["--config", "/"], ["/:", "is a folder, not a config file"]),
+    (["--calibration", "/"], ["/:", "is a folder, not a calibration map"]),
+    (["--profile", "/"], ["/:", "is a folder, not a profile file"]),
     (["--policy-profile", "no-such-profile", "--policy", "confidence"],
      ["unknown profile 'no-such-profile'"]),
     (["--domain", "klingon"], ["--domain", "no requests of domain 'klingon'", "math"]),

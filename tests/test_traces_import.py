@@ -89,6 +89,15 @@ def test_specdecode_bench_malformed(tmp_path, line, match):
     assert str(p) in msg and "line 3" in msg and "\n" not in msg
 
 
+def test_import_source_missing_folder_or_device_said_as_such(tmp_path):
+    with pytest.raises(InputError, match="no.jsonl: source file not found"):
+        import_specdecode_bench(tmp_path / "no.jsonl")
+    with pytest.raises(InputError, match="is a folder, not a source file"):
+        import_specdecode_bench(tmp_path)
+    with pytest.raises(InputError, match="not a regular file"):
+        import_specdecode_bench("/dev/null")
+
+
 def test_specdecode_bench_duplicate_id(tmp_path):
     row = '{"id": "7", "prompt_token_ids": [1], "acc_eagle": {"acc_len": [2]}}\n'
     p = tmp_path / "dup.jsonl"

@@ -52,7 +52,7 @@ import numpy as np
 import polars as pl
 
 from dspark_sim.errors import InputError, check_seed
-from dspark_sim.io import loads_json, tidy_csv
+from dspark_sim.io import loads_json, not_a_file, tidy_csv
 from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta
 
 FORMATS = ("specdecode-bench", "per-position", "vllm-counters")
@@ -79,7 +79,7 @@ def import_trace(fmt: str, src: str | Path, **opts: Any) -> AcceptanceTrace:
 def _check_file(src: str | Path) -> tuple[Path, str]:
     p = Path(src)
     if not p.is_file():
-        raise InputError(str(src), "file not found")
+        raise InputError(str(src), not_a_file(p, "source file"))
     return p, str(src)
 
 

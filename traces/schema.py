@@ -55,7 +55,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import atomic_path, loads_json
+from dspark_sim.io import atomic_path, loads_json, not_a_file
 from dspark_sim.traces import schema_v2
 from dspark_sim.traces.schema_v2 import V2Fields
 
@@ -467,7 +467,7 @@ def read_trace(path: str | Path) -> AcceptanceTrace:
     source = str(path)
     p = Path(path)
     if not p.is_file():
-        raise InputError(source, "trace file not found")
+        raise InputError(source, not_a_file(p, "trace file"))
     try:
         pf = pq.ParquetFile(p)
         kv = pf.schema_arrow.metadata or {}
