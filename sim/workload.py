@@ -199,6 +199,10 @@ def sample_lengths(spec: str, n: int, rng: np.random.Generator) -> tuple[np.ndar
         draw = [np.clip(np.round(median * np.exp(sigma * rng.standard_normal(n))), 1,
                         MAX_TOKENS_PER_REQUEST).astype(np.int64) for median in nums[:2]]
         return draw[0], draw[1], f"lognormal medians {nums[0]:g}/{nums[1]:g}"
+    if kind == "fixed" and len(nums) == 2:
+        raise InputError("--lengths", f"{spec!r}: fixed token counts must be at least 1")
+    if kind in ("lognormal", LONG_CONTEXT) and len(nums) in (2, 3):
+        raise InputError("--lengths", f"{spec!r}: medians and sigma must be above 0")
     raise InputError(
         "--lengths",
         f"bad length spec {spec!r}; use one of {', '.join(NAMED_LENGTHS)}, fixed:IN:OUT, "

@@ -42,9 +42,9 @@ def test_run_options_are_refused_before_simulating(no_simulation, args, needles)
 
 @pytest.mark.parametrize("args,needles", [
     (["--lengths", "bogus"], ["--lengths", "'bogus'", "fixed:IN:OUT"]),
-    (["--lengths", "fixed:0:5"], ["--lengths", "'fixed:0:5'"]),
+    (["--lengths", "fixed:0:5"], ["--lengths", "'fixed:0:5'", "at least 1"]),
     (["--lengths", "fixed:1.5:2"], ["--lengths", "'fixed:1.5:2'", "whole numbers"]),  # ran 1
-    (["--lengths", "lognormal:10:10:-1"], ["--lengths", "'lognormal:10:10:-1'"]),
+    (["--lengths", "lognormal:10:10:-1"], ["--lengths", "'lognormal:10:10:-1'", "above 0"]),
     (["--trace", "no-such-trace"], ["--trace", "unknown trace 'no-such-trace'"]),
     (["--mtp-trace", "/no/such.parquet", "--policy", "mtp1"],
      ["/no/such.parquet", "trace file not found"]),

@@ -41,8 +41,11 @@ def test_fixed_lengths_are_exact():
     assert desc == "fixed 300 in / 40 out"
     # one token is the least a request has; both counts are needed
     assert sample_lengths("fixed:1:1", 2, _rng())[0].tolist() == [1, 1]
-    for bad in ("fixed:0:5", "fixed:5:0", "fixed:5", "fixed:5:5:5", "fixed:a:5"):
-        with pytest.raises(InputError, match="--lengths"):
+    for bad in ("fixed:0:5", "fixed:5:0"):  # the form is right, a count is not
+        with pytest.raises(InputError, match="fixed token counts must be at least 1"):
+            sample_lengths(bad, 3, _rng())
+    for bad in ("fixed:5", "fixed:5:5:5", "fixed:a:5"):
+        with pytest.raises(InputError, match="--lengths: bad length spec"):
             sample_lengths(bad, 3, _rng())
 
 
@@ -77,13 +80,20 @@ def test_a_sigma_above_the_limit_is_refused(spec):
         sample_lengths(spec, 3, _rng())
 
 
-@pytest.mark.parametrize("spec", ["lognormal:0:300", "lognormal:300:0", "lognormal:300",
-                                  "lognormal:1:2:3:4", "lognormal:300:300:0",
-                                  "long-context:5", "long-context:0:5", "long-context:5:5:0",
+@pytest.mark.parametrize("spec", ["lognormal:300", "lognormal:1:2:3:4", "long-context:5",
                                   "long-context:1:2:3:4", "nosuch", "azure-conv:5",
                                   "mooncake:1:2"])
 def test_malformed_length_specs_are_refused(spec):
     with pytest.raises(InputError, match="--lengths: bad length spec"):
+        sample_lengths(spec, 3, _rng())
+
+
+@pytest.mark.parametrize("spec", ["lognormal:0:300", "lognormal:300:0", "lognormal:300:300:0",
+                                  "long-context:0:5", "long-context:5:5:0",
+                                  "lognormal:-1:300"])
+def test_length_specs_of_the_right_form_with_a_zero_say_so(spec):
+    with pytest.raises(InputError, match=f"--lengths: '{spec}': medians and sigma must be "
+                                         "above 0"):
         sample_lengths(spec, 3, _rng())
 
 
