@@ -378,14 +378,26 @@ def _check_field(path: str, value: Any) -> None:
         raise InputError(where, "is empty: give a value or leave it out")
 
 
+def _unknown_table(name: str, body) -> str:
+    """An unknown table, or a setting written above every table (``qps = 5`` on the first
+    line): the latter names the table that holds it."""
+    known = ", ".join((*SECTIONS, "run"))
+    if isinstance(body, dict):
+        return f"unknown table [{name}]; known: {known}"
+    holders = [t for t, cls in SECTIONS.items() if name in {f.name for f in fields(cls)}]
+    holders += ["run"] if name in RUN_KEYS else []
+    if holders:
+        return f"'{name}' is outside any table; it belongs under [{holders[0]}]"
+    return f"unknown top-level key '{name}'; settings go in the tables {known}"
+
+
 def _toml_layer(data: dict, source: str) -> _Layer:
     layer = _Layer(source)
     for table, body in data.items():
         if table == "preset":
             continue
         if table not in (*SECTIONS, "run"):
-            raise InputError(source, f"unknown table [{table}]; known: "
-                             f"{', '.join((*SECTIONS, 'run'))}")
+            raise InputError(source, _unknown_table(table, body))
         if not isinstance(body, dict):
             raise InputError(source, f"[{table}] must be a table, got {body!r}")
         names = RUN_KEYS if table == "run" else tuple(f.name for f in fields(SECTIONS[table]))

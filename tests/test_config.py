@@ -33,6 +33,11 @@ def test_toml_config_composes_with_preset(tmp_path):
     ("[engine]\nmax_num_seqz = 3\n", "unknown key"),
     ("[bogus]\nx = 1\n", "unknown table"),
     ("[engine\n", "invalid TOML"),
+    # a setting above every table: where it belongs, not "unknown table [qps]"
+    ("qps = 5\n", "'qps' is outside any table; it belongs under \\[workload\\]"),
+    ("seed = 3\n", "'seed' is outside any table; it belongs under \\[run\\]"),
+    ("max_num_seqs = 3\n[engine]\n", "it belongs under \\[engine\\]"),
+    ("bogus = 1\n", "unknown top-level key 'bogus'; settings go in the tables"),
 ])
 def test_bad_config(tmp_path, text, needle):
     assert_rejects_file(tmp_path / "bad.toml", text, load_config, needle)
