@@ -18,7 +18,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dspark_sim.errors import InputError
 from dspark_sim.traces.schema import load_trace
+from dspark_sim.traces.synth import DomainCurve, synth_drafter
 
 # speculators#1135, percent: position 1..8 of an 8-token DSpark run, and tau
 LLAMA32_1B = {
@@ -64,3 +66,19 @@ def test_glm47_mtp_trace_serves_the_fitted_taus():
     assert t.served_tau(1) == pytest.approx(1.85, rel=0.005)
     assert t.served_tau(7) == pytest.approx(4.52, rel=0.005)
     assert t.meta.extra["calibration"] == "glm47-mtp-synthetic-sts"
+
+
+def test_served_first_position_fit_holds_on_a_fresh_small_sample():
+    """The p1_k solve, not the shipped file: another seed and size meets both fitted numbers
+    of each curve on the sample it returns (at k = 8 for one, k = 1 and 7 for the other)."""
+    t = synth_drafter((DomainCurve("w", p1=0.617, tau=2.64, k=8, p1_k=8),
+                       DomainCurve("m", p1=0.85, tau=4.52, k=7, p1_k=1)),
+                      gamma=8, requests_per_domain=16, positions=256, seed=3)
+    w, m = t.select_domain("w"), t.select_domain("m")
+    assert w.served_survival(8)[0] == pytest.approx(0.617, abs=0.005)
+    assert w.served_tau(8) == pytest.approx(2.64, rel=0.005)
+    assert m.served_tau(1) == pytest.approx(1.85, rel=0.005)  # p1 at k = 1 is tau(1) - 1
+    assert m.served_tau(7) == pytest.approx(4.52, rel=0.005)
+    with pytest.raises(InputError, match="p1_k must be >= 1"):
+        synth_drafter((DomainCurve("z", p1=0.6, tau=2.0, k=4, p1_k=0),), gamma=4,
+                      requests_per_domain=2, positions=16)

@@ -257,6 +257,8 @@ def _fit_served(c: DomainCurve, sample: _Sample, s: SignalModel) -> tuple[float,
     other held cycles instead: the sample's chain visits jump as either moves."""
     if not 0.0 < c.p1 < 1.0:
         raise InputError("traces synth", f"domain {c.domain!r}: p1 {c.p1} outside (0, 1)")
+    if c.p1_k < 1:  # at k = 0 no draft is verified: the first rate is 0 whatever mu_1
+        raise InputError("traces synth", f"domain {c.domain!r}: p1_k must be >= 1, got {c.p1_k}")
 
     def decay_for(mu1: float) -> float:
         if c.tau is None:
