@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_hostile_properties import HOSTILE
 from typer.testing import CliRunner
 
 from dspark_sim.cli import app
@@ -86,10 +89,48 @@ def test_text_format_scrape_of_two_engines(tmp_path, newline):
         assert t.served_tau(k) == pytest.approx(tau, rel=0.01)
 
 
+def _escaped(v: str) -> str:
+    """A label value as the exposition formats write it."""
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+ENGINE = st.tuples(st.integers(1, 10**6), st.lists(st.floats(0, 1), min_size=3, max_size=3))
+
+
+@HOSTILE
+@given(model=st.text(alphabet='ab/ -_.,{}="\\\n', max_size=12),
+       engines=st.lists(ENGINE, min_size=1, max_size=3), data=st.data())
+def test_any_label_order_escaping_and_number_format_reads_the_same_counts(tmp_path_factory,
+                                                                          model, engines,
+                                                                          data):
+    # per engine: drafts d and per-position counts a_0 >= a_1 >= a_2 <= d (vLLM's
+    # counters); survival = sum over engines of a_j / sum of d, however the lines are
+    # ordered, the labels ordered and the numbers written
+    lines, drafts, acc = [], 0, [0, 0, 0]
+    for e, (d, fracs) in enumerate(engines):
+        counts = sorted((int(f * d) for f in fracs), reverse=True)
+        drafts += d
+        acc = [x + y for x, y in zip(acc, counts, strict=True)]
+        for name, n, pos in [("drafts", d, None)] + [("accepted_tokens_per_pos", c, j)
+                                                     for j, c in enumerate(counts)]:
+            labels = [f'model_name="{_escaped(model)}"', f'engine="{e}"']
+            labels += [] if pos is None else [f'position="{pos}"']
+            labels = data.draw(st.permutations(labels))
+            value = data.draw(st.sampled_from([str(n), f"{float(n)}", f"{float(n):.15e}"]))
+            lines.append(f"vllm:spec_decode_num_{name}_total{{{','.join(labels)}}} {value}")
+    lines = data.draw(st.permutations(lines))
+    p = tmp_path_factory.mktemp("prop") / "metrics.txt"
+    p.write_text("# TYPE vllm:spec_decode_num_drafts counter\n" + "\n".join(lines) + "\n")
+    c = read_vllm_counters(p)
+    assert c["num_drafts"] == drafts and c["accepted_per_pos"] == acc
+    assert c["survival"] == pytest.approx([a / drafts for a in acc])
+    assert c["model_name"] == model
+
+
 # OpenMetrics (Accept: application/openmetrics-text): HELP/TYPE name the family without
 # _total, a timestamp and an exemplar after a value, '# EOF' at the end, and a model name
-# holding an escaped quote, a comma, a brace and a backslash. One engine:
-#   survival 450/500, 300/500 = 0.9, 0.6; acceptance length 2.5.
+# holding an escaped quote, a comma, a brace and a backslash. Engine 1 drafted nothing:
+#   survival (450 + 0)/(500 + 0), (300 + 0)/500 = 0.9, 0.6; acceptance length 2.5.
 ODD = r'model_name="org/m \"v2\", {x} \\ y"'
 OPENMETRICS = f"""# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts counter
@@ -98,6 +139,9 @@ vllm:spec_decode_num_drafts_created{{engine="0",{ODD}}} 1733100000.0
 # TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
 vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",{ODD},position="0"}} 450 # {{trace_id="a1"}} 1.0 1733100000.0
 vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",{ODD},position="1"}} 3.0e2
+vllm:spec_decode_num_drafts_total{{engine="1",{ODD}}} 0.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="1",{ODD},position="0"}} 0.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="1",{ODD},position="1"}} 0.0
 # EOF
 """
 
@@ -169,8 +213,12 @@ def _drop(text: str, *needles: str) -> str:
      "vllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} 1000.0\n",
      "V0 engines report only totals"),
     ('vllm:spec_decode_num_drafts_total{model_name="m",engine="0} 5\n', "line 1: not a Prometheus"),
+    # vLLM's log lines: rounded 10 s windows, not counters
+    ("INFO 12-01 12:00:00 [metrics.py:96] SpecDecoding metrics: Mean acceptance length: "
+     "2.80, Accepted: 3600 tokens, Drafted: 8000 tokens, Per-position acceptance rate: "
+     "0.800, 0.550, 0.300, 0.150\n", "a vLLM log"),
 ], ids=["two-scrapes", "nan", "inf", "zero-drafts", "totals-disagree", "position-missing",
-        "bad-position", "v0", "unclosed-quote"])
+        "bad-position", "v0", "unclosed-quote", "log"])
 def test_ambiguous_or_broken_scrapes_are_refused(tmp_path, text, match):
     p = _write(tmp_path, "m.txt", text)
     with pytest.raises(InputError, match=match) as exc:

@@ -502,9 +502,9 @@ def _bench_serve_counters(text: str, where: str, model_name: str | None) -> dict
     rates = d.get("spec_decode_per_position_acceptance_rates")
     drafts = d.get("spec_decode_num_drafts")
     if not any(k.startswith("spec_decode_") for k in d):
-        raise InputError(where, "bench serve result has no spec_decode_* keys: the server "
-                                "ran without speculative decoding (or drafted nothing in the "
-                                "benchmark window)")
+        raise InputError(where, "no spec_decode_* keys: not a vllm bench serve result, or "
+                                "one whose server ran without speculative decoding (or drafted "
+                                "nothing in the benchmark window)")
     if not isinstance(rates, list) or not rates:
         raise InputError(where, "bench serve result has no per-position rates "
                                 "('spec_decode_per_position_acceptance_rates' absent or "
@@ -612,10 +612,12 @@ def _prometheus_counters(text: str, where: str, model_name: str | None) -> dict[
         else:
             totals[kind] = totals.get(kind, 0.0) + val
     if "drafts" not in totals or not per_pos:
+        hint = (" (a vLLM log? its 'SpecDecoding metrics' lines are rounded 10 s windows: "
+                "import a /metrics scrape instead)" if "SpecDecoding metrics" in text else "")
         raise InputError(where, "no vllm:spec_decode_num_drafts_total and vllm:spec_decode_"
                                 "num_accepted_tokens_per_pos_total samples (no speculative "
                                 "decoding, or a vLLM without per-position counters: V0 "
-                                "engines report only totals)")
+                                f"engines report only totals){hint}")
     if sorted(per_pos) != list(range(len(per_pos))):
         raise InputError(where, f"per-position counters are not positions 0..K-1: {sorted(per_pos)}")
     drafts = totals["drafts"]
