@@ -251,6 +251,10 @@ def test_bench_serve_result(tmp_path):
     assert t.served_tau(1) == pytest.approx(1.85, rel=0.01)
     with pytest.raises(InputError, match="^--model-name: .* for model_id 'org/target'"):
         read_vllm_counters(p, "other")
+    # acceptance_rate is not read: a percent (vLLM) or a fraction (other scripts writing
+    # vLLM's keys) gives the same curve
+    q = _write(tmp_path, "frac.json", _bench(spec_decode_acceptance_rate=0.6))
+    assert read_vllm_counters(q)["survival"] == c["survival"]
 
 
 def _bench(**change) -> str:
@@ -292,13 +296,17 @@ def test_specdecode_bench_single_acc_table(tmp_path):
     # request.py's fallback: a line without acc_<column> reads a single 'acc' table;
     # acc_len is tokens per step incl. the bonus, so accept_len = acc_len - 1
     p = tmp_path / "combined_x.jsonl"
+    # b's list is shorter than its generated ids (as in many published acc_eagle lists):
+    # its output length is the list's, as SpecDecode-Bench replays it, and it is counted
     rows = [{"id": "a", "prompt_token_ids": [1, 2, 3], "generated_token_ids": [7] * 4,
              "acc": {"acc_len": [3, 2, 1, 1]}},
-            {"id": "b", "prompt_token_ids": [1], "generated_token_ids": [7] * 2,
+            {"id": "b", "prompt_token_ids": [1], "generated_token_ids": [7] * 5,
              "acc": {"acc_len": [1, 2]}}]
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     t = import_specdecode_bench(p, column="ngram")
     assert t.accept_len.tolist() == [2, 1, 0, 0, 0, 1]
+    assert t.req_output_tokens.tolist() == [4, 2] and t.req_prompt_tokens.tolist() == [3, 1]
+    assert t.meta.generator["requests_where_generated_token_ids_length_differs"] == 1
     assert t.meta.generator["column"] == "acc.acc_len" and t.meta.drafter == "specdecode-bench-acc"
     # one line with the drafter's own table among 'acc' lines: two tables in one trace
     rows.append({"id": "c", "prompt_token_ids": [1], "acc_ngram": {"acc_len": [1]},

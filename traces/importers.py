@@ -298,7 +298,9 @@ def import_per_position(src: str | Path, *, domain: str | None = None,
         line = lines[order[j]]
         rid = ids[order[j]]
         raise InputError(where, f"line {line}: positions of request {rid!r} are not 0, 1, 2, ... "
-                                f"(duplicate or gap at position {pos_s[j]})")
+                                f"(duplicate or gap at position {pos_s[j]}; a per-step log, "
+                                "its positions jumping by each step's tokens, is not "
+                                "per-position data)")
     req_ids = list(order_key)
     bounds = np.r_[starts, len(pos_s)]
     m_rows = [m[order[a:b]] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
