@@ -25,7 +25,8 @@ def test_toml_config_composes_with_preset(tmp_path):
     )
     cfg = load_config(p)
     assert cfg.engine.max_num_seqs == 32 and cfg.workload.qps == 5.0
-    assert cfg.policy == "fixed:2" and cfg.deployment.replicas == preset("tiny").deployment.replicas
+    # the preset's one replica is kept, not the default's four
+    assert cfg.policy == "fixed:2" and cfg.deployment.replicas == 1 != SimConfig().deployment.replicas
     assert simulate(cfg).summary["completed"] == 30
 
 
@@ -231,10 +232,52 @@ def test_gamma_arrivals_without_a_burstiness_are_poisson():
     assert s.description.startswith("Poisson arrivals")
 
 
-def test_the_single_replica_preset_is_one_replica():
+@pytest.mark.parametrize("name", ["single-replica", "tiny"])
+def test_the_single_replica_and_tiny_presets_are_one_replica(name):
     from dspark_sim.sim.config import resolve_config
 
-    assert resolve_config(preset_name="single-replica").deployment.replicas == 1
+    assert resolve_config(preset_name=name).deployment.replicas == 1
+
+
+@pytest.mark.parametrize("options,arrival,chosen_by", [
+    ({"qps": 5.0}, "poisson", "--qps"),
+    ({"duration_s": 2.0}, "poisson", "--duration-s"),
+    ({"burstiness": 0.5}, "gamma", "--burstiness"),
+    # given together: the first of (burstiness, qps, duration_s) is named as the opener
+    ({"qps": 5.0, "duration_s": 2.0}, "poisson", "--qps"),
+    ({"duration_s": 2.0, "burstiness": 0.5}, "gamma", "--burstiness"),
+])
+def test_an_open_loop_setting_opens_the_closed_loop_preset(options, arrival, chosen_by):
+    """docs/cli.md: `--preset single-replica --qps 5` is Poisson at 5 req/s, the preset's
+    one replica kept; a burstiness opens it into gamma arrivals. The conflict a further
+    setting then raises names the option that opened the loop."""
+    from dspark_sim.sim.config import resolve_config
+
+    cfg = resolve_config(preset_name="single-replica", options=options)
+    assert (cfg.workload.arrival, cfg.deployment.replicas) == (arrival, 1)
+    with pytest.raises(InputError, match=rf"^--replay-qps: does not apply to {arrival} "
+                                         rf"arrivals \(chosen by {chosen_by}\)"):
+        resolve_config(preset_name="single-replica", options={**options, "replay_qps": 3.0})
+
+
+def test_load_config_over_a_base_keeps_what_the_file_leaves_out(tmp_path):
+    """load_config(path, base): the file is one layer over ``base`` (here the closed loop
+    of 64 clients on one replica), with resolve_config's implications and conflicts."""
+    base = preset("single-replica")
+    p = tmp_path / "c.toml"
+    p.write_text("[engine]\nmax_num_seqs = 32\n")
+    cfg = load_config(p, base)
+    assert cfg.engine.max_num_seqs == 32
+    assert (cfg.workload.arrival, cfg.workload.max_concurrency, cfg.deployment.replicas) == \
+        ("closed", 64, 1)
+    p.write_text("[workload]\nqps = 5.0\n")  # the file's rate opens the base's closed loop
+    cfg = load_config(p, base)
+    assert (cfg.workload.arrival, cfg.workload.qps, cfg.deployment.replicas) == ("poisson", 5.0, 1)
+    # a key that does not apply to the base's arrival kind: refused, the base named as the chooser
+    p.write_text("[workload]\nreplay_qps = 3.0\n")
+    with pytest.raises(InputError, match=r"c\.toml \[workload\] replay_qps: does not apply to "
+                                         r"closed arrivals \(chosen by base config\)"):
+        load_config(p, base)
 
 
 def test_conflicts_name_what_chose_the_arrival_kind(tmp_path):
