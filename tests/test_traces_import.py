@@ -58,6 +58,34 @@ def test_specdecode_bench_gamma_cut_is_exact_below_it():
     assert cut.gamma_max == 5 and cut.meta.extra["clipped_positions"] > 0
     for k in (1, 3, 5):
         assert cut.served_tau(k) == full.served_tau(k)
+    # the extremes --gamma-max allows: one draft, and 127 (accept_len is stored as int8)
+    one = import_specdecode_bench(FIXTURE, gamma_max=1)
+    assert one.gamma_max == 1 and one.accept_len.max() == 1
+    assert one.served_tau(1) == full.served_tau(1)
+    assert import_specdecode_bench(FIXTURE, gamma_max=127).gamma_max == 127
+    for bad in (0, 128):
+        with pytest.raises(InputError, match=f"^--gamma-max: .*{bad}"):
+            import_specdecode_bench(FIXTURE, gamma_max=bad)
+
+
+def test_specdecode_bench_counts_what_it_skips_and_what_disagrees(tmp_path):
+    """An empty acc_len is skipped (as SpecDecode-Bench's simulator does); a
+    generated_token_ids list of another length is imported but counted."""
+    rows = [
+        {"id": "a", "prompt_token_ids": [1, 2], "generated_token_ids": [5, 6],
+         "acc_eagle": {"acc_len": [2, 1]}},
+        {"id": "b", "prompt_token_ids": [1], "generated_token_ids": [5, 6, 7],
+         "acc_eagle": {"acc_len": [3]}},  # 3 ids, 1 position: differs
+        {"id": "c", "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1]}},  # no ids: nothing to compare
+        {"id": "d", "prompt_token_ids": [1], "generated_token_ids": [], "acc_eagle": {"acc_len": []}},
+    ]
+    p = tmp_path / "combined_mini.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t = import_specdecode_bench(p)
+    assert t.meta.generator["requests_where_generated_token_ids_length_differs"] == 1
+    assert t.meta.generator["skipped_empty_requests"] == 1
+    assert t.req_ids.tolist() == ["a", "b", "c"] and t.req_output_tokens.tolist() == [2, 1, 1]
+    assert t.accept_len.tolist() == [1, 0, 2, 0] and t.meta.domains == ("mini",)
 
 
 @pytest.mark.skipif(not os.environ.get("DSPARK_SPECDECODE_BENCH_FILE"),
@@ -123,6 +151,39 @@ def test_per_position_jsonl(tmp_path):
     assert t.gamma_max == 2
     assert np.allclose(t.conf, [[0.7, 0.1], [0.5, 0.2], [0.9, 0.8]])
     assert t.req_domain.tolist() == ["chat", "code"]
+
+
+def test_per_position_integer_ids_are_int32_to_its_limits_and_digits_past_them(tmp_path):
+    p = tmp_path / "pp.jsonl"
+
+    def ids_of(*rids):
+        p.write_text("".join(json.dumps({"request_id": r, "position": 0, "accept_len": 1}) + "\n"
+                             for r in rids))
+        return import_per_position(p).req_ids
+
+    lo, hi = -(2**31), 2**31 - 1  # int32's range: ids in it stay integers, in ascending order
+    edge = ids_of(hi, lo)
+    assert edge.dtype == np.int32 and edge.tolist() == [lo, hi]
+    assert ids_of(lo).tolist() == [lo]  # one request of one position is a trace
+    assert ids_of(lo - 1, 0).tolist() == [str(lo - 1), "0"]
+    assert ids_of(0, hi + 1).tolist() == ["0", str(hi + 1)]
+    with pytest.raises(InputError, match="request ids mix integers and strings"):
+        ids_of(1, "a")
+
+
+@pytest.mark.parametrize("conf", [[], 0.5, "0.5"])
+def test_per_position_conf_must_be_a_non_empty_list(tmp_path, conf):
+    p = tmp_path / "pp.jsonl"
+    p.write_text(json.dumps({"request_id": "r", "position": 0, "accept_len": 0, "conf": conf}) + "\n")
+    with pytest.raises(InputError, match="line 1: conf must be a non-empty list of numbers"):
+        import_per_position(p)
+
+
+def test_per_position_csv_names_the_line_of_an_empty_id(tmp_path):
+    p = tmp_path / "pp.csv"
+    p.write_text("request_id,position,accept_len\na,0,1\n  ,0,1\n")  # "a": a one-letter id
+    with pytest.raises(InputError, match="line 3: empty request_id"):
+        import_per_position(p)
 
 
 def test_per_position_csv_and_errors(tmp_path):
@@ -197,6 +258,55 @@ def test_vllm_counters_too_many_cells_names_both_options(tmp_path, requests, pos
     with pytest.raises(InputError, match=r"^--requests x --positions: .* exceeds") as exc:
         import_vllm_counters(p, requests=requests, positions=positions)
     assert f"{requests:,} x {positions:,}" in str(exc.value)
+
+
+def test_vllm_counters_edge_counts(tmp_path):
+    """A position never accepted is a zero rate; a single verified draft is a count."""
+    p = tmp_path / "metrics.txt"
+    p.write_text(PROM.replace("} 180.0", "} 0.0").replace("} 120.0", "} 0.0"))
+    assert read_vllm_counters(p)["survival"] == pytest.approx([0.8, 0.55, 0.0])
+    p.write_text("vllm:spec_decode_num_drafts_total 1\n"
+                 'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 1\n'
+                 'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 0\n')
+    c = read_vllm_counters(p)
+    assert (c["num_drafts"], c["survival"]) == (1, [1.0, 0.0])
+    j = tmp_path / "bench.json"
+    j.write_text(json.dumps({"spec_decode_num_drafts": 1,
+                             "spec_decode_per_position_acceptance_rates": [1.0]}))
+    c = read_vllm_counters(j)
+    assert (c["num_drafts"], c["survival"], c["accepted_per_pos"]) == (1, [1.0], [1])
+
+
+def test_vllm_counters_metadata_rounds_to_six_decimals(tmp_path):
+    j = tmp_path / "bench.json"
+    j.write_text(json.dumps({"spec_decode_num_drafts": 3.0,
+                             "spec_decode_per_position_acceptance_rates": [1 / 3]}))
+    gen = import_vllm_counters(j, requests=2, positions=5).meta.generator
+    assert gen["num_drafts"] == 3 and gen["accepted_per_pos"] == [1]
+    assert gen["survival_per_step"] == [0.333333] and gen["acceptance_length"] == 1.333333
+
+
+def test_vllm_counters_cells_cap_is_twenty_million(tmp_path):
+    """docs/traces.md: --requests x --positions at most 20,000,000. Checked before the
+    file is read, so a missing file tells which side of the cap a product is on."""
+    missing = tmp_path / "none.txt"
+    with pytest.raises(InputError, match="file not found"):
+        import_vllm_counters(missing, requests=4000, positions=5000)
+    with pytest.raises(InputError, match=r"^--requests x --positions: .*20,000,001 exceeds"):
+        import_vllm_counters(missing, requests=20_000_001, positions=1)
+
+
+@pytest.mark.parametrize("text,match", [
+    (PROM.replace("600.0", "0.0").replace("400.0", "0.0"), "num_drafts_total is 0"),
+    (PROM.replace("} 600.0", "} -600.0"), "line 3: counter value must be finite and >= 0"),
+    (PROM.replace("} 600.0", "} inf"), "line 3: counter value must be finite and >= 0"),
+    ('{"spec_decode_num_drafts": 1000.5, "spec_decode_per_position_acceptance_rates": [0.5]}',
+     "positive integer, got 1000.5"),
+    ('{"spec_decode_num_drafts": "1000", "spec_decode_per_position_acceptance_rates": [0.5]}',
+     "positive integer, got '1000'"),
+], ids=["zero-drafts-total", "negative", "infinite", "fractional-drafts", "string-drafts"])
+def test_vllm_counters_bad_counts(tmp_path, text, match):
+    assert_rejects_file(tmp_path / "m.txt", text, import_vllm_counters, match)
 
 
 @pytest.mark.parametrize("text,match", [
