@@ -146,10 +146,70 @@ def test_bad_profile_files(tmp_path, edit, message):
 
 
 def test_missing_profile_file(tmp_path):
-    with pytest.raises(InputError, match="nope.toml"):
+    with pytest.raises(InputError, match="nope.toml: profile file not found"):
         load_profile(tmp_path / "nope.toml")
     with pytest.raises(InputError, match="unknown profile"):
         load_profile("no-such-builtin")
+    # an existing file is read as a profile whatever its suffix (not looked up by name)
+    other = tmp_path / "profile.txt"
+    other.write_text(GOOD)
+    assert load_profile(other).source == str(other)
+
+
+def _mini(**target) -> dict:
+    """A linear table of four rows: 1, 2, 3 and 5 ms at 1, 2, 4 and 8 tokens."""
+    return {"profile": {"name": "mini", "interpolation": "linear"},
+            "target": {"tokens": [1, 2, 4, 8], "step_ms": [1.0, 2.0, 3.0, 5.0], **target}}
+
+
+def test_past_its_last_row_a_table_grows_with_its_last_segment():
+    """The last segment's slope is (5 - 3) ms / (8 - 4) tokens = 0.5 ms per token, so
+    B = 16 costs 5 + 0.5 x 8 = 9 ms plus the 1 ms eager penalty; B = 6 interpolates
+    3 + 0.5 x 2 = 4 ms. The table's size is its last row."""
+    p = profile_from_dict(_mini(eager_penalty_ms=1.0))
+    assert p.max_tokens == 8 and "4 table rows up to B=8" in p.summary()
+    assert p.target_time_s(np.array([6, 8, 16])) == pytest.approx([4e-3, 5e-3, 10e-3])
+    # a displaced prefill token costs the secant over the top half of the budget:
+    # (t(8) - t(4)) / 4 = (5 - 3) / 4 ms; an odd budget 7: (t(7) - t(3)) / (7 - 3) =
+    # (4.5 - 2.5) / 4 ms
+    assert p.prefill_s_per_token(8) == pytest.approx(0.5e-3)
+    assert p.prefill_s_per_token(7) == pytest.approx(0.5e-3)
+    assert p.prefill_s_per_token(1) == pytest.approx(1e-3)  # (t(1) - t(0)) / 1: t(0) = 0
+
+
+def test_step_extra_s_by_hand():
+    """Two decoding requests, gamma 2, 1000 context tokens over 2 batch rows, a 2 ms
+    draft: base = 2 ms draft + 1000 x 1 us KV + 2 x 100 us per request = 3.2 ms, plus
+    10 us per verify token for the n_dec = 2 bonus rows and each of the i admitted
+    drafts: 3.22 + 0.01 i ms."""
+    p = profile_from_dict(_mini(logits_us_per_row=10.0, request_us=100.0, kv_us_per_token=1.0))
+    extra = p.step_extra_s(n_dec=2, gamma=2, kv_tokens=1000.0, batch_rows=2, draft_s=2e-3)
+    assert extra == pytest.approx([3.22e-3, 3.23e-3, 3.24e-3, 3.25e-3, 3.26e-3])
+
+
+@pytest.mark.parametrize("target, message", [
+    ({"tokens": [], "step_ms": []}, "'tokens' must be a non-empty list of numbers"),
+    ({"step_ms": "fast"}, "'step_ms' must be a non-empty list of numbers"),
+    ({"step_ms": [1.0, "2", 3.0, 5.0]}, "'step_ms' must be a non-empty list of numbers"),
+    ({"step_ms": [1.0, True, 3.0, 5.0]}, "'step_ms' must be a non-empty list of numbers"),
+])
+def test_target_arrays_must_be_non_empty_lists(target, message):
+    with pytest.raises(InputError, match=f"^mini.toml \\[target\\]: {message}"):
+        profile_from_dict(_mini(**target), "mini.toml")
+
+
+def test_draft_tables_take_a_zero_time_and_refuse_a_bad_slope():
+    def draft(**d):
+        doc = {**_mini(), "draft": {"mtp1": {"batch": [1, 4], "time_ms": [0.0, 3.0], **d}}}
+        return profile_from_dict(doc, "mini.toml").drafts["mtp1"]
+
+    # a free draft at one request is allowed (time_ms >= 0): 2 requests interpolate 1 ms
+    assert draft().time(2, 1) == pytest.approx(1e-3)
+    with pytest.raises(InputError, match=r"\[draft.mtp1\]: batch must increase and match time_ms"):
+        draft(time_ms=[-1.0, 3.0])
+    for bad in (True, "0.1", float("nan")):
+        with pytest.raises(InputError, match="'gamma_slope' must be a finite number"):
+            draft(gamma_slope=bad)
 
 
 # -- sheets ----------------------------------------------------------------------------------
