@@ -994,6 +994,30 @@ def test_requests_answered_by_the_prefill_instance_never_reach_a_replica():
         res = simulate(cfg, profile=_flat())
         assert res.summary["completed"] == 3
         assert res.requests["replica"].to_list() == [replica] * 3
+    # a one-token answer frees its client there: two clients send six requests in pairs,
+    # each pair when the previous pair's prefill (P each, equal prompts) ends
+    cfg = _one_replica("none", engine_cfg=EngineConfig(prefill="disaggregated"), n=6,
+                       concurrency=2, lengths="fixed:8:1")
+    req = simulate(cfg, profile=_flat()).requests
+    p = req["first_token_s"][0] - req["arrival_s"][0]
+    assert p > 0
+    assert req["arrival_s"].to_list() == pytest.approx([0, 0, p, p, 2 * p, 2 * p])
+    assert req["finish_s"].to_list() == pytest.approx([p, p, 2 * p, 2 * p, 3 * p, 3 * p])
+
+
+def test_requests_arriving_together_share_their_first_step(tmp_path):
+    """Requests with one timestamp are all submitted before the engine looks at its
+    queue: its first step prefills all four (4 x 8 prompt tokens fit the budget), so
+    they share a first token, one 10 ms step after they arrive."""
+    from dspark_sim.sim.config import resolve_config
+
+    w = tmp_path / "w.csv"
+    w.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "2023-11-16 18:15:00.0,8,3\n" * 4)
+    cfg = resolve_config(options={"workload": w, "replicas": 1, "policy": "none",
+                                  "prefill": "chunked"})
+    req = simulate(cfg, profile=_flat()).requests
+    assert req["arrival_s"].to_list() == [0.0] * 4
+    assert req["first_token_s"].to_list() == pytest.approx([0.010] * 4)
 
 
 def test_the_async_curve_prices_the_prefill_still_waiting_in_the_step():

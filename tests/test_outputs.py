@@ -36,10 +36,17 @@ def test_write_then_read_round_trip(tmp_path, two_runs):
     assert req.equals(a.requests)
 
 
+@pytest.mark.parametrize("hard_links", [True, False], ids=["linked", "copied"])
 def test_failure_between_the_two_renames_keeps_the_previous_pair(tmp_path, two_runs,
-                                                                 monkeypatch):
+                                                                 monkeypatch, hard_links):
     a, b = two_runs
     out = a.write(tmp_path / "run")
+    if not hard_links:  # a file system without them: the previous parquet is copied aside
+
+        def no_link(src, dst):
+            raise OSError("hard links not supported (simulated)")
+
+        monkeypatch.setattr(outputs.os, "link", no_link)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     real = os.replace
     calls = []
@@ -59,6 +66,45 @@ def test_failure_between_the_two_renames_keeps_the_previous_pair(tmp_path, two_r
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no staging left
     summary, req = read_run(out)
     assert summary["seed"] == a.summary["seed"] and req.equals(a.requests)
+
+
+def test_a_failed_first_write_leaves_no_file_behind(tmp_path, two_runs, monkeypatch):
+    """Into a new folder (its parents made as needed): a failed commit removes the
+    parquet it had renamed into place, as there was no previous one to restore."""
+    a, _ = two_runs
+    out = tmp_path / "new" / "run"
+    real = os.replace
+
+    def failing(src, dst):
+        if os.path.basename(dst) == "summary.json":
+            raise OSError("disk full (simulated)")
+        return real(src, dst)
+
+    monkeypatch.setattr(outputs.os, "replace", failing)
+    with pytest.raises(OSError, match="simulated"):
+        write_run(out, a.summary, a.requests)
+    monkeypatch.undo()
+    assert out.is_dir() and list(out.iterdir()) == []
+
+
+def test_committed_files_get_the_mode_a_plain_open_gives(tmp_path):
+    """The staging folder is mkdtemp's (0700) and a writer may make its file private
+    (0600): committed files get 0666 less the umask, as open() gives (0644 under 022),
+    and the process umask is left as it was found."""
+
+    def private(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, b"x")
+        os.close(fd)
+
+    old = os.umask(0o022)
+    try:
+        outputs.write_unit(tmp_path / "u", "index.json", {"k": 1}, {"data.bin": private})
+        assert os.umask(0o022) == 0o022
+    finally:
+        os.umask(old)
+    for name in ("index.json", "data.bin"):
+        assert (tmp_path / "u" / name).stat().st_mode & 0o777 == 0o644, name
 
 
 def test_a_kill_between_the_renames_is_detected_by_readers(tmp_path, two_runs):
