@@ -747,3 +747,6 @@ def test_sizing_target_rse_decides_doubling():
     assert not _needs_more(dict(ok, steady_median_interactivity_rse=0.5), Sizing(2))
     with pytest.raises(Exception, match="target-rse"):
         Sizing(target_rse=-0.1).validate()
+    Sizing(target_rse=0.999).validate()
+    with pytest.raises(Exception, match=r"^--target-rse: must be a fraction in \[0, 1\)"):
+        Sizing(target_rse=1).validate()

@@ -86,6 +86,90 @@ def test_a_rate_that_rounds_to_zero_is_refused_as_typed():
     assert parse_numbers("1e-9,0.1:0.3:0.1") == [1e-9, 0.1, 0.2, 0.3]  # float noise kept out
 
 
+def test_values_keep_nine_decimals_and_zero_where_allowed():
+    assert parse_numbers("0.1234567891") == [0.123456789]
+    assert parse_numbers("0,0.5", allow_zero=True) == [0.0, 0.5]
+
+
+def test_option_caps_are_the_documented_ones():
+    """docs/cli.md: an option expands to at most 10,000 values, integers below 2**63."""
+    assert len(parse_numbers("1:10000:1", integer=True)) == 10_000
+    for spec in ("1:10001:1", ",".join(map(str, range(1, 10_002)))):
+        with pytest.raises(InputError, match="^--qps: .*more than 10,000 values"):
+            parse_numbers(spec, integer=True)
+    for big in (2**63, 2**64):
+        with pytest.raises(InputError, match=r"^--seeds: values must be below 2\*\*63"):
+            parse_numbers(str(big), integer=True, allow_zero=True, option="--seeds")
+
+
+def test_the_grid_cap_is_100000_points(base):
+    """docs/cli.md: loads x profiles x traces x policies x seeds at most 100,000 points,
+    counted before any is built. 10 loads x 10,000 seeds is within the cap: the grid is
+    built, and its first closed-loop point then fails on the base without a request
+    count; 11 x 10,000 is refused as a grid."""
+    unbounded = replace(base, workload=replace(base.workload, num_requests=None))
+    seeds = "0:9999:1"
+    with pytest.raises(InputError, match="^--num-requests: closed-loop sweeps need"):
+        build_points(unbounded, concurrency="1:10:1", seeds=seeds, policies=["none"])
+    with pytest.raises(InputError, match=r"^--qps/--concurrency: the grid has 110,000 points"):
+        build_points(unbounded, qps=[5], concurrency="1:10:1", seeds=seeds, policies=["none"])
+
+
+def test_grid_names_must_be_strings_and_the_base_profile_must_load(base):
+    for kw, option in (({"policies": [None]}, "--policies"),
+                       ({"policies": ["none"], "profiles": [None]}, "--profiles")):
+        with pytest.raises(InputError, match=f"^{option}: .* names must be strings, got None"):
+            build_points(base, qps=[5], **kw)
+    # the base's own profile is loaded up front too, not first in a worker
+    nowhere = replace(base, deployment=replace(base.deployment, profile="no-such-profile"))
+    with pytest.raises(InputError, match="unknown profile 'no-such-profile'"):
+        build_points(nowhere, qps=[5], policies=["none"])
+
+
+def test_a_single_point_starts_no_worker_process(base, tmp_path, monkeypatch):
+    """Never more workers than points: one point runs in this process, whatever
+    --workers says (a spawned interpreter for it would only cost its start-up)."""
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a worker pool was started for one point")
+
+    monkeypatch.setattr(sweep, "ProcessPoolExecutor", no_pool)
+    out = tmp_path / "new" / "sweep"  # its parents made as needed
+    df = run_sweep(base, qps=[5], policies=["none"], out=out, executor="process",
+                   workers=4, progress=False)
+    assert df.height == 1 and df["completed"][0] == 40
+    # into the same folder again: the finished point is reused, nothing is rerun
+    monkeypatch.setattr(sweep, "run_point", no_pool)
+    again = run_sweep(base, qps=[5], policies=["none"], out=out, executor="process",
+                      workers=4, progress=False)
+    assert again.equals(df)
+
+
+def test_the_worker_pool_is_sized_by_workers_then_cores_then_points(base, tmp_path,
+                                                                    monkeypatch):
+    sizes = []
+
+    class Recorded(Exception):
+        pass
+
+    def fake_pool(*, max_workers, **kwargs):
+        sizes.append(max_workers)
+        raise Recorded
+
+    monkeypatch.setattr(sweep, "ProcessPoolExecutor", fake_pool)
+    monkeypatch.setattr(sweep.os, "cpu_count", lambda: 3)
+    points = build_points(base, qps=[1, 2, 3, 4, 5], policies=["none"])
+    for workers in (2, None):  # --workers; else one per core (3 here)
+        with pytest.raises(Recorded):
+            sweep.run_points(points, out=tmp_path, workers=workers, progress=False)
+    with pytest.raises(Recorded):  # never more than the points
+        sweep.run_points(points[:2], out=tmp_path, workers=None, progress=False)
+    assert sizes == [2, 3, 2]
+    # a machine that does not say how many cores it has: one worker, in this process
+    monkeypatch.setattr(sweep.os, "cpu_count", lambda: None)
+    assert sweep.run_points(points[:2], out=tmp_path, progress=False).height == 2
+
+
 @pytest.mark.parametrize("spec", ["", " ", ",", " , ,", []])
 def test_given_but_empty_lists_are_refused_not_read_as_not_given(spec):
     # None means "option not given" (callers then use their default); an empty value
@@ -335,6 +419,11 @@ def test_sizing_doubles_while_the_window_is_short(base):
     assert row["num_requests_cfg"] == 40 and row["steady_window_short"]
     row2 = sweep.run_point(plain)
     assert row2["size_doublings"] == 0 and row2["num_requests"] == 40
+    # doubling up to the cap exactly is allowed, past it is not (the window doubles too)
+    cfg = replace(plain.config, workload=replace(plain.config.workload, duration_s=5.0))
+    doubled = sweep._doubled(cfg, max_requests=80).workload
+    assert (doubled.num_requests, doubled.duration_s) == (80, 10.0)
+    assert sweep._doubled(cfg, max_requests=79) is None
 
 
 # -- a killed sweep leaves no workers (issue 12, item 9) -------------------------------------
