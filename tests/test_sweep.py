@@ -145,6 +145,31 @@ def test_a_single_point_starts_no_worker_process(base, tmp_path, monkeypatch):
     assert again.equals(df)
 
 
+def test_a_failed_write_closes_the_executors_row_stream_first(base, tmp_path, monkeypatch):
+    """The executors shut their pool down (or cancel their ray tasks) when their row
+    stream is closed: run_points closes it before a failure reaches the caller, not
+    whenever the traceback holding it is freed."""
+    closed = []
+
+    def rows(points, workers):
+        try:
+            for pt in points:
+                yield {"point_id": pt.point_id}
+        finally:
+            closed.append(True)
+
+    def failing_write(out, row):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setitem(sweep._EXECUTORS, "serial", rows)
+    monkeypatch.setattr(sweep, "write_part", failing_write)
+    points = build_points(base, qps=[1, 2], policies=["none"])
+    with pytest.raises(OSError, match="simulated") as failure:
+        sweep.run_points(points, out=tmp_path, executor="serial", progress=False)
+    assert closed == [True]  # while the caller still holds the error (and its traceback)
+    assert failure.value.args == ("disk full (simulated)",)
+
+
 def test_the_worker_pool_is_sized_by_workers_then_cores_then_points(base, tmp_path,
                                                                     monkeypatch):
     sizes = []
