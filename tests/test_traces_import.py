@@ -301,9 +301,9 @@ def test_vllm_counters_cells_cap_is_twenty_million(tmp_path):
     (PROM.replace("} 600.0", "} -600.0"), "line 3: counter value must be finite and >= 0"),
     (PROM.replace("} 600.0", "} inf"), "line 3: counter value must be finite and >= 0"),
     ('{"spec_decode_num_drafts": 1000.5, "spec_decode_per_position_acceptance_rates": [0.5]}',
-     "positive integer, got 1000.5"),
+     "spec_decode_num_drafts must be a positive integer .*got 1000.5"),
     ('{"spec_decode_num_drafts": "1000", "spec_decode_per_position_acceptance_rates": [0.5]}',
-     "positive integer, got '1000'"),
+     "spec_decode_num_drafts must be a positive integer .*got '1000'"),
 ], ids=["zero-drafts-total", "negative", "infinite", "fractional-drafts", "string-drafts"])
 def test_vllm_counters_bad_counts(tmp_path, text, match):
     assert_rejects_file(tmp_path / "m.txt", text, import_vllm_counters, match)
