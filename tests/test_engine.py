@@ -427,6 +427,21 @@ def test_pinned_trace_rows_must_be_integer_indices_into_the_trace(rows):
         "completed"] == 3
 
 
+def test_every_request_may_pin_the_one_row_of_a_one_request_trace():
+    """Row 0 is inside a trace of one request (the check is row < num_requests); the
+    result is a frozen record."""
+    import dataclasses
+
+    trace = synth_iid(0.8, 5, num_requests=1, positions=64)
+    cfg = SimConfig(policy="fixed:3", deployment=DeploymentConfig(replicas=1),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=3, num_requests=3,
+                                            lengths="fixed:10:20"))
+    res = simulate(cfg, trace=trace, trace_rows=np.zeros(3, np.int64))
+    assert res.summary["completed"] == 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        res.summary = {}
+
+
 def test_simulate_loads_names_given_for_its_objects_and_refuses_other_types():
     """simulate(cfg, profile='v4flash-h200') (or a trace, calibration or policy profile
     named) was an AttributeError traceback deep in the engine; a name or path now loads as
