@@ -99,8 +99,8 @@ def test_specdecode_bench_real_file():
 
 
 @pytest.mark.parametrize("line,match", [
-    ('{"id": "1", "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1, 0]}}', r"integers in \[1, 2\*\*31\]"),
-    ('{"id": "1", "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1, 2.5]}}', r"integers in \[1, 2\*\*31\]"),
+    ('{"id": "1", "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1, 0]}}', r"integers in \[1, 2\*\*31\].*got 0$"),
+    ('{"id": "1", "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1, 2.5]}}', r"integers in \[1, 2\*\*31\].*got 2.5$"),
     ('{"id": "1", "prompt_token_ids": [1]}', "no 'acc_eagle.acc_len'"),
     ('{"id": [1], "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1]}}', "'id'"),
     ('{"id": "1", "prompt_token_ids": 5, "acc_eagle": {"acc_len": [1]}}', "prompt_token_ids"),
@@ -191,6 +191,11 @@ def test_per_position_csv_and_errors(tmp_path):
     p.write_text("request_id,position,accept_len,prompt_tokens,output_tokens\n"
                  "r1,0,3,50,3\nr1,1,0,50,3\nr1,2,1,50,3\nr2,0,0,9,1\n")
     t = import_per_position(p, domain="gsm8k")
+    p.write_text("request_id,position,accept_len,conf_1\nr1,0,1,1\nr1,1,0,0\n")
+    assert import_per_position(p).conf.tolist() == [[1.0], [0.0]]  # [0, 1] holds its ends
+    p.write_text("request_id,position,accept_len,prompt_tokens,output_tokens\n"
+                 "r1,0,3,50,3\nr1,1,0,50,3\nr1,2,1,50,3\nr2,0,0,9,1\n")
+    t = import_per_position(p, domain="gsm8k")
     assert t.accept_len.tolist() == [3, 0, 1, 0] and t.conf is None
     assert t.req_prompt_tokens.tolist() == [50, 9] and t.req_output_tokens.tolist() == [3, 1]
     assert t.meta.domains == ("gsm8k",) and t.gamma_max == 3
@@ -202,6 +207,8 @@ def test_per_position_csv_and_errors(tmp_path):
         "request_id,position,accept_len,prompt_tokens\nr1,0,1,5\nr1,1,1,6\n":
             "line 3: prompt_tokens differs",
         "request_id,position,accept_len,conf_1\nr1,0,1,1.5\n": "line 2: conf values",
+        "request_id,position,accept_len,conf_1\nr1,0,1,0.5\nr1,1,0,-0.5\n": "line 3: conf values",
+        "request_id,position,accept_len,conf_1\nr1,0,1,abc\n": "line 2: conf values",
         "request_id,position,accept_len,conf_1\nr1,0,2,0.5\n": "longer than the 1 confidences",
     }
     for text, match in cases.items():
@@ -275,6 +282,42 @@ def test_vllm_counters_edge_counts(tmp_path):
                              "spec_decode_per_position_acceptance_rates": [1.0]}))
     c = read_vllm_counters(j)
     assert (c["num_drafts"], c["survival"], c["accepted_per_pos"]) == (1, [1.0], [1])
+
+
+@pytest.mark.parametrize("total,ok", [(1650, True), (1666, True), (1666.5, True),
+                                       (1667, False), (1633, False)])
+def test_vllm_counters_accepted_total_within_one_percent(tmp_path, total, ok):
+    """docs/traces.md: the accepted-tokens total is the per-position counts' sum
+    (800 + 550 + 300 = 1650 here) with 1 % slack: 16.5 tokens either way."""
+    p = tmp_path / "metrics.txt"
+    p.write_text(PROM + f"vllm:spec_decode_num_accepted_tokens_total{{model_name=\"m\"}} {total}\n")
+    if ok:
+        assert read_vllm_counters(p)["num_drafts"] == 1000
+    else:
+        with pytest.raises(InputError, match="per-position counts sum to 1650"):
+            read_vllm_counters(p)
+
+
+def test_vllm_counters_positions_up_to_127(tmp_path):
+    """accept_len is int8: K = 127 draft positions import, 128 are refused."""
+    j = tmp_path / "bench.json"
+    for k in (127, 128):
+        j.write_text(json.dumps({"spec_decode_num_drafts": 10,
+                                 "spec_decode_per_position_acceptance_rates": [0.5] * k}))
+        if k == 127:
+            assert import_vllm_counters(j, requests=1, positions=4).gamma_max == 127
+        else:
+            with pytest.raises(InputError, match="128 draft positions exceed 127"):
+                import_vllm_counters(j, requests=1, positions=4)
+
+
+@pytest.mark.parametrize("name,value", [("requests", 0), ("requests", True),
+                                        ("positions", "8"), ("positions", 2.0)])
+def test_vllm_counters_requests_and_positions_are_counts(tmp_path, name, value):
+    p = tmp_path / "metrics.txt"
+    p.write_text(PROM)
+    with pytest.raises(InputError, match=f"^--{name}: must be an integer >= 1"):
+        import_vllm_counters(p, **{name: value})
 
 
 def test_vllm_counters_metadata_rounds_to_six_decimals(tmp_path):
