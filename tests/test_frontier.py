@@ -239,6 +239,16 @@ def test_read_vllm_results(tmp_path):
     (d / "bad.json").write_text(json.dumps({"foo": 1}))
     with pytest.raises(InputError, match="bench serve"):
         read_vllm_results(d, gpus=16)
+    # bench serve --append-result: two runs in one file, said as such
+    two = d / "bad.json"
+    two.write_text(json.dumps(GOOD_RESULT) + "\n" + json.dumps(GOOD_RESULT) + "\n")
+    with pytest.raises(InputError, match=r"bad.json: line 2: a second JSON document; bench "
+                                         r"serve --append-result"):
+        read_vllm_results(d, gpus=16)
+    with pytest.raises(InputError, match="no.json: result file or folder not found"):
+        read_vllm_results(tmp_path / "no.json")
+    with pytest.raises(InputError, match="/dev/null: is not a regular file"):
+        read_vllm_results("/dev/null")
 
 
 GOOD_RESULT = {"output_throughput": 3200.0, "median_tpot_ms": 12.5, "max_concurrency": 16,
