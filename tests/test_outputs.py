@@ -36,6 +36,21 @@ def test_write_then_read_round_trip(tmp_path, two_runs):
     assert req.equals(a.requests)
 
 
+def _fail_the_commit(monkeypatch) -> list[str]:
+    """outputs' os.replace fails on summary.json, the commit, as a full disk would; the
+    returned list collects the file names it was asked to rename into place."""
+    real, calls = os.replace, []
+
+    def failing(src, dst):
+        calls.append(os.path.basename(dst))
+        if os.path.basename(dst) == "summary.json":
+            raise OSError("disk full (simulated)")
+        return real(src, dst)
+
+    monkeypatch.setattr(outputs.os, "replace", failing)
+    return calls
+
+
 @pytest.mark.parametrize("hard_links", [True, False], ids=["linked", "copied"])
 def test_failure_between_the_two_renames_keeps_the_previous_pair(tmp_path, two_runs,
                                                                  monkeypatch, hard_links):
@@ -48,16 +63,7 @@ def test_failure_between_the_two_renames_keeps_the_previous_pair(tmp_path, two_r
 
         monkeypatch.setattr(outputs.os, "link", no_link)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    real = os.replace
-    calls = []
-
-    def failing(src, dst):
-        calls.append(os.path.basename(dst))
-        if os.path.basename(dst) == "summary.json":
-            raise OSError("disk full (simulated)")
-        return real(src, dst)
-
-    monkeypatch.setattr(outputs.os, "replace", failing)
+    calls = _fail_the_commit(monkeypatch)
     with pytest.raises(OSError, match="simulated"):
         write_run(out, b.summary, b.requests)
     monkeypatch.undo()
@@ -73,14 +79,7 @@ def test_a_failed_first_write_leaves_no_file_behind(tmp_path, two_runs, monkeypa
     parquet it had renamed into place, as there was no previous one to restore."""
     a, _ = two_runs
     out = tmp_path / "new" / "run"
-    real = os.replace
-
-    def failing(src, dst):
-        if os.path.basename(dst) == "summary.json":
-            raise OSError("disk full (simulated)")
-        return real(src, dst)
-
-    monkeypatch.setattr(outputs.os, "replace", failing)
+    _fail_the_commit(monkeypatch)
     with pytest.raises(OSError, match="simulated"):
         write_run(out, a.summary, a.requests)
     monkeypatch.undo()
@@ -164,14 +163,7 @@ def test_extra_tables_are_part_of_the_unit(tmp_path, two_runs, monkeypatch):
     assert set(summary["outputs"]) == {"requests.parquet", "steps.parquet"}
     assert summary["outputs"]["steps.parquet"]["sha256"] == sha256_file(out / "steps.parquet")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    real = os.replace
-
-    def failing(src, dst):
-        if os.path.basename(dst) == "summary.json":
-            raise OSError("disk full (simulated)")
-        return real(src, dst)
-
-    monkeypatch.setattr(outputs.os, "replace", failing)
+    _fail_the_commit(monkeypatch)
     with pytest.raises(OSError, match="simulated"):
         write_run(out, b.summary, b.requests, extra={"steps.parquet": steps_b})
     monkeypatch.undo()
