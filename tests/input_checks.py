@@ -13,9 +13,9 @@ from dspark_sim.errors import InputError
 
 def assert_rejects_file(path: Path, text: str, load: Callable[[Path], object],
                         match: str) -> None:
-    """``load`` of a file ``path`` holding ``text`` raises an InputError matching
-    ``match`` and naming the file."""
+    """``load`` of a file ``path`` holding ``text`` raises a one-line InputError matching
+    ``match`` that starts with the file's name."""
     path.write_text(text)
     with pytest.raises(InputError, match=match) as err:
         load(path)
-    assert str(path) in str(err.value)
+    assert str(err.value).startswith(str(path)) and "\n" not in str(err.value), str(err.value)

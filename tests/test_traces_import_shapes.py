@@ -11,6 +11,7 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from input_checks import assert_rejects_file
 from test_hostile_properties import HOSTILE
 from typer.testing import CliRunner
 
@@ -220,10 +221,7 @@ def _drop(text: str, *needles: str) -> str:
 ], ids=["two-scrapes", "nan", "inf", "zero-drafts", "totals-disagree", "position-missing",
         "bad-position", "v0", "unclosed-quote", "log"])
 def test_ambiguous_or_broken_scrapes_are_refused(tmp_path, text, match):
-    p = _write(tmp_path, "m.txt", text)
-    with pytest.raises(InputError, match=match) as exc:
-        read_vllm_counters(p)
-    assert str(exc.value).startswith(f"{p}: ") and "\n" not in str(exc.value)
+    assert_rejects_file(tmp_path / "m.txt", text, read_vllm_counters, match)
 
 
 # vllm bench serve --save-result (vLLM 0.10+/0.11): the spec-decode keys beside the run's
@@ -286,10 +284,7 @@ def _bench(**change) -> str:
 ], ids=["appended", "list", "no-spec", "empty-rates", "max-style", "trt-length",
         "conditional", "percent", "accepted-disagrees", "string-count"])
 def test_ambiguous_bench_serve_results_are_refused(tmp_path, text, match):
-    p = _write(tmp_path, "bench.json", text)
-    with pytest.raises(InputError, match=match) as exc:
-        read_vllm_counters(p)
-    assert str(exc.value).startswith(f"{p}: ") and "\n" not in str(exc.value)
+    assert_rejects_file(tmp_path / "bench.json", text, read_vllm_counters, match)
 
 
 def test_specdecode_bench_single_acc_table(tmp_path):
