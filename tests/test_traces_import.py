@@ -347,19 +347,14 @@ def test_vllm_counters_cells_cap_is_twenty_million(tmp_path):
      "spec_decode_num_drafts must be a positive integer .*got 1000.5"),
     ('{"spec_decode_num_drafts": "1000", "spec_decode_per_position_acceptance_rates": [0.5]}',
      "spec_decode_num_drafts must be a positive integer .*got '1000'"),
-], ids=["zero-drafts-total", "negative", "infinite", "fractional-drafts", "string-drafts"])
-def test_vllm_counters_bad_counts(tmp_path, text, match):
-    assert_rejects_file(tmp_path / "m.txt", text, import_vllm_counters, match)
-
-
-@pytest.mark.parametrize("text,match", [
     (PROM.replace('position="1"} 330.0', 'position="1"} 600.0'), "increase along the draft"),
     ("\n".join(ln for ln in PROM.splitlines() if "num_drafts_total" not in ln), "no vllm:"),
     (PROM.replace("600.0", "abc"), "line 3: value 'abc'"),
     ('{"spec_decode_num_drafts": 0, "spec_decode_per_position_acceptance_rates": [0.5]}',
      "positive integer"),
     ('{"completed": 10}', r"no spec_decode_\* keys"),
-], ids=["increasing", "no-drafts", "bad-value", "zero-drafts", "no-rates"])
+], ids=["zero-drafts-total", "negative", "infinite", "fractional-drafts", "string-drafts",
+        "increasing", "no-drafts", "bad-value", "zero-drafts", "no-rates"])
 def test_vllm_counters_malformed(tmp_path, text, match):
     assert_rejects_file(tmp_path / "m.txt", text, import_vllm_counters, match)
 
