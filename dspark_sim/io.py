@@ -131,6 +131,23 @@ def loads_json(text: str | bytes):
         raise json.JSONDecodeError("nested too deeply", "", 0) from None
 
 
+def loads_bench_serve_json(text: str, where: str):
+    """:func:`loads_json` of a ``vllm bench serve`` result, which holds one run: a file
+    written with ``--append-result`` (one run per line) is said to be one (an
+    ``InputError`` naming ``where``); any other malformed JSON is a ``JSONDecodeError``
+    for the caller to word."""
+    from dspark_sim.errors import InputError
+
+    try:
+        return loads_json(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg != "Extra data":
+            raise
+        raise InputError(where, f"line {exc.lineno}: a second JSON document; bench serve "
+                                "--append-result writes one run per line: keep one run "
+                                "per file") from None
+
+
 def loads_toml(text: str) -> dict:
     """``tomllib.loads`` for user files: nesting too deep for the (recursive) parser is a
     ``TOMLDecodeError`` like any other malformed TOML, never a RecursionError."""

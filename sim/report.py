@@ -30,7 +30,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import loads_json, not_a_file, write_text_atomic
+from dspark_sim.io import loads_bench_serve_json, not_a_file, write_text_atomic
 from dspark_sim.sim.frontier import (
     BASIS_TEXT,
     DEFAULT_TIERS,
@@ -93,14 +93,8 @@ def read_vllm_results(path: str | Path, gpus: int | None = None) -> pl.DataFrame
     rows = []
     for f in files:
         try:
-            d = loads_json(f.read_text(encoding="utf-8-sig"))
-        except json.JSONDecodeError as exc:
-            if exc.msg == "Extra data":  # bench serve --append-result: one run per line
-                raise InputError(str(f), f"line {exc.lineno}: a second JSON document; "
-                                         "bench serve --append-result writes one run per "
-                                         "line: one run per file here") from None
-            raise InputError(str(f), f"not a JSON file ({exc})") from exc
-        except UnicodeDecodeError as exc:
+            d = loads_bench_serve_json(f.read_text(encoding="utf-8-sig"), str(f))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(str(f), f"not a JSON file ({exc})") from exc
         except OSError as exc:
             raise InputError(str(f), f"cannot read ({exc.strerror or exc})") from None

@@ -52,7 +52,7 @@ import numpy as np
 import polars as pl
 
 from dspark_sim.errors import InputError, check_seed
-from dspark_sim.io import loads_json, not_a_file, tidy_csv
+from dspark_sim.io import loads_bench_serve_json, loads_json, not_a_file, tidy_csv
 from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta
 
 FORMATS = ("specdecode-bench", "per-position", "vllm-counters")
@@ -484,12 +484,8 @@ def read_vllm_counters(src: str | Path, model_name: str | None = None) -> dict[s
 
 def _bench_serve_json(text: str, where: str) -> dict:
     try:
-        d = loads_json(text)
+        d = loads_bench_serve_json(text, where)
     except json.JSONDecodeError as exc:
-        if exc.msg == "Extra data":  # vllm bench serve --append-result: one run per line
-            raise InputError(where, f"line {exc.lineno}: a second JSON document; a bench "
-                                    "serve file written with --append-result holds one run "
-                                    "per line: keep the one run to import") from None
         raise InputError(where, f"line {exc.lineno}: not JSON ({exc.msg})") from None
     if not isinstance(d, dict):
         raise InputError(where, "expected a vllm bench serve result (a JSON object), got a "
