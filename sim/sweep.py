@@ -635,9 +635,11 @@ _EXECUTORS: dict[str, Callable[[list[SweepPoint], int | None], Iterator[dict]]] 
 WORKERS_PER_CORE = 4
 
 
-def check_workers(workers: int | None) -> None:
-    """``--workers``: None (one per core) or a positive integer up to
-    ``WORKERS_PER_CORE`` x this machine's cores."""
+def check_executor(executor: str, workers: int | None) -> None:
+    """``--executor`` one of :data:`EXECUTORS`; ``--workers`` None (one per core) or a
+    positive integer up to ``WORKERS_PER_CORE`` x this machine's cores."""
+    if executor not in EXECUTORS:
+        raise InputError("--executor", f"must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     check_positive_int("--workers", workers, WORKERS_PER_CORE * (os.cpu_count() or 1))
 
 
@@ -668,9 +670,7 @@ def run_sweep(
     with any other points in the folder, to ``out/results.parquet``). ``sizing``: how
     many requests each point runs (:class:`Sizing`; default: the base's count).
     """
-    if executor not in EXECUTORS:
-        raise InputError("--executor", f"must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    check_workers(workers)
+    check_executor(executor, workers)
     points = build_points(base, qps=qps, concurrency=concurrency, policies=policies,
                           profiles=profiles, traces=traces, seeds=seeds, sizing=sizing)
     return run_points(points, out=out, executor=executor, workers=workers, progress=progress)
@@ -680,9 +680,7 @@ def run_points(points: Sequence[SweepPoint], *, out: str | Path, executor: str =
                workers: int | None = None, progress: bool = True) -> pl.DataFrame:
     """Run already-built points (any mix of configurations) into ``out`` as
     :func:`run_sweep` does: resumable parts, ``results.parquet``; returns their rows."""
-    if executor not in EXECUTORS:
-        raise InputError("--executor", f"must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    check_workers(workers)
+    check_executor(executor, workers)
     points = list({p.point_id: p for p in points}.values())
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
