@@ -1,0 +1,218 @@
+"""Hold the simulator against recorded vLLM runs: calibrate on a stated subset, predict the
+rest, and say how far off each prediction is.
+
+:func:`compare` fits a profile and a trace (:func:`dspark_sim.validation.vllm_fit.fit_profile`)
+to the runs the split names (``--fit``: by default the none runs at every load plus
+``ngram-k3`` at the lightest and heaviest closed-loop load), then re-simulates *every*
+run on its own workload and writes one table: measured against simulated output
+throughput, median TPOT, median TTFT and acceptance length per (setting, load), each
+marked ``fitted`` or ``held-out``. Its headline is the worst held-out error per figure;
+below it, per load, the measured and the simulated best setting, the gain of the best
+speculative setting over none (where speculation pays), and whether the simulator's pick
+is vLLM's best or within 3 % of it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from dspark_sim.errors import InputError
+from dspark_sim.sim.config import EngineConfig
+from dspark_sim.validation.vllm_fit import (
+    METRICS,
+    BenchRun,
+    FitResult,
+    _workload_file,
+    fit_profile,
+    simulate_run,
+)
+
+FIGURES = (*METRICS, "acceptance_length")
+LABELS = {"output_throughput": "output tok/s", "median_tpot_ms": "median TPOT ms",
+          "median_ttft_ms": "median TTFT ms", "acceptance_length": "tau"}
+PICK_TOLERANCE = 0.03  # the simulator's pick may be this much below vLLM's best
+
+
+def default_split(runs: list[BenchRun]) -> str:
+    """The none runs at every load, and the ``k = 3`` setting (else the middle ``k``) at
+    the lightest and the heaviest closed-loop load."""
+    spec = sorted({(r.k, r.setting) for r in runs if r.k})
+    parts = ["none"] if any(r.k == 0 for r in runs) else []
+    if spec:
+        k, setting = next(((k, s) for k, s in spec if k == 3), spec[len(spec) // 2])
+        loads = sorted(r.concurrency for r in runs if r.setting == setting and r.concurrency)
+        parts += [f"{setting}@c{c}" for c in dict.fromkeys((loads[0], loads[-1]))] if loads \
+            else [setting]
+    return ",".join(parts)
+
+
+def parse_split(spec: str, runs: list[BenchRun]) -> set[str]:
+    """``none,ngram-k3@c1,ngram-k3@c16`` -> the fitted runs' names (``SETTING`` takes all
+    of its loads, ``SETTING@cN`` / ``SETTING@rX`` one)."""
+    names = {r.name for r in runs}
+    settings = {r.setting for r in runs}
+    chosen: set[str] = set()
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        if "@" in part:
+            if part not in names:
+                raise InputError("--fit", f"{part!r} is not a recorded run (runs: "
+                                          f"{', '.join(sorted(names))})")
+            chosen.add(part)
+        elif part in settings:
+            chosen |= {r.name for r in runs if r.setting == part}
+        else:
+            raise InputError("--fit", f"{part!r} is not a recorded setting (settings: "
+                                      f"{', '.join(sorted(settings))})")
+    if not chosen:
+        raise InputError("--fit", "names no run")
+    if chosen == names:
+        raise InputError("--fit", "fits every run: hold some out to predict")
+    return chosen
+
+
+@dataclass(frozen=True, eq=False)
+class Comparison:
+    table: pl.DataFrame  # one row per (run, figure)
+    regimes: pl.DataFrame  # one row per load
+    fit: FitResult
+    split: str
+
+    def headline(self) -> dict:
+        held = self.table.filter(pl.col("split") == "held-out")
+        worst = {}
+        for fig in FIGURES:
+            t = held.filter(pl.col("figure") == fig)
+            if t.height:
+                i = t["error"].abs().arg_max()
+                worst[fig] = {"error": float(t["error"][i]), "run": t["run"][i]}
+        return {"held_out_points": held["run"].n_unique(),
+                "fitted_points": self.table.filter(pl.col("split") == "fitted")["run"].n_unique(),
+                "worst_held_out": worst,
+                "picks_within_tolerance": bool(self.regimes["pick_ok"].all()),
+                "loads_where_speculation_pays": int((self.regimes["measured_gain"] > 0).sum()),
+                "best_measured_gain": float(self.regimes["measured_gain"].max()),
+                "split": self.split}
+
+
+def compare(runs: list[BenchRun], *, engine: EngineConfig, split: str | None = None,
+            seed: int = 0) -> Comparison:
+    split = split or default_split(runs)
+    fitted = parse_split(split, runs)
+    fit = fit_profile([r for r in runs if r.name in fitted], engine=engine, seed=seed)
+    rows = []
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in runs:
+            sim = simulate_run(r, fit.profile, fit.trace, engine, _workload_file(r, Path(tmp)),
+                               seed)
+            for fig in FIGURES:
+                if fig in r.measured:
+                    rows.append({"run": r.name, "setting": r.setting, "k": r.k,
+                                 "load": r.load, "concurrency": r.concurrency,
+                                 "rate": r.rate,
+                                 "split": "fitted" if r.name in fitted else "held-out",
+                                 "figure": fig, "measured": r.measured[fig],
+                                 "simulated": sim[fig],
+                                 "error": sim[fig] / r.measured[fig] - 1.0})
+    table = pl.DataFrame(rows)
+    return Comparison(table, _regimes(table), fit, split)
+
+
+def _regimes(table: pl.DataFrame) -> pl.DataFrame:
+    """Per load: the best setting by output throughput, measured and simulated, and the
+    best speculative setting's gain over none."""
+    tp = table.filter(pl.col("figure") == "output_throughput")
+    out = []
+    for load in tp["load"].unique(maintain_order=True):
+        t = tp.filter(pl.col("load") == load)
+        best_m = t.sort("measured", descending=True).row(0, named=True)
+        best_s = t.sort("simulated", descending=True).row(0, named=True)
+        none = t.filter(pl.col("k") == 0)
+        spec = t.filter(pl.col("k") > 0)
+        gain_m = gain_s = None
+        if none.height and spec.height:
+            gain_m = float(spec["measured"].max() / none["measured"][0] - 1.0)
+            gain_s = float(spec["simulated"].max() / none["simulated"][0] - 1.0)
+        picked = t.filter(pl.col("setting") == best_s["setting"])["measured"][0]
+        order_m = t.sort("measured", descending=True)["setting"].to_list()
+        order_s = t.sort("simulated", descending=True)["setting"].to_list()
+        out.append({"load": load, "measured_best": best_m["setting"],
+                    "simulated_best": best_s["setting"],
+                    "pick_shortfall": float(1.0 - picked / best_m["measured"]),
+                    "pick_ok": bool(picked >= (1.0 - PICK_TOLERANCE) * best_m["measured"]),
+                    "measured_gain": gain_m, "simulated_gain": gain_s,
+                    "same_ranking": order_m == order_s})
+    return pl.DataFrame(out)
+
+
+def markdown(cmp: Comparison) -> str:
+    """The comparison as Markdown: headline, per-run table, per-load regimes."""
+    h = cmp.headline()
+    lines = [f"Fitted on: `{cmp.split}` ({h['fitted_points']} runs); held out: "
+             f"{h['held_out_points']} runs.", ""]
+    worst = ", ".join(f"{LABELS[f]} {w['error']:+.1%} ({w['run']})"
+                      for f, w in h["worst_held_out"].items())
+    lines += [f"**Worst held-out error:** {worst}.", ""]
+    wide = cmp.table.pivot(on="figure", index=["run", "setting", "load", "split"],
+                           values=["measured", "simulated", "error"])
+    head = ["run", "split"] + [f"{LABELS[f]} meas / sim (err)" for f in FIGURES]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in wide.iter_rows(named=True):
+        cells = [row["run"], row["split"]]
+        for f in FIGURES:
+            m = row.get(f"measured_{f}")
+            if m is None:
+                cells.append("")
+                continue
+            fmt = ".3g" if f != "acceptance_length" else ".2f"
+            cells.append(f"{m:{fmt}} / {row[f'simulated_{f}']:{fmt}} "
+                         f"({row[f'error_{f}']:+.1%})")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| load | vLLM's best | simulator's pick | pick's shortfall | best spec "
+              "gain over none, measured / simulated | same ranking |", "|---|---|---|---|---|---|"]
+    for r in cmp.regimes.iter_rows(named=True):
+        gain = "" if r["measured_gain"] is None else \
+            f"{r['measured_gain']:+.0%} / {r['simulated_gain']:+.0%}"
+        lines.append(f"| {r['load']} | {r['measured_best']} | {r['simulated_best']} | "
+                     f"{r['pick_shortfall']:.1%} | {gain} | {'yes' if r['same_ranking'] else 'no'} |")
+    p = cmp.fit.theta_ms
+    lines += ["", "Fitted step cost (ms): " + ", ".join(f"{k} {v:.4g}" for k, v in p.items())
+              + f"; {cmp.fit.iterations} iterations."]
+    return "\n".join(lines) + "\n"
+
+
+def write_comparison(cmp: Comparison, out: Path) -> dict[str, Path]:
+    """``comparison.parquet``, ``regimes.parquet``, ``comparison.md``, ``comparison.json``,
+    the fitted ``profile.toml`` and ``trace.parquet`` (each written whole or not at all)."""
+    from dspark_sim.io import write_atomic, write_json_atomic, write_text_atomic
+    from dspark_sim.traces.schema import write_trace
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"table": out / "comparison.parquet", "regimes": out / "regimes.parquet",
+             "markdown": out / "comparison.md", "json": out / "comparison.json",
+             "profile": out / "profile.toml"}
+    write_atomic(paths["table"], lambda p: cmp.table.write_parquet(p))
+    write_atomic(paths["regimes"], lambda p: cmp.regimes.write_parquet(p))
+    write_text_atomic(paths["markdown"], markdown(cmp))
+    write_json_atomic(paths["json"], cmp.headline())
+    write_text_atomic(paths["profile"], cmp.fit.profile.to_toml())
+    if cmp.fit.trace is not None:
+        paths["trace"] = write_trace(cmp.fit.trace, out / "trace.parquet")
+    return paths
+
+
+def load_engine(manifest: Path | None, **overrides) -> EngineConfig:
+    """The scheduler limits the runs were served with: the live manifest's, else the
+    options given."""
+    vals = {}
+    if manifest is not None and manifest.is_file():
+        m = json.loads(manifest.read_text(encoding="utf-8"))
+        vals = {k: m[k] for k in ("max_num_seqs", "max_num_batched_tokens",
+                                  "kv_capacity_tokens") if m.get(k) is not None}
+    vals.update({k: v for k, v in overrides.items() if v is not None})
+    return EngineConfig(**vals, prefill="chunked").validate()

