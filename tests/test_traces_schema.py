@@ -294,3 +294,64 @@ def test_traces_of_different_gamma_max_are_not_concatenated():
     assert concat_traces([a, a]).num_requests == 4
     with pytest.raises(InputError, match="different gamma_max"):
         concat_traces([a, a, b])  # one differs: refused (not only when all do)
+
+
+def _with_draft_tokens(d):
+    return _frame().with_columns(pl.Series("draft_tokens", d))
+
+
+def test_draft_tokens_round_trip_select_and_concat(tmp_path):
+    """The optional draft_tokens column (an n-gram drafter that proposes nothing without
+    a match) reads, writes, follows row selection and concatenation; a trace without it
+    is byte-identical to one written before it existed."""
+    from dspark_sim.traces.schema import concat_traces
+
+    t = trace_from_frame(_with_draft_tokens([1, 3, 0]), META, "x")
+    assert t.draft_tokens.dtype == np.int8 and t.draft_tokens.tolist() == [1, 3, 0]
+    assert t.draft_fraction == pytest.approx(2 / 3)
+    u = read_trace(write_trace(t, tmp_path / "d.parquet"))
+    assert u.draft_tokens.tolist() == [1, 3, 0] and u.schema_version == 1
+    assert pq.read_schema(tmp_path / "d.parquet").field("draft_tokens").type == "int8"
+    two = concat_traces([t, replace(t, meta=replace(t.meta, domains=("code",)),
+                                    req_domain=np.array(["code", "code"]))])
+    assert two.select_domain("code").draft_tokens.tolist() == [1, 3, 0]
+    # a trace without the column drafted gamma_max everywhere: filled so
+    plain = trace_from_frame(_frame(), META)
+    assert plain.draft_tokens is None and plain.draft_fraction == 1.0
+    assert concat_traces([plain, t]).draft_tokens.tolist() == [3, 3, 3, 1, 3, 0]
+    assert concat_traces([plain, plain]).draft_tokens is None
+    a, b = write_trace(plain, tmp_path / "a.parquet"), write_trace(plain, tmp_path / "b.parquet")
+    assert "draft_tokens" not in pq.read_schema(a).names
+    assert a.read_bytes() == b.read_bytes() == write_trace(
+        read_trace(a), tmp_path / "c.parquet").read_bytes()
+
+
+@pytest.mark.parametrize("d,match", [
+    ([1, 4, 0], r"draft_tokens out of \[0, 3\] at row 1 \(value 4\)"),
+    ([1, 3, -1], r"draft_tokens out of \[0, 3\] at row 2"),
+    ([0, 3, 0], "accept_len 1 exceeds draft_tokens 0 at row 0"),
+    ([1.0, 3.0, 0.0], "column 'draft_tokens' must hold integers"),
+    ([1, None, 0], "column 'draft_tokens' has a missing value at row 1"),
+])
+def test_draft_tokens_validation(d, match):
+    with pytest.raises(InputError, match=f"^x: {match}"):
+        trace_from_frame(_with_draft_tokens(d), META, "x")
+
+
+def test_served_statistics_with_no_draft_positions():
+    """A step at a position without drafts emits one token (served tau counts it, as a
+    run does); the served survival counts only the steps with drafts, as vLLM does."""
+    from hand_oracles import served_tau_by_hand
+
+    t = synth_iid(0.7, 3, num_requests=64, positions=400, seed=2)
+    rng = np.random.default_rng(0)
+    d = np.where(rng.random(t.num_positions) < 0.4, 3, 0).astype(np.int8)
+    t = replace(t, accept_len=np.where(d > 0, t.accept_len, 0).astype(np.int8), draft_tokens=d)
+    # by hand: a step at t accepts min(k, m_t, draft_tokens_t), then the bonus token
+    o = t.req_offsets
+    rows = [np.minimum(t.accept_len, d)[o[r]:o[r + 1]].tolist() for r in range(t.num_requests)]
+    assert t.served_tau(3) == pytest.approx(served_tau_by_hand(rows, 3))
+    surv = t.served_survival(3)
+    assert surv == pytest.approx(0.7 ** np.arange(1, 4), abs=0.02)
+    # i.i.d.: the chain's steps draft at the trace's fraction
+    assert t.served_tau(3) == pytest.approx(1 + t.draft_fraction * surv.sum(), rel=0.01)

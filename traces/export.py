@@ -16,7 +16,9 @@ Two weightings of a trace's survival ``P(m >= j)``, ``j = 1..K``:
 * ``served`` (default): over the verify steps a fixed-``K`` chain visits
   (:meth:`AcceptanceTrace.served_survival`). The engine then serves the trace's served
   tau at ``K``, the tau a simulated ``fixed:K`` run reports, and its ``/metrics``
-  per-position counters reproduce these rates.
+  per-position counters reproduce these rates. On a trace with ``draft_tokens`` (a
+  drafter that proposes nothing at some positions) the rates are over the steps that
+  carry drafts, as vLLM counts them; where the engine drafts is its own drafter's.
 * ``positions``: over every position once (:meth:`AcceptanceTrace.survival`): the
   per-position mean tau, higher than served on bursty traces.
 """

@@ -20,6 +20,11 @@ tv_accept       array<float32, gamma>    optional: ``1 - 0.5 * ||p_d - p_t||_1``
 prompt_tokens   int32                    optional, per request (same on each of its
                                          rows): the request's prompt length
 output_tokens   int32                    optional, per request: its output length
+draft_tokens    int8                     optional: drafts the drafter proposed at ``t``,
+                                         in ``[0, gamma_max]`` (an n-gram / prompt-lookup
+                                         drafter proposes none where it finds no match);
+                                         absent: ``gamma_max`` everywhere. ``accept_len
+                                         <= draft_tokens`` on every row
 ==============  =======================  ==============================================
 
 Schema v2 adds optional per-position columns for tree, long-context and lossy policies
@@ -39,7 +44,9 @@ appear in the file), then position; trace row ``r`` is the ``r``-th request in t
 
 Replay (see :mod:`dspark_sim.sim.engine`): verifying ``l`` tokens at position ``t``
 accepts ``min(l, m_t)`` and emits one bonus token, so the next step starts at
-``t + min(l, m_t) + 1``. For greedy decoding this is exact whatever the policy.
+``t + min(l, m_t) + 1``. For greedy decoding this is exact whatever the policy. Where
+``draft_tokens`` is below ``l`` the engine verifies only those (none: the step emits
+the one token of a plain decode); ``m_t <= draft_tokens`` makes the replay the same.
 """
 
 from __future__ import annotations
@@ -113,6 +120,8 @@ class AcceptanceTrace:
     req_prompt_tokens: np.ndarray | None = None  # int64 [R]: each request's prompt length
     req_output_tokens: np.ndarray | None = None  # int64 [R]: each request's output length
     v2: V2Fields | None = None  # schema-v2 columns (see schema_v2); None: a v1 trace
+    # int8 [N]: drafts proposed at each position; None: gamma_max at every position
+    draft_tokens: np.ndarray | None = None
 
     @property
     def gamma_max(self) -> int:
@@ -133,6 +142,14 @@ class AcceptanceTrace:
     @property
     def has_conf(self) -> bool:
         return self.conf is not None
+
+    @property
+    def draft_fraction(self) -> float:
+        """Fraction of positions at which the drafter proposed any draft (1 without the
+        ``draft_tokens`` column)."""
+        if self.draft_tokens is None:
+            return 1.0
+        return float(np.count_nonzero(self.draft_tokens) / max(self.num_positions, 1))
 
     @property
     def has_lengths(self) -> bool:
@@ -156,7 +173,9 @@ class AcceptanceTrace:
         ``t + min(k, m_t) + 1``, until the request's rows are used up (the last step
         counts in full). The chain skips positions a step has already produced, so it
         visits hard stretches of text more often than easy ones: ``served_tau(k) <=
-        tau(k)`` on bursty traces, equal on i.i.d. ones.
+        tau(k)`` on bursty traces, equal on i.i.d. ones. A position where the drafter
+        proposed nothing (``draft_tokens`` 0, so ``m_t`` 0) is a step of one token, as a
+        run counts it.
         """
         k = self.gamma_max if k is None else int(k)
         tokens, steps = _served_chain(self.accept_len, self.req_offsets, k)
@@ -170,11 +189,14 @@ class AcceptanceTrace:
     def served_survival(self, k: int | None = None) -> np.ndarray:
         """``P(m >= j)``, ``j = 1..k``, over the verify steps a fixed-``k`` chain visits:
         what vLLM's per-position counters (``num_accepted_tokens_per_pos / num_drafts``)
-        report for a run at ``num_speculative_tokens = k``. ``1 + sum`` of it is
-        :meth:`served_tau`. :meth:`survival` weights every position once instead."""
+        report for a run at ``num_speculative_tokens = k``. vLLM counts only the steps
+        that carry drafts, so with a ``draft_tokens`` column the steps at positions with
+        none are left out; ``1 + sum`` of it is then vLLM's acceptance length, and
+        :meth:`served_tau` (all steps) is ``1 + draft fraction x sum``; without the
+        column the two agree. :meth:`survival` weights every position once instead."""
         k = self.gamma_max if k is None else int(k)
         hist = np.zeros(k + 1, np.int64)
-        _served_chain(self.accept_len, self.req_offsets, k, hist)
+        _served_chain(self.accept_len, self.req_offsets, k, hist, self.draft_tokens)
         ge = np.cumsum(hist[::-1])[::-1]  # ge[j] = steps with min(k, m) >= j
         return ge[1:] / max(int(hist.sum()), 1)
 
@@ -211,6 +233,7 @@ class AcceptanceTrace:
             req_prompt_tokens=_take(self.req_prompt_tokens, keep),
             req_output_tokens=_take(self.req_output_tokens, keep),
             v2=None if self.v2 is None else self.v2.take(rows, keep),
+            draft_tokens=_take(self.draft_tokens, rows),
             meta=replace(self.meta, domains=(domain,)),
         )
 
@@ -241,6 +264,8 @@ class AcceptanceTrace:
             cols["prompt_tokens"] = np.repeat(self.req_prompt_tokens, lengths).astype(np.int32)
         if self.req_output_tokens is not None:
             cols["output_tokens"] = np.repeat(self.req_output_tokens, lengths).astype(np.int32)
+        if self.draft_tokens is not None:
+            cols["draft_tokens"] = self.draft_tokens.astype(np.int8)
         cols.update(schema_v2.to_columns(self.v2, lengths, g))
         return pl.DataFrame(cols)
 
@@ -251,11 +276,14 @@ class AcceptanceTrace:
 
 
 def _served_chain(accept_len: np.ndarray, offsets: np.ndarray, k: int,
-                  hist: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  hist: np.ndarray | None = None, draft_tokens: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Replay a fixed-``k`` chain through every request at once: one numpy pass per
     verify step over all requests still running (no per-position Python loop), so the
     cost is (longest request's steps) x (vectorised gather). ``hist`` (length ``k + 1``),
-    if given, counts the visited steps by accepted drafts ``min(k, m_t)``."""
+    if given, counts the visited steps by accepted drafts ``min(k, m_t)``; with
+    ``draft_tokens`` only the steps at positions that carry drafts (vLLM's counters'
+    steps). The tokens and steps need no ``draft_tokens``: ``m_t <= draft_tokens``."""
     if k < 0:
         raise InputError("k", f"verify length must be >= 0, got {k}")
     m = accept_len.astype(np.int64)
@@ -266,9 +294,11 @@ def _served_chain(accept_len: np.ndarray, offsets: np.ndarray, k: int,
     steps = np.zeros(len(length), np.int64)
     live = np.flatnonzero(length > 0)
     while live.size:
-        adv = np.minimum(m[start[live] + pos[live]], k) + 1
+        at = start[live] + pos[live]
+        adv = np.minimum(m[at], k) + 1
         if hist is not None:
-            hist += np.bincount(adv - 1, minlength=k + 1)
+            counted = adv if draft_tokens is None else adv[draft_tokens[at] > 0]
+            hist += np.bincount(counted - 1, minlength=k + 1)
         tokens[live] += adv
         steps[live] += 1
         pos[live] += adv
@@ -363,7 +393,22 @@ def trace_from_frame(df: pl.DataFrame, meta: TraceMeta, source: str = "<memory>"
         req_prompt_tokens=req_len.get("prompt_tokens"),
         req_output_tokens=req_len.get("output_tokens"),
         v2=_v2_or_none(schema_v2.from_frame(df, g, starts, source)),
+        draft_tokens=_draft_tokens(df, m, g, source) if "draft_tokens" in df.columns else None,
     )
+
+
+def _draft_tokens(df: pl.DataFrame, m: np.ndarray, g: int, source: str) -> np.ndarray:
+    """The optional ``draft_tokens`` column: integers in ``[0, gamma_max]``, never below
+    ``accept_len`` on its row (a step cannot accept a draft that was not proposed)."""
+    d = _int_column(df, "draft_tokens", source)
+    if np.any(d < 0) or np.any(d > g):
+        bad = int(np.flatnonzero((d < 0) | (d > g))[0])
+        raise InputError(source, f"draft_tokens out of [0, {g}] at row {bad} (value {d[bad]})")
+    if np.any(m > d):
+        bad = int(np.flatnonzero(m > d)[0])
+        raise InputError(source, f"accept_len {m[bad]} exceeds draft_tokens {d[bad]} at row "
+                                 f"{bad}: a step cannot accept more drafts than were proposed")
+    return d.astype(np.int8)
 
 
 def _req_domains(dom: pl.Series, starts: np.ndarray, source: str) -> np.ndarray:
@@ -521,7 +566,16 @@ def concat_traces(traces: list[AcceptanceTrace], meta: TraceMeta | None = None) 
                            if has_len else None),
         v2=(_v2_or_none(schema_v2.concat([t.v2 for t in traces]))
             if all(t.v2 is not None for t in traces) else None),
+        draft_tokens=_concat_draft_tokens(traces, g),
     )
+
+
+def _concat_draft_tokens(traces: list[AcceptanceTrace], g: int) -> np.ndarray | None:
+    """A trace without the column drafted ``gamma_max`` at every position: filled so."""
+    if all(t.draft_tokens is None for t in traces):
+        return None
+    return np.concatenate([np.full(t.num_positions, g, np.int8) if t.draft_tokens is None
+                           else t.draft_tokens.astype(np.int8) for t in traces])
 
 
 def builtin_traces() -> list[str]:
