@@ -409,3 +409,110 @@ def test_iid_export_equals_alpha_powers():
     t = synth_iid(0.7, 4, num_requests=64, positions=600, seed=1)
     rates = vllm_synthetic_config(t)["synthetic_acceptance_rates"]
     assert rates == pytest.approx([0.7 ** j for j in range(1, 5)], abs=0.01)
+
+
+# vLLM 0.32 CPU, n-gram drafter, num_speculative_tokens = 3: drafts at 108 of the
+# 512 - 204 - 8 = 300 request-steps (each request's first token comes from prefill)
+NGRAM_BENCH = {"completed": 8, "total_output_tokens": 512, "spec_decode_num_drafts": 108,
+               "spec_decode_draft_tokens": 320, "spec_decode_accepted_tokens": 204,
+               "spec_decode_per_position_acceptance_rates": [0.7407, 0.6204, 0.5278],
+               "spec_decode_acceptance_length": 2.889}
+NGRAM_PROM = """# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 512.0
+vllm:generation_tokens_created{engine="0",model_name="m"} 1.7e9
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 6.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 2.0
+vllm:request_success_total{engine="0",finished_reason="abort",model_name="m"} 0.0
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 108.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 204.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 80.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 67.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 57.0
+"""
+
+
+@pytest.mark.parametrize("fmt", ["bench-serve", "prometheus"])
+def test_vllm_counters_write_the_draft_fraction(tmp_path, fmt):
+    """An n-gram drafter drafts at 36 % of the request-steps: each synthetic position
+    drafts K with that probability, else none, and the rates hold where it drafts."""
+    src = tmp_path / ("bench.json" if fmt == "bench-serve" else "metrics.txt")
+    src.write_text(json.dumps(NGRAM_BENCH) if fmt == "bench-serve" else NGRAM_PROM)
+    t = import_vllm_counters(src, requests=64, positions=512, seed=0)
+    gen = t.meta.generator
+    assert gen["draft_fraction"] == 0.36 and gen["request_steps"] == 300
+    assert "= 108 / 300" in gen["draft_fraction_from"]
+    # 32,768 positions: one standard error of the drawn fraction is 0.0027
+    assert t.draft_fraction == pytest.approx(0.36, abs=0.012)
+    assert set(np.unique(t.draft_tokens).tolist()) == {0, 3}
+    assert not t.accept_len[t.draft_tokens == 0].any()
+    rates = np.array(NGRAM_BENCH["spec_decode_per_position_acceptance_rates"])
+    # vLLM's rates are over the steps with drafts: served_survival counts those
+    assert t.served_survival(3) == pytest.approx(rates, abs=0.025)
+    assert t.served_tau(3) == pytest.approx(1 + 0.36 * rates.sum(), rel=0.02)
+    u = read_trace(write_trace(t, tmp_path / "t.parquet"))
+    assert np.array_equal(u.draft_tokens, t.draft_tokens)
+    # the accepted drafts where it drafts are the draw without the rule: only the
+    # positions without drafts lost theirs
+    j = tmp_path / f"plain{src.suffix}"
+    j.write_text(json.dumps({k: v for k, v in NGRAM_BENCH.items() if k != "completed"})
+                 if fmt == "bench-serve" else
+                 "\n".join(ln for ln in NGRAM_PROM.splitlines() if "request_success" not in ln))
+    p = import_vllm_counters(j, requests=64, positions=512, seed=0)
+    assert p.draft_tokens is None
+    drafted = t.draft_tokens > 0
+    assert np.array_equal(p.accept_len[drafted], t.accept_len[drafted])
+
+
+def test_vllm_counters_write_no_draft_tokens_when_every_step_drafts(tmp_path):
+    """A fraction of ~1 (EAGLE, MTP: a draft every step) or a missing count: no column,
+    the trace byte-for-byte the one without the rule, and the generator says why."""
+    j = tmp_path / "bench.json"
+    full = dict(NGRAM_BENCH, total_output_tokens=108 + 204 + 8)
+    j.write_text(json.dumps(full))
+    t = import_vllm_counters(j, requests=4, positions=50, seed=1)
+    assert t.draft_tokens is None and t.meta.generator["draft_fraction"] == 1.0
+    assert "no draft_tokens column" in t.meta.generator["draft_fraction_from"]
+    # fewer request-steps than drafts (a scrape between two increments): clamped to 1
+    j.write_text(json.dumps(dict(full, total_output_tokens=300)))
+    assert import_vllm_counters(j, requests=4, positions=50).meta.generator[
+        "draft_fraction"] == 1.0
+    j.write_text(json.dumps({k: v for k, v in NGRAM_BENCH.items() if k != "completed"}))
+    u = import_vllm_counters(j, requests=4, positions=50, seed=1)
+    assert u.draft_tokens is None and u.meta.generator["draft_fraction"] is None
+    assert "completed missing" in u.meta.generator["draft_fraction_from"]
+    assert np.array_equal(u.accept_len, t.accept_len)
+    p = tmp_path / "metrics.txt"
+    p.write_text("\n".join(ln for ln in NGRAM_PROM.splitlines()
+                           if "request_success" not in ln))
+    g = import_vllm_counters(p, requests=4, positions=50).meta.generator
+    assert g["draft_fraction"] is None
+    assert "vllm:request_success_total missing" in g["draft_fraction_from"]
+
+
+def test_vllm_counters_a_model_without_speculation_is_not_a_second_model(tmp_path):
+    p = tmp_path / "metrics.txt"
+    p.write_text(NGRAM_PROM + 'vllm:generation_tokens_total{model_name="other"} 9.0\n')
+    assert import_vllm_counters(p, requests=4, positions=50).meta.generator[
+        "draft_fraction"] == 0.36
+
+
+@pytest.mark.parametrize("text,match", [
+    (json.dumps(dict(NGRAM_BENCH, total_output_tokens=212)),
+     r"total_output_tokens - spec_decode_accepted_tokens - completed is 0: no decode steps"),
+    (json.dumps(dict(NGRAM_BENCH, completed="8")), "completed must be a count >= 0, got '8'"),
+    (NGRAM_PROM.replace("} 512.0", "} 100.0"), "is -112: no decode steps"),
+], ids=["no-steps", "string-completed", "scrape-no-steps"])
+def test_vllm_counters_refuse_request_step_counts_of_no_run(tmp_path, text, match):
+    assert_rejects_file(tmp_path / "m.txt", text, import_vllm_counters, match)
+
+
+def test_cli_import_writes_the_draft_tokens_column(tmp_path):
+    src = tmp_path / "bench.json"
+    src.write_text(json.dumps(NGRAM_BENCH))
+    out = tmp_path / "ngram.parquet"
+    r = runner.invoke(app, ["traces", "import", "--format", "vllm-counters", str(src),
+                            "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    t = read_trace(out)
+    assert t.meta.generator["draft_fraction"] == 0.36
+    assert t.draft_fraction == pytest.approx(0.36, abs=0.012)

@@ -227,11 +227,12 @@ def test_ambiguous_or_broken_scrapes_are_refused(tmp_path, text, match):
 # vllm bench serve --save-result (vLLM 0.10+/0.11): the spec-decode keys beside the run's
 # others; acceptance_rate is a percent of draft tokens, the per-position rates fractions.
 # Hand: 3000 drafts, rates 0.85, 0.6, 0.35 -> accepted 3000 x 1.8 = 5400, length 2.8,
-# draft tokens 9000 -> rate 60 %.
+# draft tokens 9000 -> rate 60 %; a draft at every step: output tokens = 100 first
+# tokens + 3000 steps + 5400 accepted = 8500.
 BENCH = {"date": "20251201-120000", "backend": "vllm", "model_id": "org/target",
          "num_prompts": 100, "completed": 100, "failed": 0, "duration": 61.5,
-         "total_input_tokens": 12800, "total_output_tokens": 15600,
-         "output_lens": [156] * 100, "ttfts": [0.05] * 100, "errors": [""] * 100,
+         "total_input_tokens": 12800, "total_output_tokens": 8500,
+         "output_lens": [85] * 100, "ttfts": [0.05] * 100, "errors": [""] * 100,
          "spec_decode_acceptance_rate": 60.0, "spec_decode_acceptance_length": 2.8,
          "spec_decode_num_drafts": 3000, "spec_decode_draft_tokens": 9000,
          "spec_decode_accepted_tokens": 5400,
@@ -245,6 +246,7 @@ def test_bench_serve_result(tmp_path):
     assert c["model_name"] == "org/target"
     t = import_vllm_counters(p, requests=64, positions=1024)
     assert t.meta.generator["acceptance_length"] == pytest.approx(2.8)
+    assert t.meta.generator["draft_fraction"] == 1.0 and t.draft_tokens is None
     assert t.served_tau(3) == pytest.approx(2.8, rel=0.01)
     assert t.served_tau(1) == pytest.approx(1.85, rel=0.01)
     with pytest.raises(InputError, match="^--model-name: .* for model_id 'org/target'"):

@@ -36,6 +36,19 @@ Formats (``dspark-sim traces import --format F SRC --out trace.parquet``):
     expectation, and at ``k < K`` it is ``1 + sum(r[:k])``. Burstiness between
     positions is not in the counters and not in the trace.
 
+    vLLM counts only the steps whose drafter proposed drafts (an n-gram drafter drafts
+    only where it finds a match), so ``r`` is conditional on drafting. Where the input
+    tells how many request-steps there were (``output tokens - accepted drafts -
+    finished requests``: a bench serve result's ``total_output_tokens``,
+    ``spec_decode_accepted_tokens``, ``completed``; a scrape's
+    ``vllm:generation_tokens_total``, ``vllm:spec_decode_num_accepted_tokens_total``,
+    ``vllm:request_success_total``), each position drafts ``K`` with probability
+    ``draft_fraction = num_drafts / request_steps``, else none (``m = 0``), written as
+    the ``draft_tokens`` column and drawn after ``m`` with the same generator (a trace
+    without the column is the same as without this rule). At a fraction ``>= 0.999``,
+    or when a count is missing, no column is written; ``generator.draft_fraction`` and
+    ``draft_fraction_from`` say which.
+
 Malformed input raises :class:`~dspark_sim.errors.InputError` naming the file and the
 line (or data row).
 """
@@ -460,7 +473,23 @@ _PROM_REST_BLANK = re.compile(r"[ \t]*$")
 _VLLM_COUNTERS = {"vllm:spec_decode_num_drafts_total": "drafts",
                   "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
                   "vllm:spec_decode_num_accepted_tokens_total": "accepted",
-                  "vllm:spec_decode_num_accepted_tokens_per_pos_total": "per_pos"}
+                  "vllm:spec_decode_num_accepted_tokens_per_pos_total": "per_pos",
+                  # how many request-steps there were (the draft fraction's denominator)
+                  "vllm:generation_tokens_total": "generation_tokens",
+                  "vllm:request_success_total": "request_success"}
+_SPEC_KINDS = ("drafts", "draft_tokens", "accepted", "per_pos")
+_COUNTER_PREFIXES = ("vllm:spec_decode_num_", "vllm:generation_tokens_total",
+                     "vllm:request_success_total")
+# The counts that give the request-steps, by the names a scrape and a bench serve
+# result give them: output tokens, accepted drafts, finished requests.
+_STEP_COUNTS = {"prometheus": ("vllm:generation_tokens_total",
+                               "vllm:spec_decode_num_accepted_tokens_total",
+                               "vllm:request_success_total"),
+                "bench-serve": ("total_output_tokens", "spec_decode_accepted_tokens",
+                                "completed")}
+# At or above this fraction of request-steps with drafts, every position drafts: the
+# trace gets no draft_tokens column (the gap is rounding and a scrape's timing).
+ALWAYS_DRAFTS = 0.999
 # Counters vLLM increments one after the other may be scraped between two increments: a
 # total and the sum of its parts may then differ by a step's worth. The slack allowed:
 COUNTER_TOLERANCE = 0.01
@@ -529,6 +558,7 @@ def _bench_serve_counters(text: str, where: str, model_name: str | None) -> dict
                                 "TensorRT-LLM's AL - 1 or conditional per-position rates would "
                                 "not match)")
     _check_totals(c, where, "spec_decode_accepted_tokens", "spec_decode_draft_tokens")
+    _request_steps(c, where, (d.get("total_output_tokens"), accepted, d.get("completed")))
     return c
 
 
@@ -554,7 +584,7 @@ def _prom_samples(text: str, where: str) -> list[tuple[int, str, dict[str, str],
     first: dict[tuple, int] = {}
     for i, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
-        if not line.startswith("vllm:spec_decode_num_"):
+        if not line.startswith(_COUNTER_PREFIXES):
             continue  # comments (HELP, TYPE, EOF), other metrics, blank lines
         mt = _PROM_SAMPLE.match(line)
         if mt is None:
@@ -596,7 +626,8 @@ def _pick_model(samples: list, where: str, model_name: str | None) -> str | None
 
 def _prometheus_counters(text: str, where: str, model_name: str | None) -> dict[str, Any]:
     samples = _prom_samples(text, where)
-    model = _pick_model(samples, where, model_name)
+    # a model served without speculation has output and request counters but no drafter
+    model = _pick_model([s for s in samples if s[1] in _SPEC_KINDS], where, model_name)
     totals: dict[str, float] = {}
     per_pos: dict[int, float] = {}
     for i, kind, labels, val in samples:
@@ -629,7 +660,31 @@ def _prometheus_counters(text: str, where: str, model_name: str | None) -> dict[
          "num_draft_tokens": totals.get("draft_tokens"), "num_accepted_tokens": totals.get("accepted")}
     _check_totals(c, where, "vllm:spec_decode_num_accepted_tokens_total",
                   "vllm:spec_decode_num_draft_tokens_total")
+    _request_steps(c, where, (totals.get("generation_tokens"), totals.get("accepted"),
+                              totals.get("request_success")))
     return c
+
+
+def _request_steps(c: dict[str, Any], where: str, counts: tuple) -> None:
+    """``c["request_steps"]``: decode steps summed over requests, ``output tokens -
+    accepted drafts - finished requests`` (each request's first token comes from its
+    prefill, every other step emits its accepted drafts plus one), or None with the
+    names of the counts the file lacks in ``c["request_steps_missing"]``."""
+    names = _STEP_COUNTS[c["source_kind"]]
+    missing = [n for n, v in zip(names, counts, strict=True) if v is None]
+    c["request_steps"], c["request_steps_missing"] = None, missing
+    if missing:
+        return
+    for name, v in zip(names, counts, strict=True):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                or v < 0:
+            raise InputError(where, f"{name} must be a count >= 0, got {v!r}")
+    steps = round(counts[0] - counts[1] - counts[2])
+    if steps < 1:
+        raise InputError(where, f"{names[0]} - {names[1]} - {names[2]} is {steps}: no decode "
+                                f"steps, yet {c['num_drafts']} drafts (the counts are not of "
+                                "one run)")
+    c["request_steps"] = steps
 
 
 def _check_totals(c: dict[str, Any], where: str, accepted_name: str, drafted_name: str) -> None:
@@ -708,6 +763,8 @@ def import_vllm_counters(src: str | Path, *, requests: int = 64, positions: int 
         # below K: drafts shorter than K (an n-gram without a full match, grammar-masked
         # tokens); the survival counts those positions as rejected, the replay verifies K
         generator["draft_tokens_per_draft"] = round(c["num_draft_tokens"] / c["num_drafts"], 6)
+    # drawn after m: a trace without the column is the one written before it existed
+    m, draft_tokens = _draw_drafting(c, k, m, rng, generator)
     if target is None:
         target = f"{c['model_name'] or 'unknown'} (vLLM counters)"
     meta = TraceMeta(drafter=drafter or "vllm-counters", target=target, gamma_max=k,
@@ -716,5 +773,35 @@ def import_vllm_counters(src: str | Path, *, requests: int = 64, positions: int 
         meta=meta, accept_len=m.astype(np.int8), conf=None,
         req_offsets=np.arange(0, n + 1, positions, dtype=np.int64),
         req_domain=np.full(requests, domain), req_ids=np.arange(requests, dtype=np.int32),
-        source_path=where,
+        source_path=where, draft_tokens=draft_tokens,
     )
+
+
+def _draw_drafting(c: dict[str, Any], k: int, m: np.ndarray, rng: np.random.Generator,
+                   generator: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+    """Which positions carry drafts: each independently with probability ``num_drafts /
+    request_steps`` (vLLM counts drafts only at steps whose drafter proposed some, an
+    n-gram drafter only where it matched), all ``K`` drafts, else none and ``m = 0``.
+    vLLM's rates are over drafting steps, so ``m`` keeps its draw where a draft exists.
+    Without the request-step counts, or at a fraction of ~1, every position drafts and
+    no column is written; the generator says which."""
+    steps = c.get("request_steps")
+    if steps is None:
+        generator["draft_fraction"] = None
+        generator["draft_fraction_from"] = (
+            f"not in the file ({', '.join(c['request_steps_missing'])} missing): every "
+            "position drafts K, no draft_tokens column")
+        return m, None
+    fraction = min(1.0, c["num_drafts"] / steps)
+    generator["request_steps"] = steps
+    generator["draft_fraction"] = round(fraction, 6)
+    names = _STEP_COUNTS[c["source_kind"]]
+    generator["draft_fraction_from"] = (
+        f"num_drafts / ({names[0]} - {names[1]} - {names[2]}) = {c['num_drafts']} / {steps}"
+        + ("" if fraction < ALWAYS_DRAFTS else "; every position drafts K, no draft_tokens "
+           "column"))
+    if fraction >= ALWAYS_DRAFTS:
+        return m, None
+    generator["model"] += "; only at positions that draft (draft_fraction), m = 0 elsewhere"
+    drafted = rng.random(m.shape[0]) < fraction
+    return np.where(drafted, m, 0), np.where(drafted, k, 0).astype(np.int8)
