@@ -240,6 +240,8 @@ class Replica:
         self.kv_tokens = 0  # sum(PREFILLED + GENERATED - GENERATED_AT_ADMIT): KV held
         self.pending_prefill = 0  # sum(PREFILL_TARGET - PREFILLED)
         self.n_prefilling = 0  # rows with PREFILLED < PREFILL_TARGET
+        # this step's drafts proposed per decoding row (a trace with draft_tokens), else None
+        self.proposed: np.ndarray | None = None
 
     @property
     def outstanding(self) -> int:
@@ -405,10 +407,11 @@ class Replica:
                          chunk, prefill_tokens, dt, lossy)
 
     def _verify_lengths(self, batch: np.ndarray, n_dec: int):
-        """Step 3: ``l`` per decoding request (the policy's choice, capped at gamma and
-        at the token budget) and the drafts each accepts: ``min(l, m)`` at its position
-        for a chain; for a :class:`Verification` (tree / lossy) policy, what its replay
-        says against the trace's ground truth. Returns (l, accepted, replayed-or-None)."""
+        """Step 3: ``l`` per decoding request (the policy's choice, capped at gamma, at the
+        drafts the trace says were proposed at its position, and at the token budget) and
+        the drafts each accepts: ``min(l, m)`` at its position for a chain; for a
+        :class:`Verification` (tree / lossy) policy, what its replay says against the
+        trace's ground truth. Returns (l, accepted, replayed-or-None)."""
         ctx = self.ctx
         if not (n_dec and ctx.gamma):
             none = np.zeros(n_dec, np.int64)
@@ -422,6 +425,11 @@ class Replica:
             return self._replay_plan(decision, batch, n_dec, trace_idx, accept_len)
         ell = decision
         np.minimum(ell, ctx.gamma, out=ell)
+        if ctx.trace_draft_tokens is not None:
+            # an n-gram / lookup drafter proposed fewer (none without a match): there is
+            # nothing more to verify, and the budget trim below sees the real demand
+            self.proposed = ctx.trace_draft_tokens[trace_idx]
+            np.minimum(ell, self.proposed, out=ell)
         budget = ctx.max_num_batched_tokens
         if n_dec + int(ell.sum()) > budget:  # never exceed the token budget: trim uniformly
             np.minimum(ell, max(0, (budget - n_dec) // n_dec), out=ell)
@@ -484,8 +492,10 @@ class Replica:
             target_kv -= int(self._context(batch, decoding)[skip].sum())
         if n_dec and ctx.draft_per_request:
             # the draft's cost depends on each request's context (self-speculation over a
-            # sparse KV) or on what each request drafts this step (a stopping controller)
-            dt = ctx.draft_step_s(self._decode_context(batch, n_dec), ell, self.kv_tokens)
+            # sparse KV) or on what each request drafts this step (a stopping controller,
+            # an autoregressive drafter that proposed fewer at the request's position)
+            dt = ctx.draft_step_s(self._decode_context(batch, n_dec), ell, self.kv_tokens,
+                                  self.proposed)
         else:
             dt = ctx.draft_time(n_dec, self.kv_tokens) if n_dec else 0.0
         # two additions, in the order of the sum before the draft was priced per request:
@@ -820,6 +830,7 @@ class SimContext:
         # for the whole trace (N x gamma float64) instead of per step.
         self.trace_survival = (calibration.survival(trace.conf)[:, : self.gamma]
                                if self.needs_survival and trace is not None else None)
+        self._init_draft_tokens(trace, policy)
         self._draft_key = None
         self._draft_kv_s = 0.0
         # Tokens drafted per request and step: a block drafter (DSpark, a parallel
@@ -841,11 +852,13 @@ class SimContext:
         self._pass_cache: dict[tuple[int, int], float] = {}
         self._init_sps_table(profile, policy_profile)
         # Per-request draft pricing: a drafter whose cost depends on each request's own
-        # context (sparse-KV self-speculation) or a policy whose drafter stops at each
-        # request's verify length this step (a controller deciding while it drafts).
+        # context (sparse-KV self-speculation), a policy whose drafter stops at each
+        # request's verify length this step (a controller deciding while it drafts), or
+        # an autoregressive drafter the trace says proposed fewer at some positions.
         draft = profile.drafts[self._draft_key] if self._draft_key is not None else None
-        self.draft_per_request = draft is not None and (draft.has_context_terms
-                                                        or policy.stops_drafting)
+        self.draft_per_request = draft is not None and (
+            draft.has_context_terms or policy.stops_drafting
+            or (self.trace_draft_tokens is not None and not draft.block))
         sps_draft = (self.sps_profile.drafts[self._draft_key]
                      if self._draft_key is not None else None)
         self.sps_draft_context = sps_draft if sps_draft is not None \
@@ -865,6 +878,26 @@ class SimContext:
         self.admit_need = np.empty(0, np.int64)  # reserve mode: prompt + output per request
         self._empty: dict[int, np.ndarray] = {}
         self._arange = np.arange(4096, dtype=np.int64)
+
+    def _init_draft_tokens(self, trace: AcceptanceTrace | None, policy: Policy) -> None:
+        """``trace_draft_tokens``: the drafts proposed per trace row where the trace says
+        some positions had fewer than the run's gamma, else None (no cap: the step's hot
+        path then pays nothing for it). The scheduler sees only proposed drafts (vLLM's
+        has the draft tokens), so their survival beyond ``draft_tokens`` is 0."""
+        self.trace_draft_tokens = None
+        d = trace.draft_tokens if trace is not None and self.gamma else None
+        if d is None or not (d < self.gamma).any():
+            return
+        if policy.replay is not None:
+            # a tree's or a lossy plan's tokens are not a chain prefix: a cap on the chain's
+            # proposed drafts does not say which of them exist
+            raise InputError(trace.source_path, f"policy {policy.name} plans trees or lossy "
+                             "commits, which a trace with draft_tokens (positions where the "
+                             "drafter proposed fewer drafts) cannot replay; run a chain policy")
+        self.trace_draft_tokens = d
+        if self.trace_survival is not None:
+            proposed = np.arange(self.trace_survival.shape[1]) < d[:, None]
+            self.trace_survival = np.where(proposed, self.trace_survival, 0.0)
 
     def _init_sps_table(self, profile: EngineProfile,
                         policy_profile: EngineProfile | None) -> None:
@@ -939,21 +972,29 @@ class SimContext:
             self._draft_cache[n] = t
         return t + self._draft_kv_s * kv_tokens
 
-    def drafted_tokens(self, ell: np.ndarray) -> np.ndarray:
+    def drafted_tokens(self, ell: np.ndarray, proposed: np.ndarray | None = None
+                       ) -> np.ndarray:
         """Tokens each decoding request drafts this step: a stopping controller's drafter
-        stops at the verify length; every other drafter drafts ``draft_gamma``."""
+        stops at the verify length; every other drafter drafts ``draft_gamma``, an
+        autoregressive one no more than the trace's ``proposed`` drafts at its position."""
         if self.policy.stops_drafting:
             return ell
-        return np.full(ell.shape[0], self.draft_gamma, dtype=np.int64)
+        full = np.full(ell.shape[0], self.draft_gamma, dtype=np.int64)
+        if proposed is None or self.profile.drafts[self._draft_key].block:
+            return full  # a block drafter drafts its whole block whatever it proposes
+        return np.minimum(full, proposed)
 
-    def draft_step_s(self, context: np.ndarray, ell: np.ndarray, kv_tokens: int) -> float:
+    def draft_step_s(self, context: np.ndarray, ell: np.ndarray, kv_tokens: int,
+                     proposed: np.ndarray | None = None) -> float:
         """Draft time of a step whose decoding requests hold ``context`` tokens and verify
         ``ell`` drafts: the table's passes, the drafter's reads of the batch's KV, and the
         sparse-KV / selection terms of each request's own context. A stopping controller
         runs pass ``j`` over the requests still drafting at depth ``j``, each pass at the
-        table's one-token cost; every other drafter is the table at ``draft_gamma``."""
+        table's one-token cost; every other drafter is the table at ``draft_gamma``, over
+        the requests that draft (an autoregressive drafter given the trace's ``proposed``
+        drafts runs to the longest of them and reads no KV of a request drafting none)."""
         d = self.profile.drafts[self._draft_key]
-        drafted = self.drafted_tokens(ell)
+        drafted = self.drafted_tokens(ell, proposed)
         n = drafted.shape[0]
         if self.policy.stops_drafting:
             if not drafted.any():
@@ -962,9 +1003,27 @@ class SimContext:
             still = n - np.cumsum(np.bincount(drafted, minlength=int(drafted.max()) + 1))[:-1]
             t = sum(self.draft_pass_table_s(d, int(k)) for k in still)
             t += d.kv_s_per_token * kv_tokens
+        elif proposed is not None and not d.block:
+            t = self._proposed_draft_s(d, drafted, context, kv_tokens)
         else:
             t = self.draft_time(n, kv_tokens)
         return t + d.context_s(context, drafted)
+
+    def _proposed_draft_s(self, d, drafted: np.ndarray, context: np.ndarray,
+                          kv_tokens: int) -> float:
+        """An autoregressive drafter over the requests that propose drafts this step:
+        the table at the longest proposal over that many requests, reading their KV only
+        (all drafting at ``draft_gamma``: :meth:`draft_time`'s very figure)."""
+        drafting = drafted > 0
+        n_on = int(np.count_nonzero(drafting))
+        if not n_on:
+            return 0.0
+        if n_on < drafted.shape[0]:
+            kv_tokens -= int(context[~drafting].sum())
+        longest = int(drafted.max())
+        if longest == self.draft_gamma:
+            return self.draft_time(n_on, kv_tokens)
+        return d.base_time(n_on, longest) + d.kv_s_per_token * kv_tokens
 
     def draft_pass_table_s(self, d, n: int) -> float:
         """One draft pass (a token per request) over ``n`` requests, from the table."""
