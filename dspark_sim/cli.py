@@ -257,9 +257,9 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
         rows.append(("stopped by", "", f"the {s['bounded_by']} bound (max_engine_steps "
                                        f"{s['max_engine_steps']:,}, horizon "
                                        f"{s['horizon_s']:,.0f} s): requests cut short"))
-    verdict = "yes" if s["stable"] else "NO: requests unfinished, or more in the system over the window"
-    if not s["stable"] and s["completed"] == 0 and s["unfinished"] == 0:
-        verdict = f"NO: no request completed (all {rejected:,} rejected at arrival)"
+    # why it is unstable, in the summary's words (summary.json's stability_note says why
+    # a stable run is, too)
+    verdict = "yes" if s["stable"] else f"NO: {s.get('stability_note') or 'the queue grows'}"
     if s.get("steady_window_short"):
         verdict += f" (short window: {s.get('steady_window_note', 'run more requests')})"
     rows.append(("stable", "", verdict))

@@ -16,9 +16,13 @@ from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
 from dspark_sim.sim.engine import RequestLog, StepStats
 from dspark_sim.sim.metrics import (
+    STABLE_FRACTION,
+    STABLE_SLACK,
+    QueueTrend,
     SteadyWindow,
     StepSeries,
     mser_truncation,
+    stability_verdict,
     steady_state,
     steady_window,
     summarize,
@@ -133,18 +137,20 @@ def test_steady_occupancy_is_the_median_bin_of_the_second_half():
     assert (w.start_s, w.end_s) == (pytest.approx(4.375), 5.0)
 
 
-@pytest.mark.parametrize(("margin", "stable"), [(-0.025, True), (0.0, True), (0.025, False)])
+@pytest.mark.parametrize(("margin", "stable"), [(-0.01, True), (0.0, True), (0.01, False)])
 def test_stability_threshold_counts_the_arrivals_on_the_window_edges(margin, stable):
     """Window [4.375, 5] (the series above; 0.625 s long). Arrivals 0, 1, 2, 3, 4.375,
     4.5, 4.75, 5: the four from 4.375 to 5, both edges included, are the window's
-    arrivals, so a run is unstable when the queue grows by more than 10 + 0.05 x 4 =
-    10.2 requests across the window. A growth 0.025 below that is stable, 0.025 above
-    is not (counting either edge out would make the threshold 10.15), and a growth of
-    exactly 10.2 (16.32 x 0.625 is 10.2 in floating point too) is not "more than"."""
+    arrivals, so a run is unstable when the queue grows by more than 10 + 0.02 x 4 =
+    10.08 requests across the window. A growth 0.01 below that is stable, 0.01 above
+    is not (counting either edge out would make the threshold 10.06), and a growth of
+    exactly 10.08 (16.128 x 0.625 is 10.08 in floating point too) is not "more than".
+    Two of the four complete in the window (2 short of the arrivals: well within)."""
+    assert (STABLE_SLACK, STABLE_FRACTION) == (10, 0.02)
     arrival = [0.0, 1.0, 2.0, 3.0, 4.375, 4.5, 4.75, 5.0]
     log = _log(arrival, [a + 0.1 for a in arrival], [a + 0.5 for a in arrival], [5] * 8)
     steps = _eight_bin_series([0, 10, 20, 30, 44, 48, 60, 70])
-    growth_per_s = (10.2 + margin) / 0.625
+    growth_per_s = (10.08 + margin) / 0.625
     s = summarize(log, StepStats(gamma=3), gpus=1, slo_ttft_ms=None, slo_tpot_ms=None,
                   queue_growth_per_s=growth_per_s, steps=steps)
     assert s["steady_window_start_s"] == pytest.approx(4.375)
@@ -553,6 +559,46 @@ def test_growing_queue_is_unstable_even_when_everything_finishes():
     assert s["unfinished"] == 0
     assert s["queue_growth_per_s"] > 50  # 200 req/s offered, ~1/20 of it served
     assert not s["stable"]
+
+
+def test_a_saturated_default_run_is_unstable():
+    """The default deployment without speculation at 200 req/s fills its 1,024 seats and
+    falls behind in its steady window (5,125 arrivals, 4,955 completions; the requests in
+    the system grow by ~144): more than the 10 + 2 % of the arrivals (112) a run keeps
+    up within. The verdict and its reason are in the summary."""
+    s = simulate(SimConfig(policy="none", workload=WorkloadConfig(qps=200.0))).summary
+    assert s["unfinished"] == 0 and s["steady_mean_decode_batch"] > 0.99 * 256
+    assert not s["stable"]
+    note = s["stability_note"]
+    assert "5,125 arrivals met 4,955 completions (170 short)" in note
+    assert note.endswith("more than 10 + 2% of the arrivals (112 requests), the queue grows")
+
+
+@pytest.mark.parametrize(("completions", "growth", "stable"), [
+    (970, 0.0, True), (969, 0.0, False), (1000, 30.0, True), (1000, 30.5, False),
+    (1010, -5.0, True)])
+def test_stability_verdict_counts_the_shortfall_and_the_trend(completions, growth, stable):
+    """1,000 arrivals in the window: the limit is 10 + 2 % of them, 30 requests, for the
+    completions' shortfall and for the least-squares growth alike, each on its own."""
+    q = QueueTrend(1.0, 11.0, 1000, completions, growth)
+    assert q.limit == 30.0
+    ok, note = stability_verdict(q, unfinished=0, completed=5000)
+    assert ok is stable
+    assert note.startswith("over the steady window (1.00-11.00 s) the requests in the system "
+                           f"grew by {growth:,.0f} (least squares) and 1,000 arrivals met "
+                           f"{completions:,} completions")
+    assert note.endswith("within 10 + 2% of the arrivals (30 requests)" if stable else
+                         "more than 10 + 2% of the arrivals (30 requests), the queue grows")
+
+
+def test_stability_verdict_without_a_window_or_with_requests_left():
+    assert stability_verdict(None, unfinished=0, completed=3) == (
+        True, "every request finished (no step series: the queue's trend not judged)")
+    q = QueueTrend(0.0, 1.0, 10, 10, 0.0)
+    assert stability_verdict(q, unfinished=4, completed=0) == (
+        False, "4 requests unfinished at the horizon, none completed")
+    assert stability_verdict(q, unfinished=0, completed=0, rejected=7) == (
+        False, "no request completed (all 7 rejected at arrival)")
 
 
 
