@@ -38,6 +38,11 @@ model evaluated per token:
   filled tokens): per-sequence attention set-up, cache indexing and masks. On the CPU
   default target it is ~4 ms per request per step, which a table in ``B`` alone charges
   to the wrong shapes (8 requests x 1 token and 1 request x 8 tokens share ``B = 8``).
+* ``frontend_us_per_request`` (optional, default 0) is the time the serving front end
+  (an OpenAI-compatible API server: parsing, chat template, tokenisation) spends on each
+  request before the engine sees it, one request at a time: requests sent together reach
+  the engine one after another, so an idle engine starts a step with the first alone
+  while the rest queue behind it (vLLM's single API-server process). Not a step cost.
 * ``attn_window_tokens`` (optional) caps the context one query token attends to in
   the attention term (sparse or sliding-window attention: DeepSeek-V4 attends to at
   most ~2k selected tokens however long the context).
@@ -76,6 +81,7 @@ File format (TOML)::
     attn_ns_per_query_ctx = 0.0  # per query token x context token (optional)
     multi_kv_us_per_token = 0.0  # extra per context token of multi-token blocks (optional)
     request_us = 0.0             # per request with a KV context in the step (optional)
+    frontend_us_per_request = 0.0  # serial front-end time before the engine (optional)
     attn_window_tokens = 2048    # context per query token in the attention term (optional)
     eager_penalty_ms = 0.0
     [engine]                     # per-replica limits (optional)
@@ -210,6 +216,7 @@ class EngineProfile:
     attn_s_per_query_ctx: float = 0.0
     multi_kv_s_per_token: float = 0.0
     request_s: float = 0.0
+    frontend_s_per_request: float = 0.0  # serial API-server time before the engine
     attn_window_tokens: int | None = None  # context cap per query in the attention term
     eager_penalty_s: float = 0.0
     interpolation: str = "step"
@@ -355,6 +362,8 @@ class EngineProfile:
             *([f"multi_kv_us_per_token = {self.multi_kv_s_per_token * 1e6!r}"]
               if self.multi_kv_s_per_token else []),
             *([f"request_us = {self.request_s * 1e6!r}"] if self.request_s else []),
+            *([f"frontend_us_per_request = {self.frontend_s_per_request * 1e6!r}"]
+              if self.frontend_s_per_request else []),
             *([f"attn_window_tokens = {int(self.attn_window_tokens)}"]
               if self.attn_window_tokens is not None else []),
             f"eager_penalty_ms = {self.eager_penalty_s * 1e3!r}",
@@ -469,7 +478,7 @@ PROFILE_KEYS = ("name", "kind", "gpus_per_replica", "interpolation", "descriptio
                 "parameters")
 TARGET_KEYS = ("tokens", "step_ms", "step_std_ms", "kv_us_per_token", "logits_us_per_row",
                "attn_ns_per_query_ctx", "multi_kv_us_per_token", "request_us",
-               "attn_window_tokens", "eager_penalty_ms")
+               "frontend_us_per_request", "attn_window_tokens", "eager_penalty_ms")
 
 
 DRAFT_KEYS = ("batch", "time_ms", "gamma_ref", "gamma_slope", "kv_us_per_token", "block",
@@ -568,6 +577,7 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
         attn_s_per_query_ctx=_number(where_t, target, "attn_ns_per_query_ctx") / 1e9,
         multi_kv_s_per_token=_number(where_t, target, "multi_kv_us_per_token") / 1e6,
         request_s=_number(where_t, target, "request_us") / 1e6,
+        frontend_s_per_request=_number(where_t, target, "frontend_us_per_request") / 1e6,
         attn_window_tokens=_count(where_t, target, "attn_window_tokens"),
         eager_penalty_s=_number(where_t, target, "eager_penalty_ms") / 1e3,
         interpolation=interp,

@@ -258,10 +258,12 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
         env.process(rep.run())
     closed = cfg.workload.arrival == "closed"
     if closed:
-        source = ClosedLoop(env, router, log, n, cfg.workload.max_concurrency, prefill_s)
+        source = ClosedLoop(env, router, log, n, cfg.workload.max_concurrency, prefill_s,
+                            profile.frontend_s_per_request)
         horizon = CLOSED_LOOP_HORIZON_S
     else:
-        source = OpenLoop(env, router, log, stream.arrival_s, prefill_s)
+        source = OpenLoop(env, router, log, stream.arrival_s, prefill_s,
+                          profile.frontend_s_per_request)
         horizon = source.last_arrival_s + cfg.drain_timeout_s
     env.process(_alarm(env, ctx.stop, horizon))
     bounded_by = env.run(until=ctx.stop)
