@@ -196,7 +196,14 @@ def _print_head(s: dict) -> None:
     if s.get("trace"):
         head.add_row("trace", f"{s['trace']}  [{s['trace_source']}, drafter {s['trace_drafter']}, "
                      f"gamma_max {s['trace_gamma_max']}]")
+    if s.get("trace_extrapolation"):
+        head.add_row("extrapolation", s["trace_extrapolation"])
     head.add_row("calibration", s["calibration"])
+    if s.get("conf_source"):
+        measured = "no confidences replayed" if s.get("conf_source_ece") is None else (
+            f"measured over the drafts a chain reaches: ECE {_fmt(s['conf_source_ece'], 4)}, "
+            f"AUC {_fmt(s.get('conf_source_auc'), 4)}")
+        head.add_row("confidences", f"{s['conf_source']}  ({measured})")
     console.print(head)
 
 
@@ -303,6 +310,13 @@ RUN_HELP = {
                    "(default: the map the trace names, else identity).",
     "gamma_max": "Draft block the block drafter proposes per step (DSpark-5: 5; default: the "
                  "trace's).",
+    "conf_source": "Drafter confidences: trace (the trace's own, default) | position (each "
+                   "position's acceptance rate) | synthetic:AUC (calibrated, that AUC, e.g. "
+                   "synthetic:0.85) for a trace without them (imported); calibration "
+                   "identity unless --calibration.",
+    "extrapolate_gamma": "Draft this many positions: past the trace's gamma_max, rows that "
+                         "accepted every draft go on with its last position's conditional "
+                         "acceptance (a what-if on drafting more).",
     "qps": "Open-loop request rate (req/s); with --workload: rescale its timestamps.",
     "burstiness": "Gamma arrivals with this shape (1 = Poisson, vLLM semantics).",
     "max_concurrency": "Closed loop: this many clients, each sends its next request on "
@@ -328,6 +342,9 @@ def run(  # one option per line, a table to scan; the longer helps are RUN_HELP'
     mtp_trace: Annotated[str | None, PolicyOption(help="Trace for the mtp1 policy.")] = None,
     calibration: Annotated[str | None, PolicyOption(help=RUN_HELP["calibration"])] = None,
     gamma_max: Annotated[int | None, PolicyOption(help=RUN_HELP["gamma_max"])] = None,
+    conf_source: Annotated[str | None, PolicyOption(help=RUN_HELP["conf_source"])] = None,
+    extrapolate_gamma: Annotated[int | None, PolicyOption(
+        help=RUN_HELP["extrapolate_gamma"])] = None,
     seed: Annotated[int | None, PolicyOption(help="One seed for everything random [0].")] = None,
     slo: Annotated[str | None, PolicyOption(help="Goodput SLO, e.g. ttft:2000,tpot:20")] = None,
     qps: Annotated[float | None, LoadOption(help=RUN_HELP["qps"])] = None,

@@ -36,6 +36,13 @@ from dspark_sim.sim.metrics import StepSeries, requests_frame, summarize
 from dspark_sim.sim.outputs import write_run
 from dspark_sim.sim.quality import task_score
 from dspark_sim.sim.workload import build_stream, uses_trace_lengths
+from dspark_sim.traces.confidence import (
+    CONF_RECORD,
+    EXTEND_RECORD,
+    apply_conf_source,
+    extend_gamma,
+    parse_conf_source,
+)
 from dspark_sim.traces.schema import AcceptanceTrace, load_trace
 
 DEFAULT_TRACE = "dspark-synthetic"
@@ -72,21 +79,54 @@ def resolve_trace(cfg: SimConfig, policy: Policy) -> AcceptanceTrace | None:
     trace = load_trace(spec)
     if cfg.workload.domain:
         trace = trace.select_domain(cfg.workload.domain)
+    return prepare_trace(cfg, trace)
+
+
+def prepare_trace(cfg: SimConfig, trace: AcceptanceTrace | None) -> AcceptanceTrace | None:
+    """The trace as the run replays it: extrapolated to ``--extrapolate-gamma`` draft
+    positions, then given ``--conf-source``'s confidences (on the extended positions
+    too). Each step's report stays in the trace's generator metadata, where the summary
+    reads it, and a step the trace already carries for this run (resolve_trace's trace
+    handed on to simulate) is not done twice. The default source (the trace's own conf)
+    changes nothing: a trace without conf is refused by the policies that read it."""
+    if trace is None:
+        return None
+    gen = trace.meta.generator
+    if cfg.extrapolate_gamma is not None and not _carries(
+            gen.get(EXTEND_RECORD), cfg.seed, gamma=max(cfg.extrapolate_gamma, trace.gamma_max)):
+        trace, _ = extend_gamma(trace, cfg.extrapolate_gamma, seed=cfg.seed)
+    src = None if cfg.conf_source is None else parse_conf_source(cfg.conf_source)
+    if src is None or (src.kind == "trace" and trace.conf is None):
+        return trace
+    if not _carries(trace.meta.generator.get(CONF_RECORD), cfg.seed, gamma=trace.gamma_max,
+                    spec=src.text):
+        trace, _ = apply_conf_source(trace, src, seed=cfg.seed)
     return trace
+
+
+def _carries(record: dict | None, seed: int, **want) -> bool:
+    """The trace's record of a preparation step matches this run's."""
+    return isinstance(record, dict) and record.get("seed") == seed \
+        and all(record.get(k) == v for k, v in want.items())
 
 
 def require_trace_columns(trace: AcceptanceTrace | None, policy: Policy) -> None:
     """A confidence policy needs the trace's ``conf`` column; the others run without it."""
     if trace is not None and policy.needs_survival and trace.conf is None:
         raise InputError(trace.source_path, f"policy {policy.name} reads drafter confidences "
-                         "but the trace has no 'conf' column")
+                         "but the trace has no 'conf' column; give --conf-source position "
+                         "or synthetic:AUC")
 
 
 def resolve_calibration(cfg: SimConfig, trace: AcceptanceTrace | None) -> CalibrationMap:
-    """``--calibration`` wins; otherwise the map the trace's metadata names (a built-in
-    name), as a deployed drafter ships with its fitted map; otherwise the identity."""
+    """``--calibration`` wins; otherwise the identity when ``--conf-source`` made the
+    confidences (they are calibrated by construction: the trace's map was fitted to
+    other, raw ones); otherwise the map the trace's metadata names (a built-in name), as
+    a deployed drafter ships with its fitted map; otherwise the identity."""
     if cfg.calibration is not None:
         return load_calibration(cfg.calibration)
+    if cfg.conf_source is not None and parse_conf_source(cfg.conf_source).kind != "trace":
+        return load_calibration(None)
     name = trace.meta.extra.get("calibration") if trace is not None else None
     if name:
         # a built-in name, never a file: a path here would be read relative to wherever
@@ -180,6 +220,7 @@ def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
         "trace_source": None if trace is None else trace.meta.source,
         "trace_gamma_max": None if trace is None else trace.gamma_max,
         "calibration": calibration.source,
+        **_preparation_summary(cfg, trace),
         "seed": cfg.seed,
         **summary,
     }
@@ -193,6 +234,22 @@ def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
         summary["verifier_call_fraction"] = \
             1.0 - ctx.stats.skipped_request_steps / steps if steps else None
     return summary
+
+
+def _preparation_summary(cfg: SimConfig, trace: AcceptanceTrace | None) -> dict:
+    """The confidence source with its measured ECE and AUC, and the extrapolated
+    positions, each only when the run asks for it (absent otherwise: summaries of runs
+    without them stay as they were). None where the run replays no trace or the trace
+    has no confidences to measure."""
+    out: dict = {}
+    gen = {} if trace is None else trace.meta.generator
+    if cfg.conf_source is not None:
+        rec = gen.get(CONF_RECORD) or {}
+        out |= {"conf_source": parse_conf_source(cfg.conf_source).text,
+                "conf_source_ece": rec.get("ece"), "conf_source_auc": rec.get("auc")}
+    if cfg.extrapolate_gamma is not None:
+        out["trace_extrapolation"] = (gen.get(EXTEND_RECORD) or {}).get("text")
+    return out
 
 
 def _loaded(value, cls: type, load, what: str):
@@ -229,8 +286,7 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
     cfg = cfg.validate()
     policy = get_policy(cfg.policy)
     profile = profile or load_profile(cfg.deployment.profile)
-    if trace is None:
-        trace = resolve_trace(cfg, policy)
+    trace = resolve_trace(cfg, policy) if trace is None else prepare_trace(cfg, trace)
     require_trace_columns(trace, policy)
     if calibration is None:
         calibration = resolve_calibration(cfg, trace)

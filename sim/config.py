@@ -118,6 +118,13 @@ class SimConfig:
     trace: str | None = None  # schema-v1 trace for the block drafter; None: built-in
     mtp_trace: str | None = None  # trace for the MTP-1 head; None: built-in
     calibration: str | None = None  # confidence calibration map (TOML); None: identity
+    # Where the replayed trace's confidences come from: trace (its own conf), position
+    # or synthetic:AUC (dspark_sim.traces.confidence; imported traces have no conf).
+    # None: the trace's own, and nothing about them in the summary.
+    conf_source: str | None = None
+    # Draft positions to extrapolate the trace to, past its gamma_max, with its last
+    # position's conditional acceptance (a what-if on drafting more); None: as recorded.
+    extrapolate_gamma: int | None = None
     seed: int = 0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
@@ -142,6 +149,10 @@ class SimConfig:
         _pos_float("drain_timeout_s", self.drain_timeout_s, MAX_SIM_TIME_S)
         check_positive_int("max_engine_steps", self.max_engine_steps, MAX_ENGINE_STEPS)
         check_positive_int("--gamma-max", self.gamma_max, 64)
+        from dspark_sim.traces.confidence import MAX_GAMMA, check_conf_source
+
+        check_conf_source(self.conf_source)
+        check_positive_int("--extrapolate-gamma", self.extrapolate_gamma, MAX_GAMMA)
         return self
 
 
@@ -286,7 +297,8 @@ OPTION_FIELDS: dict[str, str] = {
     "max_num_seqs": "engine.max_num_seqs", "max_num_batched_tokens": "engine.max_num_batched_tokens",
     "kv_capacity_tokens": "engine.kv_capacity_tokens", "kv_mode": "engine.kv_mode",
     "max_model_len": "engine.max_model_len", "prefill": "engine.prefill",
-    "gamma_max": "gamma_max",
+    "gamma_max": "gamma_max", "conf_source": "conf_source",
+    "extrapolate_gamma": "extrapolate_gamma",
 }
 
 # Every config field as a layer names it: a [run] key, or "section.field".
@@ -673,12 +685,23 @@ def check_draft_length(policy: Any, trace: Any, gamma_max: int | None = None) ->
     trace recorded. ``policy`` is a registry Policy, ``trace`` an AcceptanceTrace or None."""
     if trace is None or getattr(policy, "drafter", None) is None:
         return
+    from dspark_sim.traces.confidence import MAX_GAMMA
+
     if gamma_max is not None and gamma_max > trace.gamma_max:
         raise InputError("--gamma-max", f"{gamma_max} exceeds the {trace.gamma_max} draft "
-                         f"positions {trace.source_path} records")
+                         f"positions {trace.source_path} records; --extrapolate-gamma "
+                         f"{gamma_max} extrapolates the trace past them")
     limit = trace.gamma_max if gamma_max is None else gamma_max
     k = getattr(policy, "draft_gamma", None)
     if k is None or k <= limit:
         return
+    # what lifts the limit: --gamma-max up to the trace's positions, past them only an
+    # extrapolation of the trace (int8 accept_len: at most MAX_GAMMA positions)
+    if limit < trace.gamma_max:
+        hint = f" or raise --gamma-max (the trace records {trace.gamma_max})"
+    elif k <= MAX_GAMMA:
+        hint = f", or --extrapolate-gamma {k} to extrapolate the trace past position {limit}"
+    else:
+        hint = ""
     raise InputError("--policy", f"{policy.name} verifies {k} draft tokens per step but the "
-                     f"drafter drafts at most gamma_max = {limit}: use K <= {limit}")
+                     f"drafter drafts at most gamma_max = {limit}: use K <= {limit}{hint}")
