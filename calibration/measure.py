@@ -222,6 +222,39 @@ def _kv_dims(cfg) -> tuple[int, int, int, int]:
             int(getattr(text, "max_position_embeddings", 0) or 0))
 
 
+def _int_field(cfg, *names: str) -> int:
+    """The first of ``names`` the config sets to a positive integer (0: none)."""
+    for n in names:
+        v = getattr(cfg, n, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return 0
+
+
+def estimate_parameters(cfg) -> int:
+    """Parameters of a decoder-only model, counted from its config's shapes: embedding,
+    attention (Q, K, V, O), gated MLP (routed + shared experts where the config names
+    them, dense for the first ``first_k_dense_replace`` layers), norms and an untied LM
+    head. Biases and architecture extras are left out, so it is a lower bound: building
+    the model (even on the meta device) to count exactly takes seconds on a 70B config,
+    and the check it serves must only never refuse a model that fits."""
+    text = _text_config(cfg)
+    layers, kv_heads, head_dim, _ = _kv_dims(cfg)
+    hidden, vocab = int(text.hidden_size), _int_field(text, "vocab_size")
+    heads = int(text.num_attention_heads)
+    attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    dense = _int_field(text, "intermediate_size")
+    experts = _int_field(text, "num_local_experts", "num_experts", "n_routed_experts")
+    shared = _int_field(text, "n_shared_experts", "num_shared_experts")
+    moe_width = _int_field(text, "moe_intermediate_size") or dense
+    moe_layers = max(layers - _int_field(text, "first_k_dense_replace"), 0) if experts else 0
+    shared_width = _int_field(text, "shared_expert_intermediate_size")  # Qwen-MoE's one
+    mlp = 3 * hidden * (dense * (layers - moe_layers)
+                        + (moe_width * (experts + shared) + shared_width) * moe_layers)
+    tied = bool(getattr(cfg, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False)))
+    return (vocab * hidden * (1 if tied else 2) + layers * (attn + 2 * hidden) + mlp + hidden)
+
+
 class _Runner:
     """Holds the random-weight model and runs one shape's forward pass."""
 
@@ -1032,32 +1065,64 @@ def _free_bytes(torch, dev) -> int | None:
     try:
         if dev.type == "cuda":
             return int(torch.cuda.mem_get_info(dev)[0])
-        import os
-
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        return _available_host_bytes()
     except (AttributeError, OSError, ValueError, RuntimeError):
         return None
 
 
+def _available_host_bytes() -> int:
+    """Host memory available to a new allocation: psutil's ``available``, else Linux's
+    ``MemAvailable`` (free pages plus the reclaimable page cache; the free pages alone
+    understate it on a machine that has read files), else the free pages."""
+    try:
+        import psutil
+    except ImportError:
+        pass
+    else:
+        return int(psutil.virtual_memory().available)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
 def _check_fits(plan: _MeasurePlan, cfg, torch) -> None:
     """Refuse, before a model is built, shapes longer than the model's positions or whose
-    static KV cache cannot fit in free memory (a typo like --batch-requests 100000000 was
-    an allocator traceback after the model load)."""
+    static KV cache cannot fit in free memory beside the weights (a typo like
+    --batch-requests 100000000 was an allocator traceback after the model load), or whose
+    weights alone cannot (a 70B config.json on a CPU allocated for a minute, then died in
+    the allocator)."""
     layers, kv_heads, head_dim, max_pos = _kv_dims(cfg)
     positions = max(plan.context_lengths) + max(plan.verify_lengths) + 1
     if max_pos and positions > max_pos:
         raise InputError("--context-lengths", f"context {max(plan.context_lengths):,} + "
                          f"verify {max(plan.verify_lengths)} + 1 exceeds the model's "
                          f"{max_pos:,} positions")
-    width = torch.tensor([], dtype=plan.torch_dtype(torch)).element_size()
+    dtype = plan.torch_dtype(torch)
+    width = torch.tensor([], dtype=dtype).element_size()
+    free = _free_bytes(torch, plan.dev(torch))
+    if free is None:
+        return
+    params = estimate_parameters(cfg)
+    weights = params * width
+    if weights > free:
+        raise InputError("--model", f"{_model_label(plan.model_source, cfg)} has "
+                         f"{params / 1e9:,.1f} B parameters, {weights / 2**30:,.1f} GiB in "
+                         f"{str(dtype).replace('torch.', '')}; {plan.device} has "
+                         f"{free / 2**30:,.1f} GiB free")
     kv_bytes = (2 * layers * kv_heads * head_dim * width
                 * max(plan.batch_requests) * positions)
-    free = _free_bytes(torch, plan.dev(torch))
-    if free is not None and kv_bytes > free:
+    if kv_bytes > free - weights:
         raise InputError("--batch-requests/--context-lengths",
                          f"the largest timed shape ({max(plan.batch_requests):,} requests x "
                          f"{positions:,} positions) needs {kv_bytes / 2**30:,.1f} GiB of KV "
-                         f"cache; {plan.device} has {free / 2**30:,.1f} GiB free")
+                         f"cache; {plan.device} has {(free - weights) / 2**30:,.1f} GiB free "
+                         f"beside the model's {weights / 2**30:,.1f} GiB of weights")
 
 
 def _measure(plan: _MeasurePlan, torch, log) -> EngineProfile:

@@ -300,6 +300,76 @@ def test_calibrate_engine_refuses_before_building_a_model(tmp_path, args, needle
     assert not out.exists()
 
 
+# Llama-3.1-70B's attention and vocabulary, 2,000 layers of a 65,536-wide MLP: ~7.6 T
+# parameters, ~27.6 TiB in float32, more than any machine has free
+HUGE_LLAMA = {"model_type": "llama", "hidden_size": 16384, "intermediate_size": 65536,
+              "num_hidden_layers": 2000, "num_attention_heads": 128, "num_key_value_heads": 8,
+              "vocab_size": 128256, "max_position_embeddings": 131072,
+              "tie_word_embeddings": False}
+
+
+def test_calibrate_engine_refuses_a_model_larger_than_free_memory(tmp_path, monkeypatch):
+    """A 70B config.json on a CPU allocated random weights for a minute, then died with a
+    73-line allocator traceback: the weights' size (parameters from the config's shapes
+    x the dtype's bytes) is checked against free memory before any model is built."""
+    pytest.importorskip("transformers")
+    from dspark_sim.calibration import measure
+
+    def boom(*_a, **_k):
+        raise AssertionError("a model was built before its size was checked")
+
+    monkeypatch.setattr(measure, "_Runner", boom)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(HUGE_LLAMA))
+    out = tmp_path / "p.toml"
+    line = one_line_error(["calibrate", "engine", "--model", str(cfg), "--out", str(out)],
+                          "--model", "config.json", "7,587.6 B parameters",
+                          "28,265.9 GiB in float32", "GiB free")
+    assert line.count("GiB") == 2
+    assert not out.exists()
+
+
+def test_model_parameters_are_counted_from_the_config_shapes():
+    """Exact for dense decoders (untied and tied heads); a lower bound where experts or
+    other parts the count leaves out are present (it must never refuse what fits)."""
+    pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from dspark_sim.calibration.measure import estimate_parameters
+
+    small = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+    for kind, extra, exact in [("llama", {}, True),
+                               ("llama", {"tie_word_embeddings": True}, True),
+                               ("qwen2", {"head_dim": 96}, False),  # Q/K/V biases
+                               ("mixtral", {"num_local_experts": 4}, False),  # router
+                               ("qwen2_moe", {"num_experts": 4, "moe_intermediate_size": 128,
+                                              "shared_expert_intermediate_size": 384}, False)]:
+        cfg = CONFIG_MAPPING[kind](**small, **extra)
+        with torch.device("meta"):
+            built = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+        n = estimate_parameters(cfg)
+        assert (n == built) if exact else (0.95 * built <= n < built), (kind, extra, n, built)
+
+
+def test_available_host_memory_is_memavailable_without_psutil(monkeypatch):
+    """Free pages alone understate what a new allocation can get (the page cache is
+    reclaimable): the KV and weight checks read MemAvailable."""
+    from pathlib import Path
+
+    from dspark_sim.calibration.measure import _available_host_bytes
+
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.is_file():
+        pytest.skip("no /proc/meminfo (not Linux)")
+    monkeypatch.setitem(__import__("sys").modules, "psutil", None)
+    kib = next(int(ln.split()[1]) for ln in meminfo.read_text().splitlines()
+               if ln.startswith("MemAvailable:"))
+    assert abs(_available_host_bytes() - kib * 1024) < 2**28  # it moves while we read
+
+
 def test_an_output_that_is_the_commands_own_input_is_refused(tmp_path, monkeypatch):
     """`traces export T --out T` replaced the trace T with its JSON (and `traces import S
     --out S`, `calibrate confidence --trace T --out T` or `--html` = `--out`, `calibrate
