@@ -209,6 +209,9 @@ class StepStats:
     changed_tokens: int = 0  # tokens a lossy policy emitted that differ from the target's
     skipped_request_steps: int = 0  # request-steps that committed without the verifier
     unverified_tokens: int = 0  # drafts those request-steps committed
+    # request-steps at positions where the drafter proposed nothing (an n-gram drafter
+    # without a match): vLLM counts no draft there
+    unproposed_request_steps: int = 0
     hist_size: int = 0  # bins of the per-step accepted / verified histograms (0: gamma + 2)
 
     def __post_init__(self) -> None:
@@ -413,6 +416,7 @@ class Replica:
         :class:`Verification` (tree / lossy) policy, what its replay says against the
         trace's ground truth. Returns (l, accepted, replayed-or-None)."""
         ctx = self.ctx
+        self.proposed = None
         if not (n_dec and ctx.gamma):
             none = np.zeros(n_dec, np.int64)
             return none, none, None
@@ -566,6 +570,8 @@ class Replica:
             stats.ell_hist += np.bincount(ell, minlength=stats.accept_hist.size)
             stats.request_steps += n_dec
             stats.verify_tokens += verify_tokens
+            if self.proposed is not None:
+                stats.unproposed_request_steps += int(np.count_nonzero(self.proposed == 0))
         if prefill_tokens:
             batch[prefilling, PREFILLED] += chunk
             self.kv_tokens += prefill_tokens

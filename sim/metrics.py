@@ -7,7 +7,9 @@ paper each define some of them their own way):
   tokens/s/user (InferenceX, AIPerf).
 * ITL = time between successive token-emitting steps of a request (a speculative
   step emits several tokens at once, as vLLM's streamed chunks do).
-* ``spec_decode_acceptance_length`` = 1 + accepted / drafts (vLLM; includes the
+* ``spec_decode_acceptance_length`` = 1 + accepted / drafts (vLLM: a draft is a
+  request-step whose drafter proposed, so an n-gram drafter's steps without a match
+  do not count; includes the
   bonus token, = DSpark's tau; a lossy policy that skips the verifier adds the drafts
   it committed unjudged); ``acceptance_per_position[k]`` is vLLM's *unconditional*
   ``num_accepted_tokens_per_pos / num_drafts``. Accepted tokens are the verifier's:
@@ -515,7 +517,9 @@ def _itl(stats: StepStats) -> dict[str, float | None]:
 def _speculation(log: RequestLog, stats: StepStats) -> dict:
     """Drafts, acceptance (overall and per position), verification budget and waste,
     and the engine's step figures."""
-    drafts = stats.request_steps
+    # vLLM's num_drafts: request-steps whose drafter proposed (all of them, unless the
+    # trace says an n-gram drafter found no match at some positions)
+    drafts = stats.request_steps - stats.unproposed_request_steps
     accepted = int((stats.accept_hist * np.arange(stats.accept_hist.size)).sum())
     verified = int((stats.ell_hist * np.arange(stats.ell_hist.size)).sum())
     total_emitted = int(log.generated.sum())
@@ -539,8 +543,9 @@ def _speculation(log: RequestLog, stats: StepStats) -> dict:
     else:
         s["acceptance_per_position"] = []
         s["verified_per_position"] = []
-    s["mean_verify_tokens_per_request_step"] = stats.verify_tokens / drafts if drafts else None
-    s["mean_draft_tokens_per_request_step"] = verified / drafts if drafts else None
+    rs = stats.request_steps
+    s["mean_verify_tokens_per_request_step"] = stats.verify_tokens / rs if rs else None
+    s["mean_draft_tokens_per_request_step"] = verified / rs if rs else None
     s["verification_waste"] = (verified - accepted) / verified if verified else 0.0
     s["engine_steps"] = stats.steps
     s["mean_step_ms"] = stats.busy_s / stats.steps * 1e3 if stats.steps else None

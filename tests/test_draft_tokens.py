@@ -41,16 +41,21 @@ def test_fixed_k_verifies_only_where_the_drafter_drafted(ngram_trace):
     with the bonus), and serves the trace's served tau."""
     f = ngram_trace.draft_fraction
     s = simulate(LIGHT, trace=ngram_trace).summary
-    assert s["num_drafts"] > 10000
+    assert s["num_drafts"] > 3000  # drafting request-steps only
     assert s["mean_draft_tokens_per_request_step"] == pytest.approx(3 * f, rel=0.03)
     assert s["mean_verify_tokens_per_request_step"] == pytest.approx(1 + 3 * f, rel=0.02)
-    assert s["spec_decode_acceptance_length"] == pytest.approx(ngram_trace.served_tau(3),
-                                                               rel=0.02)
-    # without the column the same acceptances are replayed at 3 verify tokens every step
+    # vLLM's acceptance length counts only the steps that drafted: what the counters said
+    assert s["spec_decode_acceptance_length"] == pytest.approx(
+        1 + ngram_trace.served_survival(3).sum(), rel=0.02)
+    assert s["spec_decode_acceptance_length"] == pytest.approx(
+        NGRAM_BENCH["spec_decode_acceptance_length"], rel=0.03)
+    # without the column the same acceptances are replayed at 3 verify tokens every step,
+    # and every request-step counts as a draft
     full = simulate(LIGHT, trace=replace(ngram_trace, draft_tokens=None)).summary
     assert full["mean_draft_tokens_per_request_step"] == pytest.approx(3.0)
-    assert full["spec_decode_acceptance_length"] == pytest.approx(
-        s["spec_decode_acceptance_length"], rel=0.02)
+    assert full["spec_decode_acceptance_length"] == pytest.approx(ngram_trace.served_tau(3),
+                                                                  rel=0.02)
+    assert s["num_drafts"] == pytest.approx(f * full["num_drafts"], rel=0.05)
 
 
 def test_the_cap_comes_before_the_budget_trim(ngram_trace):
