@@ -689,11 +689,11 @@ def sweep(
     sla: Annotated[str, typer.Option(help="Interactivity tiers (tok/s/user) for the headline.")] =
         "80,120",
     candidate: Annotated[str | None, typer.Option(
-        help="Policy compared in the headline (one of --policies; default "
-             "confidence-async when swept).")] = None,
+        help="Policy compared in the headline (one of --policies; default: the run's default, "
+             "confidence, when swept, else the one policy besides the baseline).")] = None,
     baseline: Annotated[str | None, typer.Option(
-        help="Baseline policy of the headline (one of --policies; default mtp1 when "
-             "swept).")] = None,
+        help="Baseline policy of the headline (one of --policies; default: mtp1 when "
+             "swept, else the one policy besides the candidate).")] = None,
     vllm_results: Annotated[Path | None, PathOption(
         help="Folder of vLLM `bench serve` result JSON files to overlay.")] = None,
     gpus: Annotated[int | None, typer.Option(help="GPUs behind the vLLM results (per-GPU).")] = None,
@@ -731,8 +731,8 @@ def sweep(
     policy_specs = parse_list(policies)
     profile_specs = parse_list(profiles, option="--profiles", what="profile")
     trace_specs = parse_list(traces, option="--traces", what="trace")
-    candidate = _headline_policy("--candidate", candidate, "confidence-async", policy_specs)
-    baseline = _headline_policy("--baseline", baseline, "mtp1", policy_specs)
+    candidate = _headline_policy("--candidate", candidate, policy_specs)
+    baseline = _headline_policy("--baseline", baseline, policy_specs)
     _check_grid(base, policy_specs, profile_specs, trace_specs, layers)
     _check_overlay(vllm_results, gpus)
     with blame_config(layers):  # a bad value the config file gave names the file's key
@@ -752,34 +752,52 @@ def sweep(
 
 def _report_sweep(df, out: Path, candidate: str | None, baseline: str | None, *, tiers,
                   vllm_results: Path | None, gpus: int | None, basis: str) -> None:
-    """Write the sweep's report and print where it went, its basis and the headline."""
-    from dspark_sim.sim.frontier import BASIS_TEXT, basis_used, format_headline, headline
+    """Write the sweep's report and print where it went, its basis, the headline and
+    every point left off the fronts, with why."""
+    import polars as pl
+
+    from dspark_sim.sim.frontier import (
+        BASIS_TEXT,
+        basis_used,
+        format_headline,
+        headline,
+        headline_pair,
+        left_out,
+        left_out_text,
+    )
     from dspark_sim.sim.report import build_report
 
-    report = build_report(df, out / "report.html", candidate=candidate or "confidence-async",
-                          baseline=baseline or "mtp1",
+    candidate, baseline, missing = headline_pair(df["policy"].to_list(), candidate, baseline)
+    report = build_report(df, out / "report.html", candidate=candidate, baseline=baseline,
                           tiers=tiers, vllm_results=vllm_results, gpus=gpus, basis=basis)
     console.print(f"{df.height} points -> {out / 'results.parquet'}; report {report}")
     console.print(f"figures: {BASIS_TEXT[basis_used(df, basis)]}")
     if df["load"].n_unique() < 2:  # the base workload's own load: a point, not a front
         console.print("one load per policy: a front needs several, e.g. --concurrency "
                       "1:256:x2 or --qps 10:400:40", style="dim", highlight=False)
-    pols = set(df["policy_spec"].to_list())
-    if candidate in pols and baseline in pols:
+    left = left_out(df, basis=basis)
+    if missing is None:
         console.print(format_headline(headline(df, candidate=candidate, baseline=baseline,
                                                tiers=tiers, basis=basis)),
                       highlight=False)
+        # the headline lists its two policies' points left out; the others' follow
+        left = left.filter(~pl.col("policy").is_in([candidate, baseline]))
+    else:
+        console.print(f"no headline: {missing}", style="dim", highlight=False)
+    if left.height:
+        console.print(f"{left.height} point{'s' if left.height > 1 else ''} left off the fronts: "
+                      f"{left_out_text(left.to_dicts())}", highlight=False)
 
 
-def _headline_policy(option: str, given: str | None, default: str,
-                     policies: list[str]) -> str | None:
-    """The headline's candidate or baseline: a policy the user names must be swept (a
-    typo would silently drop the headline); the default is used only when swept."""
+def _headline_policy(option: str, given: str | None, policies: list[str]) -> str | None:
+    """The headline's candidate or baseline as the user names it: it must be swept (a
+    typo would silently drop the headline). None: taken from the sweep
+    (``frontier.headline_pair``)."""
     from dspark_sim.sim.frontier import canonical_policy
 
     swept = {canonical_policy(p): p for p in policies}
     if given is None:
-        return swept.get(canonical_policy(default))
+        return None
     if canonical_policy(given.strip()) not in swept:
         raise InputError(option, f"{given!r} is not one of --policies ({', '.join(policies)})")
     return swept[canonical_policy(given.strip())]

@@ -14,9 +14,17 @@ Headline numbers, policy A (candidate) against B (baseline):
   that range, the range itself.
 * **throughput at an SLA tier** ``T`` (tok/s/user): the largest throughput on a front
   with interactivity >= ``T``, i.e. the front interpolated at ``x = T``. A front that
-  never reaches ``T`` is *infeasible* at that tier; a tier below the front's lowest
-  interactivity gets the front's maximum throughput, flagged ``below-sweep`` (the sweep
-  did not load the engine enough to fall to ``T``, so the number is a lower bound).
+  never reaches ``T`` is *infeasible* at that tier; a tier below the interactivity of
+  every point of the policy gets the front's maximum throughput, flagged ``below-sweep``
+  (no load of the sweep fell to ``T``, so the number is a lower bound, and a gain with
+  one such side is a bound: ``>=`` or ``<=``; with both, no gain is given). The text
+  says why the front stops there: heavier loads left out (too few requests, unstable)
+  or never swept.
+* **who**: ``headline_pair``: the candidate defaults to the run's default policy
+  (``SimConfig.policy``), the baseline to ``mtp1``; either is taken from the sweep when
+  it is the only other policy.
+* **points left off the fronts** (:func:`left_out`): every point without the figures
+  (no steady window, too few requests in it) or unstable, with why and the remedy.
 * **verification budget** (Fig. 8): ``mean_verify_tokens_per_request_step`` against
   concurrency (closed loop: the clients; open loop: the mean requests in the system),
   and **verification waste** against load.
@@ -48,11 +56,16 @@ import polars as pl
 
 from dspark_sim.errors import InputError
 from dspark_sim.policies.registry import get_policy
+from dspark_sim.sim.config import SimConfig
 
 X = "median_interactivity"
 Y = "output_throughput_per_gpu"
 CONTEXT = ("profile_spec", "trace_spec")
 DEFAULT_TIERS = (80.0, 120.0)
+# The headline's sides by default: what `dspark-sim run` runs when no policy is named
+# (named once, in SimConfig) against MTP-1, the production baseline DSpark compares with.
+DEFAULT_CANDIDATE = SimConfig.policy
+DEFAULT_BASELINE = "mtp1"
 BASES = ("steady", "whole")
 STEADY = "steady_"
 WHOLE = "whole_"
@@ -108,14 +121,19 @@ class Front:
     x: np.ndarray
     y: np.ndarray
     points: pl.DataFrame = field(default_factory=pl.DataFrame)  # the front's rows
+    # the lowest interactivity of any point it was drawn from (a dominated one too): a
+    # tier at or above it was reached by the sweep, so the front's value there is exact
+    reach: float | None = None
 
     @classmethod
     def from_points(cls, label: str, x, y, rows: pl.DataFrame | None = None) -> Front:
         idx = pareto_front(x, y)
-        xs = np.asarray(x, dtype=np.float64)[idx]
+        xa = np.asarray(x, dtype=np.float64)
+        xs = xa[idx]
         ys = np.asarray(y, dtype=np.float64)[idx]
         pts = rows[idx.tolist()] if rows is not None and rows.height else pl.DataFrame()
-        return cls(label, xs, ys, pts)
+        reach = float(np.min(xa[np.isfinite(xa)])) if idx.size else None
+        return cls(label, xs, ys, pts, reach)
 
     @property
     def empty(self) -> bool:
@@ -316,33 +334,58 @@ def tier_throughput(front: Front, tier: float) -> TierResult:
     mx = front.x_range[1]
     if thr is None:
         return TierResult(float(tier), None, "infeasible", mx)
-    status = "below-sweep" if tier < front.x_range[0] else "ok"
+    lowest = front.x_range[0] if front.reach is None else min(front.reach, front.x_range[0])
+    status = "below-sweep" if tier < lowest else "ok"
     return TierResult(float(tier), thr, status, mx)
 
 
-def tier_gain(a: Front, b: Front, tiers: Sequence[float] = DEFAULT_TIERS) -> list[dict]:
-    """Throughput of ``a`` and ``b`` at each SLA tier and the gain ``a/b - 1``."""
+# why a front stays above a tier and what to do, when nothing else is known
+STOP_DEFAULT = ("the sweep has no heavier load", "extend the load range")
+
+
+def tier_gain(a: Front, b: Front, tiers: Sequence[float] = DEFAULT_TIERS,
+              stops: dict[str, tuple[str, str]] | None = None) -> list[dict]:
+    """Throughput of ``a`` and ``b`` at each SLA tier and the gain ``a/b - 1``.
+
+    ``bound``: ``"exact"``; ``"lower"`` / ``"upper"`` when the candidate's / baseline's
+    front stays above the tier (that throughput is a lower bound, so the gain is one
+    too / an upper one); None with no gain (a side infeasible, both fronts above the
+    tier: a ratio of two lower bounds says nothing, or a baseline at zero). ``stops``:
+    per front label, (why it stays above a tier, what to do); default
+    :data:`STOP_DEFAULT`."""
     rows = []
     for t in tiers:
         ra, rb = tier_throughput(a, t), tier_throughput(b, t)
-        gain = None
-        if ra.throughput is not None and rb.throughput is not None and rb.throughput > 0:
-            gain = ra.throughput / rb.throughput - 1.0
-        if gain is not None:
-            text = f"{gain:+.0%}"
-            if "below-sweep" in (ra.status, rb.status):
-                text += " (a front does not fall to this tier: extend the load range)"
-        elif ra.throughput is None and rb.throughput is None:
-            text = "infeasible for both"
-        elif rb.throughput is None:
-            text = f"infeasible for {b.label} ({rb.text()}); {a.label}: {ra.text()}"
-        elif ra.throughput is None:
-            text = f"infeasible for {a.label} ({ra.text()})"
-        else:  # both feasible, the baseline at no throughput: no ratio (was blamed on a)
-            text = f"no gain: {b.label} serves {rb.text()} at this tier; {a.label}: {ra.text()}"
+        gain, bound, text = _tier_verdict(a, b, ra, rb, stops or {})
         rows.append({"tier": float(t), "candidate": ra, "baseline": rb, "gain": gain,
-                     "text": text})
+                     "bound": bound, "text": text})
     return rows
+
+
+def _tier_verdict(a: Front, b: Front, ra: TierResult, rb: TierResult,
+                  stops: dict[str, tuple[str, str]]) -> tuple[float | None, str | None, str]:
+    """(gain, bound, text) at one tier; each side's own figure is told beside it (see
+    :func:`headline_rows`), so the text says only the verdict."""
+    if ra.throughput is None or rb.throughput is None:
+        missing = [f.label for f, r in ((a, ra), (b, rb)) if r.throughput is None]
+        return None, None, ("infeasible for both" if len(missing) == 2
+                            else f"infeasible for {missing[0]}")
+    if rb.throughput <= 0:  # both feasible, the baseline at no throughput (not a's fault)
+        return None, None, (f"no gain: {b.label} serves {rb.text()} at this tier; "
+                            f"{a.label}: {ra.text()}")
+    gain = ra.throughput / rb.throughput - 1.0
+    above = [f for f, r in ((a, ra), (b, rb)) if r.status == "below-sweep"]
+    if not above:
+        return gain, "exact", f"{gain:+.0%}"
+    said = [stops.get(f.label, STOP_DEFAULT) for f in above]
+    why = "; ".join(f"{f.label}: {w}" for f, (w, _) in zip(above, said, strict=True))
+    why += "; " + "; ".join(dict.fromkeys(r for _, r in said))  # each remedy once
+    if len(above) == 2:
+        return None, None, ("no gain: both fronts stay above this tier, so both throughputs "
+                            f"are lower bounds ({why})")
+    bound = "lower" if above[0] is a else "upper"
+    return gain, bound, (f"{'>=' if bound == 'lower' else '<='} {gain:+.0%} (its throughput "
+                         f"a lower bound, {why})")
 
 
 # -- Fig. 8 and waste tables --------------------------------------------------------------
@@ -376,21 +419,26 @@ def waste_table(df: pl.DataFrame, basis: str = "steady") -> pl.DataFrame:
 
 
 # -- headline -------------------------------------------------------------------------
-def headline(df: pl.DataFrame, *, candidate: str = "confidence-async", baseline: str = "mtp1",
+def headline(df: pl.DataFrame, *, candidate: str | None = None, baseline: str | None = None,
              tiers: Sequence[float] = DEFAULT_TIERS, stable_only: bool = True,
              basis: str = "steady") -> list[dict]:
-    """Candidate vs baseline for each profile/trace context of the sweep.
+    """Candidate vs baseline for each profile/trace context of the sweep; either side not
+    given is :func:`headline_pair`'s.
 
     Each entry: ``context`` (label suffix), ``candidate``, ``baseline`` (front labels),
     ``matched`` (:func:`matched_throughput_gain`), ``tiers`` (:func:`tier_gain`),
     ``candidate_front`` / ``baseline_front`` (:class:`Front`), ``basis`` (``steady`` or
-    ``whole``: what the figures are; ``whole`` when the results have no steady columns).
+    ``whole``: what the figures are; ``whole`` when the results have no steady columns),
+    ``left_out`` (the two policies' :func:`left_out` rows in this context, as dicts).
     """
-    cand, base = canonical_policy(candidate), canonical_policy(baseline)
+    swept = df["policy"].to_list() if "policy" in df.columns else []
+    cand, base, _ = headline_pair(swept, candidate, baseline)
     used = basis_used(df, basis)
     # naming a lossy policy as candidate or baseline asks for its front
     fronts = compute_fronts(df, policies=[cand, base], stable_only=stable_only, basis=basis,
                             lossy=None)
+    left = left_out(df, policies=[cand, base], stable_only=stable_only, basis=basis)
+    stops = _front_stops(df, left, stable_only=stable_only, basis=basis)
     out = []
     by_ctx: dict[str, dict[str, Front]] = {}
     for label, fr in fronts.items():
@@ -399,15 +447,19 @@ def headline(df: pl.DataFrame, *, candidate: str = "confidence-async", baseline:
     for ctx, fr in by_ctx.items():
         a = fr.get(cand, Front(cand, np.zeros(0), np.zeros(0)))
         b = fr.get(base, Front(base, np.zeros(0), np.zeros(0)))
+        labels = [f"{p} | {ctx}" if ctx else p for p in (cand, base)]
         out.append({"context": ctx, "candidate": cand, "baseline": base,
-                    "matched": matched_throughput_gain(a, b), "tiers": tier_gain(a, b, tiers),
-                    "candidate_front": a, "baseline_front": b, "basis": used})
+                    "matched": matched_throughput_gain(a, b),
+                    "tiers": tier_gain(a, b, tiers, {p: stops[lab] for p, lab in zip(
+                        (cand, base), labels, strict=True) if lab in stops}),
+                    "candidate_front": a, "baseline_front": b, "basis": used,
+                    "left_out": left.filter(pl.col("front_label").is_in(labels)).to_dicts()})
     if not out:
         out.append({"context": "", "candidate": cand, "baseline": base,
                     "matched": matched_throughput_gain(Front(cand, np.zeros(0), np.zeros(0)),
                                                        Front(base, np.zeros(0), np.zeros(0))),
                     "tiers": [], "candidate_front": None, "baseline_front": None,
-                    "basis": used})
+                    "basis": used, "left_out": left.to_dicts()})
     for e in out:
         if e["matched"]["reason"] == EMPTY_FRONT:
             e["matched"]["reason"] = _empty_front_reason(df, e, stable_only)
@@ -445,6 +497,143 @@ def _empty_front_reason(df: pl.DataFrame, entry: dict, stable_only: bool) -> str
     return "; ".join(why) + ctx
 
 
+def headline_pair(policies: Sequence[str], candidate: str | None = None,
+                  baseline: str | None = None) -> tuple[str, str, str | None]:
+    """The headline's candidate and baseline (canonical names) for a sweep of
+    ``policies``, and a note when a side is not among them (None when both are).
+
+    A name given wins. Otherwise the baseline is ``mtp1`` and the candidate the run's
+    default policy when swept, and a side is the sweep's one other policy when fixing the
+    first leaves exactly one (a sweep of one policy: the candidate). A side still open
+    falls back to its default, which the note says is not in the sweep, and how to name
+    one."""
+    present = list(dict.fromkeys(canonical_policy(p) for p in policies))
+    cand = canonical_policy(candidate.strip()) if candidate else None
+    base = canonical_policy(baseline.strip()) if baseline else None
+    if base is None and DEFAULT_BASELINE in present and cand != DEFAULT_BASELINE:
+        base = DEFAULT_BASELINE
+    if cand is None and DEFAULT_CANDIDATE in present and base != DEFAULT_CANDIDATE:
+        cand = DEFAULT_CANDIDATE
+    rest = [p for p in present if p != base]
+    if cand is None and len(rest) == 1:  # the one policy besides the baseline, or the only one
+        cand = rest[0]
+    if base is None and cand is not None and len(rest := [p for p in present if p != cand]) == 1:
+        base = rest[0]
+    notes = []
+    for role, name, default in (("candidate", cand, DEFAULT_CANDIDATE),
+                                ("baseline", base, DEFAULT_BASELINE)):
+        if name is None:
+            notes.append(f"no {role}: {default} is not swept and no single other policy is "
+                         f"left to take (name one with --{role})")
+        elif name not in present:
+            notes.append(f"{name} not in the results")
+    note = "; ".join(notes) + f" (policies: {', '.join(present) or 'none'})" if notes else None
+    return cand or DEFAULT_CANDIDATE, base or DEFAULT_BASELINE, note
+
+
+LEFT_OUT_REASONS = ("no steady window", "too few requests", "unstable")
+LEFT_OUT_SCHEMA = {"front_label": pl.Utf8, "policy": pl.Utf8, "load_kind": pl.Utf8,
+                   "load": pl.Float64, "seed": pl.Int64, "point_id": pl.Utf8,
+                   "reason": pl.Utf8, "detail": pl.Utf8, "remedy": pl.Utf8}
+
+
+def left_out(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
+             stable_only: bool = True, basis: str = "steady") -> pl.DataFrame:
+    """Every sweep point (each seed) that no front can use, and why: one row each,
+    :data:`LEFT_OUT_SCHEMA`'s columns, ``reason`` one of :data:`LEFT_OUT_REASONS`
+    (``detail``: the numbers; ``remedy``: the sweep options that would keep it). A point
+    with the figures that a front dominates is not left out: it was weighed."""
+    if df.height == 0 or "policy" not in df.columns:
+        return pl.DataFrame(schema=LEFT_OUT_SCHEMA)
+    steady = basis_used(df, basis) == "steady"
+    view = with_labels(metric_view(df, basis), _context_cols(df))
+    if policies:
+        view = view.filter(pl.col("policy").is_in([canonical_policy(p) for p in policies]))
+    judge_stable = stable_only and "stable" in view.columns  # as usable() reads the flag
+    rows = []
+    for r in view.to_dicts():
+        why = _why_left_out(r, steady=steady, judge_stable=judge_stable)
+        if why is not None:
+            rows.append({k: r.get(k) for k in ("front_label", "policy", "load_kind", "load",
+                                               "seed", "point_id")}
+                        | dict(zip(("reason", "detail", "remedy"), why, strict=True)))
+    return pl.DataFrame(rows, schema=LEFT_OUT_SCHEMA)
+
+
+def _finite(v) -> bool:
+    return v is not None and math.isfinite(v)
+
+
+def _why_left_out(r: dict, *, steady: bool, judge_stable: bool) -> tuple[str, str, str] | None:
+    """(reason, detail, remedy) for one point of a metric view, or None when a front can
+    use it."""
+    if not _finite(r.get(Y)):
+        detail = (r.get("steady_window_note") if steady else None) or "no engine step in it"
+        return "no steady window", detail, _more_requests(r)
+    if not _finite(r.get(X)):
+        n = r.get("steady_window_requests") or 0
+        ran = r.get("num_requests")
+        detail = (f"{n:,} requests in the steady window's latency sample"
+                  + (f", of {ran:,} run" if ran else "") if steady
+                  else "no finished request of two or more tokens")
+        return "too few requests", detail, _more_requests(r)
+    if judge_stable and not r.get("stable"):
+        return ("unstable", r.get("stability_note") or "requests unfinished, or the queue grew",
+                "none at this load: the policy falls behind it (its front ends at a lighter "
+                "load; sweep loads in between to find where)")
+    return None
+
+
+def _more_requests(r: dict) -> str:
+    """The sizing options that give a point a steady window with a latency sample."""
+    double = "--max-doublings D (reruns it with twice the requests while its window is short)"
+    if r.get("load_kind") == "concurrency":
+        return (f"run more requests per point: --requests-per-client K (at least K x the "
+                f"clients; the case study uses 32) or {double}")
+    return f"run more requests per point: --num-requests N or {double}"
+
+
+def load_text(kind: str | None, load: float | None) -> str:
+    """A point's load as a reader says it: ``C = 64`` (clients) or ``20 req/s``."""
+    if load is None:
+        return "-"
+    if kind == "concurrency":
+        return f"C = {load:g}"
+    return f"{load:g} req/s" if kind == "qps" else f"{kind} {load:g}"
+
+
+def _front_stops(df: pl.DataFrame, left: pl.DataFrame, *, stable_only: bool,
+                 basis: str) -> dict[str, tuple[str, str]]:
+    """Per front label: (why the front ends where it does at its heavy-load end, what to
+    do). Its heavier loads left out (too few requests, no window, unstable) say so;
+    otherwise the sweep never went heavier: extend the load range past its heaviest."""
+    view = with_labels(metric_view(df, basis), _context_cols(df))
+    used = usable(view, stable_only=stable_only)
+    out = {}
+    for label in dict.fromkeys(used["front_label"].to_list() + left["front_label"].to_list()):
+        u, lo = used.filter(pl.col("front_label") == label), left.filter(
+            pl.col("front_label") == label)
+        heavier = []
+        for r in lo.to_dicts():
+            mine = u.filter(pl.col("load_kind") == r["load_kind"])["load"]
+            if mine.len() == 0 or r["load"] > mine.max():
+                heavier.append(r)
+        if heavier:
+            loads = ", ".join(dict.fromkeys(load_text(r["load_kind"], r["load"])
+                                            for r in sorted(heavier, key=lambda r: r["load"])))
+            sized = [r for r in heavier if r["reason"] != "unstable"]
+            out[label] = ((f"heavier loads ({loads}) left off, {sized[0]['reason']}",
+                           "run more requests per point (--requests-per-client, "
+                           "--max-doublings)") if sized else
+                          (f"heavier loads ({loads}) unstable",
+                           "sweep loads between its heaviest stable one and them"))
+        elif u.height:
+            top = u.sort("load").row(-1, named=True)
+            out[label] = (f"its heaviest load is {load_text(top['load_kind'], top['load'])}",
+                          "extend the load range")
+    return out
+
+
 def basis_used(df: pl.DataFrame, basis: str = "steady") -> str:
     """``"steady"`` when ``basis`` asks for it and the results carry the steady front
     columns, else ``"whole"``."""
@@ -473,9 +662,27 @@ def headline_rows(h: list[dict]) -> list[dict[str, str]]:
                          "metric": f"throughput gain at {t['tier']:g} tok/s/user, {vs}",
                          "value": f"{t['text']} [{e['candidate']}: {t['candidate'].text()}; "
                                   f"{e['baseline']}: {t['baseline'].text()}]"})
+        if e.get("left_out"):
+            rows.append({"context": ctx, "metric": f"points left off the fronts, {vs}",
+                         "value": left_out_text(e["left_out"])})
         rows.append({"context": ctx, "metric": "figures", "value": BASIS_TEXT[
             e.get("basis", "whole")]})
     return rows
+
+
+def left_out_text(rows: Sequence[dict]) -> str:
+    """:func:`left_out` rows in one line: each point (seeds of one load together) with
+    its reason and numbers, then each remedy once."""
+    points: dict[tuple, list] = {}
+    for r in rows:
+        points.setdefault((r["front_label"], r["load_kind"], r["load"], r["reason"]),
+                          []).append(r)
+    said = []
+    for (label, kind, load, reason), rs in points.items():
+        seeds = f", {len(rs)} seeds" if len(rs) > 1 else ""
+        said.append(f"{label} at {load_text(kind, load)}: {reason}{seeds} ({rs[0]['detail']})")
+    remedies = list(dict.fromkeys(r["remedy"] for r in rows))
+    return "; ".join(said) + ". Remedy: " + "; ".join(remedies)
 
 
 BASIS_TEXT = {"steady": "steady state (warm-up and drain excluded)",
@@ -494,8 +701,10 @@ def format_headline(h: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BASES", "DEFAULT_TIERS", "Front", "TierResult", "X", "Y", "aggregate_seeds",
+__all__ = ["BASES", "DEFAULT_BASELINE", "DEFAULT_CANDIDATE", "DEFAULT_TIERS", "Front",
+           "LEFT_OUT_REASONS", "TierResult", "X", "Y", "aggregate_seeds",
            "basis_used", "budget_table", "compute_fronts", "format_headline", "headline",
-           "headline_rows", "is_lossy", "metric_view", "select_lossy",
+           "headline_pair", "headline_rows", "is_lossy", "left_out", "left_out_text",
+           "load_text", "metric_view", "select_lossy",
            "matched_throughput_gain", "pareto_front", "tier_gain", "tier_throughput",
            "waste_table", "with_labels"]

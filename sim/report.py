@@ -42,8 +42,11 @@ from dspark_sim.sim.frontier import (
     compute_fronts,
     format_headline,
     headline,
+    headline_pair,
     headline_rows,
     is_lossy,
+    left_out,
+    load_text,
     metric_view,
     select_lossy,
     waste_table,
@@ -406,15 +409,28 @@ def _table_html(rows: list[dict], cols: Sequence[str] | None = None) -> str:
 
 
 def _fronts_rows(df: pl.DataFrame, policies, stable_only, basis) -> list[dict]:
+    """Each front's points with the load that gave them (seeds averaged)."""
     rows = []
     for kind in (False, True):
         for label, fr in compute_fronts(df, policies=policies, stable_only=stable_only,
                                         basis=basis, lossy=kind).items():
-            for x, y in zip(fr.x, fr.y, strict=True):
+            loads = (fr.points.select("load_kind", "load").rows()
+                     if {"load_kind", "load"} <= set(fr.points.columns) else [])
+            for i, (x, y) in enumerate(zip(fr.x, fr.y, strict=True)):
                 rows.append({"front": f"LOSSY {label}" if kind else label,
+                             "load": load_text(*loads[i]) if loads else "-",
                              "interactivity (tok/s/user)": f"{x:.1f}",
                              "throughput (tok/s/GPU)": f"{y:,.0f}"})
     return rows
+
+
+def _left_out_rows(df: pl.DataFrame, policies, stable_only, basis) -> list[dict]:
+    """Every point no front uses, with why and what would keep it."""
+    return [{"front": r["front_label"], "load": load_text(r["load_kind"], r["load"]),
+             "seed": r["seed"], "reason": r["reason"], "detail": r["detail"],
+             "remedy": r["remedy"]}
+            for r in left_out(df, policies=policies, stable_only=stable_only,
+                              basis=basis).iter_rows(named=True)]
 
 
 LOSSY_SECTION = """<h2>Lossy axis</h2>
@@ -435,17 +451,20 @@ th{background:#f3f3f3} .note{color:#555;font-size:0.9em}
 """
 
 
-def _headline_parts(df: pl.DataFrame, present: set, cand: str, base: str, tiers,
+def _headline_parts(df: pl.DataFrame, candidate: str | None, baseline: str | None, tiers,
                     stable_only: bool, basis: str) -> tuple[str, str]:
     """The headline table as HTML and as markdown (kept in the page as a comment), or a
-    note naming what is missing when the sweep lacks the candidate or the baseline."""
-    if cand in present and base in present:
+    note naming what is missing when the sweep lacks the candidate or the baseline (the
+    sides not given are :func:`headline_pair`'s)."""
+    cand, base, missing = headline_pair(df["policy"].to_list(), candidate, baseline)
+    if missing is None:
         h = headline(df, candidate=cand, baseline=base, tiers=tiers, stable_only=stable_only,
                      basis=basis)
-        return _table_html(headline_rows(h)), format_headline(h)
-    return (f"<p>Headline comparison needs both {html.escape(cand)} and "
-            f"{html.escape(base)} in the sweep (present: "
-            f"{html.escape(', '.join(sorted(present)))}).</p>"), ""
+        rows = headline_rows(h)
+        cols = ["context", "metric", "value"] if any(r["context"] for r in rows) else [
+            "metric", "value"]  # one context: no column of empty cells
+        return _table_html(rows, cols), format_headline(h)
+    return (f"<p>No headline comparison: {html.escape(missing)}.</p>"), ""
 
 
 def _context_rows(df: pl.DataFrame) -> list[dict]:
@@ -458,9 +477,35 @@ def _context_rows(df: pl.DataFrame) -> list[dict]:
     return ctx
 
 
+def _points_note(df: pl.DataFrame, left: list[dict]) -> str:
+    """How many points the page has, and how many of them no front uses."""
+    n_unstable = int((~df["stable"].fill_null(False)).sum()) if "stable" in df.columns else 0
+    n_short = (int(df["steady_window_short"].fill_null(False).sum())
+               if "steady_window_short" in df.columns else 0)
+    return (f"{df.height} sweep points ({n_unstable} unstable, drawn as x and left out of the "
+            f"fronts; {n_short} with a steady-state window flagged short, drawn open: run more "
+            f"requests; {len(left)} left off the fronts in all, each listed with why under "
+            f'"Points left off the fronts")')
+
+
+def _tables_html(df: pl.DataFrame, policies, stable_only: bool, basis: str,
+                 left: list[dict]) -> str:
+    """The closing tables: the front points with their loads, every point left off the
+    fronts with why, and the configuration."""
+    return f"""<h2>Front points</h2>
+{_table_html(_fronts_rows(df, policies, stable_only, basis))}
+<h2>Points left off the fronts</h2>
+<p class="note">Points no front could use: no steady window or too few requests in it (its
+figures are missing: run more requests per point), or unstable (the policy falls behind that
+load).</p>
+{_table_html(left)}
+<h2>Configuration</h2>
+{_table_html(_context_rows(df))}"""
+
+
 def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
-                 policies: Sequence[str] | None = None, candidate: str = "confidence-async",
-                 baseline: str = "mtp1", tiers: Sequence[float] = DEFAULT_TIERS,
+                 policies: Sequence[str] | None = None, candidate: str | None = None,
+                 baseline: str | None = None, tiers: Sequence[float] = DEFAULT_TIERS,
                  vllm_results: str | Path | None = None, gpus: int | None = None,
                  stable_only: bool = True, title: str = "dspark-sim frontiers",
                  basis: str = "steady") -> Path:
@@ -468,8 +513,9 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
 
     ``results``: a frame from :func:`run_sweep`, a sweep folder or a results.parquet.
     ``policies`` restricts (and orders) the policies shown; ``candidate``/``baseline``
-    are compared in the headline table (skipped when either is absent). ``basis``:
-    ``"steady"`` (default) or ``"whole"``-run figures.
+    are compared in the headline table (default: ``frontier.headline_pair``'s, the run's
+    default policy against mtp1 or the sweep's one other policy; a note says so when a
+    side is absent). ``basis``: ``"steady"`` (default) or ``"whole"``-run figures.
     """
     df = results if isinstance(results, pl.DataFrame) else load_results(results)
     if df.height == 0:
@@ -480,7 +526,6 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
     if out.suffix.lower() not in (".html", ".htm"):
         out = out / "report.html"
     vllm = read_vllm_results(vllm_results, gpus) if vllm_results else None
-    present = set(df["policy"].to_list())
     figs = [fronts_figure(df, policies=policies, tiers=tiers, stable_only=stable_only,
                           vllm=vllm, basis=basis),
             budget_figure(df, policies=policies, basis=basis),
@@ -489,30 +534,25 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
     has_lossy = bool(df.select(is_lossy(df).any()).item())
     if has_lossy:
         figs.append(lossy_figure(df, policies=policies, basis=basis))
-    head_html, head_md = _headline_parts(df, present, canonical_policy(candidate),
-                                         canonical_policy(baseline), tiers, stable_only, basis)
-    n_unstable = int((~df["stable"].fill_null(False)).sum()) if "stable" in df.columns else 0
-    n_short = (int(df["steady_window_short"].fill_null(False).sum())
-               if "steady_window_short" in df.columns else 0)
+    head_html, head_md = _headline_parts(df, candidate, baseline, tiers, stable_only, basis)
+    left = _left_out_rows(df, policies, stable_only, basis)
     divs = [pio.to_html(f, include_plotlyjs=(i == 0), full_html=False,
                         config={"displaylogo": False}) for i, f in enumerate(figs)]
-    ctx = _context_rows(df)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     doc = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>{CSS}</style></head><body>
 <h1>{html.escape(title)}</h1>
-<p class="note">{df.height} sweep points ({n_unstable} unstable, drawn as x and left out of
-the fronts; {n_short} with a steady-state window flagged short, drawn open: run more
-requests), generated {stamp}. Figures: {html.escape(BASIS_TEXT[used])}. Click a legend
+<p class="note">{_points_note(df, left)}, generated {stamp}. Figures: {html.escape(BASIS_TEXT[used])}. Click a legend
 entry to hide or show a policy (points and front together).</p>
 <h2>Headline numbers</h2>
 {head_html}
 <p class="note">Matched-throughput gain: candidate's / baseline's interactivity at equal
 tok/s/GPU, over the throughput range both fronts cover. Tier throughput: the front
-interpolated at the tier; "infeasible" when a front never reaches it; "below sweep" when the
-front's lowest interactivity is still above the tier (a lower bound: extend the load range).
-</p>
+interpolated at the tier; "infeasible" when a front never reaches it; "below sweep" when no
+point of the policy fell to the tier (a lower bound, so the gain is marked &gt;= or &lt;=, and
+with both sides below it no gain is given; the row says why the front stops: heavier loads
+left off, listed below, or never swept).</p>
 <h2>Throughput vs interactivity</h2>
 {divs[0]}
 <h2>Verification budget vs concurrency (Fig. 8)</h2>
@@ -524,10 +564,7 @@ for admission shows here, not on the front.</p>
 <h2>Verification waste vs load</h2>
 {divs[3]}
 {LOSSY_SECTION.format(div=divs[4]) if has_lossy else ""}
-<h2>Front points</h2>
-{_table_html(_fronts_rows(df, policies, stable_only, basis))}
-<h2>Configuration</h2>
-{_table_html(ctx)}
+{_tables_html(df, policies, stable_only, basis, left)}
 <!-- headline (markdown)
 {html.escape(head_md)}
 -->

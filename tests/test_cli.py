@@ -220,6 +220,35 @@ def test_sweep_cli_writes_results_report_and_headline(tmp_path):
     _one_line_error(invoke("sweep", "--out", str(tmp_path / "x"), "--qps", "5:1:0"), "--qps")
 
 
+def test_sweep_cli_headline_defaults_and_lists_points_left_off(tmp_path, monkeypatch):
+    """The README's default `confidence` against mtp1 is the headline without naming
+    either. At C = 32, 80 requests leave each steady window without a latency sample:
+    the headline gives no gain at 80 tok/s/user (both fronts stay above it: two lower
+    bounds), blames too few requests with the sizing options, not the load range, and
+    every point left off is listed (the headline's two, then none's)."""
+    from dspark_sim import cli
+
+    monkeypatch.setattr(cli.console, "width", 400)  # each sentence on one line
+    r = invoke("sweep", "--out", str(tmp_path / "sw"), "--policies", "mtp1,confidence,none",
+               "--concurrency", "4,32", "--num-requests", "80", "--replicas", "1",
+               "--executor", "serial", "--quiet")
+    assert r.exit_code == 0, r.output
+    assert "| throughput gain at 80 tok/s/user, confidence vs mtp1 | no gain: both fronts " \
+        "stay above this tier" in r.output
+    assert "confidence: heavier loads (C = 32) left off, too few requests" in r.output
+    assert "extend the load range" not in r.output
+    assert "| points left off the fronts, confidence vs mtp1 | confidence at C = 32: too few " \
+        "requests (0 requests in the steady window's latency sample, of 80 run); mtp1 at " \
+        "C = 32" in r.output
+    assert "\n1 point left off the fronts: none at C = 32: too few requests" in r.output
+    assert "--requests-per-client K" in r.output and "--max-doublings D" in r.output
+    r = invoke("sweep", "--out", str(tmp_path / "sw2"), "--policies", "fixed:3,none",
+               "--concurrency", "4,32", "--num-requests", "80", "--replicas", "1",
+               "--executor", "serial", "--quiet")
+    assert r.exit_code == 0, r.output
+    assert "no headline: no candidate: confidence is not swept" in r.output
+
+
 def test_sweep_cli_basis_and_sizing(tmp_path):
     """--requests-per-client sizes each closed-loop point at max(--num-requests, K x C);
     --basis whole draws the headline from the whole-run columns, and says so."""

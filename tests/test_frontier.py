@@ -359,7 +359,9 @@ def test_tier_text_and_edges():
     assert below.status == "below-sweep" and below.text() == "800 tok/s/GPU (>=, below sweep)"
     rows = tier_gain(A, B, [10])  # below A's sweep (A: 800 or more, B: 700): the text says so
     assert rows[0]["gain"] == pytest.approx(800 / 700 - 1)
-    assert rows[0]["text"] == "+14% (a front does not fall to this tier: extend the load range)"
+    assert rows[0]["bound"] == "lower"  # A's throughput is a lower bound, so the gain is
+    assert rows[0]["text"] == (">= +14% (its throughput a lower bound, A: the sweep has no "
+                               "heavier load; extend the load range)")
     assert tier_gain(A, B, [30])[0]["text"] == f"{700 / 300 - 1:+.0%}"
     # a baseline at zero throughput has no gain; at 0.5 tok/s/GPU it has one
     zero = Front.from_points("z", [10, 30], [100, 0])
@@ -534,3 +536,146 @@ def test_select_lossy_reads_a_missing_flag_as_lossless():
     assert fr.select_lossy(df, None).height == 3
     old = df.drop("lossy")  # results written before the column existed: all lossless
     assert fr.select_lossy(old, False).height == 3 and fr.select_lossy(old, True).height == 0
+
+
+# -- what a reader of the headline is told ---------------------------------------------------------
+def test_a_gain_with_a_lower_bound_is_a_bound_and_two_lower_bounds_give_none():
+    """Below A's sweep (A: 800 or more; B: 700) the gain is at least +14 %; with the sides
+    swapped at most -12 %; below both sweeps there is no gain (a ratio of two lower
+    bounds): the old text showed one as "+14%", with "extend the load range" whatever
+    the cause."""
+    (lower,) = tier_gain(A, B, [10])
+    (upper,) = tier_gain(B, A, [10])
+    (both,) = tier_gain(A, B, [3])
+    assert (lower["bound"], upper["bound"]) == ("lower", "upper")
+    assert lower["text"].startswith(">= +14% (its throughput a lower bound, A: ")
+    assert upper["text"].startswith("<= -12% (its throughput a lower bound, A: ")
+    assert both["gain"] is None and both["bound"] is None
+    assert both["text"] == ("no gain: both fronts stay above this tier, so both throughputs "
+                            "are lower bounds (A: the sweep has no heavier load; B: the sweep "
+                            "has no heavier load; extend the load range)")
+    (exact,) = tier_gain(A, B, [30])
+    assert exact["bound"] == "exact" and exact["text"] == "+133%"
+
+
+def test_a_tier_that_a_dominated_point_reached_is_exact():
+    """(5, 250) is dominated by (10, 300): the front starts at 10 tok/s/user, but the
+    sweep did fall to 5, so at 7 the most throughput is 300, measured, not a bound."""
+    f = Front.from_points("d", [10, 20, 40, 5], [300, 200, 100, 250])
+    assert f.x.tolist() == [10, 20, 40] and f.reach == 5.0
+    r = tier_throughput(f, 7)
+    assert (r.status, r.throughput) == ("ok", 300.0)
+    assert tier_throughput(f, 4).status == "below-sweep"
+
+
+def test_infeasible_tier_cell_says_it_once():
+    (row,) = [r for r in fr.headline_rows(fr.headline(_frame(), tiers=[50]))
+              if "50 tok/s/user" in r["metric"]]
+    assert row["value"] == ("infeasible for mtp1 [confidence-async: 500 tok/s/GPU; mtp1: "
+                            "infeasible (max 40 tok/s/user)]")
+
+
+@pytest.mark.parametrize(("swept", "given", "want"), [
+    (["mtp1", "fixed:3", "fixed:5", "confidence", "confidence-async", "none"], (None, None),
+     ("confidence", "mtp1")),
+    (["confidence-async", "mtp1"], (None, None), ("confidence-async", "mtp1")),
+    (["confidence", "none"], (None, None), ("confidence", "none")),
+    (["fixed:3", "fixed:5"], ("FIXED:3", None), ("fixed:3", "fixed:5")),
+    (["mtp1", "dcut"], ("mtp1", None), ("mtp1", "dcut")),
+    (["dcut", "dfly"], ("dcut", "dfly"), ("dcut", "dfly")),
+])
+def test_headline_pair_takes_the_defaults_then_the_one_other_policy(swept, given, want):
+    assert fr.DEFAULT_CANDIDATE == "confidence" == fr.SimConfig().policy  # run's default
+    assert fr.headline_pair(swept, *given) == (*want, None)
+
+
+def test_headline_pair_says_when_a_side_is_open():
+    assert fr.headline_pair(["fixed:3", "fixed:5", "mtp1"]) == (
+        "confidence", "mtp1", "no candidate: confidence is not swept and no single other "
+        "policy is left to take (name one with --candidate) (policies: fixed:3, fixed:5, mtp1)")
+    assert fr.headline_pair(["dcut"])[1:] == (
+        "mtp1", "no baseline: mtp1 is not swept and no single other policy is left to take "
+        "(name one with --baseline) (policies: dcut)")
+    assert fr.headline_pair(["dcut", "dfly"], "dfly", "mtp1")[2] == (
+        "mtp1 not in the results (policies: dcut, dfly)")
+
+
+def test_the_default_headline_compares_the_runs_default_policy():
+    """A sweep of the README's default `confidence` against mtp1 gets its headline without
+    naming either (it said "needs both confidence-async and mtp1"), and the report's
+    table has no empty context column and a load column for the front points."""
+    df = _frame().with_columns(pl.col("policy").str.replace("confidence-async", "confidence"))
+    (e,) = fr.headline(df, tiers=[30])
+    assert (e["candidate"], e["baseline"]) == ("confidence", "mtp1") and e["matched"]["feasible"]
+
+
+def test_report_headline_and_front_table(tmp_path):
+    df = _frame().with_columns(pl.col("policy").str.replace("confidence-async", "confidence"))
+    text = build_report(df, tmp_path / "r.html", tiers=[30, 50]).read_text()
+    head = text[text.index("<h2>Headline numbers"):text.index("<h2>Throughput vs")]
+    assert "confidence vs mtp1" in head and "+133%" in head
+    assert "<th>context</th>" not in head
+    assert "infeasible for mtp1 [" in head and "infeasible for mtp1 (infeasible" not in head
+    fronts = text[text.index("<h2>Front points"):text.index("<h2>Points left off")]
+    assert "<th>front</th><th>load</th>" in fronts and "<td>C = 256</td>" in fronts
+    only = build_report(df.filter(pl.col("policy") != "mtp1"), tmp_path / "o.html").read_text()
+    assert "No headline comparison: no baseline: mtp1 is not swept" in only
+
+
+def _left_out_frame() -> pl.DataFrame:
+    """The frame's figures as steady ones (2,000 requests a point, 300 in each latency
+    sample), except at C = 256, whose window held no latency sample."""
+    heavy = pl.col("load") == 256.0
+    return _frame().with_columns(
+        pl.when(heavy).then(None).otherwise(pl.col(fr.X)).alias(fr.STEADY + fr.X),
+        pl.col(fr.Y).alias(fr.STEADY + fr.Y),
+        pl.when(heavy).then(0).otherwise(300).alias("steady_window_requests"),
+        pl.lit(2000).alias("num_requests"))
+
+
+def test_points_left_off_the_fronts_are_listed_with_why_and_the_remedy():
+    left = fr.left_out(_left_out_frame())
+    assert sorted(zip(left["policy"], left["load"], left["seed"], left["reason"],
+                      strict=True)) == [
+        ("confidence-async", 256.0, 0, "too few requests"),
+        ("confidence-async", 256.0, 1, "too few requests"),
+        ("confidence-async", 999.0, 2, "unstable"),
+        ("mtp1", 256.0, 0, "too few requests"), ("mtp1", 256.0, 1, "too few requests")]
+    few = left.filter(pl.col("reason") == "too few requests").row(0, named=True)
+    assert few["detail"] == "0 requests in the steady window's latency sample, of 2,000 run"
+    assert "--requests-per-client K" in few["remedy"] and "--max-doublings D" in few["remedy"]
+    assert fr.left_out(_left_out_frame(), stable_only=False)["reason"].to_list().count(
+        "unstable") == 0
+    no_window = _left_out_frame().with_columns(pl.lit(None, pl.Float64).alias(fr.STEADY + fr.Y),
+                                               pl.lit("no steady state").alias(
+                                                   "steady_window_note"))
+    assert set(fr.left_out(no_window)["detail"]) >= {"no steady state"}
+    assert set(fr.left_out(no_window)["reason"]) == {"no steady window"}
+
+
+def test_a_front_cut_short_by_too_few_requests_says_so_not_extend_the_load_range():
+    """With C = 256 left off for too few requests, confidence-async's front starts at
+    ~30 tok/s/user and mtp1's at ~10: at 20 the gain is a lower bound and the row says
+    why (the heavier loads left off) and what to do (more requests, not more load); at 5
+    neither front falls to the tier: no gain. The headline lists the points it lost."""
+    (e,) = fr.headline(_left_out_frame(), tiers=[20, 5])
+    t20, t5 = e["tiers"]
+    assert t20["bound"] == "lower" and t20["text"].startswith(">= ")
+    assert ("confidence-async: heavier loads (C = 256, C = 999) left off, too few requests; "
+            "run more requests per point (--requests-per-client, --max-doublings)") in t20["text"]
+    assert "extend the load range" not in t20["text"]
+    assert t5["gain"] is None and t5["text"].startswith("no gain: both fronts stay above")
+    rows = {r["metric"]: r["value"] for r in fr.headline_rows([e])}
+    listed = rows["points left off the fronts, confidence-async vs mtp1"]
+    assert listed.startswith("confidence-async at C = 256: too few requests, 2 seeds (0 "
+                             "requests in the steady window's latency sample, of 2,000 run)")
+    assert "confidence-async at C = 999: unstable (requests unfinished, or the queue grew)" in listed
+    assert "mtp1 at C = 256: too few requests, 2 seeds" in listed
+
+
+def test_the_report_lists_every_point_left_off(tmp_path):
+    text = build_report(_left_out_frame(), tmp_path / "r.html").read_text()
+    assert "5 left off the fronts in all" in text
+    section = text[text.index("<h2>Points left off"):text.index("<h2>Configuration")]
+    assert section.count("<td>too few requests</td>") == 4
+    assert section.count("<td>unstable</td>") == 1
