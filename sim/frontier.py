@@ -579,8 +579,8 @@ def _why_left_out(r: dict, *, steady: bool, judge_stable: bool) -> tuple[str, st
         return "too few requests", detail, _more_requests(r)
     if judge_stable and not r.get("stable"):
         return ("unstable", r.get("stability_note") or "requests unfinished, or the queue grew",
-                "none at this load: the policy falls behind it (its front ends at a lighter "
-                "load; sweep loads in between to find where)")
+                "none: the policy cannot keep up with this load, its front ends at a "
+                "lighter one (sweep loads in between to find where)")
     return None
 
 
