@@ -1092,7 +1092,7 @@ EngineKv = Annotated[int | None, typer.Option(
 
 @calibrate_app.command("vllm")
 def calibrate_vllm_cmd(
-    files: Annotated[list[Path], typer.Argument(
+    files: Annotated[list[Path], PathArgument(
         help="vllm bench serve --save-result JSON files (or folders of them), with and "
              "without speculation, at several loads.")],
     out: Annotated[Path, PathOption(help="Folder for profile.toml, trace.parquet, fit.json.")],
@@ -1143,7 +1143,10 @@ def vllm_prepare_model(
 
 
 def _live_config(python: Path, model: Path, settings: str, concurrency: str, rates: str,
-                 output_tokens: int, draft_model: Path | None):
+                 output_tokens: int, draft_model: Path | None, server_args: str = "",
+                 cpu_defaults: bool = True):
+    import shlex
+
     from dspark_sim.sim.sweep import parse_numbers
     from dspark_sim.validation.vllm_live import LiveConfig, parse_settings
 
@@ -1159,7 +1162,9 @@ def _live_config(python: Path, model: Path, settings: str, concurrency: str, rat
                       concurrencies=tuple(parse_numbers(concurrency, integer=True,
                                                         option="--concurrency")),
                       rates=tuple(parse_numbers(rates, option="--rates")) if rates else (),
-                      output_tokens=output_tokens, draft_model=draft_model)
+                      output_tokens=output_tokens, draft_model=draft_model,
+                      extra_server_args=tuple(shlex.split(server_args)),
+                      cpu_defaults=cpu_defaults)
 
 
 VllmPython = Annotated[Path, PathOption(help="The vLLM environment's python (vLLM pins its "
@@ -1170,6 +1175,12 @@ VllmLoads = Annotated[str, typer.Option(help="Closed-loop concurrencies.")]
 VllmRates = Annotated[str, typer.Option(help="Open-loop request rates (req/s; '' for none).")]
 VllmOutput = Annotated[int, typer.Option(help="Output tokens per request (--ignore-eos).")]
 VllmDraft = Annotated[Path | None, PathOption(help="Draft model folder for draft:K.")]
+VllmServerArgs = Annotated[str, typer.Option(
+    help="More vLLM server flags, as one shell-quoted string (e.g. '--tensor-parallel-size "
+         "2').")]
+VllmCpu = Annotated[bool, typer.Option(
+    help="The CPU server flags (fp32, --enforce-eager, --gpu-memory-utilization 0.3); "
+         "--no-cpu-defaults for a GPU server.")]
 VllmSplit = Annotated[str | None, typer.Option(
     "--fit", help="Runs calibrated on: SETTING (all its loads) or SETTING@cN / SETTING@rX, "
                   "comma-separated (default: none,ngram-k3@c<lightest>,ngram-k3@c<heaviest>).")]
@@ -1182,11 +1193,13 @@ def vllm_measure(
     settings: VllmSettings = "none,ngram:1,ngram:3,ngram:5",
     concurrency: VllmLoads = "1,2,4,8,16", rates: VllmRates = "0.5",
     output_tokens: VllmOutput = 64, draft_model: VllmDraft = None,
+    server_args: VllmServerArgs = "", cpu_defaults: VllmCpu = True,
 ) -> None:
     """Start vLLM once per setting and run its bench client at every load (resumable)."""
     from dspark_sim.validation.vllm_live import measure
 
-    cfg = _live_config(python, model, settings, concurrency, rates, output_tokens, draft_model)
+    cfg = _live_config(python, model, settings, concurrency, rates, output_tokens, draft_model,
+                       server_args, cpu_defaults)
     check_writable(out, "--out", inside={"runs": "dir", "manifest.json": "file"})
     manifest = measure(cfg, out, progress=lambda m: console.print(m, highlight=False))
     console.print(f"wrote {manifest}", highlight=False)
@@ -1209,7 +1222,7 @@ def _compare_and_print(runs_dir: Path, out: Path, split: str | None, seed: int,
 
 @vllm_app.command("compare")
 def vllm_compare(
-    runs: Annotated[Path, typer.Argument(help="A measure folder (runs/ + manifest.json), "
+    runs: Annotated[Path, PathArgument(help="A measure folder (runs/ + manifest.json), "
                                               "or a folder of bench serve JSON files.")],
     out: Annotated[Path, PathOption(help="Folder for the comparison.")],
     split: VllmSplit = None, seed: Seed = 0,
@@ -1232,12 +1245,14 @@ def vllm_validate(
     settings: VllmSettings = "none,ngram:1,ngram:3,ngram:5",
     concurrency: VllmLoads = "1,2,4,8,16", rates: VllmRates = "0.5",
     output_tokens: VllmOutput = 64, draft_model: VllmDraft = None,
+    server_args: VllmServerArgs = "", cpu_defaults: VllmCpu = True,
     split: VllmSplit = None, seed: Seed = 0,
 ) -> None:
     """measure, then compare: the live validation against a real vLLM server."""
     from dspark_sim.validation.vllm_live import measure
 
-    cfg = _live_config(python, model, settings, concurrency, rates, output_tokens, draft_model)
+    cfg = _live_config(python, model, settings, concurrency, rates, output_tokens, draft_model,
+                       server_args, cpu_defaults)
     check_writable(out, "--out", inside={"runs": "dir", **VLLM_OUTPUTS})
     measure(cfg, out, progress=lambda m: console.print(m, highlight=False))
     _compare_and_print(out, out, split, seed, {})

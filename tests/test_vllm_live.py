@@ -138,3 +138,13 @@ def test_measure_writes_every_run_and_resumes(tmp_path, fake_python):
     stamp = {p: p.stat().st_mtime_ns for p in (out / "runs").iterdir()}
     measure(cfg, out)
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").iterdir()} == stamp
+
+
+def test_gpu_servers_drop_the_cpu_flags_and_take_their_own(tmp_path, fake_python):
+    python, model = fake_python
+    cfg = LiveConfig(python=python, model_dir=model, cpu_defaults=False,
+                     extra_server_args=("--tensor-parallel-size", "2"))
+    cmd = VllmServer(cfg, Setting("none"), tmp_path / "s.log").command()
+    assert "--enforce-eager" not in cmd and "float32" not in cmd
+    assert cmd[-2:] == ["--tensor-parallel-size", "2"]
+    assert "--speculative-config" not in cmd  # none speculates nothing

@@ -72,6 +72,9 @@ class BenchRun:
     send_s: np.ndarray | None  # open loop: each request's send time from the first
     measured: dict[str, float]
     counters: dict  # the spec_decode_* fields (empty without speculation)
+    # decode steps per request: its streamed chunks after the first token (vLLM streams
+    # one chunk per engine step), None without --save-detailed
+    decode_steps: np.ndarray | None = None
 
     @property
     def name(self) -> str:
@@ -120,9 +123,15 @@ def read_bench_run(path: str | Path) -> BenchRun:
     counters = {key: d[key] for key in d if key.startswith("spec_decode_")} if k else {}
     if k:
         measured["acceptance_length"] = _num(d, "spec_decode_acceptance_length", where)
+        counters["completed"] = completed
+        counters["total_output_tokens"] = int(output.sum())
+    itls = d.get("itls")
+    steps = np.array([len(x) for x in itls], np.int64) \
+        if isinstance(itls, list) and len(itls) == completed \
+        and all(isinstance(x, list) for x in itls) else None
     return BenchRun(p, setting, k, int(conc) if conc is not None else None,
                     None if conc is not None else float(rate), prompt, output, send,
-                    measured, counters)
+                    measured, counters, steps)
 
 
 def _requests(d: dict, where: str, completed: int):
@@ -168,13 +177,18 @@ def _workload_file(run: BenchRun, folder: Path) -> Path:
     """The run's requests as a Mooncake JSONL (send times in ms; lengths)."""
     path = folder / f"{run.name.replace('@', '_')}.jsonl"
     send = run.send_s if run.send_s is not None else np.zeros(len(run.prompt_tokens))
-    order = np.argsort(send, kind="stable")
+    order = _send_order(run)
     with path.open("w", encoding="utf-8") as fh:
         for i in order:
             fh.write(json.dumps({"timestamp": round(float(send[i]) * 1e3, 3),
                                  "input_length": int(run.prompt_tokens[i]),
                                  "output_length": int(run.output_tokens[i])}) + "\n")
     return path
+
+
+def _send_order(run: BenchRun) -> np.ndarray:
+    send = run.send_s if run.send_s is not None else np.zeros(len(run.prompt_tokens))
+    return np.argsort(send, kind="stable")
 
 
 def run_config(run: BenchRun, workload: Path, engine: EngineConfig, seed: int = 0,
@@ -196,7 +210,10 @@ def simulate_run(run: BenchRun, profile: EngineProfile, trace: AcceptanceTrace |
 
     cfg = run_config(run, workload, engine, seed)
     tr = None if run.k == 0 else _trace_for(trace, run.k, run.name)
-    s = simulate(cfg, profile=profile, trace=tr).summary
+    rows = None if tr is None else paired_rows(run, tr)
+    if rows is not None:  # the workload file lists the requests in send order
+        rows = rows[_send_order(run)]
+    s = simulate(cfg, profile=profile, trace=tr, trace_rows=rows).summary
     # a figure the run could not produce (a candidate so slow that nothing finished in
     # the time bound) is NaN, never a crash of the fit that tried it
     out = {m: float("nan") if s.get(m) is None else float(s[m]) for m in METRICS}
@@ -286,15 +303,47 @@ def pooled_trace(runs: list[BenchRun], seed: int = 0) -> AcceptanceTrace | None:
            "spec_decode_acceptance_length": 1.0 + accepted / drafts,
            "completed": int(sum(len(r.output_tokens) for r in pool)),
            "total_output_tokens": int(sum(int(r.output_tokens.sum()) for r in pool))}
-    from dspark_sim.traces.importers import import_vllm_counters
+    from dspark_sim.traces.importers import import_vllm_counters, per_request_trace
 
     with tempfile.TemporaryDirectory() as tmp:
         f = Path(tmp) / "pooled-bench-serve.json"
         f.write_text(json.dumps(doc), encoding="utf-8")
         trace = import_vllm_counters(f, seed=seed, drafter=DRAFTER)
     names = ", ".join(r.name for r in pool)
-    meta = replace(trace.meta, extra={**trace.meta.extra, "pooled_runs": names})
+    extra = {**trace.meta.extra, "pooled_runs": names}
+    detailed = [r for r in pool if r.decode_steps is not None]
+    if detailed:
+        # each request's own acceptance, from the run that served the most of them, its
+        # step counts scaled to the counters' request-steps (a chunk per step, give or
+        # take the last)
+        run = max(detailed, key=lambda r: len(r.output_tokens))
+        steps = run.decode_steps * (_request_steps(run) / max(1, int(run.decode_steps.sum())))
+        surv = np.asarray(trace.meta.generator["survival_per_step"], float)
+        trace = per_request_trace(surv, run.output_tokens, np.maximum(1, np.round(steps)),
+                                  seed=seed, drafter=DRAFTER, source=str(run.path),
+                                  generator={"pooled_counters": trace.meta.generator})
+        extra |= {"request_rows_from": run.name,
+                  "request_input_lens": [int(x) for x in run.prompt_tokens]}
+    meta = replace(trace.meta, extra=extra)
     return replace(trace, meta=meta, source_path=f"<vllm counters of {names}>")
+
+
+def _request_steps(run: BenchRun) -> int:
+    c = run.counters
+    return int(c["total_output_tokens"]) - int(c.get("spec_decode_accepted_tokens", 0)) \
+        - int(c["completed"])
+
+
+def paired_rows(run: BenchRun, trace: AcceptanceTrace) -> np.ndarray | None:
+    """Request ``i`` of ``run`` replays trace row ``i`` when the trace's rows are the same
+    prompts in the same order (``vllm bench serve`` samples a seeded dataset, so every
+    load sends a prefix of one order: checked on the prompt lengths); else None (rows
+    drawn at random, as in any simulation)."""
+    lens = trace.meta.extra.get("request_input_lens")
+    n = len(run.prompt_tokens)
+    if not lens or n > len(lens) or list(run.prompt_tokens) != list(lens[:n]):
+        return None
+    return np.arange(n, dtype=np.int64)
 
 
 def _initial_theta(runs: list[BenchRun]) -> np.ndarray:

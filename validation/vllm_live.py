@@ -136,6 +136,7 @@ class LiveConfig:
     startup_timeout_s: float = 900.0
     bench_timeout_s: float = 1800.0
     extra_server_args: tuple[str, ...] = field(default_factory=tuple)
+    cpu_defaults: bool = True  # CPU_SERVER_ARGS; off for a GPU server
 
     def num_prompts(self, concurrency: int | None) -> int:
         if concurrency is None:
@@ -171,7 +172,8 @@ class VllmServer:
                "--max-num-batched-tokens", str(self.cfg.max_num_batched_tokens),
                "--enable-prefix-caching" if self.cfg.prefix_caching
                else "--no-enable-prefix-caching",
-               *CPU_SERVER_ARGS, *self.cfg.extra_server_args]
+               *(CPU_SERVER_ARGS if self.cfg.cpu_defaults else ()),
+               *self.cfg.extra_server_args]
         spec = self.setting.speculative_config(self.cfg.draft_model)
         if spec is not None:
             cmd += ["--speculative-config", json.dumps(spec)]
@@ -321,7 +323,8 @@ def _manifest(cfg: LiveConfig, prompts: Path, runs: Path) -> dict:
         "output_tokens": cfg.output_tokens,
         "settings": [s.name for s in cfg.settings],
         "concurrencies": list(cfg.concurrencies), "rates": list(cfg.rates),
-        "server_args": list(CPU_SERVER_ARGS) + list(cfg.extra_server_args),
+        "server_args": list(CPU_SERVER_ARGS if cfg.cpu_defaults else ())
+        + list(cfg.extra_server_args),
         "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
         "max_model_len": cfg.max_model_len, "prefix_caching": cfg.prefix_caching,
         "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, "
