@@ -111,7 +111,7 @@ def test_bench_args_closed_and_open_loop(tmp_path, fake_python):
     closed = bench_args(cfg, server, Path("p.jsonl"), tmp_path, "x.json", 8, None)
     assert closed[closed.index("--max-concurrency") + 1] == "8"
     assert closed[closed.index("--request-rate") + 1] == "inf"
-    assert closed[closed.index("--num-prompts") + 1] == "24"  # 3 per client
+    assert closed[closed.index("--num-prompts") + 1] == "32"  # 4 per client
     assert "--ignore-eos" in closed and closed[closed.index("--temperature") + 1] == "0"
     assert closed[closed.index("--custom-output-len") + 1] == "32"
     opened = bench_args(cfg, server, Path("p.jsonl"), tmp_path, "x.json", None, 0.5)

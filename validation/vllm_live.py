@@ -101,9 +101,9 @@ def parse_settings(spec: str) -> tuple[Setting, ...]:
 
 
 def default_prompts() -> Path:
-    """The shipped prompt set: HumanEval problems (MIT licence) in vLLM's ``custom``
+    """The shipped prompt set: 64 HumanEval problems (MIT licence) in vLLM's ``custom``
     dataset format; code answers repeat their signatures, so an n-gram drafter pays."""
-    return Path(str(resources.files("dspark_sim.validation") / "data" / "humaneval-48.jsonl"))
+    return Path(str(resources.files("dspark_sim.validation") / "data" / "humaneval-64.jsonl"))
 
 
 @dataclass(frozen=True)
@@ -120,8 +120,8 @@ class LiveConfig:
     prompts: Path | None = None  # None: the shipped set
     draft_model: Path | None = None
     output_tokens: int = 64
-    prompts_per_client: int = 3  # closed loop: each client sends this many
-    min_prompts: int = 8
+    prompts_per_client: int = 4  # closed loop: each client sends this many
+    min_prompts: int = 12
     open_loop_prompts: int = 24
     max_model_len: int = 2048
     # The scheduler's limits are set, not left to vLLM's per-platform defaults, so the
