@@ -15,6 +15,7 @@ is vLLM's best or within 3 % of it.
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +27,9 @@ from dspark_sim.validation.vllm_fit import (
     METRICS,
     BenchRun,
     FitResult,
-    _workload_file,
     fit_profile,
     simulate_run,
+    workload_file,
 )
 
 FIGURES = (*METRICS, "acceptance_length")
@@ -104,11 +105,9 @@ def compare(runs: list[BenchRun], *, engine: EngineConfig, split: str | None = N
     fitted = parse_split(split, runs)
     fit = fit_profile([r for r in runs if r.name in fitted], engine=engine, seed=seed)
     rows = []
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         for r in runs:
-            sim = simulate_run(r, fit.profile, fit.trace, engine, _workload_file(r, Path(tmp)),
+            sim = simulate_run(r, fit.profile, fit.trace, engine, workload_file(r, Path(tmp)),
                                seed)
             for fig in FIGURES:
                 if fig in r.measured:

@@ -173,7 +173,7 @@ def read_bench_runs(paths: list[Path]) -> list[BenchRun]:
 
 
 # -- simulating one run -----------------------------------------------------------------
-def _workload_file(run: BenchRun, folder: Path) -> Path:
+def workload_file(run: BenchRun, folder: Path) -> Path:
     """The run's requests as a Mooncake JSONL (send times in ms; lengths)."""
     path = folder / f"{run.name.replace('@', '_')}.jsonl"
     send = run.send_s if run.send_s is not None else np.zeros(len(run.prompt_tokens))
@@ -372,7 +372,7 @@ class _Objective:
     def __init__(self, runs: list[BenchRun], trace: AcceptanceTrace | None,
                  engine: EngineConfig, folder: Path, seed: int, name: str) -> None:
         self.runs, self.trace, self.engine, self.seed, self.name = runs, trace, engine, seed, name
-        self.files = [_workload_file(r, folder) for r in runs]
+        self.files = [workload_file(r, folder) for r in runs]
         self.weights = np.sqrt(np.array([METRICS[m] for _ in runs for m in METRICS]))
         self.evaluations = 0
 
