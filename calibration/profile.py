@@ -183,6 +183,9 @@ class DraftCost:
         base = float(np.interp(n_requests, self.batch, self.time_s))
         if n_requests > self.batch[-1] and len(self.batch) > 1:
             slope = (self.time_s[-1] - self.time_s[-2]) / (self.batch[-1] - self.batch[-2])
+            # as the target table's: a table ending on a downward segment (measurement
+            # noise) would extrapolate to a negative draft time, a negative step delay
+            slope = max(float(slope), 0.0)
             base = float(self.time_s[-1] + slope * (n_requests - self.batch[-1]))
         return base * max(0.0, 1.0 + self.gamma_slope * (gamma - self.gamma_ref))
 
