@@ -16,6 +16,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from dspark_sim.calibration.confidence_source import (
+    CONF_RECORD,
+    EXTEND_RECORD,
+    apply_conf_source,
+    extend_gamma,
+    parse_conf_source,
+)
 from dspark_sim.calibration.confmap import CalibrationMap, builtin_calibrations, load_calibration
 from dspark_sim.calibration.profile import EngineProfile, load_profile
 from dspark_sim.errors import InputError
@@ -36,13 +43,6 @@ from dspark_sim.sim.metrics import StepSeries, requests_frame, summarize
 from dspark_sim.sim.outputs import write_run
 from dspark_sim.sim.quality import task_score
 from dspark_sim.sim.workload import build_stream, uses_trace_lengths
-from dspark_sim.traces.confidence import (
-    CONF_RECORD,
-    EXTEND_RECORD,
-    apply_conf_source,
-    extend_gamma,
-    parse_conf_source,
-)
 from dspark_sim.traces.schema import AcceptanceTrace, load_trace
 
 DEFAULT_TRACE = "dspark-synthetic"

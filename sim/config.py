@@ -119,7 +119,7 @@ class SimConfig:
     mtp_trace: str | None = None  # trace for the MTP-1 head; None: built-in
     calibration: str | None = None  # confidence calibration map (TOML); None: identity
     # Where the replayed trace's confidences come from: trace (its own conf), position
-    # or synthetic:AUC (dspark_sim.traces.confidence; imported traces have no conf).
+    # or synthetic:AUC (dspark_sim.calibration.confidence_source; imported traces have no conf).
     # None: the trace's own, and nothing about them in the summary.
     conf_source: str | None = None
     # Draft positions to extrapolate the trace to, past its gamma_max, with its last
@@ -149,7 +149,7 @@ class SimConfig:
         _pos_float("drain_timeout_s", self.drain_timeout_s, MAX_SIM_TIME_S)
         check_positive_int("max_engine_steps", self.max_engine_steps, MAX_ENGINE_STEPS)
         check_positive_int("--gamma-max", self.gamma_max, 64)
-        from dspark_sim.traces.confidence import MAX_GAMMA, check_conf_source
+        from dspark_sim.calibration.confidence_source import MAX_GAMMA, check_conf_source
 
         check_conf_source(self.conf_source)
         check_positive_int("--extrapolate-gamma", self.extrapolate_gamma, MAX_GAMMA)
@@ -685,7 +685,7 @@ def check_draft_length(policy: Any, trace: Any, gamma_max: int | None = None) ->
     trace recorded. ``policy`` is a registry Policy, ``trace`` an AcceptanceTrace or None."""
     if trace is None or getattr(policy, "drafter", None) is None:
         return
-    from dspark_sim.traces.confidence import MAX_GAMMA
+    from dspark_sim.calibration.confidence_source import MAX_GAMMA
 
     if gamma_max is not None and gamma_max > trace.gamma_max:
         raise InputError("--gamma-max", f"{gamma_max} exceeds the {trace.gamma_max} draft "

@@ -1,5 +1,5 @@
 """Confidences for traces that carry none (``--conf-source``) and drafting past the
-recorded positions (``--extrapolate-gamma``): dspark_sim.traces.confidence and its wiring
+recorded positions (``--extrapolate-gamma``): dspark_sim.calibration.confidence_source and its wiring
 into runs."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import pytest
 from test_cli_input import one_line_error
 from typer.testing import CliRunner
 
+from dspark_sim.calibration.confidence_source import (
+    apply_conf_source,
+    extend_gamma,
+    parse_conf_source,
+)
 from dspark_sim.calibration.fit import auc as rank_auc
 from dspark_sim.cli import app
 from dspark_sim.errors import InputError
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import preset
-from dspark_sim.traces.confidence import (
-    apply_conf_source,
-    extend_gamma,
-    parse_conf_source,
-)
 from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta, load_trace
 from dspark_sim.traces.synth import synth_iid
 

@@ -229,7 +229,7 @@ def _trace_for(trace: AcceptanceTrace | None, k: int, name: str) -> AcceptanceTr
                                "one speculative run")
     if k <= trace.gamma_max:
         return trace
-    from dspark_sim.traces.confidence import extend_gamma
+    from dspark_sim.calibration.confidence_source import extend_gamma
 
     return extend_gamma(trace, k)[0]
 

@@ -10,7 +10,7 @@ closed loop at each concurrency and open loop at each request rate. Every result
 client's own ``--save-result --save-detailed`` JSON, tagged with ``--metadata``
 (``dspark_setting``, ``dspark_k``); after each setting the server's ``/metrics`` is
 scraped. The folder it writes (``runs/*.json``, ``scrapes/*.txt``, ``manifest.json``) is
-what :mod:`dspark_sim.calibration.vllm_fit` and :mod:`dspark_sim.validation.vllm_compare`
+what :mod:`dspark_sim.validation.vllm_fit` and :mod:`dspark_sim.validation.vllm_compare`
 read; a recorded folder ships as a test fixture.
 
 Every process started here listens on 127.0.0.1 only and is stopped by the code that
