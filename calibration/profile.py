@@ -119,7 +119,12 @@ from typing import Any
 
 import numpy as np
 
-from dspark_sim.errors import InputError, check_known_keys
+from dspark_sim.errors import (
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    InputError,
+    check_known_keys,
+)
 from dspark_sim.io import loads_toml, not_a_file
 
 # analytic: a roofline from hardware/model sheets; measured: timed on a device;
@@ -449,15 +454,21 @@ def _number(where: str, table: dict, key: str, default: float = 0.0) -> float:
 
 
 def _count(where: str, table: dict, key: str, default: int | None = None,
-           minimum: int = 1) -> int | None:
-    """An optional whole count in [minimum, MAX_PROFILE_TOKENS]."""
+           minimum: int = 1, maximum: int = MAX_PROFILE_TOKENS) -> int | None:
+    """An optional whole count in [minimum, maximum]."""
     v = table.get(key, default)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= MAX_PROFILE_TOKENS:
-        raise InputError(where, f"'{key}' must be an integer in [{minimum}, {MAX_PROFILE_TOKENS:,}]"
+    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= maximum:
+        raise InputError(where, f"'{key}' must be an integer in [{minimum}, {maximum:,}]"
                                 f", got {v!r}")
     return int(v)
+
+
+# [engine] limits capped as the options that override them are (--max-num-batched-tokens
+# and --max-num-seqs): the engine sizes its step table and batch matrices by them
+ENGINE_LIMIT_MAX = {"max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                    "max_num_seqs": MAX_NUM_SEQS}
 
 
 def _flag(where: str, table: dict, key: str, default: bool = False) -> bool:
@@ -560,8 +571,9 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
     if prefill is not None and prefill not in PREFILL_MODES:
         raise InputError(where_e, f"'prefill' must be one of {', '.join(PREFILL_MODES)}, "
                                   f"got {prefill!r}")
-    limits = EngineLimits(**{k: _count(where_e, engine, k) for k in ENGINE_LIMITS
-                             if k != "prefill"}, prefill=prefill)
+    limits = EngineLimits(**{k: _count(where_e, engine, k,
+                                       maximum=ENGINE_LIMIT_MAX.get(k, MAX_PROFILE_TOKENS))
+                             for k in ENGINE_LIMITS if k != "prefill"}, prefill=prefill)
     drafts_table = _table(source, data, "draft")
     drafts = {str(name): _draft_cost(f"{source} [draft.{name}]", d)
               for name, d in drafts_table.items()}

@@ -10,6 +10,14 @@ from __future__ import annotations
 import numbers
 from pathlib import Path
 
+# -- limits one value obeys wherever it is set -------------------------------------------
+# A replica's scheduler limits come from an option, a config key or an engine profile's
+# [engine] table; each source is held to the same cap. They live here, in the base room,
+# because both the option checks (sim) and the profile loader (calibration, which must
+# not import sim) read them.
+MAX_NUM_BATCHED_TOKENS = 1 << 20  # the engine expands the step table to one float per B
+MAX_NUM_SEQS = 1 << 16
+
 
 class InputError(ValueError):
     """Malformed or inconsistent user input. ``str(err)`` is one line."""

@@ -21,7 +21,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from dspark_sim.errors import InputError, check_positive_int
+from dspark_sim.errors import (
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    InputError,
+    check_positive_int,
+)
 from dspark_sim.io import read_toml
 
 ARRIVALS = ("poisson", "gamma", "closed", "replay")
@@ -33,8 +38,7 @@ PREFILL_MODES = ("chunked", "disaggregated")
 # Beyond these a run allocates gigabytes at once or the simulated clock loses its
 # resolution; each is refused with an error naming the option (docs/cli.md lists them).
 MAX_NUM_REQUESTS = 1_000_000  # per-request log + batch rows: ~0.5 kB each, ~200 s wall
-MAX_NUM_BATCHED_TOKENS = 1 << 20  # the engine expands the step table to one float per B
-MAX_NUM_SEQS = 1 << 16
+# MAX_NUM_BATCHED_TOKENS and MAX_NUM_SEQS: dspark_sim.errors (profiles obey them too)
 MAX_KV_CAPACITY_TOKENS = 1 << 40
 MAX_REPLICAS = 1024  # one SimPy process and one batch matrix each
 MAX_TOKENS_PER_REQUEST = 1 << 24  # prompt or output tokens in a --lengths spec

@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from dspark_sim.calibration.profile import DraftCost, load_profile
+from dspark_sim.calibration.profile import DraftCost, load_profile, profile_from_dict
+from dspark_sim.errors import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, InputError
+from dspark_sim.io import loads_toml
 from dspark_sim.sim.config import preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +46,19 @@ def one_line_error(r, *needles: str) -> str:
 def base():
     cfg = preset("tiny")
     return replace(cfg, workload=replace(cfg.workload, num_requests=40))
+
+
+# -- profile limits ----------------------------------------------------------------------
+@pytest.mark.parametrize("key,limit", [("max_num_batched_tokens", MAX_NUM_BATCHED_TOKENS),
+                                       ("max_num_seqs", MAX_NUM_SEQS)])
+def test_a_profiles_engine_limits_obey_the_options_caps(key, limit):
+    data = loads_toml(PROFILE.read_text())
+    data.setdefault("engine", {})[key] = limit
+    assert getattr(profile_from_dict(data, "p.toml").limits, key) == limit
+    data["engine"][key] = 1 << 30
+    with pytest.raises(InputError, match=rf"p.toml \[engine\]: '{key}' must be an integer in "
+                                         rf"\[1, {limit:,}\], got {1 << 30}"):
+        profile_from_dict(data, "p.toml")
 
 
 # -- draft extrapolation ---------------------------------------------------------------
