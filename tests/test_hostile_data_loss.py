@@ -18,13 +18,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from dspark_sim.calibration.profile import DraftCost, load_profile, profile_from_dict
+from dspark_sim.cli import app
 from dspark_sim.errors import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, InputError
 from dspark_sim.io import loads_toml
 from dspark_sim.sim.config import preset
+from dspark_sim.traces.schema import read_trace, write_trace
+from dspark_sim.traces.synth import synth_iid
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "traces" / "data" / "mtp1-synthetic.parquet"
@@ -46,6 +51,60 @@ def one_line_error(r, *needles: str) -> str:
 def base():
     cfg = preset("tiny")
     return replace(cfg, workload=replace(cfg.workload, num_requests=40))
+
+
+# -- integers past the trace schema ------------------------------------------------------
+@pytest.mark.parametrize("suffix,text", [
+    (".jsonl", '{"request_id": "a", "position": 0, "accept_len": 1, '
+               '"prompt_tokens": 2147483648}\n'),
+    (".csv", "request_id,position,accept_len,output_tokens\na,0,1,2147483648\n"),
+])
+def test_a_count_past_int32_is_refused_at_import_naming_the_line(tmp_path, suffix, text):
+    src = tmp_path / f"pp{suffix}"
+    src.write_text(text)
+    out = tmp_path / "t.parquet"
+    r = runner.invoke(app, ["traces", "import", "--format", "per-position", str(src),
+                            "--out", str(out)])
+    line = one_line_error(r, str(src), "2**31 - 1")
+    assert ("line 1" if suffix == ".jsonl" else "line 2") in line  # CSV: the header is line 1
+    assert not out.exists()
+
+
+def test_the_largest_int32_count_imports_and_reads_back(tmp_path):
+    src = tmp_path / "pp.jsonl"
+    src.write_text('{"request_id": "a", "position": 0, "accept_len": 1, '
+                   '"prompt_tokens": 2147483647}\n')
+    out = tmp_path / "t.parquet"
+    r = runner.invoke(app, ["traces", "import", "--format", "per-position", str(src),
+                            "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert read_trace(out).req_prompt_tokens.tolist() == [2**31 - 1]
+
+
+@pytest.mark.parametrize("value,dtype,needle", [
+    (2**31, pl.Int64, "int32 range"),
+    (2**63, pl.UInt64, "int64 range"),
+])
+def test_a_trace_file_with_lengths_past_the_schema_is_refused(tmp_path, value, dtype,
+                                                              needle):
+    good = tmp_path / "good.parquet"
+    write_trace(synth_iid(0.7, 3, num_requests=2, positions=4), good)
+    table = pq.read_table(good)
+    df = pl.from_arrow(table).with_columns(pl.lit(value, dtype=dtype).alias("prompt_tokens"))
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(df.to_arrow().replace_schema_metadata(table.schema.metadata), bad)
+    with pytest.raises(InputError, match=needle) as exc:
+        read_trace(bad)
+    assert str(bad) in str(exc.value) and "row 0" in str(exc.value)
+
+
+def test_the_writer_refuses_a_length_it_would_wrap(tmp_path):
+    t = synth_iid(0.7, 3, num_requests=2, positions=4)
+    t = replace(t, req_prompt_tokens=np.array([5, 2**31], np.int64),
+                req_output_tokens=np.array([4, 4], np.int64))
+    with pytest.raises(InputError, match="prompt_tokens 2147483648 of request 1"):
+        write_trace(t, tmp_path / "t.parquet")
+    assert not (tmp_path / "t.parquet").exists()
 
 
 # -- profile limits ----------------------------------------------------------------------

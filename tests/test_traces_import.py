@@ -99,8 +99,8 @@ def test_specdecode_bench_real_file():
 
 
 @pytest.mark.parametrize("line,match", [
-    ('{"id": "1", "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1, 0]}}', r"integers in \[1, 2\*\*31\].*got 0$"),
-    ('{"id": "1", "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1, 2.5]}}', r"integers in \[1, 2\*\*31\].*got 2.5$"),
+    ('{"id": "1", "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1, 0]}}', r"integers in \[1, 2\*\*31 - 1\].*got 0$"),
+    ('{"id": "1", "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1, 2.5]}}', r"integers in \[1, 2\*\*31 - 1\].*got 2.5$"),
     ('{"id": "1", "prompt_token_ids": [1]}', "no 'acc_eagle.acc_len'"),
     ('{"id": [1], "prompt_token_ids": [1], "acc_eagle": {"acc_len": [1]}}', "'id'"),
     ('{"id": "1", "prompt_token_ids": 5, "acc_eagle": {"acc_len": [1]}}', "prompt_token_ids"),

@@ -66,14 +66,15 @@ import polars as pl
 
 from dspark_sim.errors import InputError, check_seed
 from dspark_sim.io import loads_bench_serve_json, loads_json, not_a_file, tidy_csv
-from dspark_sim.traces.schema import AcceptanceTrace, TraceMeta
+from dspark_sim.traces.schema import INT32_MAX, AcceptanceTrace, TraceMeta
 
 FORMATS = ("specdecode-bench", "per-position", "vllm-counters")
 SPECDECODE_COLUMNS = ("eagle", "ngram")
 GAMMA_LIMIT = 127  # accept_len is stored as int8
-# Any count read from a file (accepted runs, token counts) above this is refused as
-# garbage before numpy sees it: a JSON integer past int64 would overflow there.
-MAX_COUNT = 1 << 31
+# Any count read from a file (accepted runs, token counts) above this is refused, with
+# its line, before numpy sees it: a JSON integer past int64 would overflow there, and the
+# trace stores its counts as int32 (one past it wrapped round to -2**31 on writing).
+MAX_COUNT = INT32_MAX
 MAX_SYNTH_CELLS = 20_000_000  # requests x positions of a counters trace (~20 MB of int8)
 
 
@@ -210,7 +211,7 @@ def _sdb_acc_len(d: dict, key: str, used: dict[str, int], where: str, i: int) ->
     if not all(_is_int(x) and 1 <= x <= MAX_COUNT for x in acc_len):
         bad = next(x for x in acc_len if not (_is_int(x) and 1 <= x <= MAX_COUNT))
         raise InputError(where, f"line {i}: '{read_key}.acc_len' values must be integers in "
-                                f"[1, 2**31] (tokens per verify step incl. bonus), got {bad!r}")
+                                f"[1, 2**31 - 1] (tokens per verify step incl. bonus), got {bad!r}")
     return acc_len
 
 
@@ -363,7 +364,7 @@ def _pp_check_value(col: str, v: Any, where: str, line: int) -> Any:
             raise InputError(where, f"line {line}: domain must be a string, got {v!r}")
         return v
     if not _is_int(v) or not 0 <= v <= MAX_COUNT:
-        raise InputError(where, f"line {line}: {col} must be an integer in [0, 2**31], "
+        raise InputError(where, f"line {line}: {col} must be an integer in [0, 2**31 - 1], "
                                 f"got {v!r}")
     return v
 
@@ -444,7 +445,7 @@ def _pp_csv(p: Path, where: str):
         if bad.any():
             j = int(bad.arg_max())
             raise InputError(where, f"line {lines[j]}: {col} must be an integer in "
-                                    f"[0, 2**31], got {df[col][j]!r}")
+                                    f"[0, 2**31 - 1], got {df[col][j]!r}")
         records[col] = v.to_list()
     conf = None
     if conf_cols:

@@ -72,6 +72,10 @@ META_KEY = b"dspark_sim.trace"
 SOURCES = ("synthetic", "captured", "imported")
 REQUIRED_COLUMNS = ("request_id", "domain", "position", "accept_len")
 LENGTH_COLUMNS = ("prompt_tokens", "output_tokens")
+# The largest value the int32 columns (position, prompt_tokens, output_tokens) hold: a
+# larger one would wrap round on writing (2**31 became -2**31, a file that no longer
+# reads), so readers, importers and the writer refuse it where it enters.
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -260,14 +264,26 @@ class AcceptanceTrace:
             cols["tv_accept"] = pl.Series(
                 "tv_accept", self.tv_accept.astype(np.float32), dtype=pl.Array(pl.Float32, g)
             )
-        if self.req_prompt_tokens is not None:
-            cols["prompt_tokens"] = np.repeat(self.req_prompt_tokens, lengths).astype(np.int32)
-        if self.req_output_tokens is not None:
-            cols["output_tokens"] = np.repeat(self.req_output_tokens, lengths).astype(np.int32)
+        for col, per_req in (("prompt_tokens", self.req_prompt_tokens),
+                             ("output_tokens", self.req_output_tokens)):
+            if per_req is not None:
+                cols[col] = np.repeat(self._int32_lengths(col, per_req), lengths)
         if self.draft_tokens is not None:
             cols["draft_tokens"] = self.draft_tokens.astype(np.int8)
         cols.update(schema_v2.to_columns(self.v2, lengths, g))
         return pl.DataFrame(cols)
+
+    def _int32_lengths(self, col: str, per_req: np.ndarray) -> np.ndarray:
+        """``per_req`` as the int32 column it is stored in; a value past int32 is refused
+        naming its request (cast, it wrapped round into a file that no longer reads)."""
+        v = np.asarray(per_req)
+        out_of_range = (v < 0) | (v > INT32_MAX)
+        if out_of_range.any():
+            r = int(np.flatnonzero(out_of_range)[0])
+            raise InputError(self.source_path, f"{col} {v[r]} of request {self.req_ids[r]} "
+                                               f"is outside the trace's int32 range "
+                                               f"[0, {INT32_MAX:,}]")
+        return v.astype(np.int32)
 
     @property
     def schema_version(self) -> int:
@@ -319,7 +335,13 @@ def _int_column(df: pl.DataFrame, col: str, source: str) -> np.ndarray:
     if s.null_count():
         bad = int(s.is_null().arg_max())
         raise InputError(source, f"column '{col}' has a missing value at row {bad}")
-    return s.cast(pl.Int64).to_numpy()
+    # non-strict: a uint64 value past int64 becomes null (strict, a polars traceback)
+    v = s.cast(pl.Int64, strict=False)
+    if v.null_count():
+        bad = int(v.is_null().arg_max())
+        raise InputError(source, f"column '{col}' value {s[bad]} at row {bad} is past the "
+                                 "int64 range")
+    return v.to_numpy()
 
 
 def trace_from_frame(df: pl.DataFrame, meta: TraceMeta, source: str = "<memory>") -> AcceptanceTrace:
@@ -371,6 +393,10 @@ def trace_from_frame(df: pl.DataFrame, meta: TraceMeta, source: str = "<memory>"
         v = _int_column(df, col, source)
         if np.any(v < 0):
             raise InputError(source, f"negative {col} at row {int(np.flatnonzero(v < 0)[0])}")
+        if np.any(v > INT32_MAX):
+            bad = int(np.flatnonzero(v > INT32_MAX)[0])
+            raise InputError(source, f"{col} {v[bad]} at row {bad} is past the trace's "
+                                     f"int32 range (at most {INT32_MAX:,})")
         per_req = v[starts]
         differ = v != np.repeat(per_req, np.diff(offsets))
         if differ.any():
