@@ -38,6 +38,7 @@ count moves no headline figure by more than 2 %.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -99,7 +100,7 @@ def parse_numbers(spec: str | Sequence[float] | None, *, integer: bool = False,
         items = [s for s in spec.replace(" ", "").split(",") if s]
     out: list[float] = []
     for item in items:
-        out.extend(_parse_item(item, option))
+        out.extend(_parse_item(item, option, integer))
         if len(out) > MAX_VALUES_PER_OPTION:
             raise InputError(option, f"{spec!r} expands to more than "
                                      f"{MAX_VALUES_PER_OPTION:,} values")
@@ -121,17 +122,25 @@ def parse_numbers(spec: str | Sequence[float] | None, *, integer: bool = False,
     return list(dict.fromkeys(round(v, 9) for v in out))
 
 
-def _parse_item(item: str, option: str) -> list[float]:
+def _parse_item(item: str, option: str, integer: bool = False) -> list[float]:
+    """One comma-separated item's values. ``integer``: numbers written as integers are
+    read as Python ints, exactly (a float would read seed 2**53 + 1 as 2**53, another
+    seed), and a range of them steps in integer arithmetic."""
     parts = item.split(":")
+    num = functools.partial(_exact_number, option=option) if integer else float
     try:
+        if not item.isascii():  # float() reads Arabic-Indic or full-width digits too
+            raise ValueError
         if len(parts) == 1:
-            return [float(parts[0])]
+            return [num(parts[0])]
         if len(parts) != 3:
             raise ValueError
-        start, stop = float(parts[0]), float(parts[1])
+        start, stop = num(parts[0]), num(parts[1])
         step = parts[2]
         geometric = step[:1] in ("x", "*")
-        f = float(step[1:] if geometric else step)
+        f = num(step[1:] if geometric else step)
+    except InputError:  # a ValueError too: _exact_number's own words stand
+        raise
     except ValueError:
         raise InputError(option, f"bad value {item!r}: use N, START:STOP:STEP or "
                                  "START:STOP:xFACTOR") from None
@@ -145,7 +154,7 @@ def _parse_item(item: str, option: str) -> list[float]:
                                      "start > 0 and factor > 1")
         _check_count(item, option, math.log(stop / start) / math.log(f))
         vals, v = [], start
-        while v <= stop * (1 + 1e-9):
+        while v <= (stop if isinstance(v, int) else stop * (1 + 1e-9)):
             vals.append(v)
             v *= f
         return vals
@@ -154,6 +163,28 @@ def _parse_item(item: str, option: str) -> list[float]:
     _check_count(item, option, (stop - start) / f)
     n = int(math.floor((stop - start) / f + 1e-9))
     return [start + i * f for i in range(n + 1)]
+
+
+def _exact_number(text: str, option: str) -> int | float:
+    """``text`` as an int when it is written as one (``"7"``, ``"1e3"``, ``"4.0"``); a
+    float otherwise, for the caller's "must be integers". A decimal point or exponent
+    at or above 2**53 has already lost digits in the float: refused, not rounded."""
+    try:
+        n = int(text)
+    except ValueError:
+        v = float(text)
+    else:  # past int64 now, before float arithmetic on it overflows
+        if abs(n) > MAX_INTEGER_VALUE:
+            raise InputError(option, f"values must be below 2**63, got {text!r}")
+        return n
+    if not math.isfinite(v) or v != math.floor(v):
+        return v
+    if abs(v) > MAX_INTEGER_VALUE:
+        raise InputError(option, f"values must be below 2**63, got {text!r}")
+    if abs(v) >= 2**53:
+        raise InputError(option, f"{text!r} is at or past 2**53, where a decimal point or an "
+                                 "exponent loses digits: write the integer in digits")
+    return int(v)
 
 
 def _check_count(item: str, option: str, steps: float) -> None:

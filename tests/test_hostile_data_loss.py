@@ -14,6 +14,7 @@ its cause:
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +29,10 @@ from dspark_sim.cli import app
 from dspark_sim.errors import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, InputError
 from dspark_sim.io import loads_toml
 from dspark_sim.sim.config import preset
+from dspark_sim.sim.sweep import (
+    build_points,
+    parse_numbers,
+)
 from dspark_sim.traces.schema import read_trace, write_trace
 from dspark_sim.traces.synth import synth_iid
 
@@ -145,3 +150,33 @@ def test_a_falling_draft_table_runs_past_its_end(tmp_path, base):
     cfg = replace(base, policy="fixed:3", deployment=replace(base.deployment, profile=str(prof)))
     s = simulate(cfg).summary
     assert s["completed"] == 40
+
+
+# -- seeds -----------------------------------------------------------------------------
+@pytest.mark.parametrize("spec,want", [
+    ("9007199254740993", [2**53 + 1]),  # through a float: 2**53, another seed
+    ("9223372036854775807", [2**63 - 1]),
+    ("9007199254740993:9007199254740995:1", [2**53 + 1, 2**53 + 2, 2**53 + 3]),
+    ("1e3,4.0", [1000, 4]),
+])
+def test_seeds_are_read_as_integers_exactly(spec, want):
+    got = parse_numbers(spec, integer=True, allow_zero=True, option="--seeds")
+    assert got == want and all(type(v) is int for v in got)
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ("9007199254740993.0", "2**53"),
+    ("1e18", "2**53"),
+    ("1e30", "below 2**63"),
+    ("1" + "0" * 400, "below 2**63"),
+    ("\u0661\u0662", "bad value"),  # Arabic-Indic digits float() reads as 12
+])
+def test_seeds_that_a_float_would_change_are_refused(spec, needle):
+    with pytest.raises(InputError, match=re.escape(needle)) as exc:
+        parse_numbers(spec, integer=True, allow_zero=True, option="--seeds")
+    assert str(exc.value).startswith("--seeds: ")
+
+
+def test_the_sweep_runs_the_seed_it_was_given(base):
+    (pt,) = build_points(base, qps=[5], policies=["none"], seeds="9007199254740993")
+    assert pt.config.seed == 2**53 + 1
