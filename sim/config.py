@@ -671,6 +671,25 @@ def _check_engine_limits(cfg: SimConfig, layers: list[_Layer]) -> None:
         _reblame(err, layers)
 
 
+# Fields that name an input file or a built-in (a file wins, as in every loader). A
+# config file's own settings are in the config; the files these name are not.
+INPUT_FIELDS = ("deployment.profile", "trace", "mtp_trace", "calibration",
+                "workload.workload_path")
+
+
+def input_files(cfg: SimConfig) -> dict[str, Path]:
+    """The files a run of ``cfg`` reads, by the option that names each (``--profile``,
+    ``--trace``, ``--mtp-trace``, ``--calibration``, ``--workload``); built-in names are
+    no files and are left out."""
+    files = {}
+    for path in INPUT_FIELDS:
+        section, _, name = path.rpartition(".")
+        spec = getattr(getattr(cfg, section) if section else cfg, name)
+        if spec is not None and Path(spec).is_file():
+            files[_OPTION_OF[path]] = Path(spec)
+    return files
+
+
 def load_config(path: str | Path, base: SimConfig | None = None) -> SimConfig:
     """Read a TOML config; missing keys keep ``base`` (default: the file's ``preset``, else
     the default preset). Type-checked and validated like :func:`resolve_config`."""

@@ -9,10 +9,11 @@ On disk (``out/``)::
     points/<point_id>.parquet   one row per finished point, written atomically
     results.parquet             all points combined (rewritten at the end of a run)
 
-``point_id`` is a stable hash of the point's full :class:`SimConfig` (plus the
-package version and the row-format version), so a killed sweep resumes without
-redoing finished points, and a point shared by two sweeps into the same folder is
-computed once. Delete ``points/`` (or the folder) after changing the simulator.
+``point_id`` is a stable hash of the point's full :class:`SimConfig`, the contents of
+every file it reads (profile, traces, calibration map, workload) and the package and
+row-format versions, so a killed sweep resumes without redoing finished points, a
+point shared by two sweeps into the same folder is computed once, and an edited input
+file makes new points. Delete ``points/`` (or the folder) after changing the simulator.
 
 Each row holds every scalar summary metric under its vLLM ``bench serve`` name,
 the list-valued ones (``acceptance_per_position``, ``verified_per_position``) as
@@ -57,9 +58,9 @@ import polars as pl
 from dspark_sim import __version__
 from dspark_sim.calibration.profile import load_profile
 from dspark_sim.errors import InputError, check_positive_int
-from dspark_sim.io import atomic_path
+from dspark_sim.io import atomic_path, sha256_file
 from dspark_sim.policies.registry import get_policy
-from dspark_sim.sim.config import SimConfig
+from dspark_sim.sim.config import SimConfig, input_files
 
 ROW_FORMAT = 2  # 2: steady-state columns, sizing
 EXECUTORS = ("process", "ray", "serial")
@@ -295,10 +296,45 @@ class SweepPoint:
         }
 
 
+def input_digests(cfg: SimConfig) -> dict[str, str]:
+    """SHA-256 of each file ``cfg`` reads (:func:`~dspark_sim.sim.config.input_files`),
+    by option. A point depends on a file's bytes, not its path: an edited profile, trace,
+    calibration map or workload file makes a new point. A built-in name is no file and
+    stays out (its bytes ship with the package version)."""
+    return {option: _file_digest(p) for option, p in input_files(cfg).items()}
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+# A file modified this recently is hashed every time: an edit within one tick of the
+# file system's clock keeps the size and mtime it had (git's "racy" files).
+RACY_NS = 2_000_000_000
+
+
+def _file_digest(p: Path) -> str:
+    """:func:`sha256_file`, once per file version (path, inode, size, mtime): every
+    point of a grid shares the same few files, some of them gigabytes."""
+    try:
+        st = p.stat()
+        key = (str(p.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in _DIGESTS:
+            return _DIGESTS[key]
+        digest = sha256_file(p)
+    except OSError as exc:
+        raise InputError(str(p), f"cannot read ({exc.strerror or exc})") from None
+    if time.time_ns() - st.st_mtime_ns > RACY_NS:
+        _DIGESTS[key] = digest
+    return digest
+
+
 def point_hash(cfg: SimConfig, sizing: Sizing | None = None) -> str:
-    """Stable 16-hex-digit id of a configuration and its sizing (independent of dict
-    order and process)."""
+    """Stable 16-hex-digit id of a configuration, the contents of the files it reads
+    (:func:`input_digests`) and its sizing (independent of dict order and process)."""
     payload = {"row_format": ROW_FORMAT, "version": __version__, "config": asdict(cfg)}
+    digests = input_digests(cfg)
+    if digests:  # none for built-ins only: their ids stay what they were
+        payload["inputs"] = digests
     if sizing is not None and sizing.max_doublings:  # the count a point ends at depends on it
         payload["sizing"] = asdict(sizing)
     text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))

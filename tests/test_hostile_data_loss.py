@@ -14,7 +14,9 @@ its cause:
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,10 +30,14 @@ from dspark_sim.calibration.profile import DraftCost, load_profile, profile_from
 from dspark_sim.cli import app
 from dspark_sim.errors import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, InputError
 from dspark_sim.io import loads_toml
+from dspark_sim.sim import sweep
 from dspark_sim.sim.config import preset
 from dspark_sim.sim.sweep import (
     build_points,
+    input_digests,
     parse_numbers,
+    point_hash,
+    run_sweep,
 )
 from dspark_sim.traces.schema import read_trace, write_trace
 from dspark_sim.traces.synth import synth_iid
@@ -56,6 +62,56 @@ def one_line_error(r, *needles: str) -> str:
 def base():
     cfg = preset("tiny")
     return replace(cfg, workload=replace(cfg.workload, num_requests=40))
+
+
+# -- point ids hash contents -----------------------------------------------------------------
+@pytest.mark.parametrize("field", ["profile", "trace", "mtp_trace", "calibration",
+                                   "workload"])
+def test_an_edited_input_file_is_a_new_point(base, tmp_path, field):
+    f = tmp_path / "input"
+    f.write_bytes(b"first")
+    if field == "profile":
+        cfg = replace(base, deployment=replace(base.deployment, profile=str(f)))
+    elif field == "workload":
+        cfg = replace(base, workload=replace(base.workload, workload_path=str(f)))
+    else:
+        cfg = replace(base, **{field: str(f)})
+    before = point_hash(cfg)
+    f.write_bytes(b"other")  # same path, same size
+    assert point_hash(cfg) != before
+    assert len(input_digests(cfg)) == 1
+
+
+def test_a_sweep_resumed_after_a_profile_edit_recomputes(base, tmp_path, monkeypatch):
+    prof = tmp_path / "p.toml"
+    shutil.copy(PROFILE, prof)
+    kw = dict(qps=[5], policies=["none"], profiles=[str(prof)], out=tmp_path / "sw",
+              executor="serial", progress=False)
+    first = run_sweep(base, **kw)
+    text = prof.read_text()
+    assert "\nrequest_us = " in text
+    prof.write_text(text.replace("\nrequest_us = ", "\nrequest_us = 1", 1))  # a costlier request
+    calls = []
+    real = sweep.run_point
+    monkeypatch.setattr(sweep, "run_point", lambda pt: calls.append(pt.point_id) or real(pt))
+    again = run_sweep(base, **kw)
+    assert len(calls) == 1 and calls[0] != first["point_id"][0]
+    assert again["point_id"].to_list() == calls
+
+
+def test_built_in_names_keep_their_point_ids(base):
+    # no input file: the id is the config's alone, as points already on disk have it
+    import hashlib
+    from dataclasses import asdict
+
+    from dspark_sim import __version__
+
+    assert input_digests(base) == {}
+    payload = {"row_format": sweep.ROW_FORMAT, "version": __version__, "config": asdict(base)}
+    text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
+    assert point_hash(base) == hashlib.sha256(text.encode()).hexdigest()[:16]
+    assert build_points(base, qps=[5], policies=["none"])[0].point_id == point_hash(
+        replace(base, policy="none", workload=replace(base.workload, qps=5.0)))
 
 
 # -- integers past the trace schema ------------------------------------------------------
