@@ -377,11 +377,13 @@ def run(  # one option per line, a table to scan; the longer helps are RUN_HELP'
     from dspark_sim.sim.outputs import REQUESTS, SUMMARY
 
     given = {k: v for k, v in locals().items() if k in OPTION_FIELDS or k == "slo"}
-    if out is not None:
-        check_writable(out, "--out", inside={SUMMARY: "file", REQUESTS: "file"})
     layers: list = []
     cfg = resolve_config(preset_name=preset_name, config_path=config, options=given,
                          layers_out=layers)
+    if out is not None:  # after the config: its files are inputs too
+        check_writable(out, "--out", inside={SUMMARY: "file", REQUESTS: "file"},
+                       not_over=_files_read(cfg, {"--config": config,
+                                                  "--policy-profile": policy_profile}))
     if policy_profile is not None and not policy_profile.strip():
         raise InputError("--policy-profile", "is empty: give a profile or leave the option out")
     sched_profile = load_profile(policy_profile) if policy_profile is not None else None
@@ -394,6 +396,18 @@ def run(  # one option per line, a table to scan; the longer helps are RUN_HELP'
         print_summary(result.summary, wall)
         if out is not None:
             console.print(f"wrote {out / 'summary.json'} and {out / 'requests.parquet'}", style="dim")
+
+
+def _files_read(cfg, options: dict[str, str | Path | None]) -> dict[str, str | None]:
+    """The files a run of ``cfg`` reads, as :func:`check_writable`'s ``not_over``: those
+    its config names (a built-in name is none) and ``options``' (option -> path)."""
+    from dspark_sim.sim.config import input_files
+
+    reads: dict[str, str | None] = {f"the {opt} file": str(p)
+                                    for opt, p in input_files(cfg).items()}
+    reads.update({f"the {opt} file": _file_or_none(str(v))
+                  for opt, v in options.items() if v is not None})
+    return reads
 
 
 def _simulate_checked(cfg, layers: list, sched_profile):
@@ -716,13 +730,12 @@ def sweep(
     """Sweep loads x policies (x profiles x traces x seeds); write results and a report."""
     from dspark_sim.sim.config import blame_config, resolve_config
     from dspark_sim.sim.frontier import BASES
-    from dspark_sim.sim.sweep import SWEEP_OUTPUTS, Sizing, parse_list, parse_numbers, run_sweep
+    from dspark_sim.sim.sweep import Sizing, parse_list, parse_numbers, run_sweep
 
     if basis not in BASES:
         raise InputError("--basis", f"must be one of {', '.join(BASES)}, got {basis!r}")
     sizing = Sizing(requests_per_client=requests_per_client, max_doublings=max_doublings,
                     target_rse=target_rse, max_requests=max_requests).validate()
-    check_writable(out, "--out", inside=SWEEP_OUTPUTS)
     layers: list = []
     base = resolve_config(config_path=config,
                           options={"num_requests": num_requests, "replicas": replicas,
@@ -731,6 +744,7 @@ def sweep(
     policy_specs = parse_list(policies)
     profile_specs = parse_list(profiles, option="--profiles", what="profile")
     trace_specs = parse_list(traces, option="--traces", what="trace")
+    _check_sweep_out(out, base, config, profile_specs, trace_specs)
     candidate = _headline_policy("--candidate", candidate, policy_specs)
     baseline = _headline_policy("--baseline", baseline, policy_specs)
     _check_grid(base, policy_specs, profile_specs, trace_specs, layers)
@@ -748,6 +762,18 @@ def sweep(
         )
     _report_sweep(df, out, candidate, baseline, tiers=tiers, vllm_results=vllm_results,
                   gpus=gpus, basis=basis)
+
+
+def _check_sweep_out(out: Path, base, config: Path | None, profiles: list[str] | None,
+                     traces: list[str] | None) -> None:
+    """``--out`` can take the sweep's outputs, none of which may land on a file it reads:
+    the base config's, ``--config``, or a ``--profiles`` or ``--traces`` file."""
+    from dspark_sim.sim.sweep import SWEEP_OUTPUTS
+
+    reads = _files_read(base, {"--config": config})
+    for option, specs in (("--profiles", profiles), ("--traces", traces)):
+        reads.update({f"the {option} file {s}": _file_or_none(s) for s in specs or ()})
+    check_writable(out, "--out", inside=SWEEP_OUTPUTS, not_over=reads)
 
 
 def _report_sweep(df, out: Path, candidate: str | None, baseline: str | None, *, tiers,

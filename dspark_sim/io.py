@@ -240,6 +240,30 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def _check_not_over(p: Path, option: str, kind: str, not_over: dict, inside: dict) -> None:
+    """Refuse an output that is one of ``not_over``'s files: ``p`` itself, or for a folder
+    a file of ``inside`` in it; and an input lying in a folder of ``inside`` (a sweep's
+    ``points/``), which the command owns: it writes there and reads back every file."""
+    from dspark_sim.errors import InputError
+
+    files, dirs = [p], []
+    if kind == "dir":
+        files += [p / name for name, k in inside.items() if k == "file"]
+        dirs = [p / name for name, k in inside.items() if k == "dir"]
+    noun = "file" if kind == "file" else "folder"
+    for what, other in not_over.items():
+        if other is None:
+            continue
+        for q in files:
+            if _same_file(q, Path(other)):
+                raise InputError(option, f"{q} is also {what}: writing it would destroy "
+                                         f"that; choose another {noun}")
+        for d in dirs:
+            if d.resolve() in Path(other).resolve().parents:
+                raise InputError(option, f"{other} is {what} but lies in {d}, which this "
+                                         f"writes: move it or choose another {noun}")
+
+
 def check_writable(path: str | Path, option: str, *, kind: str = "dir",
                    not_over: dict[str, str | Path | None] | None = None,
                    inside: dict[str, str] | None = None) -> Path:
@@ -251,18 +275,16 @@ def check_writable(path: str | Path, option: str, *, kind: str = "dir",
     themselves on a real write); creates nothing that stays. ``not_over`` (what -> path;
     None entries skipped): files the command reads or also writes; an output that is one
     of them is refused, since writing it would destroy the input (``traces export T --out
-    T`` once replaced the trace with its JSON) or the other output. ``inside`` (``kind=
-    "dir"``; name -> "file" or "dir"): what the command writes in the folder; an entry
-    already there of the other kind is refused now (a folder named ``results.parquet``
-    failed the rename only after every sweep point had run).
+    T`` once replaced the trace with its JSON) or the other output; for a folder, each
+    file of ``inside`` is such an output (``run --trace D/requests.parquet --out D``).
+    ``inside`` (``kind="dir"``; name -> "file" or "dir"): what the command writes in the
+    folder; an entry already there of the other kind is refused now (a folder named
+    ``results.parquet`` failed the rename only after every sweep point had run).
     """
     from dspark_sim.errors import InputError
 
     p = Path(path)
-    for what, other in (not_over or {}).items():
-        if other is not None and _same_file(p, Path(other)):
-            raise InputError(option, f"{p} is also {what}: writing it would destroy that; "
-                                     "choose another file")
+    _check_not_over(p, option, kind, not_over or {}, inside or {})
     if kind == "dir" and p.exists() and not p.is_dir():
         raise InputError(option, f"{p} exists and is not a folder")
     if kind == "file" and p.is_dir():

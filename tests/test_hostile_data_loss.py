@@ -64,6 +64,101 @@ def base():
     return replace(cfg, workload=replace(cfg.workload, num_requests=40))
 
 
+# -- outputs over inputs -----------------------------------------------------------------
+def test_run_refuses_to_write_its_request_log_over_its_own_trace(tmp_path):
+    """Ran to the end, exit 0, and replaced the trace with the run's request log."""
+    out = tmp_path / "d"
+    out.mkdir()
+    trace = out / "requests.parquet"
+    shutil.copy(TRACE, trace)
+    before = trace.read_bytes()
+    r = runner.invoke(app, ["run", "--preset", "tiny", "--num-requests", "20", "--policy",
+                            "mtp1", "--mtp-trace", str(trace), "--out", str(out), "--quiet"])
+    one_line_error(r, "error: --out: ", "requests.parquet", "the --mtp-trace file")
+    assert trace.read_bytes() == before
+    assert not (out / "summary.json").exists()
+
+
+def _run_input(tmp_path: Path, option: str, name: str) -> list[str]:
+    """``run`` arguments whose ``option`` names ``D/name``, a valid file of its kind."""
+    d = tmp_path / "d"
+    d.mkdir(exist_ok=True)
+    f = d / name
+    if option in ("--trace", "--mtp-trace"):
+        shutil.copy(TRACE, f)
+    elif option == "--profile":
+        shutil.copy(PROFILE, f)
+    elif option == "--calibration":
+        shutil.copy(CALIBRATION, f)
+    elif option == "--workload":
+        f.write_text('{"timestamp": 0, "input_length": 8, "output_length": 4}\n')
+    elif option == "--config":
+        f.write_text("[workload]\nqps = 5.0\n")
+    elif option == "config-trace":  # a config file's key names it, not an option
+        shutil.copy(TRACE, f)
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f"[run]\ntrace = {json.dumps(str(f))}\n")
+        return ["--config", str(cfg)]
+    return [option, str(f)]
+
+
+@pytest.mark.parametrize("option,name,what", [
+    ("--trace", "requests.parquet", "the --trace file"),
+    ("--mtp-trace", "requests.parquet", "the --mtp-trace file"),
+    ("--profile", "summary.json", "the --profile file"),
+    ("--calibration", "summary.json", "the --calibration file"),
+    ("--workload", "summary.json", "the --workload file"),
+    ("--config", "summary.json", "the --config file"),
+    ("config-trace", "requests.parquet", "the --trace file"),
+])
+def test_no_run_output_lands_on_a_run_input(tmp_path, no_simulation, option, name, what):
+    args = _run_input(tmp_path, option, name)
+    f = tmp_path / "d" / name
+    before = f.read_bytes()
+    r = runner.invoke(app, ["run", "--preset", "tiny", *args, "--out", str(tmp_path / "d")])
+    one_line_error(r, "error: --out: ", str(f), what, "choose another folder")
+    assert f.read_bytes() == before
+
+
+def test_a_hard_link_to_an_input_is_the_input(tmp_path, no_simulation):
+    d = tmp_path / "d"
+    d.mkdir()
+    trace = tmp_path / "t.parquet"
+    shutil.copy(TRACE, trace)
+    (d / "requests.parquet").hardlink_to(trace)
+    r = runner.invoke(app, ["run", "--preset", "tiny", "--trace", str(trace), "--out", str(d)])
+    one_line_error(r, "error: --out: ", "is also the --trace file")
+
+
+@pytest.mark.parametrize("option,name", [
+    ("--traces", "results.parquet"),
+    ("--profiles", "report.html"),
+    ("--config", "results.parquet"),
+    ("--traces", "points/mine.parquet"),  # read back as a point: in a folder sweep owns
+])
+def test_no_sweep_output_lands_on_a_sweep_input(tmp_path, no_simulation, option, name):
+    d = tmp_path / "d"
+    f = d / name
+    f.parent.mkdir(parents=True)
+    {"--traces": lambda: shutil.copy(TRACE, f), "--profiles": lambda: shutil.copy(PROFILE, f),
+     "--config": lambda: f.write_text("[workload]\nnum_requests = 20\n")}[option]()
+    before = f.read_bytes()
+    r = runner.invoke(app, ["sweep", "--out", str(d), "--policies", "mtp1", "--qps", "5",
+                            "--executor", "serial", "--quiet", option, str(f)])
+    one_line_error(r, "error: --out: ", str(f))
+    assert f.read_bytes() == before
+    assert not (d / "results.parquet").exists() or name == "results.parquet"
+
+
+def test_a_missing_input_is_no_clash(tmp_path, monkeypatch, no_simulation):
+    # only files that exist are inputs an output could destroy; a missing one is the
+    # loader's to refuse
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["run", "--preset", "tiny", "--trace", "requests.parquet",
+                            "--out", "."])
+    one_line_error(r, "requests.parquet", "not found")
+
+
 # -- point ids hash contents -----------------------------------------------------------------
 @pytest.mark.parametrize("field", ["profile", "trace", "mtp_trace", "calibration",
                                    "workload"])
