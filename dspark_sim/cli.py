@@ -56,6 +56,27 @@ def _shortened(word: str, longest: int = 200) -> str:
     return f"{word[:120]}...({len(word):,} characters)...{word[-40:]}"
 
 
+@contextmanager
+def _warnings_as_lines(category: type[Warning]) -> Iterator[None]:
+    """Each ``category`` warning the block raises (a sweep part left out or recomputed)
+    as one ``warning: ...`` line on stderr, every time it is raised; Python's form is two
+    lines, the second a line of our source, and shows a message once per place."""
+    import warnings
+
+    original = warnings.showwarning
+
+    def show(message, cat, filename, lineno, file=None, line=None):
+        if not issubclass(cat, category):
+            return original(message, cat, filename, lineno, file, line)
+        err_console.print("warning: " + " ".join(map(_shortened, str(message).split())),
+                          highlight=False, soft_wrap=True)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", category)
+        warnings.showwarning = show
+        yield
+
+
 def _terminated(signum: int, _frame: Any) -> None:
     # an exception, not the default death: every ``finally`` runs, so a file being
     # written atomically loses its temporary sibling and a run's output pair is rolled
@@ -730,7 +751,7 @@ def sweep(
     """Sweep loads x policies (x profiles x traces x seeds); write results and a report."""
     from dspark_sim.sim.config import blame_config, resolve_config
     from dspark_sim.sim.frontier import BASES
-    from dspark_sim.sim.sweep import Sizing, parse_list, parse_numbers, run_sweep
+    from dspark_sim.sim.sweep import Sizing, SweepWarning, parse_list, parse_numbers, run_sweep
 
     if basis not in BASES:
         raise InputError("--basis", f"must be one of {', '.join(BASES)}, got {basis!r}")
@@ -749,7 +770,7 @@ def sweep(
     baseline = _headline_policy("--baseline", baseline, policy_specs)
     _check_grid(base, policy_specs, profile_specs, trace_specs, layers)
     _check_overlay(vllm_results, gpus)
-    with blame_config(layers):  # a bad value the config file gave names the file's key
+    with blame_config(layers), _warnings_as_lines(SweepWarning):  # config errors: its key
         df = run_sweep(
             base,
             qps=parse_numbers(qps),

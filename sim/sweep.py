@@ -6,7 +6,8 @@ default, Ray tasks with ``executor="ray"``) and in any order.
 
 On disk (``out/``)::
 
-    points/<point_id>.parquet   one row per finished point, written atomically
+    points/<point_id>.parquet   one row per finished point, written atomically with
+                                the SHA-256 of its data (a damaged part is recomputed)
     results.parquet             all points combined (rewritten at the end of a run)
 
 ``point_id`` is a stable hash of the point's full :class:`SimConfig`, the contents of
@@ -47,6 +48,7 @@ import numbers
 import os
 import re
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -54,6 +56,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from dspark_sim import __version__
 from dspark_sim.calibration.profile import load_profile
@@ -552,16 +555,74 @@ def row_frame(row: dict) -> pl.DataFrame:
     return pl.DataFrame(cols)
 
 
+class SweepWarning(UserWarning):
+    """A file in a sweep folder that is left out or recomputed (the CLI prints it as one
+    ``warning:`` line)."""
+
+
+# Parquet key-value metadata of a point file: the SHA-256 of its row (_row_digest). A
+# file whose footer reads may still hold damaged data pages, and some damage decodes
+# to other numbers without an error; the digest tells both from a good file.
+POINT_META_KEY = b"dspark_sim.point_sha256"
+
+
+def _row_digest(table) -> bytes:
+    """SHA-256 (hex) of a point's arrow table's values as JSON (floats at full
+    precision)."""
+    text = json.dumps(table.to_pylist(), sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest().encode()
+
+
+class BadPart(Exception):
+    """A file in ``points/`` that is no usable point: ``damaged`` (unreadable, or its data
+    not what was written) or not a sweep point at all."""
+
+    def __init__(self, why: str, damaged: bool) -> None:
+        super().__init__(why)
+        self.damaged = damaged
+
+
 def write_part(out: Path, row: dict) -> Path:
     path = Path(out) / "points" / f"{row['point_id']}.parquet"
+    table = row_frame(row).to_arrow()
+    table = table.replace_schema_metadata({POINT_META_KEY: _row_digest(table)})
     with atomic_path(path) as tmp:
-        row_frame(row).write_parquet(tmp)
+        pq.write_table(table, tmp)
     return path
+
+
+def read_part(path: str | Path) -> pl.DataFrame:
+    """A point file read whole and checked: one row whose ``point_id`` is the file's
+    name, its data matching the digest written with it (a file from before digests:
+    read whole). Raises :class:`BadPart` saying why not."""
+    path = Path(path)
+    # pyarrow, and the data checked before polars sees it: polars panics (a
+    # BaseException, past any `except Exception`) on some damaged footers and strings
+    try:
+        table = pq.read_table(path)
+        table.validate(full=True)
+        stored = (table.schema.metadata or {}).get(POINT_META_KEY)
+        if stored is not None and stored != _row_digest(table):
+            raise BadPart("damaged (its data does not match the digest written with it)",
+                          damaged=True)
+    except BadPart:
+        raise
+    except Exception as exc:  # pyarrow raises a zoo of errors on damaged bytes
+        raise BadPart(f"cannot be read ({exc.__class__.__name__})", damaged=True) from None
+    df = pl.from_arrow(table)
+    missing = [c for c in PARAM_COLUMNS if c not in df.columns]
+    if missing or df.height != 1 or df["point_id"][0] != path.stem:
+        why = (f"no {', '.join(missing)} column" if missing else
+               f"{df.height} rows" if df.height != 1 else
+               f"its point_id is {df['point_id'][0]!r}")
+        raise BadPart(f"not a sweep point ({why})", damaged=False)
+    return df
 
 
 def combine(out: str | Path, point_ids: Iterable[str] | None = None) -> pl.DataFrame:
     """Stack ``out/points/*.parquet`` (optionally only ``point_ids``) into
-    ``out/results.parquet`` (written atomically) and return the frame."""
+    ``out/results.parquet`` (written atomically) and return the frame. A file that is
+    no good point (:func:`read_part`) is left out, with a :class:`SweepWarning`."""
     out = Path(out)
     parts = sorted((out / "points").glob("*.parquet"))
     if point_ids is not None:
@@ -570,9 +631,10 @@ def combine(out: str | Path, point_ids: Iterable[str] | None = None) -> pl.DataF
     frames = []
     for p in parts:
         try:
-            frames.append(pl.read_parquet(p))
-        except Exception:  # a foreign or damaged file: skip it, it will be recomputed
-            continue
+            frames.append(read_part(p))
+        except BadPart as exc:
+            warnings.warn(f"{p}: {exc}; left out of {out / 'results.parquet'}",
+                          SweepWarning, stacklevel=2)
     df = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame(
         {c: [] for c in PARAM_COLUMNS})
     sort_cols = [c for c in ("profile_spec", "trace_spec", "policy_spec", "load_kind", "load",
@@ -584,15 +646,20 @@ def combine(out: str | Path, point_ids: Iterable[str] | None = None) -> pl.DataF
     return df
 
 
-def finished_ids(out: str | Path) -> set[str]:
-    """Point ids with a readable part on disk."""
+def finished_ids(out: str | Path, point_ids: Iterable[str]) -> set[str]:
+    """Those of ``point_ids`` whose part on disk is a good point (:func:`read_part`); a
+    part there that is not is said so (:class:`SweepWarning`): its point is recomputed."""
     done = set()
-    for p in (Path(out) / "points").glob("*.parquet"):
-        try:
-            if pl.read_parquet_schema(p):
-                done.add(p.stem)
-        except Exception:
+    for pid in point_ids:
+        p = Path(out) / "points" / f"{pid}.parquet"
+        if not p.exists():
             continue
+        try:
+            read_part(p)
+        except BadPart as exc:
+            warnings.warn(f"{p}: {exc}; recomputing the point", SweepWarning, stacklevel=2)
+            continue
+        done.add(pid)
     return done
 
 
@@ -751,7 +818,7 @@ def run_points(points: Sequence[SweepPoint], *, out: str | Path, executor: str =
     points = list({p.point_id: p for p in points}.values())
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    done = finished_ids(out)
+    done = finished_ids(out, [p.point_id for p in points])
     todo = [p for p in points if p.point_id not in done]
 
     rows = _EXECUTORS[executor](todo, workers) if todo else iter(())

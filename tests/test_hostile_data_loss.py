@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,7 +34,9 @@ from dspark_sim.io import loads_toml
 from dspark_sim.sim import sweep
 from dspark_sim.sim.config import preset
 from dspark_sim.sim.sweep import (
+    SweepWarning,
     build_points,
+    combine,
     input_digests,
     parse_numbers,
     point_hash,
@@ -157,6 +160,93 @@ def test_a_missing_input_is_no_clash(tmp_path, monkeypatch, no_simulation):
     r = runner.invoke(app, ["run", "--preset", "tiny", "--trace", "requests.parquet",
                             "--out", "."])
     one_line_error(r, "requests.parquet", "not found")
+
+
+# -- point files ---------------------------------------------------------------------------
+def _damage_data_pages(p: Path) -> None:
+    """Overwrite every column chunk's data pages of a parquet file; the footer (schema,
+    offsets) stays intact, so the schema still reads."""
+    md = pq.read_metadata(p)
+    raw = bytearray(p.read_bytes())
+    rg = md.row_group(0)
+    for i in range(rg.num_columns):
+        c = rg.column(i)
+        start = c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
+        raw[start:start + c.total_compressed_size] = b"\xa5" * c.total_compressed_size
+    p.write_bytes(bytes(raw))
+
+
+def test_a_point_with_damaged_data_pages_is_recomputed_and_said_so(base, tmp_path,
+                                                                   monkeypatch):
+    out = tmp_path / "sw"
+    kw = dict(qps=[5, 10], policies=["none"], out=out, executor="serial", progress=False)
+    first = run_sweep(base, **kw)
+    victim = sorted((out / "points").glob("*.parquet"))[0]
+    _damage_data_pages(victim)
+    assert pl.read_parquet_schema(victim)  # the footer reads: once counted as done
+    calls = []
+    real = sweep.run_point
+    monkeypatch.setattr(sweep, "run_point", lambda pt: calls.append(pt.point_id) or real(pt))
+    with pytest.warns(SweepWarning, match=rf"{victim.name}: .*; recomputing the point"):
+        again = run_sweep(base, **kw)
+    assert calls == [victim.stem]
+    assert again.height == 2 and set(again["point_id"]) == set(first["point_id"])
+    assert pl.read_parquet(out / "results.parquet").height == 2
+
+
+def test_a_point_whose_data_decodes_to_other_values_is_damaged(base, tmp_path):
+    """Damage that decodes without an error: the digest written with the row tells."""
+    out = tmp_path / "sw"
+    run_sweep(base, qps=[5], policies=["none"], out=out, executor="serial", progress=False)
+    (part,) = (out / "points").glob("*.parquet")
+    table = pq.read_table(part)
+    i = table.schema.get_field_index("load")
+    forged = table.set_column(i, "load", pl.Series([6.0]).to_arrow())
+    pq.write_table(forged.replace_schema_metadata(table.schema.metadata), part)
+    with pytest.raises(sweep.BadPart, match="does not match the digest") as exc:
+        sweep.read_part(part)
+    assert exc.value.damaged
+
+
+def test_the_cli_says_which_point_it_recomputes_in_one_line(tmp_path):
+    args = ["sweep", "--out", str(tmp_path), "--policies", "none", "--qps", "5",
+            "--num-requests", "20", "--replicas", "1", "--executor", "serial", "--quiet"]
+    assert runner.invoke(app, args).exit_code == 0
+    (part,) = (tmp_path / "points").glob("*.parquet")
+    _damage_data_pages(part)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    (line,) = [ln for ln in r.output.splitlines() if "recomputing" in ln]
+    assert line.startswith(f"warning: {part}: ")
+    assert pl.read_parquet(tmp_path / "results.parquet").height == 1
+
+
+@pytest.mark.parametrize("frame,why", [
+    (pl.DataFrame({"x": [1, 2, 3]}), "no point_id"),
+    (None, "its point_id is"),  # a real point's row under another name
+])
+def test_a_parquet_in_points_that_is_no_point_is_left_out_with_a_warning(base, tmp_path,
+                                                                         frame, why):
+    run_sweep(base, qps=[5], policies=["none"], out=tmp_path, executor="serial",
+              progress=False)
+    (part,) = (tmp_path / "points").glob("*.parquet")
+    foreign = tmp_path / "points" / "0123456789abcdef.parquet"
+    if frame is None:
+        shutil.copy(part, foreign)
+    else:
+        frame.write_parquet(foreign)
+    with pytest.warns(SweepWarning, match=rf"{foreign.name}: not a sweep point \({why}"):
+        df = combine(tmp_path)
+    assert df.height == 1 and df["point_id"].to_list() == [part.stem]
+    assert pl.read_parquet(tmp_path / "results.parquet").height == 1
+
+
+def test_good_points_are_reused_without_a_warning(base, tmp_path):
+    kw = dict(qps=[5], policies=["none"], out=tmp_path, executor="serial", progress=False)
+    run_sweep(base, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SweepWarning)
+        assert run_sweep(base, **kw).height == 1
 
 
 # -- point ids hash contents -----------------------------------------------------------------
