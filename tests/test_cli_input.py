@@ -275,7 +275,10 @@ def test_workload_file_in_a_closed_loop_sends_the_files_requests(tmp_path):
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    """Fails the test if a target model starts loading: checks must come first (#12.10)."""
+    """Fails the test if a target model starts loading: checks must come first (#12.10).
+    Its tests carry the ``capture`` marker: the commands check the default target's
+    package and the model stack among their arguments, so without the capture install
+    they refuse that instead of the argument under test."""
     pytest.importorskip("torch")
     from dspark_sim.traces import targets
 
@@ -323,12 +326,14 @@ LOADING_BASE = {"capture": ["--drafters", "lookup"], "validate": []}
     ("validate", ["--sim-seeds", "101"], ["--sim-seeds", "limit of 100"]),
     ("validate", ["--max-new-tokens", "1000000"], ["--max-new-tokens", "limit of 32,768"]),
 ])
+@pytest.mark.capture
 def test_model_loading_commands_check_every_argument_first(no_model_load, tmp_path, command,
                                                             args, needles):
     one_line_error(invoke(command, "--out", str(tmp_path / command), *LOADING_BASE[command],
                           *args), *needles)
 
 
+@pytest.mark.capture
 def test_out_and_train_arguments_checked_first(no_model_load, tmp_path):
     a_file = tmp_path / "f"
     a_file.write_text("x")
@@ -342,6 +347,7 @@ def test_out_and_train_arguments_checked_first(no_model_load, tmp_path):
     one_line_error(invoke("train-drafter", "--out", str(a_file)), "--out")
 
 
+@pytest.mark.capture
 def test_caps_are_in_the_help_and_the_largest_allowed_value_passes(no_model_load, tmp_path):
     import typer
 
@@ -383,6 +389,7 @@ def test_caps_are_in_the_help_and_the_largest_allowed_value_passes(no_model_load
     (None, "cannot read"),  # a folder named gsm8k.jsonl: IsADirectoryError
     (b"\n  \n", "no prompt in the file"),  # train-drafter: torch.cat raised, target loaded
 ])
+@pytest.mark.capture
 def test_prompt_files_are_read_before_a_model_loads(no_model_load, tmp_path, command, body,
                                                     needle):
     """Capture and training read their prompt files only after loading the target (and
@@ -401,6 +408,7 @@ def test_prompt_files_are_read_before_a_model_loads(no_model_load, tmp_path, com
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.capture
 def test_train_drafter_refuses_a_negative_seed_before_the_model_loads(no_model_load, tmp_path):
     # default_rng(-1) raised only after the target had loaded and generated its data
     one_line_error(invoke("train-drafter", "--out", str(tmp_path / "o"), "--seed", "-1"),
@@ -509,8 +517,8 @@ PATH_PARAMETERS = _path_parameters()
     (["calibrate", "confidence", "--trace", "", "--out", "m.toml"],
      ["--trace", "empty trace name or path"]),
     # Path("") is the current folder: the error named "." ("directory holds neither ...")
-    (["calibrate", "engine", "--model", " ", "--out", "p.toml"],
-     ["--model", "empty model path or name"]),
+    pytest.param(["calibrate", "engine", "--model", " ", "--out", "p.toml"],
+                 ["--model", "empty model path or name"], marks=pytest.mark.capture),
     # positional: the loaders' checks named --trace / --profile, options not typed here
     (["traces", "inspect", ""], ["'trace'", "empty name"]),
     (["traces", "export", " ", "--out", "x.json"], ["'trace'", "empty name"]),
