@@ -55,3 +55,21 @@ def test_the_docs_example_output_is_what_the_command_prints():
     assert len(printed[0]) >= 5 and len(printed[1]) >= 15
     for doc in ("README.md", "docs/cli.md"):
         assert _example((ROOT / doc).read_text()) == printed, doc
+
+
+def test_ci_runs_the_torch_free_part_on_a_light_install():
+    """After the README's suite, CI runs the torch-free tests once more in a venv with
+    neither torch nor the capture extra: the README promises that install, and a test
+    that needs the capture stack without its marker failed only there."""
+    import re
+
+    ci = (ROOT / ".ci/run").read_text()
+    light = ci.split("\npython -m pytest\n", 1)[1]
+    installs = [ln for ln in light.splitlines()
+                if not ln.startswith("#") and re.search(r"\bpip\"? install\b", ln)]
+    assert installs and all('".[dev]"' in ln for ln in installs), installs
+    assert "torch" not in " ".join(installs) and "capture" not in " ".join(installs)
+    assert '-m pytest -p no:cacheprovider -m "not torch and not slow"' in light
+    named = re.findall(r"tests/test_\w+\.py", light)
+    assert named and all((ROOT / f).is_file() for f in named), named
+    assert "SIM_POLICY_TESTS" in light  # the sim/ and policies/ files, named once
