@@ -734,14 +734,9 @@ def _run_process(points: list[SweepPoint], workers: int | None) -> Iterator[dict
 
 
 def _run_ray(points: list[SweepPoint], workers: int | None) -> Iterator[dict]:
-    try:
-        import ray
-    except ImportError:
-        raise InputError("--executor", "ray is not installed; pip install 'dspark-sim[ray]' "
-                                       "or use --executor process") from None
-    if not ray.is_initialized():
-        kwargs = {"num_cpus": workers} if workers else {}
-        ray.init(ignore_reinit_error=True, log_to_driver=False, **kwargs)
+    from dspark_sim.sim.ray_start import start_ray
+
+    ray = start_ray(workers)
     remote = ray.remote(run_point)
     pending = [remote.remote(pt) for pt in points]
 

@@ -20,6 +20,7 @@ from dspark_sim.errors import InputError
 from dspark_sim.sim import sweep
 from dspark_sim.sim.config import WorkloadConfig, preset
 from dspark_sim.sim.sweep import (
+    SweepWarning,
     build_points,
     combine,
     parse_list,
@@ -387,7 +388,8 @@ def test_combine_merges_sweeps_and_skips_damaged_parts(base, tmp_path):
     run_sweep(base, qps=[5], policies=["none"], out=tmp_path, executor="serial", progress=False)
     run_sweep(base, qps=[5], policies=["mtp1"], out=tmp_path, executor="serial", progress=False)
     (tmp_path / "points" / "garbage.parquet").write_bytes(b"not parquet")
-    df = combine(tmp_path)
+    with pytest.warns(SweepWarning, match="garbage.parquet: cannot be read"):
+        df = combine(tmp_path)
     assert sorted(df["policy"].to_list()) == ["mtp1", "none"]
     assert pl.read_parquet(tmp_path / "results.parquet").height == 2
 
@@ -546,3 +548,17 @@ def test_worker_watchdog_exits_when_the_parent_dies(tmp_path):
     finally:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_ray_that_cannot_start_is_one_line(base, tmp_path, monkeypatch):
+    import types
+
+    def init(**_k):
+        raise Exception("The current node timed out during startup.")
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(
+        is_initialized=lambda: False, init=init, shutdown=lambda: None))
+    with pytest.raises(InputError, match="--executor process.*RAY_ADDRESS") as exc:
+        run_sweep(base, qps=[5], policies=["none"], out=tmp_path, executor="ray",
+                  progress=False)
+    assert "\n" not in str(exc.value)
