@@ -271,9 +271,10 @@ def steady_window(steps: StepSeries, arrival_s: np.ndarray, *, closed: bool) -> 
     fill = (j + 1) * width
     mser = mser_truncation(thr) * width
     start = min(max(fill, mser), t_d)
-    rule = (f"{loop}: from the later of fill (decode batch first reaches its steady "
-            f"{level:.1f} to 90 %, at {fill:.3f} s) and MSER on {k} output-throughput bins "
-            f"({mser:.3f} s) to the drain start ({end_text})")
+    rule = (f"{loop}: from the later of fill (the decode batch first reaches "
+            f"{FILL_FRACTION * 100:.0f} % of its steady level of {level:.1f} requests, "
+            f"at {fill:.3f} s) and MSER on {k} output-throughput bins (cut at {mser:.3f} s) "
+            f"to the drain start ({end_text})")
     return SteadyWindow(start, t_d, t_d, fill, mser, level, k, rule)
 
 
