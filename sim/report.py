@@ -10,7 +10,9 @@ serve`` results can be overlaid (:func:`read_vllm_results`).
 Figures are steady-state (``basis="steady"``, warm-up and drain excluded; see
 ``dspark_sim.sim.metrics``) unless ``basis="whole"``; markers: circle = stable point,
 x = unstable (left off the fronts), open circle = steady window flagged short (run more
-requests).
+requests), diamond = a lossy policy's point, star = a measured vLLM point. The key to the
+markers sits under the front plot, not in its title: a plot title does not wrap, and a
+long one is cut at the figure's edge.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import textwrap
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -193,6 +196,13 @@ def _colors(labels: Sequence[str]) -> dict[str, str]:
     return out
 
 
+# A plot title is one line that plotly cuts at the figure's edge; at a desktop width
+# (about 1,140 px of plot at 17 px type, ~7.4 px a character) 150 characters show. The
+# lines kept below this leave room for a narrower window.
+TITLE_CHARS = 100
+VLLM_SYMBOL = "star"  # measured points: a shape no sweep point uses
+
+
 def _symbol(row: dict) -> str:
     """circle (lossless) or diamond (lossy); x = unstable, open = short window."""
     if not bool(row.get("stable", True)):
@@ -232,14 +242,15 @@ def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
                 x=fr.x.tolist(), y=fr.y.tolist(), mode="lines", name=name, legendgroup=name,
                 line={"color": c, "width": 2.5, "dash": "dash" if kind else "solid"},
                 hoverinfo="skip"))
-    if vllm is not None and vllm.height:
+    has_vllm = vllm is not None and vllm.height > 0
+    if has_vllm:
         for i, (lab, g) in enumerate(vllm.group_by("label", maintain_order=True)):
             lab = lab[0] if isinstance(lab, tuple) else lab
             name = f"vLLM measured: {lab}"
             fig.add_trace(go.Scatter(
                 x=g["interactivity"].to_list(), y=g["throughput_per_gpu"].to_list(),
                 mode="markers", name=name, legendgroup=name,
-                marker={"symbol": "diamond", "size": 11, "color": "white",
+                marker={"symbol": VLLM_SYMBOL, "size": 13, "color": "white",
                         "line": {"width": 2, "color": qualitative.Dark24[i % 24]}},
                 hovertext=[f"<b>{html.escape(name)}</b><br>{html.escape(Path(f).name)}<br>"
                            f"interactivity {x:.1f} tok/s/user<br>throughput {y:,.0f} tok/s/GPU"
@@ -249,17 +260,31 @@ def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
                                                            "max_concurrency",
                                                            "request_rate").iter_rows()],
                 hoverinfo="text"))
-    for t in tiers:
+    for i, t in enumerate(sorted(tiers)):  # labels to alternate sides: close tiers' overlap
         fig.add_vline(x=float(t), line_dash="dash", line_color="grey",
-                      annotation_text=f"SLA {t:g} tok/s/user", annotation_position="top")
+                      annotation_text=f"SLA {t:g} tok/s/user",
+                      annotation_position="top left" if i % 2 == 0 else "top right")
+    key = marker_key(lossy=bool(lossy), vllm=has_vllm)
+    fig.add_annotation(text="<br>".join(textwrap.wrap(key, TITLE_CHARS)), xref="paper",
+                       yref="paper", x=0, y=-0.14, xanchor="left", yanchor="top",
+                       align="left", showarrow=False, font={"size": 12, "color": "#555"})
     fig.update_layout(
-        title=title or (f"Throughput vs interactivity, {BASIS_TEXT[basis_used(df, basis)]} "
-                        "(markers: sweep points, x: unstable, open: short window; lines: "
-                        "Pareto fronts; diamonds / dashed: LOSSY policies)"),
+        title=title or f"Throughput vs interactivity, {BASIS_TEXT[basis_used(df, basis)]}",
         xaxis_title="median interactivity (tok/s/user = 1000 / TPOT ms)",
-        yaxis_title="output throughput (tok/s/GPU)", hovermode="closest", height=600,
-        legend={"groupclick": "togglegroup"}, template="plotly_white")
+        yaxis_title="output throughput (tok/s/GPU)", hovermode="closest", height=650,
+        margin={"b": 150}, legend={"groupclick": "togglegroup"}, template="plotly_white")
     return fig
+
+
+def marker_key(*, lossy: bool, vllm: bool) -> str:
+    """What the front plot's shapes mean, naming only the kinds it draws."""
+    key = ("Markers: sweep points (circle: stable; x: unstable, left off the fronts; open: "
+           "steady window flagged short). Lines: Pareto fronts.")
+    if lossy:
+        key += " Diamonds and dashed fronts: LOSSY policies."
+    if vllm:
+        key += " Stars: measured vLLM bench serve points."
+    return key
 
 
 def with_labels_context(df: pl.DataFrame) -> list[str]:
@@ -346,26 +371,96 @@ def budget_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
                                "Load-adaptive verification budget (DSpark Fig. 8 view)")
 
 
+# one shape per policy in the latency plot (no diamond, x or star: those mean lossy,
+# unstable and measured in the front plot)
+LATENCY_SYMBOLS = ("circle", "square", "triangle-up", "triangle-down", "pentagon", "hexagon",
+                   "cross", "triangle-left", "triangle-right", "hourglass")
+
+
+def _series(g: pl.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray]:
+    return (np.asarray(g["concurrency_x"].to_list(), dtype=np.float64),
+            np.asarray(g[name].to_list(), dtype=np.float64))  # null -> nan
+
+
+def coincident(groups, name: str) -> list[list[str]]:
+    """The sets (two or more policies, in plot order) whose ``name`` series match within
+    0.1 % at every load both have (two at least): drawn over each other they look like
+    one line, as every policy's TTFT does where prefill never queues."""
+    series = {pol: _series(g, name) for pol, _c, g in groups if name in g.columns and g.height}
+
+    def same(a, b) -> bool:
+        (xa, ya), (xb, yb) = series[a], series[b]
+        common, ia, ib = np.intersect1d(xa, xb, return_indices=True)
+        return common.size >= 2 and np.allclose(ya[ia], yb[ib], rtol=1e-3, equal_nan=True)
+
+    sets, seen = [], set()
+    for a in series:
+        if a not in seen:
+            group = [a] + [b for b in series if b != a and b not in seen and same(a, b)]
+            seen.update(group)
+            if len(group) > 1:
+                sets.append(group)
+    return sets
+
+
+def _who(group: list[str], everyone: list[str]) -> str:
+    """A set of policies in few words: all of them, all but a few, or their names."""
+    rest = [p for p in everyone if p not in group]
+    if not rest:
+        return f"all {len(group)} policies"
+    return f"all but {', '.join(rest)}" if len(rest) < len(group) - 1 else " = ".join(group)
+
+
+def _coincidence_note(sets: dict[str, list[list[str]]], room: int,
+                      everyone: list[str] | None = None) -> str:
+    """'median and p90: a = b coincide' for a subplot title; the counts alone where the
+    words would not fit in ``room`` characters."""
+    for short in (False, True):
+        by_text: dict[str, list[str]] = {}
+        for q, groups in sets.items():
+            for group in groups:
+                text = (f"{len(group)} policies" if short else
+                        _who(group, everyone) if everyone else " = ".join(group))
+                by_text.setdefault(text, []).append(q)
+        note = "; ".join(f"{' and '.join(qs)}: {t} coincide" for t, qs in by_text.items())
+        if len(note) <= room:
+            break
+    return note
+
+
 def latency_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
                    basis: str = "steady") -> go.Figure:
     """Queueing made visible: median (solid) and p90 (dotted) TTFT and E2E latency
     against concurrency. TPOT, and so interactivity, excludes the wait for admission;
-    these do not."""
+    these do not. Lines that coincide are drawn widest first, so each shows as a band
+    round the next, and the subplot's title names them."""
     fig, groups = _two_rows_by_concurrency(
         df, policies, basis, ("time to first token (ms)", "end-to-end latency (ms)"))
-    for pol, c, g in groups:
-        for row, col in ((1, "ttft_ms"), (2, "e2el_ms")):
-            for q, dash in (("median", "solid"), ("p90", "dot")):
-                name = f"{q}_{col}"
+    for row, col in ((1, "ttft_ms"), (2, "e2el_ms")):
+        sets = {q: coincident(groups, f"{q}_{col}") for q in ("median", "p90")}
+        for q, dash in (("median", "solid"), ("p90", "dot")):
+            name = f"{q}_{col}"
+            under = {pol: len(s) - 1 - s.index(pol) for s in sets[q] for pol in s}
+            for i, (pol, c, g) in enumerate(groups):
                 if name not in g.columns:
                     continue
+                k = under.get(pol, 0)  # how many coinciding lines this one lies under
                 fig.add_trace(go.Scatter(
                     x=g["concurrency_x"].to_list(), y=g[name].to_list(), mode="lines+markers",
                     name=pol if q == "median" else f"{pol} (p90)", legendgroup=pol,
-                    showlegend=row == 1 and q == "median", line={"color": c, "dash": dash},
+                    showlegend=row == 1 and q == "median",
+                    line={"color": c, "dash": dash, "width": 2 + 2.5 * k},
+                    marker={"symbol": LATENCY_SYMBOLS[i % len(LATENCY_SYMBOLS)],
+                            "size": 7 + 3 * k},
                     hovertemplate=f"{pol}<br>concurrency %{{x:.1f}}<br>{q} {col.split('_')[0]} "
                                   "%{y:,.0f} ms<extra></extra>"), row=row, col=1)
+        title = fig.layout.annotations[row - 1]
+        note = _coincidence_note(sets, TITLE_CHARS - len(title.text) - 2,
+                                 [pol for pol, _c, _g in groups])
+        if note:
+            title.text = f"{title.text}; {note}"
     fig.update_yaxes(type="log", title_text="ms")
+    fig.update_layout(legend_itemsizing="constant")  # not the banded lines' wide markers
     return _concurrency_layout(fig, "mean requests in the system", 650,
                                "Queueing: TTFT and E2E vs load (solid: median, dotted: p90)")
 
