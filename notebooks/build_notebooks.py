@@ -3,24 +3,28 @@
     python notebooks/build_notebooks.py          # rewrites notebooks/*.ipynb (~1 min)
 
 Each notebook reads parquet only (no network) and takes its input from an
-environment variable (``DSPARK_RESULTS``, ``DSPARK_TRACE``) or its first code cell.
-The stored outputs come from small deterministic example inputs
-(:func:`example_inputs`: a 4-point sweep, 12 requests of the built-in trace), so a
+environment variable (``DSPARK_RESULTS``, ``DSPARK_TRACE``) or its first code cell;
+each runs as shipped: with no ``DSPARK_RESULTS`` the frontier explorer runs a 4-point
+example sweep itself. The stored outputs come from the notebooks as shipped (the
+trace notebooks on 12 requests of the built-in trace, :func:`example_inputs`), so a
 reader sees every table and figure without running anything and each file stays small
-enough to diff: figures are stored as Plotly JSON (``plotly_mimetype``, drawn by
-JupyterLab / VS Code) plus an HTML view that loads plotly.js from its CDN
-(``notebook_connected``, for nbviewer), never with plotly.js inlined.
+enough to diff. A figure is stored as Plotly JSON (``plotly_mimetype``: JupyterLab and
+VS Code draw it, interactive) with a PNG of it in the same output (:func:`add_images`),
+which is what GitHub shows: it runs no script, and it would pick an HTML view over the
+PNG and show that blank, so none is stored (nor plotly.js, 3.5 MB).
 ``tests/test_notebooks.py`` re-executes them and checks the stored sources against
 this file.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import re
+import sys
 import tempfile
+import threading
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 import nbformat
@@ -28,8 +32,10 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = "example"  # how the stored outputs name the example inputs' folder
-# figures as JSON + a CDN-loading HTML view: nothing inlines plotly.js (3.5 MB)
-RENDERERS = "plotly_mimetype+notebook_connected"
+# figures as JSON only, a PNG added by the builder (add_images): nothing inlines plotly.js
+RENDERERS = "plotly_mimetype"
+PLOTLY_JSON = "application/vnd.plotly.v1+json"
+IMAGE_WIDTH = 800  # px, each figure at its own height: ~30-90 kB a PNG
 
 FRONTIER = [
     ("md", """# Frontier explorer
@@ -37,19 +43,20 @@ FRONTIER = [
 Throughput-vs-interactivity fronts of a sweep (`dspark-sim sweep` or
 `dspark_sim.sim.sweep.run_sweep`): x = median interactivity (tok/s/user), y = output
 throughput (tok/s/GPU), as in DSpark Fig. 7 and InferenceX. Pick the policies,
-profiles and SLA tiers in the next cell. `DSPARK_RESULTS` (environment) overrides the
-input: a `results.parquet` or a sweep folder.
+profiles and SLA tiers in the next cell. `DSPARK_RESULTS` (environment) or `RESULTS`
+names the input: a `results.parquet` or a sweep folder.
 
-The stored outputs come from a 4-point example sweep (the `tiny` preset, two light loads):
-its engine is memory-bound, verification is nearly free, and the gain over MTP-1 is far
-above a loaded production engine's. For that world run the case study
-(`python benchmarks/case_study.py`, docs/frontiers.md) and point `RESULTS` at it."""),
+With neither, the notebook runs a 4-point example sweep (the `tiny` preset, two light
+loads, a few seconds), which gave the stored outputs: its engine is memory-bound,
+verification is nearly free, and the gain over MTP-1 is far above a loaded production
+engine's. For that world run the case study (`python benchmarks/case_study.py`,
+docs/frontiers.md) and set `RESULTS = "../runs/case-study"`."""),
     ("code", """import os
 
 import plotly.io as pio
 
 pio.renderers.default = os.environ.get("DSPARK_PLOTLY_RENDERER", "plotly_mimetype+notebook_connected")
-RESULTS = os.environ.get("DSPARK_RESULTS", "../runs/case-study/results.parquet")
+RESULTS = os.environ.get("DSPARK_RESULTS")  # e.g. "../runs/case-study"; None: an example sweep
 POLICIES = None  # e.g. ["confidence-async", "mtp1"]; None: every policy in the sweep
 PROFILES = None  # e.g. ["v4flash-h200"]; None: every profile
 CANDIDATE, BASELINE = "confidence-async", "mtp1"
@@ -62,7 +69,21 @@ from dspark_sim.sim import frontier as fr
 from dspark_sim.sim.report import budget_figure, fronts_figure, waste_figure
 from dspark_sim.sim.sweep import load_results
 
-df = load_results(RESULTS)
+if RESULTS is None:  # nothing given: a small sweep, run here, so the notebook runs as shipped
+    import tempfile
+    from dataclasses import replace
+
+    from dspark_sim.sim.config import preset
+    from dspark_sim.sim.sweep import run_sweep
+
+    base = preset("tiny")
+    base = replace(base, workload=replace(base.workload, num_requests=200))
+    with tempfile.TemporaryDirectory(prefix="dspark-example-sweep-") as tmp:
+        run_sweep(base, qps=[5, 20], policies=["mtp1", "confidence-async"], out=tmp,
+                  executor="serial", progress=False)
+        df = load_results(tmp)
+else:
+    df = load_results(RESULTS)
 if PROFILES:
     df = df.filter(pl.col("profile_spec").is_in(PROFILES))
 if POLICIES:
@@ -329,21 +350,17 @@ def sources(out_dir: Path) -> list[Path]:
 
 
 def example_inputs(root: Path) -> dict[str, str]:
-    """Small deterministic inputs: a 4-point sweep (tiny preset, 200 requests per point,
-    mtp1 and confidence-async at 5 and 20 req/s: enough for every point's steady-state
-    figures, so the stored fronts and headline are not empty) and 4 requests per domain of the
-    built-in ``dspark-synthetic`` trace. Returns the notebooks' environment."""
+    """Small deterministic inputs: 4 requests per domain of the built-in
+    ``dspark-synthetic`` trace, so the stored trace figures stay small. No
+    ``DSPARK_RESULTS``: the frontier explorer runs as shipped, on the 4-point sweep it
+    runs itself (tiny preset, 200 requests per point, mtp1 and confidence-async at 5 and
+    20 req/s: enough for every point's steady-state figures, so the stored fronts and
+    headline are not empty). Returns the notebooks' environment."""
     import polars as pl
 
-    from dspark_sim.sim.config import preset
-    from dspark_sim.sim.sweep import run_sweep
     from dspark_sim.traces.schema import load_trace, trace_from_frame, write_trace
 
     root = Path(root)
-    cfg = preset("tiny")
-    cfg = replace(cfg, workload=replace(cfg.workload, num_requests=200))
-    run_sweep(cfg, qps=[5, 20], policies=["mtp1", "confidence-async"], out=root / "sweep",
-              executor="serial", progress=False)
     full = load_trace("dspark-synthetic")
     df = full.to_polars()
     keep = df.group_by("domain").agg(pl.col("request_id").unique().sort().head(4)).explode(
@@ -351,8 +368,7 @@ def example_inputs(root: Path) -> dict[str, str]:
     small = trace_from_frame(df.filter(pl.col("request_id").is_in(keep.to_list())), full.meta,
                              "small")
     write_trace(small, root / "small_trace.parquet")
-    return {"DSPARK_RESULTS": str(root / "sweep" / "results.parquet"),
-            "DSPARK_TRACE": str(root / "small_trace.parquet"),
+    return {"DSPARK_TRACE": str(root / "small_trace.parquet"),
             "DSPARK_PLOTLY_RENDERER": RENDERERS}
 
 
@@ -403,12 +419,82 @@ def scrub(nb: nbformat.NotebookNode, root: Path) -> None:
                     out["data"][mime] = clean(value)
 
 
+PROBE_TIMEOUT_S = 60.0  # one render (the first starts the browser): seconds, unless it hangs
+
+
+def _within(timeout_s: float, fn, *args):
+    """``fn(*args)``, or TimeoutError after ``timeout_s``: a browser that hangs on its first
+    figure (it has, under a loaded machine) must not hang the build or the tests. The
+    thread is a daemon, so a hung call does not keep the process alive."""
+    out: dict = {}
+
+    def call():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # re-raised in the caller's thread
+            out["error"] = exc
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise TimeoutError(f"no answer in {timeout_s:g} s")
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def png_exporter():
+    """A function from a figure's JSON to PNG bytes, or None where no exporter runs here
+    (the notebooks are then stored without images). kaleido 0.2.1 comes first: its wheel
+    ships the Chromium it renders with, while plotly's own export (``plotly.io.to_image``)
+    needs kaleido >= 1 and a Chrome that it downloads, which not every machine can."""
+    try:
+        from kaleido.scopes.plotly import PlotlyScope
+    except ImportError:  # no kaleido, or kaleido >= 1 (no scopes): plotly's own export
+        import plotly.io as pio
+
+        def export(fig):
+            return pio.to_image(fig, format="png", width=IMAGE_WIDTH)
+    else:
+        import plotly
+
+        # the installed plotly's plotly.js, not the CDN's: offline, and the version that
+        # drew the figure
+        js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+        scope = PlotlyScope(plotlyjs=str(js), mathjax=False)
+
+        def export(fig):
+            return scope.transform(fig, format="png", width=IMAGE_WIDTH)
+    try:
+        _within(PROBE_TIMEOUT_S, export, {"data": [{"y": [1, 2]}], "layout": {}})
+    except Exception as exc:  # whatever stops the exporter (missing, no browser): no images
+        print(f"no PNG exporter ({type(exc).__name__}: {exc}); pip install "
+              "'dspark-sim[notebooks]' for the images GitHub shows", file=sys.stderr)
+        return None
+    return lambda fig: _within(PROBE_TIMEOUT_S, export, fig)
+
+
+def add_images(nb: nbformat.NotebookNode, export) -> int:
+    """Put a PNG of each Plotly figure into its output, beside the JSON; returns how
+    many. A viewer that runs no script (GitHub) shows the PNG, JupyterLab the figure."""
+    n = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if PLOTLY_JSON in data:
+                data["image/png"] = base64.b64encode(export(data[PLOTLY_JSON])).decode("ascii")
+                n += 1
+    return n
+
+
 def build(out_dir: Path = HERE, run: bool = True) -> list[Path]:
     """Write the notebooks into ``out_dir``; with ``run``, executed on the example inputs
     with their outputs stored."""
     paths = sources(out_dir)
     if not run:
         return paths
+    export = png_exporter()
     with tempfile.TemporaryDirectory(prefix="dspark-nb-") as tmp:
         root = Path(tmp)
         env = example_inputs(root)
@@ -417,6 +503,8 @@ def build(out_dir: Path = HERE, run: bool = True) -> list[Path]:
             nb = execute(path, env)
             nb.metadata = metadata  # not the kernel's version strings: nothing machine-specific
             scrub(nb, root)
+            if export is not None:
+                add_images(nb, export)
             nbformat.validate(nb)
             path.write_text(nbformat.writes(nb) + "\n")
     return paths
