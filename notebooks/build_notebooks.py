@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -419,13 +420,18 @@ def scrub(nb: nbformat.NotebookNode, root: Path) -> None:
                     out["data"][mime] = clean(value)
 
 
-PROBE_TIMEOUT_S = 60.0  # one render (the first starts the browser): seconds, unless it hangs
+RENDER_TIMEOUT_S = 60.0  # one figure: seconds, unless the browser hangs
+START_TIMEOUT_S = 20.0  # the browser's start: ~2 s
+# kaleido 0.2.1's Chromium now and then never answers its start (seen under `nice`, about
+# one start in three); a fresh one does
+STARTS = 5
+PROBE = {"data": [{"y": [1, 2]}], "layout": {}}
 
 
 def _within(timeout_s: float, fn, *args):
-    """``fn(*args)``, or TimeoutError after ``timeout_s``: a browser that hangs on its first
-    figure (it has, under a loaded machine) must not hang the build or the tests. The
-    thread is a daemon, so a hung call does not keep the process alive."""
+    """``fn(*args)``, or TimeoutError after ``timeout_s``: a browser that hangs must not
+    hang the build or the tests. The thread is a daemon, so a hung call does not keep the
+    process alive."""
     out: dict = {}
 
     def call():
@@ -444,35 +450,67 @@ def _within(timeout_s: float, fn, *args):
     return out["value"]
 
 
+def _kill_tree(pid: int) -> None:
+    """End a process this builder started and every process under it (the browser's
+    own children outlive their parent's kill); Linux /proc, elsewhere the process alone."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or not /proc
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _kaleido_export(PlotlyScope):
+    """kaleido 0.2.1's renderer, started (retried where its browser never answers)."""
+    import plotly
+
+    # the installed plotly's plotly.js, not the CDN's: offline, and the version that drew
+    # the figure
+    js = str(Path(plotly.__file__).parent / "package_data" / "plotly.min.js")
+    for _ in range(STARTS):
+        scope = PlotlyScope(plotlyjs=js, mathjax=False)
+        try:
+            _within(START_TIMEOUT_S, scope.transform, PROBE, "png")
+        except TimeoutError:
+            if scope._proc is not None:  # the hung start holds the scope's lock
+                _kill_tree(scope._proc.pid)
+                scope._proc.wait()
+            continue
+        return lambda fig: _within(RENDER_TIMEOUT_S, scope.transform, fig, "png", IMAGE_WIDTH)
+    raise TimeoutError(f"its browser did not start in {STARTS} tries")
+
+
 def png_exporter():
     """A function from a figure's JSON to PNG bytes, or None where no exporter runs here
     (the notebooks are then stored without images). kaleido 0.2.1 comes first: its wheel
     ships the Chromium it renders with, while plotly's own export (``plotly.io.to_image``)
     needs kaleido >= 1 and a Chrome that it downloads, which not every machine can."""
     try:
-        from kaleido.scopes.plotly import PlotlyScope
-    except ImportError:  # no kaleido, or kaleido >= 1 (no scopes): plotly's own export
-        import plotly.io as pio
+        try:
+            from kaleido.scopes.plotly import PlotlyScope
+        except ImportError:  # no kaleido, or kaleido >= 1 (no scopes): plotly's own export
+            import plotly.io as pio
 
-        def export(fig):
-            return pio.to_image(fig, format="png", width=IMAGE_WIDTH)
-    else:
-        import plotly
+            def export(fig):
+                return pio.to_image(fig, format="png", width=IMAGE_WIDTH)
 
-        # the installed plotly's plotly.js, not the CDN's: offline, and the version that
-        # drew the figure
-        js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-        scope = PlotlyScope(plotlyjs=str(js), mathjax=False)
-
-        def export(fig):
-            return scope.transform(fig, format="png", width=IMAGE_WIDTH)
-    try:
-        _within(PROBE_TIMEOUT_S, export, {"data": [{"y": [1, 2]}], "layout": {}})
+            _within(RENDER_TIMEOUT_S, export, PROBE)
+            return lambda fig: _within(RENDER_TIMEOUT_S, export, fig)
+        return _kaleido_export(PlotlyScope)
     except Exception as exc:  # whatever stops the exporter (missing, no browser): no images
         print(f"no PNG exporter ({type(exc).__name__}: {exc}); pip install "
               "'dspark-sim[notebooks]' for the images GitHub shows", file=sys.stderr)
         return None
-    return lambda fig: _within(PROBE_TIMEOUT_S, export, fig)
 
 
 def add_images(nb: nbformat.NotebookNode, export) -> int:
