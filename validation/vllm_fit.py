@@ -52,7 +52,6 @@ from dspark_sim.traces.schema import AcceptanceTrace
 METRICS = {"output_throughput": 1.0, "median_tpot_ms": 1.0, "median_ttft_ms": 0.5}
 PARAMS = ("step_fixed_ms", "token_ms", "request_ms", "logit_row_ms", "frontend_ms",
           "draft_step_ms", "draft_request_ms")
-TARGET_PARAMS = 5  # the rest price the drafter: fitted only when a speculative run is
 DRAFTER = "vllm"  # the [draft.<name>] table and trace drafter of a calibrated pair
 UNSIMULATED = 5.0  # the log-error charged for a figure a candidate could not produce
 MAX_LOG_STEP = 1.0  # at most a factor e per parameter and iteration
@@ -191,10 +190,10 @@ def _send_order(run: BenchRun) -> np.ndarray:
     return np.argsort(send, kind="stable")
 
 
-def run_config(run: BenchRun, workload: Path, engine: EngineConfig, seed: int = 0,
-               k: int | None = None) -> SimConfig:
+def run_config(run: BenchRun, workload: Path, engine: EngineConfig, seed: int = 0
+               ) -> SimConfig:
     """The simulator's configuration of a bench run: one replica, its load, fixed-k."""
-    k = run.k if k is None else k
+    k = run.k
     if run.concurrency is not None:
         wl = WorkloadConfig(arrival="closed", max_concurrency=run.concurrency,
                             workload_path=str(workload), num_requests=None)
