@@ -1191,11 +1191,11 @@ def vllm_prepare_model(
 
 def _live_config(python: Path, model: Path, settings: str, concurrency: str, rates: str,
                  output_tokens: int, draft_model: Path | None, server_args: str = "",
-                 cpu_defaults: bool = True):
+                 cpu_defaults: bool = True, pin_cpus: str = "auto"):
     import shlex
 
     from dspark_sim.sim.sweep import parse_numbers
-    from dspark_sim.validation.vllm_live import LiveConfig, parse_settings
+    from dspark_sim.validation.vllm_live import LiveConfig, parse_pins, parse_settings
 
     if not python.is_file():
         raise InputError("--python", f"{python} is not a file (the vLLM environment's "
@@ -1211,7 +1211,10 @@ def _live_config(python: Path, model: Path, settings: str, concurrency: str, rat
                       rates=tuple(parse_numbers(rates, option="--rates")) if rates else (),
                       output_tokens=output_tokens, draft_model=draft_model,
                       extra_server_args=tuple(shlex.split(server_args)),
-                      cpu_defaults=cpu_defaults)
+                      cpu_defaults=cpu_defaults,
+                      # a GPU server's compute is not on the CPUs: nothing to keep apart
+                      pins=parse_pins(pin_cpus) if cpu_defaults or pin_cpus != "auto"
+                      else None)
 
 
 VllmPython = Annotated[Path, PathOption(help="The vLLM environment's python (vLLM pins its "
@@ -1228,6 +1231,10 @@ VllmServerArgs = Annotated[str, typer.Option(
 VllmCpu = Annotated[bool, typer.Option(
     help="The CPU server flags (fp32, --enforce-eager, --gpu-memory-utilization 0.3); "
          "--no-cpu-defaults for a GPU server.")]
+VllmPins = Annotated[str, typer.Option(
+    help="CPUs for the engine's compute worker and for everything else, WORKER:REST "
+         "(e.g. 0-6:7); auto keeps the last CPU for the server's other processes and the "
+         "client; off leaves binding to vLLM.")]
 VllmSplit = Annotated[str | None, typer.Option(
     "--fit", help="Runs calibrated on: SETTING (all its loads) or SETTING@cN / SETTING@rX, "
                   "comma-separated (default: none,ngram-k3@c<lightest>,ngram-k3@c<heaviest>).")]
@@ -1241,12 +1248,13 @@ def vllm_measure(
     concurrency: VllmLoads = "1,2,4,8,16", rates: VllmRates = "0.5",
     output_tokens: VllmOutput = 64, draft_model: VllmDraft = None,
     server_args: VllmServerArgs = "", cpu_defaults: VllmCpu = True,
+    pin_cpus: VllmPins = "auto",
 ) -> None:
     """Start vLLM once per setting and run its bench client at every load (resumable)."""
     from dspark_sim.validation.vllm_live import measure
 
     cfg = _live_config(python, model, settings, concurrency, rates, output_tokens, draft_model,
-                       server_args, cpu_defaults)
+                       server_args, cpu_defaults, pin_cpus)
     check_writable(out, "--out", inside={"runs": "dir", "manifest.json": "file"})
     manifest = measure(cfg, out, progress=lambda m: console.print(m, highlight=False))
     console.print(f"wrote {manifest}", highlight=False)
@@ -1293,13 +1301,14 @@ def vllm_validate(
     concurrency: VllmLoads = "1,2,4,8,16", rates: VllmRates = "0.5",
     output_tokens: VllmOutput = 64, draft_model: VllmDraft = None,
     server_args: VllmServerArgs = "", cpu_defaults: VllmCpu = True,
+    pin_cpus: VllmPins = "auto",
     split: VllmSplit = None, seed: Seed = 0,
 ) -> None:
     """measure, then compare: the live validation against a real vLLM server."""
     from dspark_sim.validation.vllm_live import measure
 
     cfg = _live_config(python, model, settings, concurrency, rates, output_tokens, draft_model,
-                       server_args, cpu_defaults)
+                       server_args, cpu_defaults, pin_cpus)
     check_writable(out, "--out", inside={"runs": "dir", **VLLM_OUTPUTS})
     measure(cfg, out, progress=lambda m: console.print(m, highlight=False))
     _compare_and_print(out, out, split, seed, {})

@@ -16,7 +16,17 @@ def arg(argv: list[str], name: str, default=None):
     return argv[argv.index(name) + 1] if name in argv else default
 
 
+def record_cpus(role: str) -> None:
+    """Append where this process may run (FAKE_VLLM_CPUFILE), for the pinning test."""
+    path = os.environ.get("FAKE_VLLM_CPUFILE")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"role": role, "cpus": sorted(os.sched_getaffinity(0)),
+                                "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}) + "\n")
+
+
 def serve(argv: list[str]) -> None:
+    record_cpus("server")
     port = int(arg(argv, "--port"))
     spec = json.loads(arg(argv, "--speculative-config", "null") or "null")
     k = spec["num_speculative_tokens"] if spec else 0
@@ -39,6 +49,7 @@ def serve(argv: list[str]) -> None:
 
 
 def bench(argv: list[str]) -> None:
+    record_cpus("bench")
     n = int(arg(argv, "--num-prompts"))
     out = int(arg(argv, "--custom-output-len"))
     conc = arg(argv, "--max-concurrency")

@@ -15,11 +15,13 @@ import pytest
 from dspark_sim.errors import InputError
 from dspark_sim.validation.vllm_fit import read_bench_runs
 from dspark_sim.validation.vllm_live import (
+    CpuPins,
     LiveConfig,
     Setting,
     VllmServer,
     bench_args,
     measure,
+    parse_pins,
     parse_settings,
 )
 
@@ -148,3 +150,43 @@ def test_gpu_servers_drop_the_cpu_flags_and_take_their_own(tmp_path, fake_python
     assert "--enforce-eager" not in cmd and "float32" not in cmd
     assert cmd[-2:] == ["--tensor-parallel-size", "2"]
     assert "--speculative-config" not in cmd  # none speculates nothing
+
+
+def test_cpu_pins_parse_and_refuse_in_one_line():
+    assert parse_pins("auto", {0, 1}) == CpuPins((0,), (1,))
+    assert parse_pins("auto", {0, 1, 2, 3}) == CpuPins((0, 1, 2), (3,))
+    assert parse_pins("auto", {0}) is None  # one CPU: nothing to keep apart
+    assert parse_pins("off", {0, 1}) is None
+    assert parse_pins("0-2,5:3", set(range(8))) == CpuPins((0, 1, 2, 5), (3,))
+    for bad, why in (("0:0", "overlap"), ("0:9", "CPU 9 is not available"),
+                     ("0", "WORKER:REST"), ("0-:1", "a CPU list"), ("a:1", "a CPU list")):
+        with pytest.raises(InputError, match=why) as exc:
+            parse_pins(bad, {0, 1})
+        assert str(exc.value).startswith("--pin-cpus") and "\n" not in str(exc.value)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to split")
+def test_pinned_measure_binds_the_worker_and_confines_the_rest(tmp_path, fake_python,
+                                                              monkeypatch):
+    python, model = fake_python
+    cpus = sorted(os.sched_getaffinity(0))
+    cpufile = tmp_path / "cpus.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_CPUFILE", str(cpufile))
+    pins = CpuPins(tuple(cpus[:-1]), (cpus[-1],))
+    cfg = LiveConfig(python=python, model_dir=model, settings=parse_settings("none"),
+                     concurrencies=(1,), rates=(), startup_timeout_s=60, pins=pins)
+    manifest = json.loads(measure(cfg, tmp_path / "live").read_text())
+    seen = [json.loads(line) for line in cpufile.read_text().splitlines()]
+    assert {s["role"] for s in seen} == {"server", "bench"}
+    for s in seen:  # neither the server's processes nor the client share the worker's CPUs
+        assert s["cpus"] == [cpus[-1]]
+    assert next(s for s in seen if s["role"] == "server")["bind"] == pins.omp_bind
+    assert manifest["cpu_pins"] == {"worker": cpus[:-1], "rest": [cpus[-1]]}
+    # unpinned, nothing is confined and vLLM binds its worker itself
+    cpufile.unlink()
+    measure(LiveConfig(python=python, model_dir=model, settings=parse_settings("none"),
+                       concurrencies=(2,), rates=(), startup_timeout_s=60),
+            tmp_path / "free")
+    seen = [json.loads(line) for line in cpufile.read_text().splitlines()]
+    assert all(s["cpus"] == cpus for s in seen)
+    assert all(s["bind"] is None for s in seen)

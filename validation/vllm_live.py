@@ -100,6 +100,63 @@ def parse_settings(spec: str) -> tuple[Setting, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class CpuPins:
+    """Which CPUs the engine's compute worker owns, and where every other process runs.
+
+    On a small CPU host, vLLM's OpenMP worker shares its cores with the API server, the
+    engine-core scheduler and the benchmark client, and each of them preempting an OpenMP
+    thread stalls the whole forward pass: timings then vary by far more than the effects
+    being measured. The worker is bound to ``worker`` (vLLM's
+    ``VLLM_CPU_OMP_THREADS_BIND``) and the server's other processes and the client are
+    confined to ``rest``.
+    """
+
+    worker: tuple[int, ...]
+    rest: tuple[int, ...]
+
+    @property
+    def omp_bind(self) -> str:
+        return ",".join(map(str, self.worker))
+
+    def confine(self) -> None:
+        """Run in the child before exec: keep it off the worker's CPUs."""
+        os.sched_setaffinity(0, self.rest)
+
+
+def _cpu_list(text: str, option: str) -> tuple[int, ...]:
+    cpus: list[int] = []
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise InputError(option, f"{text!r}: a CPU list is like 0 or 0-6 or 0,2")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(set(cpus)))
+
+
+def parse_pins(spec: str, available: set[int] | None = None) -> CpuPins | None:
+    """``off``, ``auto`` (the last allowed CPU for everything but the worker, when there
+    are at least two) or ``WORKER:REST`` CPU lists such as ``0-6:7``."""
+    available = set(os.sched_getaffinity(0)) if available is None else available
+    spec = spec.strip()
+    if spec == "off":
+        return None
+    if spec == "auto":
+        cpus = sorted(available)
+        return None if len(cpus) < 2 else CpuPins(tuple(cpus[:-1]), (cpus[-1],))
+    worker_text, sep, rest_text = spec.partition(":")
+    if not sep:
+        raise InputError("--pin-cpus", f"{spec!r}: give off, auto or WORKER:REST (e.g. 0:1)")
+    pins = CpuPins(_cpu_list(worker_text, "--pin-cpus"), _cpu_list(rest_text, "--pin-cpus"))
+    if set(pins.worker) & set(pins.rest):
+        raise InputError("--pin-cpus", f"{spec!r}: the worker's CPUs and the rest overlap")
+    missing = (set(pins.worker) | set(pins.rest)) - available
+    if missing:
+        raise InputError("--pin-cpus", f"{spec!r}: CPU {min(missing)} is not available "
+                                       f"here (allowed: {sorted(available)})")
+    return pins
+
+
 def default_prompts() -> Path:
     """The shipped prompt set: 64 HumanEval problems (MIT licence) in vLLM's ``custom``
     dataset format; code answers repeat their signatures, so an n-gram drafter pays."""
@@ -137,6 +194,7 @@ class LiveConfig:
     bench_timeout_s: float = 1800.0
     extra_server_args: tuple[str, ...] = field(default_factory=tuple)
     cpu_defaults: bool = True  # CPU_SERVER_ARGS; off for a GPU server
+    pins: CpuPins | None = None  # None: vLLM's own binding, nothing else confined
 
     def num_prompts(self, concurrency: int | None) -> int:
         if concurrency is None:
@@ -184,9 +242,13 @@ class VllmServer:
         log = self.log_path.open("wb")
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        pins = self.cfg.pins
+        if pins is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = pins.omp_bind
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     preexec_fn=None if pins is None else pins.confine)
         log.close()
         try:
             self._wait_healthy()
@@ -306,7 +368,8 @@ def _bench(cfg: LiveConfig, server: VllmServer, prompts: Path, runs: Path, name:
     with log_path.open("wb") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, timeout=cfg.bench_timeout_s,
-                              check=False)
+                              check=False,
+                              preexec_fn=None if cfg.pins is None else cfg.pins.confine)
     if proc.returncode != 0 or not (runs / tmp).is_file():
         raise RuntimeError(f"vLLM bench client failed for {name} (exit {proc.returncode}); "
                            f"its log: {log_path}\n{_tail(log_path)}")
@@ -330,6 +393,8 @@ def _manifest(cfg: LiveConfig, prompts: Path, runs: Path) -> dict:
         "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, "
                    f"{platform.processor() or platform.node()}",
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu_pins": None if cfg.pins is None
+        else {"worker": list(cfg.pins.worker), "rest": list(cfg.pins.rest)},
         "kv_capacity_tokens": _kv_capacity(runs.parent / "logs"),
         "runs": sorted(p.name for p in runs.glob("*.json")),
     }
