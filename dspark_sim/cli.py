@@ -22,12 +22,15 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape as _markup_escape
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
 from dspark_sim.errors import InputError
 from dspark_sim.io import check_writable, deferred_interrupts
+from dspark_sim.policies.registry import policy_help, policy_rows
 from dspark_sim.sim.quality import quality_rows
 
 try:  # typer >= 0.22 parses with its own copy of click, older ones with click itself
@@ -302,12 +305,9 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
                       style="dim")
 
 
-# No "[word]" or "[@x]" in help texts: typer renders them as rich markup, erasing them.
-POLICY_HELP = ("NAME[:ARG]: none, mtp1, fixed:K, confidence, confidence-sync, confidence-async, "
-               "vllm-adaptive, threshold:P, dfly[:R,...], dcut, sparsespec[:T|:conf]; lossy "
-               "(docs/lossy.md): asd:g,m,B, skip:P, each optionally @BASE, the chain it wraps; "
-               "trees on a v2 trace: cure:N,b,F,M, pctree:N,k, dspark-tree:N,k (docs/trees.md). "
-               "Default: confidence.")
+# No "[word]" or "[@x]" in help texts: typer renders them as rich markup, erasing them
+# (the policy grammar's "[@BASE]" is escaped for it).
+POLICY_HELP = _markup_escape(policy_help())
 LENGTHS_HELP = ("azure-conv | azure-code | mooncake | long-context[:IN:OUT[:SIGMA]] | fixed:IN:OUT "
                 "| lognormal:IN:OUT[:SIGMA] | trace | trace:sample (each request one trace "
                 "row's lengths)")
@@ -632,6 +632,20 @@ def traces_inspect(
             pos.add_row(str(k), *[f"{v[k - 1]:.3f}" if math.isfinite(v[k - 1]) else "n/a"
                                   for _, v in cols])
         console.print(pos)
+
+
+@app.command("policies")
+def policies_cmd() -> None:
+    """List every verification policy --policy accepts: its grammar, what it does, its
+    drafter and what it reads."""
+    for row in policy_rows(markdown=False):
+        name = row["policy"] + (" (default)" if row["default"] else "")
+        if row["aliases"]:
+            name += f"  also: {row['aliases']}"
+        console.print(Text(name, style="bold"))
+        console.print(Padding(Text(row["what it does"]), (0, 0, 0, 4)))
+        console.print(Padding(Text(f"drafter {row['drafter']}, {row['kind']}; reads "
+                                   f"{row['reads']}", style="dim"), (0, 0, 0, 4)))
 
 
 @profiles_app.command("list")

@@ -54,11 +54,12 @@ import numpy as np
 
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot, Replayed, ReplayView, Verification
+from dspark_sim.policies.registry import DEFAULT_POLICY, Policy, get_policy, register
 
 # A mismatch's regret is never below this (nats): float16 logits near 20 resolve 1/64, so
 # a recorded tie can hide a small gap; treating it as free would make B = 0 lossy.
 MIN_REGRET = 1e-3
-DEFAULT_BASE = "confidence"
+DEFAULT_BASE = DEFAULT_POLICY
 # The defaults of ``asd`` with no argument: the setting synth_lossy calibrates its regret
 # model at (ASD's own g, m, B are not in our references: see docs/lossy.md).
 ASD_DEFAULTS = (0.5, 1, 8.0)
@@ -161,7 +162,7 @@ def _base_of(arg: str | None) -> tuple[str | None, str]:
     return args.strip() or None, base.strip() or DEFAULT_BASE
 
 
-def make_asd(arg: str | None, get_policy) -> object:
+def make_asd(arg: str | None) -> Policy:
     """``asd[:g,m,B][@BASE]``; B may be ``inf``."""
     g, m, budget = ASD_DEFAULTS
     arg, base_spec = _base_of(arg)
@@ -176,7 +177,7 @@ def make_asd(arg: str | None, get_policy) -> object:
                                          "integer") from exc
         if not (g >= 0 and m >= 0 and budget >= 0) or np.isnan(g) or np.isnan(budget):
             raise InputError("--policy", f"'asd:{arg}': g, m and B must be >= 0")
-    base = _chain_base(base_spec, get_policy, "asd")
+    base = _chain_base(base_spec, "asd")
     cfg = AsdConfig(float(g), int(m), float(budget))
     name = f"asd:{cfg.g:g},{cfg.m},{cfg.budget:g}" + \
         ("" if base.name == DEFAULT_BASE else f"@{base.name}")
@@ -188,7 +189,7 @@ def make_asd(arg: str | None, get_policy) -> object:
                                f"{cfg.budget:g} per request; verify lengths of {base.name}")
 
 
-def _chain_base(spec: str, get_policy, who: str):
+def _chain_base(spec: str, who: str) -> Policy:
     # a lossy base is refused before it is built: built first, asd@asd@...@fixed:3
     # recursed once per '@' (a RecursionError traceback past ~300 of them)
     lossy_base = spec.partition("@")[0].partition(":")[0].strip().lower() in ("asd", "skip")
@@ -235,7 +236,7 @@ def skip_replay(plan: Verification, view: ReplayView) -> Replayed:
                     state=state)
 
 
-def make_skip(arg: str | None, get_policy) -> object:
+def make_skip(arg: str | None) -> Policy:
     """``skip[:P][@BASE]``."""
     p_text, base_spec = _base_of(arg)
     try:
@@ -244,7 +245,7 @@ def make_skip(arg: str | None, get_policy) -> object:
         raise InputError("--policy", f"'skip:{arg}': P must be a number") from exc
     if not p >= 0 or np.isnan(p):
         raise InputError("--policy", f"'skip:{arg}': P must be >= 0")
-    base = _chain_base(base_spec, get_policy, "skip")
+    base = _chain_base(base_spec, "skip")
 
     def plan(s: BatchSnapshot, ell: np.ndarray) -> Verification:
         pending = s.state if s.state is not None else np.zeros(s.num_requests)
@@ -258,9 +259,25 @@ def make_skip(arg: str | None, get_policy) -> object:
                                f">= {p:g} without the verifier; verify lengths of {base.name}")
 
 
-def make(spec: str, get_policy) -> object:
-    """``asd[:g,m,B][@BASE]`` or ``skip[:P][@BASE]`` (the base after the first ``@``)."""
+def _wrapper_arg(spec: str) -> str | None:
+    """``NAME[:ARGS][@BASE]`` -> ``ARGS@BASE`` (the base after the first ``@``)."""
     head, at, base = spec.partition("@")
-    name, _, arg = head.partition(":")
-    arg = arg.strip() + (f"@{base}" if at else "")
-    return (make_asd if name.strip().lower() == "asd" else make_skip)(arg or None, get_policy)
+    arg = head.partition(":")[2].strip() + (f"@{base}" if at else "")
+    return arg or None
+
+
+@register("asd", grammar="[:g,m,B][@BASE]", example="asd",
+          summary="**lossy**, greedy only (ASD): accept a mismatched draft when its regret "
+                  "r/q ≤ g, at most m per block, while the request's cumulative regret ≤ B "
+                  "(B = 0: strict); wraps the chain policy BASE "
+                  f"(default `{DEFAULT_BASE}`) ([lossy](lossy.md))")
+def asd(spec: str, arg: str | None) -> Policy:
+    return make_asd(_wrapper_arg(spec))
+
+
+@register("skip", grammar="[:P][@BASE]", example="skip:0.9",
+          summary="**lossy** (verifier skipping): commit drafts whose survival ≥ P without "
+                  "calling the verifier; P > 1 never skips; wraps the chain policy BASE "
+                  f"(default `{DEFAULT_BASE}`) ([lossy](lossy.md))")
+def skip(spec: str, arg: str | None) -> Policy:
+    return make_skip(_wrapper_arg(spec))

@@ -1,33 +1,34 @@
-"""Verification policies, chosen by name: ``none``, ``mtp1``, ``fixed:K``,
-``confidence`` (the default: steady-state priced, asynchronous, global search),
-``confidence-sync`` (Algorithm 1 as written: early stop, decode tokens only),
-``confidence-async`` (§5.2 as vLLM prices it: pending prefill in B), ``threshold:P``.
+"""Verification policies, chosen by name: the :class:`Policy` protocol and the registry.
 
-Each policy says which drafter it runs (its trace and draft cost come from that
-drafter), how many tokens that drafter proposes per step, and whether it needs
-the SPS curve in its snapshot (computing it costs a table lookup per step).
+A policy is one module of this package that registers itself::
+
+    @register("threshold", grammar="[:P]", example="threshold:0.5",
+              summary="verify draft tokens whose survival >= P (default 0.5)")
+    def threshold(spec: str, arg: str | None) -> Policy: ...
+
+The registry finds every module of ``dspark_sim.policies`` on the first lookup, so a new
+file is all a new policy takes: ``get_policy``, the ``--policy`` help, ``dspark-sim
+policies`` and the table in docs/policies.md are read from what registered. What a
+policy reads (survival, the SPS curve, the step's costs, lagged views, schema-v2 fields)
+is declared on the :class:`Policy` it builds; the listing shows it from the example spec.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from dspark_sim.errors import InputError
-from dspark_sim.policies.base import BatchSnapshot, readonly
-from dspark_sim.policies.scheduler import (
-    budget_displacement,
-    schedule_async,
-    schedule_sync,
-    schedule_topk,
-    sorted_desc,
-    stretch_sorted,
-)
-from dspark_sim.policies.shared_budget import make_shared_budget
-from dspark_sim.policies.sparsespec import make_sparsespec
-from dspark_sim.policies.trees import TREE_SPECS, tree_policy_kwargs
+from dspark_sim.policies.base import BatchSnapshot, StepCost, readonly
+
+# What `dspark-sim run` runs when no policy is named; the sweep headline's candidate and
+# the base a lossy policy wraps unless told otherwise are this one too.
+DEFAULT_POLICY = "confidence"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +73,7 @@ class Policy:
         """(survival, sps, cost) of ``lag_steps`` steps ago from ``history`` (oldest
         first), or Nones; with ``lag_rows``, the survivals of that step and the ones before
         it until they hold that many rows (a small batch's two-step-old drafts are a noisy
-        sample of its next ones). The engine and the validation server both call this."""
+        sample of its next ones)."""
         if not self.needs_lag or len(history) < self.lag_steps:
             return None, None, None
         newest = len(history) - self.lag_steps
@@ -87,64 +88,128 @@ class Policy:
             survival = readonly(np.concatenate(parts))
         return survival, sps, cost
 
-
-def _const(k: int) -> Callable[[BatchSnapshot], np.ndarray]:
-    def decide(s: BatchSnapshot) -> np.ndarray:
-        return np.full(s.num_requests, min(k, s.gamma_max), dtype=np.int64)
-
-    return decide
-
-
-def _confidence_sync(s: BatchSnapshot) -> np.ndarray:
-    return schedule_sync(s.survival, s.sps)
-
-
-# The default scheduler sizes its budget on at least this many draft rows two or more
-# steps old: one step of a large batch, the last few dozen steps of a small one (a single
-# request's drafts two steps ago say little about its next ones).
-CONFIDENCE_LAG_ROWS = 64
-
-
-def _confidence(s: BatchSnapshot) -> np.ndarray:
-    """The budget for this step's costs, sized on the survivals of two steps ago (DSpark's
-    production pipeline: the decision never waits for this step's drafts), stretched to
-    this batch; tokens by current survival."""
-    if s.lagged_survival is None or s.lagged_survival.shape[0] == 0:
-        return schedule_topk(s.survival, budget_displacement(s.survival, s.cost))
-    n, gamma = s.survival.shape
-    estimate = stretch_sorted(sorted_desc(s.lagged_survival), n * gamma)
-    return schedule_topk(s.survival, budget_displacement(s.survival, s.cost, n, estimate))
+    def snapshot(self, history, survival: np.ndarray, gamma_max: int, token_budget: int, *,
+                 sps: np.ndarray | None = None, cost: StepCost | None = None,
+                 fields: dict[str, np.ndarray] | None = None,
+                 state: np.ndarray | None = None) -> BatchSnapshot:
+        """The read-only snapshot this policy decides on, with its lagged view read from
+        ``history`` (a deque of ``maxlen >= max(1, self.history)``, oldest first); this
+        step's view joins ``history`` when the policy reads lagged ones. The simulator's
+        engine and the validation server both build their snapshots here, so a policy
+        sees the same thing in both."""
+        lagged = self.lagged(history)
+        snap = BatchSnapshot(readonly(survival), gamma_max, token_budget,
+                             sps=None if sps is None else readonly(sps),
+                             lagged_survival=lagged[0], lagged_sps=lagged[1],
+                             cost=cost, lagged_cost=lagged[2], fields=fields, state=state)
+        if self.needs_lag:
+            history.append((snap.survival, snap.sps, snap.cost))
+        return snap
 
 
-def _vllm_adaptive(s: BatchSnapshot) -> np.ndarray:
-    """vLLM's ``enable_adaptive_verification`` (PR 47808): B* = argmax (N + sum of the B
-    best survivals) / (draft + verify_cost[T + B]) with T the step's non-draft tokens,
-    sized on the confidence array one step old, as it is (not stretched to this batch),
-    then the top-B drafts by current survival."""
-    if s.lagged_survival is None or s.lagged_survival.shape[0] == 0:
-        return schedule_topk(s.survival, budget_displacement(s.survival, s.cost,
-                                                             displacement=False))
-    lagged = sorted_desc(s.lagged_survival)
-    k = budget_displacement(s.survival, s.cost, s.num_requests, lagged, displacement=False)
-    return schedule_topk(s.survival, k)
+@dataclass(frozen=True)
+class PolicyKind:
+    """One registered policy name.
+
+    grammar: what may follow the name (``""``: nothing, ``":K"``: a required argument,
+             ``"[:P]"``: an optional one, ``"[@BASE]"``: a wrapped chain policy).
+    example: a spec that builds (the listing reads its inputs from the built policy).
+    build:   ``(spec, arg) -> Policy``; ``arg`` is the text after the first ``:`` (None
+             when empty), ``spec`` the whole stripped spec (for error messages and ``@``).
+    """
+
+    name: str
+    grammar: str
+    summary: str
+    example: str
+    build: Callable[[str, str | None], Policy]
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def usage(self) -> str:
+        return self.name + self.grammar
+
+    @property
+    def takes_argument(self) -> bool:
+        return bool(self.grammar)
+
+    @property
+    def wraps(self) -> bool:
+        return "@BASE" in self.grammar
 
 
-def _confidence_async(s: BatchSnapshot) -> np.ndarray:
-    if s.lagged_survival is None or s.lagged_sps is None or s.lagged_survival.shape[0] == 0:
-        # Warm-up (no history yet): size the budget from the current step instead.
-        return schedule_async(s.survival, s.survival, s.sps)
-    return schedule_async(s.survival, s.lagged_survival, s.lagged_sps)
+_KINDS: dict[str, PolicyKind] = {}
+_ALIASES: dict[str, str] = {}
+_discovered = False
 
 
-def _threshold(p: float) -> Callable[[BatchSnapshot], np.ndarray]:
-    def decide(s: BatchSnapshot) -> np.ndarray:
-        # survival is non-increasing along the block, so the count is a prefix length
-        return (s.survival >= p).sum(axis=1).astype(np.int64)
+def register(name: str, *, summary: str, grammar: str = "", example: str | None = None,
+             aliases: tuple[str, ...] = ()) -> Callable:
+    """Register the decorated ``(spec, arg) -> Policy`` builder under ``name``."""
 
-    return decide
+    def add(build: Callable[[str, str | None], Policy]) -> Callable:
+        kind = PolicyKind(name, grammar, summary, example or name, build, aliases)
+        for key in (name, *aliases):
+            old = _ALIASES.get(key)
+            if old is not None and _KINDS[old].build.__module__ != build.__module__:
+                raise RuntimeError(f"policy name {key!r} registered twice: "
+                                   f"{_KINDS[old].build.__module__} and {build.__module__}")
+        _KINDS[name] = kind
+        _ALIASES.update(dict.fromkeys((name, *aliases), name))
+        return build
+
+    return add
 
 
-def _parse_int(spec: str, arg: str | None, default: int | None) -> int:
+def _discover() -> None:
+    """Import every module of this package once, so each registers its policies."""
+    global _discovered
+    if _discovered:
+        return
+    package = importlib.import_module(__package__)
+    for mod in pkgutil.iter_modules(package.__path__):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"{__package__}.{mod.name}")
+    _discovered = True
+
+
+def kinds() -> list[PolicyKind]:
+    """Every registered policy, by name."""
+    _discover()
+    return [_KINDS[k] for k in sorted(_KINDS)]
+
+
+def _kind_of(spec: str) -> PolicyKind:
+    _discover()
+    head = spec.partition(":")[0].strip().lower()
+    key = _ALIASES.get(head)
+    if key is None and "@" in head:  # asd@fixed:3: a wrapper and the chain it wraps
+        key = _ALIASES.get(head.partition("@")[0].strip())
+        if key is not None and not _KINDS[key].wraps:
+            key = None
+    if key is None:
+        raise InputError("--policy", f"unknown policy {spec!r}; known: "
+                                     f"{', '.join(k.usage for k in kinds())}")
+    return _KINDS[key]
+
+
+def get_policy(spec: str) -> Policy:
+    """Build a policy from its spec string ``NAME[:ARG]``."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise InputError("--policy", "empty policy name")
+    spec = spec.strip()
+    kind = _kind_of(spec)
+    head, _, arg = spec.partition(":")
+    arg = arg.strip() or None
+    # an argument given to a policy without one is refused, not dropped
+    # (``confidence:0.9`` would run plain confidence under a name the user did not ask for)
+    if arg is not None and not kind.takes_argument:
+        raise InputError("--policy", f"{spec!r}: {head.strip().lower()} takes no argument")
+    return kind.build(spec, arg)
+
+
+def parse_count(spec: str, arg: str | None, default: int | None) -> int:
+    """A policy's integer argument (>= 0), or ``default`` when none is given."""
     if arg is None:
         if default is None:
             raise InputError("--policy", f"{spec!r} needs an argument, e.g. fixed:5")
@@ -158,81 +223,64 @@ def _parse_int(spec: str, arg: str | None, default: int | None) -> int:
     return k
 
 
-# Policies without a parameter: an argument given to one is refused, not dropped
-# (``confidence:0.9`` ran plain confidence under a name the user did not ask for).
-NO_ARGUMENT = ("none", "mtp1", "confidence", "confidence-sync", "alg1", "confidence-async",
-               "confidence_async", "vllm-adaptive", "vllm_adaptive")
+# -- the listing: `dspark-sim policies`, the --policy help and docs/policies.md ----------
+def reads(policy: Policy) -> str:
+    """What a built policy reads beyond its drafts' count, in words."""
+    out = ["survival"] if policy.needs_survival else []
+    if policy.needs_sps:
+        out.append("SPS curve" + (" (decode tokens)" if policy.sps_decode_only else ""))
+    if policy.needs_cost:
+        out.append("step costs")
+    if policy.needs_lag:
+        out.append(f"{policy.lag_steps}-step-old view")
+    out += [f"v2 {f}" for f in policy.fields]
+    if policy.uses_state:
+        out.append("per-request state")
+    return ", ".join(out) or "nothing"
 
 
-def _make(spec: str) -> Policy:
-    name, _, arg = spec.strip().partition(":")
-    name = name.strip().lower()
-    arg = arg.strip() or None
-    if arg is not None and name in NO_ARGUMENT:
-        raise InputError("--policy", f"{spec!r}: {name} takes no argument")
-    if name == "none":
-        return Policy(name="none", drafter=None, decide=_const(0), draft_gamma=0,
-                      description="no speculation")
-    if name == "mtp1":
-        return Policy(name="mtp1", drafter="mtp1", decide=_const(1), draft_gamma=1,
-                      description="MTP-1: one draft token from the MTP head, always verified")
-    if name == "fixed":
-        k = _parse_int(spec, arg, None)
-        return Policy(name=f"fixed:{k}", drafter="dspark" if k else None, decide=_const(k),
-                      draft_gamma=k, description=f"verify a fixed {k} draft tokens per request")
-    if name == "confidence":
-        return Policy(name="confidence", drafter="dspark", decide=_confidence, needs_cost=True,
-                      needs_lag=True, lag_rows=CONFIDENCE_LAG_ROWS, needs_survival=True,
-                      description="budget from 2-step-old survivals at this step's costs "
-                                  "(global search, prefill displacement priced), top-K")
-    if name in ("confidence-sync", "alg1"):
-        return Policy(name="confidence-sync", drafter="dspark", decide=_confidence_sync,
-                      needs_sps=True, needs_survival=True, sps_decode_only=True,
-                      description="Algorithm 1 as written: survival-ranked prefix "
-                                  "scheduling, early stop")
-    if name in ("confidence-async", "confidence_async"):
-        return Policy(name="confidence-async", drafter="dspark", decide=_confidence_async,
-                      needs_sps=True, needs_lag=True, needs_survival=True,
-                      description="§5.2: budget from 2-step-old survivals, global search, "
-                                  "dynamic top-K")
-    if name in ("vllm-adaptive", "vllm_adaptive"):
-        return Policy(name="vllm-adaptive", drafter="dspark", decide=_vllm_adaptive,
-                      needs_cost=True, needs_lag=True, lag_steps=1, needs_survival=True,
-                      description="vLLM adaptive verification: 1-step-old confidences, "
-                                  "current T + B cost table, global search, top-B")
-    if name == "threshold":
-        try:
-            # + 0.0: -0 is 0, one canonical name (threshold:-0 was a policy of its own)
-            p = float(arg) + 0.0 if arg is not None else 0.5
-        except ValueError as exc:
-            raise InputError("--policy", f"{spec!r}: threshold must be a number") from exc
-        if not 0.0 <= p <= 1.0:
-            raise InputError("--policy", f"{spec!r}: threshold must lie in [0, 1]")
-        return Policy(name=f"threshold:{p:g}", drafter="dspark", decide=_threshold(p),
-                      needs_survival=True,
-                      description=f"verify draft tokens whose survival >= {p:g}")
-    if name in TREE_SPECS:  # cure, pctree, dspark-tree (policies/trees.py)
-        return Policy(**tree_policy_kwargs(spec, name, arg))
-    if name.partition("@")[0] in ("asd", "skip"):  # lossy (policies/lossy.py): wrap a chain
-        from dspark_sim.policies import lossy
-
-        return lossy.make(spec.strip(), get_policy)
-    if name in ("dfly", "dcut"):  # batch-shared budgets (policies/shared_budget.py)
-        return make_shared_budget(name, spec, arg, Policy)
-    if name == "sparsespec":  # long-context self-speculation (policies/sparsespec.py)
-        return make_sparsespec(spec, arg, Policy)
-    raise InputError("--policy", f"unknown policy {spec!r}; known: {', '.join(POLICY_NAMES)}")
+def shape(policy: Policy) -> str:
+    if policy.lossy:
+        return "lossy"
+    return "tree" if policy.replay is not None else "chain"
 
 
-POLICY_NAMES = ("none", "mtp1", "fixed:K", "confidence", "confidence-sync", "confidence-async",
-                "vllm-adaptive", "threshold:P", "cure:N,b,F,M", "pctree:N,k",
-                "dspark-tree:N,k", "asd:g,m,B", "skip:P", "dfly[:R,...]", "dcut",
-                "sparsespec[:T|:conf]")
+def plain(markdown: str) -> str:
+    """A summary for a terminal: no emphasis or code marks, links as their doc's path."""
+    text = re.sub(r"\[([^\]]+)\]\(([^)#]+)(#[^)]*)?\)", r"\1: docs/\2", markdown)
+    return text.replace("**", "").replace("*", "").replace("`", "")
 
 
-def get_policy(spec: str) -> Policy:
-    """Build a policy from its spec string ``NAME[:ARG]``."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise InputError("--policy", "empty policy name")
-    return _make(spec)
+def policy_rows(markdown: bool = True) -> list[dict[str, str]]:
+    """One row per registered policy: its spec grammar, other names, what it does (as
+    markdown, or :func:`plain`), its drafter, whether it verifies a chain or a tree or is
+    lossy, and what it reads (from its example); ``default`` is ``"yes"`` on the default
+    policy's row."""
+    rows = []
+    for kind in kinds():
+        built = get_policy(kind.example)
+        rows.append({"policy": kind.usage, "aliases": ", ".join(kind.aliases),
+                     "default": "yes" if kind.name == DEFAULT_POLICY else "",
+                     "what it does": kind.summary if markdown else plain(kind.summary),
+                     "drafter": built.drafter or "none",
+                     "kind": shape(built), "reads": reads(built)})
+    return rows
 
+
+def policy_table_markdown() -> str:
+    """The policy table of docs/policies.md."""
+    cols = ("policy", "what it does", "drafter", "kind", "reads")
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in policy_rows():
+        name = f"`{row['policy']}`" + (" (default)" if row["default"] else "")
+        if row["aliases"]:
+            name += f" (also `{row['aliases']}`)"
+        cells = [name, *(row[c] for c in cols[1:])]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def policy_help() -> str:
+    """The ``--policy`` option's help: every name with its grammar, and the default."""
+    return (f"NAME[:ARG]: {', '.join(k.usage for k in kinds())}. Default: {DEFAULT_POLICY}. "
+            "dspark-sim policies lists what each does (docs/policies.md).")

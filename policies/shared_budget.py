@@ -45,6 +45,7 @@ import numpy as np
 
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot
+from dspark_sim.policies.registry import Policy, register
 from dspark_sim.policies.scheduler import budget_displacement, schedule_topk, sorted_desc
 
 DFLY_RATIOS_PCT = (25, 50, 75, 100)
@@ -109,19 +110,25 @@ def parse_ratios(spec: str, arg: str | None) -> tuple[int, ...]:
     return tuple(sorted(ratios))
 
 
-def make_shared_budget(name: str, spec: str, arg: str | None, policy_cls):
-    """The registry's constructor for ``dfly[:R1,R2,...]`` and ``dcut``."""
-    if name == "dfly":
-        ratios = parse_ratios(spec, arg)
-        canon = "dfly" if ratios == DFLY_RATIOS_PCT else "dfly:" + ",".join(map(str, ratios))
-        return policy_cls(name=canon, drafter="dspark", decide=_dfly(ratios), needs_cost=True,
-                          needs_survival=True,
-                          description="DFly: prefix-closed top-K of (request, depth) slots by "
-                                      f"survival, K from ratios {'/'.join(map(str, ratios))} % "
-                                      "by progress / step latency")
-    if arg is not None:
-        raise InputError("--policy", f"{spec!r}: dcut takes no argument")
-    return policy_cls(name="dcut", drafter="dspark", decide=_dcut, needs_cost=True,
-                      needs_survival=True,
-                      description="D-cut: prefix-closed top-K by survival, the cut at any "
-                                  "slot by progress / step latency (this step's drafts)")
+@register("dfly", grammar="[:R,...]", example="dfly",
+          summary="DFly (AngelSpec): prefix-closed top-K of (request, depth) slots by "
+                  "survival, K from the ratios {25, 50, 75, 100} % of the slots (or `R,…`) by "
+                  "predicted progress ÷ step latency; `dfly:100` is `fixed:γ` "
+                  "([related work](related-work.md))")
+def dfly(spec: str, arg: str | None) -> Policy:
+    ratios = parse_ratios(spec, arg)
+    canon = "dfly" if ratios == DFLY_RATIOS_PCT else "dfly:" + ",".join(map(str, ratios))
+    return Policy(name=canon, drafter="dspark", decide=_dfly(ratios), needs_cost=True,
+                  needs_survival=True,
+                  description="DFly: prefix-closed top-K of (request, depth) slots by "
+                              f"survival, K from ratios {'/'.join(map(str, ratios))} % "
+                              "by progress / step latency")
+
+
+@register("dcut", summary="D-cut (AngelSpec): the same ranking with the cut at any slot (no "
+                          "ratio grid), this step's survivals")
+def dcut(spec: str, arg: str | None) -> Policy:
+    return Policy(name="dcut", drafter="dspark", decide=_dcut, needs_cost=True,
+                  needs_survival=True,
+                  description="D-cut: prefix-closed top-K by survival, the cut at any "
+                              "slot by progress / step latency (this step's drafts)")

@@ -47,6 +47,7 @@ import numpy as np
 
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot, StepCost
+from dspark_sim.policies.registry import Policy, register
 
 
 def controller_k(survival: np.ndarray, c_d: float, c_v) -> int:
@@ -101,8 +102,13 @@ def _decide(temperature: float | None) -> Callable[[BatchSnapshot], np.ndarray]:
     return decide
 
 
-def make_sparsespec(spec: str, arg: str | None, policy_cls):
-    """The registry's constructor for ``sparsespec[:T]`` / ``sparsespec:conf``."""
+@register("sparsespec", grammar="[:T|:conf]", example="sparsespec",
+          summary="SparseSpec-L's controller for long-context self-speculation: one draft "
+                  "length for the batch, k* = argmax (1 + Σ∏p)/(k·C_d + C_v), p from the "
+                  "drafter's entropy (`exp(−H/T)`) or confidence; the target drafts over a "
+                  "sparse KV (`[draft.selfspec]`, profiles `selfspec-*`, trace "
+                  "`selfspec-synthetic`)")
+def sparsespec(spec: str, arg: str | None) -> Policy:
     if arg is not None and arg.lower() == "conf":
         temperature, name, signal = None, "sparsespec:conf", "calibrated confidence"
     else:
@@ -115,7 +121,7 @@ def make_sparsespec(spec: str, arg: str | None, policy_cls):
                                          "T in [0.01, 100] or 'conf'")
         name = "sparsespec" if arg is None else f"sparsespec:{temperature:g}"
         signal = f"entropy, p = exp(-H / {temperature:g})"
-    return policy_cls(
+    return Policy(
         name=name, drafter="selfspec", decide=_decide(temperature), needs_cost=True,
         needs_survival=True, stops_drafting=True,
         fields=("draft_entropy",) if temperature is not None else (),

@@ -51,6 +51,7 @@ import numpy as np
 
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot, Replayed, Verification
+from dspark_sim.policies.registry import Policy, register
 
 UNUSED = -2  # parent of an unused slot (never matches a live path)
 NEVER = np.iinfo(np.int64).max  # order of an unused slot (never verified)
@@ -334,25 +335,43 @@ def parse_tree_spec(spec: str, name: str, arg: str | None) -> tuple:
     return tuple(vals)
 
 
-def tree_policy_kwargs(spec: str, name: str, arg: str | None) -> dict:
-    """The :class:`~dspark_sim.policies.registry.Policy` fields of a tree policy."""
-    vals = parse_tree_spec(spec, name, arg)
+def _tree_policy(name: str, vals: tuple, decide, description: str, **kw) -> Policy:
+    """A tree policy named canonically by its parsed arguments ``vals`` (``N`` first)."""
     canon = f"{name}:{','.join(f'{v:g}' if isinstance(v, float) else str(v) for v in vals)}"
-    common = dict(name=canon, drafter="dspark", replay=tree_replay, fields=("alt_prob",),
-                  needs_survival=True)  # the snapshot carries fields only with survival
-    if name == "pctree":
-        n_max, width = vals
-        return dict(common, decide=pctree_decide(n_max, width), max_tokens=n_max,
-                    description=f"PCTree: per-depth top-{width} frontier by joint "
-                                f"probability, global top-{n_max} nodes, Markov head per "
-                                "parent")
-    if name == "cure":
-        n_max, b, fr, m = vals
-        return dict(common, decide=cure_decide(n_max, b, fr, m), max_tokens=n_max,
-                    description=f"CURE: {b} repair branches where the margin < {m:g}, "
-                                f"frontier {fr}, {n_max} nodes, one tree verification")
-    n_max, width = vals
-    return dict(common, decide=dspark_tree_decide(n_max, width), max_tokens=n_max,
-                needs_cost=True,
-                description=f"Algorithm 1 over trees: batch node budget by path survival "
-                            f"at this step's costs, frontier {width}, <= {n_max} nodes each")
+    # the snapshot carries fields only with survival
+    return Policy(name=canon, drafter="dspark", replay=tree_replay, fields=("alt_prob",),
+                  needs_survival=True, decide=decide, max_tokens=vals[0],
+                  description=description, **kw)
+
+
+@register("pctree", grammar="[:N,k]", example="pctree:64,4",
+          summary="PCTree parent-conditioned branching: per-depth top-`k` frontier by joint "
+                  "probability, global top-`N` nodes (schema-v2 traces; [trees](trees.md))")
+def pctree(spec: str, arg: str | None) -> Policy:
+    n_max, width = vals = parse_tree_spec(spec, "pctree", arg)
+    return _tree_policy("pctree", vals, pctree_decide(n_max, width),
+                        f"PCTree: per-depth top-{width} frontier by joint probability, global "
+                        f"top-{n_max} nodes, Markov head per parent")
+
+
+@register("cure", grammar="[:N,b,F,M]", example="cure:32,2,4,0.5",
+          summary="CURE repair trees: `b` runner-up branches where the draft's confidence "
+                  "margin < `M`, frontier `F`, `N` nodes, one tree verification (schema-v2 "
+                  "traces; [trees](trees.md))")
+def cure(spec: str, arg: str | None) -> Policy:
+    n_max, b, fr, m = vals = parse_tree_spec(spec, "cure", arg)
+    return _tree_policy("cure", vals, cure_decide(n_max, b, fr, m),
+                        f"CURE: {b} repair branches where the margin < {m:g}, frontier {fr}, "
+                        f"{n_max} nodes, one tree verification")
+
+
+@register("dspark-tree", grammar="[:N,k]", example="dspark-tree:64,4",
+          summary="Algorithm 1 over trees: one batch node budget ranked by path survival at "
+                  "this step's costs, ≤ `N` nodes per request (schema-v2 traces; "
+                  "[trees](trees.md))")
+def dspark_tree(spec: str, arg: str | None) -> Policy:
+    n_max, width = vals = parse_tree_spec(spec, "dspark-tree", arg)
+    return _tree_policy("dspark-tree", vals, dspark_tree_decide(n_max, width),
+                        f"Algorithm 1 over trees: batch node budget by path survival at this "
+                        f"step's costs, frontier {width}, <= {n_max} nodes each",
+                        needs_cost=True)

@@ -28,6 +28,7 @@ from dspark_sim.errors import (
     check_positive_int,
 )
 from dspark_sim.io import read_toml
+from dspark_sim.policies.registry import DEFAULT_POLICY
 
 ARRIVALS = ("poisson", "gamma", "closed", "replay")
 ROUTERS = ("round-robin", "least-outstanding")
@@ -115,7 +116,7 @@ class SimConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    policy: str = "confidence"
+    policy: str = DEFAULT_POLICY
     # Draft block the block drafter proposes per step (DSpark-5 is 5); None: the trace's
     # gamma_max. At most the trace's.
     gamma_max: int | None = None

@@ -32,7 +32,6 @@ from dspark_sim.calibration.confmap import CalibrationMap
 from dspark_sim.calibration.profile import ENGINE_LIMITS, EngineLimits, EngineProfile
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import (
-    BatchSnapshot,
     ReplayView,
     StepCost,
     Verification,
@@ -649,8 +648,8 @@ class Replica:
         ctx = self.ctx
         policy = ctx.policy
         if not ctx.needs_survival:
-            ell = policy(BatchSnapshot(ctx.empty_survival(n_dec), ctx.gamma,
-                                       ctx.max_num_batched_tokens))
+            ell = policy(policy.snapshot(self.lag, ctx.empty_survival(n_dec), ctx.gamma,
+                                         ctx.max_num_batched_tokens))
             return ell if isinstance(ell, Verification) else _lengths(ell, policy.name, n_dec)
         survival = ctx.trace_survival[trace_idx]
         sps = cost = None
@@ -667,38 +666,15 @@ class Replica:
                     context = self._decode_context(batch, n_dec)
                     cost = replace(cost, draft_pass_s=ctx.sps_draft_pass_s(n_dec, context),
                                    draft_fixed_s=ctx.sps_draft_fixed_s(context, self.kv_tokens))
-        lagged = policy.lagged(self.lag)
-        # The arrays are fresh (gathered / computed this step): freeze them in place.
-        survival.flags.writeable = False
-        if sps is not None:
-            sps.flags.writeable = False
         fields = state = None
         if policy.fields:
             v2 = ctx.trace.v2
             fields = {f: readonly(getattr(v2, f)[trace_idx]) for f in policy.fields}
         if ctx.request_state is not None:
             state = readonly(ctx.request_state[batch[:n_dec, REQUEST_ID]])
-        snap = BatchSnapshot(
-            survival=survival,
-            gamma_max=ctx.gamma,
-            token_budget=ctx.max_num_batched_tokens,
-            sps=sps,
-            lagged_survival=lagged[0],
-            lagged_sps=lagged[1],
-            cost=cost,
-            lagged_cost=lagged[2],
-            fields=fields,
-            state=state,
-        )
-        ell = policy(snap)
-        if isinstance(ell, Verification):
-            if policy.needs_lag:
-                self.lag.append((snap.survival, snap.sps, snap.cost))
-            return ell
-        ell = _lengths(ell, policy.name, n_dec)
-        if policy.needs_lag:
-            self.lag.append((snap.survival, snap.sps, snap.cost))
-        return ell
+        ell = policy(policy.snapshot(self.lag, survival, ctx.gamma, ctx.max_num_batched_tokens,
+                                     sps=sps, cost=cost, fields=fields, state=state))
+        return ell if isinstance(ell, Verification) else _lengths(ell, policy.name, n_dec)
 
     def _extra_s(self, n_dec: int, batch: np.ndarray) -> np.ndarray:
         """The step time beyond the target table when ``i`` drafts are admitted,

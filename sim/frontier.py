@@ -63,7 +63,8 @@ Y = "output_throughput_per_gpu"
 CONTEXT = ("profile_spec", "trace_spec")
 DEFAULT_TIERS = (80.0, 120.0)
 # The headline's sides by default: what `dspark-sim run` runs when no policy is named
-# (named once, in SimConfig) against MTP-1, the production baseline DSpark compares with.
+# (DEFAULT_POLICY, policies/registry.py) against MTP-1, the production baseline DSpark
+# compares with.
 DEFAULT_CANDIDATE = SimConfig.policy
 DEFAULT_BASELINE = "mtp1"
 BASES = ("steady", "whole")

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from dspark_sim.errors import InputError
 from dspark_sim.kernels import Blocks, verify_greedy
-from dspark_sim.policies.base import BatchSnapshot, StepCost, readonly
+from dspark_sim.policies.base import StepCost, readonly
 from dspark_sim.sim.config import EngineConfig
 from dspark_sim.sim.engine import ITL_EDGES_S, RequestLog, StepStats, sps_curve
 from dspark_sim.validation.clock import CLOCKS, ServerClock, resolve_clock
@@ -532,14 +532,8 @@ class SpecServer:
                          policy.sps_decode_only) if policy.needs_sps else None)
         cost = (self._cost(n_dec, gamma_max, pending_prefill, kv_tokens, len(run.running))
                 if policy.needs_cost else None)
-        lagged = policy.lagged(run.lag)
-        snap = BatchSnapshot(readonly(surv), gamma_max, budget,
-                             sps=None if sps is None else readonly(sps),
-                             lagged_survival=lagged[0], lagged_sps=lagged[1],
-                             cost=cost, lagged_cost=lagged[2])
+        snap = policy.snapshot(run.lag, surv, gamma_max, budget, sps=sps, cost=cost)
         ell = np.minimum(np.array(policy(snap), dtype=np.int64), gamma)
-        if policy.needs_lag:
-            run.lag.append((snap.survival, snap.sps, snap.cost))
         if n_dec + int(ell.sum()) > budget:
             ell = np.minimum(ell, max(0, (budget - n_dec) // n_dec))
             run.stats.budget_limited_steps += 1
