@@ -19,7 +19,7 @@ if shutil.which("nvidia-smi") is None:
 # derandomized by default so the README's test command (and CI, which gates every landing)
 # draws the same examples on every machine; `DSPARK_HYPOTHESIS_PROFILE=dev` explores at
 # random (pin what it finds with @example). No example database when the mutation runner
-# (benchmarks/mutation.py) replays the suite against thousands of mutants.
+# (tools/mutation.py) replays the suite against thousands of mutants.
 try:
     from hypothesis import HealthCheck, Phase, settings
 except ImportError:  # the dev extra is not installed: the property tests fail to import

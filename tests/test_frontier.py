@@ -305,7 +305,7 @@ def test_report_is_self_contained_html(tmp_path):
         build_report(_frame().head(0), tmp_path / "empty.html")
 
 
-# -- edges, found by mutation testing (benchmarks/mutation.py) ------------------------------------
+# -- edges, found by mutation testing (tools/mutation.py) ------------------------------------
 def test_front_ends_are_inside_and_the_tolerance_is_tiny():
     f = Front.from_points("a", [10, 20, 40], [300, 200, 100])
     assert f.throughput_at(40) == pytest.approx(100.0)  # the last point is feasible

@@ -187,7 +187,7 @@ def _loaders():
 
     def load_prompts(folder):
         # imported here, not at collection: traces.targets needs torch, and the mutation
-        # runner (benchmarks/mutation.py) collects this file with torch blocked
+        # runner (tools/mutation.py) collects this file with torch blocked
         return pytest.importorskip("dspark_sim.traces.targets").load_prompts(folder)
 
     def file(name, text, load):

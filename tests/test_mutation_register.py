@@ -1,5 +1,5 @@
-"""The mutation runner's register of equivalent mutants (benchmarks/mutation.py,
-benchmarks/mutation_equivalent.toml): every entry names a mutant the runner makes on
+"""The mutation runner's register of equivalent mutants (tools/mutation.py,
+tools/mutation_equivalent.toml): every entry names a mutant the runner makes on
 today's source, and the score leaves out exactly the registered survivors."""
 
 import dataclasses
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def mutation():
-    spec = importlib.util.spec_from_file_location("mutation_runner", ROOT / "benchmarks" / "mutation.py")
+    spec = importlib.util.spec_from_file_location("mutation_runner", ROOT / "tools" / "mutation.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["mutation_runner"] = mod  # dataclasses look their module up by name
     try:

@@ -19,12 +19,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKED = ("torch", "triton", "transformers", "safetensors", "gguf")
 # Every test file of sim/ and policies/ (the mutation runner judges the core by the first
-# six; benchmarks/mutation.py).
+# six; tools/mutation.py).
 SIM_POLICY_TESTS = ("tests/test_engine.py", "tests/test_metrics.py",
                     "tests/test_sim_properties.py", "tests/test_scheduler_oracle.py",
                     "tests/test_policies.py", "tests/test_frontier.py", "tests/test_sweep.py",
                     "tests/test_config.py", "tests/test_steady.py", "tests/test_outputs.py",
-                    "tests/test_limits.py", "tests/test_traces_replay.py")
+                    "tests/test_limits.py", "tests/test_traces_replay.py",
+                    "tests/test_policies_registry.py")
 
 # ``sys.modules[name] = None`` is how Python spells "not installed" to both ``import``
 # (ImportError) and ``importlib.util.find_spec`` (None), which libraries such as polars

@@ -151,7 +151,7 @@ def test_gsm8k_key_lines_up_with_the_prompts():
     assert answers.correctness("gsm8k", 0, "... makes \\boxed{18} dollars") == 1
     assert answers.correctness("gsm8k", 0, "... \\boxed{16}") == 0
     assert answers.correctness("math500", 0, "\\boxed{18}") == -1
-    # traces.targets imports torch; the mutation runner (benchmarks/mutation.py) runs
+    # traces.targets imports torch; the mutation runner (tools/mutation.py) runs
     # this file with torch blocked: the prompt-file half is skipped there
     PROMPT_DIR = pytest.importorskip("dspark_sim.traces.targets").PROMPT_DIR
 

@@ -2,11 +2,11 @@
 the fast torch-free part of the suite catch? Prints the kill rate per module and every
 surviving mutant. Slow (minutes to an hour); not run in CI.
 
-    python benchmarks/mutation.py                          # the default modules
-    python benchmarks/mutation.py sim/frontier.py          # one module
-    python benchmarks/mutation.py policies/ --jobs 2       # a folder, two workers
-    python benchmarks/mutation.py sim/engine.py --lines 200-260 --show 3
-    python benchmarks/mutation.py --list sim/metrics.py    # list the mutants, run nothing
+    python tools/mutation.py                          # the default modules
+    python tools/mutation.py sim/frontier.py          # one module
+    python tools/mutation.py policies/ --jobs 2       # a folder, two workers
+    python tools/mutation.py sim/engine.py --lines 200-260 --show 3
+    python tools/mutation.py --list sim/metrics.py    # list the mutants, run nothing
 
 Why a small runner of our own rather than mutmut or cosmic-ray (both on PyPI and both
 tried): the repository maps top-level folders into one namespace (``sim/`` imports as
@@ -38,7 +38,7 @@ assignment or a bare call statement. Not mutated: strings, docstrings, f-strings
 annotations, imports, ``__all__``, lines marked ``# pragma: no mutate``.
 
 Equivalent mutants (no test can tell them apart from the original) are recorded, each with
-why, in ``benchmarks/mutation_equivalent.toml``: an entry names the module, the mutated
+why, in ``tools/mutation_equivalent.toml``: an entry names the module, the mutated
 line's source text (stripped), the change as ``--list`` prints it and, where one line has
 two such changes or two functions the same line, the columns of the changed node or the
 enclosing function. The report gives the
@@ -120,7 +120,7 @@ class Mutant:
         return f"{self.module}:{self.line}:{self.what}"
 
 
-EQUIVALENT_FILE = ROOT / "benchmarks" / "mutation_equivalent.toml"
+EQUIVALENT_FILE = ROOT / "tools" / "mutation_equivalent.toml"
 
 
 @dataclass(frozen=True)
