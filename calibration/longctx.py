@@ -46,6 +46,7 @@ import numpy as np
 
 from dspark_sim.calibration.profile import DraftCost, EngineProfile
 from dspark_sim.calibration.roofline import (
+    COARSE_GRAPH_BUCKETS,
     H200_BF16,
     MODELS,
     DeploymentSheet,
@@ -65,9 +66,11 @@ PAGE_TOKENS = 16  # selection granularity: one score per page per layer
 # (128 KiB per token); the sheet and its sources are in calibration/data/sheets/models.toml.
 LLAMA31_8B_LIKE = MODELS["llama31-8b"]
 # Tensor-parallel over one 8-GPU node (MagicDec's long-context setting: batch 32-256,
-# TP over 8 GPUs): one all-reduce pair per layer in the fixed overhead.
+# TP over 8 GPUs): one all-reduce pair per layer in the fixed overhead (4 ms), so no
+# separate all-reduce term.
 TP8_LONGCTX = DeploymentSheet(gpus_per_replica=8, overhead_ms=4.0, per_token_overhead_us=2.0,
                               eager_penalty_ms=2.0, cuda_graph_max_tokens=512,
+                              graph_buckets=COARSE_GRAPH_BUCKETS, tp_allreduces_per_layer=0.0,
                               eager_slowdown=1.1, sample_us_per_row=2.0, draft_layers=5.0,
                               max_num_seqs=256, max_num_batched_tokens=8192)
 

@@ -17,10 +17,16 @@ verification expensive on their engine (docs/profiles.md walks through them):
   element); the share leaving the GPU crosses the interconnect (NVLink within a node,
   InfiniBand across nodes). ``comm_overlap`` of it hides behind compute (two-micro-batch
   overlap); the rest adds to the step.
-* **fixed overhead** per step (kernel launches, synchronisation, collective latency) and
-  an optional **per-token overhead** (scheduling, padding) the terms above miss.
+* **tensor-parallel all-reduces**: a replica of ``g > 1`` GPUs combines every layer's
+  partial sums (``tp_allreduces_per_layer``, 2 for attention + FFN) over the node's link:
+  per all-reduce the link's latency plus a ring's ``2 (g - 1) / g`` of the batch's BF16
+  hidden states over ``tp_link_bytes_per_s``.
+* **fixed overhead** per step (scheduler, input preparation, launches: what a step costs
+  beyond the terms above; ``DEFAULT_OVERHEAD_MS`` when a sheet does not state it) and an
+  optional **per-token overhead** (scheduling, padding) the terms above miss.
 * **CUDA-graph staircase**: up to ``cuda_graph_max_tokens`` a batch runs in the smallest
-  captured graph that holds it (the table's "step" rows); beyond, the engine runs eager:
+  captured graph that holds it (the table's "step" rows; by default vLLM's own capture
+  sizes and limit, :func:`vllm_capture_limit`); beyond, the engine runs eager:
   ``eager_slowdown`` x the cost plus ``eager_penalty_ms``, tabulated up to the token
   budget.
 * **attention and KV by context** (per step, outside the table, charged by the
@@ -79,6 +85,13 @@ class HardwareSheet:
     mem_efficiency: float = 0.75  # achieved / peak HBM bandwidth on weight streaming
     flop_efficiency: float = 0.55  # achieved / peak FLOP/s on the batch's GEMMs
     attn_efficiency: float = 0.6  # achieved / peak FLOP/s of the attention kernels
+    # Per-GPU, per-direction bandwidth of the link a tensor-parallel group's all-reduces
+    # cross inside the node (0: = interconnect_bytes_per_s): NVLink 4 is 450 GB/s.
+    tp_link_bytes_per_s: float = 0.0
+    # Latency of one all-reduce of a decode step's hidden states inside the node: a
+    # one-shot NVLink all-reduce of up to a few hundred KB (vLLM's custom all-reduce,
+    # NCCL's low-latency protocol) takes ~5-15 us; 8 us is an assumption, not measured.
+    allreduce_latency_us: float = 8.0
 
 
 @dataclass(frozen=True)
@@ -104,10 +117,20 @@ class ModelSheet:
     max_model_len: int = 131072
 
 
+# What a step costs beyond the modelled terms when a sheet does not say: vLLM's CPU side of
+# one step with CUDA graphs (scheduler, input preparation, sampler hand-off, the graph
+# launch). 1.5 ms is what the shipped single-GPU dense profiles assume; the fitted
+# multi-GPU MoE profiles here land at 2.25-11.5 ms. How to choose it: a measured TPOT at
+# concurrency 1 less the sheet's own B = 1 step (docs/profiles.md), or let
+# `dspark-sim calibrate vllm` fit the step's fixed cost from bench-serve results.
+DEFAULT_OVERHEAD_MS = 1.5
+
+
 @dataclass(frozen=True)
 class DeploymentSheet:
     gpus_per_replica: int  # GPUs one simulated replica (one batch) spans
-    overhead_ms: float  # fixed per step: launches, synchronisation, collective latency
+    # fixed per step: scheduler, launches, synchronisation (DEFAULT_OVERHEAD_MS above)
+    overhead_ms: float = DEFAULT_OVERHEAD_MS
     per_token_overhead_us: float = 0.0  # per batch token, beyond the modelled terms
     ep_size: int = 0  # GPUs sharing the routed experts (0: = gpus_per_replica)
     # remote destinations of a token's hidden state per MoE layer (0: top_k's off-GPU
@@ -116,9 +139,18 @@ class DeploymentSheet:
     # share of the step's compute time that hides all-to-all traffic (two-micro-batch
     # overlap, DeepEP): exposed = comm - overlap * min(comm, compute)
     comm_overlap: float = 0.0
-    graph_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384,
-                                      512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
-    cuda_graph_max_tokens: int = 8192  # largest captured graph; beyond: eager
+    # False: the replica's GPUs all hold every token (tensor-parallel attention, no
+    # data-parallel ranks) and combine the experts' outputs in the layer's all-reduce,
+    # as vLLM's TP + EP does; no all-to-all crosses the link
+    ep_all_to_all: bool = True
+    # captured graph sizes in tokens (empty: vLLM's default capture sizes,
+    # vllm_capture_sizes) and the largest one (0: vLLM's default limit,
+    # vllm_capture_limit); a batch past the limit runs eager
+    graph_buckets: tuple[int, ...] = ()
+    cuda_graph_max_tokens: int = 0
+    # all-reduces per layer across a replica of several GPUs (attention out + FFN out);
+    # 0 where a fitted overhead already carries them
+    tp_allreduces_per_layer: float = 2.0
     eager_penalty_ms: float = 5.0  # added to an eager step
     eager_slowdown: float = 1.0  # an eager step costs this many times the graph cost
     max_num_seqs: int = 256
@@ -127,30 +159,55 @@ class DeploymentSheet:
     sample_us_per_row: float = 0.0  # sampling / rejection per logit row, fixed part
     draft_layers: float = 3.0  # block drafter depth in dense-layer equivalents
     draft_gamma: int = 7  # block the drafter's table is priced at (gamma_ref)
+    # tokens the block drafter's checkpoint drafts in one pass (0: draft_gamma, one pass):
+    # a verify length past it takes another pass, so the drafted length follows the
+    # policy's (the table at draft_gamma, ceil(draft_gamma / block) passes, linear down to
+    # one pass at the block; shorter lengths, not a valid baseline, are priced below it)
+    draft_block_tokens: int = 0
     # "chunked": prefill in the decode batch (colocated); "disaggregated": prefill
     # instances hand this replica each request's KV and first token (DeepSeek, large EP)
     prefill: str = "chunked"
 
 
-H200 = HardwareSheet("H200", hbm_bytes_per_s=4.8e12, peak_flops=1.979e15, hbm_bytes=141e9)
-H100 = HardwareSheet("H100", hbm_bytes_per_s=3.35e12, peak_flops=1.979e15, hbm_bytes=80e9)
+# Vendor data sheets (SXM / OAM parts). Dense peaks (no sparsity) per precision; a preset
+# named without a precision (``hardware = "H100"``) takes the peak of the precision the
+# model's GEMMs run in (:func:`gemm_precision`), never silently FP8 for a BF16 model.
+# H100 SXM: 80 GB HBM3 at 3.35 TB/s; 989 TFLOP/s BF16, 1,979 FP8; NVLink 4 900 GB/s
+# bidirectional (450 GB/s each way). H200: 141 GB HBM3e at 4.8 TB/s, H100's peaks and
+# NVLink. B200: 180 GB HBM3e at 8 TB/s; 2.25 PFLOP/s BF16, 4.5 FP8, 9 FP4; NVLink 5 1.8
+# TB/s bidirectional (900 GB/s each way). B300 (Blackwell Ultra): 288 GB HBM3e at 8 TB/s,
+# B200's BF16 and FP8, 13.5 PFLOP/s dense FP4, NVLink 5. H20 (Hopper, export part): 96 GB
+# HBM3 at 4.0 TB/s; 148 TFLOP/s BF16, 296 FP8; NVLink 4. AMD Instinct MI350X: 288 GB
+# HBM3E at 8 TB/s; 2.3 PFLOP/s BF16, 4.6 FP8, 9.2 MXFP4 (dense); 7 Infinity Fabric links
+# of 153.6 GB/s bidirectional to the node's other 7 GPUs (76.8 GB/s each way per peer,
+# 537.6 GB/s each way in all).
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "H100": {"bf16": 0.989e15, "fp8": 1.979e15},
+    "H200": {"bf16": 0.989e15, "fp8": 1.979e15},
+    "H20": {"bf16": 0.148e15, "fp8": 0.296e15},
+    "B200": {"bf16": 2.25e15, "fp8": 4.5e15, "fp4": 9.0e15},
+    "B300": {"bf16": 2.25e15, "fp8": 4.5e15, "fp4": 13.5e15},
+    "MI350X": {"bf16": 2.3e15, "fp8": 4.6e15, "fp4": 9.2e15},
+}
+H200 = HardwareSheet("H200", hbm_bytes_per_s=4.8e12, peak_flops=1.979e15, hbm_bytes=141e9,
+                     tp_link_bytes_per_s=450e9)
+H100 = HardwareSheet("H100", hbm_bytes_per_s=3.35e12, peak_flops=1.979e15, hbm_bytes=80e9,
+                     tp_link_bytes_per_s=450e9)
 B200 = HardwareSheet("B200", hbm_bytes_per_s=8.0e12, peak_flops=4.5e15, hbm_bytes=180e9,
                      interconnect_bytes_per_s=900e9)
-# B300 (Blackwell Ultra): 288 GB HBM3e at 8 TB/s; dense FP8 as B200; NVLink 5 within
-# the node (1.8 TB/s bidirectional, 900 GB/s each way).
 B300 = HardwareSheet("B300", hbm_bytes_per_s=8.0e12, peak_flops=4.5e15, hbm_bytes=288e9,
                      interconnect_bytes_per_s=900e9)
-# H20 (Hopper, export part): 96 GB HBM3 at 4.0 TB/s, 296 TFLOP/s dense FP8, NVLink 4
-# (900 GB/s bidirectional, 450 GB/s each way).
 H20 = HardwareSheet("H20", hbm_bytes_per_s=4.0e12, peak_flops=0.296e15, hbm_bytes=96e9,
                     interconnect_bytes_per_s=450e9)
-# BF16 dense peaks, for models served in BF16.
+MI350X = HardwareSheet("MI350X", hbm_bytes_per_s=8.0e12, peak_flops=4.6e15, hbm_bytes=288e9,
+                       interconnect_bytes_per_s=537.6e9)
+# BF16 dense peaks, named for models served in BF16.
 H100_BF16 = replace(H100, peak_flops=0.989e15)
 H200_BF16 = replace(H200, peak_flops=0.989e15)
 B200_BF16 = replace(B200, peak_flops=2.25e15)
 
 HARDWARE: dict[str, HardwareSheet] = {
-    "H100": H100, "H200": H200, "H20": H20, "B200": B200, "B300": B300,
+    "H100": H100, "H200": H200, "H20": H20, "B200": B200, "B300": B300, "MI350X": MI350X,
     "H100-bf16": H100_BF16, "H200-bf16": H200_BF16, "B200-bf16": B200_BF16,
 }
 
@@ -202,20 +259,64 @@ def ep_comm_s(b, hw: HardwareSheet, m: ModelSheet, dep: DeploymentSheet):
     return bytes_per_token * b / dep.gpus_per_replica / hw.interconnect_bytes_per_s
 
 
+def allreduce_s(b, hw: HardwareSheet, m: ModelSheet, dep: DeploymentSheet):
+    """Tensor-parallel all-reduces of a step of ``b`` tokens across the replica's ``g``
+    GPUs: per layer ``tp_allreduces_per_layer`` of them, each the link's latency plus a
+    ring's ``2 (g - 1) / g`` of the ``b`` BF16 hidden states over the TP link."""
+    b = np.asarray(b, dtype=np.float64)
+    g = dep.gpus_per_replica
+    if g <= 1 or not dep.tp_allreduces_per_layer:
+        return np.zeros_like(b)
+    link = hw.tp_link_bytes_per_s or hw.interconnect_bytes_per_s
+    one = hw.allreduce_latency_us / 1e6 + 2.0 * (g - 1) / g * b * m.hidden_size * 2.0 / link
+    return m.layers * dep.tp_allreduces_per_layer * one
+
+
 def graph_cost_s(b, hw: HardwareSheet, m: ModelSheet, dep: DeploymentSheet):
     """Target forward time for ``b`` tokens inside a captured graph (no LM head): the
     roofline body ``max(weights, compute)``, the part of the all-to-all that overlap
-    (``comm_overlap`` of the body's time) does not hide, and the overheads."""
+    (``comm_overlap`` of the body's time) does not hide, the all-reduces and the
+    overheads."""
     b = np.asarray(b, dtype=np.float64)
     body = np.maximum(weights_s(b, hw, m, dep), compute_s(b, hw, m, dep))
-    comm = ep_comm_s(b, hw, m, dep)
+    comm = ep_comm_s(b, hw, m, dep) if dep.ep_all_to_all else np.zeros_like(b)
     exposed = comm - dep.comm_overlap * np.minimum(comm, body)
-    return dep.overhead_ms / 1e3 + body + exposed + b * dep.per_token_overhead_us / 1e6
+    return (dep.overhead_ms / 1e3 + body + exposed + allreduce_s(b, hw, m, dep)
+            + b * dep.per_token_overhead_us / 1e6)
+
+
+# vLLM's default capture limit (CompilationConfig.max_cudagraph_capture_size left unset):
+# min(max_num_seqs x (1 + num_speculative_tokens) x 2, 512), then at most
+# max_num_batched_tokens; a batch of more tokens runs without a graph.
+VLLM_MAX_CAPTURE_TOKENS = 512
+
+
+def vllm_capture_limit(dep: DeploymentSheet) -> int:
+    """vLLM's default ``max_cudagraph_capture_size`` for this deployment, its drafter
+    verifying ``draft_gamma`` tokens per request."""
+    return min(dep.max_num_seqs * (1 + dep.draft_gamma) * 2, VLLM_MAX_CAPTURE_TOKENS,
+               dep.max_num_batched_tokens)
+
+
+def vllm_capture_sizes(limit: int) -> tuple[int, ...]:
+    """vLLM's default capture sizes up to ``limit`` tokens: 1, 2, 4, every 8 to 248, then
+    every 16 (and the limit itself)."""
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, limit + 1, 16)]
+    return tuple(sorted({x for x in sizes if x <= limit} | {limit}))
+
+
+def resolve_graphs(dep: DeploymentSheet) -> DeploymentSheet:
+    """The deployment with its capture limit and sizes stated: vLLM's defaults where the
+    sheet leaves them out (0 and empty)."""
+    limit = dep.cuda_graph_max_tokens or vllm_capture_limit(dep)
+    buckets = dep.graph_buckets or vllm_capture_sizes(limit)
+    return replace(dep, cuda_graph_max_tokens=limit, graph_buckets=buckets)
 
 
 def table_rows(dep: DeploymentSheet) -> np.ndarray:
     """Captured graph sizes up to the capture limit, then eager rows every quarter of the
     capture limit (at least 64 tokens) up to the token budget."""
+    dep = resolve_graphs(dep)
     graphs = [x for x in dep.graph_buckets if x <= dep.cuda_graph_max_tokens]
     top = graphs[-1] if graphs else 0
     stride = max(64, dep.cuda_graph_max_tokens // 4)
@@ -225,6 +326,7 @@ def table_rows(dep: DeploymentSheet) -> np.ndarray:
 
 
 def target_table_s(rows: np.ndarray, hw, m, dep) -> np.ndarray:
+    dep = resolve_graphs(dep)
     t = graph_cost_s(rows, hw, m, dep)
     eager = rows > dep.cuda_graph_max_tokens
     t[eager] = t[eager] * dep.eager_slowdown + dep.eager_penalty_ms / 1e3
@@ -300,13 +402,22 @@ def draft_costs(hw: HardwareSheet, m: ModelSheet, dep: DeploymentSheet,
         layers = dep.draft_layers * _pass_s(_dense_layer(m), n * (gam + 1), hw, m, dep, 0.0)
         return launch_s + layers + row_s * n * gam
 
-    at_ref, at_next = block(gamma), block(gamma + 1)
-    # one slope for the table: the per-token share at the largest batch
-    slope = float((at_next[-1] - at_ref[-1]) / at_ref[-1])
+    width = dep.draft_block_tokens
+    if width and width < gamma:
+        passes = -(-gamma // width)
+        at_ref = passes * block(width)
+        # one pass at the checkpoint's block, `passes` at draft_gamma, linear between
+        slope = (1.0 - 1.0 / passes) / (gamma - width)
+        dspark = DraftCost(n, at_ref, gamma_ref=gamma, gamma_slope=slope, block=False)
+    else:
+        at_ref, at_next = block(gamma), block(gamma + 1)
+        # one slope for the table: the per-token share at the largest batch
+        slope = float((at_next[-1] - at_ref[-1]) / at_ref[-1])
+        dspark = DraftCost(n, at_ref, gamma_ref=gamma, gamma_slope=slope, block=True)
     mtp_params = m.active_params / max(m.layers, 1)  # one block, with its MoE
     mtp = launch_s + _pass_s(mtp_params, n, hw, m, dep, 0.0) + row_s * n
     return {
-        "dspark": DraftCost(n, at_ref, gamma_ref=gamma, gamma_slope=slope, block=True),
+        "dspark": dspark,
         "mtp1": DraftCost(n, mtp, gamma_ref=1, gamma_slope=1.0),
     }
 
@@ -314,6 +425,7 @@ def draft_costs(hw: HardwareSheet, m: ModelSheet, dep: DeploymentSheet,
 def analytic_profile(hw: HardwareSheet, model: ModelSheet, dep: DeploymentSheet, *, name: str,
                      description: str | None = None, notes: dict[str, Any] | None = None
                      ) -> EngineProfile:
+    dep = resolve_graphs(dep)
     rows = table_rows(dep)
     per_query_ctx, per_ctx, per_request = attention_terms(hw, model, dep)
     params = {f"hw_{k}": v for k, v in asdict(hw).items()}
@@ -351,6 +463,11 @@ def analytic_profile(hw: HardwareSheet, model: ModelSheet, dep: DeploymentSheet,
 
 # -- shipped deployments ----------------------------------------------------------------------
 
+# Coarse capture sizes the shipped deployments below are priced on (their fits and the
+# results docs/ states rest on them); a sheet that leaves graph_buckets out gets vLLM's own.
+COARSE_GRAPH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
+                        1024, 1536, 2048, 3072, 4096, 6144, 8192)
+
 # DeepSeek's own V4 serving (DSpark §5.3/5.4): data-parallel attention with expert
 # parallelism across nodes and disaggregated prefill; each GPU runs a batch of up to a
 # few hundred requests (Fig. 8's x axis), so a replica here is one GPU of an EP32 group
@@ -366,6 +483,7 @@ V4_FLASH_DP_EP32 = DeploymentSheet(gpus_per_replica=1, ep_size=32, overhead_ms=1
                                    ep_remote_copies=3.0, comm_overlap=0.95, max_num_seqs=256,
                                    prefill="disaggregated", max_num_batched_tokens=8192,
                                    cuda_graph_max_tokens=2048, eager_penalty_ms=5.0,
+                                   graph_buckets=COARSE_GRAPH_BUCKETS,
                                    eager_slowdown=1.2, sample_us_per_row=2.0, draft_layers=1.0,
                                    draft_gamma=7)
 V4_FLASH_H200_HW = replace(H200, flop_efficiency=0.7)
@@ -375,8 +493,9 @@ V4_FLASH_H200_HW = replace(H200, flop_efficiency=0.7)
 # graphs captured up to 1024 tokens. Overhead, efficiency and the eager slowdown are
 # FITTED to its no-speculation and fixed-7 throughput at concurrency 256 and its
 # concurrency-1 speed (benchmarks/fit_published.py); the rest of its figures are held out.
+# The fitted overhead and per-token terms carry the TP all-reduces (no separate term).
 V4_PRO_B300_TP8 = DeploymentSheet(gpus_per_replica=8, ep_size=8, overhead_ms=9.0,
-                                  per_token_overhead_us=20.0,
+                                  per_token_overhead_us=20.0, tp_allreduces_per_layer=0.0,
                                   comm_overlap=0.0, max_num_seqs=256,
                                   max_num_batched_tokens=16384, cuda_graph_max_tokens=1024,
                                   graph_buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128,
@@ -385,6 +504,25 @@ V4_PRO_B300_TP8 = DeploymentSheet(gpus_per_replica=8, ep_size=8, overhead_ms=9.0
                                   eager_penalty_ms=80.0, eager_slowdown=2.5,
                                   sample_us_per_row=10.0, draft_layers=1.0, draft_gamma=7)
 V4_PRO_B300_HW = replace(B300, flop_efficiency=0.3)
+
+# The same post's primary figure (Figure 3, fig3-pareto.svg; PUBLISHED_FIGURES.md "vLLM
+# adaptive verification, primary figure"): DeepSeek-V4-Flash, TP4 attention + EP4 experts
+# on 4x B300 (no data-parallel ranks: every GPU holds the batch and the experts' outputs
+# are combined in the layer's all-reduce), FP8 KV, max_model_len 8192, max_num_seqs 256,
+# max_cudagraph_capture_size 1024 (vLLM's capture sizes up to it; a step past it runs
+# eager). From the sheets: B300's HBM, FP8 peak and NVLink; the model's shapes; two
+# all-reduces per layer. FITTED (benchmarks/fit_published.py) to no speculation at every
+# concurrency and fixed k = 5 at concurrency 1-64 and 256 (validation/published.py): what
+# the sheets cannot know, the step's fixed and per-token overheads, the achieved HBM
+# bandwidth and the eager steps' slowdown and penalty (and the trace's served tau,
+# traces/synth.py). Fixed k = 7 everywhere, fixed k = 5 at 128 and adaptive are held out.
+V4_FLASH_B300_TP4 = DeploymentSheet(gpus_per_replica=4, ep_size=4, ep_all_to_all=False,
+                                    overhead_ms=4.5, per_token_overhead_us=40.0,
+                                    max_num_seqs=256, max_num_batched_tokens=8192,
+                                    cuda_graph_max_tokens=1024, eager_slowdown=1.5,
+                                    eager_penalty_ms=10.0, sample_us_per_row=0.0,
+                                    draft_layers=1.0, draft_gamma=7, draft_block_tokens=5)
+V4_FLASH_B300_HW = replace(B300, mem_efficiency=0.75, flop_efficiency=0.55)
 
 # SGLang's adaptive-speculation benchmark (PR #23336; AutoSpec, PR #22246): GLM-4.7-FP8
 # with its MTP layer as an EAGLE-style chain (topk 1), one engine over TP8, chunked
@@ -401,7 +539,9 @@ V4_PRO_B300_HW = replace(B300, flop_efficiency=0.3)
 # every token up to 64, then every 8, 32 and 128.
 _FINE_BUCKETS = (*range(1, 64), *range(64, 512, 8), *range(512, 2048, 32),
                  *range(2048, 8193, 128))
+# The fitted overhead carries the TP all-reduces (no separate term).
 GLM47_H20_TP8 = DeploymentSheet(gpus_per_replica=8, ep_size=8, overhead_ms=2.25,
+                                tp_allreduces_per_layer=0.0,
                                 per_token_overhead_us=0.0, comm_overlap=0.0, max_num_seqs=256,
                                 max_num_batched_tokens=8192, cuda_graph_max_tokens=8192,
                                 graph_buckets=_FINE_BUCKETS, sample_us_per_row=0.0,
@@ -419,6 +559,7 @@ _MOE_HOPPER_EP32 = replace(V4_FLASH_DP_EP32)
 _MOE_B200_EP8 = replace(V4_FLASH_DP_EP32, ep_size=8, ep_remote_copies=0.0, overhead_ms=9.0)
 _DENSE_ONE_GPU = DeploymentSheet(gpus_per_replica=1, overhead_ms=1.5, per_token_overhead_us=2.0,
                                  eager_penalty_ms=2.0, cuda_graph_max_tokens=512,
+                                 graph_buckets=COARSE_GRAPH_BUCKETS,
                                  eager_slowdown=1.1, sample_us_per_row=2.0, draft_layers=5.0)
 _MOE_EFF = V4_FLASH_H200_HW.flop_efficiency  # MoE decode GEMMs run far below peak
 _DENSE_EFF = 0.55
@@ -434,6 +575,8 @@ def builtin_analytic_specs() -> dict[str, tuple[HardwareSheet, ModelSheet, Deplo
         "v4flash-h200": (V4_FLASH_H200_HW, m["v4flash"], V4_FLASH_DP_EP32),
         "v4flash-b200": (moe["B200"], m["v4flash"], _MOE_B200_EP8),
         "v4pro-b300": (V4_PRO_B300_HW, m["v4pro"], V4_PRO_B300_TP8),
+        "v4flash-b300": (V4_FLASH_B300_HW, replace(m["v4flash"], max_model_len=8192),
+                         V4_FLASH_B300_TP4),
         "glm47-h20": (GLM47_H20_HW, m["glm47"], GLM47_H20_TP8),
         "v3-h100": (moe["H100"], m["v3"], _MOE_HOPPER_EP32),
         "v3-h200": (moe["H200"], m["v3"], _MOE_HOPPER_EP32),
@@ -467,14 +610,28 @@ def default_profile() -> EngineProfile:
     return builtin_analytic_profile("v4flash-h200")
 
 
+# Shipped profiles built from a sheet file alone (calibration/data/sheets/<name>.sheet.toml,
+# each stating its sources): hardware no published point covers, nothing fitted.
+SHEET_PROFILES = ("llama31-70b-4xh100", "v4pro-8xmi350x")
+
+
+def sheet_profile_path(name: str) -> Path:
+    return Path(str(resources.files("dspark_sim.calibration") / "data" / "sheets"
+                    / f"{name}.sheet.toml"))
+
+
 def write_builtin_profiles(out_dir: str | Path | None = None) -> list[Path]:
-    """(Re)write the shipped analytic profile files."""
+    """(Re)write the shipped analytic profile files: the built-in specs and the sheet-only
+    profiles (:data:`SHEET_PROFILES`)."""
     from dspark_sim.io import write_text_atomic
 
     root = Path(out_dir) if out_dir is not None else Path(
         str(resources.files("dspark_sim.calibration") / "data"))
-    return [write_text_atomic(root / f"{name}.toml", builtin_analytic_profile(name).to_toml())
-            for name in builtin_analytic_specs()]
+    written = [write_text_atomic(root / f"{name}.toml", builtin_analytic_profile(name).to_toml())
+               for name in builtin_analytic_specs()]
+    return written + [write_text_atomic(root / f"{name}.toml",
+                                        profile_from_sheets(sheet_profile_path(name)).to_toml())
+                      for name in SHEET_PROFILES]
 
 
 # -- sheets from files -----------------------------------------------------------------------
@@ -482,8 +639,11 @@ def write_builtin_profiles(out_dir: str | Path | None = None) -> list[Path]:
 
 _INT_FIELDS = {"experts", "top_k", "layers", "attn_window_tokens", "gpus_per_replica",
                "ep_size", "cuda_graph_max_tokens", "max_num_seqs", "max_num_batched_tokens",
-               "hidden_size", "vocab_size", "max_model_len", "draft_gamma"}
-_BOOL_FIELDS = {"sparse_attention"}
+               "hidden_size", "vocab_size", "max_model_len", "draft_gamma",
+               "draft_block_tokens"}
+_BOOL_FIELDS = {"sparse_attention", "ep_all_to_all"}
+# integer fields whose 0 means "the default" (documented on DeploymentSheet)
+ZERO_MEANS_DEFAULT = {"ep_size", "cuda_graph_max_tokens", "draft_block_tokens"}
 
 
 def _sheet(cls, where: str, table: Any, defaults: dict[str, Any] | None = None):
@@ -506,6 +666,7 @@ def _sheet(cls, where: str, table: Any, defaults: dict[str, Any] | None = None):
             except (TypeError, ValueError) as exc:
                 raise InputError(where, "graph_buckets must be a list of integers") from exc
             if not b or b[0] <= 0 or any(y <= x for x, y in zip(b, b[1:], strict=False)):
+                # leave the key out for vLLM's own capture sizes
                 raise InputError(where, "graph_buckets must be strictly increasing positive integers")
             merged[k] = b
         elif k == "prefill":
@@ -517,7 +678,7 @@ def _sheet(cls, where: str, table: Any, defaults: dict[str, Any] | None = None):
         elif isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
             raise InputError(where, f"'{k}' must be a finite number >= 0, got {v!r}")
         elif k in _INT_FIELDS:
-            if not float(v).is_integer() or (v < 1 and k != "ep_size"):
+            if not float(v).is_integer() or (v < 1 and k not in ZERO_MEANS_DEFAULT):
                 raise InputError(where, f"'{k}' must be a positive integer, got {v!r}")
             merged[k] = int(v)
         else:
@@ -624,6 +785,9 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
         data = spec
     else:
         raise InputError(source, "expected a path or a dict")
+    if not isinstance(data, dict):
+        raise InputError(source, "expected a table")
+    check_known_keys(source, data, SHEET_KEYS)
     hw_spec = data.get("hardware")
     if isinstance(hw_spec, str):
         if hw_spec not in HARDWARE:
@@ -653,6 +817,14 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
     else:
         model = _sheet(ModelSheet, f"{source} [model]", m_spec)
     dep = _sheet(DeploymentSheet, f"{source} [deployment]", data.get("deployment", {}))
+    precision = gemm_precision(model, data.get("precision"), source)
+    if isinstance(hw_spec, str) and hw_spec in PEAK_FLOPS:
+        peaks = PEAK_FLOPS[hw_spec]
+        if precision not in peaks:
+            raise InputError(source, f"precision {precision!r}: the {hw_spec} preset has peaks "
+                                     f"for {', '.join(peaks)}")
+        hw = replace(hw, peak_flops=peaks[precision])
+    check_units(source, hw, model, data.get("deployment", {}))
     if _ep(dep) < dep.gpus_per_replica:
         raise InputError(f"{source} [deployment]", "ep_size must be 0 or >= gpus_per_replica")
     if not math.isfinite(dep.eager_slowdown) or dep.eager_slowdown < 1.0:
@@ -674,4 +846,109 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
     # GPUs per replica: a KV capacity past the engine's limit): refuse it here, naming the
     # sheet, rather than write a profile file nothing can load.
     profile_from_dict(tomllib.loads(prof.to_toml()), f"{source}: the profile it implies")
-    return prof
+    summary = sheet_summary(hw, model, resolve_graphs(dep), precision,
+                            hw_spec if isinstance(hw_spec, str) else None,
+                            stated=set(data.get("deployment", {})))
+    return replace(prof, parameters={**prof.parameters, "sheet_summary": summary})
+
+
+SHEET_KEYS = {"name", "hardware", "model", "deployment", "precision"}
+PRECISIONS = ("bf16", "fp8", "fp4")
+
+
+def gemm_precision(m: ModelSheet, stated: Any, source: str) -> str:
+    """The precision the model's GEMMs run in: the sheet's ``precision`` if it states one,
+    else BF16 for 2-byte (or wider) weights and FP8 for 1-byte and narrower ones (FP4 or
+    INT4 weights dequantise to FP8 or BF16 activations; a sheet whose GEMMs run FP4
+    says ``precision = "fp4"``)."""
+    if stated is not None:
+        if stated not in PRECISIONS:
+            raise InputError(source, f"'precision' must be one of {', '.join(PRECISIONS)}, "
+                                     f"got {stated!r}")
+        return str(stated)
+    return "bf16" if m.bytes_per_param >= 2.0 else "fp8"
+
+
+# Plausible ranges, in the units the sheet's fields carry: a number outside is almost
+# always a unit slip (TB/s written as 3.35, TFLOP/s as 989, GB as 80, billions of
+# parameters as 70, bits per parameter as 16, seconds as milliseconds).
+UNIT_RANGES: dict[str, tuple[float, float, str]] = {
+    "hbm_bytes_per_s": (1e10, 1e14, "bytes per second (3.35 TB/s is 3.35e12)"),
+    "peak_flops": (1e12, 1e17, "FLOP/s (989 TFLOP/s is 0.989e15)"),
+    "hbm_bytes": (1e9, 1e13, "bytes (80 GB is 80e9)"),
+    "interconnect_bytes_per_s": (1e9, 1e13, "bytes per second (450 GB/s is 450e9)"),
+    "tp_link_bytes_per_s": (1e9, 1e13, "bytes per second (450 GB/s is 450e9)"),
+    "allreduce_latency_us": (0.0, 1000.0, "microseconds (8 us is 8.0)"),
+    "active_params": (1e6, 1e14, "parameters (70B is 70e9)"),
+    "dense_params": (1e6, 1e14, "parameters (70B is 70e9)"),
+    "bytes_per_param": (0.25, 4.0, "bytes per parameter (BF16 2, FP8 1, FP4 0.5)"),
+    "kv_bytes_per_token": (0.0, 1e8, "bytes per context token over all layers"),
+    "overhead_ms": (0.0, 1000.0, "milliseconds (1.5 ms is 1.5)"),
+    "per_token_overhead_us": (0.0, 10000.0, "microseconds per batch token"),
+    "eager_penalty_ms": (0.0, 10000.0, "milliseconds"),
+}
+
+
+def check_units(source: str, hw: HardwareSheet, m: ModelSheet, dep_table: Any) -> None:
+    """Refuse a sheet number outside its field's plausible range (:data:`UNIT_RANGES`),
+    naming the field and the unit it is in."""
+    values = {**asdict(hw), **asdict(m)}
+    if isinstance(dep_table, dict):
+        values |= {k: v for k, v in dep_table.items() if k in UNIT_RANGES}
+    for key, (lo, hi, unit) in UNIT_RANGES.items():
+        v = values.get(key)
+        if v is None or (key == "tp_link_bytes_per_s" and v == 0):  # 0: the default link
+            continue
+        if not lo <= float(v) <= hi:
+            raise InputError(source, f"'{key}' = {v!r} is outside {lo:g}-{hi:g}: it is in "
+                                     f"{unit}; a wrong unit?")
+
+
+def sheet_summary(hw: HardwareSheet, m: ModelSheet, dep: DeploymentSheet, precision: str,
+                  preset: str | None, stated: set[str]) -> str:
+    """The assumptions a sheet's profile rests on, in one line: the peak it priced the
+    GEMMs at, the capture limit, the fixed overhead and the all-reduce term (each said to
+    be the sheet's or a default)."""
+    where = (f"the {preset} preset's dense {precision.upper()} peak" if preset in PEAK_FLOPS
+             else f"the {preset} preset" if preset else "the [hardware] table")
+    limit = dep.cuda_graph_max_tokens
+    graphs = ("as the sheet states" if "cuda_graph_max_tokens" in stated else
+              f"vLLM's default max_cudagraph_capture_size, min(max_num_seqs x "
+              f"(1 + {dep.draft_gamma}) x 2, {VLLM_MAX_CAPTURE_TOKENS}, "
+              f"max_num_batched_tokens)")
+    over = ("the sheet's" if "overhead_ms" in stated else
+            "default; fit it with dspark-sim calibrate vllm")
+    g = dep.gpus_per_replica
+    if g > 1 and dep.tp_allreduces_per_layer:
+        link = hw.tp_link_bytes_per_s or hw.interconnect_bytes_per_s
+        ar = (f"TP{g} all-reduce {dep.tp_allreduces_per_layer:g} per layer x {m.layers} "
+              f"layers at {hw.allreduce_latency_us:g} us + {link / 1e9:g} GB/s")
+    else:
+        ar = "no TP all-reduce term" + (" (tp_allreduces_per_layer = 0)" if g > 1 else "")
+    return (f"peak {hw.peak_flops / 1e12:,.0f} TFLOP/s ({where}); CUDA graphs up to "
+            f"{limit:,} tokens ({graphs}); overhead {dep.overhead_ms:g} ms ({over}); {ar}")
+
+
+def refine_sheet(sheet: str | Path, fitted: EngineProfile) -> dict[str, float]:
+    """What a sheet's ``[deployment] overhead_ms`` becomes once a deployment is measured:
+    ``fitted`` is the profile ``dspark-sim calibrate vllm`` fitted to that deployment's
+    bench-serve runs. The sheet's overhead is moved by the difference between the two
+    profiles' one-request decode step (the table at one token, the per-request cost and
+    one logit row), so the sheet keeps its terms (weights, all-reduces, the graph
+    staircase) and takes the measured step's fixed cost. Returns the old and the new
+    overhead and both steps, in ms."""
+    prof = profile_from_sheets(sheet)
+
+    def one_request_ms(p: EngineProfile) -> float:
+        table = float(p.target_time_s(np.array([1]))[0])
+        return 1e3 * (table + p.request_s + p.logits_s_per_row)
+
+    old = float(prof.parameters["deploy_overhead_ms"])
+    sheet_ms, measured_ms = one_request_ms(prof), one_request_ms(fitted)
+    new = old + measured_ms - sheet_ms
+    if new < 0:
+        raise InputError(str(sheet), f"the measured one-request step ({measured_ms:.3g} ms) is "
+                                     f"below the sheet's terms without overhead "
+                                     f"({sheet_ms - old:.3g} ms): a bandwidth or peak too low?")
+    return {"overhead_ms_was": old, "overhead_ms": new, "sheet_step_ms": sheet_ms,
+            "measured_step_ms": measured_ms}

@@ -1072,6 +1072,8 @@ def calibrate_engine(
         prof = profile_from_sheets(sheet, name=name)  # checked: it loads back
         write_profile(prof, out)
         console.print(f"wrote {out}: {prof.summary()}")
+        # what the sheet's numbers rest on: the peak, the capture limit, the defaults taken
+        console.print(prof.parameters["sheet_summary"], highlight=False)
         return
     from dspark_sim.calibration.measure import measure_engine, write_profile
     from dspark_sim.traces.targets import check_device
@@ -1162,6 +1164,9 @@ def calibrate_vllm_cmd(
     kv_capacity_tokens: EngineKv = None,
     name: Annotated[str, typer.Option(help="Profile name.")] = "vllm-fitted",
     seed: Seed = 0,
+    sheet: Annotated[Path | None, PathOption(
+        help="A hardware+model sheet of the same deployment: print the overhead_ms the "
+             "measured step gives it.")] = None,
 ) -> None:
     """Fit an engine profile and an acceptance trace to a vLLM deployment's bench runs."""
     from dspark_sim.io import write_json_atomic, write_text_atomic
@@ -1171,6 +1176,10 @@ def calibrate_vllm_cmd(
 
     check_writable(out, "--out", inside={"profile.toml": "file", "trace.parquet": "file",
                                          "fit.json": "file"})
+    if sheet is not None:
+        from dspark_sim.calibration.roofline import profile_from_sheets
+
+        profile_from_sheets(sheet)  # a bad sheet fails before the fit runs
     runs = read_bench_runs(files)
     engine = load_engine(None, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens or 8192,
@@ -1190,6 +1199,13 @@ def calibrate_vllm_cmd(
     console.print(f"wrote {out / 'profile.toml'}" + (f", {out / 'trace.parquet'}"
                                                       if fit.trace is not None else "")
                   + f"; worst fitted error {fit.worst_error:.1%}", highlight=False)
+    if sheet is not None:
+        from dspark_sim.calibration.roofline import refine_sheet
+
+        r = refine_sheet(sheet, fit.profile)
+        console.print(f"{sheet}: one-request step {r['sheet_step_ms']:.3g} ms, measured "
+                      f"{r['measured_step_ms']:.3g} ms: set [deployment] overhead_ms = "
+                      f"{r['overhead_ms']:.3g} (was {r['overhead_ms_was']:.3g})", highlight=False)
 
 
 @vllm_app.command("prepare-model")
