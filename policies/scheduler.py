@@ -43,6 +43,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from dspark_sim.policies import compiled
+from dspark_sim.policies.base import StepCost
+
 
 def rank_candidates(survival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Flat indices of candidates sorted by survival descending (stable), and the sorted values."""
@@ -116,6 +119,8 @@ def budget_global(survival: np.ndarray, sps: np.ndarray) -> int:
 def schedule_topk(survival: np.ndarray, k: int) -> np.ndarray:
     """Admit the ``k`` most likely-to-survive draft tokens (dynamic top-K)."""
     survival = np.asarray(survival, dtype=np.float64)
+    if compiled.NUMBA:
+        return compiled.schedule_topk(np.ascontiguousarray(survival, dtype=np.float64), int(k))
     n, g = survival.shape
     k = int(max(0, min(k, n * g)))
     if k == 0 or k == n * g:
@@ -135,6 +140,8 @@ def schedule_async(
 def stretch_sorted(sorted_survival: np.ndarray, size: int) -> np.ndarray:
     """A descending survival curve resampled to ``size`` candidates (quantile mapping):
     another batch's drafts as an estimate of this batch's."""
+    if compiled.NUMBA:
+        return compiled.stretch_sorted(np.asarray(sorted_survival, dtype=np.float64), size)
     if size <= 0 or sorted_survival.size == 0:
         return np.zeros(max(size, 0))
     idx = (np.arange(size) * sorted_survival.size) // size
@@ -152,6 +159,10 @@ def budget_displacement(survival: np.ndarray, cost, n: int | None = None,
     n = survival.shape[0] if n is None else n
     if n == 0:
         return 0
+    if compiled.NUMBA and type(cost) is StepCost:  # step_s inlined in the kernel
+        return int(compiled.budget_displacement(
+            a, n, cost.table_s, cost.extra_s, int(cost.pending_prefill),
+            float(cost.prefill_s_per_token), displacement))
     # verify tokens n + i <= budget; never more drafts than the batch has (extra_s has one
     # entry per admissible count)
     size = min(a.size + 1, cost.budget - n + 1, cost.extra_s.size)

@@ -31,6 +31,7 @@ import simpy
 from dspark_sim.calibration.confmap import CalibrationMap
 from dspark_sim.calibration.profile import ENGINE_LIMITS, EngineLimits, EngineProfile
 from dspark_sim.errors import InputError
+from dspark_sim.policies import compiled
 from dspark_sim.policies.base import (
     ReplayView,
     StepCost,
@@ -38,6 +39,7 @@ from dspark_sim.policies.base import (
     readonly,
 )
 from dspark_sim.policies.registry import Policy
+from dspark_sim.sim import fast
 from dspark_sim.sim.config import EngineConfig, SimConfig, check_draft_length
 from dspark_sim.traces.schema import AcceptanceTrace
 
@@ -135,6 +137,8 @@ def _limits_conflict(values: dict, sources: dict[str, str], profile_name: str) -
                       f"max_num_batched_tokens ({tokens}, "
                       f"{origin[sources['max_num_batched_tokens']]})")
 
+
+_NO_CHUNK = np.zeros(0, np.int64)  # a step without prefill, to the compiled replay
 
 # Inter-token-latency histogram: log-spaced bins from 10 us to 1000 s.
 ITL_EDGES_S = np.logspace(-5, 3, 801)
@@ -315,6 +319,15 @@ class Replica:
     def _remove(self, keep: np.ndarray, *, finished: bool = False) -> np.ndarray:
         """Drop rows where ``keep`` is False; returns them, aggregates updated.
         ``finished`` rows are fully prefilled, so only the KV count changes."""
+        if compiled.NUMBA:
+            log = self.ctx.log
+            self.batch, gone, kv, pending, prefilling = fast.remove_rows(
+                self.batch, keep, log.steps, log.draft_tokens_verified, log.accepted_tokens)
+            self.kv_tokens -= kv
+            if not finished:
+                self.pending_prefill -= pending
+                self.n_prefilling -= prefilling
+            return gone
         gone = self.batch[~keep]
         self.batch = self.batch[keep]
         self.kv_tokens -= int(gone[:, PREFILLED].sum() + gone[:, GENERATED].sum()
@@ -536,6 +549,9 @@ class Replica:
             ctx.stop.succeed("steps")  # the run's step bound: stated in the summary
         stats.busy_s += dt
         stats.batch_tokens += verify_tokens + prefill_tokens
+        if lossy is None and compiled.NUMBA:
+            return self._replay_compiled(batch, ell, accepted, n_dec, verify_tokens, chunk,
+                                         prefill_tokens, dt, now)
         emitted = n_accepted = n_unverified = 0
         if n_dec:
             generated = batch[decoding, GENERATED]
@@ -593,6 +609,45 @@ class Replica:
         finished = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
         if finished.any():
             gone = self._remove(~finished, finished=True)
+            rids = gone[:, REQUEST_ID]
+            log.finish_s[rids] = now
+            log.generated[rids] = gone[:, GENERATED]
+            ctx.on_finish(len(rids))
+
+    def _replay_compiled(self, batch, ell, accepted, n_dec, verify_tokens, chunk,
+                         prefill_tokens, dt, now) -> None:
+        """:meth:`_replay` of a chain step with the batch arithmetic in one compiled
+        kernel (``sim.fast.replay_chain``); the same updates in the same order."""
+        ctx = self.ctx
+        stats = ctx.stats
+        log = ctx.log
+        emitted, n_accepted, n_done, finished = fast.replay_chain(
+            batch, n_dec, ell, accepted, chunk if prefill_tokens else _NO_CHUNK,
+            stats.accept_hist, stats.ell_hist)
+        if n_dec:
+            self.kv_tokens += emitted
+            stats.itl_hist[bisect.bisect_left(ctx.itl_edges, dt)] += n_dec
+            stats.itl_sum_s += dt * n_dec
+            stats.request_steps += n_dec
+            stats.verify_tokens += verify_tokens
+            if self.proposed is not None:
+                stats.unproposed_request_steps += int(np.count_nonzero(self.proposed == 0))
+        if prefill_tokens:
+            self.kv_tokens += prefill_tokens
+            self.pending_prefill -= prefill_tokens
+            if n_done:
+                self.kv_tokens += n_done
+                emitted += n_done
+                self.n_prefilling -= n_done
+                rids = batch[n_dec: n_dec + n_done, REQUEST_ID]
+                first = log.first_token_s[rids]
+                log.first_token_s[rids] = np.where(np.isnan(first), now, first)
+        ctx.record_step((now, dt, self.index, n_dec, len(batch), len(self.waiting),
+                         verify_tokens + prefill_tokens, prefill_tokens, verify_tokens - n_dec,
+                         emitted, n_accepted, 0))
+        if finished:
+            done = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
+            gone = self._remove(~done, finished=True)
             rids = gone[:, REQUEST_ID]
             log.finish_s[rids] = now
             log.generated[rids] = gone[:, GENERATED]

@@ -1,0 +1,88 @@
+"""Compiled (numba) twins of the engine step's batch arithmetic: the replay of a chain
+step and the removal of rows. ``sim/engine.py`` keeps the readable numpy code as the
+reference and calls these when ``policies.compiled.NUMBA`` is on (``DSPARK_SIM_KERNELS``;
+see that module): each replaces a dozen small numpy calls on the batch matrix by one
+loop over its rows, with the same integer results (``tests/test_compiled.py`` holds both
+paths to the golden runs' bytes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_sim.policies.compiled import njit
+
+# the batch matrix's columns (``sim.engine``; repeated here because a compiled function
+# reads module globals as constants and the engine imports this module)
+REQUEST_ID, PROMPT_TOKENS, PREFILL_TARGET, PREFILLED, GENERATED, GENERATED_AT_ADMIT = range(6)
+OUTPUT_TOKENS, TRACE_START, TRACE_LEN, STEPS, VERIFIED, ACCEPTED = range(6, 12)
+
+
+@njit(cache=True)
+def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist):
+    """A chain step's replay (``Replica._replay`` with no tree or lossy plan): each
+    decoding row emits ``min(accepted + 1, what is left of its output)`` and counts its
+    step, verified and accepted drafts; the histograms count ``accepted`` and ``ell``;
+    prefilling rows (after ``n_dec``) take their ``chunk`` (empty: none), and those it
+    completes emit their first token. Returns (emitted by decoding rows, accepted,
+    completed prefills, whether any row has finished)."""
+    emitted = 0
+    n_accepted = 0
+    for r in range(n_dec):
+        left = batch[r, OUTPUT_TOKENS] - batch[r, GENERATED]
+        adv = min(accepted[r] + 1, left)
+        batch[r, GENERATED] += adv
+        batch[r, STEPS] += 1
+        batch[r, VERIFIED] += ell[r]
+        batch[r, ACCEPTED] += accepted[r]
+        emitted += adv
+        n_accepted += accepted[r]
+        accept_hist[accepted[r]] += 1
+        ell_hist[ell[r]] += 1
+    n_done = 0
+    if chunk.size:
+        for i in range(chunk.size):
+            r = n_dec + i
+            batch[r, PREFILLED] += chunk[i]
+            if batch[r, PREFILLED] >= batch[r, PREFILL_TARGET]:
+                n_done += 1
+        for r in range(n_dec, n_dec + n_done):  # prefills complete in row order
+            batch[r, GENERATED] += 1
+    finished = False
+    for r in range(batch.shape[0]):
+        if batch[r, GENERATED] >= batch[r, OUTPUT_TOKENS]:
+            finished = True
+            break
+    return emitted, n_accepted, n_done, finished
+
+
+@njit(cache=True)
+def remove_rows(batch, keep, log_steps, log_verified, log_accepted):
+    """``Replica._remove``: split the batch into kept and gone rows (order kept), add the
+    gone rows' counters to the log. Returns (kept, gone, KV tokens freed, prefill tokens
+    still pending in the gone rows, how many of them were still prefilling)."""
+    n, c = batch.shape
+    n_keep = 0
+    for r in range(n):
+        if keep[r]:
+            n_keep += 1
+    kept = np.empty((n_keep, c), dtype=batch.dtype)
+    gone = np.empty((n - n_keep, c), dtype=batch.dtype)
+    i = j = 0
+    kv = pending = prefilling = 0
+    for r in range(n):
+        if keep[r]:
+            kept[i] = batch[r]
+            i += 1
+            continue
+        gone[j] = batch[r]
+        j += 1
+        kv += batch[r, PREFILLED] + batch[r, GENERATED] - batch[r, GENERATED_AT_ADMIT]
+        pending += batch[r, PREFILL_TARGET] - batch[r, PREFILLED]
+        if batch[r, PREFILLED] < batch[r, PREFILL_TARGET]:
+            prefilling += 1
+        rid = batch[r, REQUEST_ID]
+        log_steps[rid] += batch[r, STEPS]
+        log_verified[rid] += batch[r, VERIFIED]
+        log_accepted[rid] += batch[r, ACCEPTED]
+    return kept, gone, kv, pending, prefilling
