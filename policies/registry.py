@@ -94,16 +94,21 @@ class Policy:
                  state: np.ndarray | None = None) -> BatchSnapshot:
         """The read-only snapshot this policy decides on, with its lagged view read from
         ``history`` (a deque of ``maxlen >= max(1, self.history)``, oldest first); this
-        step's view joins ``history`` when the policy reads lagged ones. The simulator's
-        engine and the validation server both build their snapshots here, so a policy
-        sees the same thing in both."""
+        step's view joins ``history`` when the policy reads lagged ones. ``survival`` and
+        ``sps`` are this step's own arrays and are frozen in place (no copy: the engine
+        calls this once a step). The simulator's engine and the validation server both
+        build their snapshots here, so a policy sees the same thing in both."""
+        survival.flags.writeable = False
+        if sps is not None:
+            sps.flags.writeable = False
+        if not self.needs_lag:
+            return BatchSnapshot(survival, gamma_max, token_budget, sps=sps, cost=cost,
+                                 fields=fields, state=state)
         lagged = self.lagged(history)
-        snap = BatchSnapshot(readonly(survival), gamma_max, token_budget,
-                             sps=None if sps is None else readonly(sps),
+        snap = BatchSnapshot(survival, gamma_max, token_budget, sps=sps,
                              lagged_survival=lagged[0], lagged_sps=lagged[1],
                              cost=cost, lagged_cost=lagged[2], fields=fields, state=state)
-        if self.needs_lag:
-            history.append((snap.survival, snap.sps, snap.cost))
+        history.append((survival, sps, cost))
         return snap
 
 
