@@ -3,8 +3,8 @@
 For every shipped profile and a ladder of closed-loop concurrencies, runs ``confidence``
 and every static policy (none, mtp1, fixed:1..gamma) and reports, per (profile, load),
 the static policy with the largest simultaneous lead on steady-state output throughput
-and median interactivity: ``min(thr_s / thr_c, inter_s / inter_c) - 1``. The contract
-(issue 11): no lead above +3 %.
+and median interactivity: ``min(thr_s / thr_c, inter_s / inter_c) - 1``. The contract:
+no lead above +3 %.
 
     python benchmarks/static_dominance.py                 # every profile, 6 loads (~10 min)
     python benchmarks/static_dominance.py --profiles v4flash-h200 --loads 1,64,256

@@ -1,5 +1,5 @@
 """Are the sweeps' request counts enough? Doubling them must move no headline figure by
-more than 2 % (issue 11, item 4). Prints figures; never a timed or asserted test.
+more than 2 %. Prints figures; never a timed or asserted test.
 
 Two checks:
 

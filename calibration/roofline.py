@@ -475,7 +475,7 @@ COARSE_GRAPH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 
 # three other nodes over InfiniBand (ep_remote_copies = 3). overhead_ms (11.5),
 # flop_efficiency (0.7: DeepGEMM's FP8 grouped GEMMs at a few hundred tokens per expert)
 # and comm_overlap (0.95: DeepEP's two-micro-batch overlap) are FITTED
-# (benchmarks/fit_published.py, 2026-11-30; validation/published.py) to
+# (benchmarks/fit_published.py; validation/published.py) to
 # MTP-1 reaching ~125 tok/s/user at concurrency 1 (its 120 tok/s/user operational
 # boundary, §5.4) and a verification budget of ~4 tokens per request at ~200 concurrent
 # requests (Fig. 8); the matched-throughput and SLA-tier gains are held out.

@@ -934,7 +934,7 @@ def train_drafter_cmd(
     from dspark_sim.traces.targets import PROMPT_DIR, check_device, check_target_spec
     from dspark_sim.traces.train import LEARNED_KINDS, check_steps, train_all
 
-    # every argument before the target loads (#12.10)
+    # every argument before the target loads, so a typo fails before minutes of loading
     kinds = LEARNED_KINDS if drafter == "all" else (drafter,)
     if any(k not in LEARNED_KINDS for k in kinds):
         raise InputError("--drafter", f"must be one of {', '.join(LEARNED_KINDS)} or all")
@@ -1078,7 +1078,7 @@ def calibrate_engine(
     from dspark_sim.calibration.measure import measure_engine, write_profile
     from dspark_sim.traces.targets import check_device
 
-    # every option before a model is built (#12.10)
+    # every option before a model is built, so a typo fails before minutes of loading
     check_device(device)
     shapes = {"batch_requests": _ints("--batch-requests", batch_requests),
               "verify_lengths": _ints("--verify-lengths", verify_lengths, lo=0),
@@ -1114,7 +1114,7 @@ def calibrate_confidence_cmd(
     )
     from dspark_sim.traces.schema import load_trace
 
-    check_fit_options(method, holdout, seed)  # before the trace is read (#12.10)
+    check_fit_options(method, holdout, seed)  # before the (possibly large) trace is read
     check_writable(out, "--out", kind="file", not_over={"the trace": _file_or_none(trace)})
     if html is not None:
         check_writable(html, "--html", kind="file",

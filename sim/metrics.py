@@ -27,8 +27,8 @@ Whole-run figures mix three regimes: *warm-up* (the system starts empty; a close
 loop starts all its clients at once, so the first cohort prefills together and
 decodes in lockstep), the *steady state*, and the *drain* (no new requests, the batch
 empties, steps get cheaper and throughput falls). Their weights depend on the request
-count, so whole-run figures move with ``--num-requests`` (issue 11: ``none`` at 1,024
-clients rose 11 % from 8xC to 32xC requests). The steady-state window
+count, so whole-run figures move with ``--num-requests`` (``none`` at 1,024 clients
+rises 11 % from 8xC to 32xC requests). The steady-state window
 ``[start_s, end_s]`` excludes both ends:
 
 * **end** = the *drain start*: the time of the last request's arrival. Open loop

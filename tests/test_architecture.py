@@ -81,7 +81,7 @@ def test_architecture_doc_opens_with_the_generated_rooms(rooms):
 
 @pytest.mark.parametrize("policy", ["confidence", "skip:0.5"])
 def test_every_summary_field_is_spelled_out_where_it_is_computed(policy):
-    # issue #13: a field name greps to the line that computes it, never only to its
+    # a field name greps to the line that computes it, never only to its
     # readers (no f"median_{prefix}" building); the producers: metrics, api and quality
     from dspark_sim.sim.api import simulate
     from dspark_sim.sim.config import resolve_config

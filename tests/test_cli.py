@@ -450,7 +450,7 @@ def test_progress_labels_print_as_written(tmp_path, capsys, label):
 
 
 def test_run_help_lists_every_policy_and_length_model():
-    # the help text is where a user looks first; it drifted behind the registry once
+    # the help text is where a user looks first; it must not drift behind the registry
     from dspark_sim.policies.registry import kinds
     from dspark_sim.sim.workload import TRACE_LENGTHS
 

@@ -105,7 +105,7 @@ def _limits_refusal(tmp_path, args: list[str], where: str) -> str:
 def test_too_few_batched_tokens_names_what_the_user_gave_not_max_num_seqs(tmp_path,
                                                                          no_simulation):
     """--max-num-batched-tokens 8 under the profile's 256 sequences: the error names the
-    option given (it used to blame --max-num-seqs, never typed) and comes before
+    option given (not --max-num-seqs, which the user never typed) and comes before
     simulating; the 256 is the default profile's own [engine] max_num_seqs."""
     from dspark_sim.calibration.profile import load_profile
 
@@ -422,10 +422,10 @@ def test_an_output_that_is_the_commands_own_input_is_refused(tmp_path, monkeypat
 
 def test_calibrate_confidence_with_string_request_ids_and_its_two_outputs(tmp_path,
                                                                          monkeypatch):
-    """String request ids are schema-v1 (imports keep them): the held-out report once
-    cast them to int (a ValueError for 'r0'; for '0' the diagram then found none of the
-    held-out requests and refused, after --out had already been replaced). Now both
-    files are written; and when the diagram refuses, --out keeps its previous bytes."""
+    """String request ids are schema-v1 (imports keep them): the held-out report keeps
+    them as strings (cast to int, 'r0' is a ValueError and '0' matches none of the
+    held-out requests). Both files are written; and when the diagram refuses, --out
+    keeps its previous bytes."""
     import polars as pl
     import pyarrow.parquet as pq
 

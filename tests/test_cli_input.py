@@ -1,4 +1,4 @@
-"""Hostile and conflicting input at the command line (issue #12: 1, 4, 5, 6): one line
+"""Hostile and conflicting input at the command line: one line
 naming the option or file, exit code 2, no traceback, and nothing simulated first."""
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def test_a_bad_config_value_names_the_files_key(request, tmp_path, command, text
 
 
 @pytest.mark.parametrize("file_workload,flag,described,completed", [
-    # a rate flag opens the file's closed loop (it used to be refused)
+    # a rate flag opens the file's closed loop: the flag, typed last, wins
     ('arrival = "closed"\nnum_requests = 10\n', ["--qps", "5"],
      "Poisson arrivals at 5 req/s", 10),
     # --max-concurrency closes the file's open loop; the file's rate no longer applies
@@ -275,7 +275,7 @@ def test_workload_file_in_a_closed_loop_sends_the_files_requests(tmp_path):
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    """Fails the test if a target model starts loading: checks must come first (#12.10).
+    """Fails the test if a target model starts loading: checks must come first.
     Its tests carry the ``capture`` marker: the commands check the default target's
     package and the model stack among their arguments, so without the capture install
     they refuse that instead of the argument under test."""

@@ -96,7 +96,7 @@ def test_a_config_built_in_python_is_type_checked_by_validate(cfg, option, kind)
     (SimConfig(deployment=DeploymentConfig(profile="")), "--profile"),
 ])
 def test_a_config_built_in_python_refuses_empty_strings_as_the_layers_do(cfg, option):
-    # trace="" (or domain, lengths, calibration, mtp_trace) silently ran the default,
+    # trace="" (or domain, lengths, calibration, mtp_trace) would silently run the default,
     # which the CLI and config files refuse (_Layer.set)
     with pytest.raises(InputError, match=f"^{option}: is empty"):
         cfg.validate()

@@ -205,7 +205,7 @@ def test_confidence_at_least_as_good_as_the_best_fixed_k_on_smooth_profile(concu
     search on the step's own survivals (which could always pick a fixed length) does at
     least as well as the best fixed verify length k = 1..7; the default, whose budget is
     sized on survivals two steps old (the production pipeline), is never beaten on both
-    throughput and interactivity by more than 3 % (issue 11's contract)."""
+    throughput and interactivity by more than 3 % (benchmarks/static_dominance.py's contract)."""
     prof = _smooth_profile()
     wl = WorkloadConfig(arrival="closed", max_concurrency=concurrency,
                         num_requests=max(3 * concurrency, 60), lengths="fixed:256:192")

@@ -542,8 +542,8 @@ def test_select_lossy_reads_a_missing_flag_as_lossless():
 def test_a_gain_with_a_lower_bound_is_a_bound_and_two_lower_bounds_give_none():
     """Below A's sweep (A: 800 or more; B: 700) the gain is at least +14 %; with the sides
     swapped at most -12 %; below both sweeps there is no gain (a ratio of two lower
-    bounds): the old text showed one as "+14%", with "extend the load range" whatever
-    the cause."""
+    bounds). A bound reads as one (">= +14%", never a plain "+14%"), and the remedy
+    follows from the cause each side gives."""
     (lower,) = tier_gain(A, B, [10])
     (upper,) = tier_gain(B, A, [10])
     (both,) = tier_gain(A, B, [3])

@@ -1,4 +1,4 @@
-"""Behaviour unchanged (issue #13): the same seed gives the same bytes as a STORED run.
+"""Behaviour unchanged: the same seed gives the same bytes as a STORED run.
 
 ``tests/data/golden/<name>/summary.json`` was written by ``dspark-sim run`` (arguments in
 ``tests/data/golden/make_golden.py``); it carries the size and sha256 of the run's

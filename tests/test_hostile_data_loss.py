@@ -183,7 +183,7 @@ def test_a_point_with_damaged_data_pages_is_recomputed_and_said_so(base, tmp_pat
     first = run_sweep(base, **kw)
     victim = sorted((out / "points").glob("*.parquet"))[0]
     _damage_data_pages(victim)
-    assert pl.read_parquet_schema(victim)  # the footer reads: once counted as done
+    assert pl.read_parquet_schema(victim)  # the footer reads, so only the pages show the damage
     calls = []
     real = sweep.run_point
     monkeypatch.setattr(sweep, "run_point", lambda pt: calls.append(pt.point_id) or real(pt))

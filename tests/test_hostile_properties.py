@@ -1,4 +1,4 @@
-"""Hostile input, generated (issue #12's done-when): malformed option values, traces,
+"""Hostile input, generated: malformed option values, traces,
 profiles, workloads and configs, drawn by Hypothesis and given to ``dspark-sim run``.
 
 One property for all of them: the command either

@@ -8,7 +8,7 @@ The property, for each command: any value of any one option is either refused wi
 whole, valid file:
 
 * ``synth``: a trace that loads, with ``accept_len`` in ``[0, gamma_max]`` and, where it
-  has them, confidences in ``[0, 1]`` (a NaN spread once wrote NaN confidences);
+  has them, confidences in ``[0, 1]`` (a NaN spread must not write NaN confidences);
 * ``export``: JSON whose rates are ``num_speculative_tokens`` numbers in ``[0, 1]``;
 * ``calibrate confidence``: a map that loads and applies to finite values in ``[0, 1]``.
 """

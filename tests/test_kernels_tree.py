@@ -150,8 +150,8 @@ def test_tree_rejects_malformed_trees():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_tree_max_depth_must_reach_the_deepest_node(seed):
-    """A max_depth below the deepest node once gave an IndexError (torch) or a silently
-    shortened path (Triton); build() now refuses it, and accepts exactly the true depth."""
+    """A max_depth below the deepest node would give an IndexError (torch) or a silently
+    shortened path (Triton); build() refuses it, and accepts exactly the true depth."""
     _, parents, _ = _random_trees(LENGTHS, 4, torch.Generator().manual_seed(seed))
     deepest = int(_mask_oracle(parents, LENGTHS, max(LENGTHS))[1].max())
     assert deepest >= 3

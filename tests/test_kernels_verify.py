@@ -279,8 +279,8 @@ def test_input_checks_and_dispatch():
     assert resolve_backend("torch", x) == "torch"
 
 
-# Each of these once reached the kernels unchecked: the Triton path read past its buffers
-# and returned accepted lengths like -3 (on CUDA: an illegal address).
+# Unchecked, each of these would reach the kernels: the Triton path would read past its
+# buffers and return accepted lengths like -3 (on CUDA: an illegal address).
 @pytest.mark.parametrize("offsets,needle", [
     ([0, 3, 9], "ends at 9"),
     ([0, 4, 1], "non-decreasing"),
@@ -300,7 +300,7 @@ def test_malformed_layouts_are_refused(offsets, needle, backend):
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
 def test_out_of_vocab_draft_tokens_are_rejected_not_read(backend):
     """A draft id outside [0, V) has p_t = 0: rejected at its position on both backends.
-    The Triton kernel used to load p_d/p_t at that id, past the row."""
+    Unmasked, the Triton kernel would load p_d/p_t at that id, past the row."""
     gen = torch.Generator().manual_seed(4)
     lengths, vocab = [3, 3, 2], 16
     draft, pd, pt = _stoch_case(lengths, vocab, torch.float32, gen, DEV)

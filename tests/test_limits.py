@@ -50,7 +50,7 @@ def test_limits_come_from_the_profile_unless_given():
 
 
 def test_shipped_profiles_state_their_kv_capacity():
-    """The one-GPU dense profile cannot hold the 2M tokens the old global default gave it
+    """The one-GPU dense profile cannot hold a 2M-token global default
     (147.5 KB/token: 295 GB), so its capacity comes from its HBM."""
     p = load_profile("qwen3-8b-h100")
     assert p.limits.kv_capacity_tokens is not None

@@ -406,7 +406,7 @@ def test_asd_on_a_trace_without_the_fields_is_a_one_line_error():
 def test_asd_refusal_points_at_a_remedy_that_exists(tmp_path):
     """`run --policy asd` on the default (v1) trace is refused in one line naming the trace;
     the remedy it names must exist: the trace it suggests runs the same command, and any
-    `dspark-sim ...` command it suggests is a real one (it once said `traces synth-lossy`,
+    `dspark-sim ...` command it suggests is a real one (not, say, `traces synth-lossy`,
     which does not exist)."""
     import re
 
@@ -495,7 +495,7 @@ def _by_hand_quality(out, trace) -> dict:
 
 
 def test_cli_run_and_sweep_report_the_quality_cost(shipped, tmp_path):
-    """Done-when of issue 16 for asd/skip: `run` and `sweep` on the shipped trace, the
+    """asd/skip end to end: `run` and `sweep` on the shipped trace, the
     quality cost in summary.json, the printed table and the report, lossy points apart."""
     import polars as pl
     from typer.testing import CliRunner

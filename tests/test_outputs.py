@@ -1,4 +1,4 @@
-"""A run's summary.json + requests.parquet are one unit (issue 12, item 8)."""
+"""A run's summary.json + requests.parquet are one unit."""
 
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ def test_extra_tables_are_part_of_the_unit(tmp_path, two_runs, monkeypatch):
 
 def test_validation_harness_writes_its_run_folders_as_one_unit(tmp_path, two_runs):
     """validation/harness.py's real/sim folders (summary + requests [+ steps]) go
-    through the same writer: a manifest readers check (issue 12, item 8)."""
+    through the same writer: a manifest readers check."""
     import polars as pl
 
     from dspark_sim.validation.harness import STEP_COLUMNS, _write_run
@@ -249,7 +249,7 @@ def test_an_interrupt_during_a_write_waits_for_the_file_then_stops(tmp_path, two
 
 def test_an_interrupt_between_the_diagram_and_the_map_writes_both(tmp_path):
     """calibrate confidence --html writes the diagram, then the map: a SIGTERM between the
-    two left a new diagram beside the old map (or none). They are one write now: both
+    two must not leave a new diagram beside the old map (or none). They are one write: both
     land, then the command stops (exit 143, no traceback)."""
     out, html = tmp_path / "m.toml", tmp_path / "m.html"
     script = textwrap.dedent(f"""

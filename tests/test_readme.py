@@ -40,8 +40,8 @@ def test_the_docs_example_output_is_what_the_command_prints():
     """README.md and docs/cli.md show the default run's output: the lines that describe
     the run (policy, deployment, workload, trace, calibration) and the rows the table
     has are what the command prints today at that width (the figures are checked, with
-    their tolerance, by tests/test_case_study.py). The trace line once lost its
-    '[synthetic, drafter ..., gamma_max 7]' in the docs."""
+    their tolerance, by tests/test_case_study.py), the trace line's
+    '[synthetic, drafter ..., gamma_max 7]' included."""
     import os
     import subprocess
     import sys

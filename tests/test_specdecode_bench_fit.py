@@ -1,4 +1,4 @@
-"""End to end against SpecDecode-Bench's published H100 cost fit (#14.6): the
+"""End to end against SpecDecode-Bench's published H100 cost fit: the
 SpecDecode-Bench-format fixture imported and replayed at batch 1 (closed loop, one
 client, every request with its own lengths and row) with fixed:1/3/5; the speedups over
 `none` match those worked out by hand from the fit within 1 %.

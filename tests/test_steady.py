@@ -606,7 +606,7 @@ def test_stability_verdict_without_a_window_or_with_requests_left():
 @pytest.mark.parametrize("limit", ["max_model_len", "kv_capacity_tokens"])
 def test_a_run_that_completed_nothing_is_not_stable(closed, limit, monkeypatch):
     """Every request is 8 + 4 tokens; a limit of 11 refuses each at arrival (nothing
-    unfinished, nothing queued: the old verdict called that stable), 12 serves them all
+    unfinished, nothing queued: yet not stable), 12 serves them all
     (KV reserved for prompt + output alone: no verify slots on top)."""
     from typer.testing import CliRunner
 
@@ -630,7 +630,7 @@ def test_a_run_that_completed_nothing_is_not_stable(closed, limit, monkeypatch):
     verdict = next(ln for ln in r.output.splitlines() if "│ stable " in ln)
     assert "NO: no request completed (all 30 rejected at arrival)" in verdict
 
-# -- unfinished requests keep their progress (#12.7) ----------------------------------------
+# -- unfinished requests keep their progress ----------------------------------------------
 @pytest.mark.parametrize("seqs, kv, qps, lengths", [
     (16, None, 100.0, "fixed:256:400"), (64, 6000, 100.0, "fixed:256:400"),
     (8, None, 400.0, "fixed:128:400")], ids=["overload", "kv-preempt", "overload-8-seqs"])

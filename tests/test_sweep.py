@@ -199,7 +199,7 @@ def test_the_worker_pool_is_sized_by_workers_then_cores_then_points(base, tmp_pa
 @pytest.mark.parametrize("spec", ["", " ", ",", " , ,", []])
 def test_given_but_empty_lists_are_refused_not_read_as_not_given(spec):
     # None means "option not given" (callers then use their default); an empty value
-    # used to return None too, so `--profiles ''` silently swept the default profile
+    # read as None would make `--profiles ''` silently sweep the default profile
     with pytest.raises(InputError, match="^--profiles: name at least one profile"):
         parse_list(spec, option="--profiles", what="profile")
     with pytest.raises(InputError, match="^--seeds: name at least one value"):
@@ -453,7 +453,7 @@ def test_sizing_doubles_while_the_window_is_short(base):
     assert sweep._doubled(cfg, max_requests=79) is None
 
 
-# -- a killed sweep leaves no workers (issue 12, item 9) -------------------------------------
+# -- a killed sweep leaves no workers ------------------------------------------------------
 def _children(pid: int) -> list[int]:
     out = []
     for d in os.listdir("/proc"):

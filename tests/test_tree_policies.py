@@ -325,7 +325,7 @@ def test_policy_is_pure(trace):
     assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.plan.order, b.plan.order)
 
 
-# -- the command line on the shipped v2 traces (issue 15's "done when") ---------------
+# -- the command line on the shipped v2 traces ------------------------------------------
 
 
 @pytest.mark.parametrize("spec,budget", [("cure", 32), ("pctree:24,3", 24),

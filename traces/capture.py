@@ -349,7 +349,8 @@ def check_capture_args(target: Any, drafters: Sequence[str], *, gamma_max: int,
                        max_new_tokens: int, per_domain: int, batch_size: int,
                        prompts: list[Prompt] | None, prompt_dir: str | Path,
                        out: str | Path | None, device: str) -> None:
-    """Everything :func:`capture` can check without loading a model (#12.10)."""
+    """Everything :func:`capture` can check without loading a model, so a bad argument
+    fails in a second rather than after the minutes a model takes to load."""
     if not 1 <= gamma_max <= 32:
         raise InputError("--gamma-max", f"gamma_max must be in [1, 32], got {gamma_max}")
     if max_new_tokens < 2:

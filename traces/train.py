@@ -282,7 +282,7 @@ def train_all(
     prompt_dir = kw.pop("prompt_dir", PROMPT_DIR)
     max_new_tokens = kw.pop("max_new_tokens", 128)
     # the seed and the prompt files before the target loads and generates (minutes):
-    # default_rng(-1) or a bad prompt line once failed only after that
+    # default_rng(-1) or a bad prompt line would otherwise fail only after that
     check_seed(kw.get("seed", 0))
     check_steps(steps)
     prompts = training_prompts(per_domain, split_seed, prompt_dir)

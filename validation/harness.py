@@ -302,7 +302,8 @@ class ValidationSetup:
     save_profile: Path | None = None
 
     def check(self) -> ValidationSetup:
-        """Every argument, cheaply: no model loads (#12.10). Returns ``self``."""
+        """Every argument, cheaply, before any model loads (a bad one fails in a second,
+        not after minutes of loading). Returns ``self``."""
         from dspark_sim.traces.capture import MAX_NEW_TOKENS, check_drafter_spec
         from dspark_sim.traces.targets import check_device, check_target_spec
         from dspark_sim.validation.clock import CLOCKS
