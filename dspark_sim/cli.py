@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 # user text (paths, specs like "fixed:100:100") must print as given: no ":100:" emoji
 # markup off: what we print carries user text (file paths, profile descriptions, trace
 # metadata, error messages) in which "[...]" is data, not rich markup (a description
-# holding "[/]" crashed `profiles show`; "[draft.selfspec]" vanished); styles go in style=
+# holding "[/]" would crash `profiles show`, "[draft.selfspec]" vanish); styles go in style=
 console = Console(emoji=False, markup=False)
 err_console = Console(stderr=True, emoji=False, markup=False)
 

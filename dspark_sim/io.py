@@ -103,8 +103,8 @@ def write_json_atomic(path: str | Path, obj: object) -> Path:
 def progress_bar(*columns: Any, **kw: Any) -> Any:
     """A rich ``Progress`` whose task descriptions print as written: a label carries user
     text (a target model's folder name, a policy spec) in which ``[...]`` is data, not
-    rich markup (``[/bold]`` in a label crashed the bar with a MarkupError, ``[v2]``
-    vanished). ``columns``: rich's default ones when none are given, the description
+    rich markup (``[/bold]`` in a label would crash the bar with a MarkupError, ``[v2]``
+    vanish). ``columns``: rich's default ones when none are given, the description
     column first; put :func:`description_column` where a custom layout shows it."""
     from rich.progress import Progress
 

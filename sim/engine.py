@@ -824,8 +824,8 @@ def _check_policy_fields(policy: Policy, trace: AcceptanceTrace | None, gamma: i
 def _run_gamma(cfg: SimConfig, policy: Policy, trace: AcceptanceTrace | None) -> int:
     """Draft positions per step: the trace's, or ``--gamma-max``'s block for the block
     drafter (DSpark-5 on a gamma-7 trace; MTP-1 keeps its one). The policy's draft
-    length is checked here, not only by the CLI: simulate() given fixed:9 on a gamma-7
-    trace verified 7 under the name fixed:9."""
+    length is checked here, not only by the CLI, so that simulate() given fixed:9 on a
+    gamma-7 trace refuses it rather than verify 7 under the name fixed:9."""
     gamma = 0 if (trace is None or policy.drafter is None) else trace.gamma_max
     block_gamma = cfg.gamma_max if policy.drafter == "dspark" else None
     check_draft_length(policy, trace, block_gamma)

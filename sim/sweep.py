@@ -94,7 +94,7 @@ def parse_numbers(spec: str | Sequence[float] | None, *, integer: bool = False,
     (``"1,2,4:64:x2,100"``). Order is kept, duplicates dropped. Values must be > 0
     (``allow_zero``: >= 0, e.g. seeds). ``None`` (the option not given) -> None; given
     but empty (``""``, ``","``) is an :class:`InputError` naming ``option``, never
-    read as "not given" (``sweep --seeds ''`` silently swept the default seed).
+    read as "not given" (``sweep --seeds ''`` would silently sweep the default seed).
     """
     if spec is None:
         return None
@@ -207,7 +207,7 @@ def parse_list(spec: str | Sequence[str] | None, *, option: str = "--policies",
     """``"mtp1,confidence-async"`` -> list, duplicates dropped. ``None`` (the option not
     given) -> None; given but empty (``""``, ``" , "``, ``[]``) is an :class:`InputError`
     naming ``option`` ("name at least one ``what``"), never read as "not given"
-    (``sweep --profiles ''`` silently swept the default profile). A bare number right
+    (``sweep --profiles ''`` would silently sweep the default profile). A bare number right
     after an item with arguments continues it: ``"asd:0.5,1,8,mtp1"`` -> ``["asd:0.5,1,8",
     "mtp1"]`` (policies whose argument is a comma-separated tuple), except after a
     one-scalar policy, where it is another of the same: ``"fixed:3,5,7"`` -> ``["fixed:3",

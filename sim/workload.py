@@ -179,7 +179,7 @@ def sample_lengths(spec: str, n: int, rng: np.random.Generator) -> tuple[np.ndar
         return (prompt_tokens[idx].astype(np.int64), output_tokens[idx].astype(np.int64),
                 f"{kind} empirical lengths")
     if kind == "fixed" and len(nums) == 2 and min(nums) >= 1:
-        if not all(v.is_integer() for v in nums):  # int() ran fixed:1.5:2 as 1 in
+        if not all(v.is_integer() for v in nums):  # int() would run fixed:1.5:2 as 1 in
             raise InputError("--lengths", f"{spec!r}: fixed token counts must be whole "
                                           "numbers")
         return (np.full(n, int(nums[0]), np.int64), np.full(n, int(nums[1]), np.int64),

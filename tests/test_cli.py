@@ -316,7 +316,7 @@ def _run_workload(tmp_path, *args: str) -> dict:
 ])
 def test_an_open_loop_option_opens_a_closed_loop_preset(tmp_path, flags, workload):
     """single-replica is a closed loop of 64 clients: --qps / --burstiness / --duration-s
-    on the command line override its arrival kind (they were refused: 'does not apply to
+    on the command line override its arrival kind (not refused as 'does not apply to
     closed arrivals'); the preset's other settings (one replica) stay."""
     s = _run_workload(tmp_path, "--preset", "single-replica", *flags)
     assert s["workload"].startswith(workload), s["workload"]
@@ -417,8 +417,8 @@ def test_inspect_prints_no_data_for_a_position_no_chain_reached(tmp_path, monkey
 
 
 def test_user_text_with_brackets_prints_as_written(tmp_path):
-    # rich markup is off: a description holding "[/]" crashed `profiles show`
-    # (MarkupError), and "[draft.x]" vanished from it; error lines keep brackets too
+    # rich markup is off: a description holding "[/]" would crash `profiles show`
+    # (MarkupError), and "[draft.x]" vanish from it; error lines keep brackets too
     src = (Path(__file__).resolve().parents[1] / "calibration" / "data"
            / "qwen3-8b-h100.toml").read_text()
     prof = tmp_path / "p.toml"
@@ -432,7 +432,7 @@ def test_user_text_with_brackets_prints_as_written(tmp_path):
 
 @pytest.mark.parametrize("label", ["odd [/bold] target", "model [v2]", "[/]", "a[bold]b"])
 def test_progress_labels_print_as_written(tmp_path, capsys, label):
-    # a label holding "[/bold]" crashed the bar (MarkupError), "[v2]" vanished from it
+    # a label holding "[/bold]" would crash the bar (MarkupError), "[v2]" vanish from it
     pytest.importorskip("torch")
     from dspark_sim.io import progress_bar
     from dspark_sim.traces.capture import _run_chunks

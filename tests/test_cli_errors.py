@@ -189,10 +189,10 @@ def test_sweep_checks_profiles_and_traces_before_running(no_simulation, tmp_path
 ])
 def test_sweep_grid_and_headline_options_are_refused_before_any_point_runs(
         no_simulation, tmp_path, args, needles):
-    """Found by poking the sweep as the hostile-input suite pokes run: an empty policy
-    list was a TypeError traceback, a million-value range built a million points, a
-    misspelt --candidate silently dropped the headline, --gpus 0 was taken, and
-    --lengths / --vllm-results were read only after the points had run."""
+    """The sweep poked as the hostile-input suite pokes run: an empty list, a
+    million-value range, a misspelt --candidate (which would drop the headline),
+    --gpus 0 and a bad --lengths / --vllm-results are each one line before any point
+    runs, not a traceback, a million points or an error after the points had run."""
     out = tmp_path / "sw"
     one_line_error(["sweep", "--out", str(out), "--policies", "mtp1,none", "--num-requests",
                     "10", "--executor", "serial", *args], *needles)

@@ -917,8 +917,8 @@ def test_gamma_max_shortens_the_block_drafters_block_only():
         simulate(replace(base, policy="fixed:7", gamma_max=3), profile=_flat(), trace=trace)
     with pytest.raises(InputError, match="--gamma-max"):
         simulate(replace(base, gamma_max=9), profile=_flat(), trace=trace)
-    # without --gamma-max the trace's 7 is the limit: simulate() (the CLI checked, the
-    # library did not) ran fixed:9 as fixed:7 under the name fixed:9, asd@fixed:9 alike
+    # without --gamma-max the trace's 7 is the limit, in simulate() as in the CLI: else
+    # fixed:9 would run as fixed:7 under the name fixed:9, asd@fixed:9 alike
     for spec in ("fixed:9", "asd@fixed:9", "skip@fixed:8"):
         with pytest.raises(InputError, match=r"^--policy: .* gamma_max = 7"):
             simulate(replace(base, policy=spec), profile=_flat(), trace=trace)

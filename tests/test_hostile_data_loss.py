@@ -370,11 +370,12 @@ def test_a_profiles_engine_limits_obey_the_options_caps(key, limit):
 def test_the_draft_table_never_extrapolates_below_its_last_time():
     cost = DraftCost(batch=np.array([1.0, 8.0]), time_s=np.array([0.004, 0.001]))
     assert cost.base_time(8, 1) == pytest.approx(0.001)
-    assert cost.base_time(1000, 1) == pytest.approx(0.001)  # was -0.42 s
+    assert cost.base_time(1000, 1) == pytest.approx(0.001)  # extrapolated: -0.42 s
 
 
 def test_a_falling_draft_table_runs_past_its_end(tmp_path, base):
-    """SimPy raised "Negative delay" once the batch outgrew the table."""
+    """A batch that outgrows the draft table is priced at its last entry, not handed to
+    SimPy as a negative delay."""
     from dspark_sim.sim.api import simulate
 
     text = PROFILE.read_text()

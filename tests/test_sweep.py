@@ -80,7 +80,7 @@ def test_parse_rejects_bad_specs(spec, why):
 
 
 def test_a_rate_that_rounds_to_zero_is_refused_as_typed():
-    # --qps 1e-10 became 0.0 and was refused as "got [0.0]", a value nobody typed
+    # the error names 1e-10 as typed, not the 0.0 it rounds to (a value nobody typed)
     with pytest.raises(InputError, match=r"^--qps: 1e-10 rounds to 0: values keep 9 "
                                          r"decimals, got '5,1e-10'"):
         parse_numbers("5,1e-10")
@@ -228,9 +228,9 @@ def test_build_points_grid_and_loads(base):
 
 
 def test_qps_over_a_workload_file_replays_it_rescaled_as_run_does(base, tmp_path):
-    """A base replaying a workload file (or sending its requests from a closed loop) was
-    turned into Poisson arrivals at --qps: the file silently dropped, a missing one never
-    noticed. As in run, the rate rescales the file's replay."""
+    """A base replaying a workload file (or sending its requests from a closed loop) keeps
+    the file under --qps, not Poisson arrivals that silently drop it (a missing one
+    never noticed). As in run, the rate rescales the file's replay."""
     import json
 
     from dspark_sim.sim.api import simulate

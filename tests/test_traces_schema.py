@@ -229,8 +229,8 @@ def test_wrong_typed_metadata_is_one_line_error(tmp_path, key, value):
     (pl.Series("domain", [3, 3, 3]), "'domain' must hold strings, got Int64"),
 ])
 def test_a_domain_column_that_is_not_strings_is_refused(domain, match):
-    """A null domain became the domain "None" (and a number "3"): a run of
-    ``--domain math`` silently dropped that request."""
+    """Read as strings, a null domain would become the domain "None" (and a number "3"),
+    and a run of ``--domain math`` would silently drop that request."""
     with pytest.raises(InputError, match=match):
         trace_from_frame(_frame().with_columns(domain), META, "d.parquet")
     cat = trace_from_frame(_frame().with_columns(pl.col("domain").cast(pl.Categorical)), META)
