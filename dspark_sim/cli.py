@@ -1125,7 +1125,7 @@ def calibrate_confidence_cmd(
     full, _ = calibrate_confidence(t, method=method, holdout=0.0, seed=seed)
     # the diagram first: it can still refuse the trace, and then neither file is touched
     # and nothing but that one error line is printed. Both under one deferral: an
-    # interrupt between the two writes left a new diagram beside the old (or no) map
+    # interrupt between the two writes would leave a new diagram beside the old (or no) map
     with deferred_interrupts():
         if html is not None:
             write_reliability_html(html, t, fitted, report=report)

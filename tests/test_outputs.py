@@ -201,9 +201,9 @@ def test_validation_harness_writes_its_run_folders_as_one_unit(tmp_path, two_run
 def test_an_interrupt_during_a_write_waits_for_the_file_then_stops(tmp_path, two_runs,
                                                                     signame):
     """polars writes a parquet on its own threads: an interrupt raised in the calling
-    thread stopped the call but not the write, which went on after the cleanup had run,
-    so a half-written ``.run-*/requests.parquet`` or ``.NAME.*.tmp`` stayed beside the
-    output. The signal is now held until the write is committed (or rolled back), then
+    thread would stop the call but not the write, which would go on after the cleanup
+    had run, leaving a half-written ``.run-*/requests.parquet`` or ``.NAME.*.tmp`` beside
+    the output. So the signal is held until the write is committed (or rolled back), then
     delivered: a complete new pair, nothing else in the folder, then the interrupt."""
     import signal
 

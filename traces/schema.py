@@ -73,8 +73,8 @@ SOURCES = ("synthetic", "captured", "imported")
 REQUIRED_COLUMNS = ("request_id", "domain", "position", "accept_len")
 LENGTH_COLUMNS = ("prompt_tokens", "output_tokens")
 # The largest value the int32 columns (position, prompt_tokens, output_tokens) hold: a
-# larger one would wrap round on writing (2**31 became -2**31, a file that no longer
-# reads), so readers, importers and the writer refuse it where it enters.
+# larger one would wrap round on writing (2**31 becomes -2**31, a file that does not
+# read back), so readers, importers and the writer refuse it where it enters.
 INT32_MAX = 2**31 - 1
 
 
@@ -275,7 +275,7 @@ class AcceptanceTrace:
 
     def _int32_lengths(self, col: str, per_req: np.ndarray) -> np.ndarray:
         """``per_req`` as the int32 column it is stored in; a value past int32 is refused
-        naming its request (cast, it wrapped round into a file that no longer reads)."""
+        naming its request (cast, it would wrap round into a file that does not read back)."""
         v = np.asarray(per_req)
         out_of_range = (v < 0) | (v > INT32_MAX)
         if out_of_range.any():
