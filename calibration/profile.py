@@ -120,6 +120,7 @@ from typing import Any
 import numpy as np
 
 from dspark_sim.errors import (
+    MAX_KV_CAPACITY_TOKENS,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     InputError,
@@ -465,10 +466,13 @@ def _count(where: str, table: dict, key: str, default: int | None = None,
     return int(v)
 
 
-# [engine] limits capped as the options that override them are (--max-num-batched-tokens
-# and --max-num-seqs): the engine sizes its step table and batch matrices by them
+# [engine] limits capped as the options that override them are: the engine sizes its
+# step table and batch matrices by the first two; the KV capacity and the model length
+# are counts of tokens a replica holds
 ENGINE_LIMIT_MAX = {"max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
-                    "max_num_seqs": MAX_NUM_SEQS}
+                    "max_num_seqs": MAX_NUM_SEQS,
+                    "kv_capacity_tokens": MAX_KV_CAPACITY_TOKENS,
+                    "max_model_len": MAX_KV_CAPACITY_TOKENS}
 
 
 def _flag(where: str, table: dict, key: str, default: bool = False) -> bool:

@@ -260,7 +260,7 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
          f"0 - {_fmt(s['duration'], 2)}"),
         ("request throughput (req/s)", *both("request_throughput", 2)),
         ("output throughput (tok/s)", *both("output_throughput")),
-        ("output throughput per GPU (tok/s/GPU)", *both("output_throughput_per_gpu")),
+        ("output throughput per decode GPU (tok/s/GPU)", *both("output_throughput_per_gpu")),
         ("median / p90 interactivity (tok/s/user)",
          *pair("median_interactivity", "p90_interactivity")),
         ("median / p99 TTFT (ms)", *pair("median_ttft_ms", "p99_ttft_ms")),
@@ -277,6 +277,13 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
          f"{_fmt(s['mean_step_ms'], 2)} / {_fmt(s['mean_decode_batch'])}"),
         ("engine steps", "", f"{s['engine_steps']:,}"),
     ]
+    if "output_throughput_per_gpu_incl_prefill" in s:  # disaggregated: beside the decode GPUs'
+        rows.insert(6, (f"output throughput per GPU, decode + prefill "
+                        f"({s['num_gpus'] + s['num_prefill_gpus']:,} GPUs)",
+                        *both("output_throughput_per_gpu_incl_prefill")))
+        rows.append(("prefill instances / utilization / mean, p99 queue wait (ms)", "",
+                     f"{s['prefill_instances']:,} / {_fmt(s['prefill_utilization'], 2)} / "
+                     f"{_fmt(s['mean_prefill_wait_ms'])}, {_fmt(s['p99_prefill_wait_ms'])}"))
     if s.get("goodput") is not None:
         rows.append((f"goodput (req/s, SLO ttft {s['slo_ttft_ms']} ms, tpot {s['slo_tpot_ms']} ms)",
                      "", _fmt(s["goodput"], 2)))
@@ -351,6 +358,8 @@ RUN_HELP = {
                      "profile's).",
     "prefill": "chunked (prefill shares the step's token budget) | disaggregated (prefill "
                "instances; default: the profile's choice)",
+    "prefill_instances": "Prefill instances behind one FIFO queue, disaggregated prefill "
+                         "only (each the profile's engine and GPUs) [14].",
     "config": "TOML config file; explicit options override it (docs/cli.md).",
     "out": "Write summary.json and requests.parquet here.",
 }
@@ -380,6 +389,8 @@ def run(  # one option per line, a table to scan; the longer helps are RUN_HELP'
     profile: Annotated[str | None, DeployOption(help="Engine profile: TOML path or built-in name.")] = None,
     policy_profile: Annotated[str | None, DeployOption(help=RUN_HELP["policy_profile"])] = None,
     replicas: Annotated[int | None, DeployOption(help="Replicas behind the router.")] = None,
+    prefill_instances: Annotated[int | None, DeployOption(
+        help=RUN_HELP["prefill_instances"])] = None,
     router: Annotated[str | None, DeployOption(help="round-robin | least-outstanding")] = None,
     max_num_seqs: Annotated[int | None, DeployOption(help="Per replica.")] = None,
     max_num_batched_tokens: Annotated[int | None, DeployOption(help="Per step, per replica.")] = None,
@@ -730,6 +741,8 @@ def sweep(
     seeds: Annotated[str, typer.Option(help="Seeds to repeat each point with (error bars).")] = "0",
     num_requests: Annotated[int | None, typer.Option(help="Requests per point.")] = None,
     replicas: Annotated[int | None, typer.Option(help="Replicas per point.")] = None,
+    prefill_instances: Annotated[int | None, typer.Option(
+        help="Prefill instances per point (disaggregated prefill).")] = None,
     lengths: Annotated[str | None, typer.Option(
         help="Request lengths, as for run (e.g. trace: each trace request's own).")] = None,
     executor: Annotated[str, typer.Option(help="process | serial | ray")] = "process",
@@ -774,12 +787,13 @@ def sweep(
     layers: list = []
     base = resolve_config(config_path=config,
                           options={"num_requests": num_requests, "replicas": replicas,
+                                   "prefill_instances": prefill_instances,
                                    "lengths": lengths}, layers_out=layers)
     tiers = parse_numbers(sla, option="--sla")
     policy_specs = parse_list(policies)
     profile_specs = parse_list(profiles, option="--profiles", what="profile")
     trace_specs = parse_list(traces, option="--traces", what="trace")
-    _check_sweep_out(out, base, config, profile_specs, trace_specs)
+    _check_sweep_out(out, base, config, profile_specs, trace_specs, vllm_results)
     candidate = _headline_policy("--candidate", candidate, policy_specs)
     baseline = _headline_policy("--baseline", baseline, policy_specs)
     _check_grid(base, policy_specs, profile_specs, trace_specs, layers)
@@ -800,14 +814,23 @@ def sweep(
 
 
 def _check_sweep_out(out: Path, base, config: Path | None, profiles: list[str] | None,
-                     traces: list[str] | None) -> None:
+                     traces: list[str] | None, vllm_results: Path | None = None) -> None:
     """``--out`` can take the sweep's outputs, none of which may land on a file it reads:
-    the base config's, ``--config``, or a ``--profiles`` or ``--traces`` file."""
+    the base config's, ``--config``, a ``--profiles`` or ``--traces`` file, or the
+    ``--vllm-results`` file or folder (the report reads its JSON files; the sweep's
+    ``points/`` is the sweep's own, so those may not lie in it)."""
     from dspark_sim.sim.sweep import SWEEP_OUTPUTS
 
     reads = _files_read(base, {"--config": config})
     for option, specs in (("--profiles", profiles), ("--traces", traces)):
         reads.update({f"the {option} file {s}": _file_or_none(s) for s in specs or ()})
+    if vllm_results is not None:
+        reads["the --vllm-results input"] = vllm_results
+        points = (out / "points").resolve()
+        if vllm_results.is_dir() and points == vllm_results.resolve():
+            raise InputError("--out", f"{vllm_results} is the --vllm-results folder but is "
+                             f"also {out}'s points/, which the sweep writes: move the result "
+                             "files or choose another folder")
     check_writable(out, "--out", inside=SWEEP_OUTPUTS, not_over=reads)
 
 

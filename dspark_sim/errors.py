@@ -17,6 +17,8 @@ from pathlib import Path
 # not import sim) read them.
 MAX_NUM_BATCHED_TOKENS = 1 << 20  # the engine expands the step table to one float per B
 MAX_NUM_SEQS = 1 << 16
+# KV capacity and max_model_len: tokens a replica holds (int64 counts, far below overflow)
+MAX_KV_CAPACITY_TOKENS = 1 << 40
 
 
 class InputError(ValueError):

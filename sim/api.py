@@ -36,11 +36,11 @@ from dspark_sim.sim.engine import (
     RequestLog,
     Router,
     SimContext,
-    prefill_instance_s,
     request_rows,
 )
 from dspark_sim.sim.metrics import StepSeries, requests_frame, summarize
 from dspark_sim.sim.outputs import write_run
+from dspark_sim.sim.prefill import PrefillPool
 from dspark_sim.sim.quality import task_score
 from dspark_sim.sim.workload import build_stream, uses_trace_lengths
 from dspark_sim.traces.schema import AcceptanceTrace, load_trace
@@ -140,11 +140,24 @@ def resolve_calibration(cfg: SimConfig, trace: AcceptanceTrace | None) -> Calibr
     return load_calibration(None)
 
 
-def _deployment_text(cfg: SimConfig, profile: EngineProfile) -> str:
+def _deployment_text(cfg: SimConfig, profile: EngineProfile,
+                     prefill: PrefillPool | None = None) -> str:
+    """The deployment in words. A profile whose replica is one rank of a larger
+    expert-parallel group (its ``deploy_ep_size``) says so: the run simulates those ranks,
+    and the group's other ranks, assumed to carry the same load, are not counted."""
     d = cfg.deployment
-    return (f"{d.replicas} replica(s) x {profile.gpus_per_replica} GPU = "
-            f"{d.replicas * profile.gpus_per_replica} GPUs, profile {profile.name} "
-            f"({profile.kind}), router {d.router}")
+    g = profile.gpus_per_replica
+    ep = profile.parameters.get("deploy_ep_size")
+    if isinstance(ep, int) and ep > g:
+        text = (f"{d.replicas} decode replica(s) = {d.replicas * g} GPUs, each replica one "
+                f"rank ({g} GPU) of an EP{ep} group")
+    else:
+        text = f"{d.replicas} replica(s) x {g} GPU = {d.replicas * g} GPUs"
+    if prefill is not None:
+        pg = prefill.instances * g
+        text += (f"; {prefill.instances} prefill instance(s) x {g} GPU = {pg} GPUs "
+                 f"({d.replicas * g + pg} GPUs in all)")
+    return text + f", profile {profile.name} ({profile.kind}), router {d.router}"
 
 
 def _request_log(cfg: SimConfig, rng: np.random.Generator, trace: AcceptanceTrace | None,
@@ -181,14 +194,16 @@ def _request_log(cfg: SimConfig, rng: np.random.Generator, trace: AcceptanceTrac
 
 def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
              trace: AcceptanceTrace | None, calibration: CalibrationMap, log: RequestLog,
-             ctx: SimContext, *, closed: bool, bounded_by, horizon: float) -> dict:
+             ctx: SimContext, *, closed: bool, bounded_by, horizon: float,
+             prefill: PrefillPool | None = None) -> dict:
     """summary.json's fields: what ran, the engine's limits, the metrics (whole run and
     steady state) and, for a lossy policy, its quality cost."""
     gpus = cfg.deployment.replicas * profile.gpus_per_replica
+    prefill_gpus = None if prefill is None else prefill.instances * profile.gpus_per_replica
     # Stability (unfinished requests, or requests in the system growing through the
     # steady window) and the steady-state figures come from the per-step series.
-    summary = summarize(log, ctx.stats, gpus=gpus, slo_ttft_ms=cfg.slo_ttft_ms,
-                        slo_tpot_ms=cfg.slo_tpot_ms,
+    summary = summarize(log, ctx.stats, gpus=gpus, prefill_gpus=prefill_gpus,
+                        slo_ttft_ms=cfg.slo_ttft_ms, slo_tpot_ms=cfg.slo_tpot_ms,
                         steps=StepSeries.from_columns(ctx.steps.columns()), closed=closed)
     lim = ctx.limits
     summary |= {
@@ -197,6 +212,9 @@ def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
         "kv_capacity_tokens": lim.kv_capacity_tokens,
         "max_model_len": lim.max_model_len,
         "prefill": lim.prefill,
+        # the prefill instances' count, GPUs, load and queue (absent with chunked prefill)
+        **({} if prefill is None else
+           prefill.summary(summary["duration"], profile.gpus_per_replica)),
         "gamma_max": ctx.gamma,
         "engine_limits_source": dict(lim.sources),
         "bounded_by": bounded_by,
@@ -209,7 +227,7 @@ def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
         # lossy: emitted tokens may differ from the target's (changed_tokens says how many);
         # never to be drawn or compared as lossless throughput
         "lossy": policy.lossy,
-        "deployment": _deployment_text(cfg, profile),
+        "deployment": _deployment_text(cfg, profile, prefill),
         "replicas": cfg.deployment.replicas,
         "gpus_per_replica": profile.gpus_per_replica,
         "profile": profile.name,
@@ -304,21 +322,20 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
     disaggregated = ctx.limits.prefill == "disaggregated"
     rows = request_rows(stream.prompt_tokens, stream.output_tokens, trace, log.trace_row,
                         disaggregated=disaggregated)
-    prefill_s = prefill_instance_s(profile, stream.prompt_tokens, ctx.max_num_batched_tokens) \
-        if disaggregated else None
     ctx.set_rows(rows)
     log.rejected[:] = rejections(rows, ctx)
     env = ctx.env
+    prefill = _prefill_pool(cfg, ctx, profile, stream.prompt_tokens)
     router = Router(ctx.replicas, cfg.deployment.router)
     for rep in ctx.replicas:
         env.process(rep.run())
     closed = cfg.workload.arrival == "closed"
     if closed:
-        source = ClosedLoop(env, router, log, n, cfg.workload.max_concurrency, prefill_s,
+        source = ClosedLoop(env, router, log, n, cfg.workload.max_concurrency, prefill,
                             profile.frontend_s_per_request)
         horizon = CLOSED_LOOP_HORIZON_S
     else:
-        source = OpenLoop(env, router, log, stream.arrival_s, prefill_s,
+        source = OpenLoop(env, router, log, stream.arrival_s, prefill,
                           profile.frontend_s_per_request)
         horizon = source.last_arrival_s + cfg.drain_timeout_s
     env.process(_alarm(env, ctx.stop, horizon))
@@ -329,12 +346,23 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
         bounded_by = None  # the bound was reached, but nothing was cut short
 
     summary = _summary(cfg, policy, profile, stream, trace, calibration, log, ctx,
-                       closed=closed, bounded_by=bounded_by, horizon=horizon)
+                       closed=closed, bounded_by=bounded_by, horizon=horizon, prefill=prefill)
     if policy_profile is not None and policy_profile is not profile:
         # the scheduler's table, when given apart from the cost's: without it two runs'
         # outputs could not be told apart (absent otherwise: summaries stay as they were)
         summary["policy_profile"] = policy_profile.name
     return SimResult(cfg, jsonable(summary), requests_frame(log))
+
+
+def _prefill_pool(cfg: SimConfig, ctx: SimContext, profile: EngineProfile,
+                  prompt_tokens: np.ndarray) -> PrefillPool | None:
+    """The prefill instances of a disaggregated run (the decode replica's token budget
+    per step), or None with chunked prefill (a count given for it is refused where the
+    config is resolved, ``config.resolve_config``)."""
+    if ctx.limits.prefill != "disaggregated":
+        return None
+    return PrefillPool(ctx.env, profile, cfg.deployment.prefill_instances,
+                       ctx.max_num_batched_tokens, prompt_tokens)
 
 
 # A closed loop has no arrival window: it runs until its requests are done, bounded by

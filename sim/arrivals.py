@@ -8,29 +8,31 @@
 Both submit request ``rid`` to the replica the router picks and stamp its arrival time
 and replica in the request log; the closed loop is driven by the engine's finish
 callback (``on_finish``), one call per finishing step, never per token. With
-disaggregated prefill (``prefill_s`` given) a request first spends its prefill time on a
-prefill instance (one timeout per request) and reaches the decode replica with its first
-token, which is its TTFT. A front end with ``frontend_s`` per request (the profile's
+disaggregated prefill (``prefill`` given, a :class:`~dspark_sim.sim.prefill.PrefillPool`)
+a request first queues for a prefill instance and reaches the decode replica with its
+first token, which is its TTFT. A front end with ``frontend_s`` per request (the profile's
 ``frontend_us_per_request``: an API server that parses and tokenises one request at a
 time) delays each request's way to the engine behind the ones sent before it.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import simpy
 
 from dspark_sim.sim.engine import RequestLog, Router
+from dspark_sim.sim.prefill import PrefillPool
 
 
 class _Source:
     def __init__(self, env: simpy.Environment, router: Router, log: RequestLog, n: int,
-                 prefill_s: np.ndarray | None = None, frontend_s: float = 0.0) -> None:
+                 prefill: PrefillPool | None = None, frontend_s: float = 0.0) -> None:
         self.env = env
         self.router = router
         self.log = log
         self.n = n
-        self.prefill_s = prefill_s  # per request, on a prefill instance (disaggregated)
+        self.prefill = prefill  # the prefill instances (disaggregated), or None
+        if prefill is not None:
+            prefill.on_prefilled = lambda rid: self._to_decode(rid, first_token=True)
         self.frontend_s = frontend_s
         self.frontend_free_s = 0.0  # when the front end is done with what it holds
         self.issued = 0  # requests submitted so far (ids 0..issued-1)
@@ -52,11 +54,10 @@ class _Source:
         return True
 
     def _to_engine(self, rid: int) -> None:
-        if self.prefill_s is None:
+        if self.prefill is None:
             self._to_decode(rid)
         else:
-            done = self.env.timeout(float(self.prefill_s[rid]))
-            done.callbacks.append(lambda _event, rid=rid: self._to_decode(rid, first_token=True))
+            self.prefill.submit(rid)
 
     def _to_decode(self, rid: int, first_token: bool = False) -> None:
         log = self.log
@@ -78,8 +79,8 @@ class _Source:
 class OpenLoop(_Source):
     """Submit request ``i`` at ``arrival_s[i]`` (non-decreasing, seconds)."""
 
-    def __init__(self, env, router, log, arrival_s, prefill_s=None, frontend_s=0.0) -> None:
-        super().__init__(env, router, log, len(arrival_s), prefill_s, frontend_s)
+    def __init__(self, env, router, log, arrival_s, prefill=None, frontend_s=0.0) -> None:
+        super().__init__(env, router, log, len(arrival_s), prefill, frontend_s)
         self.arrival_s = arrival_s
         env.process(self._run())
 
@@ -100,9 +101,9 @@ class OpenLoop(_Source):
 class ClosedLoop(_Source):
     """``clients`` requests in flight: one new request per finished one, until ``n``."""
 
-    def __init__(self, env, router, log, n: int, clients: int, prefill_s=None,
+    def __init__(self, env, router, log, n: int, clients: int, prefill=None,
                  frontend_s=0.0) -> None:
-        super().__init__(env, router, log, n, prefill_s, frontend_s)
+        super().__init__(env, router, log, n, prefill, frontend_s)
         self.on_finish(min(clients, n))
 
     def on_finish(self, k: int) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_sim.errors import (
+    MAX_KV_CAPACITY_TOKENS,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     InputError,
@@ -39,8 +40,8 @@ PREFILL_MODES = ("chunked", "disaggregated")
 # Beyond these a run allocates gigabytes at once or the simulated clock loses its
 # resolution; each is refused with an error naming the option (docs/cli.md lists them).
 MAX_NUM_REQUESTS = 1_000_000  # per-request log + batch rows: ~0.5 kB each, ~200 s wall
-# MAX_NUM_BATCHED_TOKENS and MAX_NUM_SEQS: dspark_sim.errors (profiles obey them too)
-MAX_KV_CAPACITY_TOKENS = 1 << 40
+# MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, MAX_KV_CAPACITY_TOKENS: dspark_sim.errors
+# (profiles obey them too)
 MAX_REPLICAS = 1024  # one SimPy process and one batch matrix each
 MAX_TOKENS_PER_REQUEST = 1 << 24  # prompt or output tokens in a --lengths spec
 # lognormal lengths: sigma 4 already spans a factor ~e^16 between the 0.01 % tails
@@ -89,6 +90,11 @@ class DeploymentConfig:
     replicas: int = 4
     router: str = "least-outstanding"
     profile: str = "v4flash-h200"  # built-in name or TOML path
+    # Prefill instances behind one FIFO queue when prefill is disaggregated (sim/prefill.py),
+    # each the profile's engine on gpus_per_replica GPUs; chunked prefill has none (a count
+    # given for it is refused). Fourteen take the default 200 req/s of chat (~233k prompt
+    # tokens/s) at ~80 % of their capacity (busy time), adding ~17 ms to the median TTFT.
+    prefill_instances: int = 14
 
 
 @dataclass(frozen=True)
@@ -176,6 +182,7 @@ def _validate_engine(e: EngineConfig) -> None:
 
 def _validate_deployment(d: DeploymentConfig) -> None:
     check_positive_int("--replicas", d.replicas, MAX_REPLICAS)
+    check_positive_int("--prefill-instances", d.prefill_instances, MAX_REPLICAS)
     _choice("--router", d.router, ROUTERS)
 
 
@@ -263,9 +270,10 @@ PRESETS: dict[str, SimConfig] = {
     # The embedded default: four DP-attention ranks (H200) of a V4-Flash-like EP32 decode
     # group with disaggregated prefill, 200 req/s of chat.
     "default": SimConfig(),
-    # One replica, closed loop: the shape of an InferenceX point.
+    # One replica, closed loop: the shape of an InferenceX point; the default's prefill
+    # instances per decode rank (14 for 4), rounded up.
     "single-replica": SimConfig(
-        deployment=DeploymentConfig(replicas=1),
+        deployment=DeploymentConfig(replicas=1, prefill_instances=4),
         workload=WorkloadConfig(arrival="closed", max_concurrency=64, num_requests=1000),
     ),
     # Small and fast, for tests and notebooks.
@@ -298,7 +306,7 @@ OPTION_FIELDS: dict[str, str] = {
     "replay_qps": "workload.replay_qps", "lengths": "workload.lengths",
     "domain": "workload.domain",
     "profile": "deployment.profile", "replicas": "deployment.replicas",
-    "router": "deployment.router",
+    "router": "deployment.router", "prefill_instances": "deployment.prefill_instances",
     "max_num_seqs": "engine.max_num_seqs", "max_num_batched_tokens": "engine.max_num_batched_tokens",
     "kv_capacity_tokens": "engine.kv_capacity_tokens", "kv_mode": "engine.kv_mode",
     "max_model_len": "engine.max_model_len", "prefill": "engine.prefill",
@@ -590,6 +598,7 @@ def resolve_config(*, preset_name: str | None = None, config_path: str | Path | 
     _check_conflicts(cfg, layers, arrival_layer)
     cfg = _validate_blaming(cfg, layers)
     _check_engine_limits(cfg, layers)
+    _check_prefill_count(cfg, layers)
     if layers_out is not None:
         layers_out.extend(layers)
     return cfg
@@ -670,6 +679,30 @@ def _check_engine_limits(cfg: SimConfig, layers: list[_Layer]) -> None:
         resolve_limits(e, load_profile(cfg.deployment.profile))
     except InputError as err:
         _reblame(err, layers)
+
+
+def _check_prefill_count(cfg: SimConfig, layers: list[_Layer]) -> None:
+    """A prefill-instance count given (option, config file; a preset's is its default)
+    for a run whose prefill is chunked, in the decode batch, would be ignored: refused,
+    naming where it was given. Costs a profile load only when the count is given and the
+    prefill mode is left to the profile."""
+    path = "deployment.prefill_instances"
+    where = next((layer.where[path] for layer in reversed(layers[1:]) if path in layer), None)
+    if where is None:
+        return
+    mode = cfg.engine.prefill
+    if mode is None:
+        from dspark_sim.calibration.profile import load_profile
+        from dspark_sim.sim.engine import resolve_limits
+
+        try:
+            mode = resolve_limits(cfg.engine, load_profile(cfg.deployment.profile)).prefill
+        except InputError as err:
+            _reblame(err, layers)
+    if mode != "disaggregated":
+        raise InputError(where, f"this run's prefill is {mode} (in the decode batch), so it "
+                         "has no prefill instances: give --prefill disaggregated, or leave "
+                         "the count out")
 
 
 # Fields that name an input file or a built-in (a file wins, as in every loader). A

@@ -798,18 +798,6 @@ def request_rows(prompt_tokens: np.ndarray, output_tokens: np.ndarray,
     return rows
 
 
-def prefill_instance_s(profile: EngineProfile, prompt_tokens: np.ndarray, budget: int
-                       ) -> np.ndarray:
-    """Time a prefill instance of the same engine takes for each prompt on its own
-    (disaggregated prefill; its queueing is not modelled): full chunks of ``budget``
-    tokens plus the remainder, attention over the growing prompt, one logit row."""
-    prompt = np.asarray(prompt_tokens, dtype=np.int64)
-    full, rest = np.divmod(prompt, budget)
-    t = full * profile.target_time_s(budget) + profile.target_time_s(rest)
-    attended = profile.attended(prompt / 2.0)
-    return t + profile.attn_s_per_query_ctx * prompt * attended + profile.logits_s_per_row
-
-
 def _check_policy_fields(policy: Policy, trace: AcceptanceTrace | None, gamma: int) -> None:
     """A policy that reads schema-v2 fields (trees, lossy) fails up front, naming them,
     on a trace that lacks them."""

@@ -59,7 +59,9 @@ from dspark_sim.policies.registry import get_policy
 from dspark_sim.sim.config import SimConfig
 
 X = "median_interactivity"
-Y = "output_throughput_per_gpu"
+Y = "output_throughput_per_gpu"  # over the decode GPUs (docs/frontiers.md, "per GPU")
+# beside it with disaggregated prefill: over the decode and the prefill GPUs
+Y_INCL_PREFILL = "output_throughput_per_gpu_incl_prefill"
 CONTEXT = ("profile_spec", "trace_spec")
 DEFAULT_TIERS = (80.0, 120.0)
 # The headline's sides by default: what `dspark-sim run` runs when no policy is named
@@ -403,8 +405,8 @@ def budget_table(df: pl.DataFrame, basis: str = "steady") -> pl.DataFrame:
         d = d.with_columns(pl.lit(None, pl.Float64).alias("mean_concurrency"))
     cols = ["policy", *_context_cols(df), "load_kind", "load", "concurrency_x",
             "mean_verify_tokens_per_request_step", "spec_decode_acceptance_length",
-            "output_throughput_per_gpu", X, "mean_decode_batch", "median_ttft_ms",
-            "p90_ttft_ms", "median_e2el_ms", "p90_e2el_ms", "stable", "steady_window_short"]
+            "output_throughput_per_gpu", Y_INCL_PREFILL, X, "mean_decode_batch",
+            "median_ttft_ms", "p90_ttft_ms", "median_e2el_ms", "p90_e2el_ms", "stable", "steady_window_short"]
     d = d.with_columns(_concurrency_expr().alias("concurrency_x"))
     return d.select([c for c in cols if c in d.columns]).sort(
         ["policy", "load_kind", "concurrency_x"], nulls_last=True)
@@ -415,7 +417,8 @@ def waste_table(df: pl.DataFrame, basis: str = "steady") -> pl.DataFrame:
     d = aggregate_seeds(metric_view(df, basis))
     cols = ["policy", *_context_cols(df), "load_kind", "load", "verification_waste",
             "mean_draft_tokens_per_request_step", "mean_verify_tokens_per_request_step",
-            "spec_decode_acceptance_length", "output_throughput_per_gpu", X, "stable"]
+            "spec_decode_acceptance_length", "output_throughput_per_gpu", Y_INCL_PREFILL, X,
+            "stable"]
     return d.select([c for c in cols if c in d.columns]).sort(["policy", "load_kind", "load"])
 
 
@@ -703,7 +706,7 @@ def format_headline(h: list[dict]) -> str:
 
 
 __all__ = ["BASES", "DEFAULT_BASELINE", "DEFAULT_CANDIDATE", "DEFAULT_TIERS", "Front",
-           "LEFT_OUT_REASONS", "TierResult", "X", "Y", "aggregate_seeds",
+           "LEFT_OUT_REASONS", "TierResult", "X", "Y", "Y_INCL_PREFILL", "aggregate_seeds",
            "basis_used", "budget_table", "compute_fronts", "format_headline", "headline",
            "headline_pair", "headline_rows", "is_lossy", "left_out", "left_out_text",
            "load_text", "metric_view", "select_lossy",

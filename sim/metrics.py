@@ -19,6 +19,10 @@ paper each define some of them their own way):
 * ``verification_waste`` = rejected draft tokens / verified draft tokens.
 * Whole-run throughputs are over the benchmark duration: first arrival to last
   completion (vLLM ``bench serve``).
+* ``*_per_gpu`` divides by the decode GPUs (``num_gpus`` = replicas x
+  ``gpus_per_replica``: what the policies run on, and what the fronts compare); with
+  disaggregated prefill ``*_per_gpu_incl_prefill`` divides by those and the prefill
+  instances' GPUs (``num_prefill_gpus``) together.
 
 Steady state (the ``steady_*`` fields)
 --------------------------------------
@@ -329,7 +333,7 @@ def _interactivity(names: tuple[str, str, str], inter: np.ndarray) -> dict[str, 
 
 
 def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
-                 gpus: int) -> dict:
+                 gpus: int, prefill_gpus: int | None = None) -> dict:
     """The ``steady_*`` fields over ``window`` (definitions in the module docstring)."""
     t0, t1 = window.start_s, window.end_s
     w = window.duration_s
@@ -365,6 +369,9 @@ def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
     s["steady_request_throughput"] = done_in.sum() / w if ok else None
     s["steady_output_throughput"] = tokens / w if ok else None
     s["steady_output_throughput_per_gpu"] = tokens / w / gpus if ok else None
+    if prefill_gpus is not None:
+        s["steady_output_throughput_per_gpu_incl_prefill"] = \
+            tokens / w / (gpus + prefill_gpus) if ok else None
     for sample, names in STEADY_LATENCY_FIELDS.items():
         s |= _stats(names, lat[sample])
     s |= _interactivity(STEADY_INTERACTIVITY_FIELDS, lat["interactivity"])
@@ -444,6 +451,7 @@ def summarize(
     stats: StepStats,
     *,
     gpus: int,
+    prefill_gpus: int | None = None,
     slo_ttft_ms: float | None,
     slo_tpot_ms: float | None,
     stable: bool | None = None,
@@ -454,13 +462,17 @@ def summarize(
     """Whole-run figures, and with ``steps`` (the engine's per-step series) the
     ``steady_*`` figures and the stability verdict over the steady window. ``stable`` /
     ``queue_growth_per_s`` given explicitly win (a real server's log has no series).
+    ``gpus``: the decode GPUs (every ``*_per_gpu`` figure divides by them);
+    ``prefill_gpus``: those of disaggregated prefill instances, for the
+    ``*_per_gpu_incl_prefill`` figures beside them (None: no prefill instances, no such
+    figures).
 
     Built in phases, in the order the summary lists them: the request accounting and
     throughputs, the latency percentiles, speculation, goodput, then steady state and
     stability."""
     fin = ~np.isnan(log.finish_s)
     lat = _latencies(log, fin)
-    s = _accounting(log, fin, gpus)
+    s = _accounting(log, fin, gpus, prefill_gpus)
     for sample, names in LATENCY_FIELDS.items():
         s |= _stats(names, lat[sample])
     s |= _itl(stats)
@@ -468,11 +480,13 @@ def summarize(
     s |= _speculation(log, stats)
     s |= _goodput(lat, s["duration"], slo_ttft_ms, slo_tpot_ms)
     s |= _stability(log, steps, s["unfinished"], s["completed"], gpus=gpus, closed=closed,
-                    stable=stable, queue_growth_per_s=queue_growth_per_s)
+                    stable=stable, queue_growth_per_s=queue_growth_per_s,
+                    prefill_gpus=prefill_gpus)
     return s
 
 
-def _accounting(log: RequestLog, fin: np.ndarray, gpus: int) -> dict:
+def _accounting(log: RequestLog, fin: np.ndarray, gpus: int,
+                prefill_gpus: int | None = None) -> dict:
     """Where every request ended up, the token totals and the whole-run throughputs
     (first arrival to last finish)."""
     n_done = int(fin.sum())
@@ -481,7 +495,7 @@ def _accounting(log: RequestLog, fin: np.ndarray, gpus: int) -> dict:
     duration = max(end - start, 1e-9)
     out_tokens = int(log.generated[fin].sum())
     in_tokens = int(log.prompt_tokens[fin].sum())
-    return {
+    s = {
         "completed": n_done,
         "num_requests": int(len(log.arrival_s)),
         "unfinished": int(len(log.arrival_s) - n_done - np.count_nonzero(log.rejected)),
@@ -502,6 +516,9 @@ def _accounting(log: RequestLog, fin: np.ndarray, gpus: int) -> dict:
         "output_throughput_per_gpu": out_tokens / duration / gpus,
         "num_gpus": gpus,
     }
+    if prefill_gpus is not None:
+        s["output_throughput_per_gpu_incl_prefill"] = out_tokens / duration / (gpus + prefill_gpus)
+    return s
 
 
 def _itl(stats: StepStats) -> dict[str, float | None]:
@@ -572,7 +589,7 @@ def _goodput(lat: dict[str, np.ndarray], duration: float, slo_ttft_ms: float | N
 
 def _stability(log: RequestLog, steps: StepSeries | None, unfinished: int, completed: int,
                *, gpus: int, closed: bool, stable: bool | None,
-               queue_growth_per_s: float | None) -> dict:
+               queue_growth_per_s: float | None, prefill_gpus: int | None = None) -> dict:
     """The ``steady_*`` figures (with a step series) and the verdict of
     :func:`stability_verdict` over the steady window. ``stable`` /
     ``queue_growth_per_s`` given explicitly win (a real server's log has no series)."""
@@ -580,7 +597,7 @@ def _stability(log: RequestLog, steps: StepSeries | None, unfinished: int, compl
     queue = None
     if steps is not None:
         win = steady_window(steps, log.arrival_s, closed=closed)
-        s |= steady_state(log, steps, win, gpus=gpus)
+        s |= steady_state(log, steps, win, gpus=gpus, prefill_gpus=prefill_gpus)
         if queue_growth_per_s is None:
             queue_growth_per_s = queue_growth(log.arrival_s, log.finish_s, win.start_s,
                                               win.end_s)

@@ -37,6 +37,7 @@ from dspark_sim.io import loads_bench_serve_json, not_a_file, write_text_atomic
 from dspark_sim.sim.frontier import (
     BASIS_TEXT,
     DEFAULT_TIERS,
+    Y_INCL_PREFILL,
     X,
     Y,
     basis_used,
@@ -70,6 +71,8 @@ HOVER_COLS = (("load_kind", "load", "{}"), ("spec_decode_acceptance_length", "ta
               ("mean_decode_batch", "decode batch", "{:.1f}"),
               ("whole_median_interactivity", "whole run: interactivity", "{:.1f}"),
               ("whole_output_throughput_per_gpu", "whole run: tok/s/GPU", "{:,.0f}"),
+              ("output_throughput_per_gpu_incl_prefill", "tok/s per GPU, decode + prefill",
+               "{:,.0f}"),
               ("steady_window_s", "steady window s", "{:.1f}"),
               ("steady_window_requests", "requests in window", "{}"),
               ("steady_window_note", "window", "{}"),
@@ -511,11 +514,17 @@ def _fronts_rows(df: pl.DataFrame, policies, stable_only, basis) -> list[dict]:
                                         basis=basis, lossy=kind).items():
             loads = (fr.points.select("load_kind", "load").rows()
                      if {"load_kind", "load"} <= set(fr.points.columns) else [])
+            # disaggregated prefill: the same tokens over the prefill GPUs too (docs/frontiers.md)
+            incl = (fr.points[Y_INCL_PREFILL].to_list()
+                    if Y_INCL_PREFILL in fr.points.columns else [])
             for i, (x, y) in enumerate(zip(fr.x, fr.y, strict=True)):
-                rows.append({"front": f"LOSSY {label}" if kind else label,
-                             "load": load_text(*loads[i]) if loads else "-",
-                             "interactivity (tok/s/user)": f"{x:.1f}",
-                             "throughput (tok/s/GPU)": f"{y:,.0f}"})
+                row = {"front": f"LOSSY {label}" if kind else label,
+                       "load": load_text(*loads[i]) if loads else "-",
+                       "interactivity (tok/s/user)": f"{x:.1f}",
+                       "throughput per decode GPU (tok/s/GPU)": f"{y:,.0f}"}
+                if any(v is not None for v in incl):
+                    row["per GPU, decode + prefill (tok/s/GPU)"] = _fmt(incl[i], "{:,.0f}")
+                rows.append(row)
     return rows
 
 

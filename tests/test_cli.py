@@ -25,7 +25,10 @@ def test_run_prints_summary_and_writes_outputs(tmp_path):
     assert r.exit_code == 0, r.output
     assert "output throughput per GPU" in r.output
     s = json.loads((out / "summary.json").read_text())
-    assert f"1 replica(s) x {s['gpus_per_replica']} GPU" in r.output
+    # the default profile's replica is one rank of an EP group, beside its prefill instances
+    assert f"1 decode replica(s) = {s['gpus_per_replica']} GPUs, each replica one rank" in \
+        " ".join(r.output.split())
+    assert f"{s['prefill_instances']} prefill instance(s)" in s["deployment"]
     assert s["policy"] == "confidence" and s["completed"] == 120
     assert pl.read_parquet(out / "requests.parquet").height == 120
 

@@ -672,20 +672,6 @@ def test_an_empty_replica_admits_its_head_request_whatever_it_needs():
 
 # -- prefill -----------------------------------------------------------------------------------
 
-def test_a_prefill_instance_runs_full_chunks_then_the_rest():
-    """Budget 8: a 20-token prompt runs 8 + 8 + 4, a 16-token one 8 + 8 (no empty third
-    pass); on top, attention over the growing prompt (20 x 20/2 query-context units) and
-    one logit row. Table: 10 ms at B <= 4, 12 ms above."""
-    prof = EngineProfile(name="t", kind="measured", gpus_per_replica=1,
-                         tokens=np.array([4, 8]), step_s=np.array([0.010, 0.012]),
-                         attn_s_per_query_ctx=1e-6, logits_s_per_row=5e-4)
-    got = engine.prefill_instance_s(prof, np.array([20, 16, 3]), 8)
-    want = [2 * 0.012 + 0.010 + 1e-6 * 20 * 10 + 5e-4,
-            2 * 0.012 + 1e-6 * 16 * 8 + 5e-4,
-            0.010 + 1e-6 * 3 * 1.5 + 5e-4]
-    np.testing.assert_allclose(got, want, rtol=1e-12)
-
-
 def test_chunked_prefill_pays_the_logit_row_only_on_its_last_chunk():
     """A 10-token prompt in a 4-token budget: chunks 4, 4, 2 at 10 ms each, the last also
     computes the first token's logit row (1 ms): TTFT 31 ms."""

@@ -545,7 +545,9 @@ def test_closed_loop_window_holds_the_clients():
     s = simulate(cfg).summary
     # a closed loop keeps exactly C requests in the system until the last one is issued
     assert s["steady_mean_in_system"] == pytest.approx(8.0, rel=1e-9)
-    assert s["queue_growth_per_s"] == pytest.approx(0.0, abs=1e-9)
+    # C at every sample but possibly the window's end, the last issue, where the step that
+    # issued it may have finished two requests (C - 1 then): one request over 10 s
+    assert abs(s["queue_growth_per_s"]) < 0.01
     assert s["stable"]
     assert "closed loop" in s["steady_window_rule"]
 
@@ -563,14 +565,14 @@ def test_growing_queue_is_unstable_even_when_everything_finishes():
 
 def test_a_saturated_default_run_is_unstable():
     """The default deployment without speculation at 200 req/s fills its 1,024 seats and
-    falls behind in its steady window (5,125 arrivals, 4,955 completions; the requests in
-    the system grow by ~144): more than the 10 + 2 % of the arrivals (112) a run keeps
+    falls behind in its steady window (5,125 arrivals, 4,951 completions; the requests in
+    the system grow by ~145): more than the 10 + 2 % of the arrivals (112) a run keeps
     up within. The verdict and its reason are in the summary."""
     s = simulate(SimConfig(policy="none", workload=WorkloadConfig(qps=200.0))).summary
     assert s["unfinished"] == 0 and s["steady_mean_decode_batch"] > 0.99 * 256
     assert not s["stable"]
     note = s["stability_note"]
-    assert "5,125 arrivals met 4,955 completions (170 short)" in note
+    assert "5,125 arrivals met 4,951 completions (174 short)" in note
     assert note.endswith("more than 10 + 2% of the arrivals (112 requests), the queue grows")
 
 
