@@ -29,7 +29,13 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import check_writable, deferred_interrupts
+from dspark_sim.io import (
+    as_os_error,
+    check_writable,
+    deferred_interrupts,
+    os_error_line,
+    path_too_long,
+)
 from dspark_sim.policies.registry import policy_help, policy_rows
 from dspark_sim.sim.quality import quality_rows
 
@@ -128,9 +134,23 @@ class OneLineErrors(TyperGroup):
         except typer.Abort:
             _error_line("aborted")
             sys.exit(1)
+        # (a reader of our output that leaves, ``| head``, is click's: it exits 1 quietly
+        # on EPIPE before this sees it)
+        except Exception as exc:  # the last net: a file-system error is one line too
+            if as_os_error(exc) is None:
+                raise
+            raise_os_error_line(exc)
         # standalone_mode=False returns an Exit's code (typer.Exit, --help) and the
         # command's return value otherwise (commands return None).
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def raise_os_error_line(exc: BaseException) -> None:
+    """A file-system error (a full disk, a name too long, a folder that refused a write)
+    as one line naming the file, exit 1. Reached only where no check caught it first;
+    the atomic writers leave every file whole, written or as it was."""
+    _error_line(os_error_line(as_os_error(exc)))
+    sys.exit(1)
 
 
 app = typer.Typer(
@@ -157,6 +177,9 @@ def _path_value(value: str | Path) -> Path:
     the current folder; ``.`` is still there for whoever means it."""
     if isinstance(value, str) and not value.strip():
         raise typer.BadParameter("empty path: name a file or folder ('.' for the current one)")
+    # a name past the file system's limit: here, before any use (Path.exists raises on it)
+    if (why := path_too_long(value)) is not None:
+        raise typer.BadParameter(why)
     return Path(value)
 
 

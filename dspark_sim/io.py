@@ -7,9 +7,12 @@ run manifests and the drafter/target caches key on.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import math
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -60,8 +63,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
         raise InputError(str(path), "not a regular file (a device, pipe or socket): writing "
                                     "would replace it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with deferred_interrupts():
+    with deferred_interrupts(), os_errors_name(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         tmp_path = Path(tmp)
@@ -75,6 +78,68 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         finally:
             if tmp_path.exists():
                 tmp_path.unlink()
+
+
+# polars (Rust) reports a failed read or write as its own ComputeError, the OS's error
+# number only in the text: "... underlying IO error: No space left on device (os error 28)"
+_WRAPPED_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def as_os_error(exc: BaseException, path: str | Path | None = None) -> OSError | None:
+    """The file-system error behind ``exc`` (itself when an ``OSError``, else one that a
+    library wrapped in its own exception), or None when there is none. ``path``: the
+    file to name when the error names none, or names a temporary sibling of ``path``
+    (the user never saw ``.out.parquet.x1y2.tmp``)."""
+    if isinstance(exc, OSError):
+        err = exc
+    else:
+        m = _WRAPPED_OS_ERROR.search(str(exc))
+        if m is None:
+            return None
+        code = int(m.group(1))
+        err = OSError(code, os.strerror(code))
+    if path is not None and (err.filename is None
+                             or Path(str(err.filename)).name.startswith((".", "previous-"))
+                             or ".run-" in str(err.filename)):
+        err = type(err)(err.errno, err.strerror or str(err), str(path))
+    return err
+
+
+@contextmanager
+def os_errors_name(path: str | Path) -> Iterator[None]:
+    """A file-system error in the block (a full disk half-way through a parquet file) is
+    an ``OSError`` naming ``path``, whichever library raised it and whatever temporary
+    file it was writing."""
+    try:
+        yield
+    except Exception as exc:
+        err = as_os_error(exc, path)
+        if err is None or err is exc:
+            raise
+        raise err from exc
+
+
+# what to do about a file-system error, by its number; the error's own words say what
+OS_ERROR_REMEDY = {
+    errno.ENOSPC: "the disk is full: free space or write elsewhere",
+    errno.EDQUOT: "the disk quota is used up: free space or write elsewhere",
+    errno.ENAMETOOLONG: "a name in the path is longer than the file system allows: "
+                        "choose a shorter one",
+    errno.EACCES: "no permission: choose a folder you can write to",
+    errno.EPERM: "not permitted: choose a folder you can write to",
+    errno.EROFS: "a read-only file system: choose another folder",
+}
+
+
+def os_error_line(err: OSError) -> str:
+    """One line for a file-system error: the file, what the system said, the remedy."""
+    what = err.strerror or str(err)
+    where = err.filename if err.filename is not None else None
+    if err.filename2 is not None:
+        where = f"{err.filename} -> {err.filename2}"
+    remedy = OS_ERROR_REMEDY.get(err.errno)
+    line = f"{what} ({remedy})" if remedy else what
+    return f"{where}: {line}" if where is not None else line
 
 
 def sha256_file(path: str | Path) -> str:
@@ -126,9 +191,56 @@ def loads_json(text: str | bytes):
     raises RecursionError, which no reader's ``except JSONDecodeError`` caught: a
     traceback instead of the one-line error.)"""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_int64)
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", "", 0) from None
+
+
+# Every integer column and count the tool keeps is at most 64 bits. A JSON integer is
+# read exactly, so each reader's field check names the field past its range (10**400 in
+# an acc_len list); one of more digits than Python converts (4,300) raised ValueError,
+# past every reader's ``except JSONDecodeError``: it is malformed JSON here.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_JSON_INT_DIGITS = 1000
+
+
+def _int64(digits: str) -> int:
+    if len(digits) > MAX_JSON_INT_DIGITS:
+        raise json.JSONDecodeError(f"the integer {_digits(digits)} is longer than any count "
+                                   "or id", "", 0)
+    return int(digits)
+
+
+def is_int64(v) -> bool:
+    """``v`` is an integer (never a bool) that a 64-bit column holds."""
+    return isinstance(v, int) and not isinstance(v, bool) and INT64_MIN <= v <= INT64_MAX
+
+
+def finite_number(v) -> bool:
+    """``v`` is a finite number, never a bool: a float not NaN or inf, or an integer
+    within 64 bits (``math.isfinite(10**400)`` raises OverflowError, it does not say no)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    return is_int64(v) if isinstance(v, int) else math.isfinite(v)
+
+
+def _digits(digits: str) -> str:
+    return digits if len(digits) <= 24 else f"{digits[:8]}...({len(digits)} digits)"
+
+
+def _check_toml_ints(obj) -> None:
+    if isinstance(obj, dict):
+        for v in obj.values():
+            _check_toml_ints(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            _check_toml_ints(v)
+    elif isinstance(obj, int) and not isinstance(obj, bool) and not INT64_MIN <= obj <= INT64_MAX:
+        import tomllib
+
+        # TOML's own rule: an integer a 64-bit one cannot hold is an error
+        raise tomllib.TOMLDecodeError(f"the integer {_digits(str(obj))} is past TOML's "
+                                      "64-bit range")
 
 
 def loads_bench_serve_json(text: str, where: str):
@@ -154,9 +266,15 @@ def loads_toml(text: str) -> dict:
     import tomllib
 
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except RecursionError:
         raise tomllib.TOMLDecodeError("arrays or tables nested too deeply") from None
+    except ValueError as exc:  # an integer past Python's 4,300-digit conversion limit
+        if isinstance(exc, tomllib.TOMLDecodeError):
+            raise
+        raise tomllib.TOMLDecodeError(f"an integer too long to read ({exc})") from None
+    _check_toml_ints(data)
+    return data
 
 
 def not_a_file(p: Path, what: str) -> str:
@@ -183,6 +301,37 @@ def read_toml(path: str | Path, what: str = "file") -> dict:
         return loads_toml(p.read_text(encoding="utf-8-sig"))  # a BOM is not TOML
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(str(p), f"invalid TOML: {exc}") from exc
+
+
+def check_unique_columns(names, where: str) -> None:
+    """Refuse a table with one column name twice: a parquet file may hold that (pyarrow
+    writes it; polars then fails with its own traceback), and a CSV reader renames the
+    second ``x`` to ``x_duplicated_0``, so which of the two was read was chance."""
+    from dspark_sim.errors import InputError
+
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names, 1):
+        if name in seen:
+            raise InputError(where, f"column {name!r} appears twice (columns {seen[name]} and "
+                                    f"{i}): which one is meant? rename or drop one")
+        seen[name] = i
+
+
+def read_csv_strings(p: str | Path, where: str, separator: str = ","):
+    """A CSV (or TSV) read as all strings by polars, its header first checked for a name
+    given twice (after the spaces a spreadsheet leaves are stripped); the readers parse
+    the values themselves."""
+    import csv
+
+    import polars as pl
+
+    try:
+        with open(p, encoding="utf-8-sig", newline="") as fh:
+            header = next(csv.reader(fh, delimiter=separator), [])
+    except (csv.Error, UnicodeDecodeError):
+        header = []  # not text the csv module reads: polars's parse reports it
+    check_unique_columns([name.strip() for name in header], where)
+    return pl.read_csv(p, infer_schema_length=0, separator=separator)
 
 
 def tidy_csv(df, *, line_column: str | None = None):
@@ -284,6 +433,10 @@ def check_writable(path: str | Path, option: str, *, kind: str = "dir",
     from dspark_sim.errors import InputError
 
     p = Path(path)
+    # first: a name past the file system's limit makes even p.exists() raise
+    for q, sibling in [(p, kind == "file"), *((p / n, True) for n in (inside or {}))]:
+        if (why := path_too_long(q, sibling=sibling)) is not None:
+            raise InputError(option, why)
     _check_not_over(p, option, kind, not_over or {}, inside or {})
     if kind == "dir" and p.exists() and not p.is_dir():
         raise InputError(option, f"{p} exists and is not a folder")
@@ -306,10 +459,67 @@ def check_writable(path: str | Path, option: str, *, kind: str = "dir",
         probe = probe.parent
     if not probe.is_dir():
         raise InputError(option, f"{probe} is not a folder, so {p} cannot be created")
+    _probe(probe, option)
+    # a sub-folder the command writes into that exists already is written only after the
+    # work (a sweep's points/ after its first point): probe it now as well
+    for name, entry_kind in (inside or {}).items():
+        if entry_kind == "dir" and (p / name).is_dir():
+            _probe(p / name, option)
+    return p
+
+
+def _probe(folder: Path, option: str) -> None:
+    """Refuse ``folder`` unless a file can be created in it (and is removed again)."""
+    from dspark_sim.errors import InputError
+
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".dspark-probe.", dir=probe)
+        fd, tmp = tempfile.mkstemp(prefix=".dspark-probe.", dir=folder)
         os.close(fd)
         os.unlink(tmp)
     except OSError as exc:
-        raise InputError(option, f"cannot write under {probe}: {exc.strerror or exc}") from None
-    return p
+        raise InputError(option, f"cannot write under {folder}: {exc.strerror or exc}") from None
+
+
+# an atomic write first creates ".NAME." + 8 random characters + ".tmp" beside NAME
+ATOMIC_SIBLING_BYTES = len("..") + 8 + len(".tmp")
+
+
+def _limit(folder: str, name: str, default: int) -> int:
+    try:
+        return os.pathconf(folder, name)
+    except (OSError, ValueError):
+        return default
+
+
+def path_too_long(path: str | Path, *, sibling: bool = False) -> str | None:
+    """Why the file system would refuse ``path`` as too long (ENAMETOOLONG), or None: a
+    name (component) past the folder's NAME_MAX bytes (255 on ext4), or the whole path
+    past PATH_MAX. ``sibling``: the file is written atomically, so its name must leave
+    room for the temporary sibling's. Checked on the string alone, before any call
+    that would raise on such a name (``Path.exists`` does)."""
+    p = Path(path)
+    anchor = os.path.abspath(p)
+    while not os.path.isdir(anchor) and os.path.dirname(anchor) != anchor:
+        anchor = os.path.dirname(anchor)
+    name_max = _limit(anchor, "PC_NAME_MAX", 255)
+    path_max = _limit(anchor, "PC_PATH_MAX", 4096)
+    for i, part in enumerate(p.parts):
+        size = len(os.fsencode(part))
+        extra = ATOMIC_SIBLING_BYTES if sibling and i == len(p.parts) - 1 else 0
+        if size > name_max:
+            return (f"the name {_short(part)} is {size} bytes long, past the {name_max} "
+                    "a name may have on this file system: choose a shorter one")
+        if size + extra > name_max:
+            return (f"the name {_short(part)} is {size} bytes long; written atomically, it "
+                    f"is first created as .{_short(part)}.XXXXXXXX.tmp, {size + extra} "
+                    f"bytes, past the {name_max} a name may have on this file system: "
+                    f"choose a name of at most {name_max - extra} bytes")
+    size = len(os.fsencode(os.path.abspath(p))) + (ATOMIC_SIBLING_BYTES if sibling else 0)
+    if size >= path_max:
+        return (f"the path {_short(str(p))} is {size} bytes long, past the {path_max} a "
+                "path may have on this file system: choose a shorter one")
+    return None
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]}"

@@ -33,7 +33,7 @@ from pathlib import Path
 import polars as pl
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import deferred_interrupts, loads_json, sha256_file
+from dspark_sim.io import deferred_interrupts, loads_json, os_errors_name, sha256_file
 
 SUMMARY = "summary.json"
 REQUESTS = "requests.parquet"
@@ -71,7 +71,8 @@ def _write_unit(out: Path, index: str, obj: dict,
     try:
         manifest = {}
         for name, write in files.items():
-            write(stage / name)
+            with os_errors_name(out / name):  # not the staging folder the user never saw
+                write(stage / name)
             manifest[name] = {"sha256": sha256_file(stage / name),
                               "bytes": (stage / name).stat().st_size}
         (stage / index).write_text(json.dumps({**obj, MANIFEST_KEY: manifest}, indent=2,
