@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from dspark_sim.calibration.hf_config_check import check_hf_config
 from dspark_sim.calibration.profile import DraftCost, EngineLimits, EngineProfile, profile_from_dict
 from dspark_sim.errors import InputError, check_known_keys
 from dspark_sim.io import loads_json, read_toml
@@ -809,6 +810,7 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
             cfg = loads_json(cfg_path.read_text(encoding="utf-8-sig"))
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(str(cfg_path), f"cannot read HF config ({exc})") from exc
+        check_hf_config(cfg, str(cfg_path))
         derived = asdict(model_sheet_from_hf_config(cfg))
         overrides = {k: v for k, v in m_spec.items() if k != "hf_config"}
         model = _sheet(ModelSheet, f"{source} [model]", overrides, derived)
