@@ -71,3 +71,12 @@ def check_seed(seed: object, option: str = "--seed") -> None:
     numpy traceback, a float a TypeError)."""
     if not isinstance(seed, numbers.Integral) or seed < 0:
         raise InputError(option, f"must be a non-negative integer, got {seed}")
+
+
+def is_decimal(text: str, max_digits: int = 18) -> bool:
+    """``text`` is a plain non-negative integer, ASCII ``0``-``9`` only, short enough to
+    be a count. ``str.isdigit`` also accepts ``'²'``, which ``int()`` refuses (a
+    traceback past the check), and ``'٣'``, which ``int()`` reads as 3; past
+    ``max_digits``, ``int()`` may refuse the string or make a number nothing downstream
+    holds."""
+    return text.isascii() and text.isdigit() and len(text) <= max_digits

@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import loads_json, not_a_file, tidy_csv
+from dspark_sim.io import loads_json, not_a_file, read_csv_strings, tidy_csv
 from dspark_sim.sim.config import (
     MAX_LOGNORMAL_SIGMA,
     MAX_SIM_TIME_S,
@@ -96,7 +96,7 @@ def read_workload(path: str | Path) -> pl.DataFrame:
 
 
 def _read_azure(p: Path, source: str) -> pl.DataFrame:
-    df = tidy_csv(pl.read_csv(p, infer_schema_length=0))  # all strings: we parse ourselves
+    df = tidy_csv(read_csv_strings(p, source))  # all strings: we parse ourselves
     need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
     if not need <= set(df.columns):
         raise InputError(source, f"Azure CSV needs columns {', '.join(sorted(need))}")
@@ -281,7 +281,13 @@ def _replay_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> R
     arr = df["arrival_s"].to_numpy().astype(np.float64)
     native_qps = (len(arr) - 1) / arr[-1] if arr[-1] > 0 else float("inf")
     desc = f"replay of {Path(w.workload_path).name} ({native_qps:.2f} req/s native"
-    if w.replay_qps is not None and np.isfinite(native_qps):
+    if w.replay_qps is not None and not np.isfinite(native_qps):
+        # no span to rescale: the rate would be dropped without a word
+        raise InputError("--replay-qps", f"the {len(arr):,} request(s) of "
+                         f"{w.workload_path} all arrive at one instant, so there is no rate "
+                         f"to scale to {w.replay_qps:g} req/s: leave the rate out (or give "
+                         "the file's requests their own timestamps)")
+    if w.replay_qps is not None:
         arr = arr * (native_qps / w.replay_qps)
         desc += f", time-scaled to {w.replay_qps:g} req/s"
     desc += ")"

@@ -286,10 +286,13 @@ def test_replay_window_and_count(tmp_path, kw, kept):
 
 
 def test_replay_of_one_request_has_no_rate_to_rescale(tmp_path):
-    s = build_stream(_replay(_mooncake(tmp_path / "w.jsonl", [(300, 8, 9)]), replay_qps=5.0),
-                     _rng())
+    """Replayed as it is; a rate to rescale it to is refused, not dropped without a word."""
+    one = _mooncake(tmp_path / "w.jsonl", [(300, 8, 9)])
+    s = build_stream(_replay(one), _rng())
     assert s.arrival_s.tolist() == [0.0] and s.output_tokens.tolist() == [9]
     assert s.description == "replay of w.jsonl (inf req/s native)"
+    with pytest.raises(InputError, match=r"--replay-qps: the 1 request\(s\) .* one instant"):
+        build_stream(_replay(one, replay_qps=5.0), _rng())
 
 
 def test_replay_past_the_clock_limit_is_refused(tmp_path):

@@ -64,8 +64,16 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from dspark_sim.errors import InputError, check_seed
-from dspark_sim.io import loads_bench_serve_json, loads_json, not_a_file, tidy_csv
+from dspark_sim.errors import InputError, check_seed, is_decimal
+from dspark_sim.io import (
+    finite_number,
+    is_int64,
+    loads_bench_serve_json,
+    loads_json,
+    not_a_file,
+    read_csv_strings,
+    tidy_csv,
+)
 from dspark_sim.traces.schema import INT32_MAX, AcceptanceTrace, TraceMeta
 
 FORMATS = ("specdecode-bench", "per-position", "vllm-counters")
@@ -417,7 +425,9 @@ def _pp_jsonl(p: Path, where: str):
 
 def _pp_csv(p: Path, where: str):
     try:
-        df = pl.read_csv(p, infer_schema_length=0, separator="\t" if p.suffix == ".tsv" else ",")
+        df = read_csv_strings(p, where, "\t" if p.suffix == ".tsv" else ",")
+    except InputError:
+        raise
     except Exception as exc:  # polars raises a zoo of parse errors
         raise InputError(where, f"cannot parse CSV ({exc.__class__.__name__})") from None
     df = tidy_csv(df, line_column="_line")
@@ -539,9 +549,10 @@ def _bench_serve_counters(text: str, where: str, model_name: str | None) -> dict
                                 "('spec_decode_per_position_acceptance_rates' absent or "
                                 "empty: the server exposed no per-position counters); a mean "
                                 "acceptance length alone does not give them")
-    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in rates):
+    if not all(finite_number(x) for x in rates):
         raise InputError(where, "spec_decode_per_position_acceptance_rates must be numbers")
-    if not (_is_int(drafts) or (isinstance(drafts, float) and drafts.is_integer())) or drafts <= 0:
+    if not (is_int64(drafts) or (isinstance(drafts, float) and drafts.is_integer()
+                                 and drafts < 2.0**63)) or drafts <= 0:
         raise InputError(where, "spec_decode_num_drafts must be a positive integer (vLLM "
                                 "writes it beside its per-position rates; without it the rates "
                                 f"cannot be told to be vLLM's counters), got {drafts!r}")
@@ -552,7 +563,7 @@ def _bench_serve_counters(text: str, where: str, model_name: str | None) -> dict
          "num_draft_tokens": d.get("spec_decode_draft_tokens"),
          "num_accepted_tokens": accepted, "model_name": d.get("model_id")}
     al = d.get("spec_decode_acceptance_length")
-    if al is not None and not (isinstance(al, int | float) and abs(al - 1 - sum(surv)) <= 0.01):
+    if al is not None and not (finite_number(al) and abs(al - 1 - sum(surv)) <= 0.01):
         raise InputError(where, f"spec_decode_acceptance_length {al!r} is not 1 + the sum of "
                                 f"the per-position rates ({1 + sum(surv):.4f}); vLLM writes both "
                                 "from the same counters (its length includes the bonus token; "
@@ -636,7 +647,7 @@ def _prometheus_counters(text: str, where: str, model_name: str | None) -> dict[
             continue
         if kind == "per_pos":
             pos = labels.get("position", "")
-            if not pos.isdigit():
+            if not is_decimal(pos, 6):
                 raise InputError(where, f"line {i}: per-position counter without a "
                                         f"position=\"0\", \"1\", ... label")
             per_pos[int(pos)] = per_pos.get(int(pos), 0.0) + val
@@ -677,8 +688,7 @@ def _request_steps(c: dict[str, Any], where: str, counts: tuple) -> None:
     if missing:
         return
     for name, v in zip(names, counts, strict=True):
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
-                or v < 0:
+        if not finite_number(v) or v < 0:
             raise InputError(where, f"{name} must be a count >= 0, got {v!r}")
     steps = round(counts[0] - counts[1] - counts[2])
     if steps < 1:
@@ -696,8 +706,7 @@ def _check_totals(c: dict[str, Any], where: str, accepted_name: str, drafted_nam
     accepted = drafts * sum(c["survival"])
     for name, v in ((accepted_name, c.get("num_accepted_tokens")),
                     (drafted_name, c.get("num_draft_tokens"))):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
-                              or not math.isfinite(v) or v < 0):
+        if v is not None and (not finite_number(v) or v < 0):
             raise InputError(where, f"{name} must be a count >= 0, got {v!r}")
     drafted = c.get("num_draft_tokens")
     if drafted is not None and drafted > k * drafts * (1 + COUNTER_TOLERANCE):

@@ -62,7 +62,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import atomic_path, loads_json, not_a_file
+from dspark_sim.io import atomic_path, check_unique_columns, loads_json, not_a_file
 from dspark_sim.traces import schema_v2
 from dspark_sim.traces.schema_v2 import V2Fields
 
@@ -545,6 +545,7 @@ def read_trace(path: str | Path) -> AcceptanceTrace:
         table = pf.read()
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError on garbage
         raise InputError(source, f"not a parquet file ({exc.__class__.__name__})") from exc
+    check_unique_columns(table.column_names, source)
     if META_KEY not in kv:
         raise InputError(source, "parquet file has no dspark_sim.trace metadata (not a trace)")
     meta = _meta_from_json(kv[META_KEY], source)

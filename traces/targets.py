@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, is_decimal
 from dspark_sim.io import loads_json, sha256_file
 
 DEFAULT_TARGET = "smollm2"
@@ -277,7 +277,7 @@ def check_device(device: str | torch.device, option: str = "--device") -> None:
     """``cpu``, or ``cuda[:N]`` on a machine that has that GPU (cheap: no model)."""
     d = str(device)
     kind, _, index = d.partition(":")
-    if kind not in DEVICES or (index and not index.isdigit()):
+    if kind not in DEVICES or (index and not is_decimal(index, 6)):
         raise InputError(option, f"must be cpu or cuda[:N], got {d!r}")
     if kind == "cuda" and (not torch.cuda.is_available()
                            or int(index or 0) >= torch.cuda.device_count()):

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, is_decimal
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # vLLM on CPU: fp32 (bf16 is slow without AVX-512 and speculation then loses), eager
@@ -92,7 +92,7 @@ def parse_settings(spec: str) -> tuple[Setting, ...]:
                 raise InputError("--settings", f"{part!r}: none takes no K")
             out.append(Setting("none"))
             continue
-        if not k.isdigit() or not 1 <= int(k) <= MAX_K:
+        if not is_decimal(k, 6) or not 1 <= int(k) <= MAX_K:
             raise InputError("--settings", f"{part!r}: K must be an integer in [1, {MAX_K}]")
         out.append(Setting(kind, int(k)))
     if len({s.name for s in out}) != len(out):
@@ -128,7 +128,7 @@ def _cpu_list(text: str, option: str) -> tuple[int, ...]:
     cpus: list[int] = []
     for part in text.split(","):
         lo, dash, hi = part.strip().partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
+        if not is_decimal(lo, 6) or (dash and not is_decimal(hi, 6)):
             raise InputError(option, f"{text!r}: a CPU list is like 0 or 0-6 or 0,2")
         cpus.extend(range(int(lo), int(hi or lo) + 1))
     return tuple(sorted(set(cpus)))
