@@ -12,8 +12,9 @@ noisier; both are printed where they matter):
 
 * **per step**: microseconds per engine step at decode batches of 1, 12, 64 and 256 for
   ``none`` and ``confidence`` (one replica, a closed loop of B clients with short prompts
-  and 1024-token outputs, profile qwen3-8b-h100). The difference of two runs of 1 and 3
-  rounds of B requests, so the run's setup and output frame cancel out.
+  and 1024-token outputs, profile qwen3-8b-h100). The difference of a run of 1 and one
+  of 1 + R rounds of B requests (R sized to ~3,000 steps), so the run's setup and output
+  frame cancel out; best of ``--repeats``.
 * **standard**: ``confidence``, 200 req/s Poisson, 600 simulated seconds, each revision's
   own default deployment (printed: the defaults have changed over time).
 * **matched 10k**: the workload docs/performance.md compares with Vidur (10,000
@@ -94,14 +95,19 @@ def _step_cfg(policy: str, batch: int, rounds: int):
                              "lengths": "fixed:32:1024"})
 
 
-def work_step(repeats: int) -> dict:
+def work_step(repeats: int, steps: int = 3000) -> dict:
+    """The difference of a 1-round run and a (1 + R)-round run, R sized so the difference
+    holds ~``steps`` engine steps (a small batch's round is few steps: CPU-time noise of
+    a few ms would swamp it)."""
     out = {}
     for policy in POLICIES:
         for batch in BATCHES:
+            first = _timed(_step_cfg(policy, batch, 1))  # first-use costs (profile, trace)
+            rounds = 1 + max(2, -(-steps // max(1, first["steps"])))
             best = None
             for _ in range(repeats):
                 short, long = _timed(_step_cfg(policy, batch, 1)), \
-                    _timed(_step_cfg(policy, batch, 3))
+                    _timed(_step_cfg(policy, batch, rounds))
                 us = (long["cpu_s"] - short["cpu_s"]) / (long["steps"] - short["steps"]) * 1e6
                 best = us if best is None else min(best, us)
             out[f"{policy}@{batch}"] = {"us_per_step": best,
@@ -306,7 +312,7 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(TASKS),
                     help=f"comma-separated subset of {','.join(TASKS)}")
     ap.add_argument("--standard-s", type=float, default=600.0)
-    ap.add_argument("--repeats", type=int, default=1, help="per-step runs, best of")
+    ap.add_argument("--repeats", type=int, default=2, help="per-step runs, best of")
     ap.add_argument("--pairs", type=int, default=1, help="matched-workload runs, best of")
     ap.add_argument("--day", action="store_true", help="also the simulated day (long)")
     ap.add_argument("--day-s", type=float, default=86400.0)

@@ -130,18 +130,3 @@ def counts_at(survival, t, k):
                 c += 1
         out[r] = c
     return out
-
-
-@njit(cache=True)
-def schedule_topk(survival, k):
-    """``scheduler.schedule_topk``: admit the ``k`` most likely-to-survive drafts."""
-    n, g = survival.shape
-    k = max(0, min(k, n * g))
-    if k == 0:
-        return np.zeros(n, dtype=np.int64)
-    if k == n * g:
-        return np.full(n, g, dtype=np.int64)
-    # only the k-th largest value matters: a selection, not a sort (numpy's SIMD sort
-    # beats a compiled one on large batches; a compiled quickselect keeps up with it)
-    kth = np.partition(survival.reshape(-1), n * g - k)[n * g - k]
-    return counts_at(survival, kth, k)

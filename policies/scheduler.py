@@ -85,6 +85,9 @@ def _counts_at(survival: np.ndarray, t: float, k: int) -> np.ndarray:
     """Per-request counts of the k best candidates when the k-th best value is ``t``,
     without an argsort: everything above ``t`` is in, and the ties at ``t`` are taken in
     flat (row-major) order until k is reached."""
+    if compiled.NUMBA:
+        return compiled.counts_at(np.ascontiguousarray(survival, dtype=np.float64), float(t),
+                                  int(k))
     n, g = survival.shape
     at_least = survival >= t
     if np.count_nonzero(at_least) == k:  # no tie straddles the cut: the common case
@@ -119,8 +122,6 @@ def budget_global(survival: np.ndarray, sps: np.ndarray) -> int:
 def schedule_topk(survival: np.ndarray, k: int) -> np.ndarray:
     """Admit the ``k`` most likely-to-survive draft tokens (dynamic top-K)."""
     survival = np.asarray(survival, dtype=np.float64)
-    if compiled.NUMBA:
-        return compiled.schedule_topk(np.ascontiguousarray(survival, dtype=np.float64), int(k))
     n, g = survival.shape
     k = int(max(0, min(k, n * g)))
     if k == 0 or k == n * g:
@@ -161,7 +162,7 @@ def budget_displacement(survival: np.ndarray, cost, n: int | None = None,
         return 0
     if compiled.NUMBA and type(cost) is StepCost:  # step_s inlined in the kernel
         return int(compiled.budget_displacement(
-            a, n, cost.table_s, cost.extra_s, int(cost.pending_prefill),
+            np.ascontiguousarray(a), n, cost.table_s, cost.extra_s, int(cost.pending_prefill),
             float(cost.prefill_s_per_token), displacement))
     # verify tokens n + i <= budget; never more drafts than the batch has (extra_s has one
     # entry per admissible count)
