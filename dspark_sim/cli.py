@@ -443,7 +443,7 @@ def run(  # one option per line, a table to scan; the longer helps are RUN_HELP'
         raise InputError("--policy-profile", "is empty: give a profile or leave the option out")
     sched_profile = load_profile(policy_profile) if policy_profile is not None else None
     t0 = time.perf_counter()
-    result = _simulate_checked(cfg, layers, sched_profile)
+    result = _simulate_checked(cfg, layers, sched_profile, given)
     wall = time.perf_counter() - t0
     if out is not None:
         result.write(out)
@@ -465,7 +465,27 @@ def _files_read(cfg, options: dict[str, str | Path | None]) -> dict[str, str | N
     return reads
 
 
-def _simulate_checked(cfg, layers: list, sched_profile):
+# What each run option a policy may not read is for: (the drafters that read it, what).
+POLICY_READS = {
+    "gamma_max": (("dspark",), "the block drafter's draft length"),
+    "mtp_trace": (("mtp1",), "the MTP-1 drafter's trace"),
+    "extrapolate_gamma": (("dspark", "mtp1", "selfspec"), "the drafter's trace"),
+    "conf_source": (("dspark", "mtp1", "selfspec"), "the drafter's confidences"),
+}
+
+
+def _refuse_unread(pol, given: dict[str, Any]) -> None:
+    """An option given on the command line that the policy never reads (``--gamma-max 5
+    --policy mtp1`` ran MTP-1 as if it were not there) is refused, naming both."""
+    for key, (drafters, what) in POLICY_READS.items():
+        if given.get(key) is not None and pol.drafter not in drafters:
+            drafter = f"the {pol.drafter} drafter" if pol.drafter else "no drafter"
+            raise InputError(f"--{key.replace('_', '-')}",
+                             f"sets {what}, which --policy {pol.name} (it drafts with "
+                             f"{drafter}) never reads: leave one of the two out")
+
+
+def _simulate_checked(cfg, layers: list, sched_profile, given: dict[str, Any] | None = None):
     """The trace, the policy and its draft length checked, then the run; a bad value the
     config file gave names the file's key (``layers``: :func:`resolve_config`'s)."""
     from dspark_sim.policies.registry import get_policy
@@ -474,21 +494,45 @@ def _simulate_checked(cfg, layers: list, sched_profile):
 
     with blame_config(layers):
         pol = get_policy(cfg.policy)
+        _refuse_unread(pol, given or {})
         trace_obj = resolve_trace(cfg, pol)
         check_draft_length(pol, trace_obj, cfg.gamma_max if pol.drafter == "dspark" else None)
         return simulate(cfg, trace=trace_obj, policy_profile=sched_profile)
+
+
+# traces synth's kind-specific options: the kinds that read each, and its default there
+SYNTH_OPTIONS = {"alpha": (("iid",), 0.8), "gamma": (("iid", "dspark"), 7),
+                 "overconfidence": (("dspark", "mtp1"), 1.3), "noise": (("dspark", "mtp1"), 0.35)}
+
+
+def _synth_options(kind: str, **given: Any) -> tuple:
+    """Each of ``given`` (in SYNTH_OPTIONS' order) for ``kind``: its default when not
+    given; given to a kind that never reads it (``--kind dspark --alpha 0.9`` wrote the
+    dspark curves as if --alpha were not there), refused naming both options."""
+    out = []
+    for name, (kinds, default) in SYNTH_OPTIONS.items():
+        v = given[name]
+        if v is not None and kind in ("iid", "dspark", "mtp1") and kind not in kinds:
+            raise InputError(f"--{name}", f"is read by --kind {' and '.join(kinds)} only, not "
+                                          f"--kind {kind}: leave it out")
+        out.append(default if v is None else v)
+    return tuple(out)
 
 
 @traces_app.command("synth")
 def traces_synth(
     out: OutParquet,
     kind: Annotated[str, typer.Option(help="iid | dspark | mtp1")] = "iid",
-    alpha: Annotated[float, typer.Option(help="iid: per-token acceptance probability.")] = 0.8,
-    gamma: Annotated[int, typer.Option(help="Draft block length gamma_max.")] = 7,
+    alpha: Annotated[float | None, typer.Option(
+        help="iid only: per-token acceptance probability [0.8].")] = None,
+    gamma: Annotated[int | None, typer.Option(
+        help="iid and dspark: draft block length gamma_max [7] (mtp1 drafts 1).")] = None,
     requests: Annotated[int, typer.Option(help="Requests (per domain for dspark/mtp1).")] = 64,
     positions: Annotated[int, typer.Option(help="Output positions per request.")] = 512,
-    overconfidence: Annotated[float, typer.Option(help="dspark/mtp1: raw-confidence sharpening.")] = 1.3,
-    noise: Annotated[float, typer.Option(help="dspark/mtp1: confidence noise (lowers AUC).")] = 0.35,
+    overconfidence: Annotated[float | None, typer.Option(
+        help="dspark/mtp1 only: raw-confidence sharpening [1.3].")] = None,
+    noise: Annotated[float | None, typer.Option(
+        help="dspark/mtp1 only: confidence noise, lowers AUC [0.35].")] = None,
     seed: Seed = 0,
 ) -> None:
     """Write a synthetic schema-v1 trace."""
@@ -502,6 +546,8 @@ def traces_synth(
     )
 
     check_writable(out, "--out", kind="file")  # before minutes of generation, not after
+    alpha, gamma, overconfidence, noise = _synth_options(
+        kind, alpha=alpha, gamma=gamma, overconfidence=overconfidence, noise=noise)
     if kind == "iid":
         t = synth_iid(alpha, gamma, num_requests=requests, positions=positions, seed=seed)
     elif kind in ("dspark", "mtp1"):
