@@ -207,7 +207,7 @@ def _drop(text: str, *needles: str) -> str:
     # more draft tokens than K x drafts: a position's counters were cut from the file
     (_drop(TEXT_004, 'position="3"'), "more than 3 positions x 2000 drafts"),
     (TEXT_004.replace('engine="1",position="2"', 'engine="1",position="two"'),
-     r'line 25: per-position counter without a position="0"'),
+     r"line 25: per-position counter whose position is not .* label is 'two'"),
     # vLLM V0 reported only totals and gauges: no per-position survival to recover
     ("vllm:spec_decode_draft_acceptance_rate{model_name=\"m\"} 0.61\n"
      "vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} 610.0\n"

@@ -648,8 +648,10 @@ def _prometheus_counters(text: str, where: str, model_name: str | None) -> dict[
         if kind == "per_pos":
             pos = labels.get("position", "")
             if not is_decimal(pos, 6):
-                raise InputError(where, f"line {i}: per-position counter without a "
-                                        f"position=\"0\", \"1\", ... label")
+                got = f"its position label is {pos!r}" if "position" in labels else \
+                    "it has no position label"
+                raise InputError(where, f"line {i}: per-position counter whose position is "
+                                        f"not \"0\", \"1\", ... in ASCII digits ({got})")
             per_pos[int(pos)] = per_pos.get(int(pos), 0.0) + val
         else:
             totals[kind] = totals.get(kind, 0.0) + val
