@@ -82,7 +82,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 # polars (Rust) reports a failed read or write as its own ComputeError, the OS's error
 # number only in the text: "... underlying IO error: No space left on device (os error 28)"
-_WRAPPED_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+# (pyarrow's OSError may carry its number only in the text too: "[Errno 28] ...")
+_WRAPPED_OS_ERROR = re.compile(r"\(os error (\d+)\)|\[Errno (\d+)\]")
 
 
 def as_os_error(exc: BaseException, path: str | Path | None = None) -> OSError | None:
@@ -90,14 +91,18 @@ def as_os_error(exc: BaseException, path: str | Path | None = None) -> OSError |
     library wrapped in its own exception), or None when there is none. ``path``: the
     file to name when the error names none, or names a temporary sibling of ``path``
     (the user never saw ``.out.parquet.x1y2.tmp``)."""
-    if isinstance(exc, OSError):
+    from dspark_sim.errors import InputError
+
+    if isinstance(exc, InputError):  # already one line, quoting an OS error perhaps
+        return None
+    m = _WRAPPED_OS_ERROR.search(str(exc))
+    if isinstance(exc, OSError) and (exc.errno is not None or m is None):
         err = exc
+    elif m is None:
+        return None
     else:
-        m = _WRAPPED_OS_ERROR.search(str(exc))
-        if m is None:
-            return None
-        code = int(m.group(1))
-        err = OSError(code, os.strerror(code))
+        code = int(m.group(1) or m.group(2))
+        err = OSError(code, os.strerror(code), getattr(exc, "filename", None))
     if path is not None and (err.filename is None
                              or Path(str(err.filename)).name.startswith((".", "previous-"))
                              or ".run-" in str(err.filename)):
@@ -205,7 +210,7 @@ MAX_JSON_INT_DIGITS = 1000
 
 
 def _int64(digits: str) -> int:
-    if len(digits) > MAX_JSON_INT_DIGITS:
+    if len(digits) - digits.startswith("-") > MAX_JSON_INT_DIGITS:
         raise json.JSONDecodeError(f"the integer {_digits(digits)} is longer than any count "
                                    "or id", "", 0)
     return int(digits)

@@ -547,3 +547,20 @@ def test_any_hf_config_edit_is_a_profile_or_one_line(tmp_path_factory, edits):
     assert r.exception is None or isinstance(r.exception, SystemExit), (edits, r.output)
     if r.exit_code != 0:
         one_line(r, 2)
+
+
+@pytest.mark.parametrize("exc,want", [
+    (pl.exceptions.ComputeError("underlying IO error: No space left on device (os error 28)"),
+     errno.ENOSPC),
+    (OSError("[Errno 28] Error writing bytes to file"), errno.ENOSPC),  # pyarrow's form
+    (OSError(errno.EACCES, "Permission denied", "/d/.out.parquet.ab12cd34.tmp"), errno.EACCES),
+    (InputError("--trace", "cannot read ([Errno 2] No such file)"), None),  # already a line
+    (ValueError("no file here"), None),
+])
+def test_an_os_error_is_found_whichever_library_wrapped_it(exc, want):
+    from dspark_sim.io import as_os_error
+
+    err = as_os_error(exc, "/d/out.parquet")
+    assert (err and err.errno) == want
+    if err is not None:
+        assert err.filename == "/d/out.parquet"  # never the temporary the user never saw
