@@ -297,7 +297,13 @@ class Replica:
             taken.append(rid)
             used += need
             room -= 1
-        if taken:
+        if taken and compiled.NUMBA:
+            self.batch, kv, pending, n_new = fast.admit_rows(
+                self.batch, self.n_prefilling, rows, np.array(taken, dtype=np.int64))
+            self.kv_tokens += kv
+            self.pending_prefill += pending
+            self.n_prefilling += n_new
+        elif taken:
             new = rows[taken]
             prefilled = new[:, PREFILLED] >= new[:, PREFILL_TARGET]
             if prefilled.any():

@@ -1,5 +1,5 @@
-"""Compiled (numba) twins of the engine step's batch arithmetic: the replay of a chain
-step and the removal of rows. ``sim/engine.py`` keeps the readable numpy code as the
+"""Compiled (numba) twins of the engine step's batch arithmetic: admission, the replay
+of a chain step and the removal of rows. ``sim/engine.py`` keeps the readable numpy code as the
 reference and calls these when ``policies.compiled.NUMBA`` is on (``DSPARK_SIM_KERNELS``;
 see that module): each replaces a dozen small numpy calls on the batch matrix by one
 loop over its rows, with the same integer results (``tests/test_compiled.py`` holds both
@@ -86,3 +86,45 @@ def remove_rows(batch, keep, log_steps, log_verified, log_accepted):
         log_verified[rid] += batch[r, VERIFIED]
         log_accepted[rid] += batch[r, ACCEPTED]
     return kept, gone, kv, pending, prefilling
+
+
+@njit(cache=True)
+def admit_rows(batch, n_prefilling, rows, taken):
+    """``Replica._admit``'s batch update: the ``taken`` requests' rows join the batch,
+    those already prefilled (disaggregated prefill) after its decoding rows and the rest
+    at its end, so the batch stays [decoding | prefilling]. Returns (the new batch, the
+    KV tokens the prefilled rows bring, the prefill tokens the others bring, how many
+    others)."""
+    n_old, c = batch.shape
+    k = taken.size
+    ready = np.zeros(k, dtype=np.bool_)
+    n_ready = 0
+    for i in range(k):
+        r = taken[i]
+        if rows[r, PREFILLED] >= rows[r, PREFILL_TARGET]:
+            ready[i] = True
+            n_ready += 1
+    out = np.empty((n_old + k, c), dtype=batch.dtype)
+    n_dec = n_old - n_prefilling
+    at = 0
+    for r in range(n_dec):
+        out[at] = batch[r]
+        at += 1
+    kv = 0
+    for i in range(k):
+        if ready[i]:
+            r = taken[i]
+            out[at] = rows[r]
+            at += 1
+            kv += rows[r, PREFILLED] + rows[r, GENERATED] - rows[r, GENERATED_AT_ADMIT]
+    for r in range(n_dec, n_old):
+        out[at] = batch[r]
+        at += 1
+    pending = 0
+    for i in range(k):
+        if not ready[i]:
+            r = taken[i]
+            out[at] = rows[r]
+            at += 1
+            pending += rows[r, PREFILL_TARGET]
+    return out, kv, pending, k - n_ready
