@@ -5,6 +5,7 @@ every point (fitted and held out) for the fitted values.
     python benchmarks/fit_published.py --profile v4flash-h200
     python benchmarks/fit_published.py --profile v4flash-h200 --check   # no search
     python benchmarks/fit_published.py --profile glm47-h20
+    python benchmarks/fit_published.py --profile v4flash-b300   # and its trace's tau
 
 The points are ``dspark_sim.validation.published.POINTS``; the free parameters and their
 grids are below. The search is coordinate descent over the grids (each parameter in
@@ -24,8 +25,17 @@ from dataclasses import replace
 from dspark_sim.calibration.roofline import analytic_profile, builtin_analytic_specs
 from dspark_sim.validation.published import NOT_REPRODUCED, points, runner
 
-# profile -> free parameter -> (sheet, grid). Sheet "hw" or "dep".
+# profile -> free parameter -> (sheet, grid). Sheet "hw", "dep" or "trace" (the served tau
+# of the profile's trace, traces/synth.py).
 FREE = {
+    "v4flash-b300": {
+        "overhead_ms": ("dep", [3.5, 4.0, 4.5, 5.0, 5.5]),
+        "per_token_overhead_us": ("dep", [20.0, 30.0, 40.0, 50.0, 60.0]),
+        "mem_efficiency": ("hw", [0.5, 0.6, 0.75, 0.9]),
+        "eager_slowdown": ("dep", [1.0, 1.25, 1.5, 2.0, 2.5]),
+        "eager_penalty_ms": ("dep", [0.0, 10.0, 20.0, 40.0]),
+        "tau": ("trace", [2.8, 2.9, 3.0, 3.1, 3.2, 3.4]),
+    },
     "v4pro-b300": {
         "overhead_ms": ("dep", [8.0, 9.0, 10.0]),
         "per_token_overhead_us": ("dep", [15.0, 20.0, 22.5, 25.0, 27.5, 30.0]),
@@ -52,8 +62,25 @@ def build(name: str, params: dict):
     return analytic_profile(hw, model, dep, name=name)
 
 
+def trace_for(name: str, params: dict) -> str | None:
+    """The trace a candidate replays: the shipped one unless ``tau`` is free (then the
+    profile's trace regenerated at that served tau, written once per value)."""
+    if "tau" not in params:
+        return None
+    import tempfile
+    from pathlib import Path
+
+    from dspark_sim.traces.schema import write_trace
+    from dspark_sim.traces.synth import v4flash_speedbench_trace
+
+    path = Path(tempfile.gettempdir()) / f"fit-{name}-tau{params['tau']:g}.parquet"
+    if not path.exists():
+        write_trace(v4flash_speedbench_trace(tau=params["tau"]), path)
+    return str(path)
+
+
 def loss(name: str, params: dict) -> float:
-    r = runner(name, build(name, params))
+    r = runner(name, build(name, params), trace=trace_for(name, params))
     total = 0.0
     for p in points(name):
         if not p.fitted:
@@ -67,7 +94,13 @@ def loss(name: str, params: dict) -> float:
 
 def current(name: str) -> dict:
     hw, _, dep = builtin_analytic_specs()[name]
-    return {k: getattr(hw if sheet == "hw" else dep, k) for k, (sheet, _) in FREE[name].items()}
+    out = {k: getattr(hw if sheet == "hw" else dep, k)
+           for k, (sheet, _) in FREE[name].items() if sheet != "trace"}
+    if "tau" in FREE[name]:
+        from dspark_sim.traces.synth import V4FLASH_SPEEDBENCH_CURVES
+
+        out["tau"] = V4FLASH_SPEEDBENCH_CURVES[0].tau
+    return out
 
 
 def fit(name: str, rounds: int = 2) -> dict:
@@ -91,7 +124,7 @@ def fit(name: str, rounds: int = 2) -> dict:
 
 
 def report(name: str, params: dict) -> None:
-    r = runner(name, build(name, params))
+    r = runner(name, build(name, params), trace=trace_for(name, params))
     print(f"\n{name} with {params}")
     for p in points(name):
         value, ok = p.check(r)

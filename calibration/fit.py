@@ -467,6 +467,7 @@ def write_shipped_synthetic(trace_dir, calibration_dir) -> list:
         glm47_mtp_trace,
         llama32_1b_trace,
         v4flash_live_trace,
+        v4flash_speedbench_trace,
         v4pro_speedbench_trace,
     )
 
@@ -475,6 +476,7 @@ def write_shipped_synthetic(trace_dir, calibration_dir) -> list:
     for name, trace in (("dspark-synthetic", default_dspark_trace()),
                         ("dspark-v4pro-synthetic", v4pro_speedbench_trace()),
                         ("dspark-v4flash-synthetic", v4flash_live_trace()),
+                        ("dspark-v4flash-speedbench-synthetic", v4flash_speedbench_trace()),
                         ("dspark-llama32-1b-synthetic", llama32_1b_trace()),
                         ("glm47-mtp-synthetic", glm47_mtp_trace())):
         written += write_trace_with_map(trace, trace_dir / f"{name}.parquet", calibration_dir)

@@ -518,12 +518,12 @@ V4_PRO_B300_HW = replace(B300, flop_efficiency=0.3)
 # bandwidth and the eager steps' slowdown and penalty (and the trace's served tau,
 # traces/synth.py). Fixed k = 7 everywhere, fixed k = 5 at 128 and adaptive are held out.
 V4_FLASH_B300_TP4 = DeploymentSheet(gpus_per_replica=4, ep_size=4, ep_all_to_all=False,
-                                    overhead_ms=4.5, per_token_overhead_us=40.0,
+                                    overhead_ms=5.0, per_token_overhead_us=40.0,
                                     max_num_seqs=256, max_num_batched_tokens=8192,
-                                    cuda_graph_max_tokens=1024, eager_slowdown=1.5,
-                                    eager_penalty_ms=10.0, sample_us_per_row=0.0,
+                                    cuda_graph_max_tokens=1024, eager_slowdown=1.25,
+                                    eager_penalty_ms=20.0, sample_us_per_row=0.0,
                                     draft_layers=1.0, draft_gamma=7, draft_block_tokens=5)
-V4_FLASH_B300_HW = replace(B300, mem_efficiency=0.75, flop_efficiency=0.55)
+V4_FLASH_B300_HW = replace(B300, mem_efficiency=0.6, flop_efficiency=0.55)
 
 # SGLang's adaptive-speculation benchmark (PR #23336; AutoSpec, PR #22246): GLM-4.7-FP8
 # with its MTP layer as an EAGLE-style chain (topk 1), one engine over TP8, chunked
