@@ -271,8 +271,8 @@ _SHEET = ('[hardware]\nname = "X"\nhbm_bytes_per_s = {hbm}\npeak_flops = 5e14\n[
      "overhead_ms = 1\nwarp_factor = 9\n", "warp_factor"),
     ('hardware = "H100"\nmodel = "v3"\n[deployment]\ngpus_per_replica = 8\n'
      "overhead_ms = nan\n", "overhead_ms"),
-    # every field sane, but a million GPUs' HBM is a KV capacity no profile may hold
-    ('hardware = "H100"\nmodel = "v3"\n[deployment]\ngpus_per_replica = 1000000\n'
+    # every field sane, but ten million GPUs' HBM is a KV capacity no profile may hold
+    ('hardware = "H100"\nmodel = "v3"\n[deployment]\ngpus_per_replica = 10000000\n'
      "overhead_ms = 1\n", "bad-sheet.toml: the profile it implies.*kv_capacity_tokens"),
     # each field finite and >= 0, the arithmetic they feed not: a zero bandwidth divided
     # by zero, 1e308 bytes per parameter overflowed to NaN (a numpy warning, then a
@@ -297,7 +297,7 @@ def test_calibrate_engine_sheet_writes_nothing_for_a_sheet_that_implies_no_profi
 
     sheet, out = tmp_path / "huge.toml", tmp_path / "prof.toml"
     sheet.write_text('hardware = "H100"\nmodel = "v3"\n[deployment]\n'
-                     "gpus_per_replica = 1000000\noverhead_ms = 1\n")
+                     "gpus_per_replica = 10000000\noverhead_ms = 1\n")
     r = CliRunner().invoke(app, ["calibrate", "engine", "--sheet", str(sheet), "--out", str(out)])
     assert r.exit_code == 2 and r.output.count("\n") == 1 and "huge.toml" in r.output
     assert not out.exists()
