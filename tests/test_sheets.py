@@ -211,3 +211,35 @@ def test_refine_sheet_moves_the_overhead_to_the_measured_step(tmp_path):
                         limits=EngineLimits(max_num_seqs=256))
     with pytest.raises(InputError, match="llama.toml: the measured one-request step"):
         refine_sheet(sheet, fast)
+
+
+def test_the_worked_example_in_the_docs_runs_as_printed(tmp_path):
+    """docs/profiles.md's worked example: its sheet, through the one command, prints what
+    the docs show (the summary and the assumptions line), and its wrong-unit example is
+    refused with the line shown."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from dspark_sim.cli import app
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "profiles.md").read_text()
+    sheet_text = re.search(r"<!-- sheet: qwen3-32b-2xh200 -->\n```toml\n(.*?)```", docs,
+                           re.S).group(1)
+    shown = re.search(r"\$ dspark-sim calibrate engine --sheet qwen3-32b-2xh200\.sheet\.toml "
+                      r"--out qwen3-32b-2xh200\.toml\n(.*?)\n\$ ", docs, re.S).group(1)
+    sheet = tmp_path / "qwen3-32b-2xh200.sheet.toml"
+    sheet.write_text(sheet_text)
+    r = CliRunner().invoke(app, ["calibrate", "engine", "--sheet", str(sheet), "--out",
+                                 str(tmp_path / "qwen3-32b-2xh200.toml")])
+    assert r.exit_code == 0, r.output
+    # rich wraps at the terminal's width, anywhere: compare without the white space
+    printed = "".join(r.output.replace(str(tmp_path) + "/", "").split())
+    assert printed == "".join(shown.split())
+    sheet.write_text(sheet_text.replace("active_params = 32.76e9 ", "active_params = 32.76 "))
+    r = CliRunner().invoke(app, ["calibrate", "engine", "--sheet", str(sheet), "--out",
+                                 str(tmp_path / "x.toml")])
+    line = re.search(r"\n(error: qwen3-32b-2xh200\.sheet\.toml: 'active_params' = 32\.76 .*)\n",
+                     docs).group(1)
+    assert r.exit_code == 2
+    assert "".join(r.output.replace(str(tmp_path) + "/", "").split()) == "".join(line.split())
