@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dspark_sim.sim.config import SimConfig
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
@@ -137,9 +139,11 @@ def test_notebook_executes(name, small_inputs, monkeypatch):
                    if c.cell_type == "code" for o in c.outputs)
     text = "\n".join(_texts(nb))
     if name == "frontier_explorer.ipynb":
-        assert "4 points" in text and "confidence-async vs mtp1" in text
+        # the headline's pair is the sweep's: the run's default policy against mtp1
+        pair = f"{SimConfig.policy} vs mtp1"
+        assert "4 points" in text and pair in text
         # the example sweep is long enough for steady figures: a headline, not a reason
-        assert re.search(r"matched throughput, confidence-async vs mtp1 \| [+-]\d+% to ", text)
+        assert re.search(rf"matched throughput, {pair} \| [+-]\d+% to ", text)
         # the table shows the figures the fronts are drawn from (steady state)
         assert "figures: steady" in text
     elif name == "trace_explorer.ipynb":

@@ -25,7 +25,8 @@ SIM_POLICY_TESTS = ("tests/test_engine.py", "tests/test_metrics.py",
                     "tests/test_policies.py", "tests/test_frontier.py", "tests/test_sweep.py",
                     "tests/test_config.py", "tests/test_steady.py", "tests/test_outputs.py",
                     "tests/test_limits.py", "tests/test_traces_replay.py",
-                    "tests/test_policies_registry.py")
+                    "tests/test_policies_registry.py", "tests/test_prefill.py",
+                    "tests/test_report.py")
 
 # ``sys.modules[name] = None`` is how Python spells "not installed" to both ``import``
 # (ImportError) and ``importlib.util.find_spec`` (None), which libraries such as polars
