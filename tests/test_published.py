@@ -49,3 +49,21 @@ def test_not_reproduced_points_still_miss(point, why):
     value, ok = point.check(_runner(point.profile))
     assert not ok, (f"{point.profile}: {point.name} now falls in its band ({value:.3f} in "
                     f"{point.band}): move it to POINTS; its listed reason was: {why}")
+
+
+def test_the_v4flash_b300_table_in_the_docs_is_what_the_runner_gives():
+    """docs/profiles.md's Figure 3 table quotes, for every arm and concurrency, the
+    published figures and the simulated ones (whole-run, rounded); both must be today's."""
+    from dspark_sim.validation.published import FIG3_POINTS
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "profiles.md").read_text()
+    rows = re.findall(r"^\| (none|fixed:\d|vllm-adaptive) \| (\d+) \| ([\d,]+) \| ([\d,]+) \("
+                      r"[^|]*\| (\d+) \| (\d+) \(", docs, re.M)
+    assert len(rows) == 24
+    r = _runner("v4flash-b300")
+    for arm, c, pub_t, sim_t, pub_u, sim_u in rows:
+        c = int(c)
+        assert (int(pub_t.replace(",", "")), int(pub_u)) == FIG3_POINTS[arm][c]
+        s = r.summary(arm, c)
+        assert int(sim_t.replace(",", "")) == round(s["output_throughput"]), (arm, c)
+        assert int(sim_u) == round(s["median_interactivity"]), (arm, c)
