@@ -33,7 +33,10 @@ def point(profile: str, load: int, lengths: str, requests_per_client: int,
           policies: tuple[str, ...] = POLICIES) -> dict:
     prof = load_profile(profile)
     base = SimConfig(trace="selfspec-synthetic",
-                     deployment=DeploymentConfig(replicas=1, profile=profile),
+                     # a prefill instance per client: a closed loop never holds more prompts
+                     # than clients, so none waits; the table is the decode side's regime
+                     deployment=DeploymentConfig(replicas=1, profile=profile,
+                                                 prefill_instances=load),
                      engine=EngineConfig(prefill="disaggregated", kv_mode="reserve"),
                      workload=WorkloadConfig(arrival="closed", max_concurrency=load,
                                              num_requests=max(32, requests_per_client * load),
