@@ -82,13 +82,14 @@ def test_architecture_doc_opens_with_the_generated_rooms(rooms):
 @pytest.mark.parametrize("policy", ["confidence", "skip:0.5"])
 def test_every_summary_field_is_spelled_out_where_it_is_computed(policy):
     # a field name greps to the line that computes it, never only to its
-    # readers (no f"median_{prefix}" building); the producers: metrics, api and quality
+    # readers (no f"median_{prefix}" building); the producers: metrics, api, quality and
+    # the prefill pool (its queue's own figures)
     from dspark_sim.sim.api import simulate
     from dspark_sim.sim.config import resolve_config
 
     summary = simulate(resolve_config(preset_name="tiny", options={"policy": policy})).summary
     producers = "\n".join((REPO / "sim" / f).read_text() for f in ("metrics.py", "api.py",
-                                                                     "quality.py"))
+                                                                     "quality.py", "prefill.py"))
     assert len(summary) > 100
     assert [k for k in summary if f'"{k}"' not in producers] == []
 
