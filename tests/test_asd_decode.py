@@ -18,6 +18,9 @@ from dspark_sim.policies.lossy import AsdConfig  # noqa: E402
 from dspark_sim.traces.drafters import Shared, load_drafter  # noqa: E402
 from dspark_sim.validation.asd_decode import asd_decode_greedy  # noqa: E402
 
+# Slow (strict ASD decoding on the real SmolLM2 target): out of the default run, in .ci/run's slow leg.
+pytestmark = pytest.mark.slow
+
 GAMMA = 4
 NEW = 24
 

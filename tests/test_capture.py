@@ -17,6 +17,9 @@ from dspark_sim.traces.capture import capture  # noqa: E402
 from dspark_sim.traces.drafters import Lookup, SequenceStore, Shared, load_drafter  # noqa: E402
 from dspark_sim.traces.schema import read_trace  # noqa: E402
 
+# Slow (real SmolLM2 capture runs: about a minute on 2 cores): out of the default run, in .ci/run's slow leg.
+pytestmark = pytest.mark.slow
+
 GAMMA = 4
 NEW = 20
 _USER_CACHE = os.environ.get("DSPARK_SIM_CACHE")

@@ -22,6 +22,9 @@ from dspark_sim.traces.targets import generate_cached, load_target  # noqa: E402
 from dspark_sim.traces.train import train_drafter  # noqa: E402
 from dspark_sim.traces.tree_decode import tree_decode_greedy  # noqa: E402
 
+# Slow (real SmolLM2 decoding and re-verification: over a minute on 2 cores): out of the default run, in .ci/run's slow leg.
+pytestmark = pytest.mark.slow
+
 GAMMA = 4
 NEW = 24
 _USER_CACHE = os.environ.get("DSPARK_SIM_CACHE")  # before any fixture redirects it

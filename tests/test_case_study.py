@@ -30,6 +30,9 @@ import pytest
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import SimConfig, WorkloadConfig
 
+# Slow (the case-study sweep the README quotes): out of the default run, in .ci/run's slow leg.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 # concurrencies kept from the study's 13: the two the 120 tier needs (1, 2), the one that
 # shows MTP-1 has left it (4), Fig. 8's shrinking budget (16..192) and the seat limit (256)

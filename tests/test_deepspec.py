@@ -19,6 +19,9 @@ from dspark_sim.errors import InputError  # noqa: E402
 from dspark_sim.traces.deepspec import load_deepspec_drafter  # noqa: E402
 from dspark_sim.traces.drafters import DraftBatch, SequenceStore, Shared, load_drafter  # noqa: E402
 
+# Slow (a capture run with a real DeepSpec-style drafter): out of the default run, in .ci/run's slow leg.
+pytestmark = pytest.mark.slow
+
 D, H, KV, DH, FF, V = 64, 4, 2, 16, 128, 256
 BLOCK, RANK = 4, 8
 

@@ -14,6 +14,9 @@ from dspark_sim.traces import drafters as D  # noqa: E402
 from dspark_sim.traces.targets import Prompt, load_target  # noqa: E402
 from dspark_sim.traces.train import train_drafter  # noqa: E402
 
+# Slow (trains drafters on the real target): out of the default run, in .ci/run's slow leg.
+pytestmark = pytest.mark.slow
+
 VOCAB = 256
 
 

@@ -16,8 +16,9 @@ def _commands(text: str) -> list[str]:
 def test_ci_runs_the_readme_commands():
     readme = _commands((ROOT / "README.md").read_text())
     ci = _commands((ROOT / ".ci/run").read_text())
-    assert len(ci) == 2
-    assert ci == readme[:2]
+    assert len(ci) == 3
+    assert ci[:2] == readme[:2]
+    assert ci[2] == "python -m pytest -m slow"  # the set the default run leaves out
     assert "dspark-sim run --policy confidence --qps 200" in ci[0]
 
 

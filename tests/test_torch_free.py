@@ -66,6 +66,7 @@ print("blocked")
     assert r.returncode == 0 and r.stdout.strip() == "blocked", r.stdout + r.stderr
 
 
+@pytest.mark.slow  # runs the sim/ and policies/ test files again in a subprocess
 def test_sim_and_policy_tests_pass_without_torch(blocked_env):
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",

@@ -32,6 +32,9 @@ from dspark_sim.validation.vllm_compare import (
 )
 from dspark_sim.validation.vllm_fit import read_bench_run, read_bench_runs
 
+# Slow (refits and re-simulates the recorded vLLM runs): out of the default run, in .ci/run's slow leg.
+pytestmark = pytest.mark.slow
+
 RECORDED = Path(__file__).parent / "data" / "vllm-cpu"
 RECORDINGS = ("run-1", "run-2")
 SPLIT = "none,ngram-k3@c1,ngram-k3@c16"
