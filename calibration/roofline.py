@@ -769,6 +769,40 @@ def model_sheet_from_hf_config(cfg: dict[str, Any], *, bytes_per_param: float | 
     )
 
 
+def _hardware_sheet(hw_spec: Any, source: str) -> HardwareSheet:
+    """The ``[hardware]`` table, or the preset ``hardware = "NAME"`` names."""
+    if isinstance(hw_spec, str):
+        if hw_spec not in HARDWARE:
+            raise InputError(source, f"unknown hardware {hw_spec!r}; presets: {', '.join(HARDWARE)}")
+        return HARDWARE[hw_spec]
+    if hw_spec is None:
+        raise InputError(source, "missing [hardware] table")
+    return _sheet(HardwareSheet, f"{source} [hardware]", hw_spec)
+
+
+def _model_sheet(m_spec: Any, source: str, base: Path) -> ModelSheet:
+    """The ``[model]`` table: a preset name, fields, or ``hf_config`` (relative to the
+    sheet's folder) plus overrides."""
+    if isinstance(m_spec, str):
+        if m_spec not in MODELS:
+            raise InputError(source, f"unknown model {m_spec!r}; presets: {', '.join(MODELS)}")
+        return MODELS[m_spec]
+    if isinstance(m_spec, dict) and "hf_config" in m_spec:
+        cfg_path = Path(str(m_spec["hf_config"]))
+        cfg_path = cfg_path if cfg_path.is_absolute() else base / cfg_path
+        try:
+            cfg = loads_json(cfg_path.read_text(encoding="utf-8-sig"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(str(cfg_path), f"cannot read HF config ({exc})") from exc
+        check_hf_config(cfg, str(cfg_path))
+        derived = asdict(model_sheet_from_hf_config(cfg))
+        overrides = {k: v for k, v in m_spec.items() if k != "hf_config"}
+        return _sheet(ModelSheet, f"{source} [model]", overrides, derived)
+    if m_spec is None:
+        raise InputError(source, "missing [model] table")
+    return _sheet(ModelSheet, f"{source} [model]", m_spec)
+
+
 def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = None) -> EngineProfile:
     """Build an analytic profile from a sheet file (TOML) or an already parsed dict.
 
@@ -790,34 +824,8 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
         raise InputError(source, "expected a table")
     check_known_keys(source, data, SHEET_KEYS)
     hw_spec = data.get("hardware")
-    if isinstance(hw_spec, str):
-        if hw_spec not in HARDWARE:
-            raise InputError(source, f"unknown hardware {hw_spec!r}; presets: {', '.join(HARDWARE)}")
-        hw = HARDWARE[hw_spec]
-    elif hw_spec is None:
-        raise InputError(source, "missing [hardware] table")
-    else:
-        hw = _sheet(HardwareSheet, f"{source} [hardware]", hw_spec)
-    m_spec = data.get("model")
-    if isinstance(m_spec, str):
-        if m_spec not in MODELS:
-            raise InputError(source, f"unknown model {m_spec!r}; presets: {', '.join(MODELS)}")
-        model = MODELS[m_spec]
-    elif isinstance(m_spec, dict) and "hf_config" in m_spec:
-        cfg_path = Path(str(m_spec["hf_config"]))
-        cfg_path = cfg_path if cfg_path.is_absolute() else base / cfg_path
-        try:
-            cfg = loads_json(cfg_path.read_text(encoding="utf-8-sig"))
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(str(cfg_path), f"cannot read HF config ({exc})") from exc
-        check_hf_config(cfg, str(cfg_path))
-        derived = asdict(model_sheet_from_hf_config(cfg))
-        overrides = {k: v for k, v in m_spec.items() if k != "hf_config"}
-        model = _sheet(ModelSheet, f"{source} [model]", overrides, derived)
-    elif m_spec is None:
-        raise InputError(source, "missing [model] table")
-    else:
-        model = _sheet(ModelSheet, f"{source} [model]", m_spec)
+    hw = _hardware_sheet(hw_spec, source)
+    model = _model_sheet(data.get("model"), source, base)
     dep = _sheet(DeploymentSheet, f"{source} [deployment]", data.get("deployment", {}))
     precision = gemm_precision(model, data.get("precision"), source)
     if isinstance(hw_spec, str) and hw_spec in PEAK_FLOPS:
