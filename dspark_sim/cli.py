@@ -796,6 +796,18 @@ def profile_terms_text(p) -> str:
     return "\n".join(lines)
 
 
+# How a sweep sizes its points (sim.sweep.Sizing).
+SizePerClient = Annotated[int, typer.Option(
+    help="Closed loop: run each point with at least this many requests per client.")]
+SizeDoublings = Annotated[int, typer.Option(
+    help="Rerun a point with 2x requests, at most this often, while its steady window "
+         "is short (or --target-rse is missed).")]
+SizeRse = Annotated[float, typer.Option(
+    help="Also double while steady throughput or median interactivity has a larger "
+         "relative standard error (0: off).")]
+SizeMax = Annotated[int, typer.Option(help="Never size a point beyond this many requests.")]
+
+
 @app.command()
 def sweep(
     out: Annotated[Path, PathOption(help="Folder for points/, results.parquet, report.html.")],
@@ -832,16 +844,8 @@ def sweep(
     basis: Annotated[str, typer.Option(
         help="Figures of the fronts, headline and report: steady (warm-up and drain "
              "excluded) | whole (whole-run, vLLM bench serve).")] = "steady",
-    requests_per_client: Annotated[int, typer.Option(
-        help="Closed loop: run each point with at least this many requests per client.")] = 0,
-    max_doublings: Annotated[int, typer.Option(
-        help="Rerun a point with 2x requests, at most this often, while its steady window "
-             "is short (or --target-rse is missed).")] = 0,
-    target_rse: Annotated[float, typer.Option(
-        help="Also double while steady throughput or median interactivity has a larger "
-             "relative standard error (0: off).")] = 0.0,
-    max_requests: Annotated[int, typer.Option(
-        help="Never size a point beyond this many requests.")] = 1_000_000,
+    requests_per_client: SizePerClient = 0, max_doublings: SizeDoublings = 0,
+    target_rse: SizeRse = 0.0, max_requests: SizeMax = 1_000_000,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Sweep loads x policies (x profiles x traces x seeds); write results and a report."""
