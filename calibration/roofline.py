@@ -844,7 +844,9 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
     # bandwidth divides by zero, 1e308 bytes per parameter overflows to inf, then NaN):
     # any such step refuses the sheet in one line instead of a traceback or a warning.
     try:
-        with np.errstate(all="raise"):
+        # underflow is not refused: (1 - top_k / experts) ** tokens, the chance an expert
+        # stays untouched, goes to 0 at large batches, which is the right limit
+        with np.errstate(over="raise", divide="raise", invalid="raise", under="ignore"):
             prof = analytic_profile(hw, model, dep, name=prof_name)
     except InputError as exc:
         if exc.where != "deployment sheet":

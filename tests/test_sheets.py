@@ -243,3 +243,24 @@ def test_the_worked_example_in_the_docs_runs_as_printed(tmp_path):
                      docs).group(1)
     assert r.exit_code == 2
     assert "".join(r.output.replace(str(tmp_path) + "/", "").split()) == "".join(line.split())
+
+
+def test_a_moe_whose_untouched_expert_share_underflows_still_builds(tmp_path):
+    """(1 - 8/64) ** tokens underflows to 0 at large batches: every expert is touched,
+    a valid limit, not a sheet whose numbers imply no profile."""
+    import json
+
+    from dspark_sim.calibration.roofline import profile_from_sheets
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+        "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "head_dim": 128, "num_experts": 64,
+        "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
+        "torch_dtype": "bfloat16"}))
+    sheet = tmp_path / "s.toml"
+    sheet.write_text('hardware = "H100"\n[model]\nhf_config = "config.json"\n'
+                     '[deployment]\ngpus_per_replica = 1\n')
+    prof = profile_from_sheets(sheet)
+    steps = np.asarray(prof.step_s)
+    assert np.all(np.isfinite(steps)) and np.all(np.diff(steps) >= 0) and steps[0] > 0
