@@ -1,6 +1,13 @@
-"""Write the example notebooks from the cell sources below, executed, outputs stored.
+"""Write the example notebooks from their jupytext sources, executed, outputs stored.
 
     python notebooks/build_notebooks.py          # rewrites notebooks/*.ipynb (~1 min)
+
+Each notebook's cells live in a jupytext percent script beside it
+(``frontier_explorer.py`` -> ``frontier_explorer.ipynb``: ``# %%`` a code cell,
+``# %% [markdown]`` a markdown one; its header holds the notebook's kernelspec), which
+is what is edited, linted and reviewed; jupytext reads it into the notebook's cells and
+this file runs them and stores what they show, which jupytext cannot: the example
+inputs, scrubbed outputs and a PNG beside each figure.
 
 Each notebook reads parquet only (no network) and takes its input from an
 environment variable (``DSPARK_RESULTS``, ``DSPARK_TRACE``) or its first code cell;
@@ -12,8 +19,8 @@ enough to diff. A figure is stored as Plotly JSON (``plotly_mimetype``: JupyterL
 VS Code draw it, interactive) with a PNG of it in the same output (:func:`add_images`),
 which is what GitHub shows: it runs no script, and it would pick an HTML view over the
 PNG and show that blank, so none is stored (nor plotly.js, 3.5 MB).
-``tests/test_notebooks.py`` re-executes them and checks the stored sources against
-this file.
+``tests/test_notebooks.py`` re-executes them and checks the stored cells against the
+sources.
 """
 
 from __future__ import annotations
@@ -29,7 +36,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = "example"  # how the stored outputs name the example inputs' folder
@@ -38,315 +44,32 @@ RENDERERS = "plotly_mimetype"
 PLOTLY_JSON = "application/vnd.plotly.v1+json"
 IMAGE_WIDTH = 800  # px, each figure at its own height: ~30-90 kB a PNG
 
-FRONTIER = [
-    ("md", """# Frontier explorer
 
-Throughput-vs-interactivity fronts of a sweep (`dspark-sim sweep` or
-`dspark_sim.sim.sweep.run_sweep`): x = median interactivity (tok/s/user), y = output
-throughput (tok/s/GPU), as in DSpark Fig. 7 and InferenceX. Pick the policies,
-profiles and SLA tiers in the next cell. `DSPARK_RESULTS` (environment) or `RESULTS`
-names the input: a `results.parquet` or a sweep folder.
-
-With neither, the notebook runs a 4-point example sweep (the `tiny` preset, two light
-loads, a few seconds), which gave the stored outputs: its engine is memory-bound,
-verification is nearly free, and the gain over MTP-1 is far above a loaded production
-engine's. For that world run the case study (`python benchmarks/case_study.py`,
-docs/frontiers.md) and set `RESULTS = "../runs/case-study"`."""),
-    ("code", """import os
-
-import plotly.io as pio
-
-pio.renderers.default = os.environ.get("DSPARK_PLOTLY_RENDERER", "plotly_mimetype+notebook_connected")
-RESULTS = os.environ.get("DSPARK_RESULTS")  # e.g. "../runs/case-study"; None: an example sweep
-POLICIES = None  # e.g. ["confidence", "mtp1"]; None: every policy in the sweep
-PROFILES = None  # e.g. ["v4flash-h200"]; None: every profile
-# None: as the sweep's headline picks them (the run's default policy against mtp1)
-CANDIDATE, BASELINE = None, None
-SLA_TIERS = [80, 120]  # tok/s/user
-STABLE_ONLY = True  # leave unstable (overloaded) points out of the fronts
-BASIS = "steady"  # "steady": warm-up and drain excluded (the default); "whole": whole-run"""),
-    ("code", """import plotly.graph_objects as go
-import polars as pl
-from dspark_sim.sim import frontier as fr
-from dspark_sim.sim.report import budget_figure, fronts_figure, waste_figure
-from dspark_sim.sim.sweep import load_results
-
-if RESULTS is None:  # nothing given: a small sweep, run here, so the notebook runs as shipped
-    import tempfile
-    from dataclasses import replace
-
-    from dspark_sim.sim.config import preset
-    from dspark_sim.sim.sweep import run_sweep
-
-    base = preset("tiny")
-    base = replace(base, workload=replace(base.workload, num_requests=200))
-    with tempfile.TemporaryDirectory(prefix="dspark-example-sweep-") as tmp:
-        run_sweep(base, qps=[5, 20], policies=[fr.DEFAULT_BASELINE, fr.DEFAULT_CANDIDATE], out=tmp,
-                  executor="serial", progress=False)
-        df = load_results(tmp)
-else:
-    df = load_results(RESULTS)
-if PROFILES:
-    df = df.filter(pl.col("profile_spec").is_in(PROFILES))
-if POLICIES:
-    df = df.filter(pl.col("policy").is_in([fr.canonical_policy(p) for p in POLICIES]))
-print(f"{df.height} points; policies: {sorted(set(df['policy']))}; "
-      f"figures: {fr.basis_used(df, BASIS)}")
-# the same figures the fronts below use (metric_view puts the basis's columns under
-# the plain names)
-fr.metric_view(df, BASIS).select(
-    "policy", "profile_spec", "load_kind", "load", fr.X, fr.Y,
-    "spec_decode_acceptance_length", "mean_verify_tokens_per_request_step", "stable")"""),
-    ("md", "## Fronts\nMarkers are sweep points (hover for details, x = unstable), lines the "
-           "Pareto fronts; click a legend entry to toggle a policy."),
-    ("code", """fig = fronts_figure(df, policies=POLICIES, tiers=SLA_TIERS, stable_only=STABLE_ONLY,
-                    basis=BASIS)
-fig.show()"""),
-    ("md", "## Fronts by hand\nThe same fronts from `compute_fronts`, drawn with plain Plotly."),
-    ("code", """fronts = fr.compute_fronts(df, policies=POLICIES, stable_only=STABLE_ONLY, basis=BASIS)
-fig = go.Figure()
-for label, f in fronts.items():
-    fig.add_trace(go.Scatter(x=f.x, y=f.y, mode="lines+markers", name=label))
-for t in SLA_TIERS:
-    fig.add_vline(x=t, line_dash="dot")
-fig.update_layout(xaxis_title="tok/s/user", yaxis_title="tok/s/GPU", template="plotly_white")
-fig.show()
-pl.DataFrame([{"front": k, "points": len(f.x), "interactivity range": f"{f.x_range[0]:.0f}-{f.x_range[1]:.0f}",
-               "throughput range": f"{f.y_range[0]:.0f}-{f.y_range[1]:.0f}"} for k, f in fronts.items()])"""),
-    ("md", "## Throughput at the SLA tiers"),
-    ("code", """pl.DataFrame([{"front": k, "tier": t, "throughput": r.throughput, "status": r.status}
-              for k, f in fronts.items() for t in SLA_TIERS
-              for r in [fr.tier_throughput(f, t)]])"""),
-    ("md", "## Headline: candidate vs baseline"),
-    ("code", """candidate, baseline, missing = fr.headline_pair(df["policy"].to_list(), CANDIDATE, BASELINE)
-if missing is None:
-    h = fr.headline(df, candidate=candidate, baseline=baseline, tiers=SLA_TIERS,
-                    stable_only=STABLE_ONLY, basis=BASIS)
-    print(fr.format_headline(h))
-else:
-    print(f"no headline: {missing}")"""),
-    ("md", "## Verification budget vs concurrency (Fig. 8) and waste vs load"),
-    ("code", """budget_figure(df, policies=POLICIES, basis=BASIS).show()
-waste_figure(df, policies=POLICIES, basis=BASIS).show()
-fr.budget_table(df, BASIS)"""),
-]
-
-TRACE = [
-    ("md", """# Trace explorer
-
-A schema-v1 acceptance trace: tokens per verification step (τ) against the verify
-length ℓ, per-position conditional acceptance (DSpark Fig. 2), and the drafter's
-confidences against what happened. `DSPARK_TRACE` (environment) overrides the input: a
-trace parquet path or the name of a trace shipped in the package."""),
-    ("code", """import os
-
-import plotly.io as pio
-
-pio.renderers.default = os.environ.get("DSPARK_PLOTLY_RENDERER", "plotly_mimetype+notebook_connected")
-TRACE = os.environ.get("DSPARK_TRACE", "dspark-synthetic")"""),
-    ("code", """import numpy as np
-import plotly.graph_objects as go
-import polars as pl
-from dspark_sim.traces.schema import load_trace
-
-trace = load_trace(TRACE)
-g = trace.gamma_max
-print(f"{trace.source_path}: drafter {trace.meta.drafter}, target {trace.meta.target}, "
-      f"gamma_max {g}, {trace.num_requests} requests, {trace.num_positions} positions, "
-      f"domains {trace.meta.domains}, source {trace.meta.source}")
-trace.to_polars().head()"""),
-    ("md", "## τ by verify length ℓ\nτ(ℓ) = E[min(ℓ, m)] + 1 (bonus token included), "
-           "per domain and overall."),
-    ("code", """domains = list(trace.meta.domains) or ["all"]
-rows = []
-for d in ["all", *[d for d in domains if d != "all"]]:
-    t = trace if d == "all" else trace.select_domain(d)
-    rows += [{"domain": d, "ell": ell, "tau": t.tau(ell)} for ell in range(g + 1)]
-tau = pl.DataFrame(rows)
-fig = go.Figure()
-for d in tau["domain"].unique(maintain_order=True):
-    s = tau.filter(pl.col("domain") == d)
-    fig.add_trace(go.Scatter(x=s["ell"], y=s["tau"], mode="lines+markers", name=d))
-fig.update_layout(xaxis_title="verify length ℓ (draft tokens)", yaxis_title="τ (tokens / step)",
-                  template="plotly_white")
-fig.show()
-tau.pivot(on="domain", index="ell", values="tau")"""),
-    ("md", "## Per-position acceptance\nConditional P(k accepted | 1..k-1 accepted) "
-           "(DSpark Fig. 2) and unconditional survival P(m ≥ k) (vLLM's per-position "
-           "figure)."),
-    ("code", """k = np.arange(1, g + 1)
-fig = go.Figure()
-for d in domains:
-    t = trace if d == "all" else trace.select_domain(d)
-    fig.add_trace(go.Scatter(x=k, y=t.conditional_acceptance(), mode="lines+markers",
-                             name=f"{d} conditional"))
-fig.add_trace(go.Scatter(x=k, y=trace.survival(), mode="lines+markers", name="all survival",
-                         line={"dash": "dash"}))
-fig.update_layout(xaxis_title="draft position k", yaxis_title="acceptance",
-                  yaxis_range=[0, 1], template="plotly_white")
-fig.show()
-counts = np.bincount(trace.accept_len.astype(np.int64), minlength=g + 1)  # the histogram, binned here
-fig = go.Figure(go.Bar(x=np.arange(g + 1), y=counts))
-fig.update_layout(xaxis_title="accepted run length m", yaxis_title="positions",
-                  template="plotly_white")
-fig.show()"""),
-    ("md", "## Confidences vs outcomes\nAt each position k, among the drafts that reached k: "
-           "the raw confidence c_k when token k was accepted vs rejected (boxes: quartiles, "
-           "whiskers: min and max, computed here so the figure stays small), and the mean "
-           "confidence against the observed conditional acceptance."),
-    ("code", """m = trace.accept_len.astype(np.int64)
-c = trace.conf.astype(np.float64)
-rows = []
-boxes = {"accepted": ([], "seagreen"), "rejected": ([], "indianred")}
-for j in range(g):
-    reached = m >= j
-    acc = m[reached] > j
-    cj = c[reached, j]
-    rows.append({"k": j + 1, "reached": int(reached.sum()), "mean_conf": float(cj.mean()),
-                 "observed": float(acc.mean()),
-                 "conf_if_accepted": float(cj[acc].mean()) if acc.any() else None,
-                 "conf_if_rejected": float(cj[~acc].mean()) if (~acc).any() else None})
-    for name, sel in (("accepted", acc), ("rejected", ~acc)):
-        if sel.any():
-            q = np.percentile(cj[sel], [0, 25, 50, 75, 100])
-            boxes[name][0].append((f"k={j + 1}", *q))
-fig = go.Figure()
-for name, (stats, color) in boxes.items():
-    x, lo, q1, med, q3, hi = (list(v) for v in zip(*stats, strict=True))
-    fig.add_trace(go.Box(x=x, lowerfence=lo, q1=q1, median=med, q3=q3, upperfence=hi,
-                         name=name, marker_color=color))
-fig.update_layout(boxmode="group", yaxis_title="raw confidence c_k", template="plotly_white")
-fig.show()
-pl.DataFrame(rows)"""),
-]
-
-CALIBRATION = [
-    ("md", """# Confidence calibration
-
-Reliability diagram and expected calibration error (ECE, 15 equal-width bins,
-count-weighted) of a trace's raw confidences, computed here in numpy. Judged as the
-scheduler uses them: the prefix survival a_k = ∏_{i≤k} c_i against the event
-"the first k draft tokens were accepted" (accept_len ≥ k), over all positions; and
-conditionally, c_k among drafts that reached k. If `dspark_sim.calibration.fit` is
-installed, the sequential temperature scaling fit (DSpark §3.2.1) is shown after it.
-`DSPARK_TRACE` (environment) overrides the input."""),
-    ("code", """import os
-
-import plotly.io as pio
-
-pio.renderers.default = os.environ.get("DSPARK_PLOTLY_RENDERER", "plotly_mimetype+notebook_connected")
-TRACE = os.environ.get("DSPARK_TRACE", "dspark-synthetic")
-BINS = 15
-METHOD = "temperature"  # or "isotonic" (used only when calibration.fit is available)"""),
-    ("code", """import numpy as np
-import plotly.graph_objects as go
-import polars as pl
-from plotly.subplots import make_subplots
-from dspark_sim.traces.schema import load_trace
-
-trace = load_trace(TRACE)
-c = trace.conf.astype(np.float64)
-m = trace.accept_len.astype(np.int64)
-g = trace.gamma_max
-events = m[:, None] >= np.arange(1, g + 1)[None, :]
-surv = np.cumprod(c, axis=1)
+# the notebooks, in the order they are built: notebooks/<name>.py -> notebooks/<name>.ipynb
+NOTEBOOKS = ("frontier_explorer", "trace_explorer", "calibration")
 
 
-def ece(p, y, bins=BINS):
-    p = np.asarray(p, float)
-    y = np.asarray(y, float)
-    idx = np.clip((p * bins).astype(int), 0, bins - 1)
-    sp = np.bincount(idx, weights=p, minlength=bins)
-    sy = np.bincount(idx, weights=y, minlength=bins)
-    return float(np.abs(sp - sy).sum() / max(p.size, 1))
+def read_source(name: str) -> nbformat.NotebookNode:
+    """A notebook's cells and metadata from its percent script, with no outputs and
+    stable cell ids (byte-identical across rebuilds; jupytext's own are random). The
+    metadata is the script header's alone: not jupytext's record of the format, which
+    names its version."""
+    import jupytext
 
-
-def reliability(p, y, bins=BINS):
-    idx = np.clip((np.asarray(p) * bins).astype(int), 0, bins - 1)
-    n = np.bincount(idx, minlength=bins)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mp = np.bincount(idx, weights=p, minlength=bins) / n
-        fy = np.bincount(idx, weights=y, minlength=bins) / n
-    keep = n > 0
-    return mp[keep], fy[keep], n[keep]
-
-
-raw = []
-for j in range(g):
-    reached = m >= j
-    raw.append({"k": j + 1, "observed": float(events[:, j].mean()),
-                "predicted": float(surv[:, j].mean()), "ece_survival": ece(surv[:, j], events[:, j]),
-                "ece_conditional": ece(c[reached, j], events[reached, j])})
-raw = pl.DataFrame(raw)
-print(f"mean ECE of raw survivals: {raw['ece_survival'].mean():.2%}")
-raw"""),
-    ("md", "## Reliability diagram (raw)"),
-    ("code", """def diagram(prob, title):
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("survival a_k vs accept_len ≥ k",
-                                                        "conditional c_k (reached k)"))
-    for j in range(g):
-        reached = m >= j
-        for col, (p, y) in enumerate([(np.cumprod(prob, axis=1)[:, j], events[:, j]),
-                                      (prob[reached, j], events[reached, j])], start=1):
-            x, f, n = reliability(p, y)
-            fig.add_trace(go.Scatter(x=x, y=f, mode="lines+markers", name=f"k={j + 1}",
-                                     legendgroup=f"k{j}", showlegend=col == 1,
-                                     customdata=n, hovertemplate="pred %{x:.2f} obs %{y:.2f} n %{customdata}"),
-                          row=1, col=col)
-    for col in (1, 2):
-        fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line={"dash": "dot", "color": "grey"},
-                                 showlegend=False), row=1, col=col)
-    fig.update_xaxes(title_text="predicted", range=[0, 1])
-    fig.update_yaxes(title_text="observed", range=[0, 1])
-    fig.update_layout(title=title, template="plotly_white", height=450)
-    return fig
-
-
-diagram(c, "raw confidences").show()"""),
-    ("md", "## After calibration (if `calibration.fit` is available)"),
-    ("code", """try:
-    from dspark_sim.calibration.fit import calibrate_confidence
-except ImportError:
-    calibrate_confidence = None
-    print("dspark_sim.calibration.fit is not available: raw ECE only")
-if calibrate_confidence is not None:
-    cmap, rep = calibrate_confidence(trace, method=METHOD, holdout=0.3, seed=0, bins=BINS)
-    print(f"{METHOD}: mean ECE {rep['ece_before_mean']:.2%} -> {rep['ece_after_mean']:.2%} "
-          f"on {rep['split']['evaluated_on']}")
-    diagram(np.asarray(cmap.apply(c), dtype=np.float64), f"after {METHOD} scaling (all rows)").show()
-    display(pl.DataFrame(rep["positions"]).select("k", "observed", "ece_before", "ece_after",
-                                                  "auc_before", "auc_after"))"""),
-]
-
-
-def _notebook(cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
-    nb = new_notebook()
-    nb.cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src)
-                for kind, src in cells]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
+    nb = jupytext.read(HERE / f"{name}.py", fmt="py:percent")
+    nb.metadata.pop("jupytext", None)
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"{name}-{i}"
+    nbformat.validate(nb)
     return nb
 
 
-NOTEBOOKS = {
-    "frontier_explorer.ipynb": FRONTIER,
-    "trace_explorer.ipynb": TRACE,
-    "calibration.ipynb": CALIBRATION,
-}
-
-
 def sources(out_dir: Path) -> list[Path]:
-    """The notebooks with their cells and no outputs (stable cell ids: byte-identical
-    across rebuilds)."""
+    """Write each notebook from its source, without outputs, into ``out_dir``."""
     paths = []
-    for name, cells in NOTEBOOKS.items():
-        nb = _notebook(cells)
-        for i, cell in enumerate(nb.cells):
-            cell["id"] = f"{Path(name).stem}-{i}"
-        nbformat.validate(nb)
-        path = Path(out_dir) / name
-        path.write_text(nbformat.writes(nb) + "\n")
+    for name in NOTEBOOKS:
+        path = Path(out_dir) / f"{name}.ipynb"
+        path.write_text(nbformat.writes(read_source(name)) + "\n")
         paths.append(path)
     return paths
 

@@ -1,6 +1,6 @@
 """Execute the example notebooks on small inputs (kernel python3); check the stored files
-match their generator's cells and carry small executed outputs, each figure with a PNG a
-viewer that runs no script can show."""
+hold their jupytext sources' cells (notebooks/<name>.py) and carry small executed outputs,
+each figure with a PNG a viewer that runs no script can show."""
 
 from __future__ import annotations
 
@@ -42,16 +42,20 @@ def _strip(nb):
     return nb
 
 
-def test_notebooks_match_generator_and_store_small_outputs(tmp_path):
+def test_notebooks_match_their_sources_and_store_small_outputs(tmp_path):
+    pytest.importorskip("jupytext")
     builder = _load_builder()
     built = builder.sources(tmp_path)
     assert [p.name for p in built] == list(NOTEBOOKS)
+    # every percent script in the folder is a notebook's source (none is left unbuilt)
+    assert {p.stem for p in NB_DIR.glob("*.py")} - {"build_notebooks"} == \
+        {p.stem for p in built}
     for p in built:
         committed = NB_DIR / p.name
         stored = nbformat.read(committed, as_version=4)
         assert nbformat.writes(_strip(nbformat.read(committed, as_version=4))) == \
             nbformat.writes(nbformat.read(p, as_version=4)), \
-            f"rebuild {p.name}: python notebooks/build_notebooks.py"
+            f"rebuild {p.name} from {p.stem}.py: python notebooks/build_notebooks.py"
         code = [c for c in stored.cells if c.cell_type == "code"]
         # every cell ran, in order, without an error: a reader sees tables and figures
         assert [c.execution_count for c in code] == list(range(1, len(code) + 1))
