@@ -24,6 +24,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 import simpy
@@ -41,6 +42,7 @@ from dspark_sim.policies.base import (
 from dspark_sim.policies.registry import Policy
 from dspark_sim.sim import fast
 from dspark_sim.sim.config import EngineConfig, SimConfig, check_draft_length
+from dspark_sim.sim.cost import CostModel
 from dspark_sim.traces.schema import AcceptanceTrace
 
 # Columns of the running-batch matrix, one row per request. A request's row is built
@@ -144,22 +146,60 @@ _NO_CHUNK = np.zeros(0, np.int64)  # a step without prefill, to the compiled rep
 ITL_EDGES_S = np.logspace(-5, 3, 801)
 
 
-# Fields of the per-step series (one row per engine step of any replica, in completion
-# order): the steady-state window and its figures are computed from it afterwards
-# (``sim.metrics``).
-STEP_FIELDS = ("end_s", "dt_s", "replica", "decode_batch", "running", "waiting",
-               "batch_tokens", "prefill_tokens", "verified_drafts", "emitted_tokens",
-               "accepted_tokens", "unverified_tokens")
+class StepRecord(NamedTuple):
+    """One engine step of one replica, as the per-step series keeps it (one row per step
+    of any replica, in completion order): the steady-state window and its figures are
+    computed from the series afterwards (``sim.metrics``)."""
+
+    end_s: float
+    dt_s: float
+    replica: int
+    decode_batch: int
+    running: int  # batch rows at the step's end, before finished rows leave
+    waiting: int
+    batch_tokens: int
+    prefill_tokens: int
+    verified_drafts: int
+    emitted_tokens: int  # accepted + bonus per decoding row, first tokens of prefills
+    accepted_tokens: int  # drafts the verifier accepted
+    unverified_tokens: int  # drafts committed without the verifier (lossy skips)
+
+
+STEP_FIELDS = StepRecord._fields
+
+
+class LossyStep(NamedTuple):
+    """A tree or lossy policy's step, as it is priced and committed: the policy's replay
+    of its plan (accepted drafts, changed tokens, state), which rows the verifier ran for
+    (``bonus``; None: all), extra drafted tokens per row (tree branches) and KV writes of
+    earlier unverified commits (``fill_tokens``)."""
+
+    replay: object
+    bonus: np.ndarray | None
+    draft_tokens: np.ndarray | None
+    fill_tokens: np.ndarray | None
+
+
+class StepPlan(NamedTuple):
+    """What one step verifies and prefills: ``ell`` and ``accepted`` per decoding row
+    (the first ``n_dec`` rows of the batch), the tree or lossy part, the verify tokens
+    it carries, and the prefill ``chunk`` per prefilling row (None: no prefilling rows)
+    with the tokens each had ``remaining``."""
+
+    n_dec: int
+    ell: np.ndarray
+    accepted: np.ndarray
+    lossy: LossyStep | None
+    verify_tokens: int
+    chunk: np.ndarray | None
+    remaining: np.ndarray | None
+    prefill_tokens: int
 
 
 class StepRecorder:
-    """Per-step time series: one C-level ``array.extend`` of a tuple per engine step
-    (12 float64, 96 bytes; well under 1 us, no per-token or per-request work).
-    ``running`` / ``waiting`` are the replica's batch rows and queue at the step's end
-    (before finished rows leave), ``emitted_tokens`` every token the step produced
-    (accepted + bonus per decoding request, first tokens of completed prefills),
-    ``accepted_tokens`` the drafts the verifier accepted and ``unverified_tokens`` those
-    committed without it (a lossy policy that skips the verifier)."""
+    """The per-step series: one C-level ``array.extend`` of a :class:`StepRecord` per
+    engine step (12 float64, 96 bytes; well under 1 us, no per-token or per-request
+    work)."""
 
     def __init__(self) -> None:
         self.buf = array("d")
@@ -399,40 +439,42 @@ class Replica:
                 self.wake = None
             self._admit()
             self._preempt_if_full()
-            batch = self.batch
-            # Rows are ordered [decoding | prefilling]: admission appends, prefill chunks
-            # are handed out FCFS so prefills complete in row order, and removal keeps
-            # order. Both groups are therefore slices (views), never fancy indexes.
-            n_dec = len(batch) - self.n_prefilling
-            decoding = slice(0, n_dec)
-            prefilling = slice(n_dec, None) if self.n_prefilling else None
-            ell, accepted, lossy = self._verify_lengths(batch, n_dec)
-            verify_tokens = n_dec + int(ell.sum())
-            skipped = 0
-            if lossy is not None:
-                if lossy[1] is not None:
-                    # requests that commit drafts without the verifier take no bonus slot
-                    skipped = int(np.count_nonzero(~lossy[1]))
-                    verify_tokens -= skipped
-                    self.ctx.stats.skipped_request_steps += skipped
-                if lossy[3] is not None:  # KV writes of earlier unverified commits
-                    verify_tokens += int(lossy[3].sum())
-            chunk, remaining = self._prefill_chunks(batch, prefilling, verify_tokens)
-            prefill_tokens = int(chunk.sum()) if chunk is not None else 0
-            if verify_tokens + prefill_tokens == 0 and not skipped:
-                raise RuntimeError("engine step with no work")  # a prefill chunk always progresses
-            dt = self._step_time_s(batch, decoding, prefilling, ell, n_dec, verify_tokens,
-                                   prefill_tokens, chunk, remaining, lossy)
+            plan = self._plan(self.batch)
+            dt = self._step_time_s(self.batch, plan)
             yield env.timeout(dt)
-            self._replay(batch, decoding, prefilling, ell, accepted, n_dec, verify_tokens,
-                         chunk, prefill_tokens, dt, lossy)
+            self._replay(self.batch, plan, dt)
 
-    def _verify_lengths(self, batch: np.ndarray, n_dec: int):
+    def _plan(self, batch: np.ndarray) -> StepPlan:
+        """Steps 3 and 4: what this step verifies and prefills."""
+        # Rows are ordered [decoding | prefilling]: admission appends, prefill chunks
+        # are handed out FCFS so prefills complete in row order, and removal keeps
+        # order. Both groups are therefore slices (views), never fancy indexes.
+        n_dec = len(batch) - self.n_prefilling
+        ell, accepted, lossy = self._verify_lengths(batch, n_dec)
+        verify_tokens = n_dec + int(ell.sum())
+        skipped = 0
+        if lossy is not None:
+            if lossy.bonus is not None:
+                # requests that commit drafts without the verifier take no bonus slot
+                skipped = int(np.count_nonzero(~lossy.bonus))
+                verify_tokens -= skipped
+                self.ctx.stats.skipped_request_steps += skipped
+            if lossy.fill_tokens is not None:  # KV writes of earlier unverified commits
+                verify_tokens += int(lossy.fill_tokens.sum())
+        chunk, remaining = self._prefill_chunks(batch, n_dec, verify_tokens)
+        prefill_tokens = int(chunk.sum()) if chunk is not None else 0
+        if verify_tokens + prefill_tokens == 0 and not skipped:
+            raise RuntimeError("engine step with no work")  # a prefill chunk always progresses
+        return StepPlan(n_dec, ell, accepted, lossy, verify_tokens, chunk, remaining,
+                        prefill_tokens)
+
+    def _verify_lengths(self, batch: np.ndarray, n_dec: int
+                        ) -> tuple[np.ndarray, np.ndarray, LossyStep | None]:
         """Step 3: ``l`` per decoding request (the policy's choice, capped at gamma, at the
         drafts the trace says were proposed at its position, and at the token budget) and
         the drafts each accepts: ``min(l, m)`` at its position for a chain; for a
         :class:`Verification` (tree / lossy) policy, what its replay says against the
-        trace's ground truth. Returns (l, accepted, replayed-or-None)."""
+        trace's ground truth."""
         ctx = self.ctx
         self.proposed = None
         if not (n_dec and ctx.gamma):
@@ -458,7 +500,8 @@ class Replica:
             ctx.stats.budget_limited_steps += 1
         return ell, np.minimum(ell, accept_len), None
 
-    def _replay_plan(self, plan: Verification, batch, n_dec, trace_idx, accept_len):
+    def _replay_plan(self, plan: Verification, batch, n_dec, trace_idx, accept_len
+                     ) -> tuple[np.ndarray, np.ndarray, LossyStep]:
         """A tree or lossy policy: its tokens trimmed to the budget and its own replay of
         the plan against the ground truth (checked: it can emit no more than it verified,
         unless it commits drafts without the verifier)."""
@@ -485,29 +528,33 @@ class Replica:
             raise RuntimeError(f"policy {ctx.policy.name}: replay accepted outside 0..tokens")
         if rep.state is not None and ctx.request_state is not None:
             ctx.request_state[rids] = rep.state
-        return tokens, accepted, (rep, bonus, plan.draft_tokens, fill)
+        return tokens, accepted, LossyStep(rep, bonus, plan.draft_tokens, fill)
 
-    def _prefill_chunks(self, batch: np.ndarray, prefilling: slice | None, verify_tokens: int
+    def _prefill_chunks(self, batch: np.ndarray, n_dec: int, verify_tokens: int
                         ) -> tuple[np.ndarray | None, np.ndarray | None]:
         """Step 4: chunked prefill takes what verification left of the token budget,
         FCFS over the prefilling rows. Returns (chunk per row, tokens each had left)."""
-        if prefilling is None:
+        if not self.n_prefilling:
             return None, None
+        prefilling = slice(n_dec, None)
         remaining = batch[prefilling, PREFILL_TARGET] - batch[prefilling, PREFILLED]
         left = max(0, self.ctx.max_num_batched_tokens - verify_tokens)
         before = np.cumsum(remaining) - remaining
         chunk = np.maximum(np.minimum(remaining, left - before), 0)
         return chunk, remaining
 
-    def _step_time_s(self, batch, decoding, prefilling, ell, n_dec, verify_tokens,
-                     prefill_tokens, chunk, remaining, lossy=None) -> float:
+    def _step_time_s(self, batch: np.ndarray, plan: StepPlan) -> float:
         """Step 5: draft + target at B tokens + KV reads of the batch + the LM head for
         rows whose logits are needed (verify rows, finishing prefills) + the optional
         context-dependent terms."""
         ctx = self.ctx
-        prof = ctx.profile
+        cost = ctx.cost
+        prof = cost.profile
+        n_dec, ell, lossy = plan.n_dec, plan.ell, plan.lossy
+        decoding = slice(0, n_dec)
         target_kv = self.kv_tokens
-        skip = None if lossy is None or lossy[1] is None or lossy[1].all() else ~lossy[1]
+        skip = None if lossy is None or lossy.bonus is None or lossy.bonus.all() \
+            else ~lossy.bonus
         if skip is not None:
             # rows that skip the verifier are not in the target's forward: it reads none
             # of their KV (and a step where every row skips runs no target forward at all)
@@ -516,148 +563,131 @@ class Replica:
             # the draft's cost depends on each request's context (self-speculation over a
             # sparse KV) or on what each request drafts this step (a stopping controller,
             # an autoregressive drafter that proposed fewer at the request's position)
-            dt = ctx.draft_step_s(self._decode_context(batch, n_dec), ell, self.kv_tokens,
-                                  self.proposed)
+            dt = cost.draft_step_s(self._decode_context(batch, n_dec), ell, self.kv_tokens,
+                                   self.proposed)
         else:
-            dt = ctx.draft_time(n_dec, self.kv_tokens) if n_dec else 0.0
+            dt = cost.draft_time(n_dec, self.kv_tokens) if n_dec else 0.0
         # two additions, in the order of the sum before the draft was priced per request:
         # (draft + target) + KV, so a drafter without context terms gives the same bits
-        dt += ctx.target_time(verify_tokens + prefill_tokens) \
-            if verify_tokens + prefill_tokens else 0.0
+        tokens = plan.verify_tokens + plan.prefill_tokens
+        dt += cost.target_time(tokens) if tokens else 0.0
         dt += prof.kv_s_per_token * target_kv
-        if lossy is not None and lossy[2] is not None and n_dec:
+        if lossy is not None and lossy.draft_tokens is not None and n_dec:
             # tree branches: the drafter's per-token share of its block, per extra token
-            dt += ctx.draft_branch_s(n_dec) * float(np.sum(lossy[2])) / n_dec
+            dt += cost.draft_branch_s(n_dec) * float(np.sum(lossy.draft_tokens)) / n_dec
         if prof.logits_s_per_row:
-            finishing = int(np.count_nonzero(chunk == remaining)) if prefill_tokens else 0
-            dt += prof.logits_s_per_row * (verify_tokens + finishing)
-        if ctx.has_context_terms:
-            query = ell if lossy is None or lossy[3] is None else ell + lossy[3]
+            finishing = int(np.count_nonzero(plan.chunk == plan.remaining)) \
+                if plan.prefill_tokens else 0
+            dt += prof.logits_s_per_row * (plan.verify_tokens + finishing)
+        if cost.has_context_terms:
+            query = ell if lossy is None or lossy.fill_tokens is None \
+                else ell + lossy.fill_tokens
             query_ctx, multi_kv, ctx_requests = self._attention_units(
-                batch, decoding, query, n_dec, prefilling, chunk if prefill_tokens else None,
+                batch, n_dec, query, plan.chunk if plan.prefill_tokens else None,
                 prof.attn_window_tokens, skip)
             dt += prof.attn_s_per_query_ctx * query_ctx + prof.multi_kv_s_per_token * multi_kv \
                 + prof.request_s * ctx_requests
         return dt
 
-    def _replay(self, batch, decoding, prefilling, ell, accepted, n_dec, verify_tokens,
-                chunk, prefill_tokens, dt, lossy=None) -> None:
+    def _replay(self, batch: np.ndarray, plan: StepPlan, dt: float) -> None:
         """Step 6: a decoding request emits its accepted drafts and a bonus token (a
         chain: ``min(l, m)``; a tree or lossy policy: what its replay said, the bonus only
         when the verifier ran for it); a request completing prefill emits its first token;
         finished requests leave."""
         ctx = self.ctx
         stats = ctx.stats
-        log = ctx.log
         now = ctx.env.now
         stats.steps += 1
         if stats.steps >= ctx.max_engine_steps and not ctx.stop.triggered:
             ctx.stop.succeed("steps")  # the run's step bound: stated in the summary
         stats.busy_s += dt
-        stats.batch_tokens += verify_tokens + prefill_tokens
-        if lossy is None and compiled.NUMBA:
-            return self._replay_compiled(batch, ell, accepted, n_dec, verify_tokens, chunk,
-                                         prefill_tokens, dt, now)
-        emitted = n_accepted = n_unverified = 0
+        stats.batch_tokens += plan.verify_tokens + plan.prefill_tokens
+        if plan.lossy is None and compiled.NUMBA:
+            emitted, n_accepted, n_done, finished = fast.replay_chain(
+                batch, plan.n_dec, plan.ell, plan.accepted,
+                plan.chunk if plan.prefill_tokens else _NO_CHUNK,
+                stats.accept_hist, stats.ell_hist)
+            n_unverified = 0
+        else:
+            emitted, n_accepted, n_unverified = self._replay_decoding(batch, plan)
+            n_done = 0
+            if plan.prefill_tokens:
+                batch[plan.n_dec:, PREFILLED] += plan.chunk
+                n_done = int(np.count_nonzero(batch[plan.n_dec:, PREFILLED]
+                                              >= batch[plan.n_dec:, PREFILL_TARGET]))
+                # the step that completes prefill samples a token (prefills complete in
+                # row order)
+                batch[plan.n_dec: plan.n_dec + n_done, GENERATED] += 1
+            finished = None
+        n_dec = plan.n_dec
         if n_dec:
-            generated = batch[decoding, GENERATED]
-            bonus = 1 if lossy is None or lossy[1] is None else lossy[1].astype(np.int64)
-            advance = np.minimum(accepted + bonus, batch[decoding, OUTPUT_TOKENS] - generated)
-            if lossy is not None and lossy[0].changed is not None:
-                changed = np.minimum(np.asarray(lossy[0].changed, dtype=np.int64), advance)
-                log.changed_tokens[batch[decoding, REQUEST_ID]] += changed
-                stats.changed_tokens += int(changed.sum())
-            batch[decoding, GENERATED] = generated + advance
-            batch[decoding, STEPS] += 1
-            batch[decoding, VERIFIED] += ell
-            if lossy is not None and lossy[1] is not None:
-                # a request that skipped the verifier committed drafts it never judged: they
-                # are emitted (and count in the acceptance length) but are no acceptances;
-                # the acceptance rate, the waste and the per-position figures are the
-                # verifier's, so what it accepted is at most what it verified
-                judged = np.minimum(accepted, ell)
-                n_unverified = int((accepted - judged).sum())
-                accepted = judged
-            batch[decoding, ACCEPTED] += accepted
-            emitted = int(advance.sum())
-            n_accepted = int(accepted.sum())
-            stats.unverified_tokens += n_unverified
             self.kv_tokens += emitted
             # Every decoding request gets a token every step, and its previous token
             # came at the end of the previous step: its inter-token gap is this dt.
             stats.itl_hist[bisect.bisect_left(ctx.itl_edges, dt)] += n_dec
             stats.itl_sum_s += dt * n_dec
-            stats.accept_hist += np.bincount(accepted, minlength=stats.accept_hist.size)
-            stats.ell_hist += np.bincount(ell, minlength=stats.accept_hist.size)
             stats.request_steps += n_dec
-            stats.verify_tokens += verify_tokens
+            stats.verify_tokens += plan.verify_tokens
             if self.proposed is not None:
                 stats.unproposed_request_steps += int(np.count_nonzero(self.proposed == 0))
-        if prefill_tokens:
-            batch[prefilling, PREFILLED] += chunk
-            self.kv_tokens += prefill_tokens
-            self.pending_prefill -= prefill_tokens
-            n_done = int(np.count_nonzero(batch[prefilling, PREFILLED]
-                                          >= batch[prefilling, PREFILL_TARGET]))
-            if n_done:
-                done = slice(n_dec, n_dec + n_done)  # prefills complete in row order
-                batch[done, GENERATED] += 1  # the step that completes prefill samples a token
-                self.kv_tokens += n_done
-                emitted += n_done
-                self.n_prefilling -= n_done
-                rids = batch[done, REQUEST_ID]
-                first = log.first_token_s[rids]
-                log.first_token_s[rids] = np.where(np.isnan(first), now, first)
-        verified_drafts = int(ell.sum()) if lossy is not None else verify_tokens - n_dec
-        ctx.record_step((now, dt, self.index, n_dec, len(batch), len(self.waiting),
-                         verify_tokens + prefill_tokens, prefill_tokens, verified_drafts,
-                         emitted, n_accepted, n_unverified))
-        finished = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
-        if finished.any():
-            gone = self._remove(~finished, finished=True)
-            rids = gone[:, REQUEST_ID]
-            log.finish_s[rids] = now
-            log.generated[rids] = gone[:, GENERATED]
-            ctx.on_finish(len(rids))
-
-    def _replay_compiled(self, batch, ell, accepted, n_dec, verify_tokens, chunk,
-                         prefill_tokens, dt, now) -> None:
-        """:meth:`_replay` of a chain step with the batch arithmetic in one compiled
-        kernel (``sim.fast.replay_chain``); the same updates in the same order."""
-        ctx = self.ctx
-        stats = ctx.stats
-        log = ctx.log
-        emitted, n_accepted, n_done, finished = fast.replay_chain(
-            batch, n_dec, ell, accepted, chunk if prefill_tokens else _NO_CHUNK,
-            stats.accept_hist, stats.ell_hist)
-        if n_dec:
-            self.kv_tokens += emitted
-            stats.itl_hist[bisect.bisect_left(ctx.itl_edges, dt)] += n_dec
-            stats.itl_sum_s += dt * n_dec
-            stats.request_steps += n_dec
-            stats.verify_tokens += verify_tokens
-            if self.proposed is not None:
-                stats.unproposed_request_steps += int(np.count_nonzero(self.proposed == 0))
-        if prefill_tokens:
-            self.kv_tokens += prefill_tokens
-            self.pending_prefill -= prefill_tokens
+        if plan.prefill_tokens:
+            self.kv_tokens += plan.prefill_tokens
+            self.pending_prefill -= plan.prefill_tokens
             if n_done:
                 self.kv_tokens += n_done
                 emitted += n_done
                 self.n_prefilling -= n_done
                 rids = batch[n_dec: n_dec + n_done, REQUEST_ID]
-                first = log.first_token_s[rids]
-                log.first_token_s[rids] = np.where(np.isnan(first), now, first)
-        ctx.record_step((now, dt, self.index, n_dec, len(batch), len(self.waiting),
-                         verify_tokens + prefill_tokens, prefill_tokens, verify_tokens - n_dec,
-                         emitted, n_accepted, 0))
-        if finished:
+                first = ctx.log.first_token_s[rids]
+                ctx.log.first_token_s[rids] = np.where(np.isnan(first), now, first)
+        verified_drafts = int(plan.ell.sum()) if plan.lossy is not None \
+            else plan.verify_tokens - n_dec
+        ctx.record_step(StepRecord(now, dt, self.index, n_dec, len(batch), len(self.waiting),
+                                   plan.verify_tokens + plan.prefill_tokens,
+                                   plan.prefill_tokens, verified_drafts, emitted, n_accepted,
+                                   n_unverified))
+        if finished is None or finished:
             done = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
-            gone = self._remove(~done, finished=True)
-            rids = gone[:, REQUEST_ID]
-            log.finish_s[rids] = now
-            log.generated[rids] = gone[:, GENERATED]
-            ctx.on_finish(len(rids))
+            if finished or done.any():
+                gone = self._remove(~done, finished=True)
+                rids = gone[:, REQUEST_ID]
+                ctx.log.finish_s[rids] = now
+                ctx.log.generated[rids] = gone[:, GENERATED]
+                ctx.on_finish(len(rids))
+
+    def _replay_decoding(self, batch: np.ndarray, plan: StepPlan) -> tuple[int, int, int]:
+        """The numpy replay of the decoding rows (every tree or lossy step, and chain steps
+        without the compiled kernel). Returns (emitted, accepted, committed unverified)."""
+        n_dec, ell, accepted, lossy = plan.n_dec, plan.ell, plan.accepted, plan.lossy
+        if not n_dec:
+            return 0, 0, 0
+        ctx = self.ctx
+        stats = ctx.stats
+        decoding = slice(0, n_dec)
+        generated = batch[decoding, GENERATED]
+        bonus = 1 if lossy is None or lossy.bonus is None else lossy.bonus.astype(np.int64)
+        advance = np.minimum(accepted + bonus, batch[decoding, OUTPUT_TOKENS] - generated)
+        if lossy is not None and lossy.replay.changed is not None:
+            changed = np.minimum(np.asarray(lossy.replay.changed, dtype=np.int64), advance)
+            ctx.log.changed_tokens[batch[decoding, REQUEST_ID]] += changed
+            stats.changed_tokens += int(changed.sum())
+        batch[decoding, GENERATED] = generated + advance
+        batch[decoding, STEPS] += 1
+        batch[decoding, VERIFIED] += ell
+        n_unverified = 0
+        if lossy is not None and lossy.bonus is not None:
+            # a request that skipped the verifier committed drafts it never judged: they
+            # are emitted (and count in the acceptance length) but are no acceptances;
+            # the acceptance rate, the waste and the per-position figures are the
+            # verifier's, so what it accepted is at most what it verified
+            judged = np.minimum(accepted, ell)
+            n_unverified = int((accepted - judged).sum())
+            accepted = judged
+        batch[decoding, ACCEPTED] += accepted
+        stats.unverified_tokens += n_unverified
+        stats.accept_hist += np.bincount(accepted, minlength=stats.accept_hist.size)
+        stats.ell_hist += np.bincount(ell, minlength=stats.accept_hist.size)
+        return int(advance.sum()), int(accepted.sum()), n_unverified
 
     @staticmethod
     def _context(batch, decoding) -> np.ndarray:
@@ -672,7 +702,7 @@ class Replica:
             - batch[:n_dec, GENERATED_AT_ADMIT]
 
     @staticmethod
-    def _attention_units(batch, decoding, ell, n_dec, prefilling, chunk, window=None,
+    def _attention_units(batch, n_dec, ell, chunk, window=None,
                          skip=None) -> tuple[float, float, int]:
         """The step's units of the profile's context-dependent terms, in one pass over the
         batch slices: (sum over rows of query tokens x attended context, context tokens
@@ -684,6 +714,7 @@ class Replica:
         that commit without the verifier) are not in the target's forward."""
         query_ctx = multi_kv = 0.0
         ctx_requests = n_dec
+        decoding, prefilling = slice(0, n_dec), slice(n_dec, None)
         if n_dec:
             context = batch[decoding, PREFILLED] + batch[decoding, GENERATED] \
                 - batch[decoding, GENERATED_AT_ADMIT]
@@ -715,18 +746,22 @@ class Replica:
         survival = ctx.trace_survival[trace_idx]
         sps = cost = None
         if policy.needs_sps or policy.needs_cost:
-            extra = self._extra_s(n_dec, batch)
+            sched = ctx.sched_cost
+            context = self._decode_context(batch, n_dec) \
+                if sched.draft_context is not None or policy.stops_drafting else None
+            extra = sched.extra_s(n_dec, ctx.gamma, self.kv_tokens, len(batch), context)
             if policy.needs_sps:
-                sps = self._sps_curve(n_dec, extra, policy.sps_decode_only)
+                sps = sps_curve(sched.dense_step_s, extra, n_dec, ctx.gamma,
+                                self.pending_prefill, ctx.max_num_batched_tokens,
+                                decode_only=policy.sps_decode_only)
             if policy.needs_cost:
                 extra.flags.writeable = False
-                cost = StepCost(ctx.sps_dense_step_s, extra, self.pending_prefill,
-                                ctx.sps_prefill_s_per_token,
-                                ctx.draft_branch_s(n_dec) / n_dec if policy.replay else 0.0)
+                cost = StepCost(sched.dense_step_s, extra, self.pending_prefill,
+                                sched.prefill_s_per_token,
+                                ctx.cost.draft_branch_s(n_dec) / n_dec if policy.replay else 0.0)
                 if policy.stops_drafting:  # the draft is priced apart: per pass, per step
-                    context = self._decode_context(batch, n_dec)
-                    cost = replace(cost, draft_pass_s=ctx.sps_draft_pass_s(n_dec, context),
-                                   draft_fixed_s=ctx.sps_draft_fixed_s(context, self.kv_tokens))
+                    cost = replace(cost, draft_pass_s=sched.draft_pass_s(n_dec, context),
+                                   draft_fixed_s=sched.draft_fixed_s(context, self.kv_tokens))
         fields = state = None
         if policy.fields:
             v2 = ctx.trace.v2
@@ -736,29 +771,6 @@ class Replica:
         ell = policy(policy.snapshot(self.lag, survival, ctx.gamma, ctx.max_num_batched_tokens,
                                      sps=sps, cost=cost, fields=fields, state=state))
         return ell if isinstance(ell, Verification) else _lengths(ell, policy.name, n_dec)
-
-    def _extra_s(self, n_dec: int, batch: np.ndarray) -> np.ndarray:
-        """The step time beyond the target table when ``i`` drafts are admitted,
-        i = 0..n*gamma, as the *scheduler's* profile prices it (``policy_profile``; by
-        default the cost profile): draft, KV reads, and the LM head / attention terms of
-        the ``n + i`` verify tokens. A stopping controller's draft is left out (its
-        :class:`StepCost` carries the draft per pass and per step instead)."""
-        ctx = self.ctx
-        if ctx.policy.stops_drafting:
-            draft_s = 0.0
-        elif ctx.sps_draft_context is not None and n_dec:
-            context = self._decode_context(batch, n_dec)
-            draft_s = ctx.sps_draft_time(n_dec, self.kv_tokens) + ctx.sps_draft_context.context_s(
-                context, np.full(n_dec, ctx.draft_gamma))
-        else:
-            draft_s = ctx.sps_draft_time(n_dec, self.kv_tokens)
-        return ctx.sps_profile.step_extra_s(n_dec, ctx.gamma, self.kv_tokens, len(batch),
-                                            draft_s)
-
-    def _sps_curve(self, n_dec: int, extra: np.ndarray, decode_only: bool) -> np.ndarray:
-        ctx = self.ctx
-        return sps_curve(ctx.sps_dense_step_s, extra, n_dec, ctx.gamma, self.pending_prefill,
-                         ctx.max_num_batched_tokens, decode_only=decode_only)
 
 
 def sps_curve(dense_step_s: np.ndarray, extra_s: np.ndarray, n_dec: int, gamma: int,
@@ -829,7 +841,8 @@ def _run_gamma(cfg: SimConfig, policy: Policy, trace: AcceptanceTrace | None) ->
 
 
 class SimContext:
-    """Everything the replicas share: config, profile, trace, policy, outputs."""
+    """Everything the replicas share: config, limits, trace, policy, the cost models
+    (``cost`` times the steps, ``sched_cost`` is what the scheduler believes), outputs."""
 
     def __init__(self, cfg: SimConfig, profile: EngineProfile, policy: Policy,
                  trace: AcceptanceTrace | None, calibration: CalibrationMap,
@@ -841,7 +854,7 @@ class SimContext:
         self.trace = trace
         self.trace_accept_len = trace.accept_len if trace is not None else None
         self.log = log
-        self._on_finish = on_finish
+        self.on_finish = on_finish
         self.limits = resolve_limits(cfg.engine, profile)
         self.max_num_seqs = self.limits.max_num_seqs
         self.max_num_batched_tokens = self.limits.max_num_batched_tokens
@@ -862,43 +875,8 @@ class SimContext:
         self.trace_survival = (calibration.survival(trace.conf)[:, : self.gamma]
                                if self.needs_survival and trace is not None else None)
         self._init_draft_tokens(trace, policy)
-        self._draft_key = None
-        self._draft_kv_s = 0.0
-        # Tokens drafted per request and step: a block drafter (DSpark, a parallel
-        # backbone) proposes its whole block whatever is verified; an autoregressive one
-        # (EAGLE, MTP, lookup) stops at what the policy verifies.
-        self.draft_gamma = self.verify_max
-        if policy.drafter is not None and self.verify_max > 0:
-            key = profile.draft_key(trace.meta.drafter, policy.drafter)  # fails if missing
-            self._draft_key = key
-            self._draft_kv_s = profile.drafts[key].kv_s_per_token
-            if profile.drafts[key].block:
-                self.draft_gamma = self.gamma
-        # Target time for every B in 0..max_num_batched_tokens, looked up once: the hot
-        # loop then indexes instead of searching (8k floats, 64 KiB).
-        self.dense_step_s = np.asarray(
-            profile.target_time_s(np.arange(self.max_num_batched_tokens + 1)), dtype=np.float64)
-        self._dense_list = self.dense_step_s.tolist()
-        self._draft_cache: dict[int, float] = {}
-        self._pass_cache: dict[tuple[int, int], float] = {}
-        self._init_sps_table(profile, policy_profile)
-        # Per-request draft pricing: a drafter whose cost depends on each request's own
-        # context (sparse-KV self-speculation), a policy whose drafter stops at each
-        # request's verify length this step (a controller deciding while it drafts), or
-        # an autoregressive drafter the trace says proposed fewer at some positions.
-        draft = profile.drafts[self._draft_key] if self._draft_key is not None else None
-        self.draft_per_request = draft is not None and (
-            draft.has_context_terms or policy.stops_drafting
-            or (self.trace_draft_tokens is not None and not draft.block))
-        sps_draft = (self.sps_profile.drafts[self._draft_key]
-                     if self._draft_key is not None else None)
-        self.sps_draft_context = sps_draft if sps_draft is not None \
-            and sps_draft.has_context_terms else None
-        self.has_context_terms = bool(profile.attn_s_per_query_ctx or profile.multi_kv_s_per_token
-                                      or profile.request_s)
+        self._init_cost(profile, policy, trace, policy_profile)
         self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy
-        self.sps_prefill_s_per_token = self.sps_profile.prefill_s_per_token(
-            self.max_num_batched_tokens)
         self.stats = StepStats(self.gamma, hist_size=self.verify_max + 2)
         _check_policy_fields(policy, trace, self.gamma)
         self.request_state: np.ndarray | None = None  # per request, set with the rows
@@ -908,7 +886,34 @@ class SimContext:
         self.rows = np.empty((0, NUM_COLUMNS), np.int64)  # every request's row, set by the runner
         self.admit_need = np.empty(0, np.int64)  # reserve mode: prompt + output per request
         self._empty: dict[int, np.ndarray] = {}
-        self._arange = np.arange(4096, dtype=np.int64)
+
+    def _init_cost(self, profile: EngineProfile, policy: Policy,
+                   trace: AcceptanceTrace | None, policy_profile: EngineProfile | None) -> None:
+        """The engine's cost model and the scheduler's (the same object unless the
+        scheduler is given a profile of its own), and whether a step prices its draft per
+        request."""
+        # Tokens drafted per request and step: a block drafter (DSpark, a parallel
+        # backbone) proposes its whole block whatever is verified; an autoregressive one
+        # (EAGLE, MTP, lookup) stops at what the policy verifies.
+        draft_key, draft_gamma = None, self.verify_max
+        if policy.drafter is not None and self.verify_max > 0:
+            draft_key = profile.draft_key(trace.meta.drafter, policy.drafter)  # fails if missing
+            if profile.drafts[draft_key].block:
+                draft_gamma = self.gamma
+        budget = self.max_num_batched_tokens
+        stops = policy.stops_drafting
+        self.cost = CostModel(profile, budget, draft_key, draft_gamma, stops_drafting=stops)
+        self.sched_cost = self.cost if policy_profile is None or policy_profile is profile \
+            else CostModel(policy_profile, budget, draft_key, draft_gamma,
+                           stops_drafting=stops, role="policy ")
+        # Per-request draft pricing: a drafter whose cost depends on each request's own
+        # context (sparse-KV self-speculation), a policy whose drafter stops at each
+        # request's verify length this step (a controller deciding while it drafts), or
+        # an autoregressive drafter the trace says proposed fewer at some positions.
+        draft = self.cost.draft
+        self.draft_per_request = draft is not None and (
+            draft.has_context_terms or stops
+            or (self.trace_draft_tokens is not None and not draft.block))
 
     def _init_draft_tokens(self, trace: AcceptanceTrace | None, policy: Policy) -> None:
         """``trace_draft_tokens``: the drafts proposed per trace row where the trace says
@@ -930,48 +935,11 @@ class SimContext:
             proposed = np.arange(self.trace_survival.shape[1]) < d[:, None]
             self.trace_survival = np.where(proposed, self.trace_survival, 0.0)
 
-    def _init_sps_table(self, profile: EngineProfile,
-                        policy_profile: EngineProfile | None) -> None:
-        """The scheduler's own step-time table and draft cost (``sps_*``)."""
-        # The table the *scheduler* believes (SPS curve of the confidence policies): the
-        # cost profile unless a separate one is given, e.g. the profile a real server's
-        # scheduler was configured with while the step costs come from another source,
-        # or a what-if on a stale / mis-calibrated SPS table.
-        self.sps_profile = policy_profile if policy_profile is not None else profile
-        if self.sps_profile is profile:
-            self.sps_dense_step_s = self.dense_step_s
-            self.sps_draft_time = self.draft_time
-        else:
-            sp = self.sps_profile
-            self.sps_dense_step_s = np.asarray(
-                sp.target_time_s(np.arange(self.max_num_batched_tokens + 1)), dtype=np.float64)
-            key = self._draft_key
-            if key is not None and key not in sp.drafts:
-                raise InputError(sp.source, f"policy profile has no [draft.{key}] table; it has "
-                                 f"{', '.join(sp.drafts) or 'none'}")
-            cache: dict[int, float] = {}
-            kv_s = sp.drafts[key].kv_s_per_token if key is not None else 0.0
-
-            def sps_draft_time(n: int, kv_tokens: int = 0) -> float:
-                if key is None:
-                    return 0.0
-                if n not in cache:
-                    cache[n] = sp.draft_time_s(key, n, self.draft_gamma)
-                return cache[n] + kv_s * kv_tokens
-
-            self.sps_draft_time = sps_draft_time
-
     def set_rows(self, rows: np.ndarray) -> None:
         self.rows = rows
         self.admit_need = rows[:, PROMPT_TOKENS] + rows[:, OUTPUT_TOKENS]
         if self.policy.uses_state:
             self.request_state = np.zeros(len(rows))
-
-    def arange(self, n: int) -> np.ndarray:
-        a = self._arange
-        if a.size < n:
-            a = self._arange = np.arange(max(n, 2 * a.size), dtype=np.int64)
-        return a[:n]
 
     def empty_survival(self, n: int) -> np.ndarray:
         s = self._empty.get(n)
@@ -979,111 +947,6 @@ class SimContext:
             s = readonly(np.zeros((n, self.gamma)))
             self._empty[n] = s
         return s
-
-    def target_time(self, batch_tokens: int) -> float:
-        # A step never exceeds the token budget, so the dense table covers every B.
-        return self._dense_list[batch_tokens]
-
-    def draft_branch_s(self, n: int) -> float:
-        """What one more drafted token per request costs the whole batch of ``n``: the
-        draft table's per-token share (``gamma_slope``) of its block time."""
-        if self._draft_key is None:
-            return 0.0
-        d = self.profile.drafts[self._draft_key]
-        return d.base_time(n, d.gamma_ref) * d.gamma_slope
-
-    def draft_time(self, n: int, kv_tokens: int = 0) -> float:
-        """Draft time for ``n`` drafting requests (cached per n) plus the drafter's own
-        reads of ``kv_tokens`` context tokens."""
-        if self._draft_key is None:
-            return 0.0
-        t = self._draft_cache.get(n)
-        if t is None:
-            t = self.profile.draft_time_s(self._draft_key, n, self.draft_gamma)
-            self._draft_cache[n] = t
-        return t + self._draft_kv_s * kv_tokens
-
-    def drafted_tokens(self, ell: np.ndarray, proposed: np.ndarray | None = None
-                       ) -> np.ndarray:
-        """Tokens each decoding request drafts this step: a stopping controller's drafter
-        stops at the verify length; every other drafter drafts ``draft_gamma``, an
-        autoregressive one no more than the trace's ``proposed`` drafts at its position."""
-        if self.policy.stops_drafting:
-            return ell
-        full = np.full(ell.shape[0], self.draft_gamma, dtype=np.int64)
-        if proposed is None or self.profile.drafts[self._draft_key].block:
-            return full  # a block drafter drafts its whole block whatever it proposes
-        return np.minimum(full, proposed)
-
-    def draft_step_s(self, context: np.ndarray, ell: np.ndarray, kv_tokens: int,
-                     proposed: np.ndarray | None = None) -> float:
-        """Draft time of a step whose decoding requests hold ``context`` tokens and verify
-        ``ell`` drafts: the table's passes, the drafter's reads of the batch's KV, and the
-        sparse-KV / selection terms of each request's own context. A stopping controller
-        runs pass ``j`` over the requests still drafting at depth ``j``, each pass at the
-        table's one-token cost; every other drafter is the table at ``draft_gamma``, over
-        the requests that draft (an autoregressive drafter given the trace's ``proposed``
-        drafts runs to the longest of them and reads no KV of a request drafting none)."""
-        d = self.profile.drafts[self._draft_key]
-        drafted = self.drafted_tokens(ell, proposed)
-        n = drafted.shape[0]
-        if self.policy.stops_drafting:
-            if not drafted.any():
-                return 0.0
-            # requests still drafting at depth j = 1..max: n minus those that stopped before
-            still = n - np.cumsum(np.bincount(drafted, minlength=int(drafted.max()) + 1))[:-1]
-            t = sum(self.draft_pass_table_s(d, int(k)) for k in still)
-            t += d.kv_s_per_token * kv_tokens
-        elif proposed is not None and not d.block:
-            t = self._proposed_draft_s(d, drafted, context, kv_tokens)
-        else:
-            t = self.draft_time(n, kv_tokens)
-        return t + d.context_s(context, drafted)
-
-    def _proposed_draft_s(self, d, drafted: np.ndarray, context: np.ndarray,
-                          kv_tokens: int) -> float:
-        """An autoregressive drafter over the requests that propose drafts this step:
-        the table at the longest proposal over that many requests, reading their KV only
-        (all drafting at ``draft_gamma``: :meth:`draft_time`'s very figure)."""
-        drafting = drafted > 0
-        n_on = int(np.count_nonzero(drafting))
-        if not n_on:
-            return 0.0
-        if n_on < drafted.shape[0]:
-            kv_tokens -= int(context[~drafting].sum())
-        longest = int(drafted.max())
-        if longest == self.draft_gamma:
-            return self.draft_time(n_on, kv_tokens)
-        return d.base_time(n_on, longest) + d.kv_s_per_token * kv_tokens
-
-    def draft_pass_table_s(self, d, n: int) -> float:
-        """One draft pass (a token per request) over ``n`` requests, from the table."""
-        key = (id(d), n)
-        t = self._pass_cache.get(key)
-        if t is None:
-            t = self._pass_cache[key] = d.base_time(n, 1)
-        return t
-
-    def sps_draft_pass_s(self, n: int, context: np.ndarray) -> float:
-        """What one more draft pass over the ``n`` decoding requests costs, as the
-        scheduler's profile prices it: the table's one-token pass plus each request's
-        sparse-KV reads."""
-        if self._draft_key is None:
-            return 0.0
-        d = self.sps_profile.drafts[self._draft_key]
-        return self.draft_pass_table_s(d, n) + d.context_s(context, np.ones(n)) \
-            - d.select_s_per_context_token * float(context.sum())
-
-    def sps_draft_fixed_s(self, context: np.ndarray, kv_tokens: int) -> float:
-        """The draft cost a drafting step pays once whatever its length: the selection of
-        each request's sparse KV from its context and the drafter's KV reads."""
-        if self._draft_key is None:
-            return 0.0
-        d = self.sps_profile.drafts[self._draft_key]
-        return d.select_s_per_context_token * float(context.sum()) + d.kv_s_per_token * kv_tokens
-
-    def on_finish(self, k: int) -> None:
-        self._on_finish(k)
 
 
 class Router:

@@ -96,11 +96,11 @@ def test_an_autoregressive_drafter_drafts_what_it_proposed():
     ell = np.array([3, 0, 2, 0])
     # two requests draft, to the longer proposal (3 passes); the others' KV is not read
     want = d_cost.base_time(2, 3) + 1e-9 * (kv - 200 - 400)
-    assert ctx.draft_step_s(context, ell, kv, np.array([3, 0, 2, 0], np.int8)) == \
+    assert ctx.cost.draft_step_s(context, ell, kv, np.array([3, 0, 2, 0], np.int8)) == \
         pytest.approx(want, rel=1e-12)
-    assert ctx.draft_step_s(context, ell * 0, kv, np.zeros(4, np.int8)) == 0.0
+    assert ctx.cost.draft_step_s(context, ell * 0, kv, np.zeros(4, np.int8)) == 0.0
     # every request proposing its full draft is the table's figure, to the bit
-    assert ctx.draft_step_s(context, ell, kv, np.full(4, 3, np.int8)) == ctx.draft_time(4, kv)
+    assert ctx.cost.draft_step_s(context, ell, kv, np.full(4, 3, np.int8)) == ctx.cost.draft_time(4, kv)
     # a block drafter drafts its whole block whatever it proposed: priced as before
     block = _ctx(t, block=True)
     assert not block.draft_per_request

@@ -387,22 +387,21 @@ def test_attention_units_by_hand():
                       _row(5, 50, 50, 0, 0, 0)])
     ell = np.array([2, 0])
     chunk = np.array([6, 0, 1, 2])
-    units = engine.Replica._attention_units(batch, slice(0, 2), ell, 2, slice(2, None), chunk)
+    units = engine.Replica._attention_units(batch, 2, ell, chunk)
     # decode: (1 + 2) x 10 + (1 + 0) x 20 = 50; prefill chunks: 6 x (30 + 6/2) + 0
     # + 1 x (1 + 1/2) + 2 x (0 + 2/2) = 198 + 1.5 + 2; multi-token blocks: row 0 (l = 2)
     # over 10, the continuing chunks over 30 and 1 (row 3 runs nothing, row 5 starts from
     # nothing); rows with a context: both decoding rows and the two continuing chunks
     assert units == (50 + 201.5, 10.0 + 30 + 1, 4)
     # a window of 12 tokens caps each query's context: 3 x 10 + 12 + 6 x min(33, 12) + ...
-    units = engine.Replica._attention_units(batch, slice(0, 2), ell, 2, slice(2, None), chunk,
-                                            window=12)
+    units = engine.Replica._attention_units(batch, 2, ell, chunk, window=12)
     assert units == (30.0 + 12 + 72 + 1.5 + 2, 41.0, 4)
     # a row that skips the verifier is not in the forward
-    units = engine.Replica._attention_units(batch, slice(0, 2), ell, 2, None, None,
+    units = engine.Replica._attention_units(batch, 2, ell, None,
                                             skip=np.array([True, False]))
     assert units == (20.0, 0.0, 1)
     # one draft verified is already a multi-token (2-token) query block: (1 + 1) x 10 + 20
-    units = engine.Replica._attention_units(batch, slice(0, 2), np.array([1, 0]), 2, None, None)
+    units = engine.Replica._attention_units(batch, 2, np.array([1, 0]), None)
     assert units == (40.0, 10.0, 2)
 
 
@@ -525,8 +524,8 @@ def test_no_drafter_prices_no_draft():
     ctx = SimContext(cfg, _flat(draft_s=0.5), get_policy("none"), None, CalibrationMap(),
                      RequestLog.empty(0), lambda k: None)
     context = np.array([10, 20])
-    assert ctx.draft_time(2, 100) == ctx.draft_branch_s(2) == 0.0
-    assert ctx.sps_draft_pass_s(2, context) == ctx.sps_draft_fixed_s(context, 100) == 0.0
+    assert ctx.cost.draft_time(2, 100) == ctx.cost.draft_branch_s(2) == 0.0
+    assert ctx.sched_cost.draft_pass_s(2, context) == ctx.sched_cost.draft_fixed_s(context, 100) == 0.0
     assert ctx.trace_survival is None
 
 
@@ -555,17 +554,7 @@ def test_without_a_trace_nothing_is_drafted_and_no_draft_table_is_needed():
     ctx = SimContext(cfg, _flat(drafts={}), get_policy("fixed:3"), None, CalibrationMap(),
                      RequestLog.empty(0), lambda k: None)
     assert (ctx.gamma, ctx.verify_max, ctx.verify_slots) == (0, 0, 1)
-    assert ctx.draft_time(4, 100) == 0.0
-
-
-def test_the_step_range_cache_grows_past_its_first_size():
-    """``arange`` serves 0..n-1 from one cached range (4,096 to start), regrown on demand;
-    a batch of 1,200 decoding requests at gamma 7 asks for 8,401."""
-    cfg = SimConfig(policy="none", deployment=DeploymentConfig(replicas=1))
-    ctx = SimContext(cfg, _flat(), get_policy("none"), None, CalibrationMap(),
-                     RequestLog.empty(0), lambda k: None)
-    for n in (10, 8401, 4097, 9000, 20000, 3):
-        np.testing.assert_array_equal(ctx.arange(n), np.arange(n))
+    assert ctx.cost.draft_time(4, 100) == 0.0
 
 
 # -- routing and defaults ----------------------------------------------------------------------
@@ -731,13 +720,13 @@ def test_a_separate_scheduler_profile_prices_the_draft_its_own_way():
                           RequestLog.empty(0), lambda k: None, policy_profile=policy_profile)
 
     ctx = ctx_for(sched)
-    assert ctx.sps_draft_time(2, 100) == pytest.approx(0.002 + 1e-5 * 100, rel=1e-12)
-    assert ctx.sps_draft_time(2) == pytest.approx(0.002, rel=1e-12)
-    assert ctx.sps_draft_time(3, 10) == pytest.approx(0.003 + 1e-4, rel=1e-12)
-    assert ctx.draft_time(2, 100) == pytest.approx(0.004 + 1e-4 * 100, rel=1e-12)
-    assert ctx.draft_time(2) == pytest.approx(0.004, rel=1e-12)
-    assert ctx.sps_dense_step_s[[1, 5000]].tolist() == [0.020, 0.020]
-    assert ctx.dense_step_s[[1, 5000]].tolist() == [0.010, 0.010]
+    assert ctx.sched_cost.draft_time(2, 100) == pytest.approx(0.002 + 1e-5 * 100, rel=1e-12)
+    assert ctx.sched_cost.draft_time(2) == pytest.approx(0.002, rel=1e-12)
+    assert ctx.sched_cost.draft_time(3, 10) == pytest.approx(0.003 + 1e-4, rel=1e-12)
+    assert ctx.cost.draft_time(2, 100) == pytest.approx(0.004 + 1e-4 * 100, rel=1e-12)
+    assert ctx.cost.draft_time(2) == pytest.approx(0.004, rel=1e-12)
+    assert ctx.sched_cost.dense_step_s[[1, 5000]].tolist() == [0.020, 0.020]
+    assert ctx.cost.dense_step_s[[1, 5000]].tolist() == [0.010, 0.010]
     with pytest.raises(InputError, match=r"\[draft.dspark\]"):
         ctx_for(replace(sched, drafts={}))
 
@@ -757,12 +746,12 @@ def test_a_stopping_drafters_pass_and_fixed_prices_by_hand():
                      RequestLog.empty(0), lambda k: None)
     context = np.array([500, 3000, 20000])
     table3 = 0.008 + 0.004 * 2 / 63
-    assert ctx.sps_draft_pass_s(3, context) == pytest.approx(
+    assert ctx.sched_cost.draft_pass_s(3, context) == pytest.approx(
         table3 + 5e-8 * (500 + 1000 + 1000), rel=1e-12)
-    assert ctx.sps_draft_fixed_s(context, 1234) == pytest.approx(
+    assert ctx.sched_cost.draft_fixed_s(context, 1234) == pytest.approx(
         3e-9 * 23500 + 2e-9 * 1234, rel=1e-12)
-    # the engine's own pass price is the same table lookup, cached per (table, n)
-    assert ctx.draft_pass_table_s(d, 3) == ctx.draft_pass_table_s(d, 3) == \
+    # the engine's own pass price is the same table lookup, cached per n
+    assert ctx.cost.draft_pass_table_s(3) == ctx.cost.draft_pass_table_s(3) == \
         pytest.approx(table3, rel=1e-12)
 
 

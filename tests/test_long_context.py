@@ -184,7 +184,7 @@ def test_the_draft_cost_adds_exactly_what_the_profile_says():
     want = (table3 * 3) / 1e3 + 0.002e-6 * kv \
         + 0.05e-6 * 3 * (500 + 1000 + 1000) + 0.003e-6 * (500 + 3000 + 20000)
     ctx = _ctx("fixed:3", prof)
-    got = ctx.draft_step_s(context, np.array([3, 3, 3]), kv)
+    got = ctx.cost.draft_step_s(context, np.array([3, 3, 3]), kv)
     assert got == pytest.approx(want, rel=1e-12)
     # the stopping controller runs pass j over the requests still drafting at depth j:
     # verify lengths 0, 2, 3 -> passes over 2, 2 and 1 requests; the first request drafts
@@ -193,9 +193,9 @@ def test_the_draft_cost_adds_exactly_what_the_profile_says():
     t = {n: (8.0 + 4.0 * (n - 1) / 63) / 1e3 for n in (1, 2)}
     want = t[2] + t[2] + t[1] + 0.002e-6 * kv + 0.05e-6 * (2 * 1000 + 3 * 1000) \
         + 0.003e-6 * (3000 + 20000)
-    got = ctx.draft_step_s(context, np.array([0, 2, 3]), kv)
+    got = ctx.cost.draft_step_s(context, np.array([0, 2, 3]), kv)
     assert got == pytest.approx(want, rel=1e-12)
-    assert ctx.draft_step_s(context, np.zeros(3, np.int64), kv) == 0.0
+    assert ctx.cost.draft_step_s(context, np.zeros(3, np.int64), kv) == 0.0
 
 
 def test_the_sparse_term_in_a_whole_run(tiny_cfg):
