@@ -9,12 +9,13 @@ exit code 2, never a traceback; every argument is checked before anything expens
 
 from __future__ import annotations
 
-import functools
+import inspect
 import math
 import signal
 import sys
 import threading
 import time
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,7 +37,7 @@ from dspark_sim.io import (
     os_error_line,
     path_too_long,
 )
-from dspark_sim.policies.registry import policy_help, policy_rows
+from dspark_sim.policies.registry import policy_rows
 from dspark_sim.sim.quality import quality_rows
 
 try:  # typer >= 0.22 parses with its own copy of click, older ones with click itself
@@ -335,105 +336,80 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
                       style="dim")
 
 
-# No "[word]" or "[@x]" in help texts: typer renders them as rich markup, erasing them
-# (the policy grammar's "[@BASE]" is escaped for it).
-POLICY_HELP = _markup_escape(policy_help())
-LENGTHS_HELP = ("azure-conv | azure-code | mooncake | long-context[:IN:OUT[:SIGMA]] | fixed:IN:OUT "
-                "| lognormal:IN:OUT[:SIGMA] | trace | trace:sample (each request one trace "
-                "row's lengths)")
-
-
 # run --help groups its options by the --config table that holds the same setting
 # (docs/cli.md); no "[table]" in a panel title: rich would read it as markup.
 RUN_LOAD = "Load (config table: workload)"
 RUN_POLICY = "Policy and trace (config table: run)"
 RUN_DEPLOY = "Deployment and engine (config tables: deployment, engine)"
 RUN_OUT = "Settings and output"
-LoadOption, PolicyOption, DeployOption, OutputOption = (
-    functools.partial(typer.Option, rich_help_panel=p)
-    for p in (RUN_LOAD, RUN_POLICY, RUN_DEPLOY, RUN_OUT))
-LoadPathOption, OutputPathOption = (functools.partial(PathOption, rich_help_panel=p)
-                                    for p in (RUN_LOAD, RUN_OUT))
-RUN_HELP = {
-    "trace": "Acceptance trace, schema v1 or v2 (path or built-in name; tree policies need "
-             "v2, e.g. cure-qwen3-8b-synthetic).",
-    "calibration": "Confidence calibration map: TOML path, built-in name, or 'identity' "
-                   "(default: the map the trace names, else identity).",
-    "gamma_max": "Draft block the block drafter proposes per step (DSpark-5: 5; default: the "
-                 "trace's).",
-    "conf_source": "Drafter confidences: trace (the trace's own, default) | position (each "
-                   "position's acceptance rate) | synthetic:AUC (calibrated, that AUC, e.g. "
-                   "synthetic:0.85) for a trace without them (imported); calibration "
-                   "identity unless --calibration.",
-    "extrapolate_gamma": "Draft this many positions: past the trace's gamma_max, rows that "
-                         "accepted every draft go on with its last position's conditional "
-                         "acceptance (a what-if on drafting more).",
-    "qps": "Open-loop request rate (req/s); with --workload: rescale its timestamps.",
-    "burstiness": "Gamma arrivals with this shape (1 = Poisson, vLLM semantics).",
-    "max_concurrency": "Closed loop: this many clients, each sends its next request on "
-                       "completion (with --workload: the file's requests, in order).",
-    "workload": "Replay an Azure CSV or Mooncake JSONL workload file.",
-    "replay_qps": "Time-scale a replayed workload to this rate.",
-    "policy_profile": "Profile the scheduler's SPS curve comes from (default: --profile); "
-                      "steps still cost --profile. A what-if on a stale or mis-calibrated "
-                      "table (an option only, no config key).",
-    "max_model_len": "Refuse requests whose prompt + output exceed this (default: the "
-                     "profile's).",
-    "prefill": "chunked (prefill shares the step's token budget) | disaggregated (prefill "
-               "instances; default: the profile's choice)",
-    "prefill_instances": "Prefill instances behind one FIFO queue, disaggregated prefill "
-                         "only (each the profile's engine and GPUs) [14].",
-    "config": "TOML config file; explicit options override it (docs/cli.md).",
-    "out": "Write summary.json and requests.parquet here.",
-}
+RUN_PANELS = {"run": RUN_POLICY, "workload": RUN_LOAD, "deployment": RUN_DEPLOY,
+              "engine": RUN_DEPLOY}
+
+
+def _setting_option(flag: str, settings: tuple) -> inspect.Parameter:
+    """The typer option of one setting of the schema (sim/config.py), or of a spec option
+    setting several: its help, its panel (the setting's config table), its type (a path
+    for a file it reads), and None for its default, so an option not given is no setting."""
+    s = settings[0]
+    # help is rich markup to typer: "[@BASE]" or "[word]" would vanish unescaped
+    text = _markup_escape(s.spec.help if s.spec else s.help)
+    if s.reads == "file":
+        kind, info = Path, PathOption(help=text, rich_help_panel=RUN_PANELS[s.table])
+    else:
+        hint = str if s.spec else s.type
+        kind = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+        info = typer.Option(help=text, rich_help_panel=RUN_PANELS[s.table])
+    return inspect.Parameter(flag[2:].replace("-", "_"), inspect.Parameter.KEYWORD_ONLY,
+                             default=None, annotation=Annotated[kind | None, info])
+
+
+def _with_setting_options(after: dict[str, str]):
+    """A command taking one option per setting of the schema, in its order, then its own
+    keyword parameters (``after`` places one of those right after a setting's option);
+    the settings reach the command as ``**settings``, option name -> value or None."""
+    from dspark_sim.sim.config import OPTIONS
+
+    def wrap(command):
+        own = dict(inspect.signature(command, eval_str=True).parameters)
+        own = {k: p for k, p in own.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        params = []
+        for flag, settings in OPTIONS.items():
+            params.append(_setting_option(flag, settings))
+            if flag in after:
+                params.append(own.pop(after[flag]))
+        command.__signature__ = inspect.Signature([*params, *own.values()])
+        return command
+
+    return wrap
 
 
 @app.command()
-def run(  # one option per line, a table to scan; the longer helps are RUN_HELP's
-    policy: Annotated[str | None, PolicyOption(help=POLICY_HELP)] = None,
-    trace: Annotated[str | None, PolicyOption(help=RUN_HELP["trace"])] = None,
-    mtp_trace: Annotated[str | None, PolicyOption(help="Trace for the mtp1 policy.")] = None,
-    calibration: Annotated[str | None, PolicyOption(help=RUN_HELP["calibration"])] = None,
-    gamma_max: Annotated[int | None, PolicyOption(help=RUN_HELP["gamma_max"])] = None,
-    conf_source: Annotated[str | None, PolicyOption(help=RUN_HELP["conf_source"])] = None,
-    extrapolate_gamma: Annotated[int | None, PolicyOption(
-        help=RUN_HELP["extrapolate_gamma"])] = None,
-    seed: Annotated[int | None, PolicyOption(help="One seed for everything random [0].")] = None,
-    slo: Annotated[str | None, PolicyOption(help="Goodput SLO, e.g. ttft:2000,tpot:20")] = None,
-    qps: Annotated[float | None, LoadOption(help=RUN_HELP["qps"])] = None,
-    burstiness: Annotated[float | None, LoadOption(help=RUN_HELP["burstiness"])] = None,
-    max_concurrency: Annotated[int | None, LoadOption(help=RUN_HELP["max_concurrency"])] = None,
-    num_requests: Annotated[int | None, LoadOption(help="Requests to simulate.")] = None,
-    duration_s: Annotated[float | None, LoadOption(help="Arrival window in seconds.")] = None,
-    workload: Annotated[Path | None, LoadPathOption(help=RUN_HELP["workload"])] = None,
-    replay_qps: Annotated[float | None, LoadOption(help=RUN_HELP["replay_qps"])] = None,
-    lengths: Annotated[str | None, LoadOption(help=LENGTHS_HELP)] = None,
-    domain: Annotated[str | None, LoadOption(help="Use only this domain of the trace.")] = None,
-    profile: Annotated[str | None, DeployOption(help="Engine profile: TOML path or built-in name.")] = None,
-    policy_profile: Annotated[str | None, DeployOption(help=RUN_HELP["policy_profile"])] = None,
-    replicas: Annotated[int | None, DeployOption(help="Replicas behind the router.")] = None,
-    prefill_instances: Annotated[int | None, DeployOption(
-        help=RUN_HELP["prefill_instances"])] = None,
-    router: Annotated[str | None, DeployOption(help="round-robin | least-outstanding")] = None,
-    max_num_seqs: Annotated[int | None, DeployOption(help="Per replica.")] = None,
-    max_num_batched_tokens: Annotated[int | None, DeployOption(help="Per step, per replica.")] = None,
-    kv_capacity_tokens: Annotated[int | None, DeployOption(help="KV cache per replica.")] = None,
-    kv_mode: Annotated[str | None, DeployOption(help="preempt | reserve")] = None,
-    max_model_len: Annotated[int | None, DeployOption(help=RUN_HELP["max_model_len"])] = None,
-    prefill: Annotated[str | None, DeployOption(help=RUN_HELP["prefill"])] = None,
-    config: Annotated[Path | None, OutputPathOption(help=RUN_HELP["config"])] = None,
-    preset_name: Annotated[str | None, OutputOption("--preset", help="default | single-replica | tiny")] = None,
-    out: Annotated[Path | None, OutputPathOption(help=RUN_HELP["out"])] = None,
-    quiet: Annotated[bool, OutputOption(help="Print nothing but errors.")] = False,
+@_with_setting_options(after={"--profile": "policy_profile"})
+def run(
+    *,
+    policy_profile: Annotated[str | None, typer.Option(
+        rich_help_panel=RUN_DEPLOY,
+        help="Profile the scheduler's SPS curve comes from (default: --profile); steps "
+             "still cost --profile. A what-if on a stale or mis-calibrated table (an "
+             "option only, no config key).")] = None,
+    config: Annotated[Path | None, PathOption(
+        rich_help_panel=RUN_OUT,
+        help="TOML config file; explicit options override it (docs/cli.md).")] = None,
+    preset_name: Annotated[str | None, typer.Option(
+        "--preset", rich_help_panel=RUN_OUT, help="default | single-replica | tiny")] = None,
+    out: Annotated[Path | None, PathOption(
+        rich_help_panel=RUN_OUT, help="Write summary.json and requests.parquet here.")] = None,
+    quiet: Annotated[bool, typer.Option(
+        rich_help_panel=RUN_OUT, help="Print nothing but errors.")] = False,
+    **settings: Any,
 ) -> None:
     """Simulate one deployment under load and print a summary."""
     from dspark_sim.calibration.profile import load_profile
-    from dspark_sim.sim.config import OPTION_FIELDS, resolve_config
+    from dspark_sim.sim.config import resolve_config
     from dspark_sim.sim.outputs import REQUESTS, SUMMARY
 
-    given = {k: v for k, v in locals().items() if k in OPTION_FIELDS or k == "slo"}
     layers: list = []
-    cfg = resolve_config(preset_name=preset_name, config_path=config, options=given,
+    cfg = resolve_config(preset_name=preset_name, config_path=config, options=settings,
                          layers_out=layers)
     if out is not None:  # after the config: its files are inputs too
         check_writable(out, "--out", inside={SUMMARY: "file", REQUESTS: "file"},
@@ -443,7 +419,7 @@ def run(  # one option per line, a table to scan; the longer helps are RUN_HELP'
         raise InputError("--policy-profile", "is empty: give a profile or leave the option out")
     sched_profile = load_profile(policy_profile) if policy_profile is not None else None
     t0 = time.perf_counter()
-    result = _simulate_checked(cfg, layers, sched_profile, given)
+    result = _simulate_checked(cfg, layers, sched_profile, settings)
     wall = time.perf_counter() - t0
     if out is not None:
         result.write(out)

@@ -3,7 +3,9 @@ and the one mapping from settings (command-line options, TOML keys) onto them.
 
 Presets are looked up by name (:func:`preset`); files are TOML with one table per
 component (``[engine]``, ``[deployment]``, ``[workload]``, ``[run]``). Every field
-carries its unit in its name. :func:`resolve_config` layers a preset, a TOML file and
+carries its unit in its name, and is the one place its setting is declared
+(:func:`setting`: default, help, option, unit; :data:`SETTINGS` reads them back for the
+command line, the TOML reader, the errors and the docs). :func:`resolve_config` layers a preset, a TOML file and
 explicitly given options (in that order: explicit option > config file > preset
 default); every value is type-checked against the dataclass field's annotation, and
 an unknown key is an error. The rules are documented in ``docs/cli.md``.
@@ -15,7 +17,7 @@ import math
 import numbers
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -29,7 +31,7 @@ from dspark_sim.errors import (
     check_positive_int,
 )
 from dspark_sim.io import read_toml
-from dspark_sim.policies.registry import DEFAULT_POLICY
+from dspark_sim.policies.registry import DEFAULT_POLICY, policy_help
 
 ARRIVALS = ("poisson", "gamma", "closed", "replay")
 ROUTERS = ("round-robin", "least-outstanding")
@@ -56,25 +58,92 @@ MAX_SEED = 2**63 - 1
 MAX_ENGINE_STEPS = 100_000_000  # ~30 min of wall time
 
 
+# -- the settings schema -----------------------------------------------------------------
+# Every setting is one dataclass field below, and everything said about it lives on that
+# field (``setting(...)``): its default, its help, the command-line option that sets it,
+# its unit and the arrival kinds that read it. The CLI's ``run`` options and their
+# ``--help``, the TOML reader, the errors' blame and docs/cli.md's tables are derived from
+# it (:data:`SETTINGS`); adding a setting is adding a field (docs/architecture.md).
+
+
+@dataclass(frozen=True)
+class SpecOption:
+    """A command-line option whose one value is a spec parsed into several settings
+    (``--slo ttft:MS,tpot:MS``); each of those fields names it as its ``option``.
+    ``parse`` returns the fields' values in their order, ``None`` for one not given."""
+
+    flag: str
+    help: str
+    parse: Callable[[str], tuple]
+
+
+def setting(default: Any = None, *, help: str | Callable[[], str],
+            option: str | SpecOption | None = "", unit: str | None = None,
+            arrivals: tuple[str, ...] | None = None, reads: str | None = None) -> Any:
+    """A config field with its schema entry (:class:`Setting`): ``help`` (text, or a
+    function of none returning it when the text is built from a registry), ``option``
+    (``""``: ``--FIELD-NAME``; ``None``: a config file's key only; a
+    :class:`SpecOption` for a field set through a spec), ``unit`` (for the docs),
+    ``arrivals`` (the arrival kinds that read it; given under another it is refused;
+    ``None``: every kind) and ``reads`` (``"file"``: the value is the path of a file the
+    run reads, the option a path option; ``"file or name"``: such a path or a built-in's
+    name, a file winning as in every loader; outputs must not overwrite these)."""
+    return field(default=default, metadata={"setting": {
+        "help": help, "option": option, "unit": unit, "arrivals": arrivals, "reads": reads}})
+
+
+def parse_slo(spec: str | None) -> tuple[float | None, float | None]:
+    """``ttft:MS,tpot:MS`` (either part optional) -> (ttft_ms, tpot_ms); ``None``: not
+    given. An empty one is refused like any other malformed spec (it was read as "not
+    given")."""
+    if spec is None:
+        return None, None
+    out: dict[str, float] = {}
+    for part in spec.split(","):
+        key, _, val = part.partition(":")
+        key = key.strip().lower()
+        if key not in ("ttft", "tpot"):
+            raise InputError("--slo", f"expected ttft:MS,tpot:MS, got {spec!r}")
+        try:
+            v = float(val)
+        except ValueError:
+            raise InputError("--slo", f"{key} needs a number of milliseconds, got {val!r}") from None
+        if not (math.isfinite(v) and v > 0):
+            raise InputError("--slo", f"{key} must be a positive number of ms, got {val!r}")
+        if key in out:  # tpot:5,tpot:6 kept the last, silently
+            raise InputError("--slo", f"{key} given twice in {spec!r}")
+        out[key] = v
+    return out.get("ttft"), out.get("tpot")
+
+
+SLO = SpecOption("--slo", "Goodput SLO, e.g. ttft:2000,tpot:20", parse_slo)
+LENGTHS_HELP = ("azure-conv | azure-code | mooncake | long-context[:IN:OUT[:SIGMA]] | fixed:IN:OUT "
+                "| lognormal:IN:OUT[:SIGMA] | trace | trace:sample (each request one trace "
+                "row's lengths)")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """One replica's scheduler limits (vLLM names where they exist). ``None``: take the
     engine profile's ``[engine]`` value (what the deployment's HBM and graphs imply),
     else the simulator's default (256 sequences, 8192 batched tokens, 2M KV tokens)."""
 
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = setting(help="Per replica.", unit="sequences")
+    max_num_batched_tokens: int | None = setting(help="Per step, per replica.", unit="tokens")
     # KV-cache capacity of one replica in tokens (prompt + generated + verify slots).
-    kv_capacity_tokens: int | None = None
+    kv_capacity_tokens: int | None = setting(help="KV cache per replica.", unit="tokens")
+    # "preempt": admit optimistically, recompute-preempt the newest request when KV
+    # runs out (vLLM); "reserve": admit only if prompt + full output fits (never preempts).
+    kv_mode: str = setting("preempt", help="preempt | reserve")
     # Requests longer (prompt + output) than this are refused at arrival.
-    max_model_len: int | None = None
+    max_model_len: int | None = setting(help="Refuse requests whose prompt + output exceed "
+                                        "this (default: the profile's).", unit="tokens")
     # "chunked": prefill shares each step's token budget with verification;
     # "disaggregated": prefill instances hand the decode replica the prompt's KV and the
     # first token (None: the profile's choice, else chunked).
-    prefill: str | None = None
-    # "preempt": admit optimistically, recompute-preempt the newest request when KV
-    # runs out (vLLM); "reserve": admit only if prompt + full output fits (never preempts).
-    kv_mode: str = "preempt"
+    prefill: str | None = setting(help="chunked (prefill shares the step's token budget) | "
+                                  "disaggregated (prefill instances; default: the "
+                                  "profile's choice)")
 
     def validate(self) -> EngineConfig:
         _validate_engine(self)
@@ -83,38 +152,59 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class DeploymentConfig:
+    profile: str = setting("v4flash-h200", help="Engine profile: TOML path or built-in name.",
+                           reads="file or name")
     # Replicas (batches) behind the router. The default profile's replica is one
     # data-parallel attention rank (one GPU) of an EP32 group; its peers are assumed to
     # carry the same load (the EP group's global batch is the rank's times 32). Four
     # ranks take 200 req/s of chat at ~70 % of their capacity.
-    replicas: int = 4
-    router: str = "least-outstanding"
-    profile: str = "v4flash-h200"  # built-in name or TOML path
+    replicas: int = setting(4, help="Replicas behind the router.")
     # Prefill instances behind one FIFO queue when prefill is disaggregated (sim/prefill.py),
     # each the profile's engine on gpus_per_replica GPUs; chunked prefill has none (a count
     # given for it is refused). Fourteen take the default 200 req/s of chat (~233k prompt
     # tokens/s) at ~80 % of their capacity (busy time), adding ~17 ms to the median TTFT.
-    prefill_instances: int = 14
+    prefill_instances: int = setting(14, help="Prefill instances behind one FIFO queue, "
+                                     "disaggregated prefill only (each the profile's engine "
+                                     "and GPUs) [14].")
+    router: str = setting("least-outstanding", help="round-robin | least-outstanding")
+
+
+OPEN_LOOP = ("poisson", "gamma")
 
 
 @dataclass(frozen=True)
 class WorkloadConfig:
-    arrival: str = "poisson"
-    qps: float = 200.0
-    burstiness: float = 1.0  # gamma shape; 1 = Poisson (vLLM semantics)
-    max_concurrency: int = 64  # closed loop only
+    # no option: the options that need an arrival kind imply it (resolve_config)
+    arrival: str = setting("poisson", option=None, help="poisson | gamma | closed | replay; "
+                           "the settings that need one imply it (a concurrency: closed, a "
+                           "workload file: replay, a burstiness: gamma)")
+    qps: float = setting(200.0, help="Open-loop request rate (req/s); with --workload: "
+                         "rescale its timestamps.", unit="req/s", arrivals=OPEN_LOOP)
+    # gamma shape; 1 = Poisson (vLLM semantics)
+    burstiness: float = setting(1.0, help="Gamma arrivals with this shape (1 = Poisson, "
+                                "vLLM semantics).", arrivals=("gamma",))
+    max_concurrency: int = setting(64, help="Closed loop: this many clients, each sends its "
+                                   "next request on completion (with --workload: the file's "
+                                   "requests, in order).", unit="clients",
+                                   arrivals=("closed",))
     # None: bounded by duration_s (closed: the file's). 10,000 at 200 req/s: a 50 s window,
     # long enough for a steady state ten request lifetimes long.
-    num_requests: int | None = 10_000
-    duration_s: float | None = None  # arrival window; None: bounded by num_requests
+    num_requests: int | None = setting(10_000, help="Requests to simulate.", unit="requests")
+    # arrival window; None: bounded by num_requests
+    duration_s: float | None = setting(help="Arrival window in seconds.", unit="s",
+                                       arrivals=(*OPEN_LOOP, "replay"))
     # Azure CSV or Mooncake JSONL: replayed (arrival = replay), or its lengths sent in
     # order by the clients of a closed loop (arrival = closed).
-    workload_path: str | None = None
-    replay_qps: float | None = None  # rescale a replayed trace's timestamps to this rate
+    workload_path: str | None = setting(help="Replay an Azure CSV or Mooncake JSONL workload "
+                                        "file.", option="--workload", reads="file",
+                                        arrivals=("closed", "replay"))
+    # rescale a replayed trace's timestamps to this rate
+    replay_qps: float | None = setting(help="Time-scale a replayed workload to this rate.",
+                                       unit="req/s", arrivals=("replay",))
     # Named distribution, "fixed:IN:OUT" or "lognormal:IN:OUT[:SIGMA]"; None: the
     # workload file's lengths when there is one, else "azure-conv".
-    lengths: str | None = None
-    domain: str | None = None  # restrict the acceptance trace to one domain
+    lengths: str | None = setting(help=LENGTHS_HELP)
+    domain: str | None = setting(help="Use only this domain of the trace.")
 
 
 @dataclass(frozen=True)
@@ -122,27 +212,47 @@ class SimConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    policy: str = DEFAULT_POLICY
+    policy: str = setting(DEFAULT_POLICY, help=policy_help)
+    # schema-v1 trace for the block drafter; None: built-in
+    trace: str | None = setting(help="Acceptance trace, schema v1 or v2 (path or built-in "
+                                "name; tree policies need v2, e.g. cure-qwen3-8b-synthetic).",
+                                reads="file or name")
+    # trace for the MTP-1 head; None: built-in
+    mtp_trace: str | None = setting(help="Trace for the mtp1 policy.", reads="file or name")
+    # confidence calibration map (TOML); None: identity
+    calibration: str | None = setting(help="Confidence calibration map: TOML path, built-in "
+                                      "name, or 'identity' (default: the map the trace "
+                                      "names, else identity).", reads="file or name")
     # Draft block the block drafter proposes per step (DSpark-5 is 5); None: the trace's
     # gamma_max. At most the trace's.
-    gamma_max: int | None = None
-    trace: str | None = None  # schema-v1 trace for the block drafter; None: built-in
-    mtp_trace: str | None = None  # trace for the MTP-1 head; None: built-in
-    calibration: str | None = None  # confidence calibration map (TOML); None: identity
+    gamma_max: int | None = setting(help="Draft block the block drafter proposes per step "
+                                    "(DSpark-5: 5; default: the trace's).", unit="tokens")
     # Where the replayed trace's confidences come from: trace (its own conf), position
     # or synthetic:AUC (dspark_sim.calibration.confidence_source; imported traces have no conf).
     # None: the trace's own, and nothing about them in the summary.
-    conf_source: str | None = None
+    conf_source: str | None = setting(help="Drafter confidences: trace (the trace's own, "
+                                      "default) | position (each position's acceptance "
+                                      "rate) | synthetic:AUC (calibrated, that AUC, e.g. "
+                                      "synthetic:0.85) for a trace without them (imported); "
+                                      "calibration identity unless --calibration.")
     # Draft positions to extrapolate the trace to, past its gamma_max, with its last
     # position's conditional acceptance (a what-if on drafting more); None: as recorded.
-    extrapolate_gamma: int | None = None
-    seed: int = 0
-    slo_ttft_ms: float | None = None
-    slo_tpot_ms: float | None = None
-    drain_timeout_s: float = 120.0  # simulate at most this long after the last arrival
-    # Every run is bounded: it stops after this many engine steps (all replicas), and the
-    # summary says so (``bounded_by``). ~20 us of wall time per step: 5M steps ~ 2 min.
-    max_engine_steps: int = 5_000_000
+    extrapolate_gamma: int | None = setting(help="Draft this many positions: past the "
+                                            "trace's gamma_max, rows that accepted every "
+                                            "draft go on with its last position's "
+                                            "conditional acceptance (a what-if on drafting "
+                                            "more).", unit="positions")
+    seed: int = setting(0, help="One seed for everything random [0].")
+    slo_ttft_ms: float | None = setting(help="Goodput: a request's time to first token at "
+                                        "most this (--slo ttft:MS).", option=SLO, unit="ms")
+    slo_tpot_ms: float | None = setting(help="Goodput: a request's time per output token at "
+                                        "most this (--slo tpot:MS).", option=SLO, unit="ms")
+    drain_timeout_s: float = setting(120.0, option=None, unit="s", help="Simulate at most "
+                                     "this long after the last arrival.")
+    # ~20 us of wall time per step: 5M steps ~ 2 min.
+    max_engine_steps: int = setting(5_000_000, option=None, unit="steps", help="Every run "
+                                    "is bounded: it stops after this many engine steps (all "
+                                    "replicas), and the summary says so (bounded_by).")
 
     def validate(self) -> SimConfig:
         """Types, ranges and the limits above; returns ``self``."""
@@ -294,38 +404,93 @@ def preset(name: str) -> SimConfig:
 # -- settings -> config -----------------------------------------------------------------
 SECTIONS: dict[str, type] = {"engine": EngineConfig, "deployment": DeploymentConfig,
                              "workload": WorkloadConfig}
-RUN_KEYS = tuple(f.name for f in fields(SimConfig) if f.name not in SECTIONS)
 
-# Command-line option (its Python name) -> config field ("section.field" or a [run] key).
-OPTION_FIELDS: dict[str, str] = {
-    "policy": "policy", "seed": "seed", "trace": "trace", "mtp_trace": "mtp_trace",
-    "calibration": "calibration",
-    "qps": "workload.qps", "burstiness": "workload.burstiness",
-    "max_concurrency": "workload.max_concurrency", "num_requests": "workload.num_requests",
-    "duration_s": "workload.duration_s", "workload": "workload.workload_path",
-    "replay_qps": "workload.replay_qps", "lengths": "workload.lengths",
-    "domain": "workload.domain",
-    "profile": "deployment.profile", "replicas": "deployment.replicas",
-    "router": "deployment.router", "prefill_instances": "deployment.prefill_instances",
-    "max_num_seqs": "engine.max_num_seqs", "max_num_batched_tokens": "engine.max_num_batched_tokens",
-    "kv_capacity_tokens": "engine.kv_capacity_tokens", "kv_mode": "engine.kv_mode",
-    "max_model_len": "engine.max_model_len", "prefill": "engine.prefill",
-    "gamma_max": "gamma_max", "conf_source": "conf_source",
-    "extrapolate_gamma": "extrapolate_gamma",
-}
 
+@dataclass(frozen=True)
+class Setting:
+    """One setting as the schema (:func:`setting`) declares it, read off its field.
+    ``path`` is how a layer names it: a ``[run]`` key (``seed``) or ``table.key``."""
+
+    table: str  # the config file's table: run, workload, deployment, engine
+    key: str
+    type: Any  # the field's annotation, resolved
+    default: Any
+    text: str | Callable[[], str]  # the help, or what builds it (read it as .help)
+    option: str | None  # the command-line flag ("--workload"); None: config files only
+    spec: SpecOption | None  # set through a spec option that sets others too (--slo)
+    unit: str | None
+    arrivals: tuple[str, ...] | None  # the arrival kinds that read it; None: every kind
+    reads: str | None  # "file", "file or name": it names an input (a file, or a built-in)
+
+    @property
+    def help(self) -> str:
+        # built on first use: the policy list loads every policy module (numba's included)
+        return self.text() if callable(self.text) else self.text
+
+    @property
+    def path(self) -> str:
+        return self.key if self.table == "run" else f"{self.table}.{self.key}"
+
+    def get(self, cfg: SimConfig) -> Any:
+        return getattr(cfg if self.table == "run" else getattr(cfg, self.table), self.key)
+
+
+def _schema() -> dict[str, Setting]:
+    """Every field of :class:`SimConfig` and its parts, in declaration order."""
+    out = {}
+    # the tables in the order run --help shows them (docs/cli.md too)
+    for table, cls in (("run", SimConfig), ("workload", WorkloadConfig),
+                       ("deployment", DeploymentConfig), ("engine", EngineConfig)):
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            if f.name in SECTIONS:
+                continue
+            m = f.metadata["setting"]  # a field without one: declare it with setting()
+            opt = m["option"]
+            spec = opt if isinstance(opt, SpecOption) else None
+            flag = spec.flag if spec else ("--" + f.name.replace("_", "-") if opt == "" else opt)
+            s = Setting(table, f.name, hints[f.name], f.default, m["help"], flag, spec,
+                        m["unit"], m["arrivals"], m["reads"])
+            out[s.path] = s
+    return out
+
+
+SETTINGS: dict[str, Setting] = _schema()
+# The keys each table of a config file takes, in the schema's order.
+TABLES: dict[str, tuple[str, ...]] = {t: tuple(s.key for s in SETTINGS.values() if s.table == t)
+                                      for t in ("run", "workload", "deployment", "engine")}
+RUN_KEYS = TABLES["run"]
 # Every config field as a layer names it: a [run] key, or "section.field".
-CONFIG_PATHS = frozenset(RUN_KEYS) | {f"{section}.{f.name}" for section, cls in SECTIONS.items()
-                                      for f in fields(cls)}
-
+CONFIG_PATHS = frozenset(SETTINGS)
+# Command-line flag -> the settings it sets (one, or a spec option's several).
+OPTIONS: dict[str, tuple[Setting, ...]] = {}
+for _s in SETTINGS.values():
+    if _s.option is not None:
+        OPTIONS[_s.option] = (*OPTIONS.get(_s.option, ()), _s)
+# Command-line option (its Python name) -> the one config field it sets.
+OPTION_FIELDS: dict[str, str] = {flag[2:].replace("-", "_"): s[0].path
+                                 for flag, s in OPTIONS.items() if len(s) == 1}
 # Workload fields that mean nothing under an arrival kind: setting one explicitly (at the
 # layer that chose the arrival, or above) is a conflict, not something to drop silently.
 UNUSED_BY_ARRIVAL: dict[str, tuple[str, ...]] = {
-    "poisson": ("burstiness", "max_concurrency", "workload_path", "replay_qps"),
-    "gamma": ("max_concurrency", "workload_path", "replay_qps"),
-    "closed": ("qps", "burstiness", "duration_s", "replay_qps"),
-    "replay": ("qps", "burstiness", "max_concurrency"),
-}
+    a: tuple(s.key for s in SETTINGS.values() if s.arrivals is not None and a not in s.arrivals)
+    for a in ARRIVALS}
+
+
+def settings_markdown(table: str) -> str:
+    """docs/cli.md's table of one config table's settings: key, option, type, default,
+    unit and help, straight from the schema (``cog -r docs/cli.md``)."""
+    rows = ["| key | option | type | default | unit | what it sets |", "|---|---|---|---|---|---|"]
+    for s in SETTINGS.values():
+        if s.table != table:
+            continue
+        reads = "" if s.arrivals is None else f" Read by {', '.join(s.arrivals)} arrivals."
+        option = "config only" if s.option is None else f"`{s.option}`"
+        default = "unset" if s.default is None else f"`{s.default!r}`".replace("'", '"')
+        text = (s.help + reads).replace("|", "\\|")
+        rows.append(f"| `{s.key}` | {option} | {_type_name(s.type)} | {default} | "
+                    f"{s.unit or ''} | {text} |")
+    return "\n".join(rows) + "\n"
 
 
 class _Layer:
@@ -342,17 +507,11 @@ class _Layer:
             # given but empty is not "not given": --lengths '' or a file's lengths = ""
             # ran the default lengths, --trace '' the default trace
             raise InputError(where, "is empty: give a value or leave it out")
-        self.values[path] = _coerce(value, _field_type(path), where)
+        self.values[path] = _coerce(value, SETTINGS[path].type, where)
         self.where[path] = where
 
     def __contains__(self, path: str) -> bool:
         return path in self.values
-
-
-def _field_type(path: str) -> Any:
-    section, _, name = path.rpartition(".")
-    cls = SECTIONS[section] if section else SimConfig
-    return typing.get_type_hints(cls)[name]
 
 
 def _type_name(hint: Any) -> str:
@@ -381,22 +540,14 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
 
 def _check_types(cfg: SimConfig) -> None:
     """Every field of ``cfg`` matches its annotation (configs built in Python too)."""
-    for f in fields(SimConfig):
-        if f.name in SECTIONS:
-            part = getattr(cfg, f.name)
-            for g in fields(part):
-                _check_field(f"{f.name}.{g.name}", getattr(part, g.name))
-        else:
-            _check_field(f.name, getattr(cfg, f.name))
+    for s in SETTINGS.values():
+        _check_field(s, s.get(cfg))
 
 
-# config field -> the option that sets it (workload.workload_path: --workload)
-_OPTION_OF = {path: f"--{name.replace('_', '-')}" for name, path in OPTION_FIELDS.items()}
-
-
-def _check_field(path: str, value: Any) -> None:
-    where = _OPTION_OF.get(path, f"--{path.rpartition('.')[2].replace('_', '-')}")
-    _coerce(value, _field_type(path), where)
+def _check_field(s: Setting, value: Any) -> None:
+    # named by its option (a spec option's field by its own name, as before the schema)
+    where = s.option if s.option and not s.spec else f"--{s.key.replace('_', '-')}"
+    _coerce(value, s.type, where)
     if isinstance(value, str) and not value.strip():
         # given but empty, as the layers refuse it (_Layer.set): a config built in Python
         # with trace="" (or domain, lengths, calibration, mtp_trace) ran the default
@@ -409,8 +560,7 @@ def _unknown_table(name: str, body) -> str:
     known = ", ".join((*SECTIONS, "run"))
     if isinstance(body, dict):
         return f"unknown table [{name}]; known: {known}"
-    holders = [t for t, cls in SECTIONS.items() if name in {f.name for f in fields(cls)}]
-    holders += ["run"] if name in RUN_KEYS else []
+    holders = [t for t in (*SECTIONS, "run") if name in TABLES[t]]
     if holders:
         return f"'{name}' is outside any table; it belongs under [{holders[0]}]"
     return f"unknown top-level key '{name}'; settings go in the tables {known}"
@@ -425,7 +575,7 @@ def _toml_layer(data: dict, source: str) -> _Layer:
             raise InputError(source, _unknown_table(table, body))
         if not isinstance(body, dict):
             raise InputError(source, f"[{table}] must be a table, got {body!r}")
-        names = RUN_KEYS if table == "run" else tuple(f.name for f in fields(SECTIONS[table]))
+        names = TABLES[table]
         for key, value in body.items():
             if key not in names:
                 raise InputError(f"{source} [{table}]", f"unknown key {key!r}; known: "
@@ -435,45 +585,19 @@ def _toml_layer(data: dict, source: str) -> _Layer:
     return layer
 
 
-def parse_slo(spec: str | None) -> tuple[float | None, float | None]:
-    """``ttft:MS,tpot:MS`` (either part optional) -> (ttft_ms, tpot_ms); ``None``: not
-    given. An empty one is refused like any other malformed spec (it was read as "not
-    given")."""
-    if spec is None:
-        return None, None
-    out: dict[str, float] = {}
-    for part in spec.split(","):
-        key, _, val = part.partition(":")
-        key = key.strip().lower()
-        if key not in ("ttft", "tpot"):
-            raise InputError("--slo", f"expected ttft:MS,tpot:MS, got {spec!r}")
-        try:
-            v = float(val)
-        except ValueError:
-            raise InputError("--slo", f"{key} needs a number of milliseconds, got {val!r}") from None
-        if not (math.isfinite(v) and v > 0):
-            raise InputError("--slo", f"{key} must be a positive number of ms, got {val!r}")
-        if key in out:  # tpot:5,tpot:6 kept the last, silently
-            raise InputError("--slo", f"{key} given twice in {spec!r}")
-        out[key] = v
-    return out.get("ttft"), out.get("tpot")
-
-
 def _options_layer(options: dict[str, Any]) -> _Layer:
     layer = _Layer("command line")
     for name, value in options.items():
         if value is None:
             continue  # not given: lower layers decide
         flag = f"--{name.replace('_', '-')}"
-        if name == "slo":
-            ttft, tpot = parse_slo(value)
-            for path, v in (("slo_ttft_ms", ttft), ("slo_tpot_ms", tpot)):
-                if v is not None:
-                    layer.set(path, v, flag)
-            continue
-        if name not in OPTION_FIELDS:
+        if flag not in OPTIONS:
             raise InputError(flag, "is not a simulation setting")
-        layer.set(OPTION_FIELDS[name], str(value) if name == "workload" else value, flag)
+        settings = OPTIONS[flag]
+        spec = settings[0].spec
+        for s, v in zip(settings, spec.parse(value) if spec else (value,), strict=True):
+            if v is not None:  # a spec's part not given
+                layer.set(s.path, str(v) if s.reads == "file" else v, flag)
     return layer
 
 
@@ -621,12 +745,9 @@ def _preset_layer(name: str, cfg: SimConfig) -> _Layer:
     ``--preset NAME`` (so an error about one names the preset)."""
     layer = _Layer(f"preset {name}")
     base = SimConfig()
-    for path in OPTION_FIELDS.values():
-        section, _, key = path.rpartition(".")
-        ours, theirs = ((getattr(getattr(c, section), key) if section else getattr(c, key))
-                        for c in (cfg, base))
-        if ours != theirs:
-            layer.where[path] = f"--preset {name}"
+    for s in SETTINGS.values():
+        if s.get(cfg) != s.get(base):
+            layer.where[s.path] = f"--preset {name}"
     return layer
 
 
@@ -705,22 +826,15 @@ def _check_prefill_count(cfg: SimConfig, layers: list[_Layer]) -> None:
                          "the count out")
 
 
-# Fields that name an input file or a built-in (a file wins, as in every loader). A
-# config file's own settings are in the config; the files these name are not.
-INPUT_FIELDS = ("deployment.profile", "trace", "mtp_trace", "calibration",
-                "workload.workload_path")
-
-
 def input_files(cfg: SimConfig) -> dict[str, Path]:
     """The files a run of ``cfg`` reads, by the option that names each (``--profile``,
     ``--trace``, ``--mtp-trace``, ``--calibration``, ``--workload``); built-in names are
     no files and are left out."""
     files = {}
-    for path in INPUT_FIELDS:
-        section, _, name = path.rpartition(".")
-        spec = getattr(getattr(cfg, section) if section else cfg, name)
+    for s in SETTINGS.values():
+        spec = s.get(cfg) if s.reads else None
         if spec is not None and Path(spec).is_file():
-            files[_OPTION_OF[path]] = Path(spec)
+            files[s.option or s.path] = Path(spec)
     return files
 
 
