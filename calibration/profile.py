@@ -297,6 +297,21 @@ class EngineProfile:
     def step_time_s(self, batch_tokens, kv_tokens: float = 0.0, draft_s: float = 0.0):
         return self.target_time_s(batch_tokens) + self.kv_s_per_token * kv_tokens + draft_s
 
+    def extra_terms(self, n_dec: int, kv_tokens: float, batch_rows: int,
+                    draft_s: float) -> tuple[float, float, float]:
+        """:meth:`step_extra_s` as its three terms: the step time beyond the target table
+        with ``i`` drafts admitted is ``i * per_token + offset``, plus ``kink * min(i,
+        n_dec)`` (0: none). The compiled scheduler builds the curve from these."""
+        mean_ctx = kv_tokens / max(1, batch_rows)
+        per_token = self.logits_s_per_row
+        base = draft_s + self.kv_s_per_token * kv_tokens
+        if n_dec:
+            per_token += self.attn_s_per_query_ctx * float(self.attended(mean_ctx))
+            base += self.request_s * n_dec
+        kink = self.multi_kv_s_per_token * mean_ctx if n_dec and self.multi_kv_s_per_token \
+            else 0.0
+        return per_token, base + per_token * n_dec, kink
+
     def step_extra_s(self, n_dec: int, gamma: int, kv_tokens: float, batch_rows: int,
                      draft_s: float) -> np.ndarray:
         """The step time beyond the target table when ``i = 0..n_dec*gamma`` drafts are
@@ -304,20 +319,15 @@ class EngineProfile:
         of the ``n_dec + i`` verify tokens: one LM-head row each, each attending the
         batch's mean context, and ``~min(i, n_dec)`` multi-token KV blocks (a scheduler
         admits first drafts first: they have the highest survival). Written as one linear
-        function of ``i`` plus that kink, because it runs every engine step. Shared by the
-        simulator's schedulers and the validation server's, so both price a verify length
-        identically."""
-        mean_ctx = kv_tokens / max(1, batch_rows)
-        per_token = self.logits_s_per_row
-        base = draft_s + self.kv_s_per_token * kv_tokens
-        if n_dec:
-            per_token += self.attn_s_per_query_ctx * float(self.attended(mean_ctx))
-            base += self.request_s * n_dec
+        function of ``i`` plus that kink (:meth:`extra_terms`), because it runs every
+        engine step. Shared by the simulator's schedulers and the validation server's, so
+        both price a verify length identically."""
+        per_token, offset, kink = self.extra_terms(n_dec, kv_tokens, batch_rows, draft_s)
         i = np.arange(n_dec * gamma + 1, dtype=np.float64)
         extra = i * per_token
-        extra += base + per_token * n_dec
-        if n_dec and self.multi_kv_s_per_token:
-            extra += self.multi_kv_s_per_token * mean_ctx * np.minimum(i, n_dec)
+        extra += offset
+        if kink:
+            extra += kink * np.minimum(i, n_dec)
         return extra
 
     def prefill_s_per_token(self, budget: int) -> float:

@@ -60,6 +60,12 @@ class Policy:
     # The drafter stops at each request's verify length this step (a controller deciding
     # while it drafts, SparseSpec-L): the engine charges the passes it ran, not a block.
     stops_drafting: bool = False
+    # A compiled twin of the whole decision that the engine runs over its own arrays (the
+    # batch, the trace's survival table, a ring of the last steps' survivals, the step's
+    # cost terms) when the compiled kernels are on, for a chain policy that reads no
+    # state or v2 fields: ``policies.compiled.confidence_step``'s signature. ``decide``
+    # stays the reference (``DSPARK_SIM_KERNELS=numpy``, the validation server).
+    kernel: Callable | None = None
 
     def __call__(self, snap: BatchSnapshot) -> np.ndarray:
         return self.decide(snap)

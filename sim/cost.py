@@ -150,18 +150,29 @@ class CostModel:
             return 0.0
         return d.select_s_per_context_token * float(context.sum()) + d.kv_s_per_token * kv_tokens
 
+    def _scheduled_draft_s(self, n_dec: int, kv_tokens: int,
+                           context: np.ndarray | None) -> float:
+        """The draft as the scheduler prices it: at ``draft_gamma``, with its context terms
+        over the decoding rows' ``context``; nothing for a stopping controller (its
+        :class:`StepCost` carries the draft per pass and per step instead)."""
+        if self.stops_drafting:
+            return 0.0
+        if self.draft_context is not None and n_dec:
+            return self.draft_time(n_dec, kv_tokens) + self.draft_context.context_s(
+                context, np.full(n_dec, self.draft_gamma))
+        return self.draft_time(n_dec, kv_tokens)
+
     def extra_s(self, n_dec: int, gamma: int, kv_tokens: int, batch_rows: int,
                 context: np.ndarray | None) -> np.ndarray:
         """The step time beyond the target table when ``i = 0..n_dec*gamma`` drafts are
-        admitted (:meth:`EngineProfile.step_extra_s`): the draft at ``draft_gamma`` (with
-        its context terms over the decoding rows' ``context``), KV reads, the LM head and
-        attention terms of the verify tokens. A stopping controller's draft is left out:
-        its :class:`StepCost` carries the draft per pass and per step instead."""
-        if self.stops_drafting:
-            draft_s = 0.0
-        elif self.draft_context is not None and n_dec:
-            draft_s = self.draft_time(n_dec, kv_tokens) + self.draft_context.context_s(
-                context, np.full(n_dec, self.draft_gamma))
-        else:
-            draft_s = self.draft_time(n_dec, kv_tokens)
-        return self.profile.step_extra_s(n_dec, gamma, kv_tokens, batch_rows, draft_s)
+        admitted (:meth:`EngineProfile.step_extra_s`): the scheduled draft, KV reads, the
+        LM head and attention terms of the verify tokens."""
+        return self.profile.step_extra_s(n_dec, gamma, kv_tokens, batch_rows,
+                                         self._scheduled_draft_s(n_dec, kv_tokens, context))
+
+    def extra_terms(self, n_dec: int, kv_tokens: int, batch_rows: int,
+                    context: np.ndarray | None) -> tuple[float, float, float]:
+        """:meth:`extra_s` as :meth:`EngineProfile.extra_terms` gives it (per token,
+        offset, kink), for the compiled scheduler."""
+        return self.profile.extra_terms(n_dec, kv_tokens, batch_rows,
+                                        self._scheduled_draft_s(n_dec, kv_tokens, context))

@@ -288,6 +288,12 @@ class Replica:
         self.n_prefilling = 0  # rows with PREFILLED < PREFILL_TARGET
         # this step's drafts proposed per decoding row (a trace with draft_tokens), else None
         self.proposed: np.ndarray | None = None
+        if ctx.kernel is not None:
+            # the compiled decision's lagged view: the last steps' survivals, flat per step
+            # (``ring_state``: next slot, steps held), widened as the batch grows
+            self.ring = np.zeros((max(1, ctx.policy.history), 0))
+            self.ring_rows = np.zeros(self.ring.shape[0], np.int64)
+            self.ring_state = np.zeros(2, np.int64)
 
     @property
     def outstanding(self) -> int:
@@ -480,6 +486,8 @@ class Replica:
         if not (n_dec and ctx.gamma):
             none = np.zeros(n_dec, np.int64)
             return none, none, None
+        if ctx.kernel is not None:
+            return self._compiled_decision(batch, n_dec)
         decoding = slice(0, n_dec)
         trace_idx = batch[decoding, TRACE_START] \
             + (batch[decoding, GENERATED] - 1) % batch[decoding, TRACE_LEN]
@@ -499,6 +507,31 @@ class Replica:
             np.minimum(ell, max(0, (budget - n_dec) // n_dec), out=ell)
             ctx.stats.budget_limited_steps += 1
         return ell, np.minimum(ell, accept_len), None
+
+    def _compiled_decision(self, batch: np.ndarray, n_dec: int
+                           ) -> tuple[np.ndarray, np.ndarray, None]:
+        """:meth:`_verify_lengths` of a policy with a compiled ``kernel``: the snapshot,
+        the decision, the budget trim and the accepted drafts in one call, the same bits
+        as the reference (``tests/test_compiled.py``)."""
+        ctx = self.ctx
+        sched = ctx.sched_cost
+        context = self._decode_context(batch, n_dec) if sched.draft_context is not None \
+            else None
+        per_token, offset, kink = sched.extra_terms(n_dec, self.kv_tokens, len(batch), context)
+        width = n_dec * ctx.gamma
+        if width > self.ring.shape[1]:
+            wider = np.zeros((self.ring.shape[0], max(width, 2 * self.ring.shape[1])))
+            wider[:, : self.ring.shape[1]] = self.ring
+            self.ring = wider
+        policy = ctx.policy
+        ell, accepted, trimmed = ctx.kernel(
+            batch, n_dec, ctx.trace_survival, ctx.trace_accept_len, self.ring, self.ring_rows,
+            self.ring_state, policy.lag_steps, policy.lag_rows, sched.dense_step_s,
+            per_token, offset, kink, self.pending_prefill, sched.prefill_s_per_token,
+            ctx.max_num_batched_tokens)
+        if trimmed:
+            ctx.stats.budget_limited_steps += 1
+        return ell, accepted, None
 
     def _replay_plan(self, plan: Verification, batch, n_dec, trace_idx, accept_len
                      ) -> tuple[np.ndarray, np.ndarray, LossyStep]:
@@ -876,6 +909,11 @@ class SimContext:
                                if self.needs_survival and trace is not None else None)
         self._init_draft_tokens(trace, policy)
         self._init_cost(profile, policy, trace, policy_profile)
+        # the policy's compiled decision, where the step needs nothing it does not read
+        self.kernel = policy.kernel if compiled.NUMBA and self.trace_survival is not None \
+            and self.trace_draft_tokens is None and policy.replay is None \
+            and not policy.fields and not policy.uses_state and not policy.stops_drafting \
+            and policy.needs_lag else None
         self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy
         self.stats = StepStats(self.gamma, hist_size=self.verify_max + 2)
         _check_policy_fields(policy, trace, self.gamma)

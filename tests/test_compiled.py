@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -117,3 +118,72 @@ def test_the_switch_names_a_bad_backend(monkeypatch):
     assert compiled._choose() is False
     monkeypatch.setenv("DSPARK_SIM_KERNELS", "numba")
     assert compiled._choose() is True
+
+
+@given(steps=st.lists(st.integers(1, 30), min_size=1, max_size=90),
+       gamma=st.integers(1, 7), budget=st.integers(40, 400), pending=st.integers(0, 500),
+       kink=st.sampled_from([0.0, 2e-7]), seed=st.integers(0, 2**16))
+def test_the_compiled_confidence_decision_equals_the_policy_on_its_snapshots(
+        steps, gamma, budget, pending, kink, seed):
+    """``compiled.confidence_step`` against ``policies.confidence`` deciding on the
+    snapshots ``Policy.snapshot`` builds from a history deque, over a run of steps whose
+    batch sizes vary (up to 90 steps: the 66-step ring wraps), ties included; and the
+    engine's trim to the token budget and accepted drafts, bit for bit."""
+    from dspark_sim.policies.registry import get_policy
+    from dspark_sim.sim import engine
+
+    policy = get_policy("confidence")
+    rng = np.random.default_rng(seed)
+    n_trace = 200
+    survival_table = np.minimum.accumulate(
+        rng.choice([0.05, 0.3, 0.5, 0.5, 0.8, 1.0], (n_trace, gamma)), axis=1)
+    accept_len = rng.integers(0, gamma + 1, n_trace).astype(np.int8)
+    table = readonly(0.01 + 2e-5 * np.arange(budget + 1) + rng.random(budget + 1) * 1e-4)
+    history = deque(maxlen=policy.history)
+    h = policy.history
+    ring, ring_rows, state = np.zeros((h, 30 * gamma)), np.zeros(h, np.int64), \
+        np.zeros(2, np.int64)
+    for n in steps:
+        batch = np.zeros((n, engine.NUM_COLUMNS), np.int64)
+        batch[:, engine.TRACE_START] = rng.integers(0, n_trace - 20, n)
+        batch[:, engine.TRACE_LEN] = 20
+        batch[:, engine.GENERATED] = rng.integers(1, 60, n)
+        idx = batch[:, engine.TRACE_START] + (batch[:, engine.GENERATED] - 1) % 20
+        per_token, offset = 3e-6 * rng.random(), 1e-3 * rng.random()
+        extra = per_token * np.arange(n * gamma + 1, dtype=np.float64)
+        extra += offset
+        if kink:
+            extra += kink * np.minimum(np.arange(n * gamma + 1, dtype=np.float64), n)
+        cost = StepCost(table, readonly(extra), pending, 2e-5)
+        ref = policy(policy.snapshot(history, survival_table[idx], gamma, budget, cost=cost))
+        ref = ref.astype(np.int64)
+        trimmed_ref = n + int(ref.sum()) > budget
+        if trimmed_ref:
+            np.minimum(ref, max(0, (budget - n) // n), out=ref)
+        ell, accepted, trimmed = compiled.confidence_step(
+            batch, n, survival_table, accept_len, ring, ring_rows, state, policy.lag_steps,
+            policy.lag_rows, table, per_token, offset, kink, pending, 2e-5, budget)
+        assert ell.tobytes() == ref.tobytes()
+        assert trimmed == trimmed_ref
+        assert accepted.tolist() == np.minimum(ref, accept_len[idx]).tolist()
+
+
+def test_the_engine_runs_the_compiled_decision_only_where_it_applies(monkeypatch):
+    """The default scheduler's compiled decision is the engine's on the compiled path and
+    never on the numpy reference path."""
+    from dspark_sim.calibration.confmap import CalibrationMap
+    from dspark_sim.calibration.profile import load_profile
+    from dspark_sim.policies.registry import get_policy
+    from dspark_sim.sim.config import DeploymentConfig, SimConfig
+    from dspark_sim.sim.engine import RequestLog, SimContext
+    from dspark_sim.traces.schema import load_trace
+
+    trace = load_trace("dspark-synthetic")
+    prof = load_profile("qwen3-8b-h100")
+    cfg = SimConfig(deployment=DeploymentConfig(replicas=1))
+    for use, name, engaged in ((True, "confidence", True), (False, "confidence", False),
+                               (True, "confidence-async", False), (True, "fixed:3", False)):
+        monkeypatch.setattr(compiled, "NUMBA", use)
+        ctx = SimContext(cfg, prof, get_policy(name), trace, CalibrationMap(),
+                         RequestLog.empty(0), lambda k: None)
+        assert (ctx.kernel is not None) == engaged, (use, name)
