@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_cli_input import one_line_error
+from input_checks import one_line_error
 from typer.testing import CliRunner
 
 from dspark_sim.calibration.confidence_source import (

@@ -20,14 +20,23 @@ from __future__ import annotations
 import json
 import math
 import re
-import string
 from pathlib import Path
 
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hostile_inputs import (
+    ANY_NUMBER,
+    HOSTILE,
+    POLICY,
+    PRINTABLE,
+    invoke_drawn,
+    no_escape,
+    num_text,
+    one_line_refusal,
+    runner,
+)
+from hypothesis import assume, given
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
 from dspark_sim.cli import app
 from dspark_sim.sim.outputs import read_run
@@ -35,47 +44,10 @@ from dspark_sim.traces.schema import write_trace
 from dspark_sim.traces.synth import synth_iid
 
 ROOT = Path(__file__).resolve().parents[1]
-runner = CliRunner()
 SMALL = ["--num-requests", "30", "--replicas", "1", "--quiet"]
-# each example runs the CLI (a clean run ~0.2-1 s): fewer examples than the pure properties;
-# derandomized with no example database, so every run (and CI) draws the same inputs
-HOSTILE = settings(max_examples=25, deadline=None, derandomize=True, database=None,
-                   suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                          HealthCheck.too_slow])
-PRINTABLE = st.text(alphabet=string.printable.strip() + " ", max_size=24)
 
 
 # -- the property ---------------------------------------------------------------------------
-def draw_option(data, options: dict) -> tuple[str, str]:
-    """One option of ``options`` (name -> value strategy) and a value for it."""
-    option = data.draw(st.sampled_from(sorted(options)), label="option")
-    return option, data.draw(options[option], label="value")
-
-
-def invoke_drawn(data, options: dict, argv):
-    """Run the CLI with ``argv`` (a list, or a function of the drawn option giving one) and
-    one option of ``options`` set to a drawn value, last (a repeated option takes its last
-    value, so ``argv`` may hold a default for it). Returns ``(option, result)``."""
-    option, value = draw_option(data, options)
-    args = argv(option) if callable(argv) else argv
-    return option, runner.invoke(app, [*args, option, value])
-
-
-def no_escape(r) -> None:
-    """No exception but the CLI's own exit, and no traceback printed."""
-    assert r.exception is None or isinstance(r.exception, SystemExit), \
-        f"escaped: {r.exception!r}\n{r.output}"
-    assert "Traceback" not in r.output
-
-
-def one_line_refusal(r, where: str) -> None:
-    """Exit 2 and one line, ``error: ...``, that names ``where`` (an option or a file)."""
-    assert r.exit_code == 2, (r.exit_code, r.output)
-    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and where in lines[0], \
-        (where, r.output)
-
-
 def refused_or_conserved(r, where: str, out: Path, *, must_refuse: bool = False) -> str:
     """The one property (module docstring); returns "refused" or "ran"."""
     no_escape(r)
@@ -119,26 +91,10 @@ def fresh(tmp_path_factory) -> Path:
 
 
 # -- option values -----------------------------------------------------------------------------
-def _num_text(x) -> str:
-    return repr(x) if isinstance(x, float) else str(x)
-
-
-ANY_NUMBER = st.one_of(
-    st.integers(-10**6, 10**6), st.integers(-2**80, 2**80),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from(["", "abc", "1e9", "0x10", "1_000", "--", "5 5", "½", "NaN", "-inf"]),
-).map(_num_text)
 BAD_COUNT = st.one_of(st.integers(max_value=0), st.sampled_from(["nan", "abc", "", "1.5"]),
                       st.integers(min_value=10**12)).map(str)
 BAD_REAL = st.one_of(st.floats(max_value=0.0), st.sampled_from(["nan", "inf", "-inf", "x"])
-                     ).map(_num_text)
-POLICY = st.one_of(
-    st.sampled_from(["none", "mtp1", "confidence", "confidence-sync", "confidence-async",
-                     "vllm-adaptive", "bogus"]),
-    st.builds(lambda name, arg: f"{name}:{arg}",
-              st.sampled_from(["fixed", "threshold", "mtp1", "none", "confidence", "x"]),
-              st.one_of(ANY_NUMBER, PRINTABLE)),
-    PRINTABLE)
+                     ).map(num_text)
 LENGTHS = st.one_of(
     st.sampled_from(["azure-conv", "azure-code", "trace", "bogus", ""]),
     st.builds(lambda kind, a, b: f"{kind}:{a}:{b}",
@@ -155,7 +111,7 @@ OPTIONS = {
     "--qps": ANY_NUMBER,
     "--burstiness": ANY_NUMBER,
     "--num-requests": st.one_of(st.integers(-5, 40).map(str), BAD_COUNT),
-    "--duration-s": st.one_of(st.floats(-1, 2).map(_num_text), BAD_REAL),
+    "--duration-s": st.one_of(st.floats(-1, 2).map(num_text), BAD_REAL),
     "--seed": ANY_NUMBER,
     "--replicas": st.one_of(st.integers(-2, 8).map(str), BAD_COUNT),
     "--max-num-seqs": st.one_of(st.integers(-2, 300).map(str), BAD_COUNT),

@@ -1,5 +1,6 @@
 """Hostile input for ``sweep`` and ``traces import``, drawn by Hypothesis (the run-side
-suite is tests/test_hostile_properties.py, whose property and settings this reuses).
+suite is tests/test_hostile_properties.py; the settings and strategies they share are
+tests/hostile_inputs.py).
 
 * ``sweep``: any value of a grid or headline option is either refused in one line that
   names the option, before any point runs and with nothing written, or the sweep goes
@@ -17,10 +18,10 @@ import json
 
 import numpy as np
 import pytest
+from hostile_inputs import ANY_NUMBER, HOSTILE, POLICY, PRINTABLE, invoke_drawn, runner
+from hostile_inputs import one_line_refusal as _refusal
 from hypothesis import given
 from hypothesis import strategies as st
-from test_hostile_properties import ANY_NUMBER, HOSTILE, POLICY, PRINTABLE, invoke_drawn, runner
-from test_hostile_properties import one_line_refusal as _refusal
 
 from dspark_sim.cli import app
 from dspark_sim.sim import api

@@ -1,7 +1,7 @@
 """Hostile options for ``traces synth``, ``traces export``, ``traces import --format
 vllm-counters`` and ``calibrate confidence``,
-drawn by Hypothesis (the run-side suite is tests/test_hostile_properties.py, whose
-settings and value strategies this reuses).
+drawn by Hypothesis (the run-side suite is tests/test_hostile_properties.py; the
+settings and value strategies they share are tests/hostile_inputs.py).
 
 The property, for each command: any value of any one option is either refused with exit
 2 and one line that names the option, with nothing written, or the command writes a
@@ -19,9 +19,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-from test_hostile_properties import (
+from hostile_inputs import (
     ANY_NUMBER,
     HOSTILE,
     PRINTABLE,
@@ -29,6 +27,8 @@ from test_hostile_properties import (
     no_escape,
     one_line_refusal,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dspark_sim.calibration.confmap import load_calibration
 from dspark_sim.traces.schema import load_trace
@@ -153,7 +153,7 @@ def test_a_negative_seed_is_refused_by_every_command_that_takes_one(tmp_path, sm
     command of the table, so no draw has to find it."""
     from types import SimpleNamespace
 
-    from test_hostile_properties import runner
+    from hostile_inputs import runner
 
     from dspark_sim.cli import app
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from hostile_inputs import HOSTILE
 from hypothesis import given
 from hypothesis import strategies as st
 from input_checks import assert_rejects_file
-from test_hostile_properties import HOSTILE
 from typer.testing import CliRunner
 
 from dspark_sim.cli import app
