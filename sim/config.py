@@ -79,7 +79,8 @@ class SpecOption:
 
 def setting(default: Any = None, *, help: str | Callable[[], str],
             option: str | SpecOption | None = "", unit: str | None = None,
-            arrivals: tuple[str, ...] | None = None, reads: str | None = None) -> Any:
+            arrivals: tuple[str, ...] | None = None, reads: str | None = None,
+            doc: str | None = None) -> Any:
     """A config field with its schema entry (:class:`Setting`): ``help`` (text, or a
     function of none returning it when the text is built from a registry), ``option``
     (``""``: ``--FIELD-NAME``; ``None``: a config file's key only; a
@@ -87,9 +88,12 @@ def setting(default: Any = None, *, help: str | Callable[[], str],
     ``arrivals`` (the arrival kinds that read it; given under another it is refused;
     ``None``: every kind) and ``reads`` (``"file"``: the value is the path of a file the
     run reads, the option a path option; ``"file or name"``: such a path or a built-in's
-    name, a file winning as in every loader; outputs must not overwrite these)."""
+    name, a file winning as in every loader; outputs must not overwrite these) and
+    ``doc`` (docs/cli.md's text, where a help built from a registry would make the table
+    change with it: it links to the registry's own page instead)."""
     return field(default=default, metadata={"setting": {
-        "help": help, "option": option, "unit": unit, "arrivals": arrivals, "reads": reads}})
+        "help": help, "option": option, "unit": unit, "arrivals": arrivals, "reads": reads,
+        "doc": doc}})
 
 
 def parse_slo(spec: str | None) -> tuple[float | None, float | None]:
@@ -212,7 +216,9 @@ class SimConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    policy: str = setting(DEFAULT_POLICY, help=policy_help)
+    policy: str = setting(DEFAULT_POLICY, help=policy_help, doc="The verification policy, "
+                          "NAME[:ARG] ([policies.md](policies.md) lists every one; "
+                          "`dspark-sim policies` prints them).")
     # schema-v1 trace for the block drafter; None: built-in
     trace: str | None = setting(help="Acceptance trace, schema v1 or v2 (path or built-in "
                                 "name; tree policies need v2, e.g. cure-qwen3-8b-synthetic).",
@@ -421,6 +427,7 @@ class Setting:
     unit: str | None
     arrivals: tuple[str, ...] | None  # the arrival kinds that read it; None: every kind
     reads: str | None  # "file", "file or name": it names an input (a file, or a built-in)
+    doc: str | None  # docs/cli.md's text in place of the help
 
     @property
     def help(self) -> str:
@@ -450,7 +457,7 @@ def _schema() -> dict[str, Setting]:
             spec = opt if isinstance(opt, SpecOption) else None
             flag = spec.flag if spec else ("--" + f.name.replace("_", "-") if opt == "" else opt)
             s = Setting(table, f.name, hints[f.name], f.default, m["help"], flag, spec,
-                        m["unit"], m["arrivals"], m["reads"])
+                        m["unit"], m["arrivals"], m["reads"], m["doc"])
             out[s.path] = s
     return out
 
@@ -477,20 +484,37 @@ UNUSED_BY_ARRIVAL: dict[str, tuple[str, ...]] = {
     for a in ARRIVALS}
 
 
-def settings_markdown(table: str) -> str:
-    """docs/cli.md's table of one config table's settings: key, option, type, default,
-    unit and help, straight from the schema (``cog -r docs/cli.md``)."""
-    rows = ["| key | option | type | default | unit | what it sets |", "|---|---|---|---|---|---|"]
-    for s in SETTINGS.values():
-        if s.table != table:
-            continue
-        reads = "" if s.arrivals is None else f" Read by {', '.join(s.arrivals)} arrivals."
-        option = "config only" if s.option is None else f"`{s.option}`"
-        default = "unset" if s.default is None else f"`{s.default!r}`".replace("'", '"')
-        text = (s.help + reads).replace("|", "\\|")
-        rows.append(f"| `{s.key}` | {option} | {_type_name(s.type)} | {default} | "
-                    f"{s.unit or ''} | {text} |")
-    return "\n".join(rows) + "\n"
+def settings_markdown() -> str:
+    """docs/cli.md's tables of every setting, one per config table: key, option, type,
+    default, unit and help, straight from the schema (``cog -r docs/cli.md``)."""
+    out = []
+    for table, keys in TABLES.items():
+        out += [f"`[{table}]`", "", "| key | option | type | default | unit | what it sets |",
+                "|---|---|---|---|---|---|"]
+        for s in (SETTINGS[k if table == "run" else f"{table}.{k}"] for k in keys):
+            out.append(f"| `{s.key}` | {'config only' if s.option is None else f'`{s.option}`'} "
+                       f"| {_type_name(s.type).partition(' ')[2]} | {_toml_value(s.default)} "
+                       f"| {s.unit or ''} | {_doc_help(s)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _toml_value(v: Any) -> str:
+    """A default as a config file writes it (``5_000_000``, ``"poisson"``), or unset."""
+    if v is None:
+        return "unset"
+    if isinstance(v, int) and abs(v) >= 10_000:
+        return f"`{v:_}`"
+    return f'`"{v}"`' if isinstance(v, str) else f"`{v!r}`"
+
+
+def _doc_help(s: Setting) -> str:
+    text = s.doc or s.help
+    if s.arrivals is not None:
+        kinds = s.arrivals[0] if len(s.arrivals) == 1 else \
+            f"{', '.join(s.arrivals[:-1])} and {s.arrivals[-1]}"
+        text += f" Arrival kinds that read it: {kinds}."
+    return text.replace("|", "\\|")
 
 
 class _Layer:
