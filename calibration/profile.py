@@ -55,6 +55,12 @@ model evaluated per token:
   (``trace.meta.drafter``, e.g. ``dspark``, ``mtp1``, ``eagle``) when the profile has
   it, else the policy's drafter kind (``dspark`` for block-drafter policies, ``mtp1``
   for MTP-1); a missing table is an error listing the tables the profile has.
+* ``default_trace`` (optional, in ``[profile]``) names the acceptance trace of the model
+  the profile serves, as its published setup replays it (a built-in trace name, or a
+  parquet path relative to the profile file): a block-drafter run on this profile that
+  names no ``--trace`` replays it instead of the package default, and says so in its
+  deployment line; ``--trace`` still wins. A profile fitted to published figures is
+  fitted with its setup's drafter, so another trace would not give those figures.
 * ``[engine]`` (optional) states the per-replica limits the deployment implies:
   ``max_num_seqs``, ``max_num_batched_tokens``, ``kv_capacity_tokens`` (HBM left after
   weights and activations, divided by the KV bytes per token) and ``max_model_len``
@@ -70,6 +76,7 @@ File format (TOML)::
     gpus_per_replica = 16
     interpolation = "step"       # or "linear"
     description = "..."
+    default_trace = "dspark-v4flash-synthetic"  # trace a run replays without --trace (optional)
     [profile.parameters]         # whatever produced the table (hardware sheet, device, date)
     ...
     [target]
@@ -234,6 +241,9 @@ class EngineProfile:
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
     source: str = "<memory>"
+    # the acceptance trace a block-drafter run replays when it names none (a built-in
+    # name or an absolute path; None: the package default)
+    default_trace: str | None = None
 
     # -- lookups -------------------------------------------------------------
     @property
@@ -357,6 +367,7 @@ class EngineProfile:
             f"gpus_per_replica = {int(self.gpus_per_replica)}",
             f"interpolation = {_q(self.interpolation)}",
             f"description = {_q(self.description)}",
+            *([f"default_trace = {_q(self.default_trace)}"] if self.default_trace else []),
             "",
             "[profile.parameters]",
         ]
@@ -503,7 +514,7 @@ def _table(where: str, data: dict, key: str, *, required: bool = False) -> dict:
 
 PROFILE_TABLES = ("profile", "target", "engine", "draft")
 PROFILE_KEYS = ("name", "kind", "gpus_per_replica", "interpolation", "description",
-                "parameters")
+                "default_trace", "parameters")
 TARGET_KEYS = ("tokens", "step_ms", "step_std_ms", "kv_us_per_token", "logits_us_per_row",
                "attn_ns_per_query_ctx", "multi_kv_us_per_token", "request_us",
                "frontend_us_per_request", "attn_window_tokens", "eager_penalty_ms")
@@ -511,6 +522,26 @@ TARGET_KEYS = ("tokens", "step_ms", "step_std_ms", "kv_us_per_token", "logits_us
 
 DRAFT_KEYS = ("batch", "time_ms", "gamma_ref", "gamma_slope", "kv_us_per_token", "block",
               "kv_budget_tokens", "sparse_kv_us_per_token", "select_us_per_context_token")
+
+
+def check_default_trace(where: str, value: Any, base: Path | None) -> str:
+    """A profile's (or sheet's) ``default_trace``: a built-in trace name, or a parquet file
+    (relative to ``base``, the file's folder; returned absolute). Checked where the file
+    is read, so a misspelt name is refused naming the file and key, not at the first run
+    that happens to need it."""
+    from dspark_sim.traces.schema import builtin_traces
+
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(where, f"'default_trace' must be a trace name or path, got {value!r}")
+    if value in builtin_traces():
+        return value
+    p = Path(value)
+    if base is not None and not p.is_absolute():
+        p = base / p
+    if p.suffix == ".parquet" and p.is_file():
+        return str(p.resolve())
+    raise InputError(where, f"'default_trace' names unknown trace {value!r} (no such built-in "
+                            f"trace or parquet file); built-in: {', '.join(builtin_traces())}")
 
 
 def _draft_cost(where: str, d: dict) -> DraftCost:
@@ -594,6 +625,11 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
     params = head.get("parameters", {})
     if not isinstance(params, dict):
         raise InputError(source, "[profile.parameters] must be a table")
+    default_trace = None
+    if "default_trace" in head:
+        # a built-in profile's path could only be the package's own folder: names only
+        base = None if source.startswith(("builtin:", "<")) else Path(source).parent
+        default_trace = check_default_trace(f"{source} [profile]", head["default_trace"], base)
     return EngineProfile(
         name=str(head.get("name", Path(source).stem)),
         kind=kind,
@@ -615,6 +651,7 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
         description=str(head.get("description", "")),
         parameters=dict(params),
         source=source,
+        default_trace=default_trace,
     )
 
 

@@ -69,7 +69,13 @@ from typing import Any
 import numpy as np
 
 from dspark_sim.calibration.hf_config_check import check_hf_config
-from dspark_sim.calibration.profile import DraftCost, EngineLimits, EngineProfile, profile_from_dict
+from dspark_sim.calibration.profile import (
+    DraftCost,
+    EngineLimits,
+    EngineProfile,
+    check_default_trace,
+    profile_from_dict,
+)
 from dspark_sim.errors import InputError, check_known_keys
 from dspark_sim.io import loads_json, read_toml
 
@@ -424,8 +430,8 @@ def draft_costs(hw: HardwareSheet, m: ModelSheet, dep: DeploymentSheet,
 
 
 def analytic_profile(hw: HardwareSheet, model: ModelSheet, dep: DeploymentSheet, *, name: str,
-                     description: str | None = None, notes: dict[str, Any] | None = None
-                     ) -> EngineProfile:
+                     description: str | None = None, notes: dict[str, Any] | None = None,
+                     default_trace: str | None = None) -> EngineProfile:
     dep = resolve_graphs(dep)
     rows = table_rows(dep)
     per_query_ctx, per_ctx, per_request = attention_terms(hw, model, dep)
@@ -459,6 +465,7 @@ def analytic_profile(hw: HardwareSheet, model: ModelSheet, dep: DeploymentSheet,
         description=description or f"Roofline of {model.name} on {hw.name}: {layout} "
                                    "(CUDA-graph buckets, eager beyond)",
         parameters=params,
+        default_trace=default_trace,
     )
 
 
@@ -551,6 +558,17 @@ GLM47_H20_HW = replace(H20, flop_efficiency=0.3)
 # Trace drafters a profile prices with one of its own tables: the MTP layer of GLM-4.7
 # drafts autoregressively, one pass per token (the MTP head's table), not as a block.
 DRAFTER_TABLES: dict[str, dict[str, str]] = {"glm47-h20": {"glm47-mtp": "mtp1"}}
+# The acceptance trace a profile's run replays when it names none (its [profile]
+# default_trace): the drafter its published figures were measured with, on their prompts.
+# v4flash-b300 and v4pro-b300 are fitted to vLLM's SPEED-Bench runs with those traces, so
+# the package default (dspark-synthetic, tau 3.5-5.6 by domain) cannot give their figures.
+# The DSpark-production V4-Flash profiles (v4flash-h200, the package's default profile,
+# and the h100 / b200 ones priced on its deployment) keep the package default: their
+# published setup sets gamma 5 over dspark-v4flash-synthetic's single domain, and moving
+# every default run (the README's, the stored golden runs, --domain chat / code / math)
+# onto it is a change of the package's default, not of one profile.
+DEFAULT_TRACES: dict[str, str] = {"v4flash-b300": "dspark-v4flash-speedbench-synthetic",
+                                  "v4pro-b300": "dspark-v4pro-synthetic"}
 
 # Analytic (not fitted) deployments. The MoE ones carry over the V4-Flash fit's
 # efficiency and overlap (same serving stack, other hardware or model): on Hopper a
@@ -603,7 +621,8 @@ def builtin_analytic_profile(name: str) -> EngineProfile:
     hw, model, dep = specs[name]
     notes = {f"fitted_to_{i}": s for i, s in enumerate(PUBLISHED_POINTS.get(name, {})
                                                         .get("fitted", []))}
-    return analytic_profile(hw, model, dep, name=name, notes=notes)
+    return analytic_profile(hw, model, dep, name=name, notes=notes,
+                            default_trace=DEFAULT_TRACES.get(name))
 
 
 def default_profile() -> EngineProfile:
@@ -809,7 +828,9 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
     Tables: ``[hardware]`` (HardwareSheet fields, or ``hardware = "H100"`` naming a preset
     in :data:`HARDWARE`), ``[model]`` (ModelSheet fields, or ``hf_config = "config.json"``
     plus optional overrides, or ``model = "v3"`` naming a preset in :data:`MODELS`),
-    ``[deployment]`` (DeploymentSheet fields). Raises :class:`InputError` naming the file."""
+    ``[deployment]`` (DeploymentSheet fields); optionally ``default_trace``, the model's
+    drafter trace (a built-in name or a parquet path relative to the sheet) that runs on
+    the profile replay when they name none. Raises :class:`InputError` naming the file."""
     source = "<sheets>"
     base = Path(".")
     if isinstance(spec, str | Path):
@@ -840,6 +861,10 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
     if not math.isfinite(dep.eager_slowdown) or dep.eager_slowdown < 1.0:
         raise InputError(f"{source} [deployment]", "eager_slowdown must be >= 1")
     prof_name = name or str(data.get("name") or Path(source).stem)
+    # the model's drafter trace, named in the profile it implies ([profile] default_trace)
+    default_trace = (check_default_trace(source, data["default_trace"],
+                                         base if isinstance(spec, str | Path) else None)
+                     if "default_trace" in data else None)
     # Each field can be a finite number >= 0 while the arithmetic they feed is not (a zero
     # bandwidth divides by zero, 1e308 bytes per parameter overflows to inf, then NaN):
     # any such step refuses the sheet in one line instead of a traceback or a warning.
@@ -847,7 +872,7 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
         # underflow is not refused: (1 - top_k / experts) ** tokens, the chance an expert
         # stays untouched, goes to 0 at large batches, which is the right limit
         with np.errstate(over="raise", divide="raise", invalid="raise", under="ignore"):
-            prof = analytic_profile(hw, model, dep, name=prof_name)
+            prof = analytic_profile(hw, model, dep, name=prof_name, default_trace=default_trace)
     except InputError as exc:
         if exc.where != "deployment sheet":
             raise
@@ -864,7 +889,7 @@ def profile_from_sheets(spec: str | Path | dict[str, Any], name: str | None = No
     return replace(prof, parameters={**prof.parameters, "sheet_summary": summary})
 
 
-SHEET_KEYS = {"name", "hardware", "model", "deployment", "precision"}
+SHEET_KEYS = {"name", "hardware", "model", "deployment", "precision", "default_trace"}
 PRECISIONS = ("bf16", "fp8", "fp4")
 
 

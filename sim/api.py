@@ -67,15 +67,30 @@ class SimResult:
         return write_run(out_dir, self.summary, self.requests)
 
 
-def resolve_trace(cfg: SimConfig, policy: Policy) -> AcceptanceTrace | None:
+def block_trace_spec(cfg: SimConfig, profile: EngineProfile | None = None) -> str:
+    """The block drafter's trace a run replays: ``--trace``, else the profile's
+    ``default_trace`` (the drafter its published setup measured; ``profile`` None: the
+    config's), else the package default."""
+    if cfg.trace:
+        return cfg.trace
+    if profile is None:
+        profile = load_profile(cfg.deployment.profile)
+    return profile.default_trace or DEFAULT_TRACE
+
+
+def resolve_trace(cfg: SimConfig, policy: Policy,
+                  profile: EngineProfile | None = None) -> AcceptanceTrace | None:
+    """The trace ``policy`` replays. ``profile`` is the one the run costs steps with
+    (None: the config's), read for its ``default_trace`` when no ``--trace`` is given."""
     if policy.drafter is None:
         return None
     if policy.drafter == "mtp1":
         # MTP-1 replays the MTP head's own trace, never the block drafter's.
         spec = cfg.mtp_trace or DEFAULT_MTP_TRACE
+    elif policy.drafter == "selfspec":
+        spec = cfg.trace or DEFAULT_SELFSPEC_TRACE
     else:
-        spec = cfg.trace or (DEFAULT_SELFSPEC_TRACE if policy.drafter == "selfspec"
-                             else DEFAULT_TRACE)
+        spec = block_trace_spec(cfg, profile)
     trace = load_trace(spec)
     if cfg.workload.domain:
         trace = trace.select_domain(cfg.workload.domain)
@@ -140,11 +155,22 @@ def resolve_calibration(cfg: SimConfig, trace: AcceptanceTrace | None) -> Calibr
     return load_calibration(None)
 
 
+def trace_from_profile(cfg: SimConfig, profile: EngineProfile,
+                       trace: AcceptanceTrace | None) -> bool:
+    """The run replays its profile's ``default_trace`` because it named no ``--trace``."""
+    if cfg.trace or trace is None or not profile.default_trace:
+        return False
+    return trace.source_path in (profile.default_trace, f"builtin:{profile.default_trace}")
+
+
 def _deployment_text(cfg: SimConfig, profile: EngineProfile,
-                     prefill: PrefillPool | None = None) -> str:
+                     prefill: PrefillPool | None = None,
+                     trace: AcceptanceTrace | None = None) -> str:
     """The deployment in words. A profile whose replica is one rank of a larger
     expert-parallel group (its ``deploy_ep_size``) says so: the run simulates those ranks,
-    and the group's other ranks, assumed to carry the same load, are not counted."""
+    and the group's other ranks, assumed to carry the same load, are not counted. A run
+    replaying its profile's ``default_trace`` says which and why (a run that names its
+    trace, or replays the package default, reads as before)."""
     d = cfg.deployment
     g = profile.gpus_per_replica
     ep = profile.parameters.get("deploy_ep_size")
@@ -157,18 +183,22 @@ def _deployment_text(cfg: SimConfig, profile: EngineProfile,
         pg = prefill.instances * g
         text += (f"; {prefill.instances} prefill instance(s) x {g} GPU = {pg} GPUs "
                  f"({d.replicas * g + pg} GPUs in all)")
-    return text + f", profile {profile.name} ({profile.kind}), router {d.router}"
+    text += f", profile {profile.name} ({profile.kind}), router {d.router}"
+    if trace_from_profile(cfg, profile, trace):
+        text += (f"; trace {profile.default_trace}: the profile's default_trace (its "
+                 "published setup's drafter; --trace replaces it)")
+    return text
 
 
 def _request_log(cfg: SimConfig, rng: np.random.Generator, trace: AcceptanceTrace | None,
-                 trace_rows: np.ndarray | None):
+                 trace_rows: np.ndarray | None, profile: EngineProfile):
     """The request stream and its log: lengths, arrivals and each request's trace row
     (drawn from ``rng`` after the stream, so the same seed gives the same rows)."""
     # --lengths trace: lengths (and rows) from the trace, loaded even when the policy
     # replays none (`none` then serves the same requests as the speculative runs).
     length_trace = trace
     if length_trace is None and uses_trace_lengths(cfg.workload):
-        length_trace = load_trace(cfg.trace or DEFAULT_TRACE)
+        length_trace = load_trace(block_trace_spec(cfg, profile))
         if cfg.workload.domain:
             length_trace = length_trace.select_domain(cfg.workload.domain)
     stream = build_stream(cfg.workload, rng, trace=length_trace)
@@ -227,7 +257,7 @@ def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
         # lossy: emitted tokens may differ from the target's (changed_tokens says how many);
         # never to be drawn or compared as lossless throughput
         "lossy": policy.lossy,
-        "deployment": _deployment_text(cfg, profile, prefill),
+        "deployment": _deployment_text(cfg, profile, prefill, trace),
         "replicas": cfg.deployment.replicas,
         "gpus_per_replica": profile.gpus_per_replica,
         "profile": profile.name,
@@ -237,6 +267,10 @@ def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
         "trace_drafter": None if trace is None else trace.meta.drafter,
         "trace_source": None if trace is None else trace.meta.source,
         "trace_gamma_max": None if trace is None else trace.gamma_max,
+        # why this trace ran, when the profile chose it (absent otherwise: summaries of
+        # runs on profiles without one stay as they were)
+        **({"trace_chosen_by": f"profile {profile.name} default_trace"}
+           if trace_from_profile(cfg, profile, trace) else {}),
         "calibration": calibration.source,
         **_preparation_summary(cfg, trace),
         "seed": cfg.seed,
@@ -304,12 +338,12 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
     cfg = cfg.validate()
     policy = get_policy(cfg.policy)
     profile = profile or load_profile(cfg.deployment.profile)
-    trace = resolve_trace(cfg, policy) if trace is None else prepare_trace(cfg, trace)
+    trace = resolve_trace(cfg, policy, profile) if trace is None else prepare_trace(cfg, trace)
     require_trace_columns(trace, policy)
     if calibration is None:
         calibration = resolve_calibration(cfg, trace)
     rng = np.random.default_rng(cfg.seed)
-    stream, log = _request_log(cfg, rng, trace, trace_rows)
+    stream, log = _request_log(cfg, rng, trace, trace_rows, profile)
     n = stream.size
 
     source: OpenLoop | ClosedLoop | None = None

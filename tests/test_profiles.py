@@ -146,6 +146,58 @@ def test_bad_profile_files(tmp_path, edit, message):
     assert message.lower() in str(err.value).lower()
 
 
+def test_default_trace_names_the_published_setups_drafter():
+    """The profiles fitted to vLLM's SPEED-Bench runs name the trace they were fitted with
+    (and the sheet-only V4-Pro profile its model's); the default profile names none, so
+    its runs replay the package default as before."""
+    assert load_profile("v4flash-b300").default_trace == "dspark-v4flash-speedbench-synthetic"
+    assert load_profile("v4pro-b300").default_trace == "dspark-v4pro-synthetic"
+    assert load_profile("v4pro-8xmi350x").default_trace == "dspark-v4pro-synthetic"
+    assert load_profile(None).default_trace is None
+    assert "default_trace" not in GOOD  # absent from the file when unset
+    p = load_profile(DATA / "v4flash-b300.toml")
+    back = profile_from_dict(tomllib.loads(p.to_toml()), "roundtrip")
+    assert back.default_trace == p.default_trace and back.to_toml() == p.to_toml()
+
+
+@pytest.mark.parametrize("value, message", [
+    ('"dspark-v4flash-speedbnech-synthetic"', "'default_trace' names unknown trace "
+                                             "'dspark-v4flash-speedbnech-synthetic'"),
+    ('"missing.parquet"', "'default_trace' names unknown trace 'missing.parquet'"),
+    ("7", "'default_trace' must be a trace name or path, got 7"),
+    ('""', "'default_trace' must be a trace name or path"),
+])
+def test_a_bad_default_trace_is_refused_naming_the_file_and_key(tmp_path, value, message):
+    path = tmp_path / "broken-profile.toml"
+    path.write_text(GOOD.replace("\n\n[profile.parameters]",
+                                 f"\ndefault_trace = {value}\n\n[profile.parameters]", 1))
+    with pytest.raises(InputError) as err:
+        load_profile(path)
+    text = str(err.value)
+    assert text.startswith(f"{path} [profile]: ") and message in text and "\n" not in text
+
+
+def test_default_trace_path_is_read_next_to_the_profile(tmp_path):
+    from dspark_sim.traces.schema import load_trace, write_trace
+
+    (tmp_path / "traces").mkdir()
+    write_trace(load_trace("dspark-v4pro-synthetic"), tmp_path / "traces" / "mine.parquet")
+    path = tmp_path / "mine.toml"
+    path.write_text(GOOD.replace("\n\n[profile.parameters]",
+                                 '\ndefault_trace = "traces/mine.parquet"\n\n[profile.parameters]', 1))
+    got = load_profile(path).default_trace
+    assert got == str((tmp_path / "traces" / "mine.parquet").resolve())
+    # a sheet names it the same way, relative to the sheet
+    sheet = tmp_path / "s.sheet.toml"
+    sheet.write_text('hardware = "H200"\nmodel = "v4flash"\ndefault_trace = "traces/mine.parquet"\n'
+                     "[deployment]\ngpus_per_replica = 8\n")
+    assert profile_from_sheets(sheet).default_trace == got
+    sheet.write_text('hardware = "H200"\nmodel = "v4flash"\ndefault_trace = "nope"\n'
+                     "[deployment]\ngpus_per_replica = 8\n")
+    with pytest.raises(InputError, match=r"s\.sheet\.toml: 'default_trace' names unknown trace"):
+        profile_from_sheets(sheet)
+
+
 def test_missing_profile_file(tmp_path):
     with pytest.raises(InputError, match="nope.toml: profile file not found"):
         load_profile(tmp_path / "nope.toml")

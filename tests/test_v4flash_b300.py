@@ -16,19 +16,50 @@ FIGURES = ("output_throughput", "median_interactivity", "median_tpot_ms",
            "spec_decode_acceptance_length")
 
 
-@pytest.mark.parametrize("policy, c", [("fixed:7", 128), ("vllm-adaptive", 256)])
-def test_the_published_runner_is_the_cli_command(tmp_path, policy, c):
+def _run(tmp_path, policy: str, c: int, *extra: str) -> dict:
     out = tmp_path / "run"
     r = CliRunner().invoke(app, [
         "run", "--profile", "v4flash-b300", "--replicas", "1", "--lengths", "fixed:250:512",
-        "--max-concurrency", str(c), "--policy", policy, "--trace", V4FLASH_B300_TRACE,
-        "--num-requests", "880", "--out", str(out)])
+        "--max-concurrency", str(c), "--policy", policy, "--num-requests", "880", *extra,
+        "--out", str(out)])
     assert r.exit_code == 0, r.output
-    cli = json.loads((out / "summary.json").read_text())
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("policy, c", [("fixed:7", 128), ("vllm-adaptive", 256)])
+def test_the_published_runner_is_the_cli_command(tmp_path, policy, c):
+    """The issue's command, with no --trace: the profile's default_trace is the setup's
+    drafter, so it gives the runner's figures, and its deployment line says why."""
+    cli = _run(tmp_path, policy, c)
     lib = runner("v4flash-b300").summary(policy, c)
     for key in FIGURES:
         assert cli[key] == lib[key], key
     assert cli["profile"] == "v4flash-b300" and cli["policy"] == policy
+    assert cli["trace"] == f"builtin:{V4FLASH_B300_TRACE}"
+    assert cli["trace_chosen_by"] == "profile v4flash-b300 default_trace"
+    assert f"trace {V4FLASH_B300_TRACE}: the profile's default_trace" in cli["deployment"]
+
+
+def test_a_given_trace_still_wins_over_the_profiles(tmp_path):
+    cli = _run(tmp_path, "fixed:7", 16, "--trace", "dspark-synthetic")
+    assert cli["trace"] == "builtin:dspark-synthetic" and "trace_chosen_by" not in cli
+    assert "default_trace" not in cli["deployment"]
+    # the package default's tau (3.5-5.6 by domain), not the setup drafter's 3.2
+    assert cli["spec_decode_acceptance_length"] > 3.6
+
+
+def test_the_cli_resolves_the_profiles_trace_without_the_profile_object():
+    """`dspark-sim run` resolves the trace from the config before it simulates: the
+    profile it names is read for its default_trace there too (and not for MTP-1)."""
+    from dspark_sim.policies.registry import get_policy
+    from dspark_sim.sim.api import DEFAULT_MTP_TRACE, resolve_trace
+    from dspark_sim.sim.config import DeploymentConfig, SimConfig
+
+    cfg = SimConfig(policy="fixed:7", deployment=DeploymentConfig(profile="v4flash-b300"))
+    assert resolve_trace(cfg, get_policy("fixed:7")).source_path == \
+        f"builtin:{V4FLASH_B300_TRACE}"
+    assert resolve_trace(cfg, get_policy("mtp1")).source_path == f"builtin:{DEFAULT_MTP_TRACE}"
+    assert resolve_trace(cfg, get_policy("none")) is None
 
 
 def test_the_fitted_subset_is_stated_and_the_rest_held_out():
