@@ -20,43 +20,27 @@ from dspark_sim.sim.config import (
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Each setting's test: a value unlike its default that a run takes, and the settings it
-# needs beside it to be valid (a replay rate needs a replayed file). A new setting is
-# added here with its field; test_every_setting_has_a_sample holds it to that.
-SAMPLES: dict[str, tuple] = {
-    "policy": ("fixed:3", {}),
-    "trace": ("my-trace", {}),
-    "mtp_trace": ("my-mtp-trace", {}),
-    "calibration": ("identity", {}),
-    "gamma_max": (5, {}),
-    "conf_source": ("position", {}),
-    "extrapolate_gamma": (9, {}),
-    "seed": (7, {}),
-    "slo_ttft_ms": (2000.0, {}),
-    "slo_tpot_ms": (20.0, {}),
-    "drain_timeout_s": (60.0, {}),
-    "max_engine_steps": (1000, {}),
-    "workload.arrival": ("closed", {}),
-    "workload.qps": (5.0, {}),
-    "workload.burstiness": (0.5, {}),
-    "workload.max_concurrency": (8, {}),
-    "workload.num_requests": (300, {}),
-    "workload.duration_s": (10.0, {}),
-    "workload.workload_path": ("w.csv", {}),
-    "workload.replay_qps": (3.0, {"workload.workload_path": "w.csv"}),
-    "workload.lengths": ("fixed:100:10", {}),
-    "workload.domain": ("chat", {}),
-    "deployment.profile": ("qwen3-8b-h100", {}),
-    "deployment.replicas": (2, {}),
-    "deployment.prefill_instances": (6, {}),
-    "deployment.router": ("round-robin", {}),
-    "engine.max_num_seqs": (32, {}),
-    "engine.max_num_batched_tokens": (4096, {}),
-    "engine.kv_capacity_tokens": (100_000, {}),
-    "engine.kv_mode": ("reserve", {}),
-    "engine.max_model_len": (4096, {}),
-    "engine.prefill": ("chunked", {}),
+# Each setting's test: a value unlike its default that a run takes (a new setting is added
+# here with its field; test_every_setting_has_a_sample holds it to that), by table.
+SAMPLES: dict[str, object] = {
+    "policy": "fixed:3", "trace": "my-trace", "mtp_trace": "my-mtp-trace",
+    "calibration": "identity", "gamma_max": 5, "conf_source": "position",
+    "extrapolate_gamma": 9, "seed": 7, "slo_ttft_ms": 2000.0, "slo_tpot_ms": 20.0,
+    "drain_timeout_s": 60.0, "max_engine_steps": 1000,
+    **{f"workload.{k}": v for k, v in {
+        "arrival": "closed", "qps": 5.0, "burstiness": 0.5, "max_concurrency": 8,
+        "num_requests": 300, "duration_s": 10.0, "workload_path": "w.csv", "replay_qps": 3.0,
+        "lengths": "fixed:100:10", "domain": "chat"}.items()},
+    **{f"deployment.{k}": v for k, v in {
+        "profile": "qwen3-8b-h100", "replicas": 2, "prefill_instances": 6,
+        "router": "round-robin"}.items()},
+    **{f"engine.{k}": v for k, v in {
+        "max_num_seqs": 32, "max_num_batched_tokens": 4096, "kv_capacity_tokens": 100_000,
+        "kv_mode": "reserve", "max_model_len": 4096, "prefill": "chunked"}.items()},
 }
+# the settings a sample needs beside it to be valid (a replay rate needs a replayed file)
+NEEDS: dict[str, dict[str, object]] = {
+    "workload.replay_qps": {"workload.workload_path": "w.csv"}}
 OWN_OPTIONS = {"--policy-profile", "--config", "--preset", "--out", "--quiet"}
 
 
@@ -95,7 +79,7 @@ def test_every_setting_has_help_and_a_default_of_its_type():
 
 @pytest.mark.parametrize("path", sorted(SAMPLES))
 def test_every_setting_is_read_from_its_config_key(tmp_path, path):
-    value, extra = SAMPLES[path]
+    value, extra = SAMPLES[path], NEEDS.get(path, {})
     assert value != SETTINGS[path].default
     p = tmp_path / "c.toml"
     p.write_text(_toml({**extra, path: value}))
@@ -104,7 +88,7 @@ def test_every_setting_is_read_from_its_config_key(tmp_path, path):
 
 @pytest.mark.parametrize("path", sorted(p for p, s in SETTINGS.items() if s.option))
 def test_every_option_sets_its_setting(path):
-    value, extra = SAMPLES[path]
+    value, extra = SAMPLES[path], NEEDS.get(path, {})
     cfg = resolve_config(options=_options({**extra, path: value}))
     assert SETTINGS[path].get(cfg) == value
 
@@ -129,8 +113,7 @@ def test_a_value_of_the_wrong_type_names_the_key_or_the_option(tmp_path, path):
     if a not in s.arrivals and (p, a) != ("workload.qps", "replay")])
 def test_a_setting_given_under_an_arrival_that_never_reads_it_is_refused(tmp_path, path,
                                                                          arrival):
-    value, _ = SAMPLES[path]
-    given = {"workload.arrival": arrival, path: value}
+    given = {"workload.arrival": arrival, path: SAMPLES[path]}
     if arrival == "replay":
         given["workload.workload_path"] = "w.csv"
     p = tmp_path / "c.toml"
