@@ -707,8 +707,8 @@ def resolve_config(*, preset_name: str | None = None, config_path: str | Path | 
     """The run's config: preset < config file < explicitly given options.
 
     ``preset_name`` (``--preset``) wins over the file's own ``preset = ...`` key, which
-    wins over ``default``. ``options`` maps option names (:data:`OPTION_FIELDS`, plus
-    ``slo``) to values; ``None`` means not given. Some settings imply others within the
+    wins over ``default``. ``options`` maps option names (the flags of :data:`OPTIONS`
+    as Python names: ``workload``, ``slo``) to values; ``None`` means not given. Some settings imply others within the
     layer that gives them (``max_concurrency`` -> a closed loop, ``workload`` -> replay,
     ``burstiness`` -> gamma, ``duration_s`` without ``num_requests`` -> the window alone
     bounds the run, ``qps`` with a replay -> ``replay_qps``; ``qps``, ``burstiness`` or
