@@ -147,21 +147,29 @@ def extra_from_terms(size, per_token, offset, kink, n_dec):
 
 
 @njit(cache=True)
+def sort_desc(values):
+    """``values`` sorted descending (a reversed view of one ascending sort)."""
+    return np.sort(values)[::-1]
+
+
+@njit(cache=True)
 def _lagged_sorted(ring, ring_rows, head, count, lag_steps, lag_rows, g):
     """The survivals of ``lag_steps`` steps ago, with the steps before it until they hold
-    ``lag_rows`` rows (``Policy.lagged`` over the ring of past steps), sorted descending."""
+    ``lag_rows`` rows (``Policy.lagged`` over the ring of past steps, each held sorted
+    descending), sorted descending."""
     h = ring.shape[0]
     newest = count - lag_steps
     slot = (head - count + newest) % h
     rows = ring_rows[slot]
+    if lag_rows <= rows:
+        return ring[slot, : rows * g]
     total = rows
     first = newest
-    if lag_rows > rows:
-        for j in range(newest - 1, -1, -1):
-            total += ring_rows[(head - count + j) % h]
-            first = j
-            if total >= lag_rows:
-                break
+    for j in range(newest - 1, -1, -1):
+        total += ring_rows[(head - count + j) % h]
+        first = j
+        if total >= lag_rows:
+            break
     values = np.empty(total * g)
     at = 0
     for j in range(first, newest + 1):
@@ -169,7 +177,7 @@ def _lagged_sorted(ring, ring_rows, head, count, lag_steps, lag_rows, g):
         m = ring_rows[s] * g
         values[at: at + m] = ring[s, :m]
         at += m
-    return np.sort(values)[::-1]
+    return sort_desc(values)
 
 
 @njit(cache=True)
@@ -179,47 +187,44 @@ def confidence_step(batch, n_dec, trace_survival, trace_accept_len, ring, ring_r
     """The default scheduler's whole decision for the first ``n_dec`` (decoding) rows of
     ``batch``, as ``Replica._verify_lengths`` runs ``policies.confidence._confidence``:
     gather the rows' survivals at their trace positions, size the budget on the lagged
-    survivals (``ring``: the last steps' survivals, flat per step, ``ring_rows`` their
-    row counts, ``ring_state`` = [next slot, steps held]) stretched to this batch at this
-    step's costs, admit the top-K drafts by current survival, trim to the token budget.
-    This step's survivals then join the ring. Returns (l, accepted, trimmed to the
-    budget)."""
+    survivals (``ring``: the last steps' survivals, each step's sorted descending,
+    ``ring_rows`` their row counts, ``ring_state`` = [next slot, steps held]) stretched
+    to this batch at this step's costs, admit the top-K drafts by current survival, trim
+    to the token budget. This step's survivals then join the ring. Returns (l, accepted,
+    trimmed to the budget)."""
     g = trace_survival.shape[1]
     m = n_dec * g
     h = ring.shape[0]
     head = ring_state[0]
     count = ring_state[1]
     trace_idx = np.empty(n_dec, dtype=np.int64)
+    survival = np.empty((n_dec, g))
     for r in range(n_dec):
-        trace_idx[r] = batch[r, 7] + (batch[r, 4] - 1) % batch[r, 8]
+        t = batch[r, 7] + (batch[r, 4] - 1) % batch[r, 8]
+        trace_idx[r] = t
+        for j in range(g):
+            survival[r, j] = trace_survival[t, j]
+    # sorted once: its k-th best is the top-K's cut, and it joins the ring sorted
+    current = sort_desc(survival.reshape(m))
     extra = extra_from_terms(m + 1, per_token, offset, kink, n_dec)
-    estimate = np.empty(0)
-    lagged = count >= lag_steps
-    if lagged:  # read before this step's survivals overwrite the oldest slot
+    if count >= lag_steps:  # read before this step's survivals overwrite the oldest slot
         estimate = stretch_sorted(_lagged_sorted(ring, ring_rows, head, count, lag_steps,
                                                  lag_rows, g), m)
-    cur = ring[head]
-    for r in range(n_dec):
-        t = trace_idx[r]
-        for j in range(g):
-            cur[r * g + j] = trace_survival[t, j]
+    else:
+        estimate = current
+    ring[head, :m] = current
     ring_rows[head] = n_dec
     ring_state[0] = (head + 1) % h
     ring_state[1] = min(count + 1, h)
-    flat = cur[:m]
-    if not lagged:
-        estimate = np.sort(flat)[::-1].copy()
     k = budget_displacement(estimate, n_dec, table_s, extra, pending_prefill,
                             prefill_s_per_token, True)
     k = max(0, min(k, m))
-    survival = flat.reshape(n_dec, g)
     if k == 0:
         ell = np.zeros(n_dec, dtype=np.int64)
     elif k == m:
         ell = np.full(n_dec, g, dtype=np.int64)
-    else:
-        kth = np.partition(flat.copy(), m - k)[m - k]
-        ell = counts_at(survival, kth, k)
+    else:  # the k-th best survival: what np.partition finds at m - k
+        ell = counts_at(survival, current[k - 1], k)
     trimmed = False
     total = n_dec
     for r in range(n_dec):
