@@ -10,9 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from capture_env import cache_root, train_tiny_drafters  # noqa: E402
-from test_capture_v2 import varied_target  # noqa: E402
-from test_drafters import tiny_prompts  # noqa: E402
+from capture_env import (  # noqa: E402
+    cache_root,
+    smollm2_with_shipped_dspark,
+    tiny_prompts,
+    train_tiny_drafters,
+    varied_target,
+)
 
 from dspark_sim.policies.lossy import AsdConfig  # noqa: E402
 from dspark_sim.traces.drafters import Shared, load_drafter  # noqa: E402
@@ -68,8 +72,6 @@ def test_strict_asd_on_smollm2_is_its_greedy_output(monkeypatch):
     """The real CPU target with the shipped DSpark drafter: ASD with B = 0 (and generous
     g, m, so only the budget holds it back) emits the target's greedy tokens exactly, with
     drafts accepted along the way (the chain is exercised, not bypassed)."""
-    from test_capture_v2 import smollm2_with_shipped_dspark
-
     tgt, model, shared = smollm2_with_shipped_dspark(monkeypatch)
     accepted = 0
     for q in ("Natalia sold 48 clips in April and half as many in May. How many in total?",

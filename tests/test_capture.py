@@ -10,8 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from capture_env import cache_root, train_tiny_drafters  # noqa: E402
-from test_drafters import tiny_prompts, tiny_target  # noqa: E402
+from capture_env import cache_root, tiny_prompts, tiny_target, train_tiny_drafters  # noqa: E402
 
 from dspark_sim.traces.capture import capture  # noqa: E402
 from dspark_sim.traces.drafters import Lookup, SequenceStore, Shared, load_drafter  # noqa: E402

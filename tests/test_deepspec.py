@@ -12,8 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from capture_env import cache_root  # noqa: E402
-from test_drafters import tiny_prompts, tiny_target  # noqa: E402
+from capture_env import cache_root, tiny_prompts, tiny_target  # noqa: E402
 
 from dspark_sim.errors import InputError  # noqa: E402
 from dspark_sim.traces.deepspec import load_deepspec_drafter  # noqa: E402

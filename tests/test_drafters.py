@@ -10,55 +10,14 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from capture_env import VOCAB, tiny_prompts, tiny_target  # noqa: E402
+
 from dspark_sim.traces import drafters as D  # noqa: E402
-from dspark_sim.traces.targets import Prompt, load_target  # noqa: E402
+from dspark_sim.traces.targets import Prompt  # noqa: E402
 from dspark_sim.traces.train import train_drafter  # noqa: E402
 
 # Slow (trains drafters on the real target): out of the default run, in .ci/run's slow leg.
 pytestmark = pytest.mark.slow
-
-VOCAB = 256
-
-
-class ByteTokenizer:
-    """Bytes -> ids 3..255 with a trivial chat template (no files, no hub)."""
-
-    pad_token_id = 0
-    eos_token_id = 2
-    bos_token_id = 1
-    pad_token = "<pad>"
-    eos_token = "</s>"
-    chat_template = "user: {content}\nassistant:"
-
-    def __call__(self, text: str) -> dict[str, list[int]]:
-        return {"input_ids": [1] + [3 + (b % 253) for b in text.encode()]}
-
-    def apply_chat_template(self, msgs, add_generation_prompt=True, tokenize=True):
-        return self(self.chat_template.format(content=msgs[0]["content"]))["input_ids"]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return bytes((i - 3) % 256 for i in ids if i >= 3).decode("latin-1")
-
-
-def tiny_target(seed: int = 0):
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        tie_word_embeddings=True, eos_token_id=2, bos_token_id=1, pad_token_id=0,
-    )
-    model = transformers.LlamaForCausalLM(cfg).float()
-    with torch.no_grad():  # sharper logits: greedy continuations are then less uniform
-        model.lm_head.weight.mul_(4.0)
-    return load_target((model, ByteTokenizer()))
-
-
-def tiny_prompts(n: int = 6) -> list[Prompt]:
-    texts = ["add two numbers", "write a loop in python", "hello there, how are you",
-             "the cat sat on the mat", "sum of 12 and 30 is", "def f(x): return x"]
-    doms = ["gsm8k", "humaneval", "mt-bench"]
-    return [Prompt(doms[i % 3], i, (texts[i % len(texts)] + f" #{i}",)) for i in range(n)]
-
 
 @pytest.fixture(scope="module")
 def target():
