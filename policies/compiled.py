@@ -6,21 +6,24 @@ elements, so it pays numpy's per-call overhead a dozen times for microseconds of
 arithmetic. These kernels do the same operations, in the same order, in one compiled
 loop each: the results are the same bits (sums are sequential, as ``np.cumsum``'s are;
 divisions and the first-maximum ``argmax`` are the same IEEE operations; a sort's values
-do not depend on the algorithm; sorting itself stays numpy's, whose SIMD sort no
-compiled loop beats), which ``tests/test_compiled.py`` holds on every golden
+do not depend on the algorithm), which ``tests/test_compiled.py`` holds on every golden
 run and on random batches.
 
 ``DSPARK_SIM_KERNELS=numpy`` selects the readable numpy path (the reference, in
 ``policies/scheduler.py`` and ``sim/engine.py``); ``numba`` (the default when numba is
 installed, as the package requires) the kernels. Without numba (a platform without its
-wheels) the numpy path runs and nothing here is compiled. Compiled functions are cached on disk (``cache=True``, in
+wheels) the numpy path runs and nothing here is compiled. Numba is imported when a kernel
+first runs (:func:`njit`), and compiled functions are cached on disk (``cache=True``, in
 ``__pycache__`` or ``NUMBA_CACHE_DIR``), so only the first run on a machine pays the
 compile (``benchmarks/bench_sim.py`` prints the cold and warm start-up).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+from collections.abc import Callable
 
 import numpy as np
 
@@ -33,12 +36,10 @@ def _choose() -> bool:
         raise SystemExit(f"DSPARK_SIM_KERNELS: {want!r} is not one of {', '.join(BACKENDS)}")
     if want == "numpy":
         return False
-    try:
-        import numba  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("numba") is None:
         if want == "numba":
             raise SystemExit("DSPARK_SIM_KERNELS=numba: numba is not installed "
-                             "(pip install numba)") from None
+                             "(pip install numba)")
         return False
     return True
 
@@ -46,11 +47,51 @@ def _choose() -> bool:
 # Read on every call by the dispatching functions (tests flip it to run both paths).
 NUMBA = _choose()
 
-if NUMBA:
-    from numba import njit
-else:  # the kernels below stay plain Python; the dispatchers never call them
-    def njit(*args, **kwargs):
-        return args[0] if args and callable(args[0]) else (lambda f: f)
+# Every kernel of this module and of the engine's (``sim/fast.py``): (its module's
+# globals, its name, the Python function, numba's options). Numba itself is imported,
+# and the kernels bound, when a kernel is first called: importing it costs a process
+# a few hundred ms, which a command that never steps an engine (``--help``, a refused
+# option, a listing) need not pay.
+_KERNELS: list[tuple[dict, str, Callable, dict]] = []
+_bound = False
+
+
+def njit(**options) -> Callable[[Callable], Callable]:
+    """``numba.njit(**options)``, applied when a kernel of this project first runs:
+    until then the module's name for the function is a stand-in that binds every
+    kernel, then calls the compiled one. Kernels calling kernels see compiled ones
+    (the names are rebound before numba types the caller)."""
+    def decorate(func: Callable) -> Callable:
+        _KERNELS.append((func.__globals__, func.__name__, func, options))
+
+        @functools.wraps(func)
+        def first_call(*args):
+            bind()
+            return func.__globals__[func.__name__](*args)
+        return first_call
+    return decorate
+
+
+def bind() -> None:
+    """Import numba and rebind every kernel's name to its compiled dispatcher (once)."""
+    global _bound
+    if _bound:
+        return
+    from numba import njit as numba_njit
+
+    for namespace, name, func, options in _KERNELS:
+        namespace[name] = numba_njit(**options)(func)
+    _bound = True
+
+
+def kernel(func: Callable | None) -> Callable | None:
+    """The compiled dispatcher behind a kernel's name (binding them first), so a caller
+    that holds a kernel, such as ``Policy.kernel``, skips the stand-in's extra call."""
+    if func is None or hasattr(func, "py_func"):  # none, or a dispatcher already
+        return func
+    bind()
+    target = getattr(func, "__wrapped__", func)
+    return target.__globals__[target.__name__]
 
 
 @njit(cache=True)

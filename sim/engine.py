@@ -910,10 +910,10 @@ class SimContext:
         self._init_draft_tokens(trace, policy)
         self._init_cost(profile, policy, trace, policy_profile)
         # the policy's compiled decision, where the step needs nothing it does not read
-        self.kernel = policy.kernel if compiled.NUMBA and self.trace_survival is not None \
-            and self.trace_draft_tokens is None and policy.replay is None \
-            and not policy.fields and not policy.uses_state and not policy.stops_drafting \
-            and policy.needs_lag else None
+        self.kernel = compiled.kernel(policy.kernel) if compiled.NUMBA \
+            and self.trace_survival is not None and self.trace_draft_tokens is None \
+            and policy.replay is None and not policy.fields and not policy.uses_state \
+            and not policy.stops_drafting and policy.needs_lag else None
         self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy
         self.stats = StepStats(self.gamma, hist_size=self.verify_max + 2)
         _check_policy_fields(policy, trace, self.gamma)

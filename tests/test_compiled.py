@@ -187,3 +187,24 @@ def test_the_engine_runs_the_compiled_decision_only_where_it_applies(monkeypatch
         ctx = SimContext(cfg, prof, get_policy(name), trace, CalibrationMap(),
                          RequestLog.empty(0), lambda k: None)
         assert (ctx.kernel is not None) == engaged, (use, name)
+
+
+def test_numba_is_imported_only_when_a_kernel_first_runs():
+    """A command that never steps an engine (``--help``, a refused option) does not pay
+    numba's import; the first kernel call binds every kernel, callers' too."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport dspark_sim.cli\nfrom dspark_sim.policies import compiled\n"
+            "from dspark_sim.sim import fast\n"
+            "assert 'numba' not in sys.modules, 'imported with the CLI'\n"
+            "import numpy as np\n"
+            "assert compiled.stretch_sorted(np.array([3.0, 1.0]), 4).tolist() == "
+            "[3.0, 3.0, 1.0, 1.0]\n"
+            "assert 'numba' in sys.modules\n"
+            "assert hasattr(fast.replay_chain, 'py_func') and "
+            "hasattr(compiled.budget_displacement, 'py_func')\n"
+            "assert compiled.kernel(compiled.confidence_step) is compiled.confidence_step\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**__import__("os").environ, "DSPARK_SIM_KERNELS": "numba"})
+    assert res.returncode == 0, res.stderr
