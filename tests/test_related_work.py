@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "related-work.md"
+# parsed, not regenerated (cog --check would rerun minutes of simulation): each block is
+# what its script wrote, marked with the command that writes it again
 BLOCK = re.compile(r"<!-- bench: (?P<key>[^>]+?) -->\n<!-- (?P<cmd>[^>]+) -->\n"
                    r"(?P<table>.*?)\n<!-- /bench -->", re.S)
 
