@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_cli_input import one_line_error as judged_one_line
+from input_checks import one_line_error as judged_one_line
 from typer.testing import CliRunner
 
 from dspark_sim.cli import app

@@ -7,6 +7,7 @@ import json
 
 import polars as pl
 import pytest
+from input_checks import one_line_error
 from typer.testing import CliRunner
 
 from dspark_sim.cli import app
@@ -17,16 +18,6 @@ SMALL = ["--num-requests", "40", "--replicas", "1", "--qps", "20", "--quiet"]
 
 def invoke(*args: str):
     return runner.invoke(app, list(args))
-
-
-def one_line_error(r, *needles: str) -> str:
-    assert r.exit_code == 2, r.output
-    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, r.output
-    assert lines[0].startswith("error: ") and "Traceback" not in r.output
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 @pytest.mark.parametrize("args,needles", [
