@@ -70,3 +70,23 @@ def test_the_fitted_subset_is_stated_and_the_rest_held_out():
     assert {a for a, _ in FIG3_FITTED} == {"none", "fixed:5"}
     assert ("fixed:5", 128) not in FIG3_FITTED
     assert not any(a in ("fixed:7", "vllm-adaptive") for a, _ in FIG3_FITTED)
+
+
+def test_fixed7_leaves_the_graphs_between_64_and_128_clients():
+    """The cliff's mechanism: 64 x 8 = 512 verify tokens plus the prompts joining stay
+    within the 1,024-token capture limit; 128 x 8 = 1,024 fill it, so a step a prompt joins
+    runs eager and pays the launch penalty, and C = 128's steps cost more than twice C = 64's
+    for twice the requests (a graph-only table would give under twice)."""
+    from dspark_sim.calibration.profile import load_profile
+
+    prof = load_profile("v4flash-b300")
+    limit = prof.parameters["deploy_cuda_graph_max_tokens"]
+    assert limit == 1024 and prof.eager_penalty_s > 0.04
+    # a step one token past the limit pays the penalty; one inside the graphs does not
+    assert prof.target_time_s(limit + 1) - prof.target_time_s(limit) > prof.eager_penalty_s
+    assert prof.target_time_s(limit) - prof.target_time_s(limit - 16) < 1e-3
+    r = runner("v4flash-b300")
+    s64, s128 = r.summary("fixed:7", 64), r.summary("fixed:7", 128)
+    assert 64 * 8 < s64["steady_mean_batch_tokens"] < limit < s128["steady_mean_batch_tokens"]
+    assert s128["steady_mean_step_ms"] > 2.2 * s64["steady_mean_step_ms"]
+    assert s128["output_throughput"] < 0.95 * s64["output_throughput"]
