@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from dspark_sim.policies.registry import Policy, get_policy
 from dspark_sim.sim.arrivals import ClosedLoop, OpenLoop
 from dspark_sim.sim.config import SimConfig
 from dspark_sim.sim.engine import (
+    NUM_COLUMNS,
     OUTPUT_TOKENS,
     PROMPT_TOKENS,
     RequestLog,
@@ -42,6 +44,13 @@ from dspark_sim.sim.metrics import StepSeries, requests_frame, summarize
 from dspark_sim.sim.outputs import write_run
 from dspark_sim.sim.prefill import PrefillPool
 from dspark_sim.sim.quality import task_score
+from dspark_sim.sim.stream import (
+    RequestWindow,
+    SpillFolder,
+    read_log,
+    read_prefill,
+    read_steps,
+)
 from dspark_sim.sim.workload import build_stream, uses_trace_lengths
 from dspark_sim.traces.schema import AcceptanceTrace, load_trace
 
@@ -53,12 +62,17 @@ DEFAULT_MTP_TRACE = "mtp1-synthetic"
 
 @dataclass(frozen=True, eq=False)
 class SimResult:
+    """A run's summary and per-request rows. ``requests`` is a frame, or for a run of
+    more than ``STREAM_ABOVE`` requests a lazy scan of the parts it streamed (they are
+    removed with the result: ``collect()`` what you keep)."""
+
     config: SimConfig
     summary: dict
-    requests: pl.DataFrame
+    requests: pl.DataFrame | pl.LazyFrame
 
     def to_pandas(self):
-        return self.requests.to_pandas()
+        frame = self.requests
+        return (frame.collect() if isinstance(frame, pl.LazyFrame) else frame).to_pandas()
 
     def write(self, out_dir: str | Path) -> Path:
         """``summary.json`` and ``requests.parquet`` as one unit (``sim.outputs``: a
@@ -192,8 +206,8 @@ def _deployment_text(cfg: SimConfig, profile: EngineProfile,
 
 def _request_log(cfg: SimConfig, rng: np.random.Generator, trace: AcceptanceTrace | None,
                  trace_rows: np.ndarray | None, profile: EngineProfile):
-    """The request stream and its log: lengths, arrivals and each request's trace row
-    (drawn from ``rng`` after the stream, so the same seed gives the same rows)."""
+    """The request stream and each request's trace row (drawn from ``rng`` after the
+    stream, so the same seed gives the same rows; zeros without a trace)."""
     # --lengths trace: lengths (and rows) from the trace, loaded even when the policy
     # replays none (`none` then serves the same requests as the speculative runs).
     length_trace = trace
@@ -203,13 +217,11 @@ def _request_log(cfg: SimConfig, rng: np.random.Generator, trace: AcceptanceTrac
             length_trace = length_trace.select_domain(cfg.workload.domain)
     stream = build_stream(cfg.workload, rng, trace=length_trace)
     n = stream.size
-    log = RequestLog.empty(n)
-    log.prompt_tokens[:] = stream.prompt_tokens
-    log.output_tokens[:] = stream.output_tokens
+    row = np.zeros(n, np.int64)
     if trace is not None:
-        log.trace_row[:] = rng.integers(0, trace.num_requests, size=n)
+        row[:] = rng.integers(0, trace.num_requests, size=n)
         if stream.trace_rows is not None:  # each request replays the row its lengths came from
-            log.trace_row[:] = stream.trace_rows
+            row[:] = stream.trace_rows
         if trace_rows is not None:
             # integers as given: a cast cut 1.7 to row 1 and read True as row 1, and NaN,
             # None or 2**70 were ValueError / TypeError / OverflowError tracebacks
@@ -218,14 +230,22 @@ def _request_log(cfg: SimConfig, rng: np.random.Generator, trace: AcceptanceTrac
                     or rows_in.min(initial=0) < 0 or rows_in.max(initial=0) >= trace.num_requests:
                 raise InputError("trace_rows", f"need {n} integer row indices in "
                                                f"[0, {trace.num_requests})")
-            log.trace_row[:] = rows_in
-    return stream, log
+            row[:] = rows_in
+    return stream, row
+
+
+def _in_memory_log(stream, trace_row: np.ndarray) -> RequestLog:
+    log = RequestLog.empty(stream.size)
+    log.prompt_tokens[:] = stream.prompt_tokens
+    log.output_tokens[:] = stream.output_tokens
+    log.trace_row[:] = trace_row
+    return log
 
 
 def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
              trace: AcceptanceTrace | None, calibration: CalibrationMap, log: RequestLog,
              ctx: SimContext, *, closed: bool, bounded_by, horizon: float,
-             prefill: PrefillPool | None = None) -> dict:
+             prefill: PrefillPool | None = None, steps: StepSeries | None = None) -> dict:
     """summary.json's fields: what ran, the engine's limits, the metrics (whole run and
     steady state) and, for a lossy policy, its quality cost."""
     gpus = cfg.deployment.replicas * profile.gpus_per_replica
@@ -234,7 +254,8 @@ def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
     # steady window) and the steady-state figures come from the per-step series.
     summary = summarize(log, ctx.stats, gpus=gpus, prefill_gpus=prefill_gpus,
                         slo_ttft_ms=cfg.slo_ttft_ms, slo_tpot_ms=cfg.slo_tpot_ms,
-                        steps=StepSeries.from_columns(ctx.steps.columns()), closed=closed)
+                        steps=steps if steps is not None
+                        else StepSeries.from_columns(ctx.steps.columns()), closed=closed)
     lim = ctx.limits
     summary |= {
         "max_num_seqs": lim.max_num_seqs,
@@ -343,7 +364,12 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
     if calibration is None:
         calibration = resolve_calibration(cfg, trace)
     rng = np.random.default_rng(cfg.seed)
-    stream, log = _request_log(cfg, rng, trace, trace_rows, profile)
+    stream, trace_row = _request_log(cfg, rng, trace, trace_rows, profile)
+    if stream.size > STREAM_ABOVE:
+        return _simulate_streamed(cfg, policy, profile, trace, calibration, policy_profile,
+                                  stream, trace_row)
+    log = _in_memory_log(stream, trace_row)
+    del trace_row
     n = stream.size
 
     source: OpenLoop | ClosedLoop | None = None
@@ -386,6 +412,87 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
         # outputs could not be told apart (absent otherwise: summaries stay as they were)
         summary["policy_profile"] = policy_profile.name
     return SimResult(cfg, jsonable(summary), requests_frame(log))
+
+
+# Runs of more requests than this stream their per-request rows and step series to
+# parquet parts (sim.stream): STREAM_CHUNKS chunks of STREAM_CHUNK requests in memory at
+# once (~200 MB), whatever the request count. At or below it a run keeps every request
+# in memory, as it always has (the same summary either way: tests/test_streaming.py).
+STREAM_ABOVE = 1_000_000
+STREAM_CHUNK = 1 << 17
+STREAM_CHUNKS = 8
+
+
+def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
+                       trace: AcceptanceTrace | None, calibration: CalibrationMap,
+                       policy_profile: EngineProfile | None, stream,
+                       trace_row: np.ndarray) -> SimResult:
+    """:func:`simulate` for a run above ``STREAM_ABOVE`` requests: the same engine and
+    sources over a window of request slots, the outputs spilled in chunks."""
+    spill = SpillFolder()
+    try:
+        n = stream.size
+        log = RequestLog.empty(RequestWindow.slots(n, STREAM_CHUNK, STREAM_CHUNKS))
+        source: OpenLoop | ClosedLoop | None = None
+
+        def on_finish(k: int) -> None:
+            source.on_finish(k)
+
+        ctx = SimContext(cfg, profile, policy, trace, calibration, log, on_finish,
+                         policy_profile=policy_profile)
+        disaggregated = ctx.limits.prefill == "disaggregated"
+        ctx.set_rows(np.zeros((len(log.arrival_s), NUM_COLUMNS), np.int64))
+        window = RequestWindow(ctx, stream, trace_row, spill, rejections,
+                               chunk=STREAM_CHUNK, chunks=STREAM_CHUNKS,
+                               disaggregated=disaggregated)
+        # over the slots' prompts (the window refills them with each chunk)
+        prefill = _prefill_pool(cfg, ctx, profile, log.prompt_tokens)
+        if prefill is not None:
+            window.attach(prefill)
+        env = ctx.env
+        router = Router(ctx.replicas, cfg.deployment.router)
+        for rep in ctx.replicas:
+            env.process(rep.run())
+        frontend_s = profile.frontend_s_per_request
+        closed = cfg.workload.arrival == "closed"
+        if closed:
+            source = ClosedLoop(env, router, log, n, cfg.workload.max_concurrency, prefill,
+                                frontend_s, window=window)
+            horizon = CLOSED_LOOP_HORIZON_S
+        else:
+            source = OpenLoop(env, router, log, stream.arrival_s, prefill, frontend_s,
+                              window=window)
+            horizon = source.last_arrival_s + cfg.drain_timeout_s
+        env.process(_alarm(env, ctx.stop, horizon))
+        bounded_by = env.run(until=ctx.stop)
+        for rep in ctx.replicas:
+            rep.flush()
+        window.finish()
+        # the window's memory goes before the parts are read back for the summary
+        del window, log
+        source = None  # it holds the arrival times
+        ctx.log = ctx.rows = ctx.admit_need = ctx.request_state = None
+        stream = replace(stream, arrival_s=stream.arrival_s[:0],
+                         prompt_tokens=stream.prompt_tokens[:0],
+                         output_tokens=stream.output_tokens[:0], trace_rows=None)
+        full = read_log(spill.request_parts)
+        if not int((np.isnan(full.finish_s) & (full.rejected == 0)).sum()) \
+                and bounded_by != "window":
+            bounded_by = None  # the bound was reached, but nothing was cut short
+        if prefill is not None:
+            prefill = read_prefill(prefill, spill.prefill_parts)
+        summary = _summary(cfg, policy, profile, stream, trace, calibration, full, ctx,
+                           closed=closed, bounded_by=bounded_by, horizon=horizon,
+                           prefill=prefill, steps=read_steps(spill.step_parts))
+        del full
+        if policy_profile is not None and policy_profile is not profile:
+            summary["policy_profile"] = policy_profile.name
+        result = SimResult(cfg, jsonable(summary), spill.requests())
+    except BaseException:
+        spill.close()
+        raise
+    weakref.finalize(result, spill.close)  # the parts live as long as the result
+    return result
 
 
 def _prefill_pool(cfg: SimConfig, ctx: SimContext, profile: EngineProfile,

@@ -17,16 +17,31 @@ time) delays each request's way to the engine behind the ones sent before it.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import simpy
 
 from dspark_sim.sim.engine import RequestLog, Router
 from dspark_sim.sim.prefill import PrefillPool
 
 
+class Window(Protocol):
+    """A streamed run's request window (``sim.stream.RequestWindow``): the log holds
+    ``size`` slots, request ``rid`` lives in slot ``rid % size``, and ``admit(rid)``
+    makes room for it (False: the slot's previous request is still in the system, so
+    the run stops there)."""
+
+    size: int
+
+    def admit(self, rid: int) -> bool: ...
+
+
 class _Source:
     def __init__(self, env: simpy.Environment, router: Router, log: RequestLog, n: int,
-                 prefill: PrefillPool | None = None, frontend_s: float = 0.0) -> None:
+                 prefill: PrefillPool | None = None, frontend_s: float = 0.0,
+                 window: Window | None = None) -> None:
         self.env = env
+        self.window = window  # None: the log holds every request, slot = request id
         self.router = router
         self.log = log
         self.n = n
@@ -41,6 +56,11 @@ class _Source:
         """Send the next request; False when it was refused (``log.rejected``: it can
         never be served), which leaves it unrouted and answered at once."""
         rid = self.issued
+        if self.window is not None:
+            if not self.window.admit(rid):
+                self.n = rid  # the window is full of live requests: no more are sent
+                return False
+            rid %= self.window.size
         self.issued += 1
         self.log.arrival_s[rid] = self.env.now
         if self.log.rejected[rid]:
@@ -79,8 +99,9 @@ class _Source:
 class OpenLoop(_Source):
     """Submit request ``i`` at ``arrival_s[i]`` (non-decreasing, seconds)."""
 
-    def __init__(self, env, router, log, arrival_s, prefill=None, frontend_s=0.0) -> None:
-        super().__init__(env, router, log, len(arrival_s), prefill, frontend_s)
+    def __init__(self, env, router, log, arrival_s, prefill=None, frontend_s=0.0,
+                 window=None) -> None:
+        super().__init__(env, router, log, len(arrival_s), prefill, frontend_s, window)
         self.arrival_s = arrival_s
         env.process(self._run())
 
@@ -90,8 +111,8 @@ class OpenLoop(_Source):
 
     def _run(self):
         t_prev = 0.0
-        for rid in range(self.n):
-            t = float(self.arrival_s[rid])
+        while self.issued < self.n:  # n shrinks when a streamed run's window stops it
+            t = float(self.arrival_s[self.issued])
             if t > t_prev:
                 yield self.env.timeout(t - t_prev)
                 t_prev = t
@@ -102,8 +123,8 @@ class ClosedLoop(_Source):
     """``clients`` requests in flight: one new request per finished one, until ``n``."""
 
     def __init__(self, env, router, log, n: int, clients: int, prefill=None,
-                 frontend_s=0.0) -> None:
-        super().__init__(env, router, log, n, prefill, frontend_s)
+                 frontend_s=0.0, window=None) -> None:
+        super().__init__(env, router, log, n, prefill, frontend_s, window)
         self.on_finish(min(clients, n))
 
     def on_finish(self, k: int) -> None:

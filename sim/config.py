@@ -41,7 +41,9 @@ PREFILL_MODES = ("chunked", "disaggregated")
 # -- limits ------------------------------------------------------------------------------
 # Beyond these a run allocates gigabytes at once or the simulated clock loses its
 # resolution; each is refused with an error naming the option (docs/cli.md lists them).
-MAX_NUM_REQUESTS = 1_000_000  # per-request log + batch rows: ~0.5 kB each, ~200 s wall
+# Above sim.api.STREAM_ABOVE (1e6) a run streams its per-request rows to disk, so memory
+# no longer caps the count; 5e7 is ~3 days at 200 req/s, over an hour of wall time.
+MAX_NUM_REQUESTS = 50_000_000
 # MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, MAX_KV_CAPACITY_TOKENS: dspark_sim.errors
 # (profiles obey them too)
 MAX_REPLICAS = 1024  # one SimPy process and one batch matrix each

@@ -24,6 +24,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from dataclasses import fields as dataclass_fields
 from typing import NamedTuple
 
 import numpy as np
@@ -208,6 +209,14 @@ class StepRecorder:
         a = np.frombuffer(self.buf, dtype=np.float64).reshape(-1, len(STEP_FIELDS))
         return {name: a[:, i].copy() for i, name in enumerate(STEP_FIELDS)}
 
+    def take(self) -> dict[str, np.ndarray]:
+        """The steps recorded since the last call, as :meth:`columns`, and the buffer
+        emptied in place (``record_step`` stays bound to it): a streamed run spills the
+        series in chunks instead of holding a day's 96 bytes a step."""
+        cols = self.columns()
+        del self.buf[:]
+        return cols
+
 
 @dataclass
 class RequestLog:
@@ -235,6 +244,16 @@ class RequestLog:
         return cls(nan.copy(), z.copy(), z.copy(), z.copy(), np.full(n, -1, np.int64),
                    nan.copy(), nan.copy(), z.copy(), z.copy(), z.copy(), z.copy(), z.copy(),
                    np.zeros(n, np.int8), z.copy())
+
+    def view(self, sl: slice) -> RequestLog:
+        """The requests in slots ``sl`` (views, not copies)."""
+        return RequestLog(*(getattr(self, f.name)[sl] for f in dataclass_fields(self)))
+
+    def clear(self, sl: slice) -> None:
+        """Slots ``sl`` back to :meth:`empty`'s values, for the next requests they hold."""
+        for f in dataclass_fields(self):
+            a = getattr(self, f.name)
+            a[sl] = np.nan if a.dtype.kind == "f" else (-1 if f.name == "replica" else 0)
 
 
 @dataclass
@@ -828,13 +847,14 @@ def sps_curve(dense_step_s: np.ndarray, extra_s: np.ndarray, n_dec: int, gamma: 
 
 def request_rows(prompt_tokens: np.ndarray, output_tokens: np.ndarray,
                  trace: AcceptanceTrace | None, trace_row: np.ndarray,
-                 disaggregated: bool = False) -> np.ndarray:
+                 disaggregated: bool = False, first_id: int = 0) -> np.ndarray:
     """Every request's batch row, built at once (vectorised); replicas index into it.
     ``disaggregated``: a prefill instance has computed the prompt's KV and the first
-    token before the request reaches the decode replica."""
+    token before the request reaches the decode replica. ``first_id``: the log slot of
+    the first row (a streamed run's window holds a chunk of requests from there)."""
     n = len(prompt_tokens)
     rows = np.zeros((n, NUM_COLUMNS), np.int64)
-    rows[:, REQUEST_ID] = np.arange(n)
+    rows[:, REQUEST_ID] = np.arange(first_id, first_id + n)
     rows[:, PROMPT_TOKENS] = prompt_tokens
     rows[:, PREFILL_TARGET] = prompt_tokens
     rows[:, OUTPUT_TOKENS] = np.maximum(1, output_tokens)

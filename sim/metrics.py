@@ -107,7 +107,9 @@ STABLE_SLACK = 10
 STABLE_FRACTION = 0.02
 
 
-def requests_frame(log: RequestLog) -> pl.DataFrame:
+def requests_frame(log: RequestLog, first_id: int = 0) -> pl.DataFrame:
+    """requests.parquet's rows; ``first_id``: the id of the log's first request (a
+    streamed run's chunk, ``sim.stream``)."""
     finished = ~np.isnan(log.finish_s)
     ttft = log.first_token_s - log.arrival_s
     e2e = log.finish_s - log.arrival_s
@@ -116,7 +118,7 @@ def requests_frame(log: RequestLog) -> pl.DataFrame:
         tpot = np.where(n > 1, (e2e - ttft) / np.maximum(n - 1, 1), np.nan)
         inter = np.where(tpot > 0, 1.0 / tpot, np.nan)
     return pl.DataFrame({
-        "request_id": np.arange(len(n), dtype=np.int64),
+        "request_id": np.arange(first_id, first_id + len(n), dtype=np.int64),
         "replica": log.replica,
         "arrival_s": log.arrival_s,
         "prompt_tokens": log.prompt_tokens,

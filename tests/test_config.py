@@ -174,9 +174,9 @@ LIMITS = [
     # qps * duration: one expected request is enough, fewer is not
     ({"workload__qps": 0.5, "workload__duration_s": 2.0},
      {"workload__qps": 0.5, "workload__duration_s": 1.9}, "--qps/--duration-s"),
-    # ... and a window alone may expect up to MAX_NUM_REQUESTS (1e6)
-    ({"workload__qps": 100.0, "workload__duration_s": 1e4, "workload__num_requests": None},
-     {"workload__qps": 100.0, "workload__duration_s": 1.0001e4, "workload__num_requests": None},
+    # ... and a window alone may expect up to MAX_NUM_REQUESTS (5e7)
+    ({"workload__qps": 1000.0, "workload__duration_s": 5e4, "workload__num_requests": None},
+     {"workload__qps": 1000.0, "workload__duration_s": 5.0001e4, "workload__num_requests": None},
      "--qps/--duration-s"),
     ({"workload__lengths": "fixed:16777216:1"}, {"workload__lengths": "fixed:16777217:1"},
      "--lengths"),

@@ -1,0 +1,224 @@
+"""Streamed runs: memory that does not grow with the request count.
+
+A run of more than ``sim.api.STREAM_ABOVE`` requests does not size the request log and
+the batch rows for every request. They live in a window of slots (:class:`RequestWindow`:
+request ``rid`` in slot ``rid % size``, ``size`` a whole number of chunks); when the
+arrivals reach a chunk whose slots are still taken, the oldest chunk, all of whose
+requests have finished (or were refused), is written to a parquet part file and its
+slots are refilled with the next chunk's requests. The per-step series is spilled at
+the same moments. After the run the parts are read back one column at a time for the
+summary (:func:`read_log`, :func:`read_steps`: the same figures, from the same
+functions, as an in-memory run of the same requests), and ``requests.parquet`` is their
+concatenation, written without loading them (``sim.outputs.write_run`` sinks a lazy
+scan).
+
+A request still in the system after ``size`` later requests have arrived (only a run
+whose queue grows without bound gets there: the default window holds about 87 minutes
+of arrivals at 200 req/s) stops the run, as the step bound does: ``bounded_by`` is
+``"window"`` and the requests not yet sent are left out of the outputs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from dspark_sim.sim.engine import (
+    OUTPUT_TOKENS,
+    PROMPT_TOKENS,
+    REJECT_REASONS,
+    STEP_FIELDS,
+    RequestLog,
+    SimContext,
+    request_rows,
+)
+from dspark_sim.sim.metrics import StepSeries, requests_frame
+from dspark_sim.sim.prefill import PrefillPool
+from dspark_sim.sim.workload import RequestStream
+
+# Step fields no summary figure reads (sim.metrics): not read back, to keep a day's
+# series (~12 M steps) from costing a quarter more memory than it needs.
+UNREAD_STEP_FIELDS = ("replica", "waiting", "prefill_tokens")
+
+
+class SpillFolder:
+    """A temporary folder of parquet parts: the requests' chunks and the step series'
+    chunks, in order. :meth:`close` removes it (a run's result holds it until then)."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="dspark-sim-spill-"))
+        self.request_parts: list[Path] = []
+        self.step_parts: list[Path] = []
+        self.prefill_parts: list[Path] = []
+
+    def write_requests(self, frame: pl.DataFrame) -> None:
+        path = self.path / f"requests-{len(self.request_parts):06d}.parquet"
+        frame.write_parquet(path)
+        self.request_parts.append(path)
+
+    def write_steps(self, cols: dict[str, np.ndarray]) -> None:
+        if not len(cols[STEP_FIELDS[0]]):
+            return
+        path = self.path / f"steps-{len(self.step_parts):06d}.parquet"
+        pl.DataFrame(cols).write_parquet(path)
+        self.step_parts.append(path)
+
+    def write_prefill(self, submitted_s: np.ndarray, start_s: np.ndarray) -> None:
+        path = self.path / f"prefill-{len(self.prefill_parts):06d}.parquet"
+        pl.DataFrame({"submitted_s": submitted_s, "start_s": start_s}).write_parquet(path)
+        self.prefill_parts.append(path)
+
+    def requests(self) -> pl.LazyFrame:
+        """All request parts as one frame, in request order (scanned, not loaded)."""
+        return pl.scan_parquet(self.request_parts)
+
+    def close(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class RequestWindow:
+    """The request slots of a streamed run (module docstring). ``reject(rows, ctx)``
+    gives each new request's refusal code (``sim.api.rejections``)."""
+
+    def __init__(self, ctx: SimContext, stream: RequestStream, trace_row: np.ndarray,
+                 spill: SpillFolder, reject: Callable, *, chunk: int, chunks: int,
+                 disaggregated: bool = False) -> None:
+        self.ctx = ctx
+        self.stream = stream
+        self.trace_row = trace_row
+        self.spill = spill
+        self.reject = reject
+        self.disaggregated = disaggregated
+        self.n = stream.size
+        self.chunk = chunk
+        self.size = len(ctx.log.arrival_s)
+        if self.size % chunk or self.size < chunk * min(chunks, -(-self.n // chunk)):
+            raise ValueError("the log must hold a whole number of chunks")
+        # disaggregated prefill: the prefill instances' per-request state shares the slots
+        self.pool: PrefillPool | None = None
+        self.loaded = 0  # chunks whose requests have been put into slots
+        self.flushed = 0  # chunks written to the spill folder
+        while self.loaded * chunk < min(self.n, self.size):
+            self._load()
+
+    @staticmethod
+    def slots(n: int, chunk: int, chunks: int) -> int:
+        """Slots a run of ``n`` requests needs: at most ``chunks`` chunks."""
+        return min(chunks, -(-n // chunk)) * chunk
+
+    def admit(self, rid: int) -> bool:
+        """Make room for request ``rid`` (its chunk loaded into its slots); False when
+        the chunk it replaces still has requests in the system: the run stops."""
+        if rid % self.chunk or rid < self.size or self.loaded * self.chunk > rid:
+            return True
+        base = rid % self.size
+        log = self.ctx.log
+        old = slice(base, base + self.chunk)
+        if (np.isnan(log.finish_s[old]) & (log.rejected[old] == 0)).any():
+            if not self.ctx.stop.triggered:
+                self.ctx.stop.succeed("window")
+            return False
+        self._flush()
+        self._load()
+        return True
+
+    def finish(self) -> None:
+        """After the run (and the replicas' ``flush``): write every chunk still in slots,
+        and the chunks of requests never sent (their arrival empty, as an in-memory run
+        leaves them), unless the window stopped the run. Then the step series' rest."""
+        stopped = self.ctx.stop.triggered and self.ctx.stop.value == "window"
+        while self.flushed < self.loaded:
+            self._flush()
+            if not stopped and self.loaded * self.chunk < self.n:
+                self._load()
+        self.spill.write_steps(self.ctx.steps.take())
+
+    def _span(self, q: int) -> tuple[int, int, slice]:
+        lo = q * self.chunk
+        hi = min(lo + self.chunk, self.n)
+        base = lo % self.size
+        return lo, hi, slice(base, base + hi - lo)
+
+    def _load(self) -> None:
+        ctx, log, s = self.ctx, self.ctx.log, self.stream
+        lo, hi, sl = self._span(self.loaded)
+        log.clear(slice(sl.start, sl.start + self.chunk))
+        log.prompt_tokens[sl] = s.prompt_tokens[lo:hi]
+        log.output_tokens[sl] = s.output_tokens[lo:hi]
+        log.trace_row[sl] = self.trace_row[lo:hi]
+        rows = request_rows(s.prompt_tokens[lo:hi], s.output_tokens[lo:hi], ctx.trace,
+                            self.trace_row[lo:hi], disaggregated=self.disaggregated,
+                            first_id=sl.start)
+        ctx.rows[sl] = rows
+        ctx.admit_need[sl] = rows[:, PROMPT_TOKENS] + rows[:, OUTPUT_TOKENS]
+        if ctx.request_state is not None:
+            ctx.request_state[sl] = 0.0
+        log.rejected[sl] = self.reject(rows, ctx)
+        if self.pool is not None:
+            self.pool.prompt[sl] = s.prompt_tokens[lo:hi].tolist()
+            self.pool.submitted_s[sl] = np.nan
+            self.pool.start_s[sl] = np.nan
+        self.loaded += 1
+
+    def attach(self, pool: PrefillPool) -> None:
+        """Keep ``pool``'s per-request state (built over the slots) with the chunks."""
+        self.pool = pool
+
+    def _flush(self) -> None:
+        lo, _hi, sl = self._span(self.flushed)
+        self.spill.write_requests(requests_frame(self.ctx.log.view(sl), first_id=lo))
+        if self.pool is not None:
+            self.spill.write_prefill(self.pool.submitted_s[sl], self.pool.start_s[sl])
+        self.spill.write_steps(self.ctx.steps.take())
+        self.flushed += 1
+
+
+def _column(parts: list[Path], expr: pl.Expr) -> np.ndarray:
+    return pl.scan_parquet(parts).select(expr).collect().to_series().to_numpy()
+
+
+def read_log(parts: list[Path]) -> RequestLog:
+    """The request log the summary reads, back from the parts (``requests_frame``'s
+    columns; the per-request counters no summary figure reads are left empty)."""
+    nan = float("nan")
+    codes = {name: code for code, name in REJECT_REASONS.items()}
+    col = lambda name: _column(parts, pl.col(name))  # noqa: E731
+    empty = np.zeros(0, np.int64)
+    return RequestLog(
+        arrival_s=col("arrival_s"),
+        prompt_tokens=col("prompt_tokens"),
+        output_tokens=empty, trace_row=col("trace_row"), replica=empty,
+        first_token_s=_column(parts, pl.col("first_token_s").fill_null(nan)),
+        finish_s=_column(parts, pl.col("finish_s").fill_null(nan)),
+        steps=empty, draft_tokens_verified=empty, accepted_tokens=empty,
+        generated=col("generated_tokens"),
+        preemptions=col("preemptions"),
+        rejected=_column(parts, pl.col("rejected_reason").replace_strict(
+            codes, default=0, return_dtype=pl.Int8).fill_null(0)),
+        changed_tokens=col("changed_tokens"))
+
+
+def read_prefill(pool: PrefillPool, parts: list[Path]) -> PrefillPool:
+    """``pool`` with every request's prefill submission and start times back from the
+    parts, for its summary."""
+    pool.submitted_s = _column(parts, pl.col("submitted_s"))
+    pool.start_s = _column(parts, pl.col("start_s"))
+    return pool
+
+
+def read_steps(parts: list[Path]) -> StepSeries:
+    """The per-step series back from its parts (the fields no figure reads as zeros)."""
+    if not parts:
+        return StepSeries.from_columns({f: np.zeros(0) for f in STEP_FIELDS})
+    cols = {f: _column(parts, pl.col(f)) for f in STEP_FIELDS if f not in UNREAD_STEP_FIELDS}
+    n = len(cols["end_s"])
+    cols |= {f: np.broadcast_to(0.0, (n,)) for f in UNREAD_STEP_FIELDS}
+    return StepSeries.from_columns(cols)
+
+
+__all__ = ["RequestWindow", "SpillFolder", "read_log", "read_prefill", "read_steps"]
