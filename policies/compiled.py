@@ -188,22 +188,21 @@ def extra_from_terms(size, per_token, offset, kink, n_dec):
 
 
 @njit(cache=True)
-def sort_desc(values):
-    """``values`` sorted descending (a reversed view of one ascending sort)."""
-    return np.sort(values)[::-1]
-
-
-@njit(cache=True)
-def _lagged_sorted(ring, ring_rows, head, count, lag_steps, lag_rows, g):
+def lagged_values(ring, ring_rows, ring_state, lag_steps, lag_rows, g):
     """The survivals of ``lag_steps`` steps ago, with the steps before it until they hold
     ``lag_rows`` rows (``Policy.lagged`` over the ring of past steps, each held sorted
-    descending), sorted descending."""
+    ascending; empty before there are that many steps), and whether they are sorted
+    (one step's are)."""
     h = ring.shape[0]
+    head = ring_state[0]
+    count = ring_state[1]
+    if count < lag_steps:
+        return np.empty(0), True
     newest = count - lag_steps
     slot = (head - count + newest) % h
     rows = ring_rows[slot]
     if lag_rows <= rows:
-        return ring[slot, : rows * g]
+        return ring[slot, : rows * g], True
     total = rows
     first = newest
     for j in range(newest - 1, -1, -1):
@@ -218,26 +217,14 @@ def _lagged_sorted(ring, ring_rows, head, count, lag_steps, lag_rows, g):
         m = ring_rows[s] * g
         values[at: at + m] = ring[s, :m]
         at += m
-    return sort_desc(values)
+    return values, first == newest
 
 
 @njit(cache=True)
-def confidence_step(batch, n_dec, trace_survival, trace_accept_len, ring, ring_rows,
-                    ring_state, lag_steps, lag_rows, table_s, per_token, offset, kink,
-                    pending_prefill, prefill_s_per_token, budget_tokens):
-    """The default scheduler's whole decision for the first ``n_dec`` (decoding) rows of
-    ``batch``, as ``Replica._verify_lengths`` runs ``policies.confidence._confidence``:
-    gather the rows' survivals at their trace positions, size the budget on the lagged
-    survivals (``ring``: the last steps' survivals, each step's sorted descending,
-    ``ring_rows`` their row counts, ``ring_state`` = [next slot, steps held]) stretched
-    to this batch at this step's costs, admit the top-K drafts by current survival, trim
-    to the token budget. This step's survivals then join the ring. Returns (l, accepted,
-    trimmed to the budget)."""
+def gather_survival(batch, n_dec, trace_survival):
+    """The first ``n_dec`` rows' trace positions (``TRACE_START + (GENERATED - 1) mod
+    TRACE_LEN``) and their survivals."""
     g = trace_survival.shape[1]
-    m = n_dec * g
-    h = ring.shape[0]
-    head = ring_state[0]
-    count = ring_state[1]
     trace_idx = np.empty(n_dec, dtype=np.int64)
     survival = np.empty((n_dec, g))
     for r in range(n_dec):
@@ -245,27 +232,40 @@ def confidence_step(batch, n_dec, trace_survival, trace_accept_len, ring, ring_r
         trace_idx[r] = t
         for j in range(g):
             survival[r, j] = trace_survival[t, j]
-    # sorted once: its k-th best is the top-K's cut, and it joins the ring sorted
-    current = sort_desc(survival.reshape(m))
+    return trace_idx, survival
+
+
+@njit(cache=True)
+def confidence_lengths(survival, current, lagged, trace_idx, trace_accept_len, ring,
+                       ring_rows, ring_state, table_s, per_token, offset, kink,
+                       pending_prefill, prefill_s_per_token, budget_tokens):
+    """:func:`confidence_step` after the gather and the sorts (``current``: this step's
+    survivals, ``lagged``: the lagged view's, both sorted ascending; ``lagged`` empty:
+    no lagged view yet)."""
+    n_dec, g = survival.shape
+    m = n_dec * g
+    h = ring.shape[0]
+    head = ring_state[0]
+    count = ring_state[1]
     extra = extra_from_terms(m + 1, per_token, offset, kink, n_dec)
-    if count >= lag_steps:  # read before this step's survivals overwrite the oldest slot
-        estimate = stretch_sorted(_lagged_sorted(ring, ring_rows, head, count, lag_steps,
-                                                 lag_rows, g), m)
+    if lagged.size:
+        estimate = stretch_sorted(lagged[::-1], m)
+        k = budget_displacement(estimate, n_dec, table_s, extra, pending_prefill,
+                                prefill_s_per_token, True)
     else:
-        estimate = current
+        k = budget_displacement(current[::-1], n_dec, table_s, extra, pending_prefill,
+                                prefill_s_per_token, True)
     ring[head, :m] = current
     ring_rows[head] = n_dec
     ring_state[0] = (head + 1) % h
     ring_state[1] = min(count + 1, h)
-    k = budget_displacement(estimate, n_dec, table_s, extra, pending_prefill,
-                            prefill_s_per_token, True)
     k = max(0, min(k, m))
     if k == 0:
         ell = np.zeros(n_dec, dtype=np.int64)
     elif k == m:
         ell = np.full(n_dec, g, dtype=np.int64)
     else:  # the k-th best survival: what np.partition finds at m - k
-        ell = counts_at(survival, current[k - 1], k)
+        ell = counts_at(survival, current[m - k], k)
     trimmed = False
     total = n_dec
     for r in range(n_dec):
@@ -279,3 +279,30 @@ def confidence_step(batch, n_dec, trace_survival, trace_accept_len, ring, ring_r
     for r in range(n_dec):
         accepted[r] = min(ell[r], trace_accept_len[trace_idx[r]])
     return ell, accepted, trimmed
+
+
+def confidence_step(batch, n_dec, trace_survival, trace_accept_len, ring, ring_rows,
+                    ring_state, lag_steps, lag_rows, table_s, per_token, offset, kink,
+                    pending_prefill, prefill_s_per_token, budget_tokens):
+    """The default scheduler's whole decision for the first ``n_dec`` (decoding) rows of
+    ``batch``, as ``Replica._verify_lengths`` runs ``policies.confidence._confidence``:
+    gather the rows' survivals at their trace positions, size the budget on the lagged
+    survivals (``ring``: the last steps' survivals, each step's sorted ascending,
+    ``ring_rows`` their row counts, ``ring_state`` = [next slot, steps held]) stretched
+    to this batch at this step's costs, admit the top-K drafts by current survival, trim
+    to the token budget. This step's survivals then join the ring. Returns (l, accepted,
+    trimmed to the budget).
+
+    Kernels around numpy's sorts: numpy's SIMD sort is ~10x numba's on the survivals (a
+    quicksort slows down on their many equal values). Each step's survivals are sorted
+    once and kept sorted, so a lagged window of one step (any batch of ``lag_rows`` or
+    more) is read as it is."""
+    trace_idx, survival = gather_survival(batch, n_dec, trace_survival)
+    current = np.sort(survival, axis=None)
+    lagged, is_sorted = lagged_values(ring, ring_rows, ring_state, lag_steps, lag_rows,
+                                      trace_survival.shape[1])
+    if not is_sorted:
+        lagged = np.sort(lagged)
+    return confidence_lengths(survival, current, lagged, trace_idx, trace_accept_len, ring,
+                              ring_rows, ring_state, table_s, per_token, offset, kink,
+                              pending_prefill, prefill_s_per_token, budget_tokens)
