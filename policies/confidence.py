@@ -9,7 +9,7 @@ import numpy as np
 
 from dspark_sim.policies import compiled
 from dspark_sim.policies.base import BatchSnapshot
-from dspark_sim.policies.registry import Policy, register
+from dspark_sim.policies.registry import DecisionKernel, Policy, register
 from dspark_sim.policies.scheduler import (
     budget_displacement,
     schedule_async,
@@ -46,7 +46,7 @@ def _confidence(s: BatchSnapshot) -> np.ndarray:
 def confidence(spec: str, arg: str | None) -> Policy:
     return Policy(name="confidence", drafter="dspark", decide=_confidence, needs_cost=True,
                   needs_lag=True, lag_rows=CONFIDENCE_LAG_ROWS, needs_survival=True,
-                  kernel=compiled.confidence_step if compiled.NUMBA else None,
+                  kernel=DecisionKernel(_confidence, compiled.confidence_step),
                   description="budget from 2-step-old survivals at this step's costs "
                               "(global search, prefill displacement priced), top-K")
 

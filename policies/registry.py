@@ -31,6 +31,19 @@ from dspark_sim.policies.base import BatchSnapshot, StepCost, readonly
 DEFAULT_POLICY = "confidence"
 
 
+@dataclass(frozen=True)
+class DecisionKernel:
+    """A compiled twin of one ``decide`` function of a chain policy that reads no state
+    or v2 fields: ``run`` takes the engine's own arrays (the batch, the trace's survival
+    table, a ring of the last steps' survivals, the step's cost terms; the signature of
+    ``policies.compiled.confidence_step``) and returns what ``decide`` would, with the
+    engine's budget trim and accepted drafts. ``twin_of`` is that ``decide``: a policy
+    whose ``decide`` is replaced (wrapped to record its snapshots, say) runs its own."""
+
+    twin_of: Callable
+    run: Callable
+
+
 @dataclass(frozen=True, kw_only=True)
 class Policy:
     name: str  # canonical spec, e.g. "fixed:5"
@@ -60,15 +73,18 @@ class Policy:
     # The drafter stops at each request's verify length this step (a controller deciding
     # while it drafts, SparseSpec-L): the engine charges the passes it ran, not a block.
     stops_drafting: bool = False
-    # A compiled twin of the whole decision that the engine runs over its own arrays (the
-    # batch, the trace's survival table, a ring of the last steps' survivals, the step's
-    # cost terms) when the compiled kernels are on, for a chain policy that reads no
-    # state or v2 fields: ``policies.compiled.confidence_step``'s signature. ``decide``
-    # stays the reference (``DSPARK_SIM_KERNELS=numpy``, the validation server).
-    kernel: Callable | None = None
+    # A compiled twin of the whole decision (DecisionKernel), which the engine runs over
+    # its own arrays when the compiled kernels are on; ``decide`` stays the reference.
+    kernel: DecisionKernel | None = None
 
     def __call__(self, snap: BatchSnapshot) -> np.ndarray:
         return self.decide(snap)
+
+    @property
+    def compiled_decision(self) -> Callable | None:
+        """The kernel that twins this policy's ``decide``, if it has one."""
+        k = self.kernel
+        return k.run if k is not None and k.twin_of is self.decide else None
 
     @property
     def history(self) -> int:

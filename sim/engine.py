@@ -632,11 +632,18 @@ class Replica:
                 if plan.prefill_tokens else 0
             dt += prof.logits_s_per_row * (plan.verify_tokens + finishing)
         if cost.has_context_terms:
-            query = ell if lossy is None or lossy.fill_tokens is None \
-                else ell + lossy.fill_tokens
-            query_ctx, multi_kv, ctx_requests = self._attention_units(
-                batch, n_dec, query, plan.chunk if plan.prefill_tokens else None,
-                prof.attn_window_tokens, skip)
+            if compiled.NUMBA and lossy is None and not plan.prefill_tokens:
+                # a decode-only chain step: integer sums, the same figures in one kernel
+                window = prof.attn_window_tokens
+                query_ctx, multi_kv = fast.decode_attention_units(
+                    batch, n_dec, ell, -1 if window is None else window)
+                query_ctx, multi_kv, ctx_requests = float(query_ctx), float(multi_kv), n_dec
+            else:
+                query = ell if lossy is None or lossy.fill_tokens is None \
+                    else ell + lossy.fill_tokens
+                query_ctx, multi_kv, ctx_requests = self._attention_units(
+                    batch, n_dec, query, plan.chunk if plan.prefill_tokens else None,
+                    prof.attn_window_tokens, skip)
             dt += prof.attn_s_per_query_ctx * query_ctx + prof.multi_kv_s_per_token * multi_kv \
                 + prof.request_s * ctx_requests
         return dt
@@ -930,7 +937,7 @@ class SimContext:
         self._init_draft_tokens(trace, policy)
         self._init_cost(profile, policy, trace, policy_profile)
         # the policy's compiled decision, where the step needs nothing it does not read
-        self.kernel = compiled.kernel(policy.kernel) if compiled.NUMBA \
+        self.kernel = compiled.kernel(policy.compiled_decision) if compiled.NUMBA \
             and self.trace_survival is not None and self.trace_draft_tokens is None \
             and policy.replay is None and not policy.fields and not policy.uses_state \
             and not policy.stops_drafting and policy.needs_lag else None

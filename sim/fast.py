@@ -128,3 +128,19 @@ def admit_rows(batch, n_prefilling, rows, taken):
             at += 1
             pending += rows[r, PREFILL_TARGET]
     return out, kv, pending, k - n_ready
+
+
+@njit(cache=True)
+def decode_attention_units(batch, n_dec, ell, window):
+    """``Replica._attention_units`` of a step without prefill chunks or skipped rows:
+    (sum over decoding rows of (1 + l) x attended context, context of the rows that
+    verify a draft), both integer sums; ``window`` < 0: no window."""
+    query_ctx = 0
+    multi_kv = 0
+    for r in range(n_dec):
+        context = batch[r, PREFILLED] + batch[r, GENERATED] - batch[r, GENERATED_AT_ADMIT]
+        attended = context if window < 0 else min(context, window)
+        query_ctx += (1 + ell[r]) * attended
+        if ell[r] > 0:
+            multi_kv += context
+    return query_ctx, multi_kv

@@ -169,8 +169,11 @@ def test_the_compiled_confidence_decision_equals_the_policy_on_its_snapshots(
 
 
 def test_the_engine_runs_the_compiled_decision_only_where_it_applies(monkeypatch):
-    """The default scheduler's compiled decision is the engine's on the compiled path and
-    never on the numpy reference path."""
+    """The default scheduler's compiled decision is the engine's on the compiled path,
+    never on the numpy reference path, and not once its ``decide`` is replaced (a
+    wrapper that records snapshots must see them)."""
+    from dataclasses import replace
+
     from dspark_sim.calibration.confmap import CalibrationMap
     from dspark_sim.calibration.profile import load_profile
     from dspark_sim.policies.registry import get_policy
@@ -181,12 +184,15 @@ def test_the_engine_runs_the_compiled_decision_only_where_it_applies(monkeypatch
     trace = load_trace("dspark-synthetic")
     prof = load_profile("qwen3-8b-h100")
     cfg = SimConfig(deployment=DeploymentConfig(replicas=1))
-    for use, name, engaged in ((True, "confidence", True), (False, "confidence", False),
-                               (True, "confidence-async", False), (True, "fixed:3", False)):
+    conf = get_policy("confidence")
+    wrapped = replace(conf, decide=lambda s: conf.decide(s))
+    for use, policy, engaged in ((True, conf, True), (False, conf, False),
+                                 (True, get_policy("confidence-async"), False),
+                                 (True, get_policy("fixed:3"), False), (True, wrapped, False)):
         monkeypatch.setattr(compiled, "NUMBA", use)
-        ctx = SimContext(cfg, prof, get_policy(name), trace, CalibrationMap(),
+        ctx = SimContext(cfg, prof, policy, trace, CalibrationMap(),
                          RequestLog.empty(0), lambda k: None)
-        assert (ctx.kernel is not None) == engaged, (use, name)
+        assert (ctx.kernel is not None) == engaged, (use, policy.name)
 
 
 def test_numba_is_imported_only_when_a_kernel_first_runs():
@@ -204,7 +210,7 @@ def test_numba_is_imported_only_when_a_kernel_first_runs():
             "assert 'numba' in sys.modules\n"
             "assert hasattr(fast.replay_chain, 'py_func') and "
             "hasattr(compiled.budget_displacement, 'py_func')\n"
-            "assert compiled.kernel(compiled.confidence_step) is compiled.confidence_step\n")
+            "assert compiled.kernel(compiled.gather_survival) is compiled.gather_survival\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**__import__("os").environ, "DSPARK_SIM_KERNELS": "numba"})
     assert res.returncode == 0, res.stderr
