@@ -757,6 +757,8 @@ def profile_terms_text(p) -> str:
         *(f"  {k:22s} {getattr(lim, k) if getattr(lim, k) is not None else 'unset'}"
           for k in ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens",
                     "max_model_len", "prefill")),
+        "default trace (what run replays without --trace): "
+        + (p.default_trace or "unset (the simulator's default)"),
     ]
     for dname, d in p.drafts.items():
         costs = ", ".join(f"n={int(n)}: {t * 1e3:.3g} ms"

@@ -201,8 +201,13 @@ def test_profiles_commands():
         assert key in r.output, key
     assert f"kv_capacity_tokens     {p.limits.kv_capacity_tokens}" in r.output
     assert f"window {p.attn_window_tokens:,} tokens" in r.output
+    assert "default trace (what run replays without --trace): unset" in r.output
     r = invoke("profiles", "show", "smollm2-cpu")  # measured: limits unset, terms fitted
     assert r.exit_code == 0 and "max_num_seqs           unset" in r.output
+    # a profile that names its published setup's trace says so
+    r = invoke("profiles", "show", "v4flash-b300")
+    want = load_profile("v4flash-b300").default_trace
+    assert want and f"default trace (what run replays without --trace): {want}" in r.output
 
 
 def test_sweep_cli_writes_results_report_and_headline(tmp_path):
