@@ -475,7 +475,7 @@ def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
         stream = replace(stream, arrival_s=stream.arrival_s[:0],
                          prompt_tokens=stream.prompt_tokens[:0],
                          output_tokens=stream.output_tokens[:0], trace_rows=None)
-        full = read_log(spill.request_parts)
+        full = read_log(spill.request_parts, lossy=policy.lossy)
         if not int((np.isnan(full.finish_s) & (full.rejected == 0)).sum()) \
                 and bounded_by != "window":
             bounded_by = None  # the bound was reached, but nothing was cut short

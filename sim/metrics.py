@@ -481,6 +481,7 @@ def summarize(
     s |= _interactivity(INTERACTIVITY_FIELDS, lat["interactivity"])
     s |= _speculation(log, stats)
     s |= _goodput(lat, s["duration"], slo_ttft_ms, slo_tpot_ms)
+    del lat  # five floats a request: a streamed day's steady state needs the room
     s |= _stability(log, steps, s["unfinished"], s["completed"], gpus=gpus, closed=closed,
                     stable=stable, queue_growth_per_s=queue_growth_per_s,
                     prefill_gpus=prefill_gpus)

@@ -182,17 +182,21 @@ def _column(parts: list[Path], expr: pl.Expr) -> np.ndarray:
     return pl.scan_parquet(parts).select(expr).collect().to_series().to_numpy()
 
 
-def read_log(parts: list[Path]) -> RequestLog:
+def read_log(parts: list[Path], *, lossy: bool) -> RequestLog:
     """The request log the summary reads, back from the parts (``requests_frame``'s
-    columns; the per-request counters no summary figure reads are left empty)."""
+    columns; the per-request counters no summary figure reads are left empty, and the
+    trace rows and changed tokens only a lossy policy's quality cost reads are zeros
+    for the others)."""
     nan = float("nan")
     codes = {name: code for code, name in REJECT_REASONS.items()}
     col = lambda name: _column(parts, pl.col(name))  # noqa: E731
     empty = np.zeros(0, np.int64)
+    arrival_s = col("arrival_s")
+    zeros = np.broadcast_to(np.int64(0), arrival_s.shape)
     return RequestLog(
-        arrival_s=col("arrival_s"),
+        arrival_s=arrival_s,
         prompt_tokens=col("prompt_tokens"),
-        output_tokens=empty, trace_row=col("trace_row"), replica=empty,
+        output_tokens=empty, trace_row=col("trace_row") if lossy else zeros, replica=empty,
         first_token_s=_column(parts, pl.col("first_token_s").fill_null(nan)),
         finish_s=_column(parts, pl.col("finish_s").fill_null(nan)),
         steps=empty, draft_tokens_verified=empty, accepted_tokens=empty,
@@ -200,7 +204,7 @@ def read_log(parts: list[Path]) -> RequestLog:
         preemptions=col("preemptions"),
         rejected=_column(parts, pl.col("rejected_reason").replace_strict(
             codes, default=0, return_dtype=pl.Int8).fill_null(0)),
-        changed_tokens=col("changed_tokens"))
+        changed_tokens=col("changed_tokens") if lossy else zeros)
 
 
 def read_prefill(pool: PrefillPool, parts: list[Path]) -> PrefillPool:

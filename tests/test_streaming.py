@@ -53,6 +53,21 @@ def test_streamed_closed_loop_equals_in_memory(monkeypatch):
     assert res.requests.collect().equals(want.requests)
 
 
+def test_streamed_lossy_run_equals_in_memory(monkeypatch):
+    # a lossy policy's quality cost reads the trace rows and changed tokens back
+    from dspark_sim.sim.config import DeploymentConfig, SimConfig, WorkloadConfig
+
+    cfg = SimConfig(policy="asd:0.5,1,1@fixed:4", trace="dspark-gsm8k-lossy-synthetic",
+                    deployment=DeploymentConfig(replicas=1),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=8,
+                                            num_requests=120, lengths="fixed:16:64"))
+    want = api.simulate(cfg)
+    assert want.summary["lossy"] and want.summary["changed_tokens"] > 0
+    res = _streamed(monkeypatch, cfg, 16, 3)
+    assert res.summary == want.summary
+    assert res.requests.collect().equals(want.requests)
+
+
 def test_streamed_run_writes_and_reads_back(monkeypatch, in_memory, tmp_path):
     res = _streamed(monkeypatch, _cfg(), 32, 5)
     out = res.write(tmp_path / "run")
