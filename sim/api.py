@@ -50,8 +50,15 @@ from dspark_sim.sim.stream import (
     read_log,
     read_prefill,
     read_steps,
+    sliced,
 )
-from dspark_sim.sim.workload import build_stream, uses_trace_lengths
+from dspark_sim.sim.workload import (
+    ChunkedStream,
+    RequestStream,
+    build_stream,
+    draws_in_chunks,
+    uses_trace_lengths,
+)
 from dspark_sim.traces.schema import AcceptanceTrace, load_trace
 
 DEFAULT_TRACE = "dspark-synthetic"
@@ -208,14 +215,7 @@ def _request_log(cfg: SimConfig, rng: np.random.Generator, trace: AcceptanceTrac
                  trace_rows: np.ndarray | None, profile: EngineProfile):
     """The request stream and each request's trace row (drawn from ``rng`` after the
     stream, so the same seed gives the same rows; zeros without a trace)."""
-    # --lengths trace: lengths (and rows) from the trace, loaded even when the policy
-    # replays none (`none` then serves the same requests as the speculative runs).
-    length_trace = trace
-    if length_trace is None and uses_trace_lengths(cfg.workload):
-        length_trace = load_trace(block_trace_spec(cfg, profile))
-        if cfg.workload.domain:
-            length_trace = length_trace.select_domain(cfg.workload.domain)
-    stream = build_stream(cfg.workload, rng, trace=length_trace)
+    stream = build_stream(cfg.workload, rng, trace=_length_trace(cfg, trace, profile))
     n = stream.size
     row = np.zeros(n, np.int64)
     if trace is not None:
@@ -232,6 +232,35 @@ def _request_log(cfg: SimConfig, rng: np.random.Generator, trace: AcceptanceTrac
                                                f"[0, {trace.num_requests})")
             row[:] = rows_in
     return stream, row
+
+
+def _length_trace(cfg: SimConfig, trace: AcceptanceTrace | None,
+                  profile: EngineProfile) -> AcceptanceTrace | None:
+    """The trace ``--lengths trace`` takes lengths (and rows) from: the run's, or loaded
+    even when the policy replays none (`none` then serves the same requests as the
+    speculative runs)."""
+    if trace is None and uses_trace_lengths(cfg.workload):
+        trace = load_trace(block_trace_spec(cfg, profile))
+        if cfg.workload.domain:
+            trace = trace.select_domain(cfg.workload.domain)
+    return trace
+
+
+def _drawn_in_chunks(cfg: SimConfig, trace: AcceptanceTrace | None, trace_rows,
+                     profile: EngineProfile) -> ChunkedStream | None:
+    """A streamed run's drawn stream (``workload.ChunkedStream``): a Poisson, gamma or
+    closed-loop workload expecting more than ``STREAM_ABOVE`` requests, with no rows
+    pinned by the caller; None for the others (drawn whole, as they always were)."""
+    w = cfg.workload
+    if trace_rows is not None or not draws_in_chunks(w):
+        return None
+    expected = float("inf") if w.num_requests is None else w.num_requests
+    if w.arrival != "closed" and w.duration_s is not None:
+        expected = min(expected, w.qps * w.duration_s)
+    if expected <= STREAM_ABOVE:
+        return None
+    return ChunkedStream(w, cfg.seed, STREAM_CHUNK, trace=_length_trace(cfg, trace, profile),
+                         rows_of=trace)
 
 
 def _in_memory_log(stream, trace_row: np.ndarray) -> RequestLog:
@@ -363,11 +392,18 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
     require_trace_columns(trace, policy)
     if calibration is None:
         calibration = resolve_calibration(cfg, trace)
+    drawn = _drawn_in_chunks(cfg, trace, trace_rows, profile)
+    if drawn is not None:
+        return _simulate_streamed(cfg, policy, profile, trace, calibration, policy_profile,
+                                  drawn.chunks(), drawn.size, drawn.last_arrival_s,
+                                  drawn.description)
     rng = np.random.default_rng(cfg.seed)
     stream, trace_row = _request_log(cfg, rng, trace, trace_rows, profile)
-    if stream.size > STREAM_ABOVE:
+    if stream.size > STREAM_ABOVE:  # a workload file's, or rows the caller pinned
+        last = float(stream.arrival_s[-1]) if stream.size else 0.0
         return _simulate_streamed(cfg, policy, profile, trace, calibration, policy_profile,
-                                  stream, trace_row)
+                                  sliced(stream, trace_row, STREAM_CHUNK), stream.size, last,
+                                  stream.description)
     log = _in_memory_log(stream, trace_row)
     del trace_row
     n = stream.size
@@ -425,13 +461,13 @@ STREAM_CHUNKS = 8
 
 def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
                        trace: AcceptanceTrace | None, calibration: CalibrationMap,
-                       policy_profile: EngineProfile | None, stream,
-                       trace_row: np.ndarray) -> SimResult:
+                       policy_profile: EngineProfile | None, requests, n: int,
+                       last_arrival_s: float, description: str) -> SimResult:
     """:func:`simulate` for a run above ``STREAM_ABOVE`` requests: the same engine and
-    sources over a window of request slots, the outputs spilled in chunks."""
+    sources over a window of request slots fed ``requests`` (the stream's ``n``
+    requests in ``STREAM_CHUNK`` chunks), the outputs spilled in chunks."""
     spill = SpillFolder()
     try:
-        n = stream.size
         log = RequestLog.empty(RequestWindow.slots(n, STREAM_CHUNK, STREAM_CHUNKS))
         source: OpenLoop | ClosedLoop | None = None
 
@@ -442,9 +478,10 @@ def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
                          policy_profile=policy_profile)
         disaggregated = ctx.limits.prefill == "disaggregated"
         ctx.set_rows(np.zeros((len(log.arrival_s), NUM_COLUMNS), np.int64))
-        window = RequestWindow(ctx, stream, trace_row, spill, rejections,
+        window = RequestWindow(ctx, requests, n, last_arrival_s, spill, rejections,
                                chunk=STREAM_CHUNK, chunks=STREAM_CHUNKS,
                                disaggregated=disaggregated)
+        del requests  # the window holds the stream's chunks, and lets each go
         # over the slots' prompts (the window refills them with each chunk)
         prefill = _prefill_pool(cfg, ctx, profile, log.prompt_tokens)
         if prefill is not None:
@@ -460,8 +497,7 @@ def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
                                 frontend_s, window=window)
             horizon = CLOSED_LOOP_HORIZON_S
         else:
-            source = OpenLoop(env, router, log, stream.arrival_s, prefill, frontend_s,
-                              window=window)
+            source = OpenLoop(env, router, log, None, prefill, frontend_s, window=window)
             horizon = source.last_arrival_s + cfg.drain_timeout_s
         env.process(_alarm(env, ctx.stop, horizon))
         bounded_by = env.run(until=ctx.stop)
@@ -470,11 +506,10 @@ def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
         window.finish()
         # the window's memory goes before the parts are read back for the summary
         del window, log
-        source = None  # it holds the arrival times
+        source = None
         ctx.log = ctx.rows = ctx.admit_need = ctx.request_state = None
-        stream = replace(stream, arrival_s=stream.arrival_s[:0],
-                         prompt_tokens=stream.prompt_tokens[:0],
-                         output_tokens=stream.output_tokens[:0], trace_rows=None)
+        stream = RequestStream(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                               description)  # what the summary reads of it
         full = read_log(spill.request_parts, lossy=policy.lossy)
         if not int((np.isnan(full.finish_s) & (full.rejected == 0)).sum()) \
                 and bounded_by != "window":

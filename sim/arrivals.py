@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import simpy
 
 from dspark_sim.sim.engine import RequestLog, Router
@@ -32,6 +33,9 @@ class Window(Protocol):
     the run stops there)."""
 
     size: int
+    n: int  # requests in the stream
+    last_arrival_s: float
+    arrival_at: np.ndarray  # each slot's arrival time, set when its chunk is admitted
 
     def admit(self, rid: int) -> bool: ...
 
@@ -97,22 +101,35 @@ class _Source:
 
 
 class OpenLoop(_Source):
-    """Submit request ``i`` at ``arrival_s[i]`` (non-decreasing, seconds)."""
+    """Submit request ``i`` at ``arrival_s[i]`` (non-decreasing, seconds); with a
+    ``window`` (``arrival_s`` None) at its slot's ``arrival_at``, the slot's chunk
+    admitted first."""
 
     def __init__(self, env, router, log, arrival_s, prefill=None, frontend_s=0.0,
                  window=None) -> None:
-        super().__init__(env, router, log, len(arrival_s), prefill, frontend_s, window)
+        n = len(arrival_s) if window is None else window.n
+        super().__init__(env, router, log, n, prefill, frontend_s, window)
         self.arrival_s = arrival_s
         env.process(self._run())
 
     @property
     def last_arrival_s(self) -> float:
+        if self.window is not None:
+            return self.window.last_arrival_s
         return float(self.arrival_s[-1]) if self.n else 0.0
 
     def _run(self):
         t_prev = 0.0
+        window = self.window
         while self.issued < self.n:  # n shrinks when a streamed run's window stops it
-            t = float(self.arrival_s[self.issued])
+            rid = self.issued
+            if window is None:
+                t = float(self.arrival_s[rid])
+            elif window.admit(rid):
+                t = float(window.arrival_at[rid % window.size])
+            else:
+                self.n = rid
+                return
             if t > t_prev:
                 yield self.env.timeout(t - t_prev)
                 t_prev = t

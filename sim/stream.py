@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +39,7 @@ from dspark_sim.sim.engine import (
 )
 from dspark_sim.sim.metrics import StepSeries, requests_frame
 from dspark_sim.sim.prefill import PrefillPool
-from dspark_sim.sim.workload import RequestStream
+from dspark_sim.sim.workload import RequestStream, StreamChunk
 
 # Step fields no summary figure reads (sim.metrics): not read back, to keep a day's
 # series (~12 M steps) from costing a quarter more memory than it needs.
@@ -85,18 +85,20 @@ class RequestWindow:
     """The request slots of a streamed run (module docstring). ``reject(rows, ctx)``
     gives each new request's refusal code (``sim.api.rejections``)."""
 
-    def __init__(self, ctx: SimContext, stream: RequestStream, trace_row: np.ndarray,
-                 spill: SpillFolder, reject: Callable, *, chunk: int, chunks: int,
-                 disaggregated: bool = False) -> None:
+    def __init__(self, ctx: SimContext, requests: Iterator[StreamChunk], n: int,
+                 last_arrival_s: float, spill: SpillFolder, reject: Callable, *, chunk: int,
+                 chunks: int, disaggregated: bool = False) -> None:
         self.ctx = ctx
-        self.stream = stream
-        self.trace_row = trace_row
+        self.requests = requests  # the stream's chunks, in order (each ``chunk`` long)
         self.spill = spill
         self.reject = reject
         self.disaggregated = disaggregated
-        self.n = stream.size
+        self.n = n
+        self.last_arrival_s = last_arrival_s
         self.chunk = chunk
         self.size = len(ctx.log.arrival_s)
+        # each slot's arrival time (the open loop's clock reads it before sending)
+        self.arrival_at = np.zeros(self.size)
         if self.size % chunk or self.size < chunk * min(chunks, -(-self.n // chunk)):
             raise ValueError("the log must hold a whole number of chunks")
         # disaggregated prefill: the prefill instances' per-request state shares the slots
@@ -145,22 +147,26 @@ class RequestWindow:
         return lo, hi, slice(base, base + hi - lo)
 
     def _load(self) -> None:
-        ctx, log, s = self.ctx, self.ctx.log, self.stream
+        ctx, log = self.ctx, self.ctx.log
         lo, hi, sl = self._span(self.loaded)
+        c = next(self.requests)
+        if c.first != lo or len(c.prompt_tokens) != hi - lo:
+            raise ValueError(f"chunk {self.loaded}: requests {c.first}.. of "
+                             f"{len(c.prompt_tokens)}, expected {lo}..{hi - 1}")
         log.clear(slice(sl.start, sl.start + self.chunk))
-        log.prompt_tokens[sl] = s.prompt_tokens[lo:hi]
-        log.output_tokens[sl] = s.output_tokens[lo:hi]
-        log.trace_row[sl] = self.trace_row[lo:hi]
-        rows = request_rows(s.prompt_tokens[lo:hi], s.output_tokens[lo:hi], ctx.trace,
-                            self.trace_row[lo:hi], disaggregated=self.disaggregated,
-                            first_id=sl.start)
+        self.arrival_at[sl] = c.arrival_s
+        log.prompt_tokens[sl] = c.prompt_tokens
+        log.output_tokens[sl] = c.output_tokens
+        log.trace_row[sl] = c.trace_rows
+        rows = request_rows(c.prompt_tokens, c.output_tokens, ctx.trace, c.trace_rows,
+                            disaggregated=self.disaggregated, first_id=sl.start)
         ctx.rows[sl] = rows
         ctx.admit_need[sl] = rows[:, PROMPT_TOKENS] + rows[:, OUTPUT_TOKENS]
         if ctx.request_state is not None:
             ctx.request_state[sl] = 0.0
         log.rejected[sl] = self.reject(rows, ctx)
         if self.pool is not None:
-            self.pool.prompt[sl] = s.prompt_tokens[lo:hi].tolist()
+            self.pool.prompt[sl] = c.prompt_tokens.tolist()
             self.pool.submitted_s[sl] = np.nan
             self.pool.start_s[sl] = np.nan
         self.loaded += 1
@@ -176,6 +182,15 @@ class RequestWindow:
             self.spill.write_prefill(self.pool.submitted_s[sl], self.pool.start_s[sl])
         self.spill.write_steps(self.ctx.steps.take())
         self.flushed += 1
+
+
+def sliced(stream: RequestStream, trace_row: np.ndarray, chunk: int) -> Iterator[StreamChunk]:
+    """A stream held whole (read from a workload file, or rows given by the caller) in
+    :class:`RequestWindow`'s chunks."""
+    for lo in range(0, stream.size, chunk):
+        hi = lo + chunk
+        yield StreamChunk(lo, stream.arrival_s[lo:hi], stream.prompt_tokens[lo:hi],
+                          stream.output_tokens[lo:hi], trace_row[lo:hi])
 
 
 def _column(parts: list[Path], expr: pl.Expr) -> np.ndarray:
@@ -225,4 +240,4 @@ def read_steps(parts: list[Path]) -> StepSeries:
     return StepSeries.from_columns(cols)
 
 
-__all__ = ["RequestWindow", "SpillFolder", "read_log", "read_prefill", "read_steps"]
+__all__ = ["RequestWindow", "SpillFolder", "read_log", "read_prefill", "read_steps", "sliced"]

@@ -26,6 +26,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
@@ -215,10 +216,11 @@ def uses_trace_lengths(w: WorkloadConfig) -> bool:
 
 
 def _lengths(w: WorkloadConfig, n: int, rng: np.random.Generator, trace,
-             default: str = DEFAULT_LENGTHS):
+             default: str = DEFAULT_LENGTHS, first: int = 0):
     """``(prompt_tokens, output_tokens, description, trace_rows)`` for ``n`` requests;
     ``trace_rows`` is set (and the lengths are the trace requests' own) for
-    ``--lengths trace`` / ``trace:sample``, else None."""
+    ``--lengths trace`` / ``trace:sample``, else None. ``first``: the index of the first
+    of the ``n`` (a chunk of a streamed run: ``trace`` cycles the rows from there)."""
     spec = (w.lengths or default).strip()
     if spec not in TRACE_LENGTHS:
         return (*sample_lengths(spec, n, rng), None)
@@ -234,7 +236,7 @@ def _lengths(w: WorkloadConfig, n: int, rng: np.random.Generator, trace,
                              f"({int(v[bad]):,}) is above the per-request limit of "
                              f"{MAX_TOKENS_PER_REQUEST:,}")
     if spec == "trace":
-        rows = np.arange(n, dtype=np.int64) % trace.num_requests
+        rows = np.arange(first, first + n, dtype=np.int64) % trace.num_requests
         how = "cycled in order"
     else:
         rows = rng.integers(0, trace.num_requests, size=n)
@@ -354,3 +356,108 @@ def _open_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> Req
         else f"gamma(burstiness={w.burstiness:g})"
     return RequestStream(arr, prompt_tokens, output_tokens,
                          f"{kind} arrivals at {w.qps:g} req/s, {ldesc}", rows)
+
+
+# -- streams drawn in chunks -------------------------------------------------------------
+class StreamChunk(NamedTuple):
+    """Requests ``first .. first + len(prompt_tokens) - 1`` of a stream: arrival times
+    (closed loop: zeros, unused), lengths and each request's trace row."""
+
+    first: int
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    trace_rows: np.ndarray
+
+
+def draws_in_chunks(w: WorkloadConfig) -> bool:
+    """The stream is drawn, not read from a workload file: Poisson or gamma arrivals, or
+    a closed loop's lengths (:class:`ChunkedStream` can draw it a chunk at a time)."""
+    return w.workload_path is None and w.arrival in ("poisson", "gamma", "closed")
+
+
+class ChunkedStream:
+    """A drawn stream (:func:`draws_in_chunks`) a chunk at a time, for a streamed run:
+    its size and last arrival are known up front (one pass over the arrival gaps that
+    keeps no more than a chunk), its requests come chunk by chunk from :meth:`chunks`.
+
+    The gaps, the lengths and the trace rows each come from a child of the seed
+    (``SeedSequence(seed).spawn(3)``), drawn in chunk order, so a run is determined by
+    its seed and chunk size. An in-memory run (:func:`build_stream`) draws them all from
+    one generator in turn, so it sees other requests for the same seed.
+    ``rows_of``: the trace whose rows requests replay (None: rows are zeros);
+    ``trace``: the one ``--lengths trace`` takes lengths from."""
+
+    def __init__(self, w: WorkloadConfig, seed: int, chunk: int, *, trace=None,
+                 rows_of=None) -> None:
+        self.w = w
+        self.seed = seed
+        self.chunk = chunk
+        self.trace = trace
+        self.rows_of = rows_of
+        # a zero-size draw checks the lengths spec (and a trace's lengths) up front
+        ldesc = _lengths(w, 0, np.random.default_rng(0), trace)[2]
+        if w.arrival == "closed":
+            self.size = int(w.num_requests)
+            self.offset_s = 0.0
+            self.last_arrival_s = 0.0
+            self.description = f"closed loop, {w.max_concurrency} clients, {ldesc}"
+            return
+        n, first, last = 0, None, 0.0
+        for arr in self._arrivals():
+            n += arr.size
+            first = arr[0] if first is None else first
+            last = float(arr[-1])
+        if n == 0:
+            raise InputError("--qps/--duration-s", f"no request arrived inside the "
+                             f"{w.duration_s:g} s window at {w.qps:g} req/s: the run would "
+                             "simulate nothing")
+        self.size = n
+        self.offset_s = float(first)  # the first request arrives at t = 0
+        self.last_arrival_s = last - self.offset_s
+        kind = "Poisson" if w.arrival == "poisson" or w.burstiness == 1.0 \
+            else f"gamma(burstiness={w.burstiness:g})"
+        self.description = f"{kind} arrivals at {w.qps:g} req/s, {ldesc}"
+
+    def _children(self) -> list[np.random.Generator]:
+        return [np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(3)]
+
+    def _arrivals(self, rng: np.random.Generator | None = None):
+        """The arrival times (before the shift to t = 0), a chunk at a time."""
+        w = self.w
+        rng = rng or self._children()[0]
+        cap = np.inf if w.num_requests is None else int(w.num_requests)
+        end = np.inf if w.duration_s is None else w.duration_s
+        n, t = 0, 0.0
+        while n < cap:
+            k = int(min(self.chunk, cap - n))
+            arr = t + np.cumsum(_gaps(w, k, rng))
+            if arr[-1] >= end:
+                arr = arr[arr < end]
+                if arr.size:
+                    yield arr
+                return
+            yield arr
+            n += k
+            t = float(arr[-1])
+
+    def chunks(self):
+        """Every request, in chunks of ``chunk`` (the last one shorter), in order."""
+        gaps, lengths, rows = self._children()
+        w = self.w
+        if w.arrival == "closed":
+            arrivals = (np.zeros(min(self.chunk, self.size - lo))
+                        for lo in range(0, self.size, self.chunk))
+        else:
+            arrivals = (arr - self.offset_s for arr in self._arrivals(gaps))
+        first = 0
+        for arr in arrivals:
+            k = arr.size
+            prompt_tokens, output_tokens, _, trace_rows = _lengths(w, k, lengths, self.trace,
+                                                                   first=first)
+            if self.rows_of is None:
+                trace_rows = np.zeros(k, np.int64)
+            elif trace_rows is None:
+                trace_rows = rows.integers(0, self.rows_of.num_requests, size=k)
+            yield StreamChunk(first, arr, prompt_tokens, output_tokens, trace_rows)
+            first += k

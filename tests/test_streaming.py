@@ -7,6 +7,7 @@ import json
 import tempfile
 from dataclasses import replace
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -15,11 +16,28 @@ from dspark_sim.sim.config import preset
 from dspark_sim.sim.outputs import read_run
 
 
-def _cfg(**workload):
+def _workload_file(path, n: int = 300, qps: float = 6.0, seed: int = 0):
+    """A Mooncake JSONL of ``n`` Poisson arrivals with mixed lengths: a stream read
+    whole, so a streamed run and an in-memory run serve the same requests."""
+    rng = np.random.default_rng(seed)
+    t_ms = np.cumsum(rng.exponential(1e3 / qps, n))
+    lines = [json.dumps({"timestamp": float(t), "input_length": int(a), "output_length": int(b)})
+             for t, a, b in zip(t_ms, rng.integers(16, 2048, n), rng.integers(1, 400, n),
+                                strict=True)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory):
+    return _workload_file(tmp_path_factory.mktemp("wl") / "poisson.jsonl")
+
+
+def _cfg(path, **workload):
     cfg = preset("tiny")
     return replace(cfg, engine=replace(cfg.engine, prefill="chunked"),
-                   workload=replace(cfg.workload, **{"qps": 6.0, "num_requests": 300,
-                                                     **workload}))
+                   workload=replace(cfg.workload, **{"arrival": "replay", "workload_path": path,
+                                                     "num_requests": None, **workload}))
 
 
 def _streamed(monkeypatch, cfg, chunk: int, chunks: int, **kw):
@@ -30,37 +48,38 @@ def _streamed(monkeypatch, cfg, chunk: int, chunks: int, **kw):
 
 
 @pytest.fixture(scope="module")
-def in_memory():
-    return api.simulate(_cfg())
+def in_memory(workload):
+    return api.simulate(_cfg(workload))
 
 
 @pytest.mark.parametrize(("chunk", "chunks"), [(32, 5), (50, 3), (16, 12)])
-def test_streamed_run_equals_in_memory(monkeypatch, in_memory, chunk, chunks):
+def test_streamed_run_equals_in_memory(monkeypatch, workload, in_memory, chunk, chunks):
     # 300 requests through 150-192 slots: the oldest chunks are written out and their
     # slots reused while the run goes on
     assert chunk * chunks < 300
-    res = _streamed(monkeypatch, _cfg(), chunk, chunks)
+    res = _streamed(monkeypatch, _cfg(workload), chunk, chunks)
     assert isinstance(res.requests, pl.LazyFrame)
     assert res.summary == in_memory.summary
     assert res.requests.collect().equals(in_memory.requests)
 
 
-def test_streamed_closed_loop_equals_in_memory(monkeypatch):
-    cfg = _cfg(arrival="closed", max_concurrency=8, num_requests=120)
+def test_streamed_closed_loop_equals_in_memory(monkeypatch, workload):
+    cfg = _cfg(workload, arrival="closed", max_concurrency=8, num_requests=120)
     want = api.simulate(cfg)
     res = _streamed(monkeypatch, cfg, 16, 3)
     assert res.summary == want.summary
     assert res.requests.collect().equals(want.requests)
 
 
-def test_streamed_lossy_run_equals_in_memory(monkeypatch):
+def test_streamed_lossy_run_equals_in_memory(monkeypatch, workload):
     # a lossy policy's quality cost reads the trace rows and changed tokens back
     from dspark_sim.sim.config import DeploymentConfig, SimConfig, WorkloadConfig
 
     cfg = SimConfig(policy="asd:0.5,1,1@fixed:4", trace="dspark-gsm8k-lossy-synthetic",
                     deployment=DeploymentConfig(replicas=1),
                     workload=WorkloadConfig(arrival="closed", max_concurrency=8,
-                                            num_requests=120, lengths="fixed:16:64"))
+                                            num_requests=120, lengths="fixed:16:64",
+                                            workload_path=workload))
     want = api.simulate(cfg)
     assert want.summary["lossy"] and want.summary["changed_tokens"] > 0
     res = _streamed(monkeypatch, cfg, 16, 3)
@@ -68,8 +87,8 @@ def test_streamed_lossy_run_equals_in_memory(monkeypatch):
     assert res.requests.collect().equals(want.requests)
 
 
-def test_streamed_run_writes_and_reads_back(monkeypatch, in_memory, tmp_path):
-    res = _streamed(monkeypatch, _cfg(), 32, 5)
+def test_streamed_run_writes_and_reads_back(monkeypatch, workload, in_memory, tmp_path):
+    res = _streamed(monkeypatch, _cfg(workload), 32, 5)
     out = res.write(tmp_path / "run")
     summary, requests = read_run(out)
     summary.pop("outputs")
@@ -78,16 +97,16 @@ def test_streamed_run_writes_and_reads_back(monkeypatch, in_memory, tmp_path):
     assert requests["request_id"].to_list() == list(range(300))
 
 
-def test_spill_folder_goes_with_the_result(monkeypatch, tmp_path):
+def test_spill_folder_goes_with_the_result(monkeypatch, workload, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    res = _streamed(monkeypatch, _cfg(), 32, 5)
+    res = _streamed(monkeypatch, _cfg(workload), 32, 5)
     spills = list(tmp_path.glob("dspark-sim-spill-*"))
     assert len(spills) == 1 and any(spills[0].iterdir())
     del res
     assert not spills[0].exists()
 
 
-def test_failed_streamed_run_leaves_no_spill(monkeypatch, tmp_path):
+def test_failed_streamed_run_leaves_no_spill(monkeypatch, workload, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     def broken(parts):
@@ -95,14 +114,15 @@ def test_failed_streamed_run_leaves_no_spill(monkeypatch, tmp_path):
 
     monkeypatch.setattr(api, "read_steps", broken)
     with pytest.raises(OSError, match="disk full"):
-        _streamed(monkeypatch, _cfg(), 32, 5)
+        _streamed(monkeypatch, _cfg(workload), 32, 5)
     assert not list(tmp_path.glob("dspark-sim-spill-*"))
 
 
-def test_window_full_of_live_requests_stops_the_run(monkeypatch):
+def test_window_full_of_live_requests_stops_the_run(monkeypatch, tmp_path):
     # 20 req/s overloads the tiny deployment: ~90 requests are in the system at once,
     # more than a 64-slot window holds
-    res = _streamed(monkeypatch, _cfg(qps=20.0, num_requests=200), 16, 4)
+    path = _workload_file(tmp_path / "busy.jsonl", n=200, qps=20.0)
+    res = _streamed(monkeypatch, _cfg(path), 16, 4)
     s = res.summary
     assert s["bounded_by"] == "window"
     assert s["num_requests"] < 200 and s["unfinished"] > 0 and not s["stable"]
@@ -111,9 +131,9 @@ def test_window_full_of_live_requests_stops_the_run(monkeypatch):
     assert frame["arrival_s"].is_not_nan().all()  # only requests that were sent
 
 
-def test_streamed_disaggregated_run_equals_in_memory(monkeypatch):
+def test_streamed_disaggregated_run_equals_in_memory(monkeypatch, workload):
     # the prefill instances' per-request queue times share the slots and the parts
-    cfg = _cfg()
+    cfg = _cfg(workload)
     cfg = replace(cfg, engine=replace(cfg.engine, prefill="disaggregated"))
     want = api.simulate(cfg)
     assert want.summary["prefill"] == "disaggregated"
@@ -130,3 +150,55 @@ def test_default_window_is_bounded():
     big = RequestWindow.slots(17_280_000, api.STREAM_CHUNK, api.STREAM_CHUNKS)
     assert big == RequestWindow.slots(50_000_000, api.STREAM_CHUNK, api.STREAM_CHUNKS)
     assert big == api.STREAM_CHUNK * api.STREAM_CHUNKS <= api.STREAM_ABOVE + api.STREAM_CHUNK
+
+
+# -- streams drawn a chunk at a time --------------------------------------------------
+def _drawn(**workload):
+    cfg = preset("tiny")
+    return replace(cfg, engine=replace(cfg.engine, prefill="chunked"),
+                   workload=replace(cfg.workload, **{"qps": 6.0, "num_requests": 300,
+                                                     **workload}))
+
+
+def test_chunked_stream_draws_the_window_it_was_asked_for():
+    from dspark_sim.sim.workload import ChunkedStream
+
+    w = _drawn(qps=50.0, num_requests=None, duration_s=400.0).workload
+    s = ChunkedStream(w, 3, 1000)
+    chunks = list(s.chunks())
+    assert [c.first for c in chunks] == list(range(0, s.size, 1000))
+    assert all(len(c.prompt_tokens) == 1000 for c in chunks[:-1])
+    arr = np.concatenate([c.arrival_s for c in chunks])
+    assert arr.size == s.size and arr[0] == 0.0 and np.all(np.diff(arr) >= 0)
+    assert arr[-1] == s.last_arrival_s < 400.0
+    assert abs(s.size - 20_000) < 5 * np.sqrt(20_000)  # Poisson count at 50 req/s
+    # drawn again from the seed: the same requests; another seed: others
+    again = list(ChunkedStream(w, 3, 1000).chunks())
+    assert all(np.array_equal(a.output_tokens, b.output_tokens)
+               for a, b in zip(chunks, again, strict=True))
+    other = next(ChunkedStream(w, 4, 1000).chunks())
+    assert not np.array_equal(other.arrival_s, chunks[0].arrival_s)
+    capped = ChunkedStream(replace(w, num_requests=2500), 3, 1000)
+    assert capped.size == 2500 and [len(c.arrival_s) for c in capped.chunks()] == [1000, 1000, 500]
+
+
+def test_streamed_drawn_run_serves_every_request(monkeypatch):
+    cfg = _drawn()
+    res = _streamed(monkeypatch, cfg, 32, 5)
+    s = res.summary
+    assert s["bounded_by"] is None and s["stable"]
+    assert s["num_requests"] == s["completed"] == 300
+    frame = res.requests.collect()
+    assert frame["request_id"].to_list() == list(range(300))
+    assert frame["arrival_s"][0] == 0.0 and frame["arrival_s"].is_sorted()
+    assert frame["finished"].all() and (frame["generated_tokens"] == frame["output_tokens"]).all()
+    assert s["total_output_tokens"] == frame["generated_tokens"].sum()
+    # the seed determines the run
+    assert _streamed(monkeypatch, cfg, 32, 5).summary == s
+
+
+def test_streamed_drawn_closed_loop(monkeypatch):
+    res = _streamed(monkeypatch, _drawn(arrival="closed", max_concurrency=8), 32, 5)
+    s = res.summary
+    assert s["completed"] == s["num_requests"] == 300 and s["stable"]
+    assert res.requests.collect()["replica"].min() >= 0
