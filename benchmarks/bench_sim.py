@@ -297,6 +297,11 @@ def report(cols: list[tuple[str, dict]], args) -> None:
         if scale != 1:
             row("wall s, a day (linear)", lambda c: c["day"]["wall_s"] * scale
                 if "wall_s" in c.get("day", {}) else None)
+        if 200 * args.day_s <= 1e6:
+            # sim.api.STREAM_ABOVE: a run this short holds every request in memory, so its
+            # peak RSS says nothing of a day's (streamed: it stays flat)
+            print("    (<= 1,000,000 requests: held in memory, not streamed as a day is; "
+                  "its peak RSS does not extrapolate)")
         for n, c in cols:
             if "error" in c.get("day", {}):
                 print(f"    {n}: {c['day']['error']}")

@@ -202,3 +202,29 @@ def test_streamed_drawn_closed_loop(monkeypatch):
     s = res.summary
     assert s["completed"] == s["num_requests"] == 300 and s["stable"]
     assert res.requests.collect()["replica"].min() >= 0
+
+
+def test_step_recorder_take_empties_in_place():
+    from dspark_sim.sim.engine import STEP_FIELDS, StepRecorder
+
+    rec = StepRecorder()
+    record = rec.buf.extend  # bound once, as the engine binds it
+    record(range(len(STEP_FIELDS)))
+    first = rec.take()
+    record([10.0 + i for i in range(len(STEP_FIELDS))])
+    assert first["end_s"].tolist() == [0.0] and first["unverified_tokens"].tolist() == [11.0]
+    assert rec.take()["end_s"].tolist() == [10.0]
+    assert len(rec.take()["end_s"]) == 0
+
+
+def test_request_log_clear_resets_only_its_slots():
+    from dspark_sim.sim.engine import RequestLog
+
+    log = RequestLog.empty(6)
+    log.finish_s[:] = 1.0
+    log.replica[:] = 3
+    log.generated[:] = 7
+    log.clear(slice(2, 4))
+    assert np.isnan(log.finish_s[2:4]).all() and (log.finish_s[[0, 1, 4, 5]] == 1.0).all()
+    assert log.replica.tolist() == [3, 3, -1, -1, 3, 3]
+    assert log.view(slice(1, 3)).generated.tolist() == [7, 0]
