@@ -221,7 +221,7 @@ class SimConfig:
     policy: str = setting(DEFAULT_POLICY, help=policy_help, doc="The verification policy, "
                           "NAME[:ARG] ([policies.md](policies.md) lists every one; "
                           "`dspark-sim policies` prints them).")
-    # schema-v1 trace for the block drafter; None: built-in
+    # the block drafter's trace; None: the profile's default_trace, else the built-in one
     trace: str | None = setting(help="Acceptance trace, schema v1 or v2 (path or built-in "
                                 "name; tree policies need v2, e.g. cure-qwen3-8b-synthetic).",
                                 reads="file or name")
