@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import gc
 import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -504,10 +505,16 @@ def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
         for rep in ctx.replicas:
             rep.flush()
         window.finish()
-        # the window's memory goes before the parts are read back for the summary
+        # the window's memory goes before the parts are read back for the summary: the
+        # event loop's processes (the sources, the replicas) hold the log and the slots
         del window, log
-        source = None
+        source = env = router = None
         ctx.log = ctx.rows = ctx.admit_need = ctx.request_state = None
+        ctx.env = ctx.stop = None
+        ctx.replicas = []
+        if prefill is not None:
+            prefill.env = None
+        gc.collect()
         stream = RequestStream(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64),
                                description)  # what the summary reads of it
         full = read_log(spill.request_parts, lossy=policy.lossy)

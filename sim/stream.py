@@ -194,7 +194,18 @@ def sliced(stream: RequestStream, trace_row: np.ndarray, chunk: int) -> Iterator
 
 
 def _column(parts: list[Path], expr: pl.Expr) -> np.ndarray:
-    return pl.scan_parquet(parts).select(expr).collect().to_series().to_numpy()
+    """One column of all ``parts`` as one array, filled a part at a time: the whole
+    column once, never a second copy of it (as concatenating the parts' frames makes)."""
+    sizes = [pl.scan_parquet(p).select(pl.len()).collect().item() for p in parts]
+    out = None
+    at = 0
+    for p, k in zip(parts, sizes, strict=True):
+        a = pl.scan_parquet(p).select(expr).collect().to_series().to_numpy()
+        if out is None:
+            out = np.empty(sum(sizes), a.dtype)
+        out[at: at + k] = a
+        at += k
+    return out if out is not None else np.zeros(0)
 
 
 def read_log(parts: list[Path], *, lossy: bool) -> RequestLog:
