@@ -63,6 +63,23 @@ def test_streamed_run_equals_in_memory(monkeypatch, workload, in_memory, chunk, 
     assert res.requests.collect().equals(in_memory.requests)
 
 
+@pytest.mark.parametrize("change", [
+    {"max_engine_steps": 60},  # cut short: requests never sent are written, unsent
+    {"engine": {"max_model_len": 1024}},  # some prompts refused at arrival
+])
+def test_streamed_bounded_or_refusing_run_equals_in_memory(monkeypatch, workload, change):
+    cfg = _cfg(workload)
+    if "engine" in change:
+        cfg = replace(cfg, engine=replace(cfg.engine, **change["engine"]))
+    else:
+        cfg = replace(cfg, **change)
+    want = api.simulate(cfg)
+    assert want.summary["bounded_by"] == "steps" or want.summary["rejected"] > 0
+    res = _streamed(monkeypatch, cfg, 32, 5)
+    assert res.summary == want.summary
+    assert res.requests.collect().equals(want.requests)
+
+
 def test_streamed_closed_loop_equals_in_memory(monkeypatch, workload):
     cfg = _cfg(workload, arrival="closed", max_concurrency=8, num_requests=120)
     want = api.simulate(cfg)
