@@ -311,17 +311,17 @@ def test_asd_run_on_a_sampled_captured_trace_is_a_one_line_error(shipped):
 
 
 def test_a_step_where_every_request_skips_runs_no_target_forward():
-    from dspark_sim.sim import engine
+    from dspark_sim.sim import cost
 
     calls: list[int] = []
-    real = engine.SimContext.target_time
+    real = cost.CostModel.target_time
 
     def spy(self, batch_tokens):
         calls.append(batch_tokens)
         return real(self, batch_tokens)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(engine.SimContext, "target_time", spy)
+        mp.setattr(cost.CostModel, "target_time", spy)
         res = simulate(_cfg("skip:0.5@fixed:3", n=1, conc=1, lengths="fixed:16:8"),
                        trace=_flat_trace(7, 1.0))
     # the default profile prefills on separate instances (the first token arrives with
