@@ -31,7 +31,7 @@ from dspark_sim.errors import InputError
 from dspark_sim.io import jsonable
 from dspark_sim.policies.registry import Policy, get_policy
 from dspark_sim.sim.arrivals import ClosedLoop, OpenLoop
-from dspark_sim.sim.config import SimConfig
+from dspark_sim.sim.config import MAX_ENGINE_STEPS, SimConfig
 from dspark_sim.sim.engine import (
     NUM_COLUMNS,
     OUTPUT_TOKENS,
@@ -460,6 +460,22 @@ STREAM_CHUNK = 1 << 17
 STREAM_CHUNKS = 8
 
 
+# A streamed run left at the default step bound (sized for runs of up to 1,000,000
+# requests: 5 steps a request) keeps that allowance per request, up to the limit: the
+# default deployment takes ~0.7 steps a request, so a day at 200 req/s (17.3 M requests,
+# ~12 M steps) was cut at 5 M steps, 10 simulated hours in. The summary's
+# max_engine_steps states the bound the run had.
+STREAMED_STEPS_PER_REQUEST = 5
+
+
+def _streamed_step_bound(cfg: SimConfig, n: int) -> SimConfig:
+    default = SimConfig().max_engine_steps
+    if cfg.max_engine_steps != default:
+        return cfg
+    return replace(cfg, max_engine_steps=min(MAX_ENGINE_STEPS,
+                                             max(default, STREAMED_STEPS_PER_REQUEST * n)))
+
+
 def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
                        trace: AcceptanceTrace | None, calibration: CalibrationMap,
                        policy_profile: EngineProfile | None, requests, n: int,
@@ -467,6 +483,7 @@ def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
     """:func:`simulate` for a run above ``STREAM_ABOVE`` requests: the same engine and
     sources over a window of request slots fed ``requests`` (the stream's ``n``
     requests in ``STREAM_CHUNK`` chunks), the outputs spilled in chunks."""
+    cfg = _streamed_step_bound(cfg, n)
     spill = SpillFolder()
     try:
         log = RequestLog.empty(RequestWindow.slots(n, STREAM_CHUNK, STREAM_CHUNKS))

@@ -245,3 +245,13 @@ def test_request_log_clear_resets_only_its_slots():
     assert np.isnan(log.finish_s[2:4]).all() and (log.finish_s[[0, 1, 4, 5]] == 1.0).all()
     assert log.replica.tolist() == [3, 3, -1, -1, 3, 3]
     assert log.view(slice(1, 3)).generated.tolist() == [7, 0]
+
+
+def test_streamed_day_keeps_the_default_step_allowance_per_request():
+    cfg = _drawn()
+    day = api._streamed_step_bound(cfg, 17_280_000)
+    assert day.max_engine_steps == 86_400_000  # 5 a request, as 5 M are for 1 M requests
+    assert api._streamed_step_bound(cfg, 1_000_001).max_engine_steps == 5_000_005
+    assert api._streamed_step_bound(cfg, 50_000_000).max_engine_steps == 100_000_000  # the limit
+    chosen = replace(cfg, max_engine_steps=1234)
+    assert api._streamed_step_bound(chosen, 17_280_000) is chosen  # a bound given is kept
