@@ -185,7 +185,7 @@ def test_sweep_checks_profiles_and_traces_before_running(no_simulation, tmp_path
     (["--qps", "1", "--vllm-results", "/no/such/dir"], ["--vllm-results", "/no/such/dir",
                                                          "not found"]),
     (["--qps", "1", "--lengths", "bogus"], ["--lengths", "'bogus'", "fixed:IN:OUT"]),
-    (["--concurrency", "1000001"], ["--concurrency", "1,000,001", "limit"]),
+    (["--concurrency", "50000001"], ["--concurrency", "50,000,001", "limit"]),
 ])
 def test_sweep_grid_and_headline_options_are_refused_before_any_point_runs(
         no_simulation, tmp_path, args, needles):
