@@ -18,8 +18,8 @@ PY
 
 echo "== kernel tests on CUDA =="
 timeout 300 python -m pytest -q -p no:cacheprovider \
-  tests/test_kernels_verify.py tests/test_kernels_survival.py \
-  tests/test_kernels_scheduler.py tests/test_kernels_tree.py tests/test_kernels_compile.py
+  tests/kernels/test_kernels_verify.py tests/kernels/test_kernels_survival.py \
+  tests/kernels/test_kernels_scheduler.py tests/kernels/test_kernels_tree.py tests/kernels/test_kernels_compile.py
 
 echo "== GPU benchmark =="
 timeout 150 python benchmarks/bench_kernels.py --device cuda \

@@ -615,7 +615,7 @@ def builtin_analytic_specs() -> dict[str, tuple[HardwareSheet, ModelSheet, Deplo
 
 
 # What each shipped profile was fitted to and what it reproduces without being fitted
-# (tests/test_published.py checks every line; docs/profiles.md prints them).
+# (tests/validation/test_published.py checks every line; docs/profiles.md prints them).
 PUBLISHED_POINTS: dict[str, dict[str, list[str]]] = {}
 
 

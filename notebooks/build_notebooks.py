@@ -19,7 +19,7 @@ enough to diff. A figure is stored as Plotly JSON (``plotly_mimetype``: JupyterL
 VS Code draw it, interactive) with a PNG of it in the same output (:func:`add_images`),
 which is what GitHub shows: it runs no script, and it would pick an HTML view over the
 PNG and show that blank, so none is stored (nor plotly.js, 3.5 MB).
-``tests/test_notebooks.py`` re-executes them and checks the stored cells against the
+``tests/docs/test_notebooks.py`` re-executes them and checks the stored cells against the
 sources.
 """
 

@@ -6,7 +6,7 @@ elements, so it pays numpy's per-call overhead a dozen times for microseconds of
 arithmetic. These kernels do the same operations, in the same order, in one compiled
 loop each: the results are the same bits (sums are sequential, as ``np.cumsum``'s are;
 divisions and the first-maximum ``argmax`` are the same IEEE operations; a sort's values
-do not depend on the algorithm), which ``tests/test_compiled.py`` holds on every golden
+do not depend on the algorithm), which ``tests/sim/test_compiled.py`` holds on every golden
 run and on random batches.
 
 ``DSPARK_SIM_KERNELS=numpy`` selects the readable numpy path (the reference, in

@@ -454,7 +454,7 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
 # Runs of more requests than this stream their per-request rows and step series to
 # parquet parts (sim.stream): STREAM_CHUNKS chunks of STREAM_CHUNK requests in memory at
 # once (~200 MB), whatever the request count. At or below it a run keeps every request
-# in memory, as it always has (the same summary either way: tests/test_streaming.py).
+# in memory, as it always has (the same summary either way: tests/sim/test_streaming.py).
 STREAM_ABOVE = 1_000_000
 STREAM_CHUNK = 1 << 17
 STREAM_CHUNKS = 8

@@ -531,7 +531,7 @@ class Replica:
                            ) -> tuple[np.ndarray, np.ndarray, None]:
         """:meth:`_verify_lengths` of a policy with a compiled ``kernel``: the snapshot,
         the decision, the budget trim and the accepted drafts in one call, the same bits
-        as the reference (``tests/test_compiled.py``)."""
+        as the reference (``tests/sim/test_compiled.py``)."""
         ctx = self.ctx
         sched = ctx.sched_cost
         context = self._decode_context(batch, n_dec) if sched.draft_context is not None \

@@ -2,7 +2,7 @@
 of a chain step and the removal of rows. ``sim/engine.py`` keeps the readable numpy code as the
 reference and calls these when ``policies.compiled.NUMBA`` is on (``DSPARK_SIM_KERNELS``;
 see that module): each replaces a dozen small numpy calls on the batch matrix by one
-loop over its rows, with the same integer results (``tests/test_compiled.py`` holds both
+loop over its rows, with the same integer results (``tests/sim/test_compiled.py`` holds both
 paths to the golden runs' bytes).
 """
 

@@ -38,7 +38,7 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
 # Tests that need the capture stack carry the ``torch`` marker, so a torch-free run
-# (tests/test_torch_free.py, or ``pytest -m "not torch"``) deselects exactly them: every
+# (tests/sim/test_torch_free.py, or ``pytest -m "not torch"``) deselects exactly them: every
 # test of a module that imports torch at module level (``pytest.importorskip("torch")``, or
 # ``from kernel_env import ...``, which does it for the kernel tests) and every test whose
 # body, or one of whose fixtures, does.

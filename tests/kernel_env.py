@@ -1,4 +1,4 @@
-"""What the kernel tests run on, decided once (imported by tests/test_kernels_*.py).
+"""What the kernel tests run on, decided once (imported by tests/kernels/test_kernels_*.py).
 
 Skips the importing test module where torch is absent. Without CUDA, Triton runs in its
 CPU interpreter: ``TRITON_INTERPRET=1`` must be set before the first Triton kernel is

@@ -72,16 +72,16 @@ TREE = ROOT
 DEFAULT_MODULES = ("sim/engine.py", "sim/metrics.py", "sim/frontier.py", "policies/")
 # The fast, torch-free tests a mutant is judged by (~1 min on 2 cores; the subprocess
 # legs are left out: a mutant lives in this process only).
-DEFAULT_TESTS = ("tests/test_engine.py", "tests/test_metrics.py", "tests/test_sim_properties.py",
-                 "tests/test_scheduler_oracle.py", "tests/test_policies.py",
-                 "tests/test_frontier.py", "tests/test_steady.py", "tests/test_limits.py",
+DEFAULT_TESTS = ("tests/sim/test_engine.py", "tests/sim/test_metrics.py", "tests/sim/test_sim_properties.py",
+                 "tests/policies/test_scheduler_oracle.py", "tests/policies/test_policies.py",
+                 "tests/sim/test_frontier.py", "tests/sim/test_steady.py", "tests/sim/test_limits.py",
                  # the engine's tree / lossy hooks and the stored golden runs (torch-free)
-                 "tests/test_verification_hook.py", "tests/test_tree_policies.py",
-                 "tests/test_lossy_policies.py", "tests/test_golden.py",
+                 "tests/policies/test_verification_hook.py", "tests/policies/test_tree_policies.py",
+                 "tests/policies/test_lossy_policies.py", "tests/sim/test_golden.py",
                  # engine mechanics by hand; the context-priced / stopping drafters
-                 "tests/test_engine_by_hand.py", "tests/test_long_context.py",
+                 "tests/sim/test_engine_by_hand.py", "tests/policies/test_long_context.py",
                  # policies/shared_budget.py's own tests (DFly / D-cut by brute force)
-                 "tests/test_shared_budget.py")
+                 "tests/policies/test_shared_budget.py")
 
 CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
             ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is,

@@ -1,5 +1,5 @@
 """The layout and the room drawing at the top of docs/architecture.md, generated from the
-code itself so they cannot drift (``tests/test_architecture.py`` checks them).
+code itself so they cannot drift (``tests/tools/test_architecture.py`` checks them).
 
     python tools/rooms.py          # rewrite the block between the markers in place
 

@@ -121,10 +121,10 @@ V4FLASH_LIVE_CURVES = (DomainCurve("live", p1=0.9, tau=3.6, k=5),)
 # A DSpark drafter for Llama-3.2-1B (vllm-project/speculators#1135), eight speculative
 # tokens: vLLM's unconditional per-position rates, HumanEval ("code", tau 4.57) 83.7 %
 # first and writing (tau 2.64) 61.7 % first. Both are vLLM's counters of an 8-token run
-# (served, p1_k = 8); positions 2-8 are held out (tests/test_published_acceptance.py).
+# (served, p1_k = 8); positions 2-8 are held out (tests/traces/test_published_acceptance.py).
 # GLM-4.7-FP8's MTP layer drafting autoregressively in SGLang (PR #23336, its "transition"
 # workload of low- and high-acceptance phases): served tau 1.85 at one step, 4.52 at
-# seven; tau 3.04 at three steps is held out (tests/test_published_acceptance.py).
+# seven; tau 3.04 at three steps is held out (tests/traces/test_published_acceptance.py).
 GLM47_MTP_CURVES = (DomainCurve("transition", p1=0.85, tau=4.52, k=7, p1_k=1),)
 LLAMA32_1B_CURVES = (DomainCurve("code", p1=0.837, tau=4.57, k=8, p1_k=8),
                      DomainCurve("writing", p1=0.617, tau=2.64, k=8, p1_k=8))

@@ -4,7 +4,7 @@ Each :class:`Point` runs the simulator in the published setup (closed-loop concu
 prompt and output lengths, the drafter's acceptance as published) and reads one figure;
 ``band`` is the range the simulated figure must fall in. ``fitted`` points chose the
 profile's free parameters (``benchmarks/fit_published.py``); the others are held out.
-``tests/test_published.py`` checks every point; ``docs/profiles.md`` lists them.
+``tests/validation/test_published.py`` checks every point; ``docs/profiles.md`` lists them.
 
 Sources (figures in ../shared/reference/PUBLISHED_FIGURES.md):
 
@@ -232,7 +232,7 @@ FIG3_FITTED = {("none", c) for c in FIG3_POINTS["none"]} | {
 V4FLASH_B300_LOADS = [1, 16, 32, 64, 128, 256]
 # Figure 3 points the v4flash-b300 profile does not reproduce within its band:
 # (arm, concurrency, metric) -> why; they are checked as expected failures
-# (tests/test_published.py) and listed in docs/profiles.md. None today: every throughput
+# (tests/validation/test_published.py) and listed in docs/profiles.md. None today: every throughput
 # and per-user figure falls in its band (the shape below does not).
 FIG3_MISSES: dict[tuple[str, int, str], str] = {}
 
@@ -392,7 +392,7 @@ POINTS: list[Point] = [
 
 # Published figures the shipped profiles do NOT reproduce, with what the simulator gives
 # and why; printed by benchmarks/fit_published.py and listed in docs/profiles.md. Each is
-# an expected failure (tests/test_published.py): one that starts to fall in its band
+# an expected failure (tests/validation/test_published.py): one that starts to fall in its band
 # fails that test, so it moves to POINTS instead of staying listed as a miss.
 NOT_REPRODUCED: list[tuple[Point, str]] = [
     (Point("v4pro-b300", "fixed:5 @ C=256 vs none (k=6 the same)", 0.74, (0.55, 0.92), False,

@@ -1,4 +1,4 @@
-"""Regenerate the stored runs that tests/test_golden.py compares byte for byte.
+"""Regenerate the stored runs that tests/sim/test_golden.py compares byte for byte.
 
     .venv/bin/python tests/data/golden/make_golden.py
 

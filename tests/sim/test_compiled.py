@@ -1,0 +1,216 @@
+"""The compiled step (``policies/compiled.py``, ``sim/fast.py``) against the numpy
+reference it replaces: the same bits, on the golden runs and on random batches.
+
+Both paths run in one process: the dispatchers read ``compiled.NUMBA`` on every call, so
+flipping it selects the path. Without numba the compiled half skips; the numpy path is
+then the only one and ``test_golden.py`` holds it to the stored bytes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dspark_sim.policies import compiled, scheduler
+from dspark_sim.policies.base import StepCost, readonly
+
+numba = pytest.importorskip("numba")
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
+_spec = importlib.util.spec_from_file_location("make_golden", GOLDEN / "make_golden.py")
+MAKER = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(MAKER)
+
+
+def _run_golden(name, out, monkeypatch, use_numba: bool) -> bytes:
+    monkeypatch.setattr(compiled, "NUMBA", use_numba)
+    MAKER.run(name, out)
+    return (out / "summary.json").read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted(MAKER.RUNS))
+def test_both_paths_give_the_same_bytes_on_the_golden_runs(tmp_path, monkeypatch, name):
+    """Summaries (which carry the requests parquet's hash) byte for byte; the stored
+    bytes themselves are test_golden.py's (whichever path is the default)."""
+    ref = _run_golden(name, tmp_path / "numpy", monkeypatch, False)
+    fast = _run_golden(name, tmp_path / "numba", monkeypatch, True)
+    assert json.loads(ref)["engine_steps"] > 0
+    assert fast == ref
+
+
+def test_both_paths_agree_with_chunked_prefill_and_preemption(tmp_path, monkeypatch):
+    """The confidence scheduler over chunked prefill, KV preemption and a finite token
+    budget (the golden confidence run is disaggregated): every summary field equal."""
+    from typer.testing import CliRunner
+
+    from dspark_sim.cli import app
+
+    args = ["run", "--policy", "confidence", "--qps", "30", "--num-requests", "250",
+            "--seed", "5", "--replicas", "1", "--profile", "qwen3-8b-h100",
+            "--max-num-seqs", "64", "--max-num-batched-tokens", "512",
+            "--kv-capacity-tokens", "60000"]
+    got = {}
+    for use in (False, True):
+        monkeypatch.setattr(compiled, "NUMBA", use)
+        out = tmp_path / str(use)
+        res = CliRunner().invoke(app, [*args, "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        got[use] = json.loads((out / "summary.json").read_text())
+    assert got[False]["preemptions"] > 0  # the run reaches the paths it is here for
+    assert got[True] == got[False]
+
+
+def _survival(draw_values, n, g):
+    # a non-increasing prefix per row, values from a small set so ties are common
+    a = np.array(draw_values[: n * g], dtype=np.float64).reshape(n, g)
+    return np.minimum.accumulate(a, axis=1)
+
+
+@given(n=st.integers(0, 40), g=st.integers(1, 8),
+       values=st.lists(st.sampled_from([0.0, 0.125, 0.25, 0.5, 0.75, 0.9, 1.0]),
+                       min_size=320, max_size=320),
+       k=st.integers(-3, 330), lag_rows=st.integers(0, 80), pending=st.integers(0, 3000),
+       budget=st.integers(1, 600), slope=st.floats(0.0, 1e-4), displacement=st.booleans())
+def test_scheduler_kernels_equal_the_numpy_reference(n, g, values, k, lag_rows, pending,
+                                                      budget, slope, displacement):
+    survival = _survival(values, n, g)
+    rng = np.random.default_rng(n * 1000 + g)
+    lagged = np.minimum.accumulate(rng.choice([0.1, 0.5, 0.8, 1.0], (lag_rows, g)), axis=1)
+    table = readonly(0.01 + 2e-5 * np.arange(budget + 1) + rng.random(budget + 1) * 1e-4)
+    extra = readonly(1e-3 + 3e-6 * np.arange(n * g + 1))
+    cost = StepCost(table, extra, pending, slope)
+
+    def both(f):
+        out, was = [], compiled.NUMBA
+        try:
+            for use in (False, True):
+                compiled.NUMBA = use
+                out.append(f())
+        finally:
+            compiled.NUMBA = was
+        return out
+
+    for ref, fast in (
+        both(lambda: scheduler.schedule_topk(survival, k)),
+        both(lambda: scheduler.stretch_sorted(scheduler.sorted_desc(lagged), n * g)),
+    ):
+        assert ref.dtype == fast.dtype and ref.tobytes() == fast.tobytes()
+    estimate = scheduler.stretch_sorted(scheduler.sorted_desc(lagged), n * g)
+    ref, fast = both(lambda: scheduler.budget_displacement(survival, cost, n, estimate,
+                                                           displacement=displacement))
+    assert ref == fast
+    ref, fast = both(lambda: scheduler.budget_displacement(survival, cost))
+    assert ref == fast
+
+
+def test_the_switch_names_a_bad_backend(monkeypatch):
+    monkeypatch.setenv("DSPARK_SIM_KERNELS", "fortran")
+    with pytest.raises(SystemExit, match="DSPARK_SIM_KERNELS: 'fortran'"):
+        compiled._choose()
+    monkeypatch.setenv("DSPARK_SIM_KERNELS", "numpy")
+    assert compiled._choose() is False
+    monkeypatch.setenv("DSPARK_SIM_KERNELS", "numba")
+    assert compiled._choose() is True
+
+
+@given(steps=st.lists(st.integers(1, 30), min_size=1, max_size=90),
+       gamma=st.integers(1, 7), budget=st.integers(40, 400), pending=st.integers(0, 500),
+       kink=st.sampled_from([0.0, 2e-7]), seed=st.integers(0, 2**16))
+def test_the_compiled_confidence_decision_equals_the_policy_on_its_snapshots(
+        steps, gamma, budget, pending, kink, seed):
+    """``compiled.confidence_step`` against ``policies.confidence`` deciding on the
+    snapshots ``Policy.snapshot`` builds from a history deque, over a run of steps whose
+    batch sizes vary (up to 90 steps: the 66-step ring wraps), ties included; and the
+    engine's trim to the token budget and accepted drafts, bit for bit."""
+    from dspark_sim.policies.registry import get_policy
+    from dspark_sim.sim import engine
+
+    policy = get_policy("confidence")
+    rng = np.random.default_rng(seed)
+    n_trace = 200
+    survival_table = np.minimum.accumulate(
+        rng.choice([0.05, 0.3, 0.5, 0.5, 0.8, 1.0], (n_trace, gamma)), axis=1)
+    accept_len = rng.integers(0, gamma + 1, n_trace).astype(np.int8)
+    table = readonly(0.01 + 2e-5 * np.arange(budget + 1) + rng.random(budget + 1) * 1e-4)
+    history = deque(maxlen=policy.history)
+    h = policy.history
+    ring, ring_rows, state = np.zeros((h, 30 * gamma)), np.zeros(h, np.int64), \
+        np.zeros(2, np.int64)
+    for n in steps:
+        batch = np.zeros((n, engine.NUM_COLUMNS), np.int64)
+        batch[:, engine.TRACE_START] = rng.integers(0, n_trace - 20, n)
+        batch[:, engine.TRACE_LEN] = 20
+        batch[:, engine.GENERATED] = rng.integers(1, 60, n)
+        idx = batch[:, engine.TRACE_START] + (batch[:, engine.GENERATED] - 1) % 20
+        per_token, offset = 3e-6 * rng.random(), 1e-3 * rng.random()
+        extra = per_token * np.arange(n * gamma + 1, dtype=np.float64)
+        extra += offset
+        if kink:
+            extra += kink * np.minimum(np.arange(n * gamma + 1, dtype=np.float64), n)
+        cost = StepCost(table, readonly(extra), pending, 2e-5)
+        ref = policy(policy.snapshot(history, survival_table[idx], gamma, budget, cost=cost))
+        ref = ref.astype(np.int64)
+        trimmed_ref = n + int(ref.sum()) > budget
+        if trimmed_ref:
+            np.minimum(ref, max(0, (budget - n) // n), out=ref)
+        ell, accepted, trimmed = compiled.confidence_step(
+            batch, n, survival_table, accept_len, ring, ring_rows, state, policy.lag_steps,
+            policy.lag_rows, table, per_token, offset, kink, pending, 2e-5, budget)
+        assert ell.tobytes() == ref.tobytes()
+        assert trimmed == trimmed_ref
+        assert accepted.tolist() == np.minimum(ref, accept_len[idx]).tolist()
+
+
+def test_the_engine_runs_the_compiled_decision_only_where_it_applies(monkeypatch):
+    """The default scheduler's compiled decision is the engine's on the compiled path,
+    never on the numpy reference path, and not once its ``decide`` is replaced (a
+    wrapper that records snapshots must see them)."""
+    from dataclasses import replace
+
+    from dspark_sim.calibration.confmap import CalibrationMap
+    from dspark_sim.calibration.profile import load_profile
+    from dspark_sim.policies.registry import get_policy
+    from dspark_sim.sim.config import DeploymentConfig, SimConfig
+    from dspark_sim.sim.engine import RequestLog, SimContext
+    from dspark_sim.traces.schema import load_trace
+
+    trace = load_trace("dspark-synthetic")
+    prof = load_profile("qwen3-8b-h100")
+    cfg = SimConfig(deployment=DeploymentConfig(replicas=1))
+    conf = get_policy("confidence")
+    wrapped = replace(conf, decide=lambda s: conf.decide(s))
+    for use, policy, engaged in ((True, conf, True), (False, conf, False),
+                                 (True, get_policy("confidence-async"), False),
+                                 (True, get_policy("fixed:3"), False), (True, wrapped, False)):
+        monkeypatch.setattr(compiled, "NUMBA", use)
+        ctx = SimContext(cfg, prof, policy, trace, CalibrationMap(),
+                         RequestLog.empty(0), lambda k: None)
+        assert (ctx.kernel is not None) == engaged, (use, policy.name)
+
+
+def test_numba_is_imported_only_when_a_kernel_first_runs():
+    """A command that never steps an engine (``--help``, a refused option) does not pay
+    numba's import; the first kernel call binds every kernel, callers' too."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport dspark_sim.cli\nfrom dspark_sim.policies import compiled\n"
+            "from dspark_sim.sim import fast\n"
+            "assert 'numba' not in sys.modules, 'imported with the CLI'\n"
+            "import numpy as np\n"
+            "assert compiled.stretch_sorted(np.array([3.0, 1.0]), 4).tolist() == "
+            "[3.0, 3.0, 1.0, 1.0]\n"
+            "assert 'numba' in sys.modules\n"
+            "assert hasattr(fast.replay_chain, 'py_func') and "
+            "hasattr(compiled.budget_displacement, 'py_func')\n"
+            "assert compiled.kernel(compiled.gather_survival) is compiled.gather_survival\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**__import__("os").environ, "DSPARK_SIM_KERNELS": "numba"})
+    assert res.returncode == 0, res.stderr
