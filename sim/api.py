@@ -409,36 +409,13 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
     del trace_row
     n = stream.size
 
-    source: OpenLoop | ClosedLoop | None = None
-
-    def on_finish(k: int) -> None:
-        source.on_finish(k)
-
-    ctx = SimContext(cfg, profile, policy, trace, calibration, log, on_finish,
-                     policy_profile=policy_profile)
-    disaggregated = ctx.limits.prefill == "disaggregated"
+    ctx, finishes = _context(cfg, profile, policy, trace, calibration, log, policy_profile)
     rows = request_rows(stream.prompt_tokens, stream.output_tokens, trace, log.trace_row,
-                        disaggregated=disaggregated)
+                        disaggregated=ctx.limits.prefill == "disaggregated")
     ctx.set_rows(rows)
     log.rejected[:] = rejections(rows, ctx)
-    env = ctx.env
     prefill = _prefill_pool(cfg, ctx, profile, stream.prompt_tokens)
-    router = Router(ctx.replicas, cfg.deployment.router)
-    for rep in ctx.replicas:
-        env.process(rep.run())
-    closed = cfg.workload.arrival == "closed"
-    if closed:
-        source = ClosedLoop(env, router, log, n, cfg.workload.max_concurrency, prefill,
-                            profile.frontend_s_per_request)
-        horizon = CLOSED_LOOP_HORIZON_S
-    else:
-        source = OpenLoop(env, router, log, stream.arrival_s, prefill,
-                          profile.frontend_s_per_request)
-        horizon = source.last_arrival_s + cfg.drain_timeout_s
-    env.process(_alarm(env, ctx.stop, horizon))
-    bounded_by = env.run(until=ctx.stop)
-    for rep in ctx.replicas:  # requests still running or waiting keep their progress
-        rep.flush()
+    closed, horizon, bounded_by = _run(cfg, ctx, finishes, prefill, n, stream.arrival_s)
     if not int((np.isnan(log.finish_s) & (log.rejected == 0)).sum()):
         bounded_by = None  # the bound was reached, but nothing was cut short
 
@@ -487,13 +464,8 @@ def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
     spill = SpillFolder()
     try:
         log = RequestLog.empty(RequestWindow.slots(n, STREAM_CHUNK, STREAM_CHUNKS))
-        source: OpenLoop | ClosedLoop | None = None
-
-        def on_finish(k: int) -> None:
-            source.on_finish(k)
-
-        ctx = SimContext(cfg, profile, policy, trace, calibration, log, on_finish,
-                         policy_profile=policy_profile)
+        ctx, finishes = _context(cfg, profile, policy, trace, calibration, log,
+                                 policy_profile)
         disaggregated = ctx.limits.prefill == "disaggregated"
         ctx.set_rows(np.zeros((len(log.arrival_s), NUM_COLUMNS), np.int64))
         window = RequestWindow(ctx, requests, n, last_arrival_s, spill, rejections,
@@ -504,28 +476,12 @@ def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
         prefill = _prefill_pool(cfg, ctx, profile, log.prompt_tokens)
         if prefill is not None:
             window.attach(prefill)
-        env = ctx.env
-        router = Router(ctx.replicas, cfg.deployment.router)
-        for rep in ctx.replicas:
-            env.process(rep.run())
-        frontend_s = profile.frontend_s_per_request
-        closed = cfg.workload.arrival == "closed"
-        if closed:
-            source = ClosedLoop(env, router, log, n, cfg.workload.max_concurrency, prefill,
-                                frontend_s, window=window)
-            horizon = CLOSED_LOOP_HORIZON_S
-        else:
-            source = OpenLoop(env, router, log, None, prefill, frontend_s, window=window)
-            horizon = source.last_arrival_s + cfg.drain_timeout_s
-        env.process(_alarm(env, ctx.stop, horizon))
-        bounded_by = env.run(until=ctx.stop)
-        for rep in ctx.replicas:
-            rep.flush()
+        closed, horizon, bounded_by = _run(cfg, ctx, finishes, prefill, n, None, window)
         window.finish()
         # the window's memory goes before the parts are read back for the summary: the
         # event loop's processes (the sources, the replicas) hold the log and the slots
         del window, log
-        source = env = router = None
+        finishes.source = None
         ctx.log = ctx.rows = ctx.admit_need = ctx.request_state = None
         ctx.env = ctx.stop = None
         ctx.replicas = []
@@ -552,6 +508,51 @@ def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
         raise
     weakref.finalize(result, spill.close)  # the parts live as long as the result
     return result
+
+
+class _Finishes:
+    """The engine's finish callback, handed on to the arrival source once it exists (the
+    source is built over the context the callback is given to)."""
+
+    source: OpenLoop | ClosedLoop | None = None
+
+    def __call__(self, k: int) -> None:
+        self.source.on_finish(k)
+
+
+def _context(cfg: SimConfig, profile: EngineProfile, policy: Policy,
+             trace: AcceptanceTrace | None, calibration: CalibrationMap, log: RequestLog,
+             policy_profile: EngineProfile | None) -> tuple[SimContext, _Finishes]:
+    finishes = _Finishes()
+    return SimContext(cfg, profile, policy, trace, calibration, log, finishes,
+                      policy_profile=policy_profile), finishes
+
+
+def _run(cfg: SimConfig, ctx: SimContext, finishes: _Finishes, prefill: PrefillPool | None,
+         n: int, arrival_s: np.ndarray | None, window=None) -> tuple[bool, float, object]:
+    """Start the replicas and the arrival source (open or closed loop, over ``window``'s
+    slots when the run streams), run until the step bound or the horizon, and record the
+    progress of requests still running or waiting. Returns (closed loop, horizon, what
+    bounded the run)."""
+    env = ctx.env
+    router = Router(ctx.replicas, cfg.deployment.router)
+    for rep in ctx.replicas:
+        env.process(rep.run())
+    frontend_s = ctx.profile.frontend_s_per_request
+    closed = cfg.workload.arrival == "closed"
+    if closed:
+        finishes.source = ClosedLoop(env, router, ctx.log, n, cfg.workload.max_concurrency,
+                                     prefill, frontend_s, window=window)
+        horizon = CLOSED_LOOP_HORIZON_S
+    else:
+        finishes.source = OpenLoop(env, router, ctx.log, arrival_s, prefill, frontend_s,
+                                   window=window)
+        horizon = finishes.source.last_arrival_s + cfg.drain_timeout_s
+    env.process(_alarm(env, ctx.stop, horizon))
+    bounded_by = env.run(until=ctx.stop)
+    for rep in ctx.replicas:  # requests still running or waiting keep their progress
+        rep.flush()
+    return closed, horizon, bounded_by
 
 
 def _prefill_pool(cfg: SimConfig, ctx: SimContext, profile: EngineProfile,
