@@ -401,6 +401,15 @@ def run(
         rich_help_panel=RUN_OUT, help="Write summary.json and requests.parquet here.")] = None,
     quiet: Annotated[bool, typer.Option(
         rich_help_panel=RUN_OUT, help="Print nothing but errors.")] = False,
+    executor: Annotated[str, typer.Option(
+        rich_help_panel=RUN_OUT,
+        help="serial | ray: simulate replica groups as Ray tasks (on the cluster "
+             "RAY_ADDRESS names, else a local one) and merge them, the same bytes; an "
+             "open loop routed round-robin only, else it says why and runs serially "
+             "(docs/performance.md).")] = "serial",
+    workers: Annotated[int | None, typer.Option(
+        rich_help_panel=RUN_OUT, min=1,
+        help="Replica groups with --executor ray (default: one per replica).")] = None,
     **settings: Any,
 ) -> None:
     """Simulate one deployment under load and print a summary."""
@@ -417,9 +426,15 @@ def run(
                                                   "--policy-profile": policy_profile}))
     if policy_profile is not None and not policy_profile.strip():
         raise InputError("--policy-profile", "is empty: give a profile or leave the option out")
+    if executor not in ("serial", "ray"):
+        raise InputError("--executor", f"must be serial or ray, got {executor!r}")
+    if workers is not None and executor != "ray":
+        raise InputError("--workers", "sizes --executor ray's replica groups: give "
+                                      "--executor ray or leave --workers out")
     sched_profile = load_profile(policy_profile) if policy_profile is not None else None
     t0 = time.perf_counter()
-    result = _simulate_checked(cfg, layers, sched_profile, settings)
+    result = _simulate_checked(cfg, layers, sched_profile, settings,
+                               executor=executor, workers=workers)
     wall = time.perf_counter() - t0
     if out is not None:
         result.write(out)
@@ -461,9 +476,11 @@ def _refuse_unread(pol, given: dict[str, Any]) -> None:
                              f"{drafter}) never reads: leave one of the two out")
 
 
-def _simulate_checked(cfg, layers: list, sched_profile, given: dict[str, Any] | None = None):
-    """The trace, the policy and its draft length checked, then the run; a bad value the
-    config file gave names the file's key (``layers``: :func:`resolve_config`'s)."""
+def _simulate_checked(cfg, layers: list, sched_profile, given: dict[str, Any] | None = None,
+                      executor: str = "serial", workers: int | None = None):
+    """The trace, the policy and its draft length checked, then the run (with
+    ``executor="ray"``, replica groups as Ray tasks where the run allows it); a bad value
+    the config file gave names the file's key (``layers``: :func:`resolve_config`'s)."""
     from dspark_sim.policies.registry import get_policy
     from dspark_sim.sim.api import resolve_trace, simulate
     from dspark_sim.sim.config import blame_config, check_draft_length
@@ -473,7 +490,16 @@ def _simulate_checked(cfg, layers: list, sched_profile, given: dict[str, Any] | 
         _refuse_unread(pol, given or {})
         trace_obj = resolve_trace(cfg, pol)
         check_draft_length(pol, trace_obj, cfg.gamma_max if pol.drafter == "dspark" else None)
-        return simulate(cfg, trace=trace_obj, policy_profile=sched_profile)
+        if executor == "serial":
+            return simulate(cfg, trace=trace_obj, policy_profile=sched_profile)
+        from dspark_sim.sim.shard import simulate_replicas
+
+        result, why = simulate_replicas(cfg, executor=executor, workers=workers,
+                                        trace=trace_obj, policy_profile=sched_profile)
+        if why is not None:
+            err_console.print(f"note: --executor {executor} ran serially: {why}",
+                              highlight=False)
+        return result
 
 
 # traces synth's kind-specific options: the kinds that read each, and its default there

@@ -382,17 +382,8 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
     if not isinstance(cfg, SimConfig):
         raise TypeError(f"simulate: cfg must be a SimConfig (sim.config.preset(name) or "
                         f"load_config(path)), got {type(cfg).__name__}")
-    profile = _loaded(profile, EngineProfile, load_profile, "profile")
-    policy_profile = _loaded(policy_profile, EngineProfile, load_profile, "policy_profile")
-    trace = _loaded(trace, AcceptanceTrace, load_trace, "trace")
-    calibration = _loaded(calibration, CalibrationMap, load_calibration, "calibration")
-    cfg = cfg.validate()
-    policy = get_policy(cfg.policy)
-    profile = profile or load_profile(cfg.deployment.profile)
-    trace = resolve_trace(cfg, policy, profile) if trace is None else prepare_trace(cfg, trace)
-    require_trace_columns(trace, policy)
-    if calibration is None:
-        calibration = resolve_calibration(cfg, trace)
+    cfg, policy, profile, trace, calibration, policy_profile = resolve_inputs(
+        cfg, profile, trace, calibration, policy_profile)
     drawn = _drawn_in_chunks(cfg, trace, trace_rows, profile)
     if drawn is not None:
         return _simulate_streamed(cfg, policy, profile, trace, calibration, policy_profile,
@@ -405,27 +396,87 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
         return _simulate_streamed(cfg, policy, profile, trace, calibration, policy_profile,
                                   sliced(stream, trace_row, STREAM_CHUNK), stream.size, last,
                                   stream.description)
-    log = _in_memory_log(stream, trace_row)
-    del trace_row
-    n = stream.size
+    run = run_in_memory(cfg, policy, profile, trace, calibration, policy_profile, stream,
+                        trace_row)
+    return finish_run(run, run.ctx.steps.columns())
 
+
+def resolve_inputs(cfg: SimConfig, profile=None, trace=None, calibration=None,
+                   policy_profile=None) -> tuple:
+    """The validated config, its policy and the profile, trace, calibration and policy
+    profile a run uses (given objects, names or paths loaded; missing ones resolved)."""
+    profile = _loaded(profile, EngineProfile, load_profile, "profile")
+    policy_profile = _loaded(policy_profile, EngineProfile, load_profile, "policy_profile")
+    trace = _loaded(trace, AcceptanceTrace, load_trace, "trace")
+    calibration = _loaded(calibration, CalibrationMap, load_calibration, "calibration")
+    cfg = cfg.validate()
+    policy = get_policy(cfg.policy)
+    profile = profile or load_profile(cfg.deployment.profile)
+    trace = resolve_trace(cfg, policy, profile) if trace is None else prepare_trace(cfg, trace)
+    require_trace_columns(trace, policy)
+    if calibration is None:
+        calibration = resolve_calibration(cfg, trace)
+    return cfg, policy, profile, trace, calibration, policy_profile
+
+
+@dataclass(eq=False)
+class InMemoryRun:
+    """A finished in-memory run, before its summary: what :func:`finish_run` reads."""
+
+    cfg: SimConfig
+    policy: Policy
+    profile: EngineProfile
+    trace: AcceptanceTrace | None
+    calibration: CalibrationMap
+    policy_profile: EngineProfile | None
+    stream: object
+    log: RequestLog
+    ctx: SimContext
+    prefill: PrefillPool | None
+    closed: bool
+    horizon: float
+    bounded_by: object
+
+
+def run_in_memory(cfg: SimConfig, policy: Policy, profile: EngineProfile,
+                  trace: AcceptanceTrace | None, calibration: CalibrationMap,
+                  policy_profile: EngineProfile | None, stream, trace_row: np.ndarray,
+                  replicas: tuple[int, ...] | None = None) -> InMemoryRun:
+    """Run every request in memory. ``replicas``: step only these replicas (the others
+    are routed to and never run: ``sim.shard`` simulates replica groups apart and merges
+    them; the arrivals and prefill instances run whole in every group); ``()``: build the
+    run and run nothing (the merge's frame)."""
+    log = _in_memory_log(stream, trace_row)
     ctx, finishes = _context(cfg, profile, policy, trace, calibration, log, policy_profile)
     rows = request_rows(stream.prompt_tokens, stream.output_tokens, trace, log.trace_row,
                         disaggregated=ctx.limits.prefill == "disaggregated")
     ctx.set_rows(rows)
     log.rejected[:] = rejections(rows, ctx)
     prefill = _prefill_pool(cfg, ctx, profile, stream.prompt_tokens)
-    closed, horizon, bounded_by = _run(cfg, ctx, finishes, prefill, n, stream.arrival_s)
+    if replicas == ():  # what a merge of replica groups summarises over: nothing runs
+        return InMemoryRun(cfg, policy, profile, trace, calibration, policy_profile, stream,
+                           log, ctx, prefill, cfg.workload.arrival == "closed", 0.0, None)
+    closed, horizon, bounded_by = _run(cfg, ctx, finishes, prefill, stream.size,
+                                       stream.arrival_s, replicas=replicas)
+    return InMemoryRun(cfg, policy, profile, trace, calibration, policy_profile, stream, log,
+                       ctx, prefill, closed, horizon, bounded_by)
+
+
+def finish_run(run: InMemoryRun, step_columns: dict) -> SimResult:
+    """The run's result: the summary over its log, stats and per-step series."""
+    log = run.log
+    bounded_by = run.bounded_by
     if not int((np.isnan(log.finish_s) & (log.rejected == 0)).sum()):
         bounded_by = None  # the bound was reached, but nothing was cut short
-
-    summary = _summary(cfg, policy, profile, stream, trace, calibration, log, ctx,
-                       closed=closed, bounded_by=bounded_by, horizon=horizon, prefill=prefill)
-    if policy_profile is not None and policy_profile is not profile:
+    summary = _summary(run.cfg, run.policy, run.profile, run.stream, run.trace,
+                       run.calibration, log, run.ctx, closed=run.closed,
+                       bounded_by=bounded_by, horizon=run.horizon, prefill=run.prefill,
+                       steps=StepSeries.from_columns(step_columns))
+    if run.policy_profile is not None and run.policy_profile is not run.profile:
         # the scheduler's table, when given apart from the cost's: without it two runs'
         # outputs could not be told apart (absent otherwise: summaries stay as they were)
-        summary["policy_profile"] = policy_profile.name
-    return SimResult(cfg, jsonable(summary), requests_frame(log))
+        summary["policy_profile"] = run.policy_profile.name
+    return SimResult(run.cfg, jsonable(summary), requests_frame(log))
 
 
 # Runs of more requests than this stream their per-request rows and step series to
@@ -529,15 +580,17 @@ def _context(cfg: SimConfig, profile: EngineProfile, policy: Policy,
 
 
 def _run(cfg: SimConfig, ctx: SimContext, finishes: _Finishes, prefill: PrefillPool | None,
-         n: int, arrival_s: np.ndarray | None, window=None) -> tuple[bool, float, object]:
-    """Start the replicas and the arrival source (open or closed loop, over ``window``'s
-    slots when the run streams), run until the step bound or the horizon, and record the
-    progress of requests still running or waiting. Returns (closed loop, horizon, what
-    bounded the run)."""
+         n: int, arrival_s: np.ndarray | None, window=None,
+         replicas: tuple[int, ...] | None = None) -> tuple[bool, float, object]:
+    """Start the replicas (those in ``replicas``; None: all) and the arrival source (open
+    or closed loop, over ``window``'s slots when the run streams), run until the step
+    bound or the horizon, and record the progress of requests still running or waiting.
+    Returns (closed loop, horizon, what bounded the run)."""
     env = ctx.env
     router = Router(ctx.replicas, cfg.deployment.router)
     for rep in ctx.replicas:
-        env.process(rep.run())
+        if replicas is None or rep.index in replicas:
+            env.process(rep.run())
     frontend_s = ctx.profile.frontend_s_per_request
     closed = cfg.workload.arrival == "closed"
     if closed:

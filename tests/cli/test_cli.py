@@ -485,7 +485,8 @@ def test_run_help_panels_name_the_config_table_of_each_option():
         assert f"table: {table})" in panels[name] or f"tables: {table}," in panels[name] \
             or f", {table})" in panels[name], (name, path, panels[name])
     assert set(panels) - set(OPTION_FIELDS) == {"slo", "policy_profile", "config",
-                                                 "preset_name", "out", "quiet"}
+                                                 "preset_name", "out", "quiet", "executor",
+                                                 "workers"}
     assert "table: run" in panels["slo"]  # [run] slo_ttft_ms, slo_tpot_ms
     r = invoke("run", "--help")
     assert r.exit_code == 0 and "Load (config table: workload)" in r.output

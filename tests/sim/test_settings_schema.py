@@ -41,7 +41,8 @@ SAMPLES: dict[str, object] = {
 # the settings a sample needs beside it to be valid (a replay rate needs a replayed file)
 NEEDS: dict[str, dict[str, object]] = {
     "workload.replay_qps": {"workload.workload_path": "w.csv"}}
-OWN_OPTIONS = {"--policy-profile", "--config", "--preset", "--out", "--quiet"}
+OWN_OPTIONS = {"--policy-profile", "--config", "--preset", "--out", "--quiet", "--executor",
+               "--workers"}
 
 
 def _toml(values: dict[str, object]) -> str:
