@@ -221,21 +221,6 @@ def lagged_values(ring, ring_rows, ring_state, lag_steps, lag_rows, g):
 
 
 @njit(cache=True)
-def gather_survival(batch, n_dec, trace_survival):
-    """The first ``n_dec`` rows' trace positions (``TRACE_START + (GENERATED - 1) mod
-    TRACE_LEN``) and their survivals."""
-    g = trace_survival.shape[1]
-    trace_idx = np.empty(n_dec, dtype=np.int64)
-    survival = np.empty((n_dec, g))
-    for r in range(n_dec):
-        t = batch[r, 7] + (batch[r, 4] - 1) % batch[r, 8]
-        trace_idx[r] = t
-        for j in range(g):
-            survival[r, j] = trace_survival[t, j]
-    return trace_idx, survival
-
-
-@njit(cache=True)
 def confidence_lengths(survival, current, lagged, trace_idx, trace_accept_len, ring,
                        ring_rows, ring_state, table_s, per_token, offset, kink,
                        pending_prefill, prefill_s_per_token, budget_tokens):
@@ -281,12 +266,12 @@ def confidence_lengths(survival, current, lagged, trace_idx, trace_accept_len, r
     return ell, accepted, trimmed
 
 
-def confidence_step(batch, n_dec, trace_survival, trace_accept_len, ring, ring_rows,
-                    ring_state, lag_steps, lag_rows, table_s, per_token, offset, kink,
-                    pending_prefill, prefill_s_per_token, budget_tokens):
-    """The default scheduler's whole decision for the first ``n_dec`` (decoding) rows of
-    ``batch``, as ``Replica._verify_lengths`` runs ``policies.confidence._confidence``:
-    gather the rows' survivals at their trace positions, size the budget on the lagged
+def confidence_step(survival, trace_idx, trace_accept_len, ring, ring_rows, ring_state,
+                    lag_steps, lag_rows, table_s, per_token, offset, kink, pending_prefill,
+                    prefill_s_per_token, budget_tokens):
+    """The default scheduler's whole decision for a step's decoding rows, as
+    ``Replica._verify_lengths`` runs ``policies.confidence._confidence``, given their
+    survivals [n, gamma] at their trace rows ``trace_idx``: size the budget on the lagged
     survivals (``ring``: the last steps' survivals, each step's sorted ascending,
     ``ring_rows`` their row counts, ``ring_state`` = [next slot, steps held]) stretched
     to this batch at this step's costs, admit the top-K drafts by current survival, trim
@@ -297,10 +282,9 @@ def confidence_step(batch, n_dec, trace_survival, trace_accept_len, ring, ring_r
     quicksort slows down on their many equal values). Each step's survivals are sorted
     once and kept sorted, so a lagged window of one step (any batch of ``lag_rows`` or
     more) is read as it is."""
-    trace_idx, survival = gather_survival(batch, n_dec, trace_survival)
     current = np.sort(survival, axis=None)
     lagged, is_sorted = lagged_values(ring, ring_rows, ring_state, lag_steps, lag_rows,
-                                      trace_survival.shape[1])
+                                      survival.shape[1])
     if not is_sorted:
         lagged = np.sort(lagged)
     return confidence_lengths(survival, current, lagged, trace_idx, trace_accept_len, ring,

@@ -34,8 +34,8 @@ DEFAULT_POLICY = "confidence"
 @dataclass(frozen=True)
 class DecisionKernel:
     """A compiled twin of one ``decide`` function of a chain policy that reads no state
-    or v2 fields: ``run`` takes the engine's own arrays (the batch, the trace's survival
-    table, a ring of the last steps' survivals, the step's cost terms; the signature of
+    or v2 fields: ``run`` takes the engine's own arrays (the decoding rows' survivals and
+    trace rows, a ring of the last steps' survivals, the step's cost terms; the signature of
     ``policies.compiled.confidence_step``) and returns what ``decide`` would, with the
     engine's budget trim and accepted drafts. ``twin_of`` is that ``decide``: a policy
     whose ``decide`` is replaced (wrapped to record its snapshots, say) runs its own."""

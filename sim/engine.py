@@ -543,8 +543,9 @@ class Replica:
             wider[:, : self.ring.shape[1]] = self.ring
             self.ring = wider
         policy = ctx.policy
+        trace_idx, survival = fast.gather_trace_rows(batch, n_dec, ctx.trace_survival)
         ell, accepted, trimmed = ctx.kernel(
-            batch, n_dec, ctx.trace_survival, ctx.trace_accept_len, self.ring, self.ring_rows,
+            survival, trace_idx, ctx.trace_accept_len, self.ring, self.ring_rows,
             self.ring_state, policy.lag_steps, policy.lag_rows, sched.dense_step_s,
             per_token, offset, kink, self.pending_prefill, sched.prefill_s_per_token,
             ctx.max_num_batched_tokens)

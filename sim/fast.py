@@ -144,3 +144,18 @@ def decode_attention_units(batch, n_dec, ell, window):
         if ell[r] > 0:
             multi_kv += context
     return query_ctx, multi_kv
+
+
+@njit(cache=True)
+def gather_trace_rows(batch, n_dec, trace_survival):
+    """The first ``n_dec`` rows' trace positions (``TRACE_START + (GENERATED - 1) mod
+    TRACE_LEN``, as ``Replica._verify_lengths`` computes them) and their survivals."""
+    g = trace_survival.shape[1]
+    trace_idx = np.empty(n_dec, dtype=np.int64)
+    survival = np.empty((n_dec, g))
+    for r in range(n_dec):
+        t = batch[r, TRACE_START] + (batch[r, GENERATED] - 1) % batch[r, TRACE_LEN]
+        trace_idx[r] = t
+        for j in range(g):
+            survival[r, j] = trace_survival[t, j]
+    return trace_idx, survival

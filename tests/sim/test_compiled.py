@@ -130,7 +130,7 @@ def test_the_compiled_confidence_decision_equals_the_policy_on_its_snapshots(
     batch sizes vary (up to 90 steps: the 66-step ring wraps), ties included; and the
     engine's trim to the token budget and accepted drafts, bit for bit."""
     from dspark_sim.policies.registry import get_policy
-    from dspark_sim.sim import engine
+    from dspark_sim.sim import engine, fast
 
     policy = get_policy("confidence")
     rng = np.random.default_rng(seed)
@@ -160,8 +160,11 @@ def test_the_compiled_confidence_decision_equals_the_policy_on_its_snapshots(
         trimmed_ref = n + int(ref.sum()) > budget
         if trimmed_ref:
             np.minimum(ref, max(0, (budget - n) // n), out=ref)
+        gathered_idx, gathered = fast.gather_trace_rows(batch, n, survival_table)
+        assert gathered_idx.tolist() == idx.tolist()
+        assert gathered.tobytes() == survival_table[idx].tobytes()
         ell, accepted, trimmed = compiled.confidence_step(
-            batch, n, survival_table, accept_len, ring, ring_rows, state, policy.lag_steps,
+            gathered, gathered_idx, accept_len, ring, ring_rows, state, policy.lag_steps,
             policy.lag_rows, table, per_token, offset, kink, pending, 2e-5, budget)
         assert ell.tobytes() == ref.tobytes()
         assert trimmed == trimmed_ref
@@ -210,7 +213,7 @@ def test_numba_is_imported_only_when_a_kernel_first_runs():
             "assert 'numba' in sys.modules\n"
             "assert hasattr(fast.replay_chain, 'py_func') and "
             "hasattr(compiled.budget_displacement, 'py_func')\n"
-            "assert compiled.kernel(compiled.gather_survival) is compiled.gather_survival\n")
+            "assert compiled.kernel(compiled.counts_at) is compiled.counts_at\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**__import__("os").environ, "DSPARK_SIM_KERNELS": "numba"})
     assert res.returncode == 0, res.stderr
