@@ -103,6 +103,8 @@ def run_group(cfg: SimConfig, replicas: tuple[int, ...], inputs: dict) -> GroupR
 def _in_memory(cfg: SimConfig, inputs: dict, replicas: tuple[int, ...] | None):
     cfg, policy, profile, trace, calibration, policy_profile = api.resolve_inputs(
         cfg, **inputs)
+    if api._drawn_in_chunks(cfg, trace, None, profile) is not None:
+        return None  # a run that streams: its arrivals are never drawn whole
     rng = np.random.default_rng(cfg.seed)
     stream, trace_row = api._request_log(cfg, rng, trace, None, profile)
     if stream.size > api.STREAM_ABOVE:

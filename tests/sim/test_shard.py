@@ -123,3 +123,18 @@ def test_bad_executor_options_are_refused_in_one_line(args, needles):
     r = CliRunner().invoke(app, ["run", "--num-requests", "20", "--qps", "5", "--quiet",
                                  *args])
     one_line_error(r, *needles)
+
+
+def test_a_run_that_streams_its_rows_runs_serially(monkeypatch):
+    """Above ``STREAM_ABOVE`` requests the rows live in a window of slots that a merge by
+    request cannot read: the streamed serial run, with the reason, and its arrivals
+    are never drawn whole for the groups."""
+    from dspark_sim.sim import api
+
+    monkeypatch.setattr(api, "STREAM_ABOVE", 100)
+    cfg = replace(_cfg(n=None), workload=WorkloadConfig(qps=100.0, duration_s=2.0))
+    got, why = shard.simulate_replicas(cfg, executor="serial", workers=3)
+    assert why == "the run streams its rows"
+    serial = simulate(cfg)
+    assert json.dumps(got.summary, sort_keys=True) == json.dumps(serial.summary, sort_keys=True)
+    assert got.requests.collect().equals(serial.requests.collect())  # streamed: scans
