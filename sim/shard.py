@@ -149,12 +149,12 @@ def merge(groups: list[GroupRun], replicas: int, max_engine_steps: int
         setattr(stats, name, sum(getattr(run.stats, name) for run in groups))
     for name in _HISTOGRAMS:
         setattr(stats, name, sum(getattr(run.stats, name) for run in groups))
-    busy = itl = 0.0
-    for dt, n_dec in zip(steps["dt_s"].tolist(), steps["decode_batch"].tolist(), strict=True):
-        busy += dt
-        if n_dec:
-            itl += dt * n_dec
-    stats.busy_s, stats.itl_sum_s = busy, itl
+    # np.cumsum adds one after another, as the serial run's `+=` does (a step without
+    # decoding rows adds 0.0 to the gap sum, which leaves it as it was)
+    dt = steps["dt_s"]
+    if dt.size:
+        stats.busy_s = float(np.cumsum(dt)[-1])
+        stats.itl_sum_s = float(np.cumsum(dt * steps["decode_batch"])[-1])
     return log, stats, steps
 
 
