@@ -316,7 +316,9 @@ class EngineProfile:
         per_token = self.logits_s_per_row
         base = draft_s + self.kv_s_per_token * kv_tokens
         if n_dec:
-            per_token += self.attn_s_per_query_ctx * float(self.attended(mean_ctx))
+            window = self.attn_window_tokens  # a scalar: min, not numpy's (it runs per step)
+            per_token += self.attn_s_per_query_ctx * float(
+                mean_ctx if window is None else min(mean_ctx, window))
             base += self.request_s * n_dec
         kink = self.multi_kv_s_per_token * mean_ctx if n_dec and self.multi_kv_s_per_token \
             else 0.0

@@ -662,11 +662,14 @@ class Replica:
             ctx.stop.succeed("steps")  # the run's step bound: stated in the summary
         stats.busy_s += dt
         stats.batch_tokens += plan.verify_tokens + plan.prefill_tokens
-        if plan.lossy is None and compiled.NUMBA:
-            emitted, n_accepted, n_done, finished = fast.replay_chain(
+        fused = plan.lossy is None and compiled.NUMBA
+        if fused:  # the finished rows leave in the same call (their log rows written)
+            log = ctx.log
+            kept, emitted, n_accepted, n_done, n_gone, kv_gone = fast.replay_chain(
                 batch, plan.n_dec, plan.ell, plan.accepted,
                 plan.chunk if plan.prefill_tokens else _NO_CHUNK,
-                stats.accept_hist, stats.ell_hist)
+                stats.accept_hist, stats.ell_hist, now, log.steps,
+                log.draft_tokens_verified, log.accepted_tokens, log.finish_s, log.generated)
             n_unverified = 0
         else:
             emitted, n_accepted, n_unverified = self._replay_decoding(batch, plan)
@@ -678,7 +681,6 @@ class Replica:
                 # the step that completes prefill samples a token (prefills complete in
                 # row order)
                 batch[plan.n_dec: plan.n_dec + n_done, GENERATED] += 1
-            finished = None
         n_dec = plan.n_dec
         if n_dec:
             self.kv_tokens += emitted
@@ -706,14 +708,19 @@ class Replica:
                                    plan.verify_tokens + plan.prefill_tokens,
                                    plan.prefill_tokens, verified_drafts, emitted, n_accepted,
                                    n_unverified))
-        if finished is None or finished:
-            done = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
-            if finished or done.any():
-                gone = self._remove(~done, finished=True)
-                rids = gone[:, REQUEST_ID]
-                ctx.log.finish_s[rids] = now
-                ctx.log.generated[rids] = gone[:, GENERATED]
-                ctx.on_finish(len(rids))
+        if fused:
+            if n_gone:
+                self.batch = kept
+                self.kv_tokens -= kv_gone
+                ctx.on_finish(n_gone)
+            return
+        done = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
+        if done.any():
+            gone = self._remove(~done, finished=True)
+            rids = gone[:, REQUEST_ID]
+            ctx.log.finish_s[rids] = now
+            ctx.log.generated[rids] = gone[:, GENERATED]
+            ctx.on_finish(len(rids))
 
     def _replay_decoding(self, batch: np.ndarray, plan: StepPlan) -> tuple[int, int, int]:
         """The numpy replay of the decoding rows (every tree or lossy step, and chain steps

@@ -19,13 +19,16 @@ OUTPUT_TOKENS, TRACE_START, TRACE_LEN, STEPS, VERIFIED, ACCEPTED = range(6, 12)
 
 
 @njit(cache=True)
-def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist):
+def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist, now,
+                 log_steps, log_verified, log_accepted, log_finish, log_generated):
     """A chain step's replay (``Replica._replay`` with no tree or lossy plan): each
     decoding row emits ``min(accepted + 1, what is left of its output)`` and counts its
     step, verified and accepted drafts; the histograms count ``accepted`` and ``ell``;
     prefilling rows (after ``n_dec``) take their ``chunk`` (empty: none), and those it
-    completes emit their first token. Returns (emitted by decoding rows, accepted,
-    completed prefills, whether any row has finished)."""
+    completes emit their first token. Rows that have finished then leave, as
+    ``Replica._remove`` takes them (their counters, ``now`` and their output into the
+    log). Returns (the batch: ``batch`` itself when no row finished, emitted, accepted,
+    completed prefills, rows that left, the KV tokens they held)."""
     emitted = 0
     n_accepted = 0
     for r in range(n_dec):
@@ -48,12 +51,29 @@ def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist):
                 n_done += 1
         for r in range(n_dec, n_dec + n_done):  # prefills complete in row order
             batch[r, GENERATED] += 1
-    finished = False
-    for r in range(batch.shape[0]):
+    n, c = batch.shape
+    n_gone = 0
+    for r in range(n):
         if batch[r, GENERATED] >= batch[r, OUTPUT_TOKENS]:
-            finished = True
-            break
-    return emitted, n_accepted, n_done, finished
+            n_gone += 1
+    if n_gone == 0:
+        return batch, emitted, n_accepted, n_done, 0, 0
+    kept = np.empty((n - n_gone, c), dtype=batch.dtype)
+    i = 0
+    kv = 0
+    for r in range(n):
+        if batch[r, GENERATED] < batch[r, OUTPUT_TOKENS]:
+            kept[i] = batch[r]
+            i += 1
+            continue
+        kv += batch[r, PREFILLED] + batch[r, GENERATED] - batch[r, GENERATED_AT_ADMIT]
+        rid = batch[r, REQUEST_ID]
+        log_steps[rid] += batch[r, STEPS]
+        log_verified[rid] += batch[r, VERIFIED]
+        log_accepted[rid] += batch[r, ACCEPTED]
+        log_finish[rid] = now
+        log_generated[rid] = batch[r, GENERATED]
+    return kept, emitted, n_accepted, n_done, n_gone, kv
 
 
 @njit(cache=True)
