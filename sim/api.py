@@ -29,7 +29,9 @@ from dspark_sim.calibration.confmap import CalibrationMap, builtin_calibrations,
 from dspark_sim.calibration.profile import EngineProfile, load_profile
 from dspark_sim.errors import InputError
 from dspark_sim.io import jsonable
+from dspark_sim.policies import compiled
 from dspark_sim.policies.registry import Policy, get_policy
+from dspark_sim.sim.ahead import Handoffs, NotAhead
 from dspark_sim.sim.arrivals import ClosedLoop, OpenLoop
 from dspark_sim.sim.config import MAX_ENGINE_STEPS, SimConfig
 from dspark_sim.sim.engine import (
@@ -446,20 +448,32 @@ def run_in_memory(cfg: SimConfig, policy: Policy, profile: EngineProfile,
     are routed to and never run: ``sim.shard`` simulates replica groups apart and merges
     them; the arrivals and prefill instances run whole in every group); ``()``: build the
     run and run nothing (the merge's frame)."""
-    log = _in_memory_log(stream, trace_row)
-    ctx, finishes = _context(cfg, profile, policy, trace, calibration, log, policy_profile)
-    rows = request_rows(stream.prompt_tokens, stream.output_tokens, trace, log.trace_row,
-                        disaggregated=ctx.limits.prefill == "disaggregated")
-    ctx.set_rows(rows)
-    log.rejected[:] = rejections(rows, ctx)
-    prefill = _prefill_pool(cfg, ctx, profile, stream.prompt_tokens)
-    if replicas == ():  # what a merge of replica groups summarises over: nothing runs
+    ahead = compiled.NUMBA and cfg.workload.arrival != "closed"
+    while True:
+        log = _in_memory_log(stream, trace_row)
+        ctx, finishes = _context(cfg, profile, policy, trace, calibration, log,
+                                 policy_profile)
+        rows = request_rows(stream.prompt_tokens, stream.output_tokens, trace, log.trace_row,
+                            disaggregated=ctx.limits.prefill == "disaggregated")
+        ctx.set_rows(rows)
+        log.rejected[:] = rejections(rows, ctx)
+        # an open loop's prefill instances are computed ahead of the run (``sim.ahead``)
+        prefill = _prefill_pool(cfg, ctx, profile, stream.prompt_tokens, serve=not ahead)
+        if replicas == ():  # what a merge of replica groups summarises over: nothing runs
+            return InMemoryRun(cfg, policy, profile, trace, calibration, policy_profile,
+                               stream, log, ctx, prefill, cfg.workload.arrival == "closed",
+                               0.0, None)
+        try:
+            closed, horizon, bounded_by = _run(cfg, ctx, finishes, prefill, stream.size,
+                                               stream.arrival_s, replicas=replicas,
+                                               ahead=ahead)
+        except NotAhead:
+            if not ahead:
+                raise
+            ahead = False  # two events at one instant: run it again as SimPy processes
+            continue
         return InMemoryRun(cfg, policy, profile, trace, calibration, policy_profile, stream,
-                           log, ctx, prefill, cfg.workload.arrival == "closed", 0.0, None)
-    closed, horizon, bounded_by = _run(cfg, ctx, finishes, prefill, stream.size,
-                                       stream.arrival_s, replicas=replicas)
-    return InMemoryRun(cfg, policy, profile, trace, calibration, policy_profile, stream, log,
-                       ctx, prefill, closed, horizon, bounded_by)
+                           log, ctx, prefill, closed, horizon, bounded_by)
 
 
 def finish_run(run: InMemoryRun, step_columns: dict) -> SimResult:
@@ -581,10 +595,13 @@ def _context(cfg: SimConfig, profile: EngineProfile, policy: Policy,
 
 def _run(cfg: SimConfig, ctx: SimContext, finishes: _Finishes, prefill: PrefillPool | None,
          n: int, arrival_s: np.ndarray | None, window=None,
-         replicas: tuple[int, ...] | None = None) -> tuple[bool, float, object]:
+         replicas: tuple[int, ...] | None = None,
+         ahead: bool = False) -> tuple[bool, float, object]:
     """Start the replicas (those in ``replicas``; None: all) and the arrival source (open
     or closed loop, over ``window``'s slots when the run streams), run until the step
     bound or the horizon, and record the progress of requests still running or waiting.
+    ``ahead``: an open loop with prefill instances has them computed ahead (the pool was
+    built without its processes); raises :class:`NotAhead` where that cannot be exact.
     Returns (closed loop, horizon, what bounded the run)."""
     env = ctx.env
     router = Router(ctx.replicas, cfg.deployment.router)
@@ -593,30 +610,37 @@ def _run(cfg: SimConfig, ctx: SimContext, finishes: _Finishes, prefill: PrefillP
             env.process(rep.run())
     frontend_s = ctx.profile.frontend_s_per_request
     closed = cfg.workload.arrival == "closed"
+    handoffs = None
     if closed:
         finishes.source = ClosedLoop(env, router, ctx.log, n, cfg.workload.max_concurrency,
                                      prefill, frontend_s, window=window)
         horizon = CLOSED_LOOP_HORIZON_S
+    elif ahead and prefill is not None and window is None:
+        finishes.source = handoffs = Handoffs(env, router, ctx.log, arrival_s, prefill,
+                                              frontend_s)
+        horizon = finishes.source.last_arrival_s + cfg.drain_timeout_s
     else:
         finishes.source = OpenLoop(env, router, ctx.log, arrival_s, prefill, frontend_s,
                                    window=window)
         horizon = finishes.source.last_arrival_s + cfg.drain_timeout_s
     env.process(_alarm(env, ctx.stop, horizon))
     bounded_by = env.run(until=ctx.stop)
+    if handoffs is not None:
+        handoffs.finish()
     for rep in ctx.replicas:  # requests still running or waiting keep their progress
         rep.flush()
     return closed, horizon, bounded_by
 
 
 def _prefill_pool(cfg: SimConfig, ctx: SimContext, profile: EngineProfile,
-                  prompt_tokens: np.ndarray) -> PrefillPool | None:
+                  prompt_tokens: np.ndarray, serve: bool = True) -> PrefillPool | None:
     """The prefill instances of a disaggregated run (the decode replica's token budget
     per step), or None with chunked prefill (a count given for it is refused where the
     config is resolved, ``config.resolve_config``)."""
     if ctx.limits.prefill != "disaggregated":
         return None
     return PrefillPool(ctx.env, profile, cfg.deployment.prefill_instances,
-                       ctx.max_num_batched_tokens, prompt_tokens)
+                       ctx.max_num_batched_tokens, prompt_tokens, serve=serve)
 
 
 # A closed loop has no arrival window: it runs until its requests are done, bounded by

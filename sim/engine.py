@@ -300,6 +300,7 @@ class Replica:
         self.waiting: deque[int] = deque()
         self.batch = np.empty((0, NUM_COLUMNS), np.int64)
         self.wake: simpy.Event | None = None
+        self.step_end_s = self.last_step_end_s = -1.0
         # the policy's snapshots of the last steps (survival, sps, cost), newest last
         self.lag: deque[tuple] = deque(maxlen=max(1, ctx.policy.history))
         self.kv_tokens = 0  # sum(PREFILLED + GENERATED - GENERATED_AT_ADMIT): KV held
@@ -466,6 +467,10 @@ class Replica:
             self._preempt_if_full()
             plan = self._plan(self.batch)
             dt = self._step_time_s(self.batch, plan)
+            # when this step ends (and the one before did): a hand-off computed ahead of
+            # the run must not come at the same instant (``sim.ahead``)
+            self.last_step_end_s = self.step_end_s
+            self.step_end_s = env.now + dt
             yield env.timeout(dt)
             self._replay(self.batch, plan, dt)
 

@@ -57,7 +57,7 @@ class PrefillPool:
     """
 
     def __init__(self, env: simpy.Environment, profile: EngineProfile, instances: int,
-                 budget_tokens: int, prompt_tokens: np.ndarray) -> None:
+                 budget_tokens: int, prompt_tokens: np.ndarray, serve: bool = True) -> None:
         self.env = env
         self.profile = profile
         self.instances = int(instances)
@@ -73,8 +73,9 @@ class PrefillPool:
         self.start_s = np.full(len(self.prompt), np.nan)
         self.busy_s = 0.0
         self.steps = 0
-        for _ in range(self.instances):
-            env.process(self._serve())
+        if serve:  # False: the instances are computed ahead (``sim.ahead``)
+            for _ in range(self.instances):
+                env.process(self._serve())
 
     def submit(self, rid: int) -> None:
         self.submitted_s[rid] = self.env.now

@@ -1,0 +1,215 @@
+"""An open loop's arrivals and prefill instances computed ahead (``sim/ahead.py``) against
+the SimPy processes they stand for (``OpenLoop`` + ``PrefillPool``): the same summary and
+the same per-request rows, through queueing, chunked prompts, the front end, refusals,
+one-token answers and both ways a run stops; and where the order of two events at one
+instant is not known ahead, the run is simulated again as SimPy processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dspark_sim.calibration.profile import EngineProfile, load_profile
+from dspark_sim.policies import compiled
+from dspark_sim.sim import ahead, api
+from dspark_sim.sim.api import simulate
+from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
+
+pytest.importorskip("numba")
+
+MOONCAKE = "../shared/data/workloads/mooncake_conversation_trace.jsonl"
+
+
+class _Spy:
+    """Stands for ``api.Handoffs``: counts the runs computed ahead and the ones it gave up."""
+
+    def __init__(self) -> None:
+        self.made: list[ahead.Handoffs] = []
+        self.gave_up: list[str] = []
+
+    def __call__(self, *args, **kwargs):
+        obj = ahead.Handoffs(*args, **kwargs)
+        self.made.append(obj)
+        finish = obj.finish
+
+        def checked():
+            try:
+                finish()
+            except ahead.NotAhead as e:
+                self.gave_up.append(str(e))
+                raise
+        obj.finish = checked
+        return obj
+
+
+def _refuse(*args, **kwargs):
+    raise ahead.NotAhead("the reference: SimPy processes")
+
+
+def _frames_equal(a, b) -> bool:
+    if a.columns != b.columns or a.height != b.height:
+        return False
+    for name in a.columns:
+        x, y = a[name].to_numpy(), b[name].to_numpy()
+        if x.dtype.kind == "f":
+            if not np.array_equal(x, y, equal_nan=True):
+                return False
+        elif not np.array_equal(x, y):
+            return False
+    return True
+
+
+def _both(monkeypatch, cfg: SimConfig, profile=None):
+    """(the run computed ahead, the reference run, the spy of the first)."""
+    monkeypatch.setattr(compiled, "NUMBA", True)
+    spy = _Spy()
+    with monkeypatch.context() as m:
+        m.setattr(api, "Handoffs", spy)
+        fast = simulate(cfg, profile=profile)
+    with monkeypatch.context() as m:
+        m.setattr(api, "Handoffs", _refuse)
+        ref = simulate(cfg, profile=profile)
+    return fast, ref, spy
+
+
+def _same(fast, ref) -> None:
+    assert json.dumps(fast.summary, sort_keys=True, default=str) == \
+        json.dumps(ref.summary, sort_keys=True, default=str)
+    assert _frames_equal(fast.requests, ref.requests)
+
+
+def _cfg(*, n=300, qps=200.0, lengths=None, replicas=None, router=None, instances=None,
+         drain_s=None, max_steps=None, policy="confidence", **workload) -> SimConfig:
+    cfg = SimConfig(policy=policy)
+    wl = dataclasses.replace(cfg.workload, num_requests=n, duration_s=None, qps=qps,
+                             lengths=lengths, **workload)
+    dep = cfg.deployment
+    if replicas is not None:
+        dep = dataclasses.replace(dep, replicas=replicas)
+    if router is not None:
+        dep = dataclasses.replace(dep, router=router)
+    if instances is not None:
+        dep = dataclasses.replace(dep, prefill_instances=instances)
+    cfg = dataclasses.replace(cfg, workload=wl, deployment=dep)
+    if drain_s is not None:
+        cfg = dataclasses.replace(cfg, drain_timeout_s=drain_s)
+    if max_steps is not None:
+        cfg = dataclasses.replace(cfg, max_engine_steps=max_steps)
+    return cfg
+
+
+CASES = {
+    "default deployment": {},
+    "prefill queueing, prompts chunked over steps":
+        {"instances": 2, "lengths": "lognormal:9000:40:0.9", "qps": 40.0},
+    "one-token answers among the rest": {"lengths": "lognormal:400:2:1.2", "n": 200},
+    "round robin over three replicas": {"replicas": 3, "router": "round-robin"},
+    "the horizon cuts the prefill backlog":
+        {"instances": 1, "lengths": "fixed:6000:20", "qps": 100.0, "drain_s": 0.5},
+    "the step bound stops the run": {"max_steps": 300},
+    "no speculation": {"policy": "none", "n": 200},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_computed_ahead_gives_the_processes_bytes(monkeypatch, case):
+    fast, ref, spy = _both(monkeypatch, _cfg(**CASES[case]))
+    assert len(spy.made) == 1 and not spy.gave_up  # it did run ahead
+    _same(fast, ref)
+    assert fast.summary["prefill_steps"] > 0
+
+
+def test_the_horizon_case_does_cut_the_backlog(monkeypatch):
+    """The case above is what it says: prompts were still queued when the run stopped
+    (their arrival stamped, no first chunk), so the truncation at the stop is tested."""
+    fast, _, spy = _both(monkeypatch, _cfg(**CASES["the horizon cuts the prefill backlog"]))
+    h = spy.made[0]
+    assert np.isnan(h.pool.start_s).any() and np.isfinite(h.started).all()
+    assert fast.summary["prefill_steps"] < len(h.step_start)
+
+
+def test_front_end_refusals_and_an_attention_window(monkeypatch):
+    """A profile with a front end (requests through it one at a time), a sliding attention
+    window and a model length that refuses the longest requests."""
+    prof = load_profile("v4flash-h100")
+    assert prof.attn_window_tokens is not None
+    prof = dataclasses.replace(prof, frontend_s_per_request=4e-4)
+    cfg = _cfg(n=300, lengths="lognormal:3000:80:1.0")
+    cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, max_model_len=9000))
+    fast, ref, spy = _both(monkeypatch, cfg, profile=prof)
+    assert len(spy.made) == 1 and not spy.gave_up
+    _same(fast, ref)
+    assert fast.summary["rejected"] > 0
+
+
+def test_a_replayed_workload_with_simultaneous_arrivals(monkeypatch):
+    """Mooncake's timestamps are whole milliseconds, so requests arrive together (and
+    its first ones all at 0): ties inside the front end, in SimPy's order."""
+    cfg = _cfg(n=400, arrival="replay", workload_path=MOONCAKE, replay_qps=20.0)
+    fast, ref, spy = _both(monkeypatch, cfg)
+    assert len(spy.made) == 1
+    arrived = spy.made[0].arrived
+    assert len(arrived) - len(np.unique(arrived)) > 10  # requests that arrive together
+    _same(fast, ref)
+
+
+def test_an_event_at_the_instant_the_run_stops_falls_back(monkeypatch):
+    """The horizon put at exactly a prefill step's end: which comes first is SimPy's
+    event order, which the pass ahead does not know, so the run is simulated again as
+    processes and gives their bytes."""
+    base = CASES["the horizon cuts the prefill backlog"]
+    _, _, spy = _both(monkeypatch, _cfg(**base))
+    h = spy.made[0]
+    ends = h.step_start + h.step_dt
+    end = float(ends[ends > h.last_arrival_s][0])
+    drain = ahead._delay_to(h.last_arrival_s, end)
+    cfg = _cfg(**{**base, "drain_s": drain})
+    fast, ref, spy = _both(monkeypatch, cfg)
+    assert spy.gave_up and "run's end" in spy.gave_up[0]
+    _same(fast, ref)
+
+
+def test_a_chunked_prefill_run_has_nothing_to_compute_ahead(monkeypatch):
+    cfg = _cfg(n=150)
+    cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, prefill="chunked"),
+                              deployment=DeploymentConfig(replicas=1))
+    _, _, spy = _both(monkeypatch, cfg)
+    assert not spy.made
+
+
+def test_a_closed_loop_keeps_the_processes(monkeypatch):
+    cfg = SimConfig(policy="none", engine=EngineConfig(),
+                    workload=WorkloadConfig(arrival="closed", max_concurrency=8,
+                                            num_requests=40, lengths="fixed:300:20"))
+    _, _, spy = _both(monkeypatch, cfg)
+    assert not spy.made
+
+
+@given(st.floats(0.0, 1e7, allow_nan=False), st.floats(0.0, 1e7, allow_nan=False))
+def test_a_timeout_lands_at_exactly_the_instant(a, b):
+    now, at = min(a, b), max(a, b)
+    assert now + ahead._delay_to(now, at) == at
+
+
+def test_the_pass_ahead_matches_a_pool_by_hand():
+    """Two instances, a 10 ms step of up to 16 tokens, prompts of 8 tokens at 0, 0, 0 and
+    5 ms. At 0 the first instance wakes to request 0 and fills its step with requests 0
+    and 1, the second wakes to request 2 (SimPy's order for events at one instant);
+    request 3 waits for the first step's end."""
+    prof = EngineProfile(name="t", kind="measured", gpus_per_replica=1,
+                         tokens=np.array([1, 64]), step_s=np.array([0.010, 0.010]))
+    table = np.asarray(prof.target_time_s(np.arange(17)), dtype=np.float64)
+    arrival = np.array([0.0, 0.0, 0.0, 0.005])
+    got = ahead.front_end(arrival, np.zeros(4, np.int8), np.array([8, 8, 8, 8]), 0.0, 2, 16,
+                          table, 0.0, -1.0, 0.0, 16)
+    arrived, submitted, started, hand_rid, hand_s, step_start, step_dt = got
+    assert arrived.tolist() == [0.0, 0.0, 0.0, 0.005] and submitted.tolist() == arrived.tolist()
+    assert started.tolist() == [0.0, 0.0, 0.0, 0.010]
+    assert hand_rid.tolist() == [0, 1, 2, 3]
+    assert hand_s.tolist() == [0.010, 0.010, 0.010, 0.020]
+    assert step_start.tolist() == [0.0, 0.0, 0.010] and step_dt.tolist() == [0.010] * 3
