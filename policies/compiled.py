@@ -261,9 +261,11 @@ def confidence_lengths(survival, current, lagged, trace_idx, trace_accept_len, r
             ell[r] = min(ell[r], cap)
         trimmed = True
     accepted = np.empty(n_dec, dtype=np.int64)
+    drafts = 0
     for r in range(n_dec):
         accepted[r] = min(ell[r], trace_accept_len[trace_idx[r]])
-    return ell, accepted, trimmed
+        drafts += ell[r]
+    return ell, accepted, drafts, trimmed
 
 
 def confidence_step(survival, trace_idx, trace_accept_len, ring, ring_rows, ring_state,
@@ -276,13 +278,14 @@ def confidence_step(survival, trace_idx, trace_accept_len, ring, ring_rows, ring
     ``ring_rows`` their row counts, ``ring_state`` = [next slot, steps held]) stretched
     to this batch at this step's costs, admit the top-K drafts by current survival, trim
     to the token budget. This step's survivals then join the ring. Returns (l, accepted,
-    trimmed to the budget).
+    the sum of l, trimmed to the budget).
 
     Kernels around numpy's sorts: numpy's SIMD sort is ~10x numba's on the survivals (a
     quicksort slows down on their many equal values). Each step's survivals are sorted
     once and kept sorted, so a lagged window of one step (any batch of ``lag_rows`` or
     more) is read as it is."""
-    current = np.sort(survival, axis=None)
+    current = survival.flatten()  # np.sort(survival, axis=None) without its wrapper
+    current.sort()
     lagged, is_sorted = lagged_values(ring, ring_rows, ring_state, lag_steps, lag_rows,
                                       survival.shape[1])
     if not is_sorted:

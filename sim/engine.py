@@ -480,8 +480,8 @@ class Replica:
         # are handed out FCFS so prefills complete in row order, and removal keeps
         # order. Both groups are therefore slices (views), never fancy indexes.
         n_dec = len(batch) - self.n_prefilling
-        ell, accepted, lossy = self._verify_lengths(batch, n_dec)
-        verify_tokens = n_dec + int(ell.sum())
+        ell, accepted, lossy, drafts = self._verify_lengths(batch, n_dec)
+        verify_tokens = n_dec + drafts
         skipped = 0
         if lossy is not None:
             if lossy.bonus is not None:
@@ -499,17 +499,17 @@ class Replica:
                         prefill_tokens)
 
     def _verify_lengths(self, batch: np.ndarray, n_dec: int
-                        ) -> tuple[np.ndarray, np.ndarray, LossyStep | None]:
+                        ) -> tuple[np.ndarray, np.ndarray, LossyStep | None, int]:
         """Step 3: ``l`` per decoding request (the policy's choice, capped at gamma, at the
         drafts the trace says were proposed at its position, and at the token budget) and
         the drafts each accepts: ``min(l, m)`` at its position for a chain; for a
         :class:`Verification` (tree / lossy) policy, what its replay says against the
-        trace's ground truth."""
+        trace's ground truth. Last, the sum of ``l``."""
         ctx = self.ctx
         self.proposed = None
         if not (n_dec and ctx.gamma):
             none = np.zeros(n_dec, np.int64)
-            return none, none, None
+            return none, none, None, 0
         if ctx.kernel is not None:
             return self._compiled_decision(batch, n_dec)
         decoding = slice(0, n_dec)
@@ -530,10 +530,10 @@ class Replica:
         if n_dec + int(ell.sum()) > budget:  # never exceed the token budget: trim uniformly
             np.minimum(ell, max(0, (budget - n_dec) // n_dec), out=ell)
             ctx.stats.budget_limited_steps += 1
-        return ell, np.minimum(ell, accept_len), None
+        return ell, np.minimum(ell, accept_len), None, int(ell.sum())
 
     def _compiled_decision(self, batch: np.ndarray, n_dec: int
-                           ) -> tuple[np.ndarray, np.ndarray, None]:
+                           ) -> tuple[np.ndarray, np.ndarray, None, int]:
         """:meth:`_verify_lengths` of a policy with a compiled ``kernel``: the snapshot,
         the decision, the budget trim and the accepted drafts in one call, the same bits
         as the reference (``tests/sim/test_compiled.py``)."""
@@ -549,17 +549,17 @@ class Replica:
             self.ring = wider
         policy = ctx.policy
         trace_idx, survival = fast.gather_trace_rows(batch, n_dec, ctx.trace_survival)
-        ell, accepted, trimmed = ctx.kernel(
+        ell, accepted, drafts, trimmed = ctx.kernel(
             survival, trace_idx, ctx.trace_accept_len, self.ring, self.ring_rows,
             self.ring_state, policy.lag_steps, policy.lag_rows, sched.dense_step_s,
             per_token, offset, kink, self.pending_prefill, sched.prefill_s_per_token,
             ctx.max_num_batched_tokens)
         if trimmed:
             ctx.stats.budget_limited_steps += 1
-        return ell, accepted, None
+        return ell, accepted, None, drafts
 
     def _replay_plan(self, plan: Verification, batch, n_dec, trace_idx, accept_len
-                     ) -> tuple[np.ndarray, np.ndarray, LossyStep]:
+                     ) -> tuple[np.ndarray, np.ndarray, LossyStep, int]:
         """A tree or lossy policy: its tokens trimmed to the budget and its own replay of
         the plan against the ground truth (checked: it can emit no more than it verified,
         unless it commits drafts without the verifier)."""
@@ -586,7 +586,8 @@ class Replica:
             raise RuntimeError(f"policy {ctx.policy.name}: replay accepted outside 0..tokens")
         if rep.state is not None and ctx.request_state is not None:
             ctx.request_state[rids] = rep.state
-        return tokens, accepted, LossyStep(rep, bonus, plan.draft_tokens, fill)
+        return tokens, accepted, LossyStep(rep, bonus, plan.draft_tokens, fill), \
+            int(tokens.sum())
 
     def _prefill_chunks(self, batch: np.ndarray, n_dec: int, verify_tokens: int
                         ) -> tuple[np.ndarray | None, np.ndarray | None]:

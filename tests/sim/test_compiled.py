@@ -163,10 +163,10 @@ def test_the_compiled_confidence_decision_equals_the_policy_on_its_snapshots(
         gathered_idx, gathered = fast.gather_trace_rows(batch, n, survival_table)
         assert gathered_idx.tolist() == idx.tolist()
         assert gathered.tobytes() == survival_table[idx].tobytes()
-        ell, accepted, trimmed = compiled.confidence_step(
+        ell, accepted, drafts, trimmed = compiled.confidence_step(
             gathered, gathered_idx, accept_len, ring, ring_rows, state, policy.lag_steps,
             policy.lag_rows, table, per_token, offset, kink, pending, 2e-5, budget)
-        assert ell.tobytes() == ref.tobytes()
+        assert ell.tobytes() == ref.tobytes() and drafts == int(ref.sum())
         assert trimmed == trimmed_ref
         assert accepted.tolist() == np.minimum(ref, accept_len[idx]).tolist()
 
