@@ -62,6 +62,10 @@ def njit(**options) -> Callable[[Callable], Callable]:
     kernel, then calls the compiled one. Kernels calling kernels see compiled ones
     (the names are rebound before numba types the caller)."""
     def decorate(func: Callable) -> Callable:
+        if _bound:  # a module imported after the first kernel ran: numba is loaded
+            from numba import njit as numba_njit
+
+            return numba_njit(**options)(func)
         _KERNELS.append((func.__globals__, func.__name__, func, options))
 
         @functools.wraps(func)

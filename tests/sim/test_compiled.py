@@ -217,3 +217,19 @@ def test_numba_is_imported_only_when_a_kernel_first_runs():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**__import__("os").environ, "DSPARK_SIM_KERNELS": "numba"})
     assert res.returncode == 0, res.stderr
+
+
+def test_a_kernel_defined_after_the_first_kernel_ran_is_compiled():
+    """A module with kernels imported once the others are bound (``sim.ahead`` after an
+    engine has stepped, say) gets numba's dispatchers at once, not a stand-in that would
+    wait for a binding that has already happened."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np\nfrom dspark_sim.policies import compiled\n"
+            "compiled.stretch_sorted(np.array([3.0, 1.0]), 4)\n"
+            "@compiled.njit(cache=False)\ndef late(x):\n    return x + 1\n"
+            "assert hasattr(late, 'py_func') and late(1) == 2\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**__import__("os").environ, "DSPARK_SIM_KERNELS": "numba"})
+    assert res.returncode == 0, res.stderr
