@@ -6,10 +6,11 @@ to the requests' way to them: arrivals come at the stream's timestamps, the fron
 other. So that part of the run is one compiled pass (:func:`front_end`) over the
 stream, event for event what :class:`~dspark_sim.sim.arrivals.OpenLoop` and
 :class:`~dspark_sim.sim.prefill.PrefillPool` do as SimPy processes (their timeouts, wake-ups
-and ties in the order SimPy takes them), and the SimPy run keeps one event per moment a
-prefill step hands requests to the decode replicas (:class:`Handoffs`). That saves the
-three events and dozens of Python calls each request costs there; the SimPy processes
-stay the reference (``tests/sim/test_frontend.py`` holds both to the same bytes).
+and ties in the order SimPy takes them). The SimPy run keeps only the hand-offs to the
+decode replicas (:class:`Handoffs`): one event per instant a prefill step hands requests
+over while a replica idles, none while every replica is stepping. That saves the three
+events and dozens of Python calls each request costs there; the SimPy processes stay the
+reference (``tests/sim/test_ahead.py`` holds both to the same bytes).
 
 What cannot be computed ahead is the order of two events at exactly the same time, one
 of them a decode replica's: a hand-off at the instant a replica's step ends, or a
@@ -251,18 +252,26 @@ def _delay_to(now: float, at: float) -> float:
 
 class Handoffs:
     """The open loop as the decode replicas see it: requests arriving from the prefill
-    instances with their first token, at the times :func:`front_end` computed, one SimPy
-    event per moment of hand-off. Stands where ``OpenLoop`` stands for ``sim.api`` (its
-    ``last_arrival_s``, ``on_finish``); :meth:`finish` writes the arrivals and the prefill
-    pool's figures for what the run reached, as the SimPy processes would have left
-    them."""
+    instances with their first token, at the times :func:`front_end` computed. Stands
+    where ``OpenLoop`` stands for ``sim.api`` (its ``last_arrival_s``, ``on_finish``);
+    :meth:`finish` writes the arrivals and the prefill pool's figures for what the run
+    reached, as the SimPy processes would have left them.
+
+    A hand-off routes the request at its instant, by the replicas' state then. While
+    every replica is stepping, that state changes only at a step's end, and nothing waits
+    on the request before the replica it goes to starts its next step: so each replica,
+    as its step ends, hands over the requests prefilled while it ran
+    (:meth:`deliver_before`), with no SimPy event of their own. While a replica idles, a
+    request may have to wake it, and the hand-offs are SimPy events at their instants."""
 
     def __init__(self, env: simpy.Environment, router: Router, log: RequestLog,
-                 arrival_s: np.ndarray, pool: PrefillPool, frontend_s: float) -> None:
+                 arrival_s: np.ndarray, pool: PrefillPool, frontend_s: float,
+                 stepping: list) -> None:
         self.env = env
         self.router = router
         self.log = log
         self.pool = pool
+        self.stepping = stepping  # the replicas this run steps (a replica group's own)
         self.n = len(arrival_s)
         self.last_arrival_s = float(arrival_s[-1]) if self.n else 0.0
         prof = pool.profile
@@ -279,44 +288,78 @@ class Handoffs:
             np.asarray(pool.table, dtype=np.float64), float(prof.attn_s_per_query_ctx),
             -1.0 if window is None else float(window), float(prof.logits_s_per_row),
             steps)
+        self._at = self.hand_s.tolist() + [math.inf]  # plain floats, and a sentinel
+        self._rid = self.hand_rid.tolist()
+        self._one_token = (log.output_tokens[self.hand_rid] <= 1).tolist()
+        self.next_s = self._at[0]  # the next hand-off's instant (inf: none left)
+        self._i = 0
+        self._idle_wait: simpy.Event | None = None
         env.process(self._run())
 
     def on_finish(self, k: int) -> None:  # an open loop ignores completions
         pass
 
-    def _run(self):
-        env = self.env
+    def deliver_before(self, now: float) -> None:
+        """A replica's step ends at ``now``: the requests prefilled before it go to their
+        replicas (one prefilled at this very instant: :class:`NotAhead`)."""
+        while self.next_s < now:
+            self._deliver()
+        if self.next_s == now:
+            raise NotAhead(f"a prefill hand-off and a replica's step end at t = {now!r} s")
+
+    def replica_idle(self) -> None:
+        """A replica waits for work: hand-offs become events again."""
+        if self._idle_wait is not None and not self._idle_wait.triggered:
+            self._idle_wait.succeed()
+
+    def _deliver(self) -> None:
+        """Route the requests of the next hand-off instant, in the order they were
+        prefilled."""
         log = self.log
-        replicas = self.router.replicas
-        hand_s = self.hand_s.tolist()
-        hand_rid = self.hand_rid.tolist()
-        output = log.output_tokens
-        i, n = 0, len(hand_s)
-        while i < n:
-            at = hand_s[i]
-            if at > env.now:
-                yield env.timeout(_delay_to(env.now, at))
-            for rep in replicas:  # a replica's step ends at this instant: which first?
-                if rep.step_end_s == at or rep.last_step_end_s == at:
-                    raise NotAhead(f"a prefill hand-off and replica {rep.index}'s step "
-                                      f"end at t = {at!r} s")
-            while i < n and hand_s[i] == at:
-                rid = hand_rid[i]
-                i += 1
-                log.first_token_s[rid] = at
-                if output[rid] <= 1:  # the first token was the whole answer
-                    log.finish_s[rid] = at
-                    log.generated[rid] = 1
-                    self.on_finish(1)
-                    continue
+        at, rid_at, one = self._at, self._rid, self._one_token
+        i = self._i
+        now = at[i]
+        while at[i] == now:
+            rid = rid_at[i]
+            log.first_token_s[rid] = now
+            if one[i]:  # the first token was the whole answer
+                log.finish_s[rid] = now
+                log.generated[rid] = 1
+                self.on_finish(1)
+            else:
                 replica = self.router.route()
                 log.replica[rid] = replica.index
                 replica.submit(rid)
+            i += 1
+        self._i = i
+        self.next_s = at[i]
+
+    def _run(self):
+        env = self.env
+        stepping = self.stepping
+        while self.next_s < math.inf:
+            if all(rep.wake is None for rep in stepping):
+                self._idle_wait = env.event()  # every replica steps: they hand over
+                yield self._idle_wait
+                self._idle_wait = None
+                continue
+            at = self.next_s
+            if at > env.now:
+                yield env.timeout(_delay_to(env.now, at))
+                if self.next_s != at:
+                    continue
+            for rep in stepping:  # a replica's step ends at this instant: which first?
+                if rep.step_end_s == at or rep.last_step_end_s == at:
+                    raise NotAhead(f"a prefill hand-off and replica {rep.index}'s step "
+                                   f"end at t = {at!r} s")
+            self._deliver()
 
     def finish(self) -> None:
         """After the run, stopped at ``env.now``: what the SimPy processes would have
         done by then (an event at exactly that instant: :class:`NotAhead`)."""
         stop = self.env.now
+        # what every replica was still stepping through when the run stopped
+        self.deliver_before(stop)
         ends = self.step_start + self.step_dt
         for name, times in (("arrival", self.arrived), ("submission", self.submitted),
                             ("prefill step", self.step_start), ("prefill step end", ends)):

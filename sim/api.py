@@ -605,9 +605,9 @@ def _run(cfg: SimConfig, ctx: SimContext, finishes: _Finishes, prefill: PrefillP
     Returns (closed loop, horizon, what bounded the run)."""
     env = ctx.env
     router = Router(ctx.replicas, cfg.deployment.router)
-    for rep in ctx.replicas:
-        if replicas is None or rep.index in replicas:
-            env.process(rep.run())
+    stepping = [rep for rep in ctx.replicas if replicas is None or rep.index in replicas]
+    for rep in stepping:
+        env.process(rep.run())
     frontend_s = ctx.profile.frontend_s_per_request
     closed = cfg.workload.arrival == "closed"
     handoffs = None
@@ -616,8 +616,8 @@ def _run(cfg: SimConfig, ctx: SimContext, finishes: _Finishes, prefill: PrefillP
                                      prefill, frontend_s, window=window)
         horizon = CLOSED_LOOP_HORIZON_S
     elif ahead and prefill is not None and window is None:
-        finishes.source = handoffs = Handoffs(env, router, ctx.log, arrival_s, prefill,
-                                              frontend_s)
+        finishes.source = ctx.handoffs = handoffs = Handoffs(
+            env, router, ctx.log, arrival_s, prefill, frontend_s, stepping)
         horizon = finishes.source.last_arrival_s + cfg.drain_timeout_s
     else:
         finishes.source = OpenLoop(env, router, ctx.log, arrival_s, prefill, frontend_s,

@@ -458,9 +458,12 @@ class Replica:
         """The replica's SimPy process: one event per engine step."""
         ctx = self.ctx
         env = ctx.env
+        handoffs = ctx.handoffs
         while True:
             if not len(self.batch) and not self.waiting:
                 self.wake = env.event()
+                if handoffs is not None:  # requests must now reach this replica on time
+                    handoffs.replica_idle()
                 yield self.wake
                 self.wake = None
             self._admit()
@@ -468,10 +471,12 @@ class Replica:
             plan = self._plan(self.batch)
             dt = self._step_time_s(self.batch, plan)
             # when this step ends (and the one before did): a hand-off computed ahead of
-            # the run must not come at the same instant (``sim.ahead``)
+            # the run must not come at the same instant
             self.last_step_end_s = self.step_end_s
             self.step_end_s = env.now + dt
             yield env.timeout(dt)
+            if handoffs is not None:  # the requests prefilled while this step ran
+                handoffs.deliver_before(env.now)
             self._replay(self.batch, plan, dt)
 
     def _plan(self, batch: np.ndarray) -> StepPlan:
@@ -936,6 +941,8 @@ class SimContext:
         self.reserve = cfg.engine.kv_mode == "reserve"
         self.max_engine_steps = cfg.max_engine_steps
         self.stop = self.env.event()  # triggered by the step bound or the time horizon
+        # an open loop's hand-offs from prefill instances computed ahead (``sim.ahead``)
+        self.handoffs = None
         self.gamma = _run_gamma(cfg, policy, trace)
         # Verify at most this many drafts per request (fixed:K: K); a KV slot each.
         self.verify_max = min(policy.draft_gamma if policy.draft_gamma is not None

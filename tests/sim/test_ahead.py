@@ -113,6 +113,7 @@ CASES = {
         {"instances": 1, "lengths": "fixed:6000:20", "qps": 100.0, "drain_s": 0.5},
     "the step bound stops the run": {"max_steps": 300},
     "no speculation": {"policy": "none", "n": 200},
+    "light load: replicas idle between requests": {"qps": 0.1, "n": 20},
 }
 
 
@@ -122,6 +123,29 @@ def test_computed_ahead_gives_the_processes_bytes(monkeypatch, case):
     assert len(spy.made) == 1 and not spy.gave_up  # it did run ahead
     _same(fast, ref)
     assert fast.summary["prefill_steps"] > 0
+
+
+@pytest.mark.parametrize("qps, n, lazily", [(200.0, 300, True), (0.1, 20, False)])
+def test_hand_offs_are_events_only_while_a_replica_idles(monkeypatch, qps, n, lazily):
+    """Under load every replica is stepping and each hands over, as its step ends, what
+    was prefilled while it ran; at first (all idle), and at light load throughout, the
+    hand-offs are SimPy events at their instants."""
+    seen = {"lazily": 0, "as events": 0}
+
+    class Counted(ahead.Handoffs):
+        def deliver_before(self, now):
+            before = self._i
+            super().deliver_before(now)
+            seen["lazily"] += self._i > before
+
+        def _deliver(self):
+            seen["as events"] += self._idle_wait is None and self.env.now == self.next_s
+            super()._deliver()
+
+    monkeypatch.setattr(compiled, "NUMBA", True)
+    monkeypatch.setattr(api, "Handoffs", Counted)
+    simulate(_cfg(qps=qps, n=n))
+    assert bool(seen["lazily"]) == lazily and seen["as events"], seen
 
 
 def test_the_horizon_case_does_cut_the_backlog(monkeypatch):
