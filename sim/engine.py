@@ -301,6 +301,9 @@ class Replica:
         self.batch = np.empty((0, NUM_COLUMNS), np.int64)
         self.wake: simpy.Event | None = None
         self.step_end_s = self.last_step_end_s = -1.0
+        # requests waiting or in the batch (what least-outstanding routing reads for every
+        # request): one more per submission, one less per finished request
+        self.outstanding = 0
         # the policy's snapshots of the last steps (survival, sps, cost), newest last
         self.lag: deque[tuple] = deque(maxlen=max(1, ctx.policy.history))
         self.kv_tokens = 0  # sum(PREFILLED + GENERATED - GENERATED_AT_ADMIT): KV held
@@ -315,12 +318,9 @@ class Replica:
             self.ring_rows = np.zeros(self.ring.shape[0], np.int64)
             self.ring_state = np.zeros(2, np.int64)
 
-    @property
-    def outstanding(self) -> int:
-        return len(self.waiting) + len(self.batch)
-
     def submit(self, rid: int) -> None:
         self.waiting.append(rid)
+        self.outstanding += 1
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed()
 
@@ -332,6 +332,7 @@ class Replica:
         assert self.pending_prefill == int((batch[:, PREFILL_TARGET] - batch[:, PREFILLED]).sum())
         prefilling = batch[:, PREFILLED] < batch[:, PREFILL_TARGET]
         assert self.n_prefilling == int(prefilling.sum())
+        assert self.outstanding == len(self.waiting) + len(batch)
         # decoding rows first, then prefilling rows (what makes both groups slices)
         assert not prefilling[: len(batch) - self.n_prefilling].any()
 
@@ -723,6 +724,7 @@ class Replica:
             if n_gone:
                 self.batch = kept
                 self.kv_tokens -= kv_gone
+                self.outstanding -= n_gone
                 ctx.on_finish(n_gone)
             return
         done = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
@@ -731,6 +733,7 @@ class Replica:
             rids = gone[:, REQUEST_ID]
             ctx.log.finish_s[rids] = now
             ctx.log.generated[rids] = gone[:, GENERATED]
+            self.outstanding -= len(rids)
             ctx.on_finish(len(rids))
 
     def _replay_decoding(self, batch: np.ndarray, plan: StepPlan) -> tuple[int, int, int]:

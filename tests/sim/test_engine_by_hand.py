@@ -101,6 +101,7 @@ def _replica_holding(capacity: int):
                           _row(3, 40, 40, 25, 0, 0)])
     rep.kv_tokens, rep.pending_prefill, rep.n_prefilling = 245, 15, 1
     rep.waiting = deque([9])
+    rep.outstanding = 5
     rep.check_invariants()
     assert rep._committed_kv() == 264
     return ctx, rep
@@ -606,6 +607,7 @@ def _admitting(capacity: int, *, max_num_seqs: int = 8, kv_mode: str = "preempt"
     rep.batch = rows[:2].copy()
     rep.kv_tokens, rep.pending_prefill, rep.n_prefilling = 18, 15, 1
     rep.waiting = deque([2, 3, 4])
+    rep.outstanding = 5
     rep.check_invariants()
     return ctx, rep
 
@@ -769,6 +771,7 @@ def _a_decoding_pair(policy: Policy, prof: EngineProfile, policy_profile=None):
     rep.batch = np.stack([_row(0, 8, 8, 8, 3, 1), _row(1, 15, 15, 15, 10, 5),
                           _row(2, 50, 50, 30, 0, 0)])
     rep.kv_tokens, rep.pending_prefill, rep.n_prefilling = 60, 20, 1
+    rep.outstanding = 3
     rep.check_invariants()
     return ctx, rep
 
