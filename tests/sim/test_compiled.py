@@ -201,9 +201,6 @@ def test_the_engine_runs_the_compiled_decision_only_where_it_applies(monkeypatch
 def test_numba_is_imported_only_when_a_kernel_first_runs():
     """A command that never steps an engine (``--help``, a refused option) does not pay
     numba's import; the first kernel call binds every kernel, callers' too."""
-    import subprocess
-    import sys
-
     code = ("import sys\nimport dspark_sim.cli\nfrom dspark_sim.policies import compiled\n"
             "from dspark_sim.sim import fast\n"
             "assert 'numba' not in sys.modules, 'imported with the CLI'\n"
@@ -214,22 +211,24 @@ def test_numba_is_imported_only_when_a_kernel_first_runs():
             "assert hasattr(fast.replay_chain, 'py_func') and "
             "hasattr(compiled.budget_displacement, 'py_func')\n"
             "assert compiled.kernel(compiled.counts_at) is compiled.counts_at\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**__import__("os").environ, "DSPARK_SIM_KERNELS": "numba"})
-    assert res.returncode == 0, res.stderr
+    _in_a_fresh_process(code)
 
 
 def test_a_kernel_defined_after_the_first_kernel_ran_is_compiled():
     """A module with kernels imported once the others are bound (``sim.ahead`` after an
     engine has stepped, say) gets numba's dispatchers at once, not a stand-in that would
     wait for a binding that has already happened."""
+    _in_a_fresh_process("import numpy as np\nfrom dspark_sim.policies import compiled\n"
+                        "compiled.stretch_sorted(np.array([3.0, 1.0]), 4)\n"
+                        "@compiled.njit(cache=False)\ndef late(x):\n    return x + 1\n"
+                        "assert hasattr(late, 'py_func') and late(1) == 2\n")
+
+
+def _in_a_fresh_process(code: str) -> None:
+    import os
     import subprocess
     import sys
 
-    code = ("import numpy as np\nfrom dspark_sim.policies import compiled\n"
-            "compiled.stretch_sorted(np.array([3.0, 1.0]), 4)\n"
-            "@compiled.njit(cache=False)\ndef late(x):\n    return x + 1\n"
-            "assert hasattr(late, 'py_func') and late(1) == 2\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**__import__("os").environ, "DSPARK_SIM_KERNELS": "numba"})
+                         env={**os.environ, "DSPARK_SIM_KERNELS": "numba"})
     assert res.returncode == 0, res.stderr
