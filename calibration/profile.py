@@ -316,9 +316,7 @@ class EngineProfile:
         per_token = self.logits_s_per_row
         base = draft_s + self.kv_s_per_token * kv_tokens
         if n_dec:
-            window = self.attn_window_tokens  # a scalar: min, not numpy's (it runs per step)
-            per_token += self.attn_s_per_query_ctx * float(
-                mean_ctx if window is None else min(mean_ctx, window))
+            per_token += self.attn_s_per_query_ctx * float(self.attended(mean_ctx))
             base += self.request_s * n_dec
         kink = self.multi_kv_s_per_token * mean_ctx if n_dec and self.multi_kv_s_per_token \
             else 0.0
@@ -350,10 +348,14 @@ class EngineProfile:
         return max(0.0, float((top - half) / max(1, budget - budget // 2)))
 
     def attended(self, context_tokens):
-        """Context one query token attends to (capped by ``attn_window_tokens``)."""
-        if self.attn_window_tokens is None:
+        """Context one query token attends to (capped by ``attn_window_tokens``); a
+        scalar takes Python's min (the scheduler asks for one every engine step)."""
+        window = self.attn_window_tokens
+        if window is None:
             return context_tokens
-        return np.minimum(context_tokens, self.attn_window_tokens)
+        if isinstance(context_tokens, int | float):
+            return min(context_tokens, window)
+        return np.minimum(context_tokens, window)
 
     def sps(self, batch_tokens, kv_tokens: float = 0.0, draft_s: float = 0.0):
         """Engine steps per second at ``batch_tokens`` (the paper's SPS(B))."""
