@@ -51,28 +51,21 @@ def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist, now,
                 n_done += 1
         for r in range(n_dec, n_dec + n_done):  # prefills complete in row order
             batch[r, GENERATED] += 1
-    n, c = batch.shape
+    n = batch.shape[0]
     n_gone = 0
     for r in range(n):
         if batch[r, GENERATED] >= batch[r, OUTPUT_TOKENS]:
             n_gone += 1
     if n_gone == 0:
         return batch, emitted, n_accepted, n_done, 0, 0
-    kept = np.empty((n - n_gone, c), dtype=batch.dtype)
-    i = 0
-    kv = 0
+    keep = np.empty(n, dtype=np.bool_)
     for r in range(n):
-        if batch[r, GENERATED] < batch[r, OUTPUT_TOKENS]:
-            kept[i] = batch[r]
-            i += 1
-            continue
-        kv += batch[r, PREFILLED] + batch[r, GENERATED] - batch[r, GENERATED_AT_ADMIT]
-        rid = batch[r, REQUEST_ID]
-        log_steps[rid] += batch[r, STEPS]
-        log_verified[rid] += batch[r, VERIFIED]
-        log_accepted[rid] += batch[r, ACCEPTED]
+        keep[r] = batch[r, GENERATED] < batch[r, OUTPUT_TOKENS]
+    kept, gone, kv, _, _ = remove_rows(batch, keep, log_steps, log_verified, log_accepted)
+    for j in range(n_gone):
+        rid = gone[j, REQUEST_ID]
         log_finish[rid] = now
-        log_generated[rid] = batch[r, GENERATED]
+        log_generated[rid] = gone[j, GENERATED]
     return kept, emitted, n_accepted, n_done, n_gone, kv
 
 
