@@ -105,10 +105,6 @@ def stretch_sorted(sorted_survival, size):
     m = sorted_survival.size
     if size <= 0 or m == 0:
         return out
-    if m == size:  # the same batch size: the curve itself
-        for i in range(size):
-            out[i] = sorted_survival[i]
-        return out
     # index (i * m) // size, without an integer division per element: q * size + rem
     # stays (i + 1) * m with 0 <= rem < size
     q = rem = 0
