@@ -199,6 +199,20 @@ def extra_from_terms(size, per_token, offset, kink, n_dec):
 
 
 @njit(cache=True)
+def lagged_slot(ring_rows, ring_state, lag_steps, lag_rows):
+    """Where the lagged view of :func:`lagged_values` lies: the ring slot of the step
+    ``lag_steps`` ago when that one step holds ``lag_rows`` rows (read where it is), -1
+    before there are that many steps, -2 when older steps must be stacked onto it."""
+    h = ring_rows.shape[0]
+    head = ring_state[0]
+    count = ring_state[1]
+    if count < lag_steps:
+        return -1
+    slot = (head - count + count - lag_steps) % h
+    return slot if lag_rows <= ring_rows[slot] else -2
+
+
+@njit(cache=True)
 def lagged_values(ring, ring_rows, ring_state, lag_steps, lag_rows, g):
     """The survivals of ``lag_steps`` steps ago, with the steps before it until they hold
     ``lag_rows`` rows (``Policy.lagged`` over the ring of past steps, each held sorted
@@ -232,18 +246,21 @@ def lagged_values(ring, ring_rows, ring_state, lag_steps, lag_rows, g):
 
 
 @njit(cache=True)
-def confidence_lengths(survival, current, lagged, trace_idx, trace_accept_len, ring,
+def confidence_lengths(survival, current, lagged, slot, trace_idx, trace_accept_len, ring,
                        ring_rows, ring_state, table_s, per_token, offset, kink,
-                       pending_prefill, prefill_s_per_token, budget_tokens):
+                       pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted):
     """:func:`confidence_step` after the gather and the sorts (``current``: this step's
-    survivals, ``lagged``: the lagged view's, both sorted ascending; ``lagged`` empty:
-    no lagged view yet)."""
+    survivals sorted ascending; the lagged view's, sorted ascending, in ring ``slot`` when
+    it is one step's, else ``lagged``, empty before there is a lagged view). Writes
+    ``ell`` and ``accepted``; returns (the sum of l, trimmed)."""
     n_dec, g = survival.shape
     m = n_dec * g
     h = ring.shape[0]
     head = ring_state[0]
     count = ring_state[1]
     extra = extra_from_terms(m + 1, per_token, offset, kink, n_dec)
+    if slot >= 0:
+        lagged = ring[slot, : ring_rows[slot] * g]
     if lagged.size:
         estimate = stretch_sorted(lagged[::-1], m)
         k = budget_displacement(estimate, n_dec, table_s, extra, pending_prefill,
@@ -257,11 +274,11 @@ def confidence_lengths(survival, current, lagged, trace_idx, trace_accept_len, r
     ring_state[1] = min(count + 1, h)
     k = max(0, min(k, m))
     if k == 0:
-        ell = np.zeros(n_dec, dtype=np.int64)
+        ell[:] = 0
     elif k == m:
-        ell = np.full(n_dec, g, dtype=np.int64)
+        ell[:] = g
     else:  # the k-th best survival: what np.partition finds at m - k
-        ell = counts_at(survival, current[m - k], k)
+        ell[:] = counts_at(survival, current[m - k], k)
     trimmed = False
     total = n_dec
     for r in range(n_dec):
@@ -271,36 +288,43 @@ def confidence_lengths(survival, current, lagged, trace_idx, trace_accept_len, r
         for r in range(n_dec):
             ell[r] = min(ell[r], cap)
         trimmed = True
-    accepted = np.empty(n_dec, dtype=np.int64)
     drafts = 0
     for r in range(n_dec):
         accepted[r] = min(ell[r], trace_accept_len[trace_idx[r]])
         drafts += ell[r]
-    return ell, accepted, drafts, trimmed
+    return drafts, trimmed
 
 
-def confidence_step(survival, trace_idx, trace_accept_len, ring, ring_rows, ring_state,
-                    lag_steps, lag_rows, table_s, per_token, offset, kink, pending_prefill,
-                    prefill_s_per_token, budget_tokens):
+_NO_LAG = np.empty(0)
+
+
+def confidence_step(survival, current, trace_idx, trace_accept_len, ring, ring_rows,
+                    ring_state, lag_steps, lag_rows, table_s, per_token, offset, kink,
+                    pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted):
     """The default scheduler's whole decision for a step's decoding rows, as
     ``Replica._verify_lengths`` runs ``policies.confidence._confidence``, given their
-    survivals [n, gamma] at their trace rows ``trace_idx``: size the budget on the lagged
-    survivals (``ring``: the last steps' survivals, each step's sorted ascending,
-    ``ring_rows`` their row counts, ``ring_state`` = [next slot, steps held]) stretched
-    to this batch at this step's costs, admit the top-K drafts by current survival, trim
-    to the token budget. This step's survivals then join the ring. Returns (l, accepted,
-    the sum of l, trimmed to the budget).
+    survivals [n, gamma] at their trace rows ``trace_idx`` (and flattened, ``current``,
+    which this sorts in place): size the budget on the lagged survivals (``ring``: the
+    last steps' survivals, each step's sorted ascending, ``ring_rows`` their row counts,
+    ``ring_state`` = [next slot, steps held]) stretched to this batch at this step's
+    costs, admit the top-K drafts by current survival, trim to the token budget. This
+    step's survivals then join the ring. Writes l and the accepted drafts into ``ell`` and
+    ``accepted`` (the caller's buffers, reused from step to step); returns (the sum of l,
+    trimmed to the budget).
 
     Kernels around numpy's sorts: numpy's SIMD sort is ~10x numba's on the survivals (a
     quicksort slows down on their many equal values). Each step's survivals are sorted
     once and kept sorted, so a lagged window of one step (any batch of ``lag_rows`` or
-    more) is read as it is."""
-    current = survival.flatten()  # np.sort(survival, axis=None) without its wrapper
+    more) is read where it is."""
     current.sort()
-    lagged, is_sorted = lagged_values(ring, ring_rows, ring_state, lag_steps, lag_rows,
-                                      survival.shape[1])
-    if not is_sorted:
-        lagged = np.sort(lagged)
-    return confidence_lengths(survival, current, lagged, trace_idx, trace_accept_len, ring,
-                              ring_rows, ring_state, table_s, per_token, offset, kink,
-                              pending_prefill, prefill_s_per_token, budget_tokens)
+    slot = lagged_slot(ring_rows, ring_state, lag_steps, lag_rows)
+    lagged = _NO_LAG
+    if slot == -2:
+        lagged, is_sorted = lagged_values(ring, ring_rows, ring_state, lag_steps, lag_rows,
+                                          survival.shape[1])
+        if not is_sorted:
+            lagged = np.sort(lagged)
+    return confidence_lengths(survival, current, lagged, slot, trace_idx, trace_accept_len,
+                              ring, ring_rows, ring_state, table_s, per_token, offset, kink,
+                              pending_prefill, prefill_s_per_token, budget_tokens, ell,
+                              accepted)

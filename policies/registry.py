@@ -35,10 +35,11 @@ DEFAULT_POLICY = "confidence"
 class DecisionKernel:
     """A compiled twin of one ``decide`` function of a chain policy that reads no state
     or v2 fields: ``run`` takes the engine's own arrays (the decoding rows' survivals and
-    trace rows, a ring of the last steps' survivals, the step's cost terms; the signature of
-    ``policies.compiled.confidence_step``) and returns what ``decide`` would, with the
-    engine's budget trim and accepted drafts: (l, accepted, the sum of l, whether the
-    budget trimmed it). ``twin_of`` is that ``decide``: a policy
+    trace rows, a ring of the last steps' survivals, the step's cost terms, two output
+    buffers; the signature of ``policies.compiled.confidence_step``) and writes what
+    ``decide`` would into them, with the engine's budget trim and accepted drafts (l,
+    accepted), returning (the sum of l, whether the budget trimmed it). ``twin_of`` is
+    that ``decide``: a policy
     whose ``decide`` is replaced (wrapped to record its snapshots, say) runs its own."""
 
     twin_of: Callable

@@ -317,6 +317,22 @@ class Replica:
             self.ring = np.zeros((max(1, ctx.policy.history), 0))
             self.ring_rows = np.zeros(self.ring.shape[0], np.int64)
             self.ring_state = np.zeros(2, np.int64)
+            # the decision's inputs and outputs, written in place by the kernels instead
+            # of five arrays allocated and handed back per step, widened as the batch
+            # grows: this step's plan holds views of them until its replay, and the next
+            # step's decision comes after that
+            self.scratch_rows = 0
+            self._grow_scratch(1)
+
+    def _grow_scratch(self, rows: int) -> None:
+        rows = max(rows, 2 * self.scratch_rows)
+        g = self.ctx.trace_survival.shape[1]
+        self.trace_idx_buf = np.zeros(rows, np.int64)
+        self.ell_buf = np.zeros(rows, np.int64)
+        self.accepted_buf = np.zeros(rows, np.int64)
+        self.survival_buf = np.zeros((rows, g))
+        self.flat_buf = np.zeros(rows * g)
+        self.scratch_rows = rows
 
     def submit(self, rid: int) -> None:
         self.waiting.append(rid)
@@ -554,12 +570,18 @@ class Replica:
             wider[:, : self.ring.shape[1]] = self.ring
             self.ring = wider
         policy = ctx.policy
-        trace_idx, survival = fast.gather_trace_rows(batch, n_dec, ctx.trace_survival)
-        ell, accepted, drafts, trimmed = ctx.kernel(
-            survival, trace_idx, ctx.trace_accept_len, self.ring, self.ring_rows,
+        if n_dec > self.scratch_rows:
+            self._grow_scratch(n_dec)
+        trace_idx, survival = self.trace_idx_buf[:n_dec], self.survival_buf[:n_dec]
+        current = self.flat_buf[:width]
+        fast.gather_trace_rows(batch, n_dec, ctx.trace_survival, trace_idx, survival,
+                               current)
+        ell, accepted = self.ell_buf[:n_dec], self.accepted_buf[:n_dec]
+        drafts, trimmed = ctx.kernel(
+            survival, current, trace_idx, ctx.trace_accept_len, self.ring, self.ring_rows,
             self.ring_state, policy.lag_steps, policy.lag_rows, sched.dense_step_s,
             per_token, offset, kink, self.pending_prefill, sched.prefill_s_per_token,
-            ctx.max_num_batched_tokens)
+            ctx.max_num_batched_tokens, ell, accepted)
         if trimmed:
             ctx.stats.budget_limited_steps += 1
         return ell, accepted, None, drafts

@@ -160,15 +160,16 @@ def decode_attention_units(batch, n_dec, ell, window):
 
 
 @njit(cache=True)
-def gather_trace_rows(batch, n_dec, trace_survival):
+def gather_trace_rows(batch, n_dec, trace_survival, trace_idx, survival, flat):
     """The first ``n_dec`` rows' trace positions (``TRACE_START + (GENERATED - 1) mod
-    TRACE_LEN``, as ``Replica._verify_lengths`` computes them) and their survivals."""
+    TRACE_LEN``, as ``Replica._verify_lengths`` computes them) and their survivals, written
+    into the caller's buffers (``trace_idx`` [n_dec], ``survival`` [n_dec, gamma] and
+    ``flat``, the same survivals flattened)."""
     g = trace_survival.shape[1]
-    trace_idx = np.empty(n_dec, dtype=np.int64)
-    survival = np.empty((n_dec, g))
     for r in range(n_dec):
         t = batch[r, TRACE_START] + (batch[r, GENERATED] - 1) % batch[r, TRACE_LEN]
         trace_idx[r] = t
         for j in range(g):
-            survival[r, j] = trace_survival[t, j]
-    return trace_idx, survival
+            v = trace_survival[t, j]
+            survival[r, j] = v
+            flat[r * g + j] = v

@@ -160,12 +160,19 @@ def test_the_compiled_confidence_decision_equals_the_policy_on_its_snapshots(
         trimmed_ref = n + int(ref.sum()) > budget
         if trimmed_ref:
             np.minimum(ref, max(0, (budget - n) // n), out=ref)
-        gathered_idx, gathered = fast.gather_trace_rows(batch, n, survival_table)
-        assert gathered_idx.tolist() == idx.tolist()
-        assert gathered.tobytes() == survival_table[idx].tobytes()
-        ell, accepted, drafts, trimmed = compiled.confidence_step(
-            gathered, gathered_idx, accept_len, ring, ring_rows, state, policy.lag_steps,
-            policy.lag_rows, table, per_token, offset, kink, pending, 2e-5, budget)
+        # the engine's buffers are longer than the batch and hold the last step's values
+        gathered_idx, gathered = np.full(n + 3, -1), np.full((n + 3, gamma), -1.0)
+        flat = np.full((n + 3) * gamma, -1.0)
+        fast.gather_trace_rows(batch, n, survival_table, gathered_idx, gathered, flat)
+        assert gathered_idx[:n].tolist() == idx.tolist()
+        assert gathered[:n].tobytes() == survival_table[idx].tobytes()
+        assert flat[: n * gamma].tobytes() == survival_table[idx].tobytes()
+        assert (gathered_idx[n:] == -1).all() and (flat[n * gamma:] == -1).all()
+        ell, accepted = np.full(n, -1), np.full(n, -1)
+        drafts, trimmed = compiled.confidence_step(
+            gathered[:n], flat[: n * gamma], gathered_idx[:n], accept_len, ring, ring_rows,
+            state, policy.lag_steps, policy.lag_rows, table, per_token, offset, kink,
+            pending, 2e-5, budget, ell, accepted)
         assert ell.tobytes() == ref.tobytes() and drafts == int(ref.sum())
         assert trimmed == trimmed_ref
         assert accepted.tolist() == np.minimum(ref, accept_len[idx]).tolist()
