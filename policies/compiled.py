@@ -200,35 +200,26 @@ def extra_from_terms(size, per_token, offset, kink, n_dec):
 
 @njit(cache=True)
 def lagged_slot(ring_rows, ring_state, lag_steps, lag_rows):
-    """Where the lagged view of :func:`lagged_values` lies: the ring slot of the step
-    ``lag_steps`` ago when that one step holds ``lag_rows`` rows (read where it is), -1
-    before there are that many steps, -2 when older steps must be stacked onto it."""
-    h = ring_rows.shape[0]
-    head = ring_state[0]
-    count = ring_state[1]
-    if count < lag_steps:
+    """Where ``Policy.lagged``'s view over the ring of past steps lies: the ring slot of
+    the step ``lag_steps`` ago when that one step holds ``lag_rows`` rows (read where it
+    is), -1 before there are that many steps, -2 when older steps must be stacked onto it
+    (:func:`stacked_lagged`)."""
+    if ring_state[1] < lag_steps:
         return -1
-    slot = (head - count + count - lag_steps) % h
+    slot = (ring_state[0] - lag_steps) % ring_rows.shape[0]
     return slot if lag_rows <= ring_rows[slot] else -2
 
 
 @njit(cache=True)
-def lagged_values(ring, ring_rows, ring_state, lag_steps, lag_rows, g):
-    """The survivals of ``lag_steps`` steps ago, with the steps before it until they hold
-    ``lag_rows`` rows (``Policy.lagged`` over the ring of past steps, each held sorted
-    ascending; empty before there are that many steps), and whether they are sorted
-    (one step's are)."""
+def stacked_lagged(ring, ring_rows, ring_state, lag_steps, lag_rows, g):
+    """The lagged view where :func:`lagged_slot` says -2: the survivals of ``lag_steps``
+    steps ago with the steps before it until they hold ``lag_rows`` rows (or all the ring
+    holds), and whether they are sorted (one step's are: each is held sorted ascending)."""
     h = ring.shape[0]
     head = ring_state[0]
     count = ring_state[1]
-    if count < lag_steps:
-        return np.empty(0), True
     newest = count - lag_steps
-    slot = (head - count + newest) % h
-    rows = ring_rows[slot]
-    if lag_rows <= rows:
-        return ring[slot, : rows * g], True
-    total = rows
+    total = ring_rows[(head - count + newest) % h]
     first = newest
     for j in range(newest - 1, -1, -1):
         total += ring_rows[(head - count + j) % h]
@@ -320,8 +311,8 @@ def confidence_step(survival, current, trace_idx, trace_accept_len, ring, ring_r
     slot = lagged_slot(ring_rows, ring_state, lag_steps, lag_rows)
     lagged = _NO_LAG
     if slot == -2:
-        lagged, is_sorted = lagged_values(ring, ring_rows, ring_state, lag_steps, lag_rows,
-                                          survival.shape[1])
+        lagged, is_sorted = stacked_lagged(ring, ring_rows, ring_state, lag_steps, lag_rows,
+                                           survival.shape[1])
         if not is_sorted:
             lagged = np.sort(lagged)
     return confidence_lengths(survival, current, lagged, slot, trace_idx, trace_accept_len,

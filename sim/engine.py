@@ -313,26 +313,29 @@ class Replica:
         self.proposed: np.ndarray | None = None
         if ctx.kernel is not None:
             # the compiled decision's lagged view: the last steps' survivals, flat per step
-            # (``ring_state``: next slot, steps held), widened as the batch grows
+            # (``ring_state``: next slot, steps held)
             self.ring = np.zeros((max(1, ctx.policy.history), 0))
             self.ring_rows = np.zeros(self.ring.shape[0], np.int64)
             self.ring_state = np.zeros(2, np.int64)
-            # the decision's inputs and outputs, written in place by the kernels instead
-            # of five arrays allocated and handed back per step, widened as the batch
-            # grows: this step's plan holds views of them until its replay, and the next
-            # step's decision comes after that
-            self.scratch_rows = 0
-            self._grow_scratch(1)
+            # and its inputs and outputs, written in place by the kernels instead of five
+            # arrays allocated and handed back per step: this step's plan holds views of
+            # them until its replay, and the next step's decision comes after that
+            self.ell_buf = np.zeros(0, np.int64)
+            self._widen_decision(0)
 
-    def _grow_scratch(self, rows: int) -> None:
-        rows = max(rows, 2 * self.scratch_rows)
+    def _widen_decision(self, rows: int) -> None:
+        """Make room for ``rows`` decoding rows (at least doubling) in the compiled
+        decision's ring, which keeps the steps it holds, and in its buffers."""
+        rows = max(rows, 2 * len(self.ell_buf))
         g = self.ctx.trace_survival.shape[1]
+        wider = np.zeros((self.ring.shape[0], rows * g))
+        wider[:, : self.ring.shape[1]] = self.ring
+        self.ring = wider
         self.trace_idx_buf = np.zeros(rows, np.int64)
         self.ell_buf = np.zeros(rows, np.int64)
         self.accepted_buf = np.zeros(rows, np.int64)
         self.survival_buf = np.zeros((rows, g))
         self.flat_buf = np.zeros(rows * g)
-        self.scratch_rows = rows
 
     def submit(self, rid: int) -> None:
         self.waiting.append(rid)
@@ -564,16 +567,11 @@ class Replica:
         context = self._decode_context(batch, n_dec) if sched.draft_context is not None \
             else None
         per_token, offset, kink = sched.extra_terms(n_dec, self.kv_tokens, len(batch), context)
-        width = n_dec * ctx.gamma
-        if width > self.ring.shape[1]:
-            wider = np.zeros((self.ring.shape[0], max(width, 2 * self.ring.shape[1])))
-            wider[:, : self.ring.shape[1]] = self.ring
-            self.ring = wider
+        if n_dec > len(self.ell_buf):
+            self._widen_decision(n_dec)
         policy = ctx.policy
-        if n_dec > self.scratch_rows:
-            self._grow_scratch(n_dec)
         trace_idx, survival = self.trace_idx_buf[:n_dec], self.survival_buf[:n_dec]
-        current = self.flat_buf[:width]
+        current = self.flat_buf[: survival.size]
         fast.gather_trace_rows(batch, n_dec, ctx.trace_survival, trace_idx, survival,
                                current)
         ell, accepted = self.ell_buf[:n_dec], self.accepted_buf[:n_dec]
