@@ -52,15 +52,14 @@ def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist, now,
         for r in range(n_dec, n_dec + n_done):  # prefills complete in row order
             batch[r, GENERATED] += 1
     n = batch.shape[0]
+    keep = np.empty(n, dtype=np.bool_)
     n_gone = 0
     for r in range(n):
-        if batch[r, GENERATED] >= batch[r, OUTPUT_TOKENS]:
+        keep[r] = batch[r, GENERATED] < batch[r, OUTPUT_TOKENS]
+        if not keep[r]:
             n_gone += 1
     if n_gone == 0:
         return batch, emitted, n_accepted, n_done, 0, 0
-    keep = np.empty(n, dtype=np.bool_)
-    for r in range(n):
-        keep[r] = batch[r, GENERATED] < batch[r, OUTPUT_TOKENS]
     kept, gone, kv, _, _ = remove_rows(batch, keep, log_steps, log_verified, log_accepted)
     for j in range(n_gone):
         rid = gone[j, REQUEST_ID]
