@@ -160,7 +160,8 @@ def test_the_compiled_confidence_decision_equals_the_policy_on_its_snapshots(
         trimmed_ref = n + int(ref.sum()) > budget
         if trimmed_ref:
             np.minimum(ref, max(0, (budget - n) // n), out=ref)
-        # the engine's buffers are longer than the batch and hold the last step's values
+        # the engine's buffers are longer than the batch and hold other values: only
+        # the batch's part is written
         gathered_idx, gathered = np.full(n + 3, -1), np.full((n + 3, gamma), -1.0)
         flat = np.full((n + 3) * gamma, -1.0)
         fast.gather_trace_rows(batch, n, survival_table, gathered_idx, gathered, flat)
