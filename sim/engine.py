@@ -564,16 +564,22 @@ class Replica:
         as the reference (``tests/sim/test_compiled.py``)."""
         ctx = self.ctx
         sched = ctx.sched_cost
-        context = self._decode_context(batch, n_dec) if sched.draft_context is not None \
-            else None
-        per_token, offset, kink = sched.extra_terms(n_dec, self.kv_tokens, len(batch), context)
         if n_dec > len(self.ell_buf):
             self._widen_decision(n_dec)
         policy = ctx.policy
         trace_idx, survival = self.trace_idx_buf[:n_dec], self.survival_buf[:n_dec]
         current = self.flat_buf[: survival.size]
-        fast.gather_trace_rows(batch, n_dec, ctx.trace_survival, trace_idx, survival,
-                               current)
+        if ctx.sched_terms is not None:  # the gather and the cost terms in one call
+            per_token, offset, kink = fast.decision_inputs(
+                batch, n_dec, ctx.trace_survival, trace_idx, survival, current,
+                self.kv_tokens, sched.draft_time(n_dec, self.kv_tokens), ctx.sched_terms)
+        else:
+            context = self._decode_context(batch, n_dec) if sched.draft_context is not None \
+                else None
+            per_token, offset, kink = sched.extra_terms(n_dec, self.kv_tokens, len(batch),
+                                                        context)
+            fast.gather_trace_rows(batch, n_dec, ctx.trace_survival, trace_idx, survival,
+                                   current)
         ell, accepted = self.ell_buf[:n_dec], self.accepted_buf[:n_dec]
         drafts, trimmed = ctx.kernel(
             survival, current, trace_idx, ctx.trace_accept_len, self.ring, self.ring_rows,
@@ -634,8 +640,13 @@ class Replica:
         context-dependent terms."""
         ctx = self.ctx
         cost = ctx.cost
-        prof = cost.profile
         n_dec, ell, lossy = plan.n_dec, plan.ell, plan.lossy
+        if ctx.step_terms is not None and n_dec and lossy is None and not plan.prefill_tokens:
+            # a decode-only chain step with its draft priced per step: one kernel
+            return fast.decode_step_s(batch, n_dec, ell, plan.verify_tokens, cost.dense_step_s,
+                                      self.kv_tokens, cost.draft_time(n_dec, self.kv_tokens),
+                                      ctx.step_terms, cost.has_context_terms)
+        prof = cost.profile
         decoding = slice(0, n_dec)
         target_kv = self.kv_tokens
         skip = None if lossy is None or lossy.bonus is None or lossy.bonus.all() \
@@ -980,6 +991,13 @@ class SimContext:
                                if self.needs_survival and trace is not None else None)
         self._init_draft_tokens(trace, policy)
         self._init_cost(profile, policy, trace, policy_profile)
+        # the profiles' scalars for the compiled step-time and decision terms (None: the
+        # Python path prices them: no kernels, or a draft priced per request)
+        self.step_terms = fast.profile_terms(self.cost.profile) \
+            if compiled.NUMBA and not self.draft_per_request else None
+        self.sched_terms = fast.profile_terms(self.sched_cost.profile) \
+            if compiled.NUMBA and self.sched_cost.draft_context is None \
+            and not self.sched_cost.stops_drafting else None
         # the policy's compiled decision, where the step needs nothing it does not read
         self.kernel = compiled.kernel(policy.compiled_decision) if compiled.NUMBA \
             and self.trace_survival is not None and self.trace_draft_tokens is None \

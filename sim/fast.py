@@ -159,6 +159,62 @@ def decode_attention_units(batch, n_dec, ell, window):
 
 
 @njit(cache=True)
+def extra_terms(n_dec, kv_tokens, batch_rows, draft_s, profile_terms):
+    """``EngineProfile.extra_terms`` (per token, offset, kink) from the profile's scalars
+    ``profile_terms`` (:func:`profile_terms`), the same operations in the same order."""
+    logits, kv_s, attn, request_s, multi, window = profile_terms
+    mean_ctx = kv_tokens / max(1, batch_rows)
+    per_token = logits
+    base = draft_s + kv_s * kv_tokens
+    if n_dec:
+        per_token += attn * (mean_ctx if window < 0 else min(mean_ctx, window))
+        base += request_s * n_dec
+    kink = multi * mean_ctx if n_dec and multi != 0.0 else 0.0
+    return per_token, base + per_token * n_dec, kink
+
+
+def profile_terms(profile) -> np.ndarray | None:
+    """What :func:`extra_terms` reads of an ``EngineProfile`` (-1: no attention window);
+    None for a window of a fraction of a token (the kernels take a whole one)."""
+    window = profile.attn_window_tokens
+    if window is not None and window != int(window):
+        return None
+    return np.array([profile.logits_s_per_row, profile.kv_s_per_token,
+                     profile.attn_s_per_query_ctx, profile.request_s,
+                     profile.multi_kv_s_per_token, -1.0 if window is None else window],
+                    dtype=np.float64)
+
+
+@njit(cache=True)
+def decision_inputs(batch, n_dec, trace_survival, trace_idx, survival, flat, kv_tokens,
+                    draft_s, profile_terms):
+    """:func:`gather_trace_rows`, then the step's :func:`extra_terms` (the batch's rows
+    are its ``batch_rows``): what the compiled decision reads, in one call."""
+    gather_trace_rows(batch, n_dec, trace_survival, trace_idx, survival, flat)
+    return extra_terms(n_dec, kv_tokens, batch.shape[0], draft_s, profile_terms)
+
+
+@njit(cache=True)
+def decode_step_s(batch, n_dec, ell, verify_tokens, dense_step_s, kv_tokens, draft_s,
+                  profile_terms, context_terms):
+    """``Replica._step_time_s`` of a decode-only chain step whose draft is priced per
+    step (``draft_s``): draft + target at the verify tokens + KV reads + the LM head of
+    each verify token + the context terms (``context_terms``: the profile has some;
+    :func:`decode_attention_units`), summed in the reference's order."""
+    logits, kv_s, attn, request_s, multi, window = profile_terms
+    dt = draft_s
+    dt += dense_step_s[verify_tokens]
+    dt += kv_s * kv_tokens
+    if logits != 0.0:
+        dt += logits * verify_tokens
+    if context_terms:
+        query_ctx, multi_kv = decode_attention_units(batch, n_dec, ell,
+                                                     -1 if window < 0 else int(window))
+        dt += attn * query_ctx + multi * multi_kv + request_s * n_dec
+    return dt
+
+
+@njit(cache=True)
 def gather_trace_rows(batch, n_dec, trace_survival, trace_idx, survival, flat):
     """The first ``n_dec`` rows' trace positions (``TRACE_START + (GENERATED - 1) mod
     TRACE_LEN``, as ``Replica._verify_lengths`` computes them) and their survivals, written

@@ -179,6 +179,63 @@ def test_the_compiled_confidence_decision_equals_the_policy_on_its_snapshots(
         assert accepted.tolist() == np.minimum(ref, accept_len[idx]).tolist()
 
 
+@given(n_dec=st.integers(0, 300), kv=st.integers(0, 10**7), rows=st.integers(0, 400),
+       draft_s=st.floats(0.0, 0.05), window=st.sampled_from([None, 1, 512, 4096]),
+       scalars=st.lists(st.sampled_from([0.0, 1e-9, 3.7e-7, 2.5e-5, 1e-3]), min_size=5,
+                        max_size=5))
+def test_the_compiled_cost_terms_equal_the_profiles(n_dec, kv, rows, draft_s, window,
+                                                    scalars):
+    """``fast.extra_terms`` (the scheduler's cost terms) is ``EngineProfile.extra_terms``
+    bit for bit, with and without an attention window."""
+    from dataclasses import replace
+
+    from dspark_sim.calibration.profile import load_profile
+    from dspark_sim.sim import fast
+
+    logits, kv_s, attn, request_s, multi = scalars
+    prof = replace(load_profile("qwen3-8b-h100"), logits_s_per_row=logits,
+                   kv_s_per_token=kv_s, attn_s_per_query_ctx=attn, request_s=request_s,
+                   multi_kv_s_per_token=multi, attn_window_tokens=window)
+    ref = prof.extra_terms(n_dec, kv, rows, draft_s)
+    got = fast.extra_terms(n_dec, kv, rows, draft_s, fast.profile_terms(prof))
+    assert np.array(got).tobytes() == np.array(ref, dtype=np.float64).tobytes()
+
+
+def test_a_window_of_a_fraction_of_a_token_takes_the_python_path():
+    from dataclasses import replace
+
+    from dspark_sim.calibration.profile import load_profile
+    from dspark_sim.sim import fast
+
+    prof = load_profile("qwen3-8b-h100")
+    assert fast.profile_terms(replace(prof, attn_window_tokens=100.5)) is None
+    assert fast.profile_terms(replace(prof, attn_window_tokens=100))[-1] == 100.0
+
+
+@pytest.mark.parametrize("profile", __import__(
+    "dspark_sim.calibration.profile", fromlist=["builtin_profiles"]).builtin_profiles())
+def test_both_paths_agree_on_every_shipped_profile(monkeypatch, profile):
+    """Each shipped profile's cost terms (LM head, windows, per-request and multi-token
+    terms, draft tables) priced by the kernels and by the Python reference: the same
+    summary, on a short disaggregated run and a chunked-prefill one."""
+    from dataclasses import replace
+
+    from dspark_sim.sim.api import simulate
+    from dspark_sim.sim.config import SimConfig
+
+    cfg = SimConfig(policy="confidence", seed=1)
+    runs = [replace(cfg, deployment=replace(cfg.deployment, profile=profile, replicas=1),
+                    workload=replace(cfg.workload, qps=50.0, num_requests=40,
+                                     duration_s=None, lengths="fixed:64:40"))]
+    runs.append(replace(runs[0], engine=replace(runs[0].engine, prefill="chunked")))
+    for run in runs:
+        got = []
+        for use in (False, True):
+            monkeypatch.setattr(compiled, "NUMBA", use)
+            got.append(simulate(run).summary)
+        assert got[0]["engine_steps"] > 0 and got[1] == got[0]
+
+
 def test_the_engine_runs_the_compiled_decision_only_where_it_applies(monkeypatch):
     """The default scheduler's compiled decision is the engine's on the compiled path,
     never on the numpy reference path, and not once its ``decide`` is replaced (a
