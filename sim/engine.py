@@ -198,9 +198,9 @@ class StepPlan(NamedTuple):
 
 
 class StepRecorder:
-    """The per-step series: one C-level ``array.extend`` of a :class:`StepRecord` per
-    engine step (12 float64, 96 bytes; well under 1 us, no per-token or per-request
-    work)."""
+    """The per-step series: one C-level ``array.extend`` of a :class:`StepRecord`'s
+    fields per engine step (12 float64, 96 bytes; well under 1 us, no per-token or
+    per-request work)."""
 
     def __init__(self) -> None:
         self.buf = array("d")
@@ -711,8 +711,9 @@ class Replica:
             kept, emitted, n_accepted, n_done, n_gone, kv_gone = fast.replay_chain(
                 batch, plan.n_dec, plan.ell, plan.accepted,
                 plan.chunk if plan.prefill_tokens else _NO_CHUNK,
-                stats.accept_hist, stats.ell_hist, now, log.steps,
-                log.draft_tokens_verified, log.accepted_tokens, log.finish_s, log.generated)
+                stats.accept_hist, stats.ell_hist, dt, ITL_EDGES_S, stats.itl_hist, now,
+                log.steps, log.draft_tokens_verified, log.accepted_tokens, log.finish_s,
+                log.generated)
             n_unverified = 0
         else:
             emitted, n_accepted, n_unverified = self._replay_decoding(batch, plan)
@@ -728,8 +729,10 @@ class Replica:
         if n_dec:
             self.kv_tokens += emitted
             # Every decoding request gets a token every step, and its previous token
-            # came at the end of the previous step: its inter-token gap is this dt.
-            stats.itl_hist[bisect.bisect_left(ctx.itl_edges, dt)] += n_dec
+            # came at the end of the previous step: its inter-token gap is this dt
+            # (counted by the kernel on the fused path).
+            if not fused:
+                stats.itl_hist[bisect.bisect_left(ctx.itl_edges, dt)] += n_dec
             stats.itl_sum_s += dt * n_dec
             stats.request_steps += n_dec
             stats.verify_tokens += plan.verify_tokens
@@ -747,10 +750,10 @@ class Replica:
                 ctx.log.first_token_s[rids] = np.where(np.isnan(first), now, first)
         verified_drafts = int(plan.ell.sum()) if plan.lossy is not None \
             else plan.verify_tokens - n_dec
-        ctx.record_step(StepRecord(now, dt, self.index, n_dec, len(batch), len(self.waiting),
-                                   plan.verify_tokens + plan.prefill_tokens,
-                                   plan.prefill_tokens, verified_drafts, emitted, n_accepted,
-                                   n_unverified))
+        # a StepRecord's fields as a plain tuple: building the named one costs more
+        ctx.record_step((now, dt, self.index, n_dec, len(batch), len(self.waiting),
+                         plan.verify_tokens + plan.prefill_tokens, plan.prefill_tokens,
+                         verified_drafts, emitted, n_accepted, n_unverified))
         if fused:
             if n_gone:
                 self.batch = kept

@@ -19,11 +19,13 @@ OUTPUT_TOKENS, TRACE_START, TRACE_LEN, STEPS, VERIFIED, ACCEPTED = range(6, 12)
 
 
 @njit(cache=True)
-def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist, now,
-                 log_steps, log_verified, log_accepted, log_finish, log_generated):
+def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist, dt, itl_edges,
+                 itl_hist, now, log_steps, log_verified, log_accepted, log_finish,
+                 log_generated):
     """A chain step's replay (``Replica._replay`` with no tree or lossy plan): each
     decoding row emits ``min(accepted + 1, what is left of its output)`` and counts its
-    step, verified and accepted drafts; the histograms count ``accepted`` and ``ell``;
+    step, verified and accepted drafts; the histograms count ``accepted`` and ``ell``, and
+    the inter-token gap ``dt`` of every decoding row (``bisect_left`` on ``itl_edges``);
     prefilling rows (after ``n_dec``) take their ``chunk`` (empty: none), and those it
     completes emit their first token. Rows that have finished then leave, as
     ``Replica._remove`` takes them (their counters, ``now`` and their output into the
@@ -42,6 +44,15 @@ def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist, now,
         n_accepted += accepted[r]
         accept_hist[accepted[r]] += 1
         ell_hist[ell[r]] += 1
+    if n_dec:
+        lo, hi = 0, itl_edges.size  # bisect.bisect_left, NaN included
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if itl_edges[mid] < dt:
+                lo = mid + 1
+            else:
+                hi = mid
+        itl_hist[lo] += n_dec
     n_done = 0
     if chunk.size:
         for i in range(chunk.size):
