@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
+from itertools import islice
 from typing import NamedTuple
 
 import numpy as np
@@ -371,6 +372,18 @@ class Replica:
         else:
             used = self._committed_kv()
         rows = ctx.rows
+        if compiled.NUMBA:  # the queue's head decided and admitted in one call
+            head = np.fromiter(islice(self.waiting, room), np.int64)
+            self.batch, kv, pending, n_new, taken, blocked = fast.admit_fcfs(
+                self.batch, self.n_prefilling, rows, head, used, ctx.reserve,
+                ctx.admit_need, ctx.verify_slots, ctx.kv_capacity)
+            for _ in range(taken):
+                self.waiting.popleft()
+            ctx.stats.kv_blocked_steps += blocked
+            self.kv_tokens += kv
+            self.pending_prefill += pending
+            self.n_prefilling += n_new
+            return
         taken: list[int] = []
         while self.waiting and room > 0:
             rid = self.waiting[0]
@@ -383,13 +396,7 @@ class Replica:
             taken.append(rid)
             used += need
             room -= 1
-        if taken and compiled.NUMBA:
-            self.batch, kv, pending, n_new = fast.admit_rows(
-                self.batch, self.n_prefilling, rows, np.array(taken, dtype=np.int64))
-            self.kv_tokens += kv
-            self.pending_prefill += pending
-            self.n_prefilling += n_new
-        elif taken:
+        if taken:
             new = rows[taken]
             prefilled = new[:, PREFILLED] >= new[:, PREFILL_TARGET]
             if prefilled.any():

@@ -112,6 +112,30 @@ def remove_rows(batch, keep, log_steps, log_verified, log_accepted):
 
 
 @njit(cache=True)
+def admit_fcfs(batch, n_prefilling, rows, head, used, reserve, admit_need, verify_slots,
+               kv_capacity):
+    """``Replica._admit``: the waiting requests ``head`` (the queue's first, as many as
+    the batch has room for) join in order while their KV fits (``used`` so far; a request
+    needs its prompt + output when ``reserve``, else its prefill target and verify slots),
+    the first that does not blocking the rest, unless the batch would be empty. Returns
+    :func:`admit_rows`'s four results, how many joined and whether KV held one back."""
+    taken = 0
+    blocked = False
+    for i in range(head.size):
+        rid = head[i]
+        need = admit_need[rid] if reserve else rows[rid, PREFILL_TARGET] + verify_slots
+        if used + need > kv_capacity and (batch.shape[0] or taken):
+            blocked = True
+            break
+        taken += 1
+        used += need
+    if taken == 0:
+        return batch, 0, 0, 0, 0, blocked
+    out, kv, pending, n_new = admit_rows(batch, n_prefilling, rows, head[:taken])
+    return out, kv, pending, n_new, taken, blocked
+
+
+@njit(cache=True)
 def admit_rows(batch, n_prefilling, rows, taken):
     """``Replica._admit``'s batch update: the ``taken`` requests' rows join the batch,
     those already prefilled (disaggregated prefill) after its decoding rows and the rest
