@@ -45,9 +45,12 @@ def test_both_paths_give_the_same_bytes_on_the_golden_runs(tmp_path, monkeypatch
     assert fast == ref
 
 
-def test_both_paths_agree_with_chunked_prefill_and_preemption(tmp_path, monkeypatch):
-    """The confidence scheduler over chunked prefill, KV preemption and a finite token
-    budget (the golden confidence run is disaggregated): every summary field equal."""
+@pytest.mark.parametrize("kv_mode", ["preempt", "reserve"])
+def test_both_paths_agree_with_chunked_prefill_and_preemption(tmp_path, monkeypatch,
+                                                              kv_mode):
+    """The confidence scheduler over chunked prefill, a finite token budget and a KV
+    capacity that preempts or (reserving each request's prompt + output) holds requests
+    back (the golden confidence run is disaggregated): every summary field equal."""
     from typer.testing import CliRunner
 
     from dspark_sim.cli import app
@@ -55,7 +58,7 @@ def test_both_paths_agree_with_chunked_prefill_and_preemption(tmp_path, monkeypa
     args = ["run", "--policy", "confidence", "--qps", "30", "--num-requests", "250",
             "--seed", "5", "--replicas", "1", "--profile", "qwen3-8b-h100",
             "--max-num-seqs", "64", "--max-num-batched-tokens", "512",
-            "--kv-capacity-tokens", "60000"]
+            "--kv-capacity-tokens", "60000", "--kv-mode", kv_mode]
     got = {}
     for use in (False, True):
         monkeypatch.setattr(compiled, "NUMBA", use)
@@ -63,7 +66,8 @@ def test_both_paths_agree_with_chunked_prefill_and_preemption(tmp_path, monkeypa
         res = CliRunner().invoke(app, [*args, "--out", str(out)])
         assert res.exit_code == 0, res.output
         got[use] = json.loads((out / "summary.json").read_text())
-    assert got[False]["preemptions"] > 0  # the run reaches the paths it is here for
+    # the run reaches the paths it is here for
+    assert got[False]["preemptions" if kv_mode == "preempt" else "kv_blocked_steps"] > 0
     assert got[True] == got[False]
 
 
