@@ -237,29 +237,21 @@ def stacked_lagged(ring, ring_rows, ring_state, lag_steps, lag_rows, g):
 
 
 @njit(cache=True)
-def confidence_lengths(survival, current, trace_idx, trace_accept_len, ring, ring_rows,
-                       ring_state, lag_steps, lag_rows, table_s, per_token, offset, kink,
+def confidence_lengths(survival, current, lagged, slot, trace_idx, trace_accept_len, ring,
+                       ring_rows, ring_state, table_s, per_token, offset, kink,
                        pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted):
-    """:func:`confidence_step` after the gather and the sort of ``current`` (this step's
-    survivals, ascending). The lagged view is read in the ring where it is one step's
-    (:func:`lagged_slot`), stacked and sorted where it is more, empty before there is
-    one. Writes ``ell`` and ``accepted``; returns (the sum of l, trimmed)."""
+    """:func:`confidence_step` after the gather and the sorts (``current``: this step's
+    survivals sorted ascending; the lagged view's, sorted ascending, in ring ``slot`` when
+    it is one step's, else ``lagged``, empty before there is a lagged view). Writes
+    ``ell`` and ``accepted``; returns (the sum of l, trimmed)."""
     n_dec, g = survival.shape
     m = n_dec * g
     h = ring.shape[0]
     head = ring_state[0]
     count = ring_state[1]
     extra = extra_from_terms(m + 1, per_token, offset, kink, n_dec)
-    slot = lagged_slot(ring_rows, ring_state, lag_steps, lag_rows)
     if slot >= 0:
         lagged = ring[slot, : ring_rows[slot] * g]
-    elif slot == -2:
-        lagged, is_sorted = stacked_lagged(ring, ring_rows, ring_state, lag_steps, lag_rows,
-                                           g)
-        if not is_sorted:
-            lagged.sort()
-    else:
-        lagged = ring[0, :0]
     if lagged.size:
         estimate = stretch_sorted(lagged[::-1], m)
         k = budget_displacement(estimate, n_dec, table_s, extra, pending_prefill,
@@ -294,6 +286,9 @@ def confidence_lengths(survival, current, trace_idx, trace_accept_len, ring, rin
     return drafts, trimmed
 
 
+_NO_LAG = np.empty(0)
+
+
 def confidence_step(survival, current, trace_idx, trace_accept_len, ring, ring_rows,
                     ring_state, lag_steps, lag_rows, table_s, per_token, offset, kink,
                     pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted):
@@ -308,13 +303,19 @@ def confidence_step(survival, current, trace_idx, trace_accept_len, ring, ring_r
     ``accepted`` (the caller's buffers, reused from step to step); returns (the sum of l,
     trimmed to the budget).
 
-    A kernel after numpy's sort of ``current``: numpy's SIMD sort is up to ~10x numba's
-    on the survivals, depending on the host (a quicksort slows down on their many equal
-    values). Each step's survivals are sorted once and kept sorted, so a lagged window of
-    one step (any batch of ``lag_rows`` or more) is read where it is; only a window
-    stacked from several small steps is sorted in the kernel."""
+    Kernels around numpy's sorts: numpy's SIMD sort is ~10x numba's on the survivals (a
+    quicksort slows down on their many equal values). Each step's survivals are sorted
+    once and kept sorted, so a lagged window of one step (any batch of ``lag_rows`` or
+    more) is read where it is."""
     current.sort()
-    return confidence_lengths(survival, current, trace_idx, trace_accept_len, ring,
-                              ring_rows, ring_state, lag_steps, lag_rows, table_s, per_token,
-                              offset, kink, pending_prefill, prefill_s_per_token,
-                              budget_tokens, ell, accepted)
+    slot = lagged_slot(ring_rows, ring_state, lag_steps, lag_rows)
+    lagged = _NO_LAG
+    if slot == -2:
+        lagged, is_sorted = stacked_lagged(ring, ring_rows, ring_state, lag_steps, lag_rows,
+                                           survival.shape[1])
+        if not is_sorted:
+            lagged = np.sort(lagged)
+    return confidence_lengths(survival, current, lagged, slot, trace_idx, trace_accept_len,
+                              ring, ring_rows, ring_state, table_s, per_token, offset, kink,
+                              pending_prefill, prefill_s_per_token, budget_tokens, ell,
+                              accepted)
