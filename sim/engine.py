@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
 from itertools import islice
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -459,7 +460,10 @@ class Replica:
 
     def _preempt_if_full(self) -> None:
         ctx = self.ctx
-        if ctx.reserve or len(self.batch) <= 1 or self._committed_kv() <= ctx.kv_capacity:
+        n = len(self.batch)
+        # _committed_kv(), inlined: this runs every step
+        if ctx.reserve or n <= 1 or self.kv_tokens + self.pending_prefill \
+                + n * ctx.verify_slots <= ctx.kv_capacity:
             return
         batch = self.batch
         kv = batch[:, PREFILL_TARGET] + batch[:, GENERATED] - batch[:, GENERATED_AT_ADMIT] \
@@ -523,8 +527,12 @@ class Replica:
                 self.ctx.stats.skipped_request_steps += skipped
             if lossy.fill_tokens is not None:  # KV writes of earlier unverified commits
                 verify_tokens += int(lossy.fill_tokens.sum())
-        chunk, remaining = self._prefill_chunks(batch, n_dec, verify_tokens)
-        prefill_tokens = int(chunk.sum()) if chunk is not None else 0
+        if self.n_prefilling:
+            chunk, remaining = self._prefill_chunks(batch, n_dec, verify_tokens)
+            prefill_tokens = int(chunk.sum())
+        else:
+            chunk = remaining = None
+            prefill_tokens = 0
         if verify_tokens + prefill_tokens == 0 and not skipped:
             raise RuntimeError("engine step with no work")  # a prefill chunk always progresses
         return StepPlan(n_dec, ell, accepted, lossy, verify_tokens, chunk, remaining,
@@ -629,11 +637,10 @@ class Replica:
             int(tokens.sum())
 
     def _prefill_chunks(self, batch: np.ndarray, n_dec: int, verify_tokens: int
-                        ) -> tuple[np.ndarray | None, np.ndarray | None]:
+                        ) -> tuple[np.ndarray, np.ndarray]:
         """Step 4: chunked prefill takes what verification left of the token budget,
-        FCFS over the prefilling rows. Returns (chunk per row, tokens each had left)."""
-        if not self.n_prefilling:
-            return None, None
+        FCFS over the prefilling rows (there are some). Returns (chunk per row, tokens
+        each had left)."""
         prefilling = slice(n_dec, None)
         remaining = batch[prefilling, PREFILL_TARGET] - batch[prefilling, PREFILLED]
         left = max(0, self.ctx.max_num_batched_tokens - verify_tokens)
@@ -1086,6 +1093,9 @@ class SimContext:
         return s
 
 
+_OUTSTANDING = attrgetter("outstanding")
+
+
 class Router:
     def __init__(self, replicas: list[Replica], kind: str) -> None:
         self.replicas = replicas
@@ -1097,5 +1107,4 @@ class Router:
             r = self.replicas[self._next % len(self.replicas)]
             self._next += 1
             return r
-        loads = [r.outstanding for r in self.replicas]
-        return self.replicas[loads.index(min(loads))]
+        return min(self.replicas, key=_OUTSTANDING)  # the first of the least loaded
