@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
+from functools import partial
 from itertools import islice
 from operator import attrgetter
 from typing import NamedTuple
@@ -1097,14 +1098,17 @@ _OUTSTANDING = attrgetter("outstanding")
 
 
 class Router:
+    """Which replica a request goes to: ``route()``, called once per request."""
+
     def __init__(self, replicas: list[Replica], kind: str) -> None:
         self.replicas = replicas
         self.kind = kind
         self._next = 0
+        if kind != "round-robin" and len(replicas) > 1:
+            # least-outstanding, the first of the least loaded: one C call, no frame
+            self.route = partial(min, replicas, key=_OUTSTANDING)
 
     def route(self) -> Replica:
-        if self.kind == "round-robin" or len(self.replicas) == 1:
-            r = self.replicas[self._next % len(self.replicas)]
-            self._next += 1
-            return r
-        return min(self.replicas, key=_OUTSTANDING)  # the first of the least loaded
+        r = self.replicas[self._next % len(self.replicas)]
+        self._next += 1
+        return r

@@ -822,6 +822,12 @@ def test_least_outstanding_picks_the_emptiest_whatever_the_order(n_replicas):
     assert [rr.route() for _ in range(3)] == [reps[i % n_replicas] for i in range(3)]
     one = engine.Router(reps[:1], "least-outstanding")
     assert [one.route() for _ in range(2)] == [reps[0]] * 2
+    # a tie goes to the first of the least loaded, and a load read at each call
+    tied = [SimpleNamespace(outstanding=n) for n in (2, 1, 1)]
+    lo = engine.Router(tied, "least-outstanding")
+    assert lo.route() is tied[1]
+    tied[1].outstanding = 2
+    assert lo.route() is tied[2]
 
 
 # -- from the full sim/engine.py mutation run (tools/mutation.py) ------------------------
