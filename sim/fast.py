@@ -256,9 +256,16 @@ def gather_trace_rows(batch, n_dec, trace_survival, trace_idx, survival, flat):
     into the caller's buffers (``trace_idx`` [n_dec], ``survival`` [n_dec, gamma] and
     ``flat``, the same survivals flattened)."""
     g = trace_survival.shape[1]
+    # the positions first, then the rows: the loads of scattered rows, each a likely
+    # cache miss, are then independent of the (division's) arithmetic and overlap
     for r in range(n_dec):
-        t = batch[r, TRACE_START] + (batch[r, GENERATED] - 1) % batch[r, TRACE_LEN]
-        trace_idx[r] = t
+        pos = batch[r, GENERATED] - 1
+        length = batch[r, TRACE_LEN]
+        if pos >= length or pos < 0:  # Python's modulo, only where it changes pos
+            pos %= length
+        trace_idx[r] = batch[r, TRACE_START] + pos
+    for r in range(n_dec):
+        t = trace_idx[r]
         for j in range(g):
             v = trace_survival[t, j]
             survival[r, j] = v
