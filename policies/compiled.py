@@ -198,31 +198,84 @@ def extra_from_terms(size, per_token, offset, kink, n_dec):
     return extra
 
 
+def ring_capacity(rows: int, g: int, lag_steps: int, lag_rows: int) -> int:
+    """Survivals the decision's ring holds for steps of up to ``rows`` rows of ``g``: the
+    steps a later decision can still read (the ``lag_steps`` newest, and older ones
+    stacked while they hold fewer than ``lag_rows`` rows: under ``(lag_steps + 1) * rows
+    + lag_rows`` rows), plus a step written, plus what a write that wraps leaves unused
+    (a step each)."""
+    return ((lag_steps + 4) * rows + lag_rows) * g
+
+
+def empty_ring(rows: int, g: int, lag_steps: int, lag_rows: int, history: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The decision's ring for ``history`` steps of up to ``rows`` rows: (the survivals,
+    each step's ascending and in one piece, one after another round a buffer of
+    :func:`ring_capacity`; ``slots`` [history, 2], each step's rows and where its
+    survivals start; ``state`` = [next slot, steps held, where the next step is
+    written]). A ring of slots a step wide would spread a step's survivals over
+    ``history`` times as much memory, each written again only ``history`` steps later,
+    when it has left the cache."""
+    return (np.zeros(ring_capacity(rows, g, lag_steps, lag_rows)),
+            np.zeros((max(1, history), 2), np.int64), np.zeros(3, np.int64))
+
+
+def widen_ring(ring: np.ndarray, slots: np.ndarray, state: np.ndarray, rows: int, g: int,
+               lag_steps: int, lag_rows: int) -> np.ndarray:
+    """The ring's survivals moved into a buffer for steps of up to ``rows`` rows: the
+    newest steps, as many as leave room for a step written and a wrap (every step a
+    later decision reads is among them), in order from the start; ``slots`` and
+    ``state`` updated in place. Returns the new buffer."""
+    capacity = ring_capacity(rows, g, lag_steps, lag_rows)
+    h = slots.shape[0]
+    head, count = int(state[0]), int(state[1])
+    keep, size = 0, 0
+    while keep < count:
+        s = (head - 1 - keep) % h
+        m = int(slots[s, 0]) * g
+        if size + m > capacity - 3 * rows * g:
+            break
+        keep += 1
+        size += m
+    wider = np.zeros(capacity)
+    at = 0
+    for j in range(keep - 1, -1, -1):
+        s = (head - 1 - j) % h
+        m = int(slots[s, 0]) * g
+        start = int(slots[s, 1])
+        wider[at: at + m] = ring[start: start + m]
+        slots[s, 1] = at
+        at += m
+    state[1] = keep
+    state[2] = at
+    return wider
+
+
 @njit(cache=True)
-def lagged_slot(ring_rows, ring_state, lag_steps, lag_rows):
+def lagged_slot(slots, ring_state, lag_steps, lag_rows):
     """Where ``Policy.lagged``'s view over the ring of past steps lies: the ring slot of
     the step ``lag_steps`` ago when that one step holds ``lag_rows`` rows (read where it
     is), -1 before there are that many steps, -2 when older steps must be stacked onto it
     (:func:`stacked_lagged`)."""
     if ring_state[1] < lag_steps:
         return -1
-    slot = (ring_state[0] - lag_steps) % ring_rows.shape[0]
-    return slot if lag_rows <= ring_rows[slot] else -2
+    slot = (ring_state[0] - lag_steps) % slots.shape[0]
+    return slot if lag_rows <= slots[slot, 0] else -2
 
 
 @njit(cache=True)
-def stacked_lagged(ring, ring_rows, ring_state, lag_steps, lag_rows, g):
+def stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows, g):
     """The lagged view where :func:`lagged_slot` says -2: the survivals of ``lag_steps``
     steps ago with the steps before it until they hold ``lag_rows`` rows (or all the ring
     holds), and whether they are sorted (one step's are: each is held sorted ascending)."""
-    h = ring.shape[0]
+    h = slots.shape[0]
     head = ring_state[0]
     count = ring_state[1]
     newest = count - lag_steps
-    total = ring_rows[(head - count + newest) % h]
+    total = slots[(head - count + newest) % h, 0]
     first = newest
     for j in range(newest - 1, -1, -1):
-        total += ring_rows[(head - count + j) % h]
+        total += slots[(head - count + j) % h, 0]
         first = j
         if total >= lag_rows:
             break
@@ -230,15 +283,16 @@ def stacked_lagged(ring, ring_rows, ring_state, lag_steps, lag_rows, g):
     at = 0
     for j in range(first, newest + 1):
         s = (head - count + j) % h
-        m = ring_rows[s] * g
-        values[at: at + m] = ring[s, :m]
+        m = slots[s, 0] * g
+        start = slots[s, 1]
+        values[at: at + m] = ring[start: start + m]
         at += m
     return values, first == newest
 
 
 @njit(cache=True)
 def confidence_lengths(survival, current, lagged, slot, trace_idx, trace_accept_len, ring,
-                       ring_rows, ring_state, table_s, per_token, offset, kink,
+                       slots, ring_state, table_s, per_token, offset, kink,
                        pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted):
     """:func:`confidence_step` after the gather and the sorts (``current``: this step's
     survivals sorted ascending; the lagged view's, sorted ascending, in ring ``slot`` when
@@ -246,12 +300,12 @@ def confidence_lengths(survival, current, lagged, slot, trace_idx, trace_accept_
     ``ell`` and ``accepted``; returns (the sum of l, trimmed)."""
     n_dec, g = survival.shape
     m = n_dec * g
-    h = ring.shape[0]
+    h = slots.shape[0]
     head = ring_state[0]
     count = ring_state[1]
     extra = extra_from_terms(m + 1, per_token, offset, kink, n_dec)
     if slot >= 0:
-        lagged = ring[slot, : ring_rows[slot] * g]
+        lagged = ring[slots[slot, 1]: slots[slot, 1] + slots[slot, 0] * g]
     if lagged.size:
         estimate = stretch_sorted(lagged[::-1], m)
         k = budget_displacement(estimate, n_dec, table_s, extra, pending_prefill,
@@ -259,10 +313,15 @@ def confidence_lengths(survival, current, lagged, slot, trace_idx, trace_accept_
     else:
         k = budget_displacement(current[::-1], n_dec, table_s, extra, pending_prefill,
                                 prefill_s_per_token, True)
-    ring[head, :m] = current
-    ring_rows[head] = n_dec
+    at = ring_state[2]
+    if at + m > ring.size:  # round the buffer: this step's survivals stay in one piece
+        at = 0
+    ring[at: at + m] = current
+    slots[head, 0] = n_dec
+    slots[head, 1] = at
     ring_state[0] = (head + 1) % h
     ring_state[1] = min(count + 1, h)
+    ring_state[2] = at + m
     k = max(0, min(k, m))
     if k == 0:
         ell[:] = 0
@@ -289,15 +348,15 @@ def confidence_lengths(survival, current, lagged, slot, trace_idx, trace_accept_
 _NO_LAG = np.empty(0)
 
 
-def confidence_step(survival, current, trace_idx, trace_accept_len, ring, ring_rows,
+def confidence_step(survival, current, trace_idx, trace_accept_len, ring, slots,
                     ring_state, lag_steps, lag_rows, table_s, per_token, offset, kink,
                     pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted):
     """The default scheduler's whole decision for a step's decoding rows, as
     ``Replica._verify_lengths`` runs ``policies.confidence._confidence``, given their
     survivals [n, gamma] at their trace rows ``trace_idx`` (and flattened, ``current``,
-    which this sorts in place): size the budget on the lagged survivals (``ring``: the
-    last steps' survivals, each step's sorted ascending, ``ring_rows`` their row counts,
-    ``ring_state`` = [next slot, steps held]) stretched to this batch at this step's
+    which this sorts in place): size the budget on the lagged survivals (the ring of
+    :func:`empty_ring`: the last steps' survivals, each step's sorted ascending)
+    stretched to this batch at this step's
     costs, admit the top-K drafts by current survival, trim to the token budget. This
     step's survivals then join the ring. Writes l and the accepted drafts into ``ell`` and
     ``accepted`` (the caller's buffers, reused from step to step); returns (the sum of l,
@@ -308,14 +367,14 @@ def confidence_step(survival, current, trace_idx, trace_accept_len, ring, ring_r
     once and kept sorted, so a lagged window of one step (any batch of ``lag_rows`` or
     more) is read where it is."""
     current.sort()
-    slot = lagged_slot(ring_rows, ring_state, lag_steps, lag_rows)
+    slot = lagged_slot(slots, ring_state, lag_steps, lag_rows)
     lagged = _NO_LAG
     if slot == -2:
-        lagged, is_sorted = stacked_lagged(ring, ring_rows, ring_state, lag_steps, lag_rows,
+        lagged, is_sorted = stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows,
                                            survival.shape[1])
         if not is_sorted:
             lagged = np.sort(lagged)
     return confidence_lengths(survival, current, lagged, slot, trace_idx, trace_accept_len,
-                              ring, ring_rows, ring_state, table_s, per_token, offset, kink,
+                              ring, slots, ring_state, table_s, per_token, offset, kink,
                               pending_prefill, prefill_s_per_token, budget_tokens, ell,
                               accepted)

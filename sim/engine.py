@@ -315,11 +315,12 @@ class Replica:
         # this step's drafts proposed per decoding row (a trace with draft_tokens), else None
         self.proposed: np.ndarray | None = None
         if ctx.kernel is not None:
-            # the compiled decision's lagged view: the last steps' survivals, flat per step
-            # (``ring_state``: next slot, steps held)
-            self.ring = np.zeros((max(1, ctx.policy.history), 0))
-            self.ring_rows = np.zeros(self.ring.shape[0], np.int64)
-            self.ring_state = np.zeros(2, np.int64)
+            # the compiled decision's lagged view: the last steps' survivals
+            # (``compiled.empty_ring``), sized for the batch by _widen_decision
+            policy = ctx.policy
+            self.ring, self.ring_slots, self.ring_state = compiled.empty_ring(
+                0, ctx.trace_survival.shape[1], policy.lag_steps, policy.lag_rows,
+                policy.history)
             # and its inputs and outputs, written in place by the kernels instead of five
             # arrays allocated and handed back per step: this step's plan holds views of
             # them until its replay, and the next step's decision comes after that
@@ -328,12 +329,13 @@ class Replica:
 
     def _widen_decision(self, rows: int) -> None:
         """Make room for ``rows`` decoding rows (at least doubling) in the compiled
-        decision's ring, which keeps the steps it holds, and in its buffers."""
+        decision's ring, which keeps the steps a decision can still read, and in its
+        buffers."""
         rows = max(rows, 2 * len(self.ell_buf))
         g = self.ctx.trace_survival.shape[1]
-        wider = np.zeros((self.ring.shape[0], rows * g))
-        wider[:, : self.ring.shape[1]] = self.ring
-        self.ring = wider
+        policy = self.ctx.policy
+        self.ring = compiled.widen_ring(self.ring, self.ring_slots, self.ring_state, rows, g,
+                                        policy.lag_steps, policy.lag_rows)
         self.trace_idx_buf = np.zeros(rows, np.int64)
         self.ell_buf = np.zeros(rows, np.int64)
         self.accepted_buf = np.zeros(rows, np.int64)
@@ -598,7 +600,7 @@ class Replica:
                                    current)
         ell, accepted = self.ell_buf[:n_dec], self.accepted_buf[:n_dec]
         drafts, trimmed = ctx.kernel(
-            survival, current, trace_idx, ctx.trace_accept_len, self.ring, self.ring_rows,
+            survival, current, trace_idx, ctx.trace_accept_len, self.ring, self.ring_slots,
             self.ring_state, policy.lag_steps, policy.lag_rows, sched.dense_step_s,
             per_token, offset, kink, self.pending_prefill, sched.prefill_s_per_token,
             ctx.max_num_batched_tokens, ell, accepted)

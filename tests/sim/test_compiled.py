@@ -144,10 +144,16 @@ def test_the_compiled_confidence_decision_equals_the_policy_on_its_snapshots(
     accept_len = rng.integers(0, gamma + 1, n_trace).astype(np.int8)
     table = readonly(0.01 + 2e-5 * np.arange(budget + 1) + rng.random(budget + 1) * 1e-4)
     history = deque(maxlen=policy.history)
-    h = policy.history
-    ring, ring_rows, state = np.zeros((h, 30 * gamma)), np.zeros(h, np.int64), \
-        np.zeros(2, np.int64)
+    # a ring sized for the first step's batch, widened as the engine widens it, so its
+    # survivals wrap round the buffer and move when it grows
+    rows = steps[0]
+    ring, slots, state = compiled.empty_ring(rows, gamma, policy.lag_steps,
+                                             policy.lag_rows, policy.history)
     for n in steps:
+        if n > rows:
+            rows = max(n, 2 * rows)
+            ring = compiled.widen_ring(ring, slots, state, rows, gamma, policy.lag_steps,
+                                       policy.lag_rows)
         batch = np.zeros((n, engine.NUM_COLUMNS), np.int64)
         batch[:, engine.TRACE_START] = rng.integers(0, n_trace - 20, n)
         batch[:, engine.TRACE_LEN] = 20
@@ -175,7 +181,7 @@ def test_the_compiled_confidence_decision_equals_the_policy_on_its_snapshots(
         assert (gathered_idx[n:] == -1).all() and (flat[n * gamma:] == -1).all()
         ell, accepted = np.full(n, -1), np.full(n, -1)
         drafts, trimmed = compiled.confidence_step(
-            gathered[:n], flat[: n * gamma], gathered_idx[:n], accept_len, ring, ring_rows,
+            gathered[:n], flat[: n * gamma], gathered_idx[:n], accept_len, ring, slots,
             state, policy.lag_steps, policy.lag_rows, table, per_token, offset, kink,
             pending, 2e-5, budget, ell, accepted)
         assert ell.tobytes() == ref.tobytes() and drafts == int(ref.sum())
