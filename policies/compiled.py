@@ -356,9 +356,8 @@ def confidence_step(survival, current, trace_idx, trace_accept_len, ring, slots,
     survivals [n, gamma] at their trace rows ``trace_idx`` (and flattened, ``current``,
     which this sorts in place): size the budget on the lagged survivals (the ring of
     :func:`empty_ring`: the last steps' survivals, each step's sorted ascending)
-    stretched to this batch at this step's
-    costs, admit the top-K drafts by current survival, trim to the token budget. This
-    step's survivals then join the ring. Writes l and the accepted drafts into ``ell`` and
+    stretched to this batch at this step's costs, admit the top-K drafts by current
+    survival, trim to the token budget. This step's survivals then join the ring. Writes l and the accepted drafts into ``ell`` and
     ``accepted`` (the caller's buffers, reused from step to step); returns (the sum of l,
     trimmed to the budget).
 

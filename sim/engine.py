@@ -463,10 +463,7 @@ class Replica:
 
     def _preempt_if_full(self) -> None:
         ctx = self.ctx
-        n = len(self.batch)
-        # _committed_kv(), inlined: this runs every step
-        if ctx.reserve or n <= 1 or self.kv_tokens + self.pending_prefill \
-                + n * ctx.verify_slots <= ctx.kv_capacity:
+        if ctx.reserve or len(self.batch) <= 1 or self._committed_kv() <= ctx.kv_capacity:
             return
         batch = self.batch
         kv = batch[:, PREFILL_TARGET] + batch[:, GENERATED] - batch[:, GENERATED_AT_ADMIT] \
@@ -1104,7 +1101,6 @@ class Router:
 
     def __init__(self, replicas: list[Replica], kind: str) -> None:
         self.replicas = replicas
-        self.kind = kind
         self._next = 0
         if kind != "round-robin" and len(replicas) > 1:
             # least-outstanding, the first of the least loaded: one C call, no frame
