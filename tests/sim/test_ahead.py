@@ -22,9 +22,6 @@ from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, Wor
 
 pytest.importorskip("numba")
 
-MOONCAKE = "../shared/data/workloads/mooncake_conversation_trace.jsonl"
-
-
 class _Spy:
     """Stands for ``api.Handoffs``: counts the runs computed ahead and the ones it gave up."""
 
@@ -171,10 +168,11 @@ def test_front_end_refusals_and_an_attention_window(monkeypatch):
     assert fast.summary["rejected"] > 0
 
 
-def test_a_replayed_workload_with_simultaneous_arrivals(monkeypatch):
+def test_a_replayed_workload_with_simultaneous_arrivals(monkeypatch, shared_dir):
     """Mooncake's timestamps are whole milliseconds, so requests arrive together (and
     its first ones all at 0): ties inside the front end, in SimPy's order."""
-    cfg = _cfg(n=400, arrival="replay", workload_path=MOONCAKE, replay_qps=20.0)
+    mooncake = shared_dir / "data/workloads/mooncake_conversation_trace.jsonl"
+    cfg = _cfg(n=400, arrival="replay", workload_path=str(mooncake), replay_qps=20.0)
     fast, ref, spy = _both(monkeypatch, cfg)
     assert len(spy.made) == 1
     arrived = spy.made[0].arrived
