@@ -3,7 +3,11 @@ the command's (a cog block, regenerated and compared)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,7 +80,6 @@ def test_ci_runs_the_torch_free_part_on_a_light_install():
     """After the README's suite, CI runs the torch-free tests once more in a venv with
     neither torch nor the capture extra: the README promises that install, and a test
     that needs the capture stack without its marker failed only there."""
-    import re
 
     ci = (ROOT / ".ci/run").read_text()
     light = ci.split("\npython -m pytest\n", 1)[1]
@@ -88,3 +91,45 @@ def test_ci_runs_the_torch_free_part_on_a_light_install():
     named = re.findall(r"tests/(?:\w+/)?test_\w+\.py", light)
     assert named and all((ROOT / f).is_file() for f in named), named
     assert "SIM_POLICY_TESTS" in light  # the sim/ and policies/ files, named once
+
+
+def test_ci_installs_the_readme_way_in_a_fresh_venv():
+    """The README's install runs in a virtual environment CI has just made, so packages
+    the machine kept from earlier work cannot hide what a fresh install resolves."""
+    ci = (ROOT / ".ci/run").read_text()
+    install = _commands(ci)[0]
+    before = ci.split(install, 1)[0]
+    made = re.search(r'^python -m venv "(\$\w+)/venv"$', before, re.M)
+    assert made, "no fresh venv before the README's install"
+    assert f'source "{made.group(1)}/venv/bin/activate"' in before
+    assert "-c constraints.txt" in install
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for ln in (ROOT / "constraints.txt").read_text().splitlines():
+        if ln.strip() and not ln.startswith("#"):
+            name, version = ln.split("==")
+            pins[canonicalize_name(name)] = version.strip()
+    return pins
+
+
+def test_every_pin_satisfies_the_projects_own_bounds():
+    """constraints.txt pins every dependency of the README's install (but torch and what
+    its build pins, left to the torch installed first) inside pyproject.toml's bounds: a
+    raised lower bound without a refresh (tools/refresh_constraints.sh) fails here."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    for extra in ("capture", "dev"):
+        reqs += [Requirement(r) for r in project["optional-dependencies"][extra]]
+    pins = _pins()
+    for req in reqs:
+        name = canonicalize_name(req.name)
+        if name in ("torch", "triton"):
+            assert name not in pins  # a CUDA build of the same torch must still fit
+            continue
+        assert name in pins, f"{req.name} is not pinned in constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), (req, pins[name])
+    assert not [v for v in pins.values() if "+" in v]  # no local build labels
