@@ -574,7 +574,7 @@ def traces_import(
                                              "serve JSON, by --format).")],
     out: OutParquet,
     fmt: Annotated[str, typer.Option("--format", help="specdecode-bench | per-position | "
-                                     "vllm-counters")],
+                                     "vllm-counters | vllm-per-request")],
     column: Annotated[str | None, typer.Option(
         help="specdecode-bench: which acceptance column, eagle | ngram (default eagle).")] = None,
     domain: Annotated[str | None, typer.Option(
@@ -606,7 +606,8 @@ def traces_import(
     applies = {"specdecode-bench": {"--column", "--domain", "--gamma-max"},
                "per-position": {"--domain", "--gamma-max"},
                "vllm-counters": {"--domain", "--requests", "--positions", "--seed",
-                                 "--model-name"}}[fmt]
+                                 "--model-name"},
+               "vllm-per-request": {"--domain", "--gamma-max"}}[fmt]
     for opt, val in given.items():
         if val is not None and opt not in applies:
             raise InputError(opt, f"does not apply to --format {fmt}")
@@ -622,7 +623,10 @@ def traces_import(
                   f"{'' if t.has_conf else ', no confidences'}"
                   f"{', per-request lengths' if t.has_lengths else ''}; served tau "
                   + ", ".join(f"k={k}: {t.served_tau(k):.2f}"
-                              for k in sorted({1, 3, 5, t.gamma_max}) if k <= t.gamma_max),
+                              for k in sorted({1, 3, 5, t.gamma_max}) if k <= t.gamma_max)
+                  + ("" if t.meta.extra.get("vllm_acceptance_length") is None else
+                     f"; vLLM acceptance length (per step with a proposal) "
+                     f"{t.meta.extra['vllm_acceptance_length']:.3f}"),
                   highlight=False)
 
 

@@ -76,7 +76,7 @@ from dspark_sim.io import (
 )
 from dspark_sim.traces.schema import INT32_MAX, AcceptanceTrace, TraceMeta
 
-FORMATS = ("specdecode-bench", "per-position", "vllm-counters")
+FORMATS = ("specdecode-bench", "per-position", "vllm-counters", "vllm-per-request")
 SPECDECODE_COLUMNS = ("eagle", "ngram")
 GAMMA_LIMIT = 127  # accept_len is stored as int8
 # Any count read from a file (accepted runs, token counts) above this is refused, with
@@ -95,6 +95,10 @@ def import_trace(fmt: str, src: str | Path, **opts: Any) -> AcceptanceTrace:
         return import_per_position(src, **opts)
     if fmt == "vllm-counters":
         return import_vllm_counters(src, **opts)
+    if fmt == "vllm-per-request":  # vLLM's own per-step counts: traces/vllm_per_request.py
+        from dspark_sim.traces.vllm_per_request import import_vllm_per_request
+
+        return import_vllm_per_request(src, **opts)
     raise InputError("--format", f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
 
 
