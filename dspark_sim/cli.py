@@ -1276,7 +1276,12 @@ def calibrate_vllm_cmd(
     from dspark_sim.io import write_json_atomic, write_text_atomic
     from dspark_sim.traces.schema import write_trace
     from dspark_sim.validation.vllm_compare import load_engine
-    from dspark_sim.validation.vllm_fit import fit_profile, read_bench_runs
+    from dspark_sim.validation.vllm_fit import (
+        fit_profile,
+        read_bench_runs,
+        substitution_warnings,
+    )
+    from dspark_sim.validation.vllm_repeats import constants_line
 
     check_writable(out, "--out", inside={"profile.toml": "file", "trace.parquet": "file",
                                          "fit.json": "file"})
@@ -1285,6 +1290,8 @@ def calibrate_vllm_cmd(
 
         profile_from_sheets(sheet)  # a bad sheet fails before the fit runs
     runs = read_bench_runs(files)
+    for line in substitution_warnings(runs):
+        err_console.print("warning: " + line, highlight=False)
     engine = load_engine(None, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens or 8192,
                          kv_capacity_tokens=kv_capacity_tokens)
@@ -1295,11 +1302,15 @@ def calibrate_vllm_cmd(
         if fit.trace is not None:
             write_trace(fit.trace, out / "trace.parquet")
         write_json_atomic(out / "fit.json", {"parameters_ms": fit.theta_ms,
+                                             "constants": fit.uncertainty,
+                                             "points": fit.points,
                                              "iterations": fit.iterations,
                                              "residuals": fit.residuals})
     for r in fit.residuals:
         console.print(f"{r['run']:<24} {r['metric']:<18} measured {r['measured']:10.4g}  "
                       f"simulated {r['simulated']:10.4g}  ({r['error']:+.1%})", highlight=False)
+    console.print("constants (ms, ± one standard error): "
+                  + constants_line(fit.uncertainty, fit.points), highlight=False)
     console.print(f"wrote {out / 'profile.toml'}" + (f", {out / 'trace.parquet'}"
                                                       if fit.trace is not None else "")
                   + f"; worst fitted error {fit.worst_error:.1%}", highlight=False)
@@ -1397,9 +1408,11 @@ def vllm_measure(
 def _compare_and_print(runs_dir: Path, out: Path, split: str | None, seed: int,
                        overrides: dict) -> dict:
     from dspark_sim.validation.vllm_compare import compare, load_engine, write_comparison
-    from dspark_sim.validation.vllm_fit import read_bench_runs
+    from dspark_sim.validation.vllm_fit import read_bench_runs, substitution_warnings
 
     runs = read_bench_runs([runs_dir / "runs" if (runs_dir / "runs").is_dir() else runs_dir])
+    for line in substitution_warnings(runs):
+        err_console.print("warning: " + line, highlight=False)
     engine = load_engine(runs_dir / "manifest.json", **overrides)
     cmp = compare(runs, engine=engine, split=split, seed=seed)
     with deferred_interrupts():

@@ -9,7 +9,11 @@ throughput, median TPOT, median TTFT and acceptance length per (setting, load), 
 marked ``fitted`` or ``held-out``. Its headline is the worst held-out error per figure;
 below it, per load, the measured and the simulated best setting, the gain of the best
 speculative setting over none (where speculation pays), and whether the simulator's pick
-is vLLM's best or within 3 % of it.
+is vLLM's best or within 3 % of it (or within the best's measured spread, when wider).
+
+Repeats of a point (``vllm measure --rounds``) are one row: the median of each figure,
+with the repeats' count and spread (relative half-range), and the run's noise floor
+(:mod:`dspark_sim.validation.vllm_repeats`) in the headline.
 """
 
 from __future__ import annotations
@@ -30,6 +34,12 @@ from dspark_sim.validation.vllm_fit import (
     fit_profile,
     simulate_run,
     workload_file,
+)
+from dspark_sim.validation.vllm_repeats import (
+    constants_line,
+    format_noise,
+    group_points,
+    noise_floor,
 )
 
 FIGURES = (*METRICS, "acceptance_length")
@@ -81,6 +91,7 @@ class Comparison:
     regimes: pl.DataFrame  # one row per load
     fit: FitResult
     split: str
+    noise: dict | None = None  # per figure, the median spread of repeated points
 
     def headline(self) -> dict:
         held = self.table.filter(pl.col("split") == "held-out")
@@ -96,6 +107,9 @@ class Comparison:
                 "picks_within_tolerance": bool(self.regimes["pick_ok"].all()),
                 "loads_where_speculation_pays": int((self.regimes["measured_gain"] > 0).sum()),
                 "best_measured_gain": float(self.regimes["measured_gain"].max()),
+                "max_repeats": int(self.table["repeats"].max()),
+                "noise_floor": self.noise,
+                "constants": self.fit.uncertainty,
                 "split": self.split}
 
 
@@ -104,22 +118,26 @@ def compare(runs: list[BenchRun], *, engine: EngineConfig, split: str | None = N
     split = split or default_split(runs)
     fitted = parse_split(split, runs)
     fit = fit_profile([r for r in runs if r.name in fitted], engine=engine, seed=seed)
+    points = group_points(runs)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for r in runs:
+        for p in points:
+            r = p.run  # every figure at its median over the repeats
             sim = simulate_run(r, fit.profile, fit.trace, engine, workload_file(r, Path(tmp)),
                                seed)
             for fig in FIGURES:
                 if fig in r.measured:
+                    err = sim[fig] / r.measured[fig] - 1.0
                     rows.append({"run": r.name, "setting": r.setting, "k": r.k,
                                  "load": r.load, "concurrency": r.concurrency,
                                  "rate": r.rate,
                                  "split": "fitted" if r.name in fitted else "held-out",
                                  "figure": fig, "measured": r.measured[fig],
-                                 "simulated": sim[fig],
-                                 "error": sim[fig] / r.measured[fig] - 1.0})
+                                 "simulated": sim[fig], "error": err,
+                                 "repeats": p.repeats, "spread": p.spread(fig)})
     table = pl.DataFrame(rows)
-    return Comparison(table, _regimes(table), fit, split)
+    return Comparison(table, _regimes(table), fit, split,
+                      noise_floor(points) if any(p.repeats > 1 for p in points) else None)
 
 
 def _regimes(table: pl.DataFrame) -> pl.DataFrame:
@@ -138,12 +156,14 @@ def _regimes(table: pl.DataFrame) -> pl.DataFrame:
             gain_m = float(spec["measured"].max() / none["measured"][0] - 1.0)
             gain_s = float(spec["simulated"].max() / none["simulated"][0] - 1.0)
         picked = t.filter(pl.col("setting") == best_s["setting"])["measured"][0]
+        # a pick within the best's own measured spread cannot be told from it
+        slack = max(PICK_TOLERANCE, float(best_m["spread"] or 0.0))
         order_m = t.sort("measured", descending=True)["setting"].to_list()
         order_s = t.sort("simulated", descending=True)["setting"].to_list()
         out.append({"load": load, "measured_best": best_m["setting"],
                     "simulated_best": best_s["setting"],
                     "pick_shortfall": float(1.0 - picked / best_m["measured"]),
-                    "pick_ok": bool(picked >= (1.0 - PICK_TOLERANCE) * best_m["measured"]),
+                    "pick_ok": bool(picked >= (1.0 - slack) * best_m["measured"]),
                     "measured_gain": gain_m, "simulated_gain": gain_s,
                     "same_ranking": order_m == order_s})
     return pl.DataFrame(out)
@@ -157,8 +177,11 @@ def markdown(cmp: Comparison) -> str:
     worst = ", ".join(f"{LABELS[f]} {w['error']:+.1%} ({w['run']})"
                       for f, w in h["worst_held_out"].items())
     lines += [f"**Worst held-out error:** {worst}.", ""]
-    wide = cmp.table.pivot(on="figure", index=["run", "setting", "load", "split"],
-                           values=["measured", "simulated", "error"])
+    if cmp.noise is not None:
+        rep = cmp.table.filter(pl.col("repeats") > 1).unique("run")["repeats"]
+        lines += [format_noise(cmp.noise, rep.len(), int(rep.min()), int(rep.max())), ""]
+    wide = cmp.table.pivot(on="figure", index=["run", "setting", "load", "split", "repeats"],
+                           values=["measured", "simulated", "error", "spread"])
     head = ["run", "split"] + [f"{LABELS[f]} meas / sim (err)" for f in FIGURES]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in wide.iter_rows(named=True):
@@ -169,7 +192,8 @@ def markdown(cmp: Comparison) -> str:
                 cells.append("")
                 continue
             fmt = ".3g" if f != "acceptance_length" else ".2f"
-            cells.append(f"{m:{fmt}} / {row[f'simulated_{f}']:{fmt}} "
+            spread = f" ±{row[f'spread_{f}']:.0%}" if row["repeats"] > 1 else ""
+            cells.append(f"{m:{fmt}}{spread} / {row[f'simulated_{f}']:{fmt}} "
                          f"({row[f'error_{f}']:+.1%})")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "| load | vLLM's best | simulator's pick | pick's shortfall | best spec "
@@ -179,8 +203,8 @@ def markdown(cmp: Comparison) -> str:
             f"{r['measured_gain']:+.0%} / {r['simulated_gain']:+.0%}"
         lines.append(f"| {r['load']} | {r['measured_best']} | {r['simulated_best']} | "
                      f"{r['pick_shortfall']:.1%} | {gain} | {'yes' if r['same_ranking'] else 'no'} |")
-    p = cmp.fit.theta_ms
-    lines += ["", "Fitted step cost (ms): " + ", ".join(f"{k} {v:.4g}" for k, v in p.items())
+    lines += ["", "Fitted step cost (ms, ± one standard error): "
+              + constants_line(cmp.fit.uncertainty, cmp.fit.points)
               + f"; {cmp.fit.iterations} iterations."]
     return "\n".join(lines) + "\n"
 

@@ -42,10 +42,11 @@ from pathlib import Path
 import numpy as np
 
 from dspark_sim.calibration.profile import DraftCost, EngineLimits, EngineProfile
-from dspark_sim.errors import InputError
+from dspark_sim.errors import InputError, is_decimal
 from dspark_sim.io import loads_bench_serve_json, not_a_file
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
 from dspark_sim.traces.schema import AcceptanceTrace
+from dspark_sim.validation.vllm_repeats import constant_uncertainty, group_points
 
 # Figures compared, with their weights in the fit (TTFT is one prefill per request, with
 # the client's and the HTTP path's noise on top: it informs the per-token cost, weakly).
@@ -74,6 +75,9 @@ class BenchRun:
     # decode steps per request: its streamed chunks after the first token (vLLM streams
     # one chunk per engine step), None without --save-detailed
     decode_steps: np.ndarray | None = None
+    round: int | None = None  # vllm measure's round (--metadata dspark_round), if tagged
+    # what stood in for a field the file lacks (no --save-detailed): said as a warning
+    substituted: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -118,7 +122,8 @@ def read_bench_run(path: str | Path) -> BenchRun:
     if conc is None and (rate in (None, "inf") or rate == float("inf")):
         raise InputError(where, "neither max_concurrency nor a finite request_rate: cannot "
                                 "tell the run's load")
-    prompt, output, send = _requests(d, where, completed)
+    prompt, output, send, substituted = _requests(d, where, completed,
+                                                  None if conc is not None else float(rate))
     counters = {key: d[key] for key in d if key.startswith("spec_decode_")} if k else {}
     if k:
         measured["acceptance_length"] = _num(d, "spec_decode_acceptance_length", where)
@@ -128,13 +133,21 @@ def read_bench_run(path: str | Path) -> BenchRun:
     steps = np.array([len(x) for x in itls], np.int64) \
         if isinstance(itls, list) and len(itls) == completed \
         and all(isinstance(x, list) for x in itls) else None
+    if k and steps is None:
+        substituted += ("no per-request streamed chunks (itls): the trace's rows are the "
+                        "pooled counters', not each request's",)
+    rnd = d.get("dspark_round")
     return BenchRun(p, setting, k, int(conc) if conc is not None else None,
                     None if conc is not None else float(rate), prompt, output, send,
-                    measured, counters, steps)
+                    measured, counters, steps,
+                    int(rnd) if is_decimal(str(rnd), 6) else None, substituted)
 
 
-def _requests(d: dict, where: str, completed: int):
-    """Per-request lengths (``--save-detailed``), else each request at the mean lengths."""
+def _requests(d: dict, where: str, completed: int, rate: float | None):
+    """Per-request lengths (``--save-detailed``), else each request at the mean lengths;
+    open loop, each request's send time, else sends evenly spaced at the run's rate. The
+    last item says what was substituted."""
+    substituted: tuple[str, ...] = ()
     ins, outs = d.get("input_lens"), d.get("output_lens")
     if isinstance(ins, list) and isinstance(outs, list) and len(ins) == len(outs) == completed:
         prompt = np.asarray(ins, dtype=np.int64)
@@ -144,6 +157,8 @@ def _requests(d: dict, where: str, completed: int):
         total_out = _num(d, "total_output_tokens", where)
         prompt = np.full(completed, max(1, round(total_in / completed)), np.int64)
         output = np.full(completed, max(1, round(total_out / completed)), np.int64)
+        substituted += (f"no per-request lengths (input_lens, output_lens): every request "
+                        f"at the mean, {prompt[0]} prompt and {output[0]} output tokens",)
     if (prompt < 1).any() or (output < 1).any():
         raise InputError(where, "input_lens / output_lens must be positive token counts")
     starts = d.get("start_times")
@@ -151,7 +166,11 @@ def _requests(d: dict, where: str, completed: int):
     if isinstance(starts, list) and len(starts) == completed:
         s = np.asarray(starts, dtype=np.float64)
         send = s - s.min()
-    return prompt, output, send
+    elif rate is not None:
+        send = np.arange(completed, dtype=np.float64) / rate
+        substituted += (f"no send times (start_times): requests sent evenly at its "
+                        f"{rate:g} req/s",)
+    return prompt, output, send, substituted
 
 
 def read_bench_runs(paths: list[Path]) -> list[BenchRun]:
@@ -161,14 +180,20 @@ def read_bench_runs(paths: list[Path]) -> list[BenchRun]:
         files += sorted(Path(p).glob("*.json")) if Path(p).is_dir() else [Path(p)]
     if not files:
         raise InputError(", ".join(map(str, paths)) or "FILES", "no bench serve result files")
+    seen: set[Path] = set()
+    for f in files:
+        if f.resolve() in seen:
+            raise InputError(str(f), "given twice: a repeat is another run's file")
+        seen.add(f.resolve())
     runs = [read_bench_run(f) for f in files]
-    seen: dict[str, Path] = {}
-    for r in runs:
-        if r.name in seen:
-            raise InputError(str(r.path), f"the same setting and load ({r.name}) as "
-                                          f"{seen[r.name]}: keep one run per point")
-        seen[r.name] = r.path
+    group_points(runs)  # repeats of a point must be repeats (the same requests)
     return runs
+
+
+def substitution_warnings(runs: list[BenchRun]) -> list[str]:
+    """One line per run that lacked a ``--save-detailed`` field, saying what stood in."""
+    return [f"{r.path}: {'; '.join(r.substituted)} (bench serve --save-detailed records it)"
+            for r in runs if r.substituted]
 
 
 # -- simulating one run -----------------------------------------------------------------
@@ -269,9 +294,12 @@ class FitResult:
     profile: EngineProfile
     trace: AcceptanceTrace | None
     theta_ms: dict[str, float]
-    residuals: list[dict]  # per fitted run: measured, simulated, relative error
+    residuals: list[dict]  # per fitted point: measured (median), simulated, relative error
     iterations: int
     engine: EngineConfig
+    # per constant: value (ms), relative standard error, flag (vllm_repeats)
+    uncertainty: dict[str, dict] | None = None
+    points: int = 0  # fitted points (a point's repeats count once)
 
     @property
     def worst_error(self) -> float:
@@ -398,12 +426,17 @@ class _Objective:
 
 
 def levenberg_marquardt(fun, x0: np.ndarray, *, max_iterations: int = 12,
-                        step: float = 0.05, tol: float = 1e-4) -> tuple[np.ndarray, int]:
+                        step: float = 0.05, tol: float = 1e-4
+                        ) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
     """Minimise ``|fun(x)|^2`` with a forward-difference Jacobian: a maintained solver
-    (scipy's least_squares) would add a dependency for this one ~20-evaluation fit."""
+    (scipy's least_squares) would add a dependency for this one ~20-evaluation fit.
+    Returns ``x``, the iterations, and the residuals and Jacobian of the last iterate
+    (for the constants' uncertainty; the Jacobian of the iterate before a final small
+    step, which saves a whole extra round of simulations)."""
     x = np.asarray(x0, float)
     r = fun(x)
     lam = 1e-2
+    jac = np.zeros((r.size, x.size))
     for it in range(1, max_iterations + 1):
         jac = np.empty((r.size, x.size))
         for j in range(x.size):
@@ -423,28 +456,36 @@ def levenberg_marquardt(fun, x0: np.ndarray, *, max_iterations: int = 12,
                 break
             lam *= 4
         if not improved or gain < tol * max(r @ r, 1e-12) or np.abs(delta).max() < 1e-3:
-            return x, it
-    return x, max_iterations
+            return x, it, r, jac
+    return x, max_iterations, r, jac
 
 
 def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm-fitted",
                 seed: int = 0, trace: AcceptanceTrace | None = None,
                 max_iterations: int = 12) -> FitResult:
-    """Fit the step-cost parameters to ``runs`` (see the module docstring)."""
+    """Fit the step-cost parameters to ``runs`` (see the module docstring). Repeats of a
+    point (the same setting and load) are fitted as one point at the median of each
+    figure (:mod:`dspark_sim.validation.vllm_repeats`: robust to a disturbed repeat, and
+    one simulation per point); the repeats set the constants' uncertainty."""
     if not runs:
         raise InputError("FILES", "no runs to fit")
+    points = group_points(runs)
     if trace is None:
         trace = pooled_trace(runs, seed)
+    runs = [p.run for p in points]
     with tempfile.TemporaryDirectory() as tmp:
         obj = _Objective(runs, trace, engine, Path(tmp), seed, name)
-        log_theta, its = levenberg_marquardt(obj.residuals, np.log(_initial_theta(runs)),
-                                             max_iterations=max_iterations)
+        log_theta, its, res, jac = levenberg_marquardt(
+            obj.residuals, np.log(_initial_theta(runs)), max_iterations=max_iterations)
         theta = np.exp(log_theta)
         sims = obj.simulated(theta)
+    names = PARAMS[:len(theta)]
+    unc = constant_uncertainty(jac, res, theta, names, points, METRICS, seed)
     residuals = [{"run": r.name, "file": r.path.name, "metric": m,
                   "measured": r.measured[m], "simulated": s[m],
-                  "error": s[m] / r.measured[m] - 1.0}
-                 for r, s in zip(runs, sims, strict=True) for m in METRICS]
+                  "error": s[m] / r.measured[m] - 1.0, "repeats": p.repeats,
+                  "spread": p.spread(m)}
+                 for p, r, s in zip(points, runs, sims, strict=True) for m in METRICS]
     params = {"fitted_runs": [r.name for r in runs],
               **{f"fit_{p}": round(float(v), 6) for p, v in zip(PARAMS, theta, strict=False)},
               "fit_worst_relative_error": round(max(abs(x["error"]) for x in residuals), 6),
@@ -453,4 +494,4 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
     profile = replace(profile, parameters={**profile.parameters, **params},
                       source=f"<fit {name}>")
     return FitResult(profile, trace, dict(zip(PARAMS, map(float, theta), strict=False)),
-                     residuals, its, engine)
+                     residuals, its, engine, unc, len(points))

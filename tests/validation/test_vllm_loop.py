@@ -194,3 +194,35 @@ def test_per_request_rows_serve_each_requests_own_tokens_per_step():
     assert [(m >= j).mean() for j in (1, 2, 3)] == pytest.approx(surv, abs=0.03)
     again = per_request_trace(surv, out, np.round((out - 1) / tau), seed=3)
     assert np.array_equal(again.accept_len, trace.accept_len)
+
+
+def test_calibrate_vllm_fits_repeats_at_their_medians_with_each_constants_uncertainty(
+        tmp_path):
+    """Three repeats of each of four points (the recorded run, and copies 6 % faster and
+    3 % slower): one point each, fitted at the median (the recorded figures), every
+    constant printed with its uncertainty and the count of points behind them."""
+    from dspark_sim.validation.vllm_fit import PARAMS
+
+    src = RECORDED / "run-2" / "runs"
+    names = ("none-c1", "none-c16", "ngram-k3-c1", "ngram-k3-c16")
+    for name in names:
+        d = json.loads((src / f"{name}.json").read_text())
+        for n, scale in enumerate((1.0, 1.06, 0.97), 1):
+            e = {**d, "output_throughput": d["output_throughput"] * scale,
+                 "median_tpot_ms": d["median_tpot_ms"] / scale, "dspark_round": str(n)}
+            (tmp_path / f"{name}.round{n}.json").write_text(json.dumps(e))
+    r = CliRunner().invoke(app, ["calibrate", "vllm", str(tmp_path), "--out",
+                                 str(tmp_path / "cal"), "--max-num-seqs", "64",
+                                 "--max-num-batched-tokens", "1024"])
+    assert r.exit_code == 0, r.output
+    assert "7 constants from 4 points" in r.output
+    fit = json.loads((tmp_path / "cal" / "fit.json").read_text())
+    assert fit["points"] == 4 and len(fit["residuals"]) == 12
+    for row in fit["residuals"]:
+        original = json.loads((src / f"{row['file'].split('.round')[0]}.json").read_text())
+        assert row["repeats"] == 3
+        assert row["measured"] == pytest.approx(original[row["metric"]])
+    assert set(fit["constants"]) == set(PARAMS)
+    for c in fit["constants"].values():
+        assert c["flag"] in ("", "at its bound 0", "not identified")
+        assert c["relative_sd"] is None or c["relative_sd"] > 0  # the repeats scatter
