@@ -1336,7 +1336,8 @@ def vllm_prepare_model(
 
 def _live_config(python: Path, model: Path, settings: str, concurrency: str, rates: str,
                  output_tokens: int, draft_model: Path | None, server_args: str = "",
-                 cpu_defaults: bool = True, pin_cpus: str = "auto"):
+                 cpu_defaults: bool = True, pin_cpus: str = "auto",
+                 repeats: dict | None = None):
     import shlex
 
     from dspark_sim.sim.sweep import parse_numbers
@@ -1359,7 +1360,7 @@ def _live_config(python: Path, model: Path, settings: str, concurrency: str, rat
                       cpu_defaults=cpu_defaults,
                       # a GPU server's compute is not on the CPUs: nothing to keep apart
                       pins=parse_pins(pin_cpus) if cpu_defaults or pin_cpus != "auto"
-                      else None)
+                      else None, **(repeats or {}))
 
 
 VllmPython = Annotated[Path, PathOption(help="The vLLM environment's python (vLLM pins its "
@@ -1380,6 +1381,18 @@ VllmPins = Annotated[str, typer.Option(
     help="CPUs for the engine's compute worker and for everything else, WORKER:REST "
          "(e.g. 0-6:7); auto keeps the last CPU for the server's other processes and the "
          "client; off leaves binding to vLLM.")]
+VllmRounds = Annotated[int, typer.Option(
+    help="Measure every point this many times, in rounds that rotate the settings' order.")]
+VllmResident = Annotated[int | None, typer.Option(
+    help="Settings whose servers are up together (default: all; 1 for one server at a "
+         "time where they do not fit).")]
+VllmKv = Annotated[str, typer.Option(
+    help="Each server's KV cache in GiB, so several fit at once: auto (1 on CPU; vLLM's "
+         "own share on a GPU), off, or a number.")]
+VllmPerRequest = Annotated[bool, typer.Option(
+    help="Per speculative setting, one pass of every prompt whose responses carry vLLM's "
+         "per-step acceptance (acceptance/SETTING.jsonl; traces import --format "
+         "vllm-per-request).")]
 VllmSplit = Annotated[str | None, typer.Option(
     "--fit", help="Runs calibrated on: SETTING (all its loads) or SETTING@cN / SETTING@rX, "
                   "comma-separated (default: none,ngram-k3@c<lightest>,ngram-k3@c<heaviest>).")]
@@ -1393,15 +1406,20 @@ def vllm_measure(
     concurrency: VllmLoads = "1,2,4,8,16", rates: VllmRates = "0.5",
     output_tokens: VllmOutput = 64, draft_model: VllmDraft = None,
     server_args: VllmServerArgs = "", cpu_defaults: VllmCpu = True,
-    pin_cpus: VllmPins = "auto",
+    pin_cpus: VllmPins = "auto", rounds: VllmRounds = 3, resident: VllmResident = None,
+    kv_cache_gib: VllmKv = "auto", per_request: VllmPerRequest = True,
 ) -> None:
-    """Start vLLM once per setting and run its bench client at every load (resumable)."""
-    from dspark_sim.validation.vllm_live import measure
+    """Start every setting's vLLM server once, keep them up, and run the bench client at
+    every load in --rounds rounds of alternating order (resumable)."""
+    from dspark_sim.validation.vllm_live import measure, points_table, repeat_options
 
     cfg = _live_config(python, model, settings, concurrency, rates, output_tokens, draft_model,
-                       server_args, cpu_defaults, pin_cpus)
+                       server_args, cpu_defaults, pin_cpus,
+                       repeat_options(rounds, resident, kv_cache_gib, per_request,
+                                      cpu_defaults))
     check_writable(out, "--out", inside={"runs": "dir", "manifest.json": "file"})
     manifest = measure(cfg, out, progress=lambda m: console.print(m, highlight=False))
+    console.print(points_table(out), highlight=False)
     console.print(f"wrote {manifest}", highlight=False)
 
 
@@ -1448,14 +1466,17 @@ def vllm_validate(
     concurrency: VllmLoads = "1,2,4,8,16", rates: VllmRates = "0.5",
     output_tokens: VllmOutput = 64, draft_model: VllmDraft = None,
     server_args: VllmServerArgs = "", cpu_defaults: VllmCpu = True,
-    pin_cpus: VllmPins = "auto",
+    pin_cpus: VllmPins = "auto", rounds: VllmRounds = 3, resident: VllmResident = None,
+    kv_cache_gib: VllmKv = "auto", per_request: VllmPerRequest = True,
     split: VllmSplit = None, seed: Seed = 0,
 ) -> None:
     """measure, then compare: the live validation against a real vLLM server."""
-    from dspark_sim.validation.vllm_live import measure
+    from dspark_sim.validation.vllm_live import measure, repeat_options
 
     cfg = _live_config(python, model, settings, concurrency, rates, output_tokens, draft_model,
-                       server_args, cpu_defaults, pin_cpus)
+                       server_args, cpu_defaults, pin_cpus,
+                       repeat_options(rounds, resident, kv_cache_gib, per_request,
+                                      cpu_defaults))
     check_writable(out, "--out", inside={"runs": "dir", **VLLM_OUTPUTS})
     measure(cfg, out, progress=lambda m: console.print(m, highlight=False))
     _compare_and_print(out, out, split, seed, {})

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """A stand-in for a vLLM environment's interpreter, for testing the live runner without
-vLLM: ``-m vllm.entrypoints.openai.api_server ... --port P`` serves /health and /metrics
-on 127.0.0.1:P until signalled; ``-c CODE ...`` (the bench client) writes a result JSON
-shaped like ``vllm bench serve --save-result --save-detailed``; ``-c`` with anything
-else prints a version."""
+vLLM: ``-m vllm.entrypoints.openai.api_server ... --port P`` serves /health, /metrics
+and POST /v1/chat/completions (with ``--per-request-spec-decode-metrics detailed`` and
+speculation, each response carries per-step proposed and accepted drafts) on
+127.0.0.1:P until signalled; ``-c CODE ...`` (the bench client) writes a result JSON
+shaped like ``vllm bench serve --save-result --save-detailed``, its figures moved by a
+few per cent per ``dspark_round`` (round 2 is the median); ``-c`` with anything else
+prints a version. FAKE_VLLM_LOG, if set, gets one JSON line per server start and per
+bench run."""
 
 import json
 import os
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -25,15 +30,62 @@ def record_cpus(role: str) -> None:
                                 "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}) + "\n")
 
 
+def log(event: dict) -> None:
+    path = os.environ.get("FAKE_VLLM_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({**event, "t": time.monotonic()}) + "\n")
+
+
+def per_step(text: str, max_tokens: int, k: int) -> tuple[list[int], list[int]]:
+    """Deterministic n-gram-like steps for one prompt: some propose nothing, the rest k
+    drafts, accepted by a rule of the text; their tokens cover max_tokens - 1."""
+    acc, dra, left, i = [], [], max_tokens - 1, len(text)
+    while left > 0:
+        i = (i * 1103515245 + 12345) % 2**31
+        d = k if i % 5 < 3 else 0
+        a = min(d, (i >> 8) % (k + 1), left - 1)
+        acc.append(a)
+        dra.append(d)
+        left -= a + 1
+    return acc, dra
+
+
 def serve(argv: list[str]) -> None:
     record_cpus("server")
     port = int(arg(argv, "--port"))
     spec = json.loads(arg(argv, "--speculative-config", "null") or "null")
     k = spec["num_speculative_tokens"] if spec else 0
+    detailed = arg(argv, "--per-request-spec-decode-metrics") == "detailed"
     Path(os.environ.get("FAKE_VLLM_PIDFILE", os.devnull)).write_text(str(os.getpid()))
+    log({"event": "server", "k": k, "pid": os.getpid(), "detailed": detailed,
+         "kv_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+         "kv_bytes": arg(argv, "--kv-cache-memory-bytes")})
     print("CPU KV cache size: 51,712 tokens, Maximum concurrency ...", flush=True)
 
     class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            text = body["messages"][0]["content"]
+            n = int(body["max_tokens"])
+            spec_metrics = None
+            if k and detailed:
+                acc, dra = per_step(text, n, k)
+                spec_metrics = {"num_spec_steps": sum(1 for d in dra if d),
+                                "num_accepted_draft_tokens": sum(acc),
+                                "num_draft_tokens": sum(dra), "num_spec_tokens": k,
+                                "per_step_accepted": acc, "per_step_drafted": dra}
+            out = json.dumps({"id": f"chatcmpl-{len(text)}", "model": body["model"],
+                              "choices": [{"index": 0, "finish_reason": "length",
+                                           "message": {"role": "assistant", "content": "x"}}],
+                              "usage": {"prompt_tokens": len(text.split()),
+                                        "completion_tokens": n},
+                              "metrics": {"speculative_decoding": spec_metrics}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(out)
+
         def do_GET(self):
             body = b"ok" if self.path == "/health" else (
                 f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {10 * k}\n'
@@ -54,17 +106,23 @@ def bench(argv: list[str]) -> None:
     out = int(arg(argv, "--custom-output-len"))
     conc = arg(argv, "--max-concurrency")
     rate = arg(argv, "--request-rate")
-    meta = dict(x.split("=", 1) for x in argv[argv.index("--metadata") + 1:][:2])
+    tail = argv[argv.index("--metadata") + 1:]
+    meta = dict(x.split("=", 1) for x in tail[:next((i for i, x in enumerate(tail)
+                                                       if x.startswith("--")), len(tail))])
     k = int(meta["dspark_k"])
     c = int(conc) if conc else 4
-    tpot = 50.0 + 4.0 * c * (1 + 0.5 * k)
+    shift = 0.02 * (int(meta.get("dspark_round", 2)) - 2)  # round 2 is the median
+    log({"event": "bench", "setting": meta["dspark_setting"], "load": conc or rate,
+         "round": int(meta.get("dspark_round", 0))})
+    tpot = (50.0 + 4.0 * c * (1 + 0.5 * k)) * (1 - shift)
     d = {"completed": n, "max_concurrency": int(conc) if conc else None,
          "request_rate": rate if rate == "inf" else float(rate),
          "total_input_tokens": 100 * n, "total_output_tokens": out * n,
          "input_lens": [100] * n, "output_lens": [out] * n,
          "start_times": [0.5 * i for i in range(n)],
          "output_throughput": 1000.0 * c / tpot * (1 + 0.4 * k) / (1 + 0.5 * k),
-         "median_tpot_ms": tpot, "median_ttft_ms": 200.0 + 10 * c, **meta}
+         "median_tpot_ms": tpot, "median_ttft_ms": (200.0 + 10 * c) * (1 + 2 * shift),
+         **meta}
     if k:
         d.update({"spec_decode_num_drafts": 100, "spec_decode_draft_tokens": 100 * k,
                   "spec_decode_accepted_tokens": 40 * k,

@@ -4,13 +4,27 @@ The simulator is held against the engine its users run. :func:`measure` starts
 ``python -m vllm.entrypoints.openai.api_server`` once per speculation setting (``none``,
 ``ngram:K``, ``draft:K``) from the interpreter of a separate vLLM environment (vLLM pins
 its own torch and transformers, so it never shares the project's), waits for
-``/health``, and for every load runs ``vllm.benchmarks.serve`` (the code behind
-``vllm bench serve``) with fixed output lengths, ``--ignore-eos`` and greedy sampling:
-closed loop at each concurrency and open loop at each request rate. Every result is the
-client's own ``--save-result --save-detailed`` JSON, tagged with ``--metadata``
-(``dspark_setting``, ``dspark_k``); after each setting the server's ``/metrics`` is
-scraped. The folder it writes (``runs/*.json``, ``scrapes/*.txt``, ``manifest.json``) is
-what :mod:`dspark_sim.validation.vllm_fit` and :mod:`dspark_sim.validation.vllm_compare`
+``/health``, and runs ``vllm.benchmarks.serve`` (the code behind ``vllm bench serve``)
+with fixed output lengths, ``--ignore-eos`` and greedy sampling: closed loop at each
+concurrency and open loop at each request rate.
+
+On a shared host a point measured twice half an hour apart differs by more than the
+effects being measured, so every point is measured ``rounds`` times, close together:
+the servers of a *resident group* (all settings by default; ``resident`` at a time for a
+host where they do not all fit) are started once and stay up, idle servers cost nothing,
+and each round runs every load for every setting of the group, the settings' order
+rotated by one each round so that no setting always runs first or last. Each server's
+KV cache is bounded (``kv_cache_gib``) so that several fit in memory. Every result is
+the client's own ``--save-result --save-detailed`` JSON, tagged with ``--metadata``
+(``dspark_setting``, ``dspark_k``, ``dspark_round``). Each speculative server also
+answers one pass of its own through the API (:func:`collect_acceptance`): every prompt
+once, its response carrying vLLM's per-request, per-step proposed and accepted drafts
+(``--per-request-spec-decode-metrics detailed``), which ``traces import --format
+vllm-per-request`` reads, so every ``k`` is measured, none extrapolated. After its
+group, each server's ``/metrics`` is scraped. The folder it writes
+(``runs/*.json``, ``acceptance/*.jsonl``, ``scrapes/*.txt``, ``manifest.json`` with
+each point's median and spread and the run's noise floor) is what
+:mod:`dspark_sim.validation.vllm_fit` and :mod:`dspark_sim.validation.vllm_compare`
 read; a recorded folder ships as a test fixture.
 
 Every process started here listens on 127.0.0.1 only and is stopped by the code that
@@ -23,6 +37,7 @@ it lazily.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -35,6 +50,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -54,6 +70,9 @@ BENCH_CODE = ("import argparse, sys\n"
               "main(p.parse_args(sys.argv[1:]))\n")
 SETTING_KINDS = ("none", "ngram", "draft")
 MAX_K = 16
+# What a speculative server is started with so that each response carries its request's
+# per-step proposed and accepted drafts (the acceptance pass reads them).
+PER_REQUEST_ARGS = ("--per-request-spec-decode-metrics", "detailed")
 
 
 @dataclass(frozen=True)
@@ -195,6 +214,18 @@ class LiveConfig:
     extra_server_args: tuple[str, ...] = field(default_factory=tuple)
     cpu_defaults: bool = True  # CPU_SERVER_ARGS; off for a GPU server
     pins: CpuPins | None = None  # None: vLLM's own binding, nothing else confined
+    rounds: int = 3  # each point measured this many times, settings alternating
+    resident: int | None = None  # settings whose servers are up together; None: all
+    # each server's KV cache (GiB; CPU: VLLM_CPU_KVCACHE_SPACE, GPU:
+    # --kv-cache-memory-bytes), so several servers fit at once; None: vLLM's own share
+    kv_cache_gib: float | None = None
+    per_request: bool = True  # the acceptance pass of each speculative setting
+    acceptance_concurrency: int = 4  # requests in flight during that pass
+
+    def groups(self) -> list[tuple[Setting, ...]]:
+        """The resident groups: ``resident`` settings at a time, in order."""
+        n = self.resident or len(self.settings)
+        return [self.settings[i:i + n] for i in range(0, len(self.settings), n)]
 
     def num_prompts(self, concurrency: int | None) -> int:
         if concurrency is None:
@@ -235,6 +266,10 @@ class VllmServer:
         spec = self.setting.speculative_config(self.cfg.draft_model)
         if spec is not None:
             cmd += ["--speculative-config", json.dumps(spec)]
+            if self.cfg.per_request:
+                cmd += list(PER_REQUEST_ARGS)
+        if self.cfg.kv_cache_gib is not None and not self.cfg.cpu_defaults:
+            cmd += ["--kv-cache-memory-bytes", str(int(self.cfg.kv_cache_gib * 2**30))]
         return cmd
 
     def __enter__(self) -> VllmServer:
@@ -245,6 +280,8 @@ class VllmServer:
         pins = self.cfg.pins
         if pins is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = pins.omp_bind
+        if self.cfg.kv_cache_gib is not None and self.cfg.cpu_defaults:
+            env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.cfg.kv_cache_gib:g}"
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True,
@@ -310,7 +347,8 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def bench_args(cfg: LiveConfig, server: VllmServer, prompts: Path, result_dir: Path,
-               filename: str, concurrency: int | None, rate: float | None) -> list[str]:
+               filename: str, concurrency: int | None, rate: float | None,
+               round_no: int = 1) -> list[str]:
     """The client's arguments: closed loop at ``concurrency`` (rate inf) or open loop at
     ``rate`` (Poisson arrivals, no concurrency cap)."""
     args = ["--backend", "vllm", "--base-url", server.base_url, "--model", str(cfg.model_dir),
@@ -322,7 +360,7 @@ def bench_args(cfg: LiveConfig, server: VllmServer, prompts: Path, result_dir: P
             "--result-filename", filename,
             "--request-rate", "inf" if rate is None else repr(float(rate)),
             "--metadata", f"dspark_setting={server.setting.name}",
-            f"dspark_k={server.setting.k}"]
+            f"dspark_k={server.setting.k}", f"dspark_round={round_no}"]
     if concurrency is not None:
         args += ["--max-concurrency", str(concurrency)]
     return args
@@ -333,27 +371,59 @@ def run_name(setting: Setting, concurrency: int | None, rate: float | None) -> s
         else f"{setting.name}-r{rate:g}"
 
 
+def run_file(setting: Setting, concurrency: int | None, rate: float | None,
+             round_no: int) -> str:
+    """``runs/<point>.round<R>.json``: one file per repeat."""
+    return f"{run_name(setting, concurrency, rate)}.round{round_no}.json"
+
+
+def round_order(group: tuple[Setting, ...], round_no: int) -> list[Setting]:
+    """The group's settings rotated by one per round: each takes every place in turn, so a
+    drift in the host's speed does not always land on the same setting."""
+    shift = (round_no - 1) % len(group)
+    return list(group[shift:] + group[:shift])
+
+
 def measure(cfg: LiveConfig, out: Path,
             progress: Callable[[str], None] = lambda _msg: None) -> Path:
-    """Every (setting, load) run; returns ``out/manifest.json``. A run already in
-    ``out/runs`` is kept (a measurement interrupted part-way resumes where it stopped)."""
+    """Every (setting, load) run, ``cfg.rounds`` times; returns ``out/manifest.json``. A
+    run already in ``out/runs`` (or an acceptance file in ``out/acceptance``) is kept,
+    and a group whose work is all done starts no server: a measurement interrupted
+    part-way resumes where it stopped."""
     prompts = cfg.prompts or default_prompts()
-    runs, scrapes, logs = out / "runs", out / "scrapes", out / "logs"
-    for d in (runs, scrapes, logs):
+    runs, scrapes, logs, accept = (out / "runs", out / "scrapes", out / "logs",
+                                   out / "acceptance")
+    for d in (runs, scrapes, logs, accept):
         d.mkdir(parents=True, exist_ok=True)
     loads = [(c, None) for c in cfg.concurrencies] + [(None, r) for r in cfg.rates]
-    for setting in cfg.settings:
-        todo = [(c, r) for c, r in loads
-                if not (runs / f"{run_name(setting, c, r)}.json").is_file()]
-        if not todo:
+    for group in cfg.groups():
+        todo = {s: [(n, c, r) for n in range(1, cfg.rounds + 1) for c, r in loads
+                    if not (runs / run_file(s, c, r, n)).is_file()] for s in group}
+        passes = [s for s in group if cfg.per_request and s.kind != "none"
+                  and not (accept / f"{s.name}.jsonl").is_file()]
+        active = [s for s in group if todo[s] or s in passes]
+        if not active:
             continue
-        progress(f"{setting.name}: starting vLLM")
-        with VllmServer(cfg, setting, logs / f"{setting.name}.log") as server:
-            for c, r in todo:
-                name = run_name(setting, c, r)
-                progress(f"{name}: {cfg.num_prompts(c)} prompts x {cfg.output_tokens} tokens")
-                _bench(cfg, server, prompts, runs, name, c, r, logs / f"{name}.bench.log")
-            (scrapes / f"{setting.name}.txt").write_text(server.scrape(), encoding="utf-8")
+        with contextlib.ExitStack() as stack:
+            servers = {}
+            for s in active:
+                progress(f"{s.name}: starting vLLM")
+                servers[s] = stack.enter_context(VllmServer(cfg, s, logs / f"{s.name}.log"))
+            for s in passes:
+                progress(f"{s.name}: per-request acceptance, every prompt once")
+                collect_acceptance(cfg, servers[s], prompts, accept / f"{s.name}.jsonl")
+            for n in range(1, cfg.rounds + 1):
+                for c, r in loads:
+                    for s in round_order(tuple(active), n):
+                        name = run_file(s, c, r, n)
+                        if (runs / name).is_file():
+                            continue
+                        progress(f"round {n}/{cfg.rounds} {run_name(s, c, r)}: "
+                                 f"{cfg.num_prompts(c)} prompts x {cfg.output_tokens} tokens")
+                        _bench(cfg, servers[s], prompts, runs, name, c, r,
+                               logs / f"{name[:-len('.json')]}.bench.log", n)
+            for s in active:
+                (scrapes / f"{s.name}.txt").write_text(servers[s].scrape(), encoding="utf-8")
     manifest = out / "manifest.json"
     manifest.write_text(json.dumps(_manifest(cfg, prompts, runs), indent=1) + "\n",
                         encoding="utf-8")
@@ -361,10 +431,11 @@ def measure(cfg: LiveConfig, out: Path,
 
 
 def _bench(cfg: LiveConfig, server: VllmServer, prompts: Path, runs: Path, name: str,
-           concurrency: int | None, rate: float | None, log_path: Path) -> None:
-    tmp = f"{name}.json.part"
+           concurrency: int | None, rate: float | None, log_path: Path,
+           round_no: int = 1) -> None:
+    tmp = f"{name}.part"
     cmd = [str(cfg.python), "-c", BENCH_CODE,
-           *bench_args(cfg, server, prompts, runs, tmp, concurrency, rate)]
+           *bench_args(cfg, server, prompts, runs, tmp, concurrency, rate, round_no)]
     with log_path.open("wb") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, timeout=cfg.bench_timeout_s,
@@ -373,7 +444,46 @@ def _bench(cfg: LiveConfig, server: VllmServer, prompts: Path, runs: Path, name:
     if proc.returncode != 0 or not (runs / tmp).is_file():
         raise RuntimeError(f"vLLM bench client failed for {name} (exit {proc.returncode}); "
                            f"its log: {log_path}\n{_tail(log_path)}")
-    os.replace(runs / tmp, runs / f"{name}.json")  # only whole results count as done
+    os.replace(runs / tmp, runs / name)  # only whole results count as done
+
+
+def read_prompts(prompts: Path) -> list[str]:
+    """The ``prompt`` of every line of a vLLM ``custom`` dataset JSONL."""
+    out = []
+    for i, line in enumerate(prompts.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            d = json.loads(line)
+            if not isinstance(d, dict) or not isinstance(d.get("prompt"), str):
+                raise InputError(str(prompts), f"line {i}: no 'prompt' string")
+            out.append(d["prompt"])
+    return out
+
+
+def collect_acceptance(cfg: LiveConfig, server: VllmServer, prompts: Path, path: Path) -> Path:
+    """Send every prompt once through the server's chat API (the benchmark's requests:
+    the same chat template, output length, ``ignore_eos`` and greedy sampling) and write
+    each whole response, in prompt order, one per line, to ``path`` (whole or not at
+    all). Greedy acceptance is a property of the text, not of the load, so one pass
+    serves every round."""
+    texts = read_prompts(prompts)
+
+    def one(i: int) -> dict:
+        body = json.dumps({"model": str(cfg.model_dir), "max_tokens": cfg.output_tokens,
+                           "messages": [{"role": "user", "content": texts[i]}],
+                           "temperature": 0, "ignore_eos": True, "seed": cfg.seed}).encode()
+        req = urllib.request.Request(server.base_url + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=cfg.bench_timeout_s) as r:
+            d = json.loads(r.read().decode("utf-8"))
+        d["dspark_prompt_index"] = i
+        return d
+
+    with ThreadPoolExecutor(max(1, cfg.acceptance_concurrency)) as pool:
+        responses = list(pool.map(one, range(len(texts))))
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text("".join(json.dumps(d) + "\n" for d in responses), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
 
 
 def _manifest(cfg: LiveConfig, prompts: Path, runs: Path) -> dict:
@@ -396,8 +506,24 @@ def _manifest(cfg: LiveConfig, prompts: Path, runs: Path) -> dict:
         "cpu_pins": None if cfg.pins is None
         else {"worker": list(cfg.pins.worker), "rest": list(cfg.pins.rest)},
         "kv_capacity_tokens": _kv_capacity(runs.parent / "logs"),
+        "kv_cache_gib": cfg.kv_cache_gib,
+        "rounds": cfg.rounds,
+        "resident_groups": [[s.name for s in g] for g in cfg.groups()],
+        "acceptance": sorted(p.name for p in (runs.parent / "acceptance").glob("*.jsonl")),
         "runs": sorted(p.name for p in runs.glob("*.json")),
+        **_points(runs),
     }
+
+
+def _points(runs: Path) -> dict:
+    """Each point's repeats, median and spread, and the run's noise floor."""
+    from dspark_sim.validation.vllm_fit import read_bench_runs
+    from dspark_sim.validation.vllm_repeats import group_points, noise_floor, points_summary
+
+    if not any(runs.glob("*.json")):
+        return {"points": {}, "noise_floor": None}
+    points = group_points(read_bench_runs([runs]))
+    return {"points": points_summary(points), "noise_floor": noise_floor(points)}
 
 
 def _kv_capacity(logs: Path) -> int | None:
@@ -426,3 +552,38 @@ def prepare_model(out: Path) -> Path:
         raise InputError(str(out), "exists and is not a model folder (no config.json)")
     _load_gguf(gguf, torch.float32, out)
     return out
+
+
+def repeat_options(rounds: int, resident: int | None, kv_cache_gib: str, per_request: bool,
+                   cpu_defaults: bool) -> dict:
+    """The repeat and residency options as :class:`LiveConfig` fields (one-line errors
+    naming the option). ``kv_cache_gib``: ``auto`` (1 GiB on CPU, where four SmolLM2
+    servers then fit with room to spare; vLLM's own share on a GPU), ``off`` or GiB."""
+    if not 1 <= rounds <= 50:
+        raise InputError("--rounds", f"must be in [1, 50], got {rounds}")
+    if resident is not None and not 1 <= resident <= 64:
+        raise InputError("--resident", f"must be in [1, 64], got {resident}")
+    spec = kv_cache_gib.strip().lower()
+    if spec == "auto":
+        kv = 1.0 if cpu_defaults else None
+    elif spec == "off":
+        kv = None
+    else:
+        try:
+            kv = float(spec)
+        except ValueError:
+            kv = None
+        if kv is None or not 0.01 <= kv <= 4096:
+            raise InputError("--kv-cache-gib", f"auto, off or GiB in [0.01, 4096], got "
+                                               f"{kv_cache_gib!r}")
+    return {"rounds": rounds, "resident": resident, "kv_cache_gib": kv,
+            "per_request": per_request}
+
+
+def points_table(out: Path) -> str:
+    """The measured points of ``out/runs`` as Markdown: repeats, median ± spread, and the
+    noise floor."""
+    from dspark_sim.validation.vllm_fit import read_bench_runs
+    from dspark_sim.validation.vllm_repeats import group_points, points_markdown
+
+    return points_markdown(group_points(read_bench_runs([out / "runs"])))

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,11 @@ from dspark_sim.validation.vllm_live import (
     Setting,
     VllmServer,
     bench_args,
+    default_prompts,
     measure,
     parse_pins,
     parse_settings,
+    repeat_options,
 )
 
 FAKE = Path(__file__).parents[1] / "fake_vllm.py"
@@ -85,6 +88,7 @@ def test_server_starts_answers_and_its_process_group_is_stopped(tmp_path, fake_p
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"  # never another interface
     assert "--no-enable-prefix-caching" in cmd and "--enforce-eager" in cmd
     assert json.loads(cmd[cmd.index("--speculative-config") + 1])["method"] == "ngram"
+    assert cmd[cmd.index("--per-request-spec-decode-metrics") + 1] == "detailed"
     with server:
         assert "spec_decode_num_drafts_total" in server.scrape()
         pid = int(pidfile.read_text())
@@ -119,27 +123,129 @@ def test_bench_args_closed_and_open_loop(tmp_path, fake_python):
     opened = bench_args(cfg, server, Path("p.jsonl"), tmp_path, "x.json", None, 0.5)
     assert "--max-concurrency" not in opened
     assert opened[opened.index("--request-rate") + 1] == "0.5"
+    tagged = bench_args(cfg, server, Path("p.jsonl"), tmp_path, "x.json", 2, None, round_no=3)
+    assert tagged[tagged.index("--metadata") + 1:][:3] == [
+        "dspark_setting=ngram-k1", "dspark_k=1", "dspark_round=3"]
 
 
-def test_measure_writes_every_run_and_resumes(tmp_path, fake_python):
+def _events(log: Path, kind: str) -> list[dict]:
+    return [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == kind] \
+        if log.is_file() else []
+
+
+def test_measure_repeats_in_rounds_with_resident_servers_and_resumes(tmp_path, fake_python,
+                                                                    monkeypatch):
     python, model = fake_python
+    log = tmp_path / "fake.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
     cfg = LiveConfig(python=python, model_dir=model, settings=parse_settings("none,ngram:2"),
                      concurrencies=(1, 4), rates=(0.5,), startup_timeout_s=60)
+    assert cfg.rounds == 3
     out = tmp_path / "live"
     manifest = json.loads(measure(cfg, out).read_text())
     names = sorted(p.name for p in (out / "runs").glob("*.json"))
-    assert names == sorted(f"{s}-{load}.json" for s in ("none", "ngram-k2")
-                           for load in ("c1", "c4", "r0.5"))
+    assert names == sorted(f"{s}-{load}.round{n}.json" for s in ("none", "ngram-k2")
+                           for load in ("c1", "c4", "r0.5") for n in (1, 2, 3))
     assert manifest["runs"] == names and manifest["kv_capacity_tokens"] == 51712
     assert manifest["prefix_caching"] is False and manifest["vllm_version"] == "0.0-fake"
+    assert manifest["rounds"] == 3 and manifest["resident_groups"] == [["none", "ngram-k2"]]
     assert (out / "scrapes" / "ngram-k2.txt").read_text().startswith("vllm:spec_decode")
-    runs = {r.name: r for r in read_bench_runs([out / "runs"])}
-    assert runs["ngram-k2@c4"].k == 2 and runs["ngram-k2@c4"].concurrency == 4
-    assert runs["none@r0.5"].rate == 0.5 and runs["none@r0.5"].concurrency is None
+    # each server started once and both were up together through every round
+    servers = _events(log, "server")
+    assert sorted(e["k"] for e in servers) == [0, 2]
+    assert all(e["kv_gib"] is None for e in servers)  # no bound asked for
+    assert [e["detailed"] for e in sorted(servers, key=lambda e: e["k"])] == [False, True]
+    benches = _events(log, "bench")
+    assert len(benches) == 18 and max(e["t"] for e in servers) < min(e["t"] for e in benches)
+    # rounds in order; within a round each load runs every setting, the order rotated
+    assert [e["round"] for e in benches] == sorted(e["round"] for e in benches)
+    firsts = [benches[i]["setting"] for i in range(0, 18, 2)]
+    assert firsts == ["none"] * 3 + ["ngram-k2"] * 3 + ["none"] * 3
+    # every repeat is a run of its point; the manifest holds medians, spreads, noise floor
+    runs = read_bench_runs([out / "runs"])
+    assert {r.round for r in runs} == {1, 2, 3}
+    point = manifest["points"]["ngram-k2@c4"]
+    assert point["repeats"] == 3 and len(point["files"]) == 3
+    mid = next(r for r in runs if r.name == "ngram-k2@c4" and r.round == 2)
+    assert point["output_throughput"]["median"] == pytest.approx(
+        mid.measured["output_throughput"])
+    assert point["median_ttft_ms"]["spread"] == pytest.approx(0.04, rel=1e-3)
+    assert manifest["noise_floor"]["median_ttft_ms"] == pytest.approx(0.04, rel=1e-3)
+    assert manifest["noise_floor"]["output_throughput"] == pytest.approx(0.02, rel=0.05)
     # a second call finds every run done and starts no server
     stamp = {p: p.stat().st_mtime_ns for p in (out / "runs").iterdir()}
     measure(cfg, out)
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").iterdir()} == stamp
+    assert len(_events(log, "server")) == 2
+    # one more round resumes: only its runs are measured
+    measure(replace(cfg, rounds=4), out)
+    assert len(_events(log, "bench")) == 18 + 6
+    assert len(list((out / "runs").glob("*.round4.json"))) == 6
+
+
+def test_resident_groups_start_one_group_at_a_time(tmp_path, fake_python, monkeypatch):
+    """A GPU user whose servers do not all fit: --resident 1 keeps one up at a time, each
+    still started once for all its rounds."""
+    python, model = fake_python
+    log = tmp_path / "fake.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
+    cfg = LiveConfig(python=python, model_dir=model, settings=parse_settings("none,ngram:1"),
+                     concurrencies=(2,), rates=(), startup_timeout_s=60, rounds=2,
+                     resident=1, per_request=False, cpu_defaults=False, kv_cache_gib=2.0)
+    assert [[s.name for s in g] for g in cfg.groups()] == [["none"], ["ngram-k1"]]
+    manifest = json.loads(measure(cfg, tmp_path / "live").read_text())
+    assert manifest["resident_groups"] == [["none"], ["ngram-k1"]]
+    servers, benches = _events(log, "server"), _events(log, "bench")
+    assert [e["k"] for e in servers] == [0, 1]
+    assert all(e["kv_bytes"] == str(2 * 2**30) and e["kv_gib"] is None for e in servers)
+    # the second server starts after every round of the first
+    assert [e["setting"] for e in benches] == ["none", "none", "ngram-k1", "ngram-k1"]
+    assert benches[1]["t"] < servers[1]["t"] < benches[2]["t"]
+    assert manifest["acceptance"] == []  # --no-per-request
+
+
+def test_measure_collects_per_request_acceptance_for_speculative_settings(tmp_path,
+                                                                          fake_python,
+                                                                          monkeypatch):
+    from dspark_sim.traces.importers import import_trace
+
+    python, model = fake_python
+    log = tmp_path / "fake.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
+    cfg = LiveConfig(python=python, model_dir=model, settings=parse_settings("none,ngram:3"),
+                     concurrencies=(1,), rates=(), startup_timeout_s=60, rounds=1,
+                     kv_cache_gib=1.0)
+    out = tmp_path / "live"
+    manifest = json.loads(measure(cfg, out).read_text())
+    assert manifest["acceptance"] == ["ngram-k3.jsonl"]  # none speculates nothing
+    assert all(e["kv_gib"] == "1" for e in _events(log, "server"))  # CPU: the env bound
+    lines = (out / "acceptance" / "ngram-k3.jsonl").read_text().splitlines()
+    prompts = (Path(default_prompts())).read_text().splitlines()
+    assert len(lines) == len(prompts)
+    assert [json.loads(x)["dspark_prompt_index"] for x in lines] == list(range(len(prompts)))
+    trace = import_trace("vllm-per-request", out / "acceptance" / "ngram-k3.jsonl")
+    assert trace.num_requests == len(prompts) and trace.gamma_max == 3
+    assert (trace.draft_tokens == 0).any()  # steps with no proposal are kept as such
+    # the trace's fixed-3 chain visits exactly the steps the server reported
+    steps = [len(json.loads(x)["metrics"]["speculative_decoding"]["per_step_accepted"])
+             for x in lines]
+    assert trace.served_tau_per_request(3)[1].tolist() == steps
+    # resumed: the acceptance file is kept, no server starts
+    n = len(_events(log, "server"))
+    measure(cfg, out)
+    assert len(_events(log, "server")) == n
+
+
+def test_repeat_options_refuse_in_one_line():
+    assert repeat_options(3, None, "auto", True, True)["kv_cache_gib"] == 1.0
+    assert repeat_options(3, None, "auto", True, False)["kv_cache_gib"] is None
+    assert repeat_options(3, 2, "0.5", False, False) == {
+        "rounds": 3, "resident": 2, "kv_cache_gib": 0.5, "per_request": False}
+    for args, opt in (((0, None, "auto"), "--rounds"), ((3, 0, "auto"), "--resident"),
+                      ((3, None, "lots"), "--kv-cache-gib"), ((3, None, "0"), "--kv-cache-gib")):
+        with pytest.raises(InputError) as exc:
+            repeat_options(*args, True, True)
+        assert exc.value.where == opt
 
 
 def test_gpu_servers_drop_the_cpu_flags_and_take_their_own(tmp_path, fake_python):
