@@ -36,6 +36,7 @@ from pathlib import Path
 import polars as pl
 
 from dspark_sim.io import write_json_atomic
+from dspark_sim.sim.api import DEFAULT_MTP_TRACE
 from dspark_sim.sim.config import SimConfig, WorkloadConfig, preset
 from dspark_sim.sim.frontier import (
     basis_used,
@@ -74,7 +75,7 @@ def case_base(max_num_seqs: int | None, num_requests: int, trace: str | None,
     seats)."""
     base = preset("single-replica")
     return replace(base, engine=replace(base.engine, max_num_seqs=max_num_seqs),
-                   trace=trace, gamma_max=gamma_max,
+                   trace=trace, mtp_trace=DEFAULT_MTP_TRACE, gamma_max=gamma_max,
                    workload=replace(WorkloadConfig(), arrival="closed",
                                     num_requests=num_requests))
 

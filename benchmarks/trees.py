@@ -36,7 +36,7 @@ import numpy as np
 
 from dspark_sim.calibration.profile import load_profile
 from dspark_sim.io import write_json_atomic, write_text_atomic
-from dspark_sim.sim.api import simulate
+from dspark_sim.sim.api import DEFAULT_MTP_TRACE, simulate
 from dspark_sim.sim.config import WorkloadConfig, preset
 from dspark_sim.sim.sweep import parse_list, parse_numbers
 from dspark_sim.sim.tree_synth import CURE_TRACE, PCTREE_TRACE, served_tau_of, static_accept_len
@@ -87,7 +87,7 @@ def c1_rows(trace_spec: str, profile: str, policies: list[str], num_requests: in
             lengths: str, domain: str | None) -> list[dict]:
     """One client: each policy's median decode speed over target-only's."""
     base = preset("single-replica")
-    base = replace(base, trace=trace_spec,
+    base = replace(base, trace=trace_spec, mtp_trace=DEFAULT_MTP_TRACE,
                    deployment=replace(base.deployment, profile=profile),
                    workload=replace(WorkloadConfig(), arrival="closed", max_concurrency=1,
                                     num_requests=num_requests, lengths=lengths, domain=domain))
@@ -109,7 +109,7 @@ def c1_rows(trace_spec: str, profile: str, policies: list[str], num_requests: in
 def front_rows(trace_spec: str, profile: str, policies: list[str], concurrency: list[int],
                min_requests: int, per_client: int) -> list[dict]:
     base = preset("single-replica")
-    base = replace(base, trace=trace_spec,
+    base = replace(base, trace=trace_spec, mtp_trace=DEFAULT_MTP_TRACE,
                    deployment=replace(base.deployment, profile=profile))
     rows = []
     for c in concurrency:

@@ -109,8 +109,11 @@ def resolve_trace(cfg: SimConfig, policy: Policy,
     if policy.drafter is None:
         return None
     if policy.drafter == "mtp1":
-        # MTP-1 replays the MTP head's own trace, never the block drafter's.
-        spec = cfg.mtp_trace or DEFAULT_MTP_TRACE
+        # --mtp-trace names the MTP head's own trace; without it the run's --trace is the
+        # one every policy replays, mtp1 included, however it was given (an option, a
+        # config file's key, a sweep's --traces): one rule, so no path runs what another
+        # refuses.
+        spec = cfg.mtp_trace or cfg.trace or DEFAULT_MTP_TRACE
     elif policy.drafter == "selfspec":
         spec = cfg.trace or DEFAULT_SELFSPEC_TRACE
     else:
