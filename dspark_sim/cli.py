@@ -837,8 +837,13 @@ def sweep(
     executor: Annotated[str, typer.Option(help="process | serial | ray")] = "process",
     workers: Annotated[int | None, typer.Option(
         help="Parallel workers (default: cores; at most 4 per core).")] = None,
-    sla: Annotated[str, typer.Option(help="Interactivity tiers (tok/s/user) for the headline.")] =
-        "80,120",
+    sla: Annotated[str | None, typer.Option(
+        help="Interactivity tiers (tok/s/user) for the headline and the plot's SLA lines "
+             "(default: two inside the data's range).")] = None,
+    slo: Annotated[str | None, typer.Option(
+        help="Goodput SLOs, ttft:MS,tpot:MS (run's --slo; [run] slo_ttft_ms, slo_tpot_ms in "
+             "--config): the per-load answer ranks on goodput, the report adds its "
+             "fronts. A new SLO reruns no point.")] = None,
     candidate: Annotated[str | None, typer.Option(
         help="Policy compared in the headline (one of --policies; default: the run's default, "
              "confidence, when swept, else the one policy besides the baseline).")] = None,
@@ -858,7 +863,7 @@ def sweep(
 ) -> None:
     """Sweep loads x policies (x profiles x traces x seeds); write results and a report."""
     from dspark_sim.sim.config import blame_config, resolve_config
-    from dspark_sim.sim.frontier import BASES
+    from dspark_sim.sim.frontier import BASES, Slo
     from dspark_sim.sim.sweep import Sizing, SweepWarning, parse_list, parse_numbers, run_sweep
 
     if basis not in BASES:
@@ -869,7 +874,7 @@ def sweep(
     base = resolve_config(config_path=config,
                           options={"num_requests": num_requests, "replicas": replicas,
                                    "prefill_instances": prefill_instances,
-                                   "lengths": lengths}, layers_out=layers)
+                                   "lengths": lengths, "slo": slo}, layers_out=layers)
     tiers = parse_numbers(sla, option="--sla")
     policy_specs = parse_list(policies)
     profile_specs = parse_list(profiles, option="--profiles", what="profile")
@@ -891,7 +896,7 @@ def sweep(
             out=out, executor=executor, workers=workers, progress=not quiet, sizing=sizing,
         )
     _report_sweep(df, out, candidate, baseline, tiers=tiers, vllm_results=vllm_results,
-                  gpus=gpus, basis=basis)
+                  gpus=gpus, basis=basis, slo=Slo.of(base))
 
 
 def _check_sweep_out(out: Path, base, config: Path | None, profiles: list[str] | None,
@@ -915,28 +920,48 @@ def _check_sweep_out(out: Path, base, config: Path | None, profiles: list[str] |
     check_writable(out, "--out", inside=SWEEP_OUTPUTS, not_over=reads)
 
 
-def _report_sweep(df, out: Path, candidate: str | None, baseline: str | None, *, tiers,
-                  vllm_results: Path | None, gpus: int | None, basis: str) -> None:
-    """Write the sweep's report and print where it went, its basis, the headline and
-    every point left off the fronts, with why."""
+def _report_sweep(this, out: Path, candidate: str | None, baseline: str | None, *, tiers,
+                  vllm_results: Path | None, gpus: int | None, basis: str, slo) -> None:
+    """Write the report of every point in ``out`` (this sweep's rows are ``this``) and
+    print the per-load answer, where the report went, its basis, the headline and every
+    point left off the fronts, with why."""
     import polars as pl
 
     from dspark_sim.sim.frontier import (
         BASIS_TEXT,
+        answer,
+        answer_rows,
         basis_used,
+        default_tiers,
         format_headline,
         headline,
         headline_pair,
         left_out,
         left_out_text,
+        one_run_per_point,
     )
     from dspark_sim.sim.report import build_report
+    from dspark_sim.sim.sweep import load_results
 
+    folder = load_results(out)
+    df, superseded = one_run_per_point(folder)
+    tiers = tiers or default_tiers(df, basis)
     candidate, baseline, missing = headline_pair(df["policy"].to_list(), candidate, baseline)
-    report = build_report(df, out / "report.html", candidate=candidate, baseline=baseline,
-                          tiers=tiers, vllm_results=vllm_results, gpus=gpus, basis=basis)
-    console.print(f"{df.height} points -> {out / 'results.parquet'}; report {report}")
-    console.print(f"figures: {BASIS_TEXT[basis_used(df, basis)]}")
+    report = build_report(folder, out / "report.html", candidate=candidate, baseline=baseline,
+                          tiers=tiers, vllm_results=vllm_results, gpus=gpus, basis=basis,
+                          slo=slo)
+    _print_table(answer_rows(answer(df, slo=slo, basis=basis)),
+                 "Which policy at which load" + (f" ({slo.text()})" if slo.given else ""))
+    others = folder.height - this.height
+    console.print(f"{folder.height} points in {out / 'results.parquet'}"
+                  + (f" ({this.height} from this sweep, {others} from earlier ones)"
+                     if others else "") + f"; report {report}", highlight=False)
+    if superseded.height:
+        console.print(f"{superseded.height} of them superseded by a rerun of the same policy, "
+                      "load and seed with more requests: the rerun is drawn, the rest listed "
+                      "in the report", style="dim", highlight=False)
+    console.print(f"figures: {BASIS_TEXT[basis_used(df, basis)]}; SLA tiers "
+                  f"{', '.join(f'{t:g}' for t in tiers)} tok/s/user", highlight=False)
     if df["load"].n_unique() < 2:  # the base workload's own load: a point, not a front
         console.print("one load per policy: a front needs several, e.g. --concurrency "
                       "1:256:x2 or --qps 10:400:40", style="dim", highlight=False)
@@ -952,6 +977,20 @@ def _report_sweep(df, out: Path, candidate: str | None, baseline: str | None, *,
     if left.height:
         console.print(f"{left.height} point{'s' if left.height > 1 else ''} left off the fronts: "
                       f"{left_out_text(left.to_dicts())}", highlight=False)
+
+
+def _print_table(rows: list[dict[str, str]], title: str) -> None:
+    """Rows of text (every row the same keys) as one rich table."""
+    from rich.table import Table
+
+    if not rows:
+        return
+    table = Table(title=title, show_lines=True)
+    for col in rows[0]:
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(*(str(v) for v in r.values()))
+    console.print(table)
 
 
 def _headline_policy(option: str, given: str | None, policies: list[str]) -> str | None:

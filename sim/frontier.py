@@ -705,7 +705,396 @@ def format_headline(h: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BASES", "DEFAULT_BASELINE", "DEFAULT_CANDIDATE", "DEFAULT_TIERS", "Front",
+# -- goodput under SLOs ------------------------------------------------------------------
+GOODPUT = "goodput"  # requests/s meeting every SLO given
+GOODPUT_TOKENS = "goodput_tokens"  # their output tokens/s
+GOODPUT_Y = "goodput_tokens_per_gpu"  # the same per decode GPU: the goodput fronts' y axis
+GOODPUT_FRACTION = "goodput_fraction"  # of the judged requests, those meeting every SLO
+GOODPUT_JUDGED = "goodput_judged"  # how many requests were judged
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Service-level objectives a request must meet to count in goodput (None: not set).
+    TPOT is judged only where a request has one (a single-token request passes it)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+    @property
+    def given(self) -> bool:
+        return self.ttft_ms is not None or self.tpot_ms is not None
+
+    def text(self) -> str:
+        parts = [f"TTFT <= {self.ttft_ms:g} ms" if self.ttft_ms is not None else "",
+                 f"TPOT <= {self.tpot_ms:g} ms" if self.tpot_ms is not None else ""]
+        return " and ".join(p for p in parts if p) or "no SLO"
+
+    @classmethod
+    def of(cls, cfg: SimConfig) -> Slo:
+        return cls(cfg.slo_ttft_ms, cfg.slo_tpot_ms)
+
+
+def with_goodput(df: pl.DataFrame, slo: Slo, basis: str = "steady") -> pl.DataFrame:
+    """``df`` (any view) with :data:`GOODPUT`, :data:`GOODPUT_TOKENS`, :data:`GOODPUT_Y`,
+    :data:`GOODPUT_FRACTION` and :data:`GOODPUT_JUDGED` under ``slo``, judged on each
+    point's request sample (``sweep.SAMPLE_COLUMNS``): with ``basis="steady"`` the
+    requests of its steady latency sample (arrived between the window's start and
+    ``steady_latency_arrivals_end_s``, the requests its latency figures describe), else
+    every finished one. Goodput = the basis's request (or output-token) throughput x the
+    fraction of the judged requests (or of their tokens) meeting every SLO. Null where
+    no SLO is given, or a point has no sample (a sweep from before samples were kept) or
+    no judged request."""
+    view = metric_view(df, basis)
+    steady = basis_used(df, basis) == "steady"
+    cols = (GOODPUT, GOODPUT_TOKENS, GOODPUT_Y, GOODPUT_FRACTION, GOODPUT_JUDGED)
+    if not slo.given or "sample_ttft_ms" not in view.columns:
+        return view.with_columns([pl.lit(None, dtype=pl.Float64).alias(c) for c in cols])
+    out = {c: [] for c in cols}
+    for r in view.iter_rows(named=True):
+        g = _goodput_row(r, slo, steady)
+        for c in cols:
+            out[c].append(g.get(c))
+    return view.with_columns([pl.Series(c, v, dtype=pl.Float64) for c, v in out.items()])
+
+
+def _goodput_row(r: dict, slo: Slo, steady: bool) -> dict:
+    if r.get("sample_ttft_ms") is None:
+        return {}
+    arrival = np.asarray(r["sample_arrival_s"], dtype=np.float64)
+    ttft = np.asarray(r["sample_ttft_ms"], dtype=np.float64)
+    tpot = np.asarray(r["sample_tpot_ms"], dtype=np.float64)
+    tokens = np.asarray(r["sample_output_tokens"], dtype=np.float64)
+    judged = np.ones(arrival.size, bool)
+    if steady:
+        t0, t1 = r.get("steady_window_start_s"), r.get("steady_latency_arrivals_end_s")
+        if not (_finite(t0) and _finite(t1)):
+            return {}
+        judged = (arrival >= t0) & (arrival <= t1)
+    if not judged.any():
+        return {}
+    ok = judged.copy()
+    if slo.ttft_ms is not None:
+        ok &= ttft <= slo.ttft_ms
+    if slo.tpot_ms is not None:
+        ok &= ~(tpot > slo.tpot_ms)  # NaN (one token, no TPOT) passes
+    frac = ok.sum() / judged.sum()
+    tok_all = tokens[judged].sum()
+    frac_tok = tokens[ok].sum() / tok_all if tok_all > 0 else 0.0
+
+    def times(col: str, f: float) -> float | None:
+        v = r.get(col)
+        return v * f if _finite(v) else None
+
+    return {GOODPUT: times("request_throughput", frac),
+            GOODPUT_TOKENS: times("output_throughput", frac_tok),
+            GOODPUT_Y: times(Y, frac_tok), GOODPUT_FRACTION: float(frac),
+            GOODPUT_JUDGED: float(judged.sum())}
+
+
+# -- the per-load answer -------------------------------------------------------------------
+# The same policy, load and seed run again into one folder (more requests, another
+# deployment or lengths): a front or the per-load answer must weigh one run of it, or
+# its repeats would pass for seeds and narrow the noise falsely.
+POINT_KEY = ("policy", "profile_spec", "trace_spec", "load_kind", "load", "seed")
+
+
+def one_run_per_point(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(kept, superseded): of the rows that share :data:`POINT_KEY`, the one that ran the
+    most requests (then the most completed) is kept; the others come back in ``superseded``
+    with ``reason`` and ``detail`` saying which run took their place."""
+    key = [c for c in POINT_KEY if c in df.columns]
+    if df.height == 0 or "point_id" not in df.columns or len(key) < len(POINT_KEY):
+        return df, df.clear().with_columns(reason=pl.lit(""), detail=pl.lit(""))
+    order = [c for c in ("num_requests", "completed") if c in df.columns]
+    d = df.with_row_index("_row")
+    ranked = d.sort([*order, "point_id"], descending=[True] * len(order) + [False],
+                    nulls_last=True)
+    kept_ids = ranked.unique(subset=key, keep="first", maintain_order=True)
+    kept = d.filter(pl.col("_row").is_in(kept_ids["_row"].implode())).sort("_row")
+    gone = d.filter(~pl.col("_row").is_in(kept_ids["_row"].implode()))
+    if gone.height == 0:
+        return kept.drop("_row"), gone.drop("_row").with_columns(
+            reason=pl.lit(""), detail=pl.lit(""))
+    winner = kept_ids.select([*key, pl.col("point_id").alias("_by")]
+                             + [pl.col(c).alias(f"_by_{c}") for c in order])
+    gone = gone.join(winner, on=key, how="left", nulls_equal=True)
+    n = "num_requests" if "num_requests" in df.columns else None
+    detail = pl.concat_str([
+        pl.lit("the same policy, load and seed ran again as point "), pl.col("_by"),
+        *([pl.lit(" with "), pl.col("_by_num_requests").cast(pl.Utf8),
+           pl.lit(" requests (this one "), pl.col(n).cast(pl.Utf8), pl.lit(")")] if n else []),
+    ])
+    gone = gone.with_columns(reason=pl.lit("superseded"), detail=detail)
+    gone = gone.drop([c for c in gone.columns if c.startswith("_by") or c == "_row"])
+    return kept.drop("_row"), gone
+
+
+# two-sided 95 % Student t quantiles by degrees of freedom (the last: the normal's)
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 19: 2.093, 24: 2.064, 30: 2.042}
+
+
+def t95(dof: int) -> float:
+    """The two-sided 95 % t quantile at ``dof`` (the table's next lower entry: wider)."""
+    if dof < 1:
+        return math.inf
+    if dof > 30:
+        return 1.96
+    return T95[max(k for k in T95 if k <= dof)]
+
+
+# the batch-means error's spans (metrics.RSE_BATCHES): its degrees of freedom, less one
+BATCH_MEANS_DOF = 19
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A policy's figure at one load: mean over its seeds, standard error, how measured
+    (``seeds`` >= 2: the spread of the seeds' figures; 1: the run's own batch-means error
+    over its steady window), and the requests each run ran."""
+
+    mean: float
+    se: float | None
+    seeds: int
+    requests: int | None
+
+    @property
+    def dof(self) -> int:
+        return self.seeds - 1 if self.seeds > 1 else BATCH_MEANS_DOF
+
+
+RANKS = {"goodput": (GOODPUT_Y, "goodput (tok/s/GPU meeting the SLOs)"),
+         "throughput": (Y, "throughput (tok/s/GPU)"),
+         "interactivity": (X, "median interactivity (tok/s/user)")}
+RSE_OF = {Y: "steady_output_throughput_rse", X: "steady_median_interactivity_rse"}
+
+
+def rank_metric(load_kind: str | None, arrival: str | None, slo: Slo) -> str:
+    """What ranks the policies at a load: goodput under SLOs when given; else throughput
+    per GPU in a closed loop (the clients set the load, the policy the tokens served) and
+    median interactivity in an open loop (every stable policy serves the offered rate, so
+    what differs is each user's speed)."""
+    if slo.given:
+        return "goodput"
+    closed = load_kind == "concurrency" or (load_kind == "base" and arrival == "closed")
+    return "throughput" if closed else "interactivity"
+
+
+def _estimate(rows: pl.DataFrame, col: str) -> Estimate | None:
+    vals = [v for v in rows[col].to_list() if _finite(v)] if col in rows.columns else []
+    if not vals or len(vals) < rows.height:
+        return None
+    n = len(vals)
+    mean = float(np.mean(vals))
+    reqs = rows["num_requests"].to_list()[0] if "num_requests" in rows.columns else None
+    if n > 1:
+        return Estimate(mean, float(np.std(vals, ddof=1) / math.sqrt(n)), n, reqs)
+    r = rows.row(0, named=True)
+    if col in RSE_OF:
+        rse = r.get(RSE_OF[col])
+        return Estimate(mean, abs(mean) * rse if _finite(rse) else None, 1, reqs)
+    if col in (GOODPUT, GOODPUT_TOKENS, GOODPUT_Y):  # the throughput's error and the
+        rse, p, k = r.get(RSE_OF[Y]), r.get(GOODPUT_FRACTION), r.get(GOODPUT_JUDGED)
+        if not (_finite(rse) and _finite(p) and k):  # judged fraction's binomial one
+            return Estimate(mean, None, 1, reqs)
+        frac_se = math.sqrt(max(p * (1 - p), 0.25 / k) / k)  # never 0 at p = 0 or 1
+        return Estimate(mean, math.sqrt((mean * rse) ** 2 + (frac_se * mean / p) ** 2)
+                        if p > 0 else frac_se * (mean or r.get(Y) or 0.0), 1, reqs)
+    return Estimate(mean, None, 1, reqs)
+
+
+def _gain(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)) or b <= 0:
+        return None
+    return a / b - 1.0
+
+
+def answer(df: pl.DataFrame, *, slo: Slo = Slo(), basis: str = "steady",
+           baseline: str = "none", rank: str | None = None) -> list[dict]:
+    """The per-load answer: for each context (profile, trace) and load, the policy to
+    deploy, its gains over ``baseline`` (no speculation) and over the runner-up on
+    throughput per GPU and on goodput under ``slo``, and whether the runner-up is within
+    noise. One dict per load, in load order, with the numbers (``best``, ``runner_up``,
+    ``rank``, ``estimates`` by policy, ``gain_*``, ``tie``, ``diff``, ``half_width``,
+    ``settle_factor``) and ``verdict``, the sentence.
+
+    Candidates: the lossless policies whose every seed at that load is stable with the
+    ranking figure (lossy ones trade quality for speed; unstable ones cannot hold the
+    load). Noise: the 95 % confidence interval of the best minus the runner-up, from the
+    spread over seeds (``sweep --seeds``), or with one seed from each run's batch-means
+    error; a gap inside it is a tie. Narrowing the interval below the gap takes
+    (half-width / gap)^2 times the seeds, or the requests per point (the interval
+    shrinks as 1/sqrt(n)). ``rank``: one of :data:`RANKS` (default: :func:`rank_metric`).
+    """
+    if df.height == 0 or "policy" not in df.columns:
+        return []
+    if rank is not None and rank not in RANKS:
+        raise InputError("--rank", f"must be one of {', '.join(RANKS)}, got {rank!r}")
+    view = with_goodput(df, slo, basis)
+    view = select_lossy(view, False)
+    ctx_cols = _context_cols(view)
+    view = with_labels(view, ctx_cols).with_columns(
+        pl.concat_str([pl.col(c).cast(pl.Utf8).fill_null("default") for c in ctx_cols],
+                      separator=" | ").alias("_ctx") if ctx_cols else pl.lit("").alias("_ctx"))
+    baseline = canonical_policy(baseline)
+    out = []
+    keys = ["_ctx", "load_kind", "load"]
+    for (ctx, kind, load), g in sorted(view.group_by(keys, maintain_order=True),
+                                       key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2])):
+        arrival = g["arrival"][0] if "arrival" in g.columns else None
+        how = rank or rank_metric(kind, arrival, slo)
+        col = RANKS[how][0]
+        est: dict[str, dict[str, Estimate | None]] = {}
+        unstable = []
+        for pol, rows in g.group_by("policy", maintain_order=True):
+            pol = pol[0]
+            if "stable" in rows.columns and not rows["stable"].fill_null(False).all():
+                unstable.append(pol)
+                continue
+            est[pol] = {c: _estimate(rows, c) for c in (col, Y, X, GOODPUT, GOODPUT_Y)}
+        ranked = sorted((p for p in est if est[p][col] is not None),
+                        key=lambda p: -est[p][col].mean)
+        row = {"context": ctx, "load_kind": kind, "load": load,
+               "load_text": load_text(kind, load), "rank": how, "slo": slo,
+               "estimates": est, "unstable": unstable, "best": None, "runner_up": None,
+               "tie": None, "diff": None, "half_width": None, "settle_factor": None}
+        if not ranked:
+            row["verdict"] = ("no policy holds this load" + (
+                f" ({', '.join(unstable)} unstable)" if unstable else " (no figures)"))
+            out.append(row)
+            continue
+        best = ranked[0]
+        row["best"] = best
+        for name, other in (("none", baseline if baseline in est and baseline != best
+                             else None), ("runner_up", ranked[1] if len(ranked) > 1 else None)):
+            for metric, c in (("throughput", Y), ("goodput", GOODPUT_Y)):
+                a, b = est[best][c], est[other][c] if other else None
+                row[f"gain_{metric}_vs_{name}"] = _gain(a.mean if a else None,
+                                                        b.mean if b else None)
+        row["runner_up"] = ranked[1] if len(ranked) > 1 else None
+        row |= _noise(est, best, row["runner_up"], col)
+        row["verdict"] = _verdict(row, unstable)
+        out.append(row)
+    return out
+
+
+def _noise(est: dict, best: str, runner: str | None, col: str) -> dict:
+    if runner is None:
+        return {}
+    a, b = est[best][col], est[runner][col]
+    diff = a.mean - b.mean
+    if a.se is None or b.se is None:
+        return {"diff": diff}
+    half = t95(min(a.dof, b.dof)) * math.hypot(a.se, b.se)
+    tie = diff <= half
+    factor = (half / diff) ** 2 if diff > 0 else math.inf
+    return {"diff": diff, "half_width": half, "tie": tie,
+            "settle_factor": factor if tie else None}
+
+
+def _verdict(row: dict, unstable: list[str]) -> str:
+    best, runner = row["best"], row["runner_up"]
+    col = RANKS[row["rank"]][0]
+    a = row["estimates"][best][col]
+    off = f"; unstable: {', '.join(unstable)}" if unstable else ""
+    if runner is None:
+        return f"{best} is the only policy that holds this load{off}"
+    base = abs(row["estimates"][runner][col].mean) or 1.0
+    how = (f"{a.seeds} seeds" if a.seeds > 1 else
+           "1 seed, the runs' own batch-means error")
+    if row["tie"] is None:
+        return (f"{best} ahead of {runner} by {row['diff'] / base:+.1%}, noise not measured "
+                f"(run --seeds 0,1,2 or more requests per point){off}")
+    gap = f"{row['diff'] / base:+.1%} ± {row['half_width'] / base:.1%} (95 % CI, {how})"
+    if not row["tie"]:
+        return f"clear: {best} over {runner} by {gap}{off}"
+    f = row["settle_factor"]
+    if not math.isfinite(f):
+        return f"tie: {best} and {runner} are identical here ({how}){off}"
+    if a.seeds > 1:
+        need = f"about {math.ceil(a.seeds * f):,} seeds per point"
+    else:
+        need = f"about {f:,.1f}x the requests per point" + (
+            f" ({math.ceil(a.requests * f):,})" if a.requests else "") + " or "
+        need += f"{math.ceil(max(f, 2.0)):,} seeds"
+    return (f"tie within noise: {best} vs {runner} {gap}; {need} would settle a gap this "
+            f"size{off}")
+
+
+def answer_rows(rows: Sequence[dict]) -> list[dict[str, str]]:
+    """:func:`answer` as table rows of text: load, deploy, ranked on, the best's figures
+    with their 95 % interval, its gains over no speculation and over the runner-up,
+    goodput (when SLOs are given) and the verdict."""
+    ctx = any(r["context"] for r in rows)
+    out = []
+    for r in rows:
+        e = r["estimates"].get(r["best"], {}) if r["best"] else {}
+        t = {"context": r["context"]} if ctx else {}
+        t |= {"load": r["load_text"], "deploy": r["best"] or "-",
+              "ranked on": RANKS[r["rank"]][1],
+              "tok/s/GPU": _est_text(e.get(Y), "{:,.0f}"),
+              "interactivity (tok/s/user)": _est_text(e.get(X), "{:,.1f}")}
+        if r["slo"].given:
+            g, gy = e.get(GOODPUT), e.get(GOODPUT_Y)
+            t["goodput (req/s; tok/s/GPU)"] = (f"{_est_text(g, '{:,.2f}')}; "
+                                               f"{_est_text(gy, '{:,.0f}')}")
+        for name, who in (("none", "vs none"), ("runner_up", "vs runner-up")):
+            parts = [f"{_pct(r.get(f'gain_throughput_vs_{name}'))} tok/s/GPU"]
+            if r["slo"].given:
+                parts.append(f"{_pct(r.get(f'gain_goodput_vs_{name}'))} goodput")
+            t[who] = ", ".join(parts)
+        t["runner-up"] = r["runner_up"] or "-"
+        t["verdict"] = r["verdict"]
+        out.append(t)
+    return out
+
+
+def _est_text(e: Estimate | None, f: str) -> str:
+    if e is None:
+        return "-"
+    return f.format(e.mean) + (f" ± {f.format(t95(e.dof) * e.se)}" if e.se is not None else "")
+
+
+def _pct(g: float | None) -> str:
+    return "-" if g is None else f"{g:+.1%}"
+
+
+def format_answer(rows: Sequence[dict]) -> str:
+    """:func:`answer_rows` as a markdown table."""
+    table = answer_rows(rows)
+    if not table:
+        return "(no loads)"
+    cols = list(table[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(r[c] for c in cols) + " |" for r in table]
+    return "\n".join(lines)
+
+
+def default_tiers(df: pl.DataFrame, basis: str = "steady", count: int = 2) -> list[float]:
+    """SLA tiers (tok/s/user) inside the data: ``count`` evenly spaced values between the
+    lowest and highest median interactivity of the stable points, rounded to two
+    significant figures (three where two would merge them). A fixed default (80, 120) sits outside an engine that runs at
+    15-25 tok/s/user ("infeasible for both") and squeezes its plot; :data:`DEFAULT_TIERS`
+    when no point has the figure."""
+    if df.height == 0 or "policy" not in df.columns:
+        return list(DEFAULT_TIERS)
+    x = usable(select_lossy(metric_view(df, basis), False))[X] if X in df.columns else None
+    if x is None or x.len() == 0:
+        return list(DEFAULT_TIERS)
+    lo, hi = float(x.min()), float(x.max())
+    vals = [lo + (hi - lo) * (i + 1) / (count + 1) for i in range(count)] if hi > lo else [lo]
+    for digits in (2, 3):  # three where two would make two tiers one
+        tiers = list(dict.fromkeys(float(f"{v:.{digits}g}") for v in vals if v > 0))
+        if len(tiers) == len(vals):
+            break
+    return tiers or list(DEFAULT_TIERS)
+
+
+__all__ = ["BASES", "DEFAULT_BASELINE", "DEFAULT_CANDIDATE", "DEFAULT_TIERS", "GOODPUT",
+           "GOODPUT_TOKENS", "GOODPUT_Y", "Estimate", "Front", "RANKS", "Slo", "answer",
+           "answer_rows", "default_tiers", "format_answer", "one_run_per_point",
+           "rank_metric", "with_goodput",
            "LEFT_OUT_REASONS", "TierResult", "X", "Y", "Y_INCL_PREFILL", "aggregate_seeds",
            "basis_used", "budget_table", "compute_fronts", "format_headline", "headline",
            "headline_pair", "headline_rows", "is_lossy", "left_out", "left_out_text",

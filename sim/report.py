@@ -37,13 +37,19 @@ from dspark_sim.io import loads_bench_serve_json, not_a_file, write_text_atomic
 from dspark_sim.sim.frontier import (
     BASIS_TEXT,
     DEFAULT_TIERS,
+    GOODPUT_Y,
     Y_INCL_PREFILL,
+    Slo,
     X,
     Y,
+    answer,
+    answer_rows,
     basis_used,
     budget_table,
     canonical_policy,
     compute_fronts,
+    default_tiers,
+    format_answer,
     format_headline,
     headline,
     headline_pair,
@@ -52,8 +58,10 @@ from dspark_sim.sim.frontier import (
     left_out,
     load_text,
     metric_view,
+    one_run_per_point,
     select_lossy,
     waste_table,
+    with_goodput,
     with_labels,
 )
 from dspark_sim.sim.sweep import load_results
@@ -203,7 +211,12 @@ def _colors(labels: Sequence[str]) -> dict[str, str]:
 # (about 1,140 px of plot at 17 px type, ~7.4 px a character) 150 characters show. The
 # lines kept below this leave room for a narrower window.
 TITLE_CHARS = 100
-VLLM_SYMBOL = "star"  # measured points: a shape no sweep point uses
+# Measured points: star shapes no sweep point uses, in colours no policy line uses
+# (PALETTE's), so a measured label never reads as the simulated policy of the same colour
+VLLM_SYMBOLS = ("star", "star-square", "star-diamond", "star-triangle-up", "hexagram")
+MEASURED_COLORS = tuple(c for c in ("#111111", "#7a0177", "#b8860b", "#006d2c", "#08306b",
+                                    "#67000d", "#525252", "#00688b")
+                        if c.lower() not in {p.lower() for p in PALETTE})
 
 
 def _symbol(row: dict) -> str:
@@ -217,14 +230,17 @@ def _symbol(row: dict) -> str:
 def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
                   tiers: Sequence[float] = DEFAULT_TIERS, stable_only: bool = True,
                   vllm: pl.DataFrame | None = None, title: str = "",
-                  basis: str = "steady") -> go.Figure:
-    """Sweep points (markers) and Pareto fronts (lines), one legend group per policy."""
+                  basis: str = "steady", y: str = Y) -> go.Figure:
+    """Sweep points (markers) and Pareto fronts (lines), one legend group per policy.
+    ``y``: the throughput axis, :data:`~dspark_sim.sim.frontier.Y` (tok/s per decode GPU)
+    or :data:`~dspark_sim.sim.frontier.GOODPUT_Y` (the same, of the requests meeting the
+    SLOs: ``df`` from :func:`~dspark_sim.sim.frontier.with_goodput`)."""
     df = metric_view(df, basis)
-    fronts = compute_fronts(df, policies=policies, stable_only=stable_only, seeds="all")
+    fronts = compute_fronts(df, policies=policies, stable_only=stable_only, seeds="all", y=y)
     # lossy policies: their own marker (diamond), dashed fronts, labelled LOSSY; never
     # merged into a lossless front
     lossy = compute_fronts(df, policies=policies, stable_only=stable_only, seeds="all",
-                           lossy=True)
+                           lossy=True, y=y)
     colors = _colors(list(fronts) + list(lossy))
     fig = go.Figure()
     for kind, group in ((False, fronts), (True, lossy)):
@@ -233,10 +249,10 @@ def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
             c = colors[label]
             name = f"LOSSY {label}" if kind else label
             pts = labelled.filter((pl.col("front_label") == label) & pl.col(X).is_not_null()
-                                  & pl.col(Y).is_not_null())
+                                  & pl.col(y).is_not_null())
             rows = pts.to_dicts()
             fig.add_trace(go.Scatter(
-                x=pts[X].to_list(), y=pts[Y].to_list(), mode="markers",
+                x=pts[X].to_list(), y=pts[y].to_list(), mode="markers",
                 name=f"{name} points", legendgroup=name, showlegend=False,
                 marker={"color": c, "size": 10 if kind else 8, "opacity": 0.75,
                         "symbol": [_symbol(r) for r in rows]},
@@ -245,7 +261,7 @@ def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
                 x=fr.x.tolist(), y=fr.y.tolist(), mode="lines", name=name, legendgroup=name,
                 line={"color": c, "width": 2.5, "dash": "dash" if kind else "solid"},
                 hoverinfo="skip"))
-    has_vllm = vllm is not None and vllm.height > 0
+    has_vllm = vllm is not None and vllm.height > 0 and y == Y
     if has_vllm:
         for i, (lab, g) in enumerate(vllm.group_by("label", maintain_order=True)):
             lab = lab[0] if isinstance(lab, tuple) else lab
@@ -253,8 +269,9 @@ def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
             fig.add_trace(go.Scatter(
                 x=g["interactivity"].to_list(), y=g["throughput_per_gpu"].to_list(),
                 mode="markers", name=name, legendgroup=name,
-                marker={"symbol": VLLM_SYMBOL, "size": 13, "color": "white",
-                        "line": {"width": 2, "color": qualitative.Dark24[i % 24]}},
+                marker={"symbol": VLLM_SYMBOLS[i % len(VLLM_SYMBOLS)], "size": 14,
+                        "color": MEASURED_COLORS[i % len(MEASURED_COLORS)],
+                        "line": {"width": 1.5, "color": "white"}},
                 hovertext=[f"<b>{html.escape(name)}</b><br>{html.escape(Path(f).name)}<br>"
                            f"interactivity {x:.1f} tok/s/user<br>throughput {y:,.0f} tok/s/GPU"
                            f"<br>concurrency {mc} rate {rr}"
@@ -274,7 +291,8 @@ def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
     fig.update_layout(
         title=title or f"Throughput vs interactivity, {BASIS_TEXT[basis_used(df, basis)]}",
         xaxis_title="median interactivity (tok/s/user = 1000 / TPOT ms)",
-        yaxis_title="output throughput (tok/s/GPU)", hovermode="closest", height=650,
+        yaxis_title="output throughput (tok/s/GPU)" if y == Y else
+        "goodput: output tok/s/GPU of the requests meeting the SLOs", hovermode="closest", height=650,
         margin={"b": 150}, legend={"groupclick": "togglegroup"}, template="plotly_white")
     return fig
 
@@ -286,7 +304,8 @@ def marker_key(*, lossy: bool, vllm: bool) -> str:
     if lossy:
         key += " Diamonds and dashed fronts: LOSSY policies."
     if vllm:
-        key += " Stars: measured vLLM bench serve points."
+        key += (" Stars (in dark colours no policy line uses): measured vLLM bench serve "
+                "points.")
     return key
 
 
@@ -571,6 +590,39 @@ def _headline_parts(df: pl.DataFrame, candidate: str | None, baseline: str | Non
     return (f"<p>No headline comparison: {html.escape(missing)}.</p>"), ""
 
 
+GOODPUT_SECTION = """<h2>Goodput vs interactivity</h2>
+<p class="note">Goodput: the output tokens per second (per decode GPU) of the requests that
+meet every SLO ({slo}), judged on each point's steady latency sample. A policy that serves
+more tokens by making its requests wait past the TTFT SLO loses them here.</p>
+{div}"""
+
+
+def _answer_parts(df: pl.DataFrame, slo: Slo, basis: str) -> tuple[str, str]:
+    """The per-load answer as HTML (with a note on how to read it) and as markdown."""
+    rows = answer(df, slo=slo, basis=basis)
+    if not rows:
+        return "<p>(no loads)</p>", ""
+    note = ("<p class=\"note\">One row per load: the policy to deploy, ranked on goodput "
+            f"under the SLOs ({html.escape(slo.text())})" if slo.given else
+            "<p class=\"note\">One row per load: the policy to deploy, ranked on throughput "
+            "per GPU in a closed loop and on median interactivity in an open loop (every "
+            "stable policy serves an open loop's rate; give --slo to rank on goodput)")
+    note += (". ± is the 95 % confidence interval: over the seeds of a point when it ran "
+             "several (--seeds), else the run's own batch-means error. A runner-up inside "
+             "the interval is a tie, with how many seeds or requests would settle it. "
+             "Unstable and lossy policies do not compete.</p>")
+    return _table_html(answer_rows(rows)) + note, format_answer(rows)
+
+
+def _superseded_rows(superseded: pl.DataFrame) -> list[dict]:
+    """The reruns :func:`one_run_per_point` left out, as rows of the left-off table."""
+    return [{"front": r.get("policy"), "load": load_text(r.get("load_kind"), r.get("load")),
+             "seed": r.get("seed"), "reason": r["reason"], "detail": r["detail"],
+             "remedy": "none needed: the rerun is drawn; delete its points/ file to draw "
+                       "this one"}
+            for r in superseded.iter_rows(named=True)]
+
+
 def _context_rows(df: pl.DataFrame) -> list[dict]:
     """The configuration table: each context column's distinct values, in sweep order."""
     ctx = []
@@ -581,15 +633,18 @@ def _context_rows(df: pl.DataFrame) -> list[dict]:
     return ctx
 
 
-def _points_note(df: pl.DataFrame, left: list[dict]) -> str:
+def _points_note(df: pl.DataFrame, left: list[dict], superseded: int = 0) -> str:
     """How many points the page has, and how many of them no front uses."""
     n_unstable = int((~df["stable"].fill_null(False)).sum()) if "stable" in df.columns else 0
     n_short = (int(df["steady_window_short"].fill_null(False).sum())
                if "steady_window_short" in df.columns else 0)
-    return (f"{df.height} sweep points ({n_unstable} unstable, drawn as x and left out of the "
+    again = (f" and {superseded} superseded by a rerun of the same policy, load and seed "
+             "(listed with the points left off)" if superseded else "")
+    return (f"{df.height + superseded} sweep points in all{again}; of the {df.height} drawn, "
+            f"{n_unstable} unstable, drawn as x and left out of the "
             f"fronts; {n_short} with a steady-state window flagged short, drawn open: run more "
             f"requests; {len(left)} left off the fronts in all, each listed with why under "
-            f'"Points left off the fronts")')
+            f'"Points left off the fronts"')
 
 
 def _tables_html(df: pl.DataFrame, policies, stable_only: bool, basis: str,
@@ -609,10 +664,10 @@ load).</p>
 
 def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
                  policies: Sequence[str] | None = None, candidate: str | None = None,
-                 baseline: str | None = None, tiers: Sequence[float] = DEFAULT_TIERS,
+                 baseline: str | None = None, tiers: Sequence[float] | None = None,
                  vllm_results: str | Path | None = None, gpus: int | None = None,
                  stable_only: bool = True, title: str = "dspark-sim frontiers",
-                 basis: str = "steady") -> Path:
+                 basis: str = "steady", slo: Slo | None = None) -> Path:
     """Write the HTML report to ``out`` (a ``.html`` file, or a folder: ``out/report.html``).
 
     ``results``: a frame from :func:`run_sweep`, a sweep folder or a results.parquet.
@@ -620,12 +675,24 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
     are compared in the headline table (default: ``frontier.headline_pair``'s, the run's
     default policy against mtp1 or the sweep's one other policy; a note says so when a
     side is absent). ``basis``: ``"steady"`` (default) or ``"whole"``-run figures.
+    ``tiers``: the SLA lines (tok/s/user; None: :func:`~dspark_sim.sim.frontier.default_tiers`,
+    inside the data's range). ``slo``: goodput's SLOs (a column of the per-load answer,
+    and a front of its own).
+
+    The page opens with the per-load answer (:func:`~dspark_sim.sim.frontier.answer`).
+    Every point of ``results`` is drawn, except a rerun of one policy, load and seed
+    (:func:`~dspark_sim.sim.frontier.one_run_per_point`): the run with the most requests
+    is drawn, and the others are listed as superseded.
     """
     df = results if isinstance(results, pl.DataFrame) else load_results(results)
     if df.height == 0:
         raise InputError("results", "no sweep points to report")
+    slo = slo or Slo()
+    df, superseded = one_run_per_point(df)
     used = basis_used(df, basis)
-    df = metric_view(df, basis)
+    df = with_goodput(metric_view(df, basis), slo, basis)
+    if tiers is None:
+        tiers = default_tiers(df, basis)
     out = Path(out)
     if out.suffix.lower() not in (".html", ".htm"):
         out = out / "report.html"
@@ -638,8 +705,13 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
     has_lossy = bool(df.select(is_lossy(df).any()).item())
     if has_lossy:
         figs.append(lossy_figure(df, policies=policies, basis=basis))
+    if slo.given:
+        figs.append(fronts_figure(df, policies=policies, tiers=tiers, stable_only=stable_only,
+                                  basis=basis, y=GOODPUT_Y, title=(
+                                      f"Goodput vs interactivity, {slo.text()}")))
     head_html, head_md = _headline_parts(df, candidate, baseline, tiers, stable_only, basis)
-    left = _left_out_rows(df, policies, stable_only, basis)
+    left = _left_out_rows(df, policies, stable_only, basis) + _superseded_rows(superseded)
+    answer_html, answer_md = _answer_parts(df, slo, basis)
     divs = [pio.to_html(f, include_plotlyjs=(i == 0), full_html=False,
                         config={"displaylogo": False}) for i, f in enumerate(figs)]
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -647,8 +719,10 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>{CSS}</style></head><body>
 <h1>{html.escape(title)}</h1>
-<p class="note">{_points_note(df, left)}, generated {stamp}. Figures: {html.escape(BASIS_TEXT[used])}. Click a legend
+<p class="note">{_points_note(df, left, superseded.height)}, generated {stamp}. Figures: {html.escape(BASIS_TEXT[used])}. Click a legend
 entry to hide or show a policy (points and front together).</p>
+<h2 id="answer">Which policy at which load</h2>
+{answer_html}
 <h2>Headline numbers</h2>
 {head_html}
 <p class="note">Matched-throughput gain: candidate's / baseline's interactivity at equal
@@ -659,6 +733,7 @@ with both sides below it no gain is given; the row says why the front stops: hea
 left off, listed below, or never swept).</p>
 <h2>Throughput vs interactivity</h2>
 {divs[0]}
+{GOODPUT_SECTION.format(slo=html.escape(slo.text()), div=divs[-1]) if slo.given else ""}
 <h2>Verification budget vs concurrency (Fig. 8)</h2>
 {divs[1]}
 <h2>Queueing: TTFT and E2E vs load</h2>
@@ -669,6 +744,9 @@ for admission shows here, not on the front.</p>
 {divs[3]}
 {LOSSY_SECTION.format(div=divs[4]) if has_lossy else ""}
 {_tables_html(df, policies, stable_only, basis, left)}
+<!-- answer (markdown)
+{html.escape(answer_md)}
+-->
 <!-- headline (markdown)
 {html.escape(head_md)}
 -->

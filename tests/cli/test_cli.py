@@ -239,7 +239,7 @@ def test_sweep_cli_headline_defaults_and_lists_points_left_off(tmp_path, monkeyp
     monkeypatch.setattr(cli.console, "width", 400)  # each sentence on one line
     r = invoke("sweep", "--out", str(tmp_path / "sw"), "--policies", "mtp1,confidence,none",
                "--concurrency", "4,32", "--num-requests", "80", "--replicas", "1",
-               "--executor", "serial", "--quiet")
+               "--executor", "serial", "--quiet", "--sla", "80,120")
     assert r.exit_code == 0, r.output
     assert "| throughput gain at 80 tok/s/user, confidence vs mtp1 | no gain: both fronts " \
         "stay above this tier" in r.output

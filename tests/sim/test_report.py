@@ -91,15 +91,16 @@ def test_measured_vllm_points_have_their_own_symbol_and_the_key_names_it(tmp_pat
     vllm = rp.read_vllm_results(_vllm(tmp_path))
     fig = rp.fronts_figure(_frame(), tiers=[80], vllm=vllm)
     measured = [t for t in fig.data if t.name.startswith("vLLM measured")]
-    (measured_symbol,) = {t.marker.symbol for t in measured}
+    measured_symbols = {t.marker.symbol for t in measured}
     sweep_symbols = set()
     for t in fig.data:
         if not t.name.startswith("vLLM") and t.mode == "markers":
             sweep_symbols |= {s.removesuffix("-open")
                               for s in np.atleast_1d(t.marker.symbol).tolist()}
     assert "diamond" in sweep_symbols  # the lossy policy's
-    assert measured_symbol.removesuffix("-open") not in sweep_symbols
-    assert "Stars: measured vLLM" in " ".join(a.text for a in fig.layout.annotations)
+    assert not {s.removesuffix("-open") for s in measured_symbols} & sweep_symbols
+    assert "Stars (in dark colours no policy line uses): measured vLLM" in " ".join(
+        a.text.replace("<br>", " ") for a in fig.layout.annotations)
 
 
 def test_coinciding_latency_lines_are_each_visible_and_named():
