@@ -88,6 +88,12 @@ def read_workload(path: str | Path) -> pl.DataFrame:
         v = df[col].to_numpy()
         if np.any(v < 0):
             raise InputError(source, f"negative token count in {col}")
+        if np.any(v == 0):
+            # a request of no prompt or no output cannot be served as written (vLLM refuses
+            # both); serving it as one token would change the workload without a word
+            raise InputError(source, f"data row {int(np.argmax(v == 0)) + 1}: {col} is 0; a "
+                             "request needs at least one prompt and one output token: drop "
+                             "the row or give its real length")
         if np.any(v > MAX_TOKENS_PER_REQUEST):  # the limit a --lengths spec has
             raise InputError(source, f"{col} above the per-request limit of "
                              f"{MAX_TOKENS_PER_REQUEST:,} in data row "
@@ -235,14 +241,19 @@ def _lengths(w: WorkloadConfig, n: int, rng: np.random.Generator, trace,
             raise InputError(trace.source_path, f"{col} of request {trace.req_ids[bad]} "
                              f"({int(v[bad]):,}) is above the per-request limit of "
                              f"{MAX_TOKENS_PER_REQUEST:,}")
+        if np.any(v < 1):  # as a workload file's row: never served as one token unsaid
+            bad = int(np.argmax(v < 1))
+            raise InputError(trace.source_path, f"{col} of request {trace.req_ids[bad]} is "
+                             f"{int(v[bad])}; --lengths {spec} needs at least one prompt "
+                             "and one output token per request")
     if spec == "trace":
         rows = np.arange(first, first + n, dtype=np.int64) % trace.num_requests
         how = "cycled in order"
     else:
         rows = rng.integers(0, trace.num_requests, size=n)
         how = "drawn with the seed"
-    prompt_tokens = np.maximum(trace.req_prompt_tokens[rows], 1).astype(np.int64)
-    output_tokens = np.maximum(trace.req_output_tokens[rows], 1).astype(np.int64)
+    prompt_tokens = trace.req_prompt_tokens[rows].astype(np.int64)
+    output_tokens = trace.req_output_tokens[rows].astype(np.int64)
     return (prompt_tokens, output_tokens,
             f"lengths of {trace.num_requests} trace requests ({how}), each replaying its own row",
             rows)
@@ -274,8 +285,7 @@ def _file_requests(w: WorkloadConfig, df: pl.DataFrame, idx: np.ndarray,
         return prompt_tokens, output_tokens, f"{ldesc}, overriding the file's lengths", rows
     prompt_tokens = df["prompt_tokens"].to_numpy()[idx].astype(np.int64)
     output_tokens = df["output_tokens"].to_numpy()[idx].astype(np.int64)
-    return (np.maximum(prompt_tokens, 1), np.maximum(output_tokens, 1),
-            f"lengths of {Path(w.workload_path).name}", None)
+    return prompt_tokens, output_tokens, f"lengths of {Path(w.workload_path).name}", None
 
 
 def _replay_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> RequestStream:

@@ -176,7 +176,7 @@ def test_a_window_no_request_arrives_in_is_refused():
 
 # -- workload files: replay and closed loop ---------------------------------------------------
 # Mooncake timestamps in ms, out of order; a zero output length (served as one token)
-ROWS = [(2000, 70, 0), (0, 100, 20), (900, 50, 10), (500, 30, 7)]
+ROWS = [(2000, 70, 1), (0, 100, 20), (900, 50, 10), (500, 30, 7)]
 
 
 def _mooncake(path, rows=ROWS):
@@ -189,13 +189,16 @@ def test_read_workload_sorts_by_time_and_starts_at_zero(tmp_path):
     df = read_workload(_mooncake(tmp_path / "w.jsonl", [(t + 4000, i, o) for t, i, o in ROWS]))
     assert np.allclose(df["arrival_s"], [0.0, 0.5, 0.9, 2.0], rtol=0, atol=1e-12)
     assert df["prompt_tokens"].to_list() == [100, 30, 50, 70]
-    assert df["output_tokens"].to_list() == [20, 7, 10, 0]  # zero is a count like any other
+    assert df["output_tokens"].to_list() == [20, 7, 10, 1]
 
 
 @pytest.mark.parametrize("rows, message", [
     ([], "workload has no requests"),
     ([(0, -1, 5)], "negative token count in prompt_tokens"),
     ([(0, 5, -1)], "negative token count in output_tokens"),
+    # served as one token, a request of none would change the workload unsaid
+    ([(0, 5, 5), (1, 5, 0)], "data row 2: output_tokens is 0"),
+    ([(0, 0, 5)], "data row 1: prompt_tokens is 0"),
     ([(0, 5, 5), (1e400, 5, 5)], "workload has unparseable timestamps"),  # JSON reads inf
 ])
 def test_read_workload_refuses_what_is_not_a_request(tmp_path, rows, message):
@@ -257,7 +260,7 @@ def test_replay_keeps_the_files_times_and_lengths(tmp_path):
     s = build_stream(_replay(_mooncake(tmp_path / "w.jsonl")), _rng())
     assert s.arrival_s.tolist() == [0.0, 0.5, 0.9, 2.0]
     assert s.prompt_tokens.tolist() == [100, 30, 50, 70]
-    assert s.output_tokens.tolist() == [20, 7, 10, 1]  # a request makes at least one token
+    assert s.output_tokens.tolist() == [20, 7, 10, 1]
     assert s.trace_rows is None
     # 4 requests, 3 gaps over 2 s: 1.5 req/s
     assert s.description == "replay of w.jsonl (1.50 req/s native)"
@@ -353,10 +356,9 @@ def test_a_stream_is_frozen():
 
 
 def test_one_token_requests_stay_one_token(tmp_path):
-    """Zero counts are served as one token; one token is one token (not raised further)."""
-    s = build_stream(_replay(_mooncake(tmp_path / "w.jsonl", [(0, 1, 1), (10, 0, 0), (20, 2, 3)])),
-                     _rng())
-    assert s.prompt_tokens.tolist() == [1, 1, 2] and s.output_tokens.tolist() == [1, 1, 3]
+    """One token is one token (not raised further); zero is refused (above)."""
+    s = build_stream(_replay(_mooncake(tmp_path / "w.jsonl", [(0, 1, 1), (20, 2, 3)])), _rng())
+    assert s.prompt_tokens.tolist() == [1, 2] and s.output_tokens.tolist() == [1, 3]
 
 
 def test_a_negative_count_anywhere_in_the_file_is_refused(tmp_path):
@@ -405,13 +407,17 @@ def test_trace_sample_draws_rows_uniformly_with_the_seed(trace):
     assert "drawn with the seed" in s.description
 
 
-def test_trace_lengths_of_zero_and_one_token(trace):
-    t = replace(trace, req_prompt_tokens=np.array([0, 1, 2, 1, 0, 7]),
-                req_output_tokens=np.array([1, 0, 1, 2, 3, 0]))
+def test_trace_lengths_of_one_token_stay_one_and_of_zero_are_refused(trace):
+    t = replace(trace, req_prompt_tokens=np.array([1, 1, 2, 1, 4, 7]),
+                req_output_tokens=np.array([1, 2, 1, 2, 3, 1]))
     s = build_stream(_closed(num_requests=8, lengths="trace"), _rng(), trace=t)
     assert s.trace_rows.tolist() == [0, 1, 2, 3, 4, 5, 0, 1]  # cycled in order
-    assert s.prompt_tokens.tolist() == [1, 1, 2, 1, 1, 7, 1, 1]
-    assert s.output_tokens.tolist() == [1, 1, 1, 2, 3, 1, 1, 1]
+    assert s.prompt_tokens.tolist() == [1, 1, 2, 1, 4, 7, 1, 1]
+    assert s.output_tokens.tolist() == [1, 2, 1, 2, 3, 1, 1, 2]
+    # served as one token, a request of none would change the workload unsaid
+    zero = replace(t, req_output_tokens=np.array([1, 0, 1, 2, 3, 0]))
+    with pytest.raises(InputError, match=rf"output_tokens of request {trace.req_ids[1]} is 0"):
+        build_stream(_closed(num_requests=8, lengths="trace"), _rng(), trace=zero)
 
 
 def test_trace_lengths_need_a_trace_that_carries_them(trace):
