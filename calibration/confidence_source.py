@@ -11,6 +11,10 @@ confidences, so the policies that rank drafts by calibrated survival (``confiden
   (:func:`position_rates`, 0 where no chain reached ``k``): a
   calibrated estimate that knows the position and nothing about the text, so it cannot
   tell an easy row from a hard one (AUC near 0.5 within a position);
+* with a ``draft_tokens`` column, a draft the drafter never proposed gets confidence 0
+  from ``position`` and ``synthetic:AUC``: "no proposal" is carried by that column, a
+  state of its own, not a rejection; the policies never rank such a draft, and the
+  report scores only the drafts proposed;
 * ``synthetic:AUC``: an exactly calibrated confidence head that separates accepted from
   rejected drafts with that AUC at every position. Per row ``t`` and draft ``k`` the
   outcome is the trace's (``accept_len[t] >= k`` given ``k - 1`` accepted; past the first
@@ -188,6 +192,12 @@ def apply_conf_source(trace: AcceptanceTrace, spec: str | ConfSource, *,
     else:
         rng = np.random.default_rng([seed, CONF_STREAM_TAG])
         conf = synthetic_conf(trace, src.auc, rng)
+    if trace.draft_tokens is not None and src.kind != "trace":
+        # a draft the drafter never proposed has no confidence: 0, never ranked (the
+        # policies read which drafts were proposed); drawn first, so the rows that
+        # proposed get the confidences they would get without the column
+        proposed = np.arange(trace.gamma_max)[None, :] < trace.draft_tokens[:, None]
+        conf = np.where(proposed, conf, np.float32(0.0)).astype(np.float32)
     report = measure_conf(trace, conf, src.text)
     gen = dict(trace.meta.generator)
     gen[CONF_RECORD] = {"spec": src.text, "seed": int(seed), "gamma": trace.gamma_max,

@@ -252,6 +252,10 @@ def _print_head(s: dict) -> None:
             f"measured over the drafts a chain reaches: ECE {_fmt(s['conf_source_ece'], 4)}, "
             f"AUC {_fmt(s.get('conf_source_auc'), 4)}")
         head.add_row("confidences", f"{s['conf_source']}  ({measured})")
+    elif s.get("confidences"):
+        head.add_row("confidences", s["confidences"])
+    if s.get("engine_can_run") is False:  # a policy the measured drafter cannot run
+        head.add_row("engine", s["engine_note"])
     console.print(head)
 
 
@@ -290,7 +294,9 @@ def print_summary(s: dict, wall_s: float | None = None) -> None:
         ("median / p99 TTFT (ms)", *pair("median_ttft_ms", "p99_ttft_ms")),
         ("median / p99 TPOT (ms)", *pair("median_tpot_ms", "p99_tpot_ms", 2)),
         ("median E2E latency (ms)", *both("median_e2el_ms")),
-        ("acceptance length tau (incl. bonus)", *both("spec_decode_acceptance_length", 2)),
+        ("tau per proposal, vLLM's acceptance length (incl. bonus)",
+         *both("spec_decode_acceptance_length", 2)),
+        ("tau per request-step (incl. bonus)", *both("tokens_per_request_step", 2)),
         ("verify tokens per request-step (incl. bonus)",
          *both("mean_verify_tokens_per_request_step", 2)),
         ("verification waste (rejected / verified)", *both("verification_waste", 3)),
@@ -691,18 +697,21 @@ def traces_inspect(
     tab = Table(title="tau (tokens per verification step, incl. bonus) by verify length l")
     tab.add_column("l", justify="right")
     for name, _ in parts:
-        tab.add_column(f"{name}\nserved", justify="right", min_width=7)
+        tab.add_column(f"{name}\nper proposal", justify="right", min_width=8)
+        tab.add_column(f"{name}\nper req-step", justify="right", min_width=8)
         tab.add_column(f"{name}\nper-pos", justify="right", min_width=7)
-    served = {name: [sub.served_tau(ell) for ell in range(g + 1)] for name, sub in parts}
     for ell in range(g + 1):
         tab.add_row(str(ell), *[f"{v:.2f}" for name, sub in parts
-                                for v in (served[name][ell], sub.tau(ell))])
+                                for v in (sub.acceptance_length(ell), sub.served_tau(ell),
+                                          sub.tau(ell))])
     console.print(tab)
-    console.print("served: per verify step, a fixed-l chain replayed through each request, total "
-                  "tokens / total steps: what a run reports (DSpark Table 1, vLLM "
-                  "spec_decode_acceptance_length). per-pos: min(l, m_t) + 1 "
-                  "averaged over positions; higher when acceptance comes in easy and hard "
-                  "stretches.", style="dim")
+    console.print("a fixed-l chain replayed through each request, as a run serves it: per "
+                  "proposal = vLLM's spec_decode_acceptance_length (tokens / steps where the "
+                  "drafter proposed; a run's 'tau per proposal'), per req-step = tokens / "
+                  "every request-step (a step without a proposal is one token; a run's 'tau "
+                  "per request-step'; DSpark Table 1); equal when the drafter proposes at "
+                  "every step. per-pos: min(l, m_t) + 1 averaged over positions; higher when "
+                  "acceptance comes in easy and hard stretches.", style="dim")
     for name, sub in parts:
         pos = Table(title=f"per-position acceptance: {name}")
         pos.add_column("k", justify="right")

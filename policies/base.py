@@ -81,6 +81,15 @@ class BatchSnapshot:
     token_budget:    tokens the decode batch may use this step (n + sum ell <= budget).
     cost:            the step's cost ingredients (:class:`StepCost`), or None.
     lagged_cost:     ``cost`` two steps ago, or None.
+    proposed:        [n] drafts the drafter proposed per request this step (an n-gram or
+                     lookup drafter proposes none where it finds no match), or None: every
+                     request proposed ``gamma_max``. A draft not proposed has survival 0
+                     in ``survival`` but is no candidate: "no proposal" is a state of its
+                     own, not a draft certain to be rejected, and a request without one
+                     has nothing to verify beyond its bonus token.
+    lagged_proposed: ``proposed`` of the lagged rows, or None. The lagged view holds only
+                     the rows that proposed a draft: a step's requests without one say
+                     nothing about the survival of the drafts the others propose.
     """
 
     survival: np.ndarray
@@ -96,6 +105,8 @@ class BatchSnapshot:
     # per-request state its replay carries (read-only).
     fields: dict[str, np.ndarray] | None = None
     state: np.ndarray | None = None
+    proposed: np.ndarray | None = None
+    lagged_proposed: np.ndarray | None = None
 
     @property
     def num_requests(self) -> int:

@@ -12,6 +12,7 @@ from dspark_sim.policies.base import BatchSnapshot
 from dspark_sim.policies.registry import DecisionKernel, Policy, register
 from dspark_sim.policies.scheduler import (
     budget_displacement,
+    candidates,
     schedule_async,
     schedule_sync,
     schedule_topk,
@@ -28,12 +29,26 @@ CONFIDENCE_LAG_ROWS = 64
 def _confidence(s: BatchSnapshot) -> np.ndarray:
     """The budget for this step's costs, sized on the survivals of two steps ago (DSpark's
     production pipeline: the decision never waits for this step's drafts), stretched to
-    this batch; tokens by current survival."""
-    if s.lagged_survival is None or s.lagged_survival.shape[0] == 0:
-        return schedule_topk(s.survival, budget_displacement(s.survival, s.cost))
+    this batch's candidates; tokens by current survival. With a drafter that proposes
+    nothing at some steps (``proposed``) the candidates are the drafts proposed: which
+    requests have drafts is known when the step is scheduled, their survivals are not,
+    and the lagged view holds only rows that proposed."""
     n, gamma = s.survival.shape
-    estimate = stretch_sorted(sorted_desc(s.lagged_survival), n * gamma)
-    return schedule_topk(s.survival, budget_displacement(s.survival, s.cost, n, estimate))
+    if s.proposed is None:
+        if s.lagged_survival is None or s.lagged_survival.shape[0] == 0:
+            return schedule_topk(s.survival, budget_displacement(s.survival, s.cost))
+        estimate = stretch_sorted(sorted_desc(s.lagged_survival), n * gamma)
+        return schedule_topk(s.survival, budget_displacement(s.survival, s.cost, n, estimate))
+    current = sorted_desc(candidates(s.survival, s.proposed))
+    if current.size == 0:  # nobody drafted: nothing to verify
+        return np.zeros(n, dtype=np.int64)
+    if s.lagged_survival is None or s.lagged_survival.shape[0] == 0:
+        estimate = current
+    else:
+        estimate = stretch_sorted(sorted_desc(candidates(s.lagged_survival,
+                                                         s.lagged_proposed)), current.size)
+    return schedule_topk(s.survival, budget_displacement(s.survival, s.cost, n, estimate),
+                         s.proposed)
 
 
 @register("confidence",
@@ -52,7 +67,7 @@ def confidence(spec: str, arg: str | None) -> Policy:
 
 
 def _confidence_sync(s: BatchSnapshot) -> np.ndarray:
-    return schedule_sync(s.survival, s.sps)
+    return schedule_sync(s.survival, s.sps, s.proposed)
 
 
 @register("confidence-sync", aliases=("alg1",),
@@ -68,8 +83,9 @@ def confidence_sync(spec: str, arg: str | None) -> Policy:
 def _confidence_async(s: BatchSnapshot) -> np.ndarray:
     if s.lagged_survival is None or s.lagged_sps is None or s.lagged_survival.shape[0] == 0:
         # Warm-up (no history yet): size the budget from the current step instead.
-        return schedule_async(s.survival, s.survival, s.sps)
-    return schedule_async(s.survival, s.lagged_survival, s.lagged_sps)
+        return schedule_async(s.survival, s.survival, s.sps, s.proposed, s.proposed)
+    return schedule_async(s.survival, s.lagged_survival, s.lagged_sps, s.proposed,
+                          s.lagged_proposed)
 
 
 @register("confidence-async", aliases=("confidence_async",),

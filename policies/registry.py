@@ -78,6 +78,10 @@ class Policy:
     # A compiled twin of the whole decision (DecisionKernel), which the engine runs over
     # its own arrays when the compiled kernels are on; ``decide`` stays the reference.
     kernel: DecisionKernel | None = None
+    # The drafter method a serving engine's implementation of this policy runs with
+    # (vLLM's adaptive verification: its ``dspark`` method), or None: any drafter with
+    # what the policy reads.
+    engine_method: str | None = None
 
     def __call__(self, snap: BatchSnapshot) -> np.ndarray:
         return self.decide(snap)
@@ -94,45 +98,64 @@ class Policy:
         return self.lag_steps + self.lag_rows if self.needs_lag else 0
 
     def lagged(self, history) -> tuple:
-        """(survival, sps, cost) of ``lag_steps`` steps ago from ``history`` (oldest
-        first), or Nones; with ``lag_rows``, the survivals of that step and the ones before
-        it until they hold that many rows (a small batch's two-step-old drafts are a noisy
-        sample of its next ones)."""
+        """(survival, sps, cost, proposed) of ``lag_steps`` steps ago from ``history``
+        (oldest first), or Nones; with ``lag_rows``, the survivals of that step and the
+        ones before it until they hold that many rows (a small batch's two-step-old drafts
+        are a noisy sample of its next ones). ``history`` holds only the rows that
+        proposed drafts (:meth:`snapshot`), so the rows counted are requests that drafted;
+        ``proposed`` is None where every row proposed the whole block."""
         if not self.needs_lag or len(history) < self.lag_steps:
-            return None, None, None
+            return None, None, None, None
         newest = len(history) - self.lag_steps
-        survival, sps, cost = history[newest]
+        survival, sps, cost, proposed = history[newest]
         if self.lag_rows > len(survival):
-            parts, rows = [survival], len(survival)
+            parts, props, rows = [survival], [proposed], len(survival)
             for i in range(newest - 1, -1, -1):
                 parts.append(history[i][0])
+                props.append(history[i][3])
                 rows += len(history[i][0])
                 if rows >= self.lag_rows:
                     break
             survival = readonly(np.concatenate(parts))
-        return survival, sps, cost
+            if any(p is not None for p in props):
+                g = survival.shape[1]
+                proposed = readonly(np.concatenate(
+                    [np.full(len(s), g, np.int64) if p is None else p
+                     for s, p in zip(parts, props, strict=True)]))
+        return survival, sps, cost, proposed
 
     def snapshot(self, history, survival: np.ndarray, gamma_max: int, token_budget: int, *,
                  sps: np.ndarray | None = None, cost: StepCost | None = None,
                  fields: dict[str, np.ndarray] | None = None,
-                 state: np.ndarray | None = None) -> BatchSnapshot:
+                 state: np.ndarray | None = None,
+                 proposed: np.ndarray | None = None) -> BatchSnapshot:
         """The read-only snapshot this policy decides on, with its lagged view read from
         ``history`` (a deque of ``maxlen >= max(1, self.history)``, oldest first); this
-        step's view joins ``history`` when the policy reads lagged ones. ``survival`` and
-        ``sps`` are this step's own arrays and are frozen in place (no copy: the engine
-        calls this once a step). The simulator's engine and the validation server both
-        build their snapshots here, so a policy sees the same thing in both."""
+        step's view joins ``history`` when the policy reads lagged ones, its rows that
+        proposed drafts only (``proposed``: drafts proposed per request, None: all of
+        them). ``survival`` and ``sps`` are this step's own arrays and are frozen in
+        place (no copy: the engine calls this once a step). The simulator's engine and
+        the validation server both build their snapshots here, so a policy sees the same
+        thing in both."""
         survival.flags.writeable = False
         if sps is not None:
             sps.flags.writeable = False
+        if proposed is not None:
+            proposed = readonly(proposed)
         if not self.needs_lag:
             return BatchSnapshot(survival, gamma_max, token_budget, sps=sps, cost=cost,
-                                 fields=fields, state=state)
+                                 fields=fields, state=state, proposed=proposed)
         lagged = self.lagged(history)
         snap = BatchSnapshot(survival, gamma_max, token_budget, sps=sps,
                              lagged_survival=lagged[0], lagged_sps=lagged[1],
-                             cost=cost, lagged_cost=lagged[2], fields=fields, state=state)
-        history.append((survival, sps, cost))
+                             cost=cost, lagged_cost=lagged[2], fields=fields, state=state,
+                             proposed=proposed, lagged_proposed=lagged[3])
+        if proposed is None:
+            history.append((survival, sps, cost, None))
+        else:
+            drafted = proposed > 0
+            history.append((readonly(survival[drafted]), sps, cost,
+                            readonly(np.asarray(proposed[drafted], np.int64))))
         return snap
 
 
@@ -250,6 +273,31 @@ def parse_count(spec: str, arg: str | None, default: int | None) -> int:
     if k < 0:
         raise InputError("--policy", f"{spec!r}: argument must be >= 0")
     return k
+
+
+def engine_support(policy: Policy, *, drafter: str | None, confidence_head: bool,
+                   proposes_everywhere: bool) -> tuple[bool, str]:
+    """Whether a deployment whose drafter is the measured one (``drafter``: the trace's
+    drafter name; ``confidence_head``: the trace carries the drafter's own confidences;
+    ``proposes_everywhere``: it drafts at every step, unlike an n-gram or lookup drafter)
+    can run ``policy`` in its engine, and a sentence saying why not or what it runs. A
+    policy it cannot run is still simulated: the figure is what the policy would do with
+    that drafter's acceptances, not what the deployment can serve today."""
+    kind = "proposes only where it finds a match (n-gram / lookup)" \
+        if not proposes_everywhere else f"drafter {drafter}"
+    why = []
+    if policy.needs_survival and policy.drafter == "dspark" and not confidence_head:
+        why.append("it ranks drafts by confidence and the measured drafter has no "
+                   "confidence head (the run's confidences are assumed: --conf-source)")
+    if policy.engine_method is not None and \
+            not (drafter or "").lower().startswith(policy.engine_method):
+        why.append(f"the engine runs it only with its {policy.engine_method} drafter "
+                   f"method (the measured one: {drafter})")
+    if not why:
+        return True, f"runs with the measured drafter ({kind})"
+    runs = "none, fixed:K" + (" and the confidence policies" if confidence_head else "")
+    return False, (f"simulated only: {'; '.join(why)}. The measured drafter ({kind}) "
+                   f"runs {runs}")
 
 
 # -- the listing: `dspark-sim policies`, the --policy help and docs/policies.md ----------

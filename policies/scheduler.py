@@ -67,6 +67,17 @@ def theta_curve(survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
     return _theta(survival.shape[0], sorted_desc(survival), sps)
 
 
+def candidates(survival: np.ndarray, proposed: np.ndarray | None) -> np.ndarray:
+    """The survivals of the drafts the drafter proposed, flat in row-major order
+    (``proposed`` [n]: drafts proposed per request, None: every request its whole block).
+    A draft never proposed is not a candidate at all, not one certain to be rejected: it
+    takes no place in a budget's ranking or a survival curve."""
+    if proposed is None:
+        return np.asarray(survival, dtype=np.float64).reshape(-1)
+    return np.asarray(survival, dtype=np.float64)[
+        np.arange(survival.shape[1])[None, :] < np.asarray(proposed)[:, None]]
+
+
 def sorted_desc(survival: np.ndarray) -> np.ndarray:
     """Survival values sorted descending (values only: ~4x cheaper than an argsort; a
     reversed view of one ascending sort)."""
@@ -99,16 +110,20 @@ def _counts_at(survival: np.ndarray, t: float, k: int) -> np.ndarray:
     return above.sum(axis=1, dtype=np.int64) + take.reshape(n, g).sum(axis=1, dtype=np.int64)
 
 
-def schedule_sync(survival: np.ndarray, sps: np.ndarray) -> np.ndarray:
-    """Algorithm 1 with early stop. Returns ell [n] (int64)."""
+def schedule_sync(survival: np.ndarray, sps: np.ndarray,
+                  proposed: np.ndarray | None = None) -> np.ndarray:
+    """Algorithm 1 with early stop, over the drafts proposed (``proposed`` [n] per
+    request; None: all of them). Returns ell [n] (int64)."""
     survival = np.asarray(survival, dtype=np.float64)
     n = survival.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    a = sorted_desc(survival)
+    a = sorted_desc(candidates(survival, proposed))
     theta = _theta(n, a, sps)
     rises = theta[1:] > theta[:-1]
     k = int(np.argmin(rises)) if not rises.all() else rises.size
+    if proposed is not None:
+        return schedule_topk(survival, k, proposed)
     return _topk_lengths(survival, a, k)
 
 
@@ -119,9 +134,17 @@ def budget_global(survival: np.ndarray, sps: np.ndarray) -> int:
     return int(np.argmax(theta_curve(survival, sps)))
 
 
-def schedule_topk(survival: np.ndarray, k: int) -> np.ndarray:
-    """Admit the ``k`` most likely-to-survive draft tokens (dynamic top-K)."""
+def schedule_topk(survival: np.ndarray, k: int, proposed: np.ndarray | None = None
+                  ) -> np.ndarray:
+    """Admit the ``k`` most likely-to-survive draft tokens (dynamic top-K), among the
+    drafts proposed (``proposed`` [n] per request; None: all of them)."""
     survival = np.asarray(survival, dtype=np.float64)
+    if proposed is not None:
+        # drafts not proposed rank below every proposed one (survival is >= 0), so a tie
+        # at 0 never spends a slot of the budget on a draft that does not exist
+        k = min(int(k), int(np.minimum(proposed, survival.shape[1]).sum()))
+        survival = np.where(np.arange(survival.shape[1])[None, :] < proposed[:, None],
+                            survival, -1.0)
     n, g = survival.shape
     k = int(max(0, min(k, n * g)))
     if k == 0 or k == n * g:
@@ -132,10 +155,20 @@ def schedule_topk(survival: np.ndarray, k: int) -> np.ndarray:
 
 
 def schedule_async(
-    survival: np.ndarray, lagged_survival: np.ndarray, lagged_sps: np.ndarray
+    survival: np.ndarray, lagged_survival: np.ndarray, lagged_sps: np.ndarray,
+    proposed: np.ndarray | None = None, lagged_proposed: np.ndarray | None = None
 ) -> np.ndarray:
-    """§5.2: budget from the lagged snapshot, tokens by current survival."""
-    return schedule_topk(survival, budget_global(lagged_survival, lagged_sps))
+    """§5.2: budget from the lagged snapshot, tokens by current survival (each over the
+    drafts its step proposed)."""
+    if lagged_proposed is None:
+        k = budget_global(lagged_survival, lagged_sps)
+    else:
+        # the lagged rows are the ones that proposed; every request of that step had its
+        # bonus token, and its SPS curve holds n * gamma + 1 entries
+        n = (np.asarray(lagged_sps).size - 1) // max(1, lagged_survival.shape[1])
+        a = sorted_desc(candidates(lagged_survival, lagged_proposed))
+        k = int(np.argmax(_theta(n, a, lagged_sps))) if n else 0
+    return schedule_topk(survival, k, proposed)
 
 
 def stretch_sorted(sorted_survival: np.ndarray, size: int) -> np.ndarray:

@@ -46,7 +46,12 @@ import numpy as np
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot
 from dspark_sim.policies.registry import Policy, register
-from dspark_sim.policies.scheduler import budget_displacement, schedule_topk, sorted_desc
+from dspark_sim.policies.scheduler import (
+    budget_displacement,
+    candidates,
+    schedule_topk,
+    sorted_desc,
+)
 
 DFLY_RATIOS_PCT = (25, 50, 75, 100)
 
@@ -58,42 +63,47 @@ def ratio_counts(ratios_pct: tuple[int, ...], candidates: int) -> np.ndarray:
     return (2 * r * candidates + 100) // 200
 
 
-def dfly_budget(survival: np.ndarray, cost, ratios_pct: tuple[int, ...] = DFLY_RATIOS_PCT
-                ) -> int:
-    """DFly's K: the ratio of the ``n * gamma`` candidate slots with the best predicted
-    progress / profiled latency (first best in ascending K on ties); ratios whose K does
-    not fit the token budget are dropped, the smallest is taken when none fits."""
+def dfly_budget(survival: np.ndarray, cost, ratios_pct: tuple[int, ...] = DFLY_RATIOS_PCT,
+                proposed: np.ndarray | None = None) -> int:
+    """DFly's K: the ratio of the candidate slots (the ``n * gamma`` drafts, or those
+    proposed: ``proposed`` [n] per request) with the best predicted progress / profiled
+    latency (first best in ascending K on ties); ratios whose K does not fit the token
+    budget are dropped, the smallest is taken when none fits."""
     n, gamma = survival.shape
     if n == 0:
         return 0
-    ks = np.unique(ratio_counts(ratios_pct, n * gamma))  # ascending, duplicates merged
+    a = sorted_desc(candidates(survival, proposed))
+    ks = np.unique(ratio_counts(ratios_pct, a.size))  # ascending, duplicates merged
     # priced counts: verify tokens n + K within the budget (extra_s covers n * gamma)
-    size = min(n * gamma + 1, cost.budget - n + 1, cost.extra_s.size)
+    size = min(a.size + 1, cost.budget - n + 1, cost.extra_s.size)
     fits = ks[ks < size]
     if fits.size == 0:
         return int(ks[0])
-    a = sorted_desc(survival)
     tau = n + np.concatenate(([0.0], np.cumsum(a[: int(fits[-1])])))
     step_s = cost.step_s(n, int(fits[-1]) + 1)
     score = tau[fits] / step_s[fits]
     return int(fits[int(np.argmax(score))])
 
 
-def dcut_budget(survival: np.ndarray, cost) -> int:
+def dcut_budget(survival: np.ndarray, cost, proposed: np.ndarray | None = None) -> int:
     """D-cut's K: the best cut anywhere along the ranked slots (the continuous budget on
-    this step's own survivals)."""
-    return budget_displacement(survival, cost)
+    this step's own survivals, of the drafts proposed)."""
+    if proposed is None:
+        return budget_displacement(survival, cost)
+    return budget_displacement(survival, cost, survival.shape[0],
+                               sorted_desc(candidates(survival, proposed)))
 
 
 def _dfly(ratios_pct: tuple[int, ...]) -> Callable[[BatchSnapshot], np.ndarray]:
     def decide(s: BatchSnapshot) -> np.ndarray:
-        return schedule_topk(s.survival, dfly_budget(s.survival, s.cost, ratios_pct))
+        return schedule_topk(s.survival, dfly_budget(s.survival, s.cost, ratios_pct,
+                                                     s.proposed), s.proposed)
 
     return decide
 
 
 def _dcut(s: BatchSnapshot) -> np.ndarray:
-    return schedule_topk(s.survival, dcut_budget(s.survival, s.cost))
+    return schedule_topk(s.survival, dcut_budget(s.survival, s.cost, s.proposed), s.proposed)
 
 
 def parse_ratios(spec: str, arg: str | None) -> tuple[int, ...]:

@@ -13,8 +13,10 @@ from dspark_sim.policies.registry import Policy, register
 
 def _threshold(p: float) -> Callable[[BatchSnapshot], np.ndarray]:
     def decide(s: BatchSnapshot) -> np.ndarray:
-        # survival is non-increasing along the block, so the count is a prefix length
-        return (s.survival >= p).sum(axis=1).astype(np.int64)
+        # survival is non-increasing along the block, so the count is a prefix length;
+        # never past the drafts proposed (threshold:0 would count drafts never proposed)
+        ell = (s.survival >= p).sum(axis=1).astype(np.int64)
+        return ell if s.proposed is None else np.minimum(ell, s.proposed)
 
     return decide
 

@@ -6,19 +6,35 @@ import numpy as np
 
 from dspark_sim.policies.base import BatchSnapshot
 from dspark_sim.policies.registry import Policy, register
-from dspark_sim.policies.scheduler import budget_displacement, schedule_topk, sorted_desc
+from dspark_sim.policies.scheduler import (
+    budget_displacement,
+    candidates,
+    schedule_topk,
+    sorted_desc,
+)
 
 
 def _vllm_adaptive(s: BatchSnapshot) -> np.ndarray:
     """B* = argmax (N + sum of the B best survivals) / (draft + verify_cost[T + B]) with T
     the step's non-draft tokens, sized on the confidence array one step old, as it is (not
     stretched to this batch), then the top-B drafts by current survival."""
-    if s.lagged_survival is None or s.lagged_survival.shape[0] == 0:
-        return schedule_topk(s.survival, budget_displacement(s.survival, s.cost,
-                                                             displacement=False))
-    lagged = sorted_desc(s.lagged_survival)
-    k = budget_displacement(s.survival, s.cost, s.num_requests, lagged, displacement=False)
-    return schedule_topk(s.survival, k)
+    if s.proposed is None:
+        if s.lagged_survival is None or s.lagged_survival.shape[0] == 0:
+            return schedule_topk(s.survival, budget_displacement(s.survival, s.cost,
+                                                                 displacement=False))
+        lagged = sorted_desc(s.lagged_survival)
+        k = budget_displacement(s.survival, s.cost, s.num_requests, lagged,
+                                displacement=False)
+        return schedule_topk(s.survival, k)
+    # a drafter that proposes nothing at some steps: the candidates are the drafts
+    # proposed, and the lagged confidences those of the rows that proposed (none one step
+    # ago: this step's own)
+    lagged = s.survival if s.lagged_survival is None or s.lagged_survival.shape[0] == 0 \
+        else s.lagged_survival
+    a = sorted_desc(candidates(lagged, s.proposed if lagged is s.survival
+                               else s.lagged_proposed))
+    k = budget_displacement(s.survival, s.cost, s.num_requests, a, displacement=False)
+    return schedule_topk(s.survival, k, s.proposed)
 
 
 @register("vllm-adaptive", aliases=("vllm_adaptive",),
@@ -27,5 +43,6 @@ def _vllm_adaptive(s: BatchSnapshot) -> np.ndarray:
 def vllm_adaptive(spec: str, arg: str | None) -> Policy:
     return Policy(name="vllm-adaptive", drafter="dspark", decide=_vllm_adaptive,
                   needs_cost=True, needs_lag=True, lag_steps=1, needs_survival=True,
+                  engine_method="dspark",
                   description="vLLM adaptive verification: 1-step-old confidences, "
                               "current T + B cost table, global search, top-B")

@@ -30,7 +30,7 @@ from dspark_sim.calibration.profile import EngineProfile, load_profile
 from dspark_sim.errors import InputError
 from dspark_sim.io import jsonable
 from dspark_sim.policies import compiled
-from dspark_sim.policies.registry import Policy, get_policy
+from dspark_sim.policies.registry import Policy, engine_support, get_policy
 from dspark_sim.sim.ahead import Handoffs, NotAhead
 from dspark_sim.sim.arrivals import ClosedLoop, OpenLoop
 from dspark_sim.sim.config import MAX_ENGINE_STEPS, SimConfig
@@ -329,6 +329,7 @@ def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
            if trace_from_profile(cfg, profile, trace) else {}),
         "calibration": calibration.source,
         **_preparation_summary(cfg, trace),
+        **_drafter_summary(cfg, policy, trace),
         "seed": cfg.seed,
         **summary,
     }
@@ -342,6 +343,28 @@ def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
         summary["verifier_call_fraction"] = \
             1.0 - ctx.stats.skipped_request_steps / steps if steps else None
     return summary
+
+
+def _drafter_summary(cfg: SimConfig, policy: Policy, trace: AcceptanceTrace | None) -> dict:
+    """Where the policy's confidences came from (``confidences``: None when it reads
+    none) and whether the measured drafter can run the policy in a serving engine
+    (``engine_can_run``, ``engine_note``): a policy it cannot run is still simulated,
+    and labelled so."""
+    reads = policy.needs_survival and trace is not None
+    given = None if cfg.conf_source is None else parse_conf_source(cfg.conf_source)
+    own = trace is not None and trace.conf is not None and (given is None
+                                                              or given.kind == "trace")
+    if not reads:
+        source = None
+    elif own:
+        source = "trace (the drafter's own)"
+    else:
+        source = f"{given.text} (--conf-source: assumed, not the drafter's)"
+    if trace is None:
+        return {"confidences": source, "engine_can_run": True, "engine_note": None}
+    ok, note = engine_support(policy, drafter=trace.meta.drafter, confidence_head=own,
+                              proposes_everywhere=trace.draft_tokens is None)
+    return {"confidences": source, "engine_can_run": ok, "engine_note": note}
 
 
 def _preparation_summary(cfg: SimConfig, trace: AcceptanceTrace | None) -> dict:

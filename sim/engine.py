@@ -167,6 +167,9 @@ class StepRecord(NamedTuple):
     emitted_tokens: int  # accepted + bonus per decoding row, first tokens of prefills
     accepted_tokens: int  # drafts the verifier accepted
     unverified_tokens: int  # drafts committed without the verifier (lossy skips)
+    # decoding rows whose drafter proposed (vLLM's drafts): all of them unless the trace
+    # says an n-gram / lookup drafter found no match at some positions
+    drafting_requests: int
 
 
 STEP_FIELDS = StepRecord._fields
@@ -202,7 +205,7 @@ class StepPlan(NamedTuple):
 
 class StepRecorder:
     """The per-step series: one C-level ``array.extend`` of a :class:`StepRecord`'s
-    fields per engine step (12 float64, 96 bytes; well under 1 us, no per-token or
+    fields per engine step (13 float64, 104 bytes; well under 1 us, no per-token or
     per-request work)."""
 
     def __init__(self) -> None:
@@ -750,8 +753,11 @@ class Replica:
             stats.itl_sum_s += dt * n_dec
             stats.request_steps += n_dec
             stats.verify_tokens += plan.verify_tokens
-            if self.proposed is not None:
-                stats.unproposed_request_steps += int(np.count_nonzero(self.proposed == 0))
+        drafting = n_dec
+        if n_dec and self.proposed is not None:
+            unproposed = int(np.count_nonzero(self.proposed == 0))
+            stats.unproposed_request_steps += unproposed
+            drafting -= unproposed
         if plan.prefill_tokens:
             self.kv_tokens += plan.prefill_tokens
             self.pending_prefill -= plan.prefill_tokens
@@ -767,7 +773,7 @@ class Replica:
         # a StepRecord's fields as a plain tuple: building the named one costs more
         ctx.record_step((now, dt, self.index, n_dec, len(batch), len(self.waiting),
                          plan.verify_tokens + plan.prefill_tokens, plan.prefill_tokens,
-                         verified_drafts, emitted, n_accepted, n_unverified))
+                         verified_drafts, emitted, n_accepted, n_unverified, drafting))
         if fused:
             if n_gone:
                 self.batch = kept
@@ -897,8 +903,13 @@ class Replica:
             fields = {f: readonly(getattr(v2, f)[trace_idx]) for f in policy.fields}
         if ctx.request_state is not None:
             state = readonly(ctx.request_state[batch[:n_dec, REQUEST_ID]])
+        # which requests' drafters proposed (and how many drafts) is known when the step
+        # is scheduled: the drafts exist before they are verified
+        proposed = None if ctx.trace_draft_tokens is None \
+            else ctx.trace_draft_tokens[trace_idx].astype(np.int64)
         ell = policy(policy.snapshot(self.lag, survival, ctx.gamma, ctx.max_num_batched_tokens,
-                                     sps=sps, cost=cost, fields=fields, state=state))
+                                     sps=sps, cost=cost, fields=fields, state=state,
+                                     proposed=proposed))
         return ell if isinstance(ell, Verification) else _lengths(ell, policy.name, n_dec)
 
 

@@ -7,11 +7,15 @@ paper each define some of them their own way):
   tokens/s/user (InferenceX, AIPerf).
 * ITL = time between successive token-emitting steps of a request (a speculative
   step emits several tokens at once, as vLLM's streamed chunks do).
-* ``spec_decode_acceptance_length`` = 1 + accepted / drafts (vLLM: a draft is a
-  request-step whose drafter proposed, so an n-gram drafter's steps without a match
-  do not count; includes the
+* ``spec_decode_acceptance_length`` = 1 + accepted / drafts, tau per proposal (vLLM: a
+  draft is a request-step whose drafter proposed, so an n-gram drafter's steps without
+  a match do not count; includes the
   bonus token, = DSpark's tau; a lossy policy that skips the verifier adds the drafts
-  it committed unjudged); ``acceptance_per_position[k]`` is vLLM's *unconditional*
+  it committed unjudged); ``tokens_per_request_step`` = 1 + accepted / request-steps,
+  tau per request-step, every decoding step of every request counted (what a step
+  without a proposal serves: one token). The two agree when the drafter proposes at
+  every step; each ``steady_`` twin holds the same definition over the window;
+  ``acceptance_per_position[k]`` is vLLM's *unconditional*
   ``num_accepted_tokens_per_pos / num_drafts``. Accepted tokens are the verifier's:
   never more than it verified.
 * ``mean_verify_tokens_per_request_step`` counts the bonus slot, so MTP-1 is 2
@@ -181,7 +185,8 @@ def _stats(names: tuple[str, str, str, str], v: np.ndarray) -> dict[str, float |
 class StepSeries:
     """The engine's per-step series (``sim.engine.STEP_FIELDS``), one entry per step of
     any replica, in completion order. Build from the recorder with :meth:`from_columns`
-    or by hand with :meth:`of` (missing fields are zeros)."""
+    or by hand with :meth:`of` (missing fields are zeros; ``drafting_requests`` the
+    ``decode_batch``)."""
 
     end_s: np.ndarray
     dt_s: np.ndarray
@@ -195,6 +200,7 @@ class StepSeries:
     emitted_tokens: np.ndarray
     accepted_tokens: np.ndarray
     unverified_tokens: np.ndarray
+    drafting_requests: np.ndarray
 
     @classmethod
     def from_columns(cls, cols: dict[str, np.ndarray]) -> StepSeries:
@@ -205,6 +211,8 @@ class StepSeries:
         end = np.asarray(end_s, dtype=np.float64)
         dt = np.broadcast_to(np.asarray(dt_s, dtype=np.float64), end.shape)
         out = {"end_s": end, "dt_s": dt}
+        # every decoding row drafts unless told otherwise
+        cols.setdefault("drafting_requests", cols.get("decode_batch", 0.0))
         for f in STEP_FIELDS[2:]:
             v = cols.pop(f, 0.0)
             out[f] = np.broadcast_to(np.asarray(v, dtype=np.float64), end.shape)
@@ -381,7 +389,9 @@ def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
     ver = float(steps.verified_drafts[in_win].sum())
     acc = float(steps.accepted_tokens[in_win].sum())
     committed = acc + float(steps.unverified_tokens[in_win].sum())
-    s["steady_spec_decode_acceptance_length"] = 1.0 + committed / rs if rs else None
+    drafts = float(steps.drafting_requests[in_win].sum())
+    s["steady_spec_decode_acceptance_length"] = 1.0 + committed / drafts if drafts else None
+    s["steady_tokens_per_request_step"] = 1.0 + committed / rs if rs else None
     s["steady_mean_verify_tokens_per_request_step"] = (rs + ver) / rs if rs else None
     s["steady_mean_draft_tokens_per_request_step"] = ver / rs if rs else None
     s["steady_verification_waste"] = (ver - acc) / ver if ver else (0.0 if rs else None)
@@ -551,7 +561,7 @@ def _speculation(log: RequestLog, stats: StepStats) -> dict:
         # lossy policies: emitted tokens that differ from the target's greedy output
         "changed_tokens": int(stats.changed_tokens),
         "changed_token_fraction": stats.changed_tokens / total_emitted if total_emitted else 0.0,
-        # drafts committed per request-step: with a skipping policy's unjudged ones
+        # drafts committed per drafting request-step: with a skipping policy's unjudged ones
         "spec_decode_acceptance_length":
             1.0 + (accepted + stats.unverified_tokens) / drafts if drafts else None,
         "spec_decode_acceptance_rate": accepted / verified if verified else None,
@@ -565,13 +575,15 @@ def _speculation(log: RequestLog, stats: StepStats) -> dict:
         s["acceptance_per_position"] = []
         s["verified_per_position"] = []
     rs = stats.request_steps
+    s["tokens_per_request_step"] = \
+        1.0 + (accepted + stats.unverified_tokens) / rs if rs else None
     s["mean_verify_tokens_per_request_step"] = stats.verify_tokens / rs if rs else None
     s["mean_draft_tokens_per_request_step"] = verified / rs if rs else None
     s["verification_waste"] = (verified - accepted) / verified if verified else 0.0
     s["engine_steps"] = stats.steps
     s["mean_step_ms"] = stats.busy_s / stats.steps * 1e3 if stats.steps else None
     s["mean_batch_tokens"] = stats.batch_tokens / stats.steps if stats.steps else None
-    s["mean_decode_batch"] = drafts / stats.steps if stats.steps else None
+    s["mean_decode_batch"] = rs / stats.steps if stats.steps else None
     s["budget_limited_steps"] = stats.budget_limited_steps
     s["kv_blocked_steps"] = stats.kv_blocked_steps
     return s

@@ -204,6 +204,13 @@ class AcceptanceTrace:
         ge = np.cumsum(hist[::-1])[::-1]  # ge[j] = steps with min(k, m) >= j
         return ge[1:] / max(int(hist.sum()), 1)
 
+    def acceptance_length(self, k: int | None = None) -> float:
+        """vLLM's ``spec_decode_acceptance_length`` of a fixed-``k`` run: tau per
+        proposal, ``1 + sum`` of :meth:`served_survival` (the steps where the drafter
+        proposed nothing are not counted). :meth:`served_tau` is tau per request-step;
+        the two agree when the drafter proposes at every step."""
+        return 1.0 + float(self.served_survival(k).sum())
+
     def conditional_acceptance(self) -> np.ndarray:
         """DSpark Fig. 2: P(position k accepted | 1..k-1 accepted), k = 1..gamma; NaN
         where no chain reached position k (0 / 0: no data, which is not a 0 rate)."""

@@ -27,7 +27,9 @@ from dspark_sim.traces.synth import synth_iid
 from dspark_sim.traces.synth_lossy import LossyModel, add_lossy_fields
 
 LOSSY_TRACE = "dspark-gsm8k-lossy-synthetic"
-IDENTITY_KEYS = ("policy", "policy_description", "lossy")
+# what a run says of its policy, not its figures
+IDENTITY_KEYS = ("policy", "policy_description", "lossy", "confidences", "engine_can_run",
+                 "engine_note")
 
 
 def _cfg(policy: str, n: int = 40, conc: int = 8, lengths: str = "fixed:64:96") -> SimConfig:

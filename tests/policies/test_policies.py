@@ -143,18 +143,19 @@ def test_history_and_lagged_view_by_hand():
         2 + 64, 2, 1, 0)
 
     def hist(*rows):  # snapshot i: `rows[i]` survival rows, all holding the value i
-        return [(readonly(np.full((r, 2), float(i))), f"sps{i}", f"cost{i}")
+        return [(readonly(np.full((r, 2), float(i))), f"sps{i}", f"cost{i}", None)
                 for i, r in enumerate(rows)]
 
     # too little history: nothing lagged yet
-    assert asyn.lagged(hist(5)) == (None, None, None)
-    assert get_policy("fixed:3").lagged(hist(5, 5, 5)) == (None, None, None)
+    assert asyn.lagged(hist(5)) == (None, None, None, None)
+    assert get_policy("fixed:3").lagged(hist(5, 5, 5)) == (None, None, None, None)
     # two steps old is the second newest... of three: snapshot 1; one step old: the newest
-    surv, sps, cost = asyn.lagged(hist(5, 5, 5))
+    surv, sps, cost, proposed = asyn.lagged(hist(5, 5, 5))
     assert surv.shape == (5, 2) and (surv == 1.0).all() and (sps, cost) == ("sps1", "cost1")
-    assert vllm.lagged(hist(5, 5, 5))[1:] == ("sps2", "cost2")
+    assert proposed is None  # every row proposed its whole block
+    assert vllm.lagged(hist(5, 5, 5))[1:] == ("sps2", "cost2", None)
     # 30-row snapshots: snapshot 3 (two steps old of five) then 2, then 1 reach 90 >= 64
-    surv, sps, cost = conf.lagged(hist(30, 30, 30, 30, 30))
+    surv, sps, cost, _ = conf.lagged(hist(30, 30, 30, 30, 30))
     assert surv[:, 0].tolist() == [3.0] * 30 + [2.0] * 30 + [1.0] * 30
     assert (sps, cost) == ("sps3", "cost3") and not surv.flags.writeable
     # the history runs out first: all of it up to two steps old

@@ -84,5 +84,8 @@ def test_inspect_names_both_taus(tmp_path):
     assert r.exit_code == 0, r.output
     row7 = next(ln for ln in r.output.splitlines() if ln.startswith("│ 7 "))
     cells = [c.strip() for c in row7.strip("│ ").split("│")]
-    assert cells == ["7", "1.78", "4.50"]  # served 512 tokens / 288 steps; per-position 4.5
+    # served 512 tokens / 288 steps, per proposal and per request-step alike (the drafter
+    # proposes at every step); per-position 4.5
+    assert cells == ["7", "1.78", "1.78", "4.50"]
+    assert "per proposal" in r.output and "per req-step" in r.output
     assert "no confidences" in r.output and "mean raw confidence" not in r.output
