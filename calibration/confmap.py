@@ -169,7 +169,7 @@ def load_calibration(path: str | Path | None) -> CalibrationMap:
         return IDENTITY
     source = str(path)
     p = Path(path)
-    if not p.is_file() and p.suffix != ".toml" and source in builtin_calibrations():
+    if not p.is_file() and p.suffix.lower() != ".toml" and source in builtin_calibrations():
         from importlib import resources
 
         res = resources.files("dspark_sim.calibration") / "data" / "calibration" / f"{source}.toml"

@@ -542,7 +542,7 @@ def check_default_trace(where: str, value: Any, base: Path | None) -> str:
     p = Path(value)
     if base is not None and not p.is_absolute():
         p = base / p
-    if p.suffix == ".parquet" and p.is_file():
+    if p.suffix.lower() == ".parquet" and p.is_file():
         return str(p.resolve())
     raise InputError(where, f"'default_trace' names unknown trace {value!r} (no such built-in "
                             f"trace or parquet file); built-in: {', '.join(builtin_traces())}")
@@ -673,7 +673,7 @@ def load_profile(path_or_name: str | Path | None = None) -> EngineProfile:
     if not spec.strip():  # Path("") is the working directory: name the option instead
         raise InputError("--profile", "empty profile name or path")
     p = Path(spec)
-    if p.suffix == ".toml" or p.exists():
+    if p.suffix.lower() == ".toml" or p.exists():
         if not p.is_file():
             raise InputError(spec, not_a_file(p, "profile file"))
         source = str(p)

@@ -339,18 +339,23 @@ def read_csv_strings(p: str | Path, where: str, separator: str = ","):
     return pl.read_csv(p, infer_schema_length=0, separator=separator)
 
 
-def tidy_csv(df, *, line_column: str | None = None):
+def tidy_csv(df):
     """A CSV read by polars as all strings, as a spreadsheet or a ``", "`` writer leaves
     it: header names stripped of spaces, blank lines (rows with every field empty)
-    dropped. ``line_column``: first add the file's line number of each row (the header
-    is line 1), so errors still name the right line."""
+    dropped."""
+    return tidy_csv_lines(df)[0]
+
+
+def tidy_csv_lines(df):
+    """:func:`tidy_csv`'s frame and the file's line number of each row it keeps (the
+    header is line 1), so errors name the right line. The numbers are a list beside the
+    frame, not a column in it: any name a helper column took could be one of the user's."""
+    import numpy as np
     import polars as pl
 
     df = df.rename({c: c.strip() for c in df.columns})
-    if line_column is None:
-        return df.filter(~pl.all_horizontal(pl.all().is_null()))
-    df = df.with_row_index(line_column, offset=2)
-    return df.filter(~pl.all_horizontal(pl.exclude(line_column).is_null()))
+    keep = df.select(~pl.all_horizontal(pl.all().is_null())).to_series().to_numpy()
+    return df.filter(keep), (np.flatnonzero(keep) + 2).tolist()
 
 
 def jsonable(d):

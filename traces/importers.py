@@ -72,7 +72,7 @@ from dspark_sim.io import (
     loads_json,
     not_a_file,
     read_csv_strings,
-    tidy_csv,
+    tidy_csv_lines,
 )
 from dspark_sim.traces.schema import INT32_MAX, AcceptanceTrace, TraceMeta
 
@@ -148,10 +148,14 @@ def _gamma(observed_max: int, gamma_max: int | None, where: str) -> int:
         if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 1:
             raise InputError("--gamma-max", f"must be an integer >= 1, got {gamma_max!r}")
         g = gamma_max
+    if g > GAMMA_LIMIT and gamma_max is None:
+        raise InputError(where, f"an accepted run of {g} drafts, past the {GAMMA_LIMIT} draft "
+                                "positions a trace holds; --gamma-max G (at most "
+                                f"{GAMMA_LIMIT}) cuts the runs at G, exact for verify "
+                                "lengths up to it")
     if g > GAMMA_LIMIT:
-        raise InputError(where if gamma_max is None else "--gamma-max",
-                         f"gamma_max {g} exceeds {GAMMA_LIMIT}; pass a smaller --gamma-max "
-                         "(accepted runs are cut there, exact for verify lengths up to it)")
+        raise InputError("--gamma-max", f"{g} is past the {GAMMA_LIMIT} draft positions a "
+                                        "trace holds")
     return g
 
 
@@ -333,6 +337,9 @@ def import_per_position(src: str | Path, *, domain: str | None = None,
     observed = int(m.max(initial=0))
     if conf is not None:
         width = conf.shape[1]
+        if width > GAMMA_LIMIT:  # the file's own width: no --gamma-max can fix it
+            raise InputError(where, f"line {lines[0]}: {width} confidences per row, past "
+                                    f"the {GAMMA_LIMIT} draft positions a trace holds")
         if gamma_max is not None and gamma_max != width:
             raise InputError("--gamma-max", f"the confidences have {width} columns; gamma_max "
                                             f"must equal that, got {gamma_max}")
@@ -429,12 +436,12 @@ def _pp_jsonl(p: Path, where: str):
 
 def _pp_csv(p: Path, where: str):
     try:
-        df = read_csv_strings(p, where, "\t" if p.suffix == ".tsv" else ",")
+        df = read_csv_strings(p, where, "\t" if p.suffix.lower() == ".tsv" else ",")
     except InputError:
         raise
     except Exception as exc:  # polars raises a zoo of parse errors
         raise InputError(where, f"cannot parse CSV ({exc.__class__.__name__})") from None
-    df = tidy_csv(df, line_column="_line")
+    df, lines = tidy_csv_lines(df)
     for need in ("request_id", "position"):
         if need not in df.columns:
             raise InputError(where, f"CSV needs a '{need}' column")
@@ -442,7 +449,6 @@ def _pp_csv(p: Path, where: str):
                        key=lambda c: int(c[5:]))
     if conf_cols and [int(c[5:]) for c in conf_cols] != list(range(1, len(conf_cols) + 1)):
         raise InputError(where, f"confidence columns must be conf_1 .. conf_G, got {conf_cols}")
-    lines = df["_line"].to_list()
     records: dict[str, list] = {}
     for col in ("request_id", "domain"):
         if col in df.columns:
