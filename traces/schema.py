@@ -301,32 +301,51 @@ class AcceptanceTrace:
 def _served_chain(accept_len: np.ndarray, offsets: np.ndarray, k: int,
                   hist: np.ndarray | None = None, draft_tokens: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray]:
-    """Replay a fixed-``k`` chain through every request at once: one numpy pass per
-    verify step over all requests still running (no per-position Python loop), so the
-    cost is (longest request's steps) x (vectorised gather). ``hist`` (length ``k + 1``),
-    if given, counts the visited steps by accepted drafts ``min(k, m_t)``; with
+    """Replay a fixed-``k`` chain through every request at once: ``(tokens, steps)`` per
+    request. The step at position ``t`` produces ``min(k, m_t) + 1`` tokens and the next
+    starts that many positions on, so the steps visited are a walk along those jumps
+    from each request's first position (:func:`_walk`: a logarithmic number of passes
+    over all positions, whatever the requests' lengths; a pass per step made one long
+    request cost as many numpy calls as it has steps). ``hist`` (length ``k + 1``), if
+    given, counts the visited steps by accepted drafts ``min(k, m_t)``; with
     ``draft_tokens`` only the steps at positions that carry drafts (vLLM's counters'
     steps). The tokens and steps need no ``draft_tokens``: ``m_t <= draft_tokens``."""
     if k < 0:
         raise InputError("k", f"verify length must be >= 0, got {k}")
-    m = accept_len.astype(np.int64)
-    start = offsets[:-1].astype(np.int64)
-    length = np.diff(offsets).astype(np.int64)
-    pos = np.zeros(len(length), np.int64)
-    tokens = np.zeros(len(length), np.int64)
-    steps = np.zeros(len(length), np.int64)
-    live = np.flatnonzero(length > 0)
-    while live.size:
-        at = start[live] + pos[live]
-        adv = np.minimum(m[at], k) + 1
-        if hist is not None:
-            counted = adv if draft_tokens is None else adv[draft_tokens[at] > 0]
-            hist += np.bincount(counted - 1, minlength=k + 1)
-        tokens[live] += adv
-        steps[live] += 1
-        pos[live] += adv
-        live = live[pos[live] < length[live]]
+    offsets = np.asarray(offsets, np.int64)
+    n = int(offsets[-1])
+    length = np.diff(offsets)
+    adv = np.minimum(accept_len[:n].astype(np.int64), k) + 1
+    # each position's next step: past its request's last position, the shared sink n
+    nxt = np.arange(n, dtype=np.int64) + adv
+    nxt[nxt >= np.repeat(offsets[1:], length)] = n
+    visited, _ = _walk(np.append(nxt, n), offsets[:-1][length > 0])
+    visited = visited[:n]
+    counted = np.where(visited, adv, 0)
+    tokens = np.diff(np.concatenate([[0], np.cumsum(counted)])[offsets])
+    steps = np.diff(np.concatenate([[0], np.cumsum(visited)])[offsets])
+    if hist is not None:
+        at = visited if draft_tokens is None else visited & (draft_tokens[:n] > 0)
+        hist += np.bincount(adv[at] - 1, minlength=k + 1)
     return tokens, steps
+
+
+def _walk(nxt: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(visited, passes)``: the nodes a walk from each of ``starts`` reaches by following
+    ``nxt`` (the last node is the sink every walk ends in, its own successor; walks stay
+    apart), by pointer doubling: after pass ``t`` the marked nodes are each walk's first
+    ``2**t`` and ``jump`` leaps ``2**t`` steps, so ``ceil(log2(longest walk))`` passes of
+    O(nodes) each mark every walk."""
+    sink = len(nxt) - 1
+    visited = np.zeros(len(nxt), bool)
+    visited[starts] = True
+    jump = nxt
+    passes = 0
+    while not np.all(jump[starts] == sink):
+        visited[jump[np.flatnonzero(visited)]] = True
+        jump = jump[jump]
+        passes += 1
+    return visited, passes
 
 
 def _take(a: np.ndarray | None, idx: np.ndarray) -> np.ndarray | None:
@@ -372,9 +391,12 @@ def trace_from_frame(df: pl.DataFrame, meta: TraceMeta, source: str = "<memory>"
     if ids.dtype.is_integer():
         df = df.sort(["request_id", "position"], maintain_order=True)
     else:
-        df = (df.with_row_index("_row")
-              .with_columns(pl.col("_row").min().over("request_id").alias("_first"))
-              .sort(["_first", "position", "_row"]).drop("_row", "_first"))
+        # the sort keys in a frame of their own: a helper column added to ``df`` could
+        # take the name of one of the file's columns
+        key = (pl.DataFrame({"request_id": ids, "position": df["position"]})
+               .with_row_index("row")
+               .with_columns(first=pl.col("row").min().over("request_id")))
+        df = df[key.sort(["first", "position", "row"])["row"]]
     pos = _int_column(df, "position", source)
     m = _int_column(df, "accept_len", source)
     rid_s = df["request_id"]
@@ -556,7 +578,15 @@ def read_trace(path: str | Path) -> AcceptanceTrace:
     if META_KEY not in kv:
         raise InputError(source, "parquet file has no dspark_sim.trace metadata (not a trace)")
     meta = _meta_from_json(kv[META_KEY], source)
-    return trace_from_frame(pl.from_arrow(table), meta, source)
+    trace = trace_from_frame(pl.from_arrow(table), meta, source)
+    # the metadata's domains are what per-domain views iterate (traces inspect): one the
+    # data lacks would be blamed on a --domain nobody gave, one it leaves out never shown
+    held = sorted(set(trace.req_domain.tolist()))
+    if meta.domains and sorted(set(meta.domains)) != held:
+        raise InputError(source, f"trace metadata 'domains' lists {', '.join(meta.domains)} "
+                                 f"but the 'domain' column holds {', '.join(held)}: make the "
+                                 "two agree")
+    return trace
 
 
 def write_trace(trace: AcceptanceTrace, path: str | Path) -> Path:
@@ -623,7 +653,7 @@ def load_trace(path_or_name: str | Path) -> AcceptanceTrace:
     if not spec.strip():  # Path("") is the working directory: name the option instead
         raise InputError("--trace", "empty trace name or path")
     p = Path(spec)
-    if p.suffix == ".parquet" or p.exists():
+    if p.suffix.lower() == ".parquet" or p.exists():  # T.PARQUET too
         return read_trace(p)
     res = resources.files("dspark_sim.traces") / "data" / f"{spec}.parquet"
     if not res.is_file():
