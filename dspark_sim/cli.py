@@ -148,10 +148,11 @@ class OneLineErrors(TyperGroup):
 
 def raise_os_error_line(exc: BaseException) -> None:
     """A file-system error (a full disk, a name too long, a folder that refused a write)
-    as one line naming the file, exit 1. Reached only where no check caught it first;
+    as one line naming the file, exit 2 like any input the user can fix (docs/cli.md's
+    exit codes: 1 is a bug's traceback). Reached only where no check caught it first;
     the atomic writers leave every file whole, written or as it was."""
     _error_line(os_error_line(as_os_error(exc)))
-    sys.exit(1)
+    sys.exit(2)
 
 
 app = typer.Typer(
@@ -439,8 +440,8 @@ def run(
                                       "--executor ray or leave --workers out")
     sched_profile = load_profile(policy_profile) if policy_profile is not None else None
     t0 = time.perf_counter()
-    result = _simulate_checked(cfg, layers, sched_profile, settings,
-                               executor=executor, workers=workers)
+    result = _simulate_checked(cfg, layers, sched_profile, executor=executor,
+                               workers=workers)
     wall = time.perf_counter() - t0
     if out is not None:
         result.write(out)
@@ -462,38 +463,19 @@ def _files_read(cfg, options: dict[str, str | Path | None]) -> dict[str, str | N
     return reads
 
 
-# What each run option a policy may not read is for: (the drafters that read it, what).
-POLICY_READS = {
-    "gamma_max": (("dspark",), "the block drafter's draft length"),
-    "mtp_trace": (("mtp1",), "the MTP-1 drafter's trace"),
-    "extrapolate_gamma": (("dspark", "mtp1", "selfspec"), "the drafter's trace"),
-    "conf_source": (("dspark", "mtp1", "selfspec"), "the drafter's confidences"),
-}
-
-
-def _refuse_unread(pol, given: dict[str, Any]) -> None:
-    """An option given on the command line that the policy never reads (``--gamma-max 5
-    --policy mtp1`` ran MTP-1 as if it were not there) is refused, naming both."""
-    for key, (drafters, what) in POLICY_READS.items():
-        if given.get(key) is not None and pol.drafter not in drafters:
-            drafter = f"the {pol.drafter} drafter" if pol.drafter else "no drafter"
-            raise InputError(f"--{key.replace('_', '-')}",
-                             f"sets {what}, which --policy {pol.name} (it drafts with "
-                             f"{drafter}) never reads: leave one of the two out")
-
-
-def _simulate_checked(cfg, layers: list, sched_profile, given: dict[str, Any] | None = None,
-                      executor: str = "serial", workers: int | None = None):
-    """The trace, the policy and its draft length checked, then the run (with
+def _simulate_checked(cfg, layers: list, sched_profile, executor: str = "serial",
+                      workers: int | None = None):
+    """Every named input read by the policy, the trace, the policy and its draft length
+    checked, then the run (with
     ``executor="ray"``, replica groups as Ray tasks where the run allows it); a bad value
     the config file gave names the file's key (``layers``: :func:`resolve_config`'s)."""
     from dspark_sim.policies.registry import get_policy
-    from dspark_sim.sim.api import resolve_trace, simulate
+    from dspark_sim.sim.api import check_inputs_read, resolve_trace, simulate
     from dspark_sim.sim.config import blame_config, check_draft_length
 
     with blame_config(layers):
         pol = get_policy(cfg.policy)
-        _refuse_unread(pol, given or {})
+        check_inputs_read(cfg, [pol])
         trace_obj = resolve_trace(cfg, pol)
         check_draft_length(pol, trace_obj, cfg.gamma_max if pol.drafter == "dspark" else None)
         if executor == "serial":
@@ -1053,7 +1035,7 @@ def _check_grid_names(base, policies: list[str], profiles: list[str] | None,
 
     from dspark_sim.calibration.profile import load_profile
     from dspark_sim.policies.registry import get_policy
-    from dspark_sim.sim.api import resolve_trace
+    from dspark_sim.sim.api import check_inputs_read, resolve_trace
     from dspark_sim.sim.config import check_draft_length
     from dspark_sim.sim.workload import sample_lengths, uses_trace_lengths
 
@@ -1065,6 +1047,7 @@ def _check_grid_names(base, policies: list[str], profiles: list[str] | None,
     pols = [get_policy(p) for p in policies]
     for spec in traces or [None]:
         cfg = base if spec is None else replace(base, trace=spec)
+        check_inputs_read(cfg, pols, policy_option="--policies")
         for pol in pols:
             check_draft_length(pol, resolve_trace(cfg, pol))
 
@@ -1083,6 +1066,7 @@ def train_drafter_cmd(
     seed: Seed = 0,
 ) -> None:
     """Self-distil drafters on the target's own greedy generations (training prompts only)."""
+    from dspark_sim.errors import check_seed
     from dspark_sim.traces.targets import PROMPT_DIR, check_device, check_target_spec
     from dspark_sim.traces.train import LEARNED_KINDS, check_steps, train_all
 
@@ -1093,10 +1077,12 @@ def train_drafter_cmd(
     check_steps(steps)
     check_device(device)
     check_target_spec(target)
-    if not Path(prompts or PROMPT_DIR).is_dir():
-        raise InputError("--prompts", f"prompt folder {prompts or PROMPT_DIR} not found")
+    check_seed(seed)
     if out is not None:
         check_writable(out, "--out")
+    # the files last: the default prompt folder lies in ../shared, which a clone may lack
+    if not Path(prompts or PROMPT_DIR).is_dir():
+        raise InputError("--prompts", f"prompt folder {prompts or PROMPT_DIR} not found")
     kw = {"prompt_dir": prompts} if prompts is not None else {}
     info = train_all(kinds, target=target, steps=steps, out_root=out, device=device, seed=seed, **kw)
     for kind, side in info.items():

@@ -102,10 +102,10 @@ def block_trace_spec(cfg: SimConfig, profile: EngineProfile | None = None) -> st
     return profile.default_trace or DEFAULT_TRACE
 
 
-def resolve_trace(cfg: SimConfig, policy: Policy,
-                  profile: EngineProfile | None = None) -> AcceptanceTrace | None:
-    """The trace ``policy`` replays. ``profile`` is the one the run costs steps with
-    (None: the config's), read for its ``default_trace`` when no ``--trace`` is given."""
+def replayed_trace_spec(cfg: SimConfig, policy: Policy,
+                        profile: EngineProfile | None = None) -> str | None:
+    """The trace (a path or built-in name) ``policy`` replays; None: it replays none.
+    ``profile`` as :func:`resolve_trace`'s."""
     if policy.drafter is None:
         return None
     if policy.drafter == "mtp1":
@@ -113,15 +113,77 @@ def resolve_trace(cfg: SimConfig, policy: Policy,
         # one every policy replays, mtp1 included, however it was given (an option, a
         # config file's key, a sweep's --traces): one rule, so no path runs what another
         # refuses.
-        spec = cfg.mtp_trace or cfg.trace or DEFAULT_MTP_TRACE
-    elif policy.drafter == "selfspec":
-        spec = cfg.trace or DEFAULT_SELFSPEC_TRACE
-    else:
-        spec = block_trace_spec(cfg, profile)
+        return cfg.mtp_trace or cfg.trace or DEFAULT_MTP_TRACE
+    if policy.drafter == "selfspec":
+        return cfg.trace or DEFAULT_SELFSPEC_TRACE
+    return block_trace_spec(cfg, profile)
+
+
+def resolve_trace(cfg: SimConfig, policy: Policy,
+                  profile: EngineProfile | None = None) -> AcceptanceTrace | None:
+    """The trace ``policy`` replays. ``profile`` is the one the run costs steps with
+    (None: the config's), read for its ``default_trace`` when no ``--trace`` is given."""
+    spec = replayed_trace_spec(cfg, policy, profile)
+    if spec is None:
+        return None
     trace = load_trace(spec)
     if cfg.workload.domain:
         trace = trace.select_domain(cfg.workload.domain)
     return prepare_trace(cfg, trace)
+
+
+# The inputs a config may name that not every policy reads: (option, what it is, whether
+# ``policy`` reads it in a run of ``cfg``). A run replays ``--trace`` when its policy's
+# drafter does, or, with no drafter, for ``--lengths trace``; ``--domain`` selects rows of
+# whatever trace the run reads.
+def _reads_trace(cfg: SimConfig, policy: Policy) -> bool:
+    return replayed_trace_spec(cfg, policy) == cfg.trace or (
+        policy.drafter is None and uses_trace_lengths(cfg.workload))
+
+
+NAMED_INPUTS = (
+    ("trace", "--trace", "names the trace to replay", _reads_trace),
+    ("mtp_trace", "--mtp-trace", "names the MTP-1 drafter's trace",
+     lambda cfg, p: p.drafter == "mtp1"),
+    ("workload.domain", "--domain", "selects the requests of one domain of the trace",
+     lambda cfg, p: p.drafter is not None or uses_trace_lengths(cfg.workload)),
+    ("gamma_max", "--gamma-max", "sets the block drafter's draft length",
+     lambda cfg, p: p.drafter == "dspark"),
+    ("extrapolate_gamma", "--extrapolate-gamma", "extends the drafter's trace",
+     lambda cfg, p: p.drafter is not None),
+    ("conf_source", "--conf-source", "sets the drafter's confidences",
+     lambda cfg, p: p.drafter is not None),
+    ("calibration", "--calibration", "names the map that calibrates the drafter's "
+     "confidences", lambda cfg, p: p.needs_survival),
+)
+
+
+def check_inputs_read(cfg: SimConfig, policies: list[Policy], *,
+                      policy_option: str = "--policy") -> None:
+    """Every input ``cfg`` names (a file, a built-in name, a domain, a draft length) is
+    read by at least one of ``policies``, else it is refused naming the option and the
+    policies: a run that leaves a named input unread (``--trace missing.parquet --policy
+    none``) answers another question than the one asked, and never even finds that the
+    file is missing. Built-in defaults name none of these, so only what the user gave (an
+    option, a config file's key: ``blame_config`` names the key) is ever refused.
+    ``policy_option``: how the user named the policies (a sweep's ``--policies``)."""
+    for path, option, what, reads in NAMED_INPUTS:
+        obj = cfg.workload if path.startswith("workload.") else cfg
+        value = getattr(obj, path.rpartition(".")[2])
+        if value is None or any(reads(cfg, p) for p in policies):
+            continue
+        names = ", ".join(p.name for p in policies)
+        if len(policies) == 1:
+            p = policies[0]
+            by = (f"{policy_option} {p.name} (drafter {p.drafter})" if p.drafter else
+                  f"{policy_option} {p.name} (it drafts nothing)")
+            why = f"{by} never reads it"
+        else:
+            why = f"none of {policy_option} {names} reads it"
+        hint = ("; with no drafter a run reads a trace only for --lengths trace"
+                if option in ("--trace", "--domain") else "")
+        raise InputError(option, f"{value!r} {what}, but {why}{hint}: leave one of the two "
+                                 "out")
 
 
 def prepare_trace(cfg: SimConfig, trace: AcceptanceTrace | None) -> AcceptanceTrace | None:

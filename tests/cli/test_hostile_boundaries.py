@@ -142,7 +142,7 @@ def test_a_full_disk_mid_run_keeps_the_previous_run_whole(tmp_path, monkeypatch)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     monkeypatch.setattr(pl.DataFrame, "write_parquet", _full_disk_after(4096))
     r = runner.invoke(app, [*TINY_RUN, "--out", str(out), "--seed", "1"])
-    one_line(r, 1, str(out / "requests.parquet"), "No space left on device", "disk is full")
+    one_line(r, 2, str(out / "requests.parquet"), "No space left on device", "disk is full")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     no_temporaries(out)
 
@@ -158,7 +158,7 @@ def test_a_full_disk_writing_a_trace_names_the_file_not_its_temporary(tmp_path, 
     monkeypatch.setattr(pq, "write_table", full)
     r = runner.invoke(app, ["traces", "synth", "--out", str(out), "--requests", "2",
                             "--positions", "8"])
-    line = one_line(r, 1, str(out), "No space left on device")
+    line = one_line(r, 2, str(out), "No space left on device")
     assert ".tmp" not in line
     assert out.read_bytes() == b"the previous trace"
     no_temporaries(tmp_path)
@@ -172,14 +172,14 @@ def test_a_full_disk_writing_json_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Path, "write_text", full)
     r = runner.invoke(app, ["traces", "export", str(TRACE), "--out", str(out)])
-    one_line(r, 1, str(out), "No space left on device")
+    one_line(r, 2, str(out), "No space left on device")
     assert not out.exists()
     no_temporaries(tmp_path)
 
 
 def test_any_file_system_error_reaching_the_cli_is_one_line(monkeypatch, tmp_path):
     """The last net: an OSError no check foresaw (an I/O error on a read) is one line
-    naming the file, exit 1, never Python's traceback."""
+    naming the file, exit 2 as for any input the user can fix, never Python's traceback."""
     from dspark_sim.sim import api
 
     def eio(*a, **k):
@@ -187,7 +187,7 @@ def test_any_file_system_error_reaching_the_cli_is_one_line(monkeypatch, tmp_pat
 
     monkeypatch.setattr(api, "simulate", eio)
     r = runner.invoke(app, TINY_RUN)
-    one_line(r, 1, "/data/trace.parquet", "Input/output error")
+    one_line(r, 2, "/data/trace.parquet", "Input/output error")
 
 
 def test_a_closed_stdout_ends_the_command_quietly():
