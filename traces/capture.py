@@ -365,10 +365,11 @@ def check_capture_args(target: Any, drafters: Sequence[str], *, gamma_max: int,
         check_drafter_spec(spec, gamma_max)
     if not isinstance(target, Target):
         check_target_spec(target)
-    if prompts is None and not Path(prompt_dir).is_dir():
-        raise InputError("--prompts", f"prompt folder {prompt_dir} not found")
     if out is not None:
         check_writable(out, "--out")
+    # the files last: the default prompt folder lies in ../shared, which a clone may lack
+    if prompts is None and not Path(prompt_dir).is_dir():
+        raise InputError("--prompts", f"prompt folder {prompt_dir} not found")
 
 
 # -- phases ----------------------------------------------------------------------------
