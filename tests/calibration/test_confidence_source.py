@@ -219,8 +219,10 @@ def test_cli_runs_chain_policies_on_an_imported_scrape(tmp_path, imported, polic
     out = tmp_path / "run"
     args = ["run", "--trace", str(imported), "--policy", policy, "--preset", "tiny",
             "--conf-source", "synthetic:0.85", "--out", str(out)]
-    if policy == "none":  # no drafter: a confidence source would be ignored, so it is refused
-        one_line_error(runner.invoke(app, args), "--conf-source", "--policy none")
+    if policy == "none":  # no drafter: the trace and the confidence source go unread: refused
+        one_line_error(runner.invoke(app, args), "--trace", "--policy none")
+        without_trace = args[:1] + args[3:]
+        one_line_error(runner.invoke(app, without_trace), "--conf-source", "--policy none")
         assert not out.exists()
         return
     r = runner.invoke(app, args)

@@ -292,11 +292,14 @@ def test_built_in_names_keep_their_point_ids(base):
     from dspark_sim import __version__
 
     assert input_digests(base) == {}
-    payload = {"row_format": sweep.ROW_FORMAT, "version": __version__, "config": asdict(base)}
+    config = {k: v for k, v in asdict(base).items() if k not in ("slo_ttft_ms", "slo_tpot_ms")}
+    payload = {"row_format": sweep.ROW_FORMAT, "version": __version__, "config": config}
     text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
     assert point_hash(base) == hashlib.sha256(text.encode()).hexdigest()[:16]
     assert build_points(base, qps=[5], policies=["none"])[0].point_id == point_hash(
         replace(base, policy="none", workload=replace(base.workload, qps=5.0)))
+    # the SLOs judge a point's requests after the run: changing them reruns nothing
+    assert point_hash(replace(base, slo_ttft_ms=500.0, slo_tpot_ms=50.0)) == point_hash(base)
 
 
 # -- integers past the trace schema ------------------------------------------------------
