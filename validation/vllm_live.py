@@ -75,6 +75,14 @@ MAX_K = 16
 PER_REQUEST_ARGS = ("--per-request-spec-decode-metrics", "detailed")
 
 
+def foreign_env() -> dict[str, str]:
+    """The environment of the vLLM install's interpreter. It runs from wherever dspark-sim
+    was started, often the checkout's root: without PYTHONSAFEPATH its ``-m`` / ``-c``
+    would put that folder first on ``sys.path``, where this project's folders would stand
+    in for packages of the same name (transformers probes for ``kernels``)."""
+    return {**os.environ, "PYTHONSAFEPATH": "1"}
+
+
 @dataclass(frozen=True)
 class Setting:
     """One speculation setting of the server: ``none``, ``ngram:K`` or ``draft:K``."""
@@ -275,7 +283,7 @@ class VllmServer:
     def __enter__(self) -> VllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        env = {**foreign_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         pins = self.cfg.pins
         if pins is not None:
@@ -437,7 +445,7 @@ def _bench(cfg: LiveConfig, server: VllmServer, prompts: Path, runs: Path, name:
     cmd = [str(cfg.python), "-c", BENCH_CODE,
            *bench_args(cfg, server, prompts, runs, tmp, concurrency, rate, round_no)]
     with log_path.open("wb") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=foreign_env(),
                               stdin=subprocess.DEVNULL, timeout=cfg.bench_timeout_s,
                               check=False,
                               preexec_fn=None if cfg.pins is None else cfg.pins.confine)

@@ -66,13 +66,44 @@ def test_an_installed_distribution_wins_at_the_root(tmp_path, how):
 
 
 def test_a_bare_name_resolves_at_the_root_as_it_does_elsewhere(tmp_path):
-    """With nothing planted: the root changes nothing (missing stays missing), and the
-    rooms themselves still import by their own names in the same process."""
-    at_root = _run(["-c", PROBE, *ROOMS, "dspark_sim.kernels"], ROOT)
-    elsewhere = _run(["-c", PROBE, *ROOMS, "dspark_sim.kernels"], tmp_path)
-    assert at_root == elsewhere
-    own = dict(line.split(" ", 1) for line in at_root.splitlines())["dspark_sim.kernels"]
-    assert own == str(ROOT / "kernels" / "__init__.py")
+    """With nothing planted, a name installed elsewhere is that installation at the root
+    too; a name installed nowhere is, at the root, what a folder without ``__init__``
+    gives (an empty namespace package), and the rooms still import by their own names."""
+    at_root = dict(ln.split(" ", 1) for ln in _run(
+        ["-c", PROBE, *ROOMS, "dspark_sim.kernels"], ROOT).splitlines())
+    elsewhere = dict(ln.split(" ", 1) for ln in _run(
+        ["-c", PROBE, *ROOMS, "dspark_sim.kernels"], tmp_path).splitlines())
+    for name in ROOMS:
+        if elsewhere[name].startswith("missing"):
+            assert at_root[name] == "[]", (name, at_root[name])
+        else:
+            assert at_root[name] == elsewhere[name]
+    assert at_root["dspark_sim.kernels"] == str(ROOT / "kernels" / "__init__.py")
+
+
+# transformers' availability probe: a spec, no distribution metadata, then an import
+# whose module has no __file__ and no version reads as "not installed"
+AVAILABLE = """
+import importlib, importlib.metadata, importlib.util, sys
+for name in sys.argv[1:]:
+    spec = importlib.util.find_spec(name)
+    found = spec is not None
+    if found:
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            m = importlib.import_module(name)
+            found = getattr(m, "__file__", None) is not None
+    print(name, found)
+"""
+
+
+def test_an_availability_probe_at_the_root_answers_as_elsewhere(tmp_path):
+    """A probe that finds the spec, then imports the module (as transformers does for
+    ``kernels``), gets the same answer at the root as elsewhere and does not fail."""
+    names = [*ROOMS, "dspark_sim_absent_name"]
+    assert _run(["-c", AVAILABLE, *ROOMS], ROOT) == _run(["-c", AVAILABLE, *ROOMS], tmp_path)
+    assert "dspark_sim_absent_name False" in _run(["-c", AVAILABLE, *names], ROOT)
 
 
 def test_transformers_loads_hugging_faces_kernels_at_the_root():
