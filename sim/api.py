@@ -46,6 +46,8 @@ from dspark_sim.sim.engine import (
 from dspark_sim.sim.metrics import StepSeries, requests_frame, summarize
 from dspark_sim.sim.outputs import write_run
 from dspark_sim.sim.prefill import PrefillPool
+from dspark_sim.sim.prefix_cache import PrefixCache, PromptBlocks, resolve_blocks
+from dspark_sim.sim.prefix_cache import summary as prefix_summary
 from dspark_sim.sim.quality import task_score
 from dspark_sim.sim.stream import (
     RequestWindow,
@@ -363,6 +365,8 @@ def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
         # the prefill instances' count, GPUs, load and queue (absent with chunked prefill)
         **({} if prefill is None else
            prefill.summary(summary["duration"], profile.gpus_per_replica)),
+        # the prefix cache's hit rates and the prefill it saved (absent without one)
+        **_prefix_summary(ctx, prefill, gpus, prefill_gpus),
         "gamma_max": ctx.gamma,
         "engine_limits_source": dict(lim.sources),
         "bounded_by": bounded_by,
@@ -405,6 +409,17 @@ def _summary(cfg: SimConfig, policy, profile: EngineProfile, stream,
         summary["verifier_call_fraction"] = \
             1.0 - ctx.stats.skipped_request_steps / steps if steps else None
     return summary
+
+
+def _prefix_summary(ctx: SimContext, prefill: PrefillPool | None, gpus: int,
+                    prefill_gpus: int | None) -> dict:
+    """The prefix cache's figures, over the GPUs that prefill (the prefill instances',
+    else the replicas'); empty for a run without one."""
+    if ctx.prefix_blocks is None:
+        return {}
+    if prefill is not None and prefill.cache is not None:
+        return prefix_summary([prefill.cache], prefill_gpus)
+    return prefix_summary(ctx.caches(), gpus)
 
 
 def _drafter_summary(cfg: SimConfig, policy: Policy, trace: AcceptanceTrace | None) -> dict:
@@ -482,6 +497,11 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
     rng = np.random.default_rng(cfg.seed)
     stream, trace_row = _request_log(cfg, rng, trace, trace_rows, profile)
     if stream.size > STREAM_ABOVE:  # a workload file's, or rows the caller pinned
+        if resolve_blocks(cfg.engine.prefix_cache, cfg.engine.prefix_block_tokens,
+                          stream.reuse) is not None:
+            raise InputError("--prefix-cache", f"a run of more than {STREAM_ABOVE:,} "
+                             "requests streams them, and a streamed run has no prefix "
+                             "cache: give --prefix-cache off or fewer requests")
         last = float(stream.arrival_s[-1]) if stream.size else 0.0
         return _simulate_streamed(cfg, policy, profile, trace, calibration, policy_profile,
                                   sliced(stream, trace_row, STREAM_CHUNK), stream.size, last,
@@ -536,7 +556,10 @@ def run_in_memory(cfg: SimConfig, policy: Policy, profile: EngineProfile,
     are routed to and never run: ``sim.shard`` simulates replica groups apart and merges
     them; the arrivals and prefill instances run whole in every group); ``()``: build the
     run and run nothing (the merge's frame)."""
-    ahead = compiled.NUMBA and cfg.workload.arrival != "closed"
+    blocks = resolve_blocks(cfg.engine.prefix_cache, cfg.engine.prefix_block_tokens,
+                            stream.reuse)
+    # the pass ahead has no prefix cache: a caching run's prefill instances are processes
+    ahead = compiled.NUMBA and cfg.workload.arrival != "closed" and blocks is None
     while True:
         log = _in_memory_log(stream, trace_row)
         ctx, finishes = _context(cfg, profile, policy, trace, calibration, log,
@@ -547,6 +570,8 @@ def run_in_memory(cfg: SimConfig, policy: Policy, profile: EngineProfile,
         log.rejected[:] = rejections(rows, ctx)
         # an open loop's prefill instances are computed ahead of the run (``sim.ahead``)
         prefill = _prefill_pool(cfg, ctx, profile, stream.prompt_tokens, serve=not ahead)
+        if blocks is not None:
+            _cache_prefixes(ctx, prefill, blocks)
         if replicas == ():  # what a merge of replica groups summarises over: nothing runs
             return InMemoryRun(cfg, policy, profile, trace, calibration, policy_profile,
                                stream, log, ctx, prefill, cfg.workload.arrival == "closed",
@@ -718,6 +743,16 @@ def _run(cfg: SimConfig, ctx: SimContext, finishes: _Finishes, prefill: PrefillP
     for rep in ctx.replicas:  # requests still running or waiting keep their progress
         rep.flush()
     return closed, horizon, bounded_by
+
+
+def _cache_prefixes(ctx: SimContext, prefill: PrefillPool | None,
+                    blocks: PromptBlocks) -> None:
+    """Prefix caching on: each replica's cache, or with disaggregated prefill the prefill
+    instances' one cache over their KV (each instance the replica's capacity)."""
+    ctx.set_prefix_blocks(blocks)
+    if prefill is not None:
+        prefill.cache = PrefixCache(blocks)
+        prefill.cache_tokens = prefill.instances * ctx.kv_capacity
 
 
 def _prefill_pool(cfg: SimConfig, ctx: SimContext, profile: EngineProfile,

@@ -37,6 +37,7 @@ ARRIVALS = ("poisson", "gamma", "closed", "replay")
 ROUTERS = ("round-robin", "least-outstanding")
 KV_MODES = ("preempt", "reserve")
 PREFILL_MODES = ("chunked", "disaggregated")
+PREFIX_CACHE_MODES = ("on", "off")
 
 # -- limits ------------------------------------------------------------------------------
 # Beyond these a run allocates gigabytes at once or the simulated clock loses its
@@ -50,6 +51,7 @@ MAX_REPLICAS = 1024  # one SimPy process and one batch matrix each
 MAX_TOKENS_PER_REQUEST = 1 << 24  # prompt or output tokens in a --lengths spec
 # lognormal lengths: sigma 4 already spans a factor ~e^16 between the 0.01 % tails
 MAX_LOGNORMAL_SIGMA = 4.0
+MAX_PREFIX_BLOCK_TOKENS = 1 << 16  # a prefix-cache block; vLLM's are 16 to a few hundred
 # Simulated seconds: the float64 clock keeps ~2 ns resolution below 1e7 s (116 days);
 # longer arrival windows make step durations vanish into rounding (0.0 ms latencies).
 MAX_SIM_TIME_S = 1e7
@@ -150,6 +152,17 @@ class EngineConfig:
     prefill: str | None = setting(help="chunked (prefill shares the step's token budget) | "
                                   "disaggregated (prefill instances; default: the "
                                   "profile's choice)")
+    # vLLM's automatic prefix caching (sim/prefix_cache.py): a request's leading cached
+    # blocks skip prefill. None: on for a workload that carries reuse (a Mooncake file's
+    # hash_ids, multi-turn sessions), as vLLM turns it on by default; a workload without
+    # prefix information has nothing to hash, so it runs without (on is refused there).
+    prefix_cache: str | None = setting(help="on | off: automatic prefix caching (default: "
+                                       "on for a workload that carries reuse: Mooncake "
+                                       "hash_ids, sessions)")
+    # None: the workload's own block (a Mooncake file's hash_ids: 512), else vLLM's 16
+    prefix_block_tokens: int | None = setting(help="Prefix-cache block (default: 512 for "
+                                              "Mooncake hash_ids, else 16; a Mooncake "
+                                              "file's must divide 512).", unit="tokens")
 
     def validate(self) -> EngineConfig:
         _validate_engine(self)
@@ -296,6 +309,9 @@ def _validate_engine(e: EngineConfig) -> None:
     check_positive_int("--max-model-len", e.max_model_len, MAX_KV_CAPACITY_TOKENS)
     if e.prefill is not None:
         _choice("--prefill", e.prefill, PREFILL_MODES)
+    if e.prefix_cache is not None:
+        _choice("--prefix-cache", e.prefix_cache, PREFIX_CACHE_MODES)
+    check_positive_int("--prefix-block-tokens", e.prefix_block_tokens, MAX_PREFIX_BLOCK_TOKENS)
 
 
 def _validate_deployment(d: DeploymentConfig) -> None:

@@ -47,6 +47,7 @@ from dspark_sim.policies.registry import Policy
 from dspark_sim.sim import fast
 from dspark_sim.sim.config import EngineConfig, SimConfig, check_draft_length
 from dspark_sim.sim.cost import CostModel
+from dspark_sim.sim.prefix_cache import PrefixCache, PromptBlocks
 from dspark_sim.traces.schema import AcceptanceTrace
 
 # Columns of the running-batch matrix, one row per request. A request's row is built
@@ -313,6 +314,8 @@ class Replica:
         # the policy's snapshots of the last steps (survival, sps, cost), newest last
         self.lag: deque[tuple] = deque(maxlen=max(1, ctx.policy.history))
         self.kv_tokens = 0  # sum(PREFILLED + GENERATED - GENERATED_AT_ADMIT): KV held
+        # the replica's prefix cache (chunked prefill over a workload that carries reuse)
+        self.cache: PrefixCache | None = None
         self.pending_prefill = 0  # sum(PREFILL_TARGET - PREFILLED)
         self.n_prefilling = 0  # rows with PREFILLED < PREFILL_TARGET
         # this step's drafts proposed per decoding row (a trace with draft_tokens), else None
@@ -373,6 +376,9 @@ class Replica:
         room = ctx.max_num_seqs - len(self.batch)
         if room <= 0 or not self.waiting:
             return
+        if self.cache is not None:
+            self._admit_cached(room)
+            return
         if ctx.reserve:
             batch = self.batch
             used = int((batch[:, PROMPT_TOKENS] + batch[:, OUTPUT_TOKENS]).sum())
@@ -422,6 +428,67 @@ class Replica:
             self.pending_prefill += int(new[:, PREFILL_TARGET].sum())
             self.n_prefilling += len(new)
 
+    def _used_kv(self) -> int:
+        """KV the batch commits with a prefix cache: a block several rows share counts
+        once (each row counts its context, the cache knows what is shared)."""
+        if self.ctx.reserve:
+            batch = self.batch
+            return int((batch[:, PROMPT_TOKENS] + batch[:, OUTPUT_TOKENS]).sum())
+        return self._committed_kv() - self.cache.shared_tokens
+
+    def _admit_cached(self, room: int) -> None:
+        """:meth:`_admit` with a prefix cache: each request at the queue's head looks up
+        its leading cached blocks, which skip prefill and need no new KV; free cached
+        blocks are evicted (least recently freed first) to make room, never ones a
+        running request references. FCFS, head-of-line blocking, as without."""
+        ctx = self.ctx
+        cache = self.cache
+        bt = cache.block_tokens
+        used = self._used_kv()
+        rows = ctx.rows
+        taken: list[int] = []
+        hits: list[int] = []
+        while self.waiting and room > 0:
+            rid = self.waiting[0]
+            slots, free = cache.lookup(rid)
+            target = int(rows[rid, PREFILL_TARGET])
+            hit = min(slots.size * bt, int(rows[rid, PROMPT_TOKENS]) - 1, target - 1)
+            need = int(ctx.admit_need[rid]) if ctx.reserve else target - hit + ctx.verify_slots
+            if used + need > ctx.kv_capacity and (len(self.batch) or taken):
+                ctx.stats.kv_blocked_steps += 1
+                break
+            self.waiting.popleft()
+            cache.acquire(rid, slots, int(rows[rid, PROMPT_TOKENS]))
+            over = used + need + cache.free_tokens - ctx.kv_capacity
+            if over > 0:
+                cache.evict(over)
+            taken.append(rid)
+            hits.append(max(hit, 0))
+            used += need
+            room -= 1
+        if not taken:
+            return
+        new = rows[taken]  # a copy: the request's own row keeps PREFILLED as it was
+        hit = np.array(hits, np.int64)
+        new[:, PREFILLED] = hit
+        self.batch = np.concatenate([self.batch, new])
+        self.kv_tokens += int(hit.sum())
+        self.pending_prefill += int((new[:, PREFILL_TARGET] - hit).sum())
+        self.n_prefilling += len(new)
+
+    def _leave_cache(self, batch: np.ndarray, n_dec: int, n_done: int) -> None:
+        """After a step's replay (``batch`` as it ended, before rows left): prompts it
+        completed join the cache, and finished requests free their blocks (their answer's
+        full blocks cached first: a session's next turn resends them)."""
+        cache = self.cache
+        for rid in batch[n_dec: n_dec + n_done, REQUEST_ID].tolist():
+            cache.fill(rid)
+        done = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
+        if done.any():
+            for rid in batch[done, REQUEST_ID].tolist():
+                cache.fill(rid, answer=True)
+                cache.release(rid)
+
     def _remove(self, keep: np.ndarray, *, finished: bool = False) -> np.ndarray:
         """Drop rows where ``keep`` is False; returns them, aggregates updated.
         ``finished`` rows are fully prefilled, so only the KV count changes."""
@@ -466,15 +533,23 @@ class Replica:
 
     def _preempt_if_full(self) -> None:
         ctx = self.ctx
+        if self.cache is not None:
+            self._preempt_cached()
+            return
         if ctx.reserve or len(self.batch) <= 1 or self._committed_kv() <= ctx.kv_capacity:
             return
+        self._preempt_newest(self._committed_kv() - ctx.kv_capacity)
+
+    def _preempt_newest(self, excess: int) -> np.ndarray:
+        """Preempt the newest requests until ``excess`` KV tokens are freed (at least one
+        request stays); they queue at the front for recompute. Returns their rows."""
+        ctx = self.ctx
         batch = self.batch
         kv = batch[:, PREFILL_TARGET] + batch[:, GENERATED] - batch[:, GENERATED_AT_ADMIT] \
             + ctx.verify_slots
         # Free the newest requests first (vLLM recompute preemption), keep at least one.
         freed = np.cumsum(kv[::-1])
-        k = min(int(np.searchsorted(freed, self._committed_kv() - ctx.kv_capacity)) + 1,
-                len(batch) - 1)
+        k = min(int(np.searchsorted(freed, excess)) + 1, len(batch) - 1)
         keep = np.ones(len(batch), bool)
         keep[len(batch) - k:] = False
         victims = self._remove(keep)
@@ -486,6 +561,23 @@ class Replica:
         # newest first -> the victims end up at the queue front in admission order
         self.waiting.extendleft(victims[::-1, REQUEST_ID].tolist())
         ctx.log.preemptions[victims[:, REQUEST_ID]] += 1
+        return victims
+
+    def _preempt_cached(self) -> None:
+        """:meth:`_preempt_if_full` with a prefix cache: free cached blocks are evicted
+        before any running request is preempted; a victim's blocks are freed (they stay
+        cached until evicted, so its recompute may find them)."""
+        ctx = self.ctx
+        cache = self.cache
+        used = self._used_kv()
+        over = used + cache.free_tokens - ctx.kv_capacity
+        if over > 0:
+            cache.evict(over)
+        if ctx.reserve or len(self.batch) <= 1 or used <= ctx.kv_capacity:
+            return
+        victims = self._preempt_newest(used - ctx.kv_capacity)
+        for rid in victims[:, REQUEST_ID].tolist():
+            cache.release(rid)
 
     # -- the step ------------------------------------------------------------------
     def run(self):
@@ -742,6 +834,8 @@ class Replica:
                 # the step that completes prefill samples a token (prefills complete in
                 # row order)
                 batch[plan.n_dec: plan.n_dec + n_done, GENERATED] += 1
+        if self.cache is not None:
+            self._leave_cache(batch, plan.n_dec, n_done)
         n_dec = plan.n_dec
         if n_dec:
             self.kv_tokens += emitted
@@ -1039,6 +1133,8 @@ class SimContext:
         self.record_step = self.steps.buf.extend  # bound once: the step's only recorder call
         self.replicas = [Replica(i, self) for i in range(cfg.deployment.replicas)]
         self.rows = np.empty((0, NUM_COLUMNS), np.int64)  # every request's row, set by the runner
+        # every request's prompt blocks when the run has a prefix cache (set_prefix_blocks)
+        self.prefix_blocks: PromptBlocks | None = None
         self.admit_need = np.empty(0, np.int64)  # reserve mode: prompt + output per request
         self._empty: dict[int, np.ndarray] = {}
 
@@ -1095,6 +1191,17 @@ class SimContext:
         self.admit_need = rows[:, PROMPT_TOKENS] + rows[:, OUTPUT_TOKENS]
         if self.policy.uses_state:
             self.request_state = np.zeros(len(rows))
+
+    def set_prefix_blocks(self, blocks: PromptBlocks) -> None:
+        """Turn prefix caching on: with chunked prefill each replica holds a cache (with
+        disaggregated prefill the prefill instances hold it: ``sim.prefill``)."""
+        self.prefix_blocks = blocks
+        if self.limits.prefill != "disaggregated":
+            for rep in self.replicas:
+                rep.cache = PrefixCache(blocks)
+
+    def caches(self) -> list[PrefixCache]:
+        return [rep.cache for rep in self.replicas if rep.cache is not None]
 
     def empty_survival(self, n: int) -> np.ndarray:
         s = self._empty.get(n)

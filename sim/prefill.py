@@ -27,6 +27,7 @@ import numpy as np
 import simpy
 
 from dspark_sim.calibration.profile import EngineProfile
+from dspark_sim.sim.prefix_cache import PrefixCache
 
 
 def prefill_step_s(profile: EngineProfile, chunk_tokens: Sequence[int],
@@ -73,6 +74,10 @@ class PrefillPool:
         self.start_s = np.full(len(self.prompt), np.nan)
         self.busy_s = 0.0
         self.steps = 0
+        # the instances' prefix cache (one pool over their KV, as a disaggregated
+        # deployment's shared KV store), and the tokens it may hold; None: no caching
+        self.cache: PrefixCache | None = None
+        self.cache_tokens = 0
         if serve:  # False: the instances are computed ahead (``sim.ahead``)
             for _ in range(self.instances):
                 env.process(self._serve())
@@ -100,9 +105,23 @@ class PrefillPool:
             yield self.env.timeout(dt)
             # FIFO filling leaves at most the step's last prompt unfinished
             held = [] if finished[-1] else [rids[-1], done[-1] + chunks[-1]]
+            if self.cache is not None:
+                self._cache_prefilled([r for r, fin in zip(rids, finished, strict=True)
+                                       if fin])
             for rid, fin in zip(rids, finished, strict=True):
                 if fin:
                     self.on_prefilled(rid)
+
+    def _cache_prefilled(self, rids: list[int]) -> None:
+        """Completed prompts' blocks join the cache and are free once their KV has gone
+        to the decode replica; the least recently freed go when it is over its size."""
+        cache = self.cache
+        for rid in rids:
+            cache.fill(rid)
+            cache.release(rid)
+        over = cache.cached_blocks * cache.block_tokens - self.cache_tokens
+        if over > 0:
+            cache.evict(over)
 
     def _fill(self, held: list[int]) -> tuple[list[int], list[int], list[int]]:
         """The step's prompts (request ids), tokens each has done, and its chunk of each:
@@ -117,8 +136,12 @@ class PrefillPool:
         while left > 0 and self.queue:
             rid = self.queue.popleft()
             self.start_s[rid] = self.env.now
-            c = min(self.prompt[rid], left)
-            rids.append(rid), done.append(0), chunks.append(c)
+            d = 0
+            if self.cache is not None:  # its leading cached blocks skip prefill
+                slots, _ = self.cache.lookup(rid)
+                d = self.cache.acquire(rid, slots, self.prompt[rid])
+            c = min(self.prompt[rid] - d, left)
+            rids.append(rid), done.append(d), chunks.append(c)
             left -= c
         return rids, done, chunks
 

@@ -29,17 +29,18 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-import polars as pl
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import loads_json, not_a_file, read_csv_strings, tidy_csv
+from dspark_sim.io import LazyModule, loads_json, not_a_file, read_csv_strings, tidy_csv
 from dspark_sim.sim.config import (
     MAX_LOGNORMAL_SIGMA,
     MAX_SIM_TIME_S,
     MAX_TOKENS_PER_REQUEST,
     WorkloadConfig,
 )
+from dspark_sim.sim.prefix_cache import HashIdBlocks
 
+pl = LazyModule("polars")  # imported where a workload file or length table is read
 NAMED_LENGTHS = ("azure-conv", "azure-code", "mooncake")
 # Synthetic long-context preset: lognormal prompts around 32k tokens (sigma 0.5: ~90 %
 # between 17k and 62k), outputs around 512 (long-context serving: documents, agents).
@@ -57,6 +58,9 @@ class RequestStream:
     description: str
     # --lengths trace: request i replays trace row trace_rows[i] (its lengths came from it)
     trace_rows: np.ndarray | None = None
+    # what each request's prompt blocks hold, for the prefix cache (sim/prefix_cache.py):
+    # a Mooncake file's hash_ids; None: the workload says nothing about reuse
+    reuse: HashIdBlocks | None = None
 
     @property
     def size(self) -> int:
@@ -65,7 +69,8 @@ class RequestStream:
 
 # -- workload files ---------------------------------------------------------------
 def read_workload(path: str | Path) -> pl.DataFrame:
-    """Return columns arrival_s (from 0), prompt_tokens, output_tokens."""
+    """Return columns arrival_s (from 0), prompt_tokens, output_tokens, and hash_ids (a
+    list per request) for a Mooncake file whose records carry them."""
     source = str(path)
     p = Path(path)
     if not p.is_file():
@@ -148,6 +153,7 @@ def _timestamp_ms(v) -> float:
 
 def _read_mooncake(p: Path, source: str) -> pl.DataFrame:
     rows = []
+    hashes: list[list[int]] | None = None  # set by the first record: all carry them or none
     with p.open(encoding="utf-8-sig") as fh:  # -sig: a leading byte-order mark is not data
         for i, line in enumerate(fh, 1):
             if not line.strip():
@@ -156,13 +162,42 @@ def _read_mooncake(p: Path, source: str) -> pl.DataFrame:
                 d = loads_json(line)
                 rows.append((_timestamp_ms(d["timestamp"]) / 1e3, _count(d["input_length"]),
                              _count(d["output_length"])))
+                if len(rows) == 1 and "hash_ids" in d:
+                    hashes = []
+                if hashes is not None:
+                    hashes.append(_hash_ids(d["hash_ids"]))
+                elif "hash_ids" in d:
+                    raise ValueError("hash_ids here but not in the first record")
             except json.JSONDecodeError as exc:
                 raise InputError(source, f"line {i}: not JSON ({exc.msg})") from None
             except KeyError as exc:
                 raise InputError(source, f"line {i}: not a Mooncake record (no {exc})") from None
             except (TypeError, ValueError) as exc:
                 raise InputError(source, f"line {i}: not a Mooncake record ({exc})") from None
-    return pl.DataFrame(rows, schema=["arrival_s", "prompt_tokens", "output_tokens"], orient="row")
+    df = pl.DataFrame(rows, schema=["arrival_s", "prompt_tokens", "output_tokens"], orient="row")
+    if hashes is not None:
+        df = df.with_columns(pl.Series("hash_ids", hashes, dtype=pl.List(pl.Int64)))
+    return df
+
+
+def _hash_ids(v) -> list[int]:
+    """A record's ``hash_ids``: a list of non-negative integers (its prompt's blocks)."""
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                          and 0 <= x < 1 << 62 for x in v):
+        raise ValueError(f"hash_ids must be a list of non-negative integers, got {v!r:.60}")
+    return v
+
+
+def file_reuse(df: pl.DataFrame, idx: np.ndarray) -> HashIdBlocks | None:
+    """Rows ``idx``'s prompt blocks from a Mooncake file's ``hash_ids`` (None: it has none)."""
+    if "hash_ids" not in df.columns:
+        return None
+    ids = df["hash_ids"]
+    lengths = ids.list.len().to_numpy().astype(np.int64)
+    offsets = np.zeros(lengths.size + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = ids.explode().drop_nulls().to_numpy().astype(np.int64)
+    return HashIdBlocks(offsets, flat, df["prompt_tokens"].to_numpy()).take(idx)
 
 
 # -- length distributions -------------------------------------------------------
@@ -320,7 +355,8 @@ def _replay_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> R
     prompt_tokens, output_tokens, ldesc, rows = _file_requests(w, df, idx, rng, trace)
     if w.lengths is not None:  # the file's own lengths go without saying in a replay
         desc += f", {ldesc}"
-    return RequestStream(arr[idx], prompt_tokens, output_tokens, desc, rows)
+    reuse = None if w.lengths is not None else file_reuse(df, idx)
+    return RequestStream(arr[idx], prompt_tokens, output_tokens, desc, rows, reuse)
 
 
 def _closed_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> RequestStream:
@@ -340,8 +376,9 @@ def _closed_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> R
         which = f"all {n} requests of the file, fewer than --num-requests {w.num_requests}"
     else:
         which = f"all {n} requests of the file"
+    reuse = None if w.lengths is not None else file_reuse(df, np.arange(n))
     return RequestStream(np.zeros(n), prompt_tokens, output_tokens,
-                         f"{clients}, {ldesc} ({which}, in order)", rows)
+                         f"{clients}, {ldesc} ({which}, in order)", rows, reuse)
 
 
 def _open_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> RequestStream:

@@ -173,10 +173,23 @@ def test_a_replayed_workload_with_simultaneous_arrivals(monkeypatch, shared_dir)
     its first ones all at 0): ties inside the front end, in SimPy's order."""
     mooncake = shared_dir / "data/workloads/mooncake_conversation_trace.jsonl"
     cfg = _cfg(n=400, arrival="replay", workload_path=str(mooncake), replay_qps=20.0)
+    # its hash_ids turn the prefix cache on, which the pass ahead leaves to the processes
+    cfg = dataclasses.replace(cfg, engine=EngineConfig(prefix_cache="off"))
     fast, ref, spy = _both(monkeypatch, cfg)
     assert len(spy.made) == 1
     arrived = spy.made[0].arrived
     assert len(arrived) - len(np.unique(arrived)) > 10  # requests that arrive together
+    _same(fast, ref)
+
+
+def test_a_prefix_cache_runs_the_prefill_instances_as_processes(monkeypatch, shared_dir):
+    """The prefill instances hold the prefix cache, which the pass ahead does not model:
+    a caching run never computes them ahead, and gives the processes' bytes."""
+    mooncake = shared_dir / "data/workloads/mooncake_conversation_trace.jsonl"
+    cfg = _cfg(n=300, arrival="replay", workload_path=str(mooncake), replay_qps=20.0)
+    fast, ref, spy = _both(monkeypatch, cfg)
+    assert spy.made == []
+    assert fast.summary["prefix_cache_hit_rate_tokens"] > 0.05
     _same(fast, ref)
 
 

@@ -36,7 +36,8 @@ SAMPLES: dict[str, object] = {
         "router": "round-robin"}.items()},
     **{f"engine.{k}": v for k, v in {
         "max_num_seqs": 32, "max_num_batched_tokens": 4096, "kv_capacity_tokens": 100_000,
-        "kv_mode": "reserve", "max_model_len": 4096, "prefill": "chunked"}.items()},
+        "kv_mode": "reserve", "max_model_len": 4096, "prefill": "chunked",
+        "prefix_cache": "off", "prefix_block_tokens": 64}.items()},
 }
 # the settings a sample needs beside it to be valid (a replay rate needs a replayed file)
 NEEDS: dict[str, dict[str, object]] = {
