@@ -1295,7 +1295,8 @@ EngineKv = Annotated[int | None, typer.Option(
 def calibrate_vllm_cmd(
     files: Annotated[list[Path], PathArgument(
         help="vllm bench serve --save-result JSON files (or folders of them), with and "
-             "without speculation, at several loads.")],
+             "without speculation, at several loads; an acceptance/ folder beside them "
+             "(vllm measure's) gives each setting its measured per-request acceptance.")],
     out: Annotated[Path, PathOption(help="Folder for profile.toml, trace.parquet, fit.json.")],
     max_num_seqs: EngineSeqs = None,
     max_num_batched_tokens: EngineTokens = None,
@@ -1309,6 +1310,7 @@ def calibrate_vllm_cmd(
     """Fit an engine profile and an acceptance trace to a vLLM deployment's bench runs."""
     from dspark_sim.io import write_json_atomic, write_text_atomic
     from dspark_sim.traces.schema import write_trace
+    from dspark_sim.validation.vllm_acceptance import setting_traces
     from dspark_sim.validation.vllm_compare import load_engine
     from dspark_sim.validation.vllm_fit import (
         fit_profile,
@@ -1324,12 +1326,13 @@ def calibrate_vllm_cmd(
 
         profile_from_sheets(sheet)  # a bad sheet fails before the fit runs
     runs = read_bench_runs(files)
-    for line in substitution_warnings(runs):
+    traces = setting_traces(runs, runs, seed)
+    for line in substitution_warnings(runs) + list(traces.warnings):
         err_console.print("warning: " + line, highlight=False)
     engine = load_engine(None, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens or 8192,
                          kv_capacity_tokens=kv_capacity_tokens)
-    fit = fit_profile(runs, engine=engine, name=name, seed=seed)
+    fit = fit_profile(runs, engine=engine, name=name, seed=seed, traces=traces)
     out.mkdir(parents=True, exist_ok=True)
     with deferred_interrupts():
         write_text_atomic(out / "profile.toml", fit.profile.to_toml())
@@ -1338,6 +1341,7 @@ def calibrate_vllm_cmd(
         write_json_atomic(out / "fit.json", {"parameters_ms": fit.theta_ms,
                                              "constants": fit.uncertainty,
                                              "points": fit.points,
+                                             "acceptance": traces.sources,
                                              "iterations": fit.iterations,
                                              "residuals": fit.residuals})
     for r in fit.residuals:
@@ -1467,6 +1471,8 @@ def _compare_and_print(runs_dir: Path, out: Path, split: str | None, seed: int,
         err_console.print("warning: " + line, highlight=False)
     engine = load_engine(runs_dir / "manifest.json", **overrides)
     cmp = compare(runs, engine=engine, split=split, seed=seed)
+    for line in cmp.warnings:
+        err_console.print("warning: " + line, highlight=False)
     with deferred_interrupts():
         paths = write_comparison(cmp, out)
     console.print(paths["markdown"].read_text(encoding="utf-8"), highlight=False)

@@ -5,14 +5,18 @@ and POST /v1/chat/completions (with ``--per-request-spec-decode-metrics detailed
 speculation, each response carries per-step proposed and accepted drafts) on
 127.0.0.1:P until signalled; ``-c CODE ...`` (the bench client) writes a result JSON
 shaped like ``vllm bench serve --save-result --save-detailed``, its figures moved by a
-few per cent per ``dspark_round`` (round 2 is the median); ``-c`` with anything else
+few per cent per ``dspark_round`` (round 2 is the median): like vLLM's client it sends
+the prompt file in a seeded shuffle, and its lengths, texts and acceptance counters are
+those the server gives each prompt (a prompt's length: its words); ``-c`` with anything else
 prints a version. FAKE_VLLM_LOG, if set, gets one JSON line per server start and per
 bench run."""
 
 import json
 import os
+import random
 import sys
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -51,6 +55,11 @@ def per_step(text: str, max_tokens: int, k: int) -> tuple[list[int], list[int]]:
     return acc, dra
 
 
+def answer(text: str) -> str:
+    """The greedy text a prompt gets, the same in every pass."""
+    return f"answer-{zlib.crc32(text.encode()):08x}"
+
+
 def serve(argv: list[str]) -> None:
     record_cpus("server")
     port = int(arg(argv, "--port"))
@@ -77,7 +86,8 @@ def serve(argv: list[str]) -> None:
                                 "per_step_accepted": acc, "per_step_drafted": dra}
             out = json.dumps({"id": f"chatcmpl-{len(text)}", "model": body["model"],
                               "choices": [{"index": 0, "finish_reason": "length",
-                                           "message": {"role": "assistant", "content": "x"}}],
+                                           "message": {"role": "assistant",
+                                                       "content": answer(text)}}],
                               "usage": {"prompt_tokens": len(text.split()),
                                         "completion_tokens": n},
                               "metrics": {"speculative_decoding": spec_metrics}}).encode()
@@ -115,19 +125,31 @@ def bench(argv: list[str]) -> None:
     log({"event": "bench", "setting": meta["dspark_setting"], "load": conc or rate,
          "round": int(meta.get("dspark_round", 0))})
     tpot = (50.0 + 4.0 * c * (1 + 0.5 * k)) * (1 - shift)
+    texts = [json.loads(x)["prompt"] for x in
+             Path(arg(argv, "--dataset-path")).read_text().splitlines() if x.strip()]
+    random.Random(int(arg(argv, "--seed", 0))).shuffle(texts)
+    sent = [texts[i % len(texts)] for i in range(n)]
+    steps = [per_step(t, out, k) if k else ([0] * (out - 1), [0] * (out - 1)) for t in sent]
+    lens = [len(t.split()) for t in sent]
     d = {"completed": n, "max_concurrency": int(conc) if conc else None,
          "request_rate": rate if rate == "inf" else float(rate),
-         "total_input_tokens": 100 * n, "total_output_tokens": out * n,
-         "input_lens": [100] * n, "output_lens": [out] * n,
+         "total_input_tokens": sum(lens), "total_output_tokens": out * n,
+         "input_lens": lens, "output_lens": [out] * n,
          "start_times": [0.5 * i for i in range(n)],
+         "itls": [[tpot / 1e3] * len(a) for a, _ in steps],
+         "generated_texts": [answer(t) for t in sent],
          "output_throughput": 1000.0 * c / tpot * (1 + 0.4 * k) / (1 + 0.5 * k),
          "median_tpot_ms": tpot, "median_ttft_ms": (200.0 + 10 * c) * (1 + 2 * shift),
          **meta}
-    if k:
-        d.update({"spec_decode_num_drafts": 100, "spec_decode_draft_tokens": 100 * k,
-                  "spec_decode_accepted_tokens": 40 * k,
-                  "spec_decode_per_position_acceptance_rates": [0.4] * k,
-                  "spec_decode_acceptance_length": 1 + 0.4 * k})
+    if k:  # the counters of the steps the server gives these prompts
+        acc = [a for s in steps for a in s[0]]
+        dra = [x for s in steps for x in s[1]]
+        drafts = sum(1 for x in dra if x)
+        d.update({"spec_decode_num_drafts": drafts, "spec_decode_draft_tokens": sum(dra),
+                  "spec_decode_accepted_tokens": sum(acc),
+                  "spec_decode_per_position_acceptance_rates": [
+                      sum(1 for a in acc if a > j) / drafts for j in range(k)],
+                  "spec_decode_acceptance_length": 1 + sum(acc) / drafts})
     result = Path(arg(argv, "--result-dir")) / arg(argv, "--result-filename")
     result.write_text(json.dumps(d))
 

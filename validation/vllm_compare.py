@@ -14,6 +14,11 @@ is vLLM's best or within 3 % of it (or within the best's measured spread, when w
 Repeats of a point (``vllm measure --rounds``) are one row: the median of each figure,
 with the repeats' count and spread (relative half-range), and the run's noise floor
 (:mod:`dspark_sim.validation.vllm_repeats`) in the headline.
+
+Acceptance is not part of the split: every speculative setting, fitted or held out,
+replays its own measured per-request trace where the folder has one
+(:mod:`dspark_sim.validation.vllm_acceptance`), else the fitted runs' pooled counters, and
+the table says which.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import polars as pl
 
 from dspark_sim.errors import InputError
 from dspark_sim.sim.config import EngineConfig
+from dspark_sim.validation.vllm_acceptance import setting_traces
 from dspark_sim.validation.vllm_fit import (
     METRICS,
     BenchRun,
@@ -92,6 +98,9 @@ class Comparison:
     fit: FitResult
     split: str
     noise: dict | None = None  # per figure, the median spread of repeated points
+    # per speculative setting, where its acceptance came from; what stood in, as warnings
+    acceptance: dict[str, str] | None = None
+    warnings: tuple[str, ...] = ()
 
     def headline(self) -> dict:
         held = self.table.filter(pl.col("split") == "held-out")
@@ -110,6 +119,7 @@ class Comparison:
                 "max_repeats": int(self.table["repeats"].max()),
                 "noise_floor": self.noise,
                 "constants": self.fit.uncertainty,
+                "acceptance": self.acceptance,
                 "split": self.split}
 
 
@@ -117,13 +127,17 @@ def compare(runs: list[BenchRun], *, engine: EngineConfig, split: str | None = N
             seed: int = 0) -> Comparison:
     split = split or default_split(runs)
     fitted = parse_split(split, runs)
-    fit = fit_profile([r for r in runs if r.name in fitted], engine=engine, seed=seed)
+    fitted_runs = [r for r in runs if r.name in fitted]
+    # every setting's own measured acceptance, held-out ones too: the split is of the
+    # step costs; the pooled counters, where a setting has none, are the fitted runs'
+    traces = setting_traces(runs, fitted_runs, seed)
+    fit = fit_profile(fitted_runs, engine=engine, seed=seed, traces=traces)
     points = group_points(runs)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for p in points:
             r = p.run  # every figure at its median over the repeats
-            sim = simulate_run(r, fit.profile, fit.trace, engine, workload_file(r, Path(tmp)),
+            sim = simulate_run(r, fit.profile, traces, engine, workload_file(r, Path(tmp)),
                                seed)
             for fig in FIGURES:
                 if fig in r.measured:
@@ -137,7 +151,28 @@ def compare(runs: list[BenchRun], *, engine: EngineConfig, split: str | None = N
                                  "repeats": p.repeats, "spread": p.spread(fig)})
     table = pl.DataFrame(rows)
     return Comparison(table, _regimes(table), fit, split,
-                      noise_floor(points) if any(p.repeats > 1 for p in points) else None)
+                      noise_floor(points) if any(p.repeats > 1 for p in points) else None,
+                      dict(traces.sources), traces.warnings)
+
+
+def acceptance_line(sources: dict[str, str] | None) -> str | None:
+    """One sentence: what each speculative setting's acceptance replayed."""
+    if not sources:
+        return None
+    by: dict[str, list[str]] = {}
+    for s, src in sources.items():
+        by.setdefault("measured" if src.startswith("measured") else src, []).append(s)
+    parts = []
+    for src, settings in by.items():
+        one = len(settings) == 1
+        names = ", ".join(sorted(settings))
+        parts.append(f"{names} {'replays its' if one else 'replay their'} own measured "
+                     f"per-request trace{'' if one else 's'} (acceptance/SETTING.jsonl), "
+                     "request by request" if src == "measured"
+                     else f"{names} replay{'s' if one else ''} the {src}")
+    tail = " (no acceptance/SETTING.jsonl: vllm measure's per-request pass)" \
+        if any(src != "measured" for src in by) else ""
+    return "**Acceptance:** " + "; ".join(parts) + tail + "."
 
 
 def _regimes(table: pl.DataFrame) -> pl.DataFrame:
@@ -177,6 +212,9 @@ def markdown(cmp: Comparison) -> str:
     worst = ", ".join(f"{LABELS[f]} {w['error']:+.1%} ({w['run']})"
                       for f, w in h["worst_held_out"].items())
     lines += [f"**Worst held-out error:** {worst}.", ""]
+    acc = acceptance_line(cmp.acceptance)
+    if acc:
+        lines += [acc, ""]
     if cmp.noise is not None:
         rep = cmp.table.filter(pl.col("repeats") > 1).unique("run")["repeats"]
         lines += [format_noise(cmp.noise, rep.len(), int(rep.min()), int(rep.max())), ""]

@@ -25,10 +25,13 @@ Levenberg-Marquardt in log space keeps them positive. A simulated closed loop is
 homogeneous in the step costs, so the fit is well conditioned whatever the hardware's
 speed: it works for a GPU deployment as for this CPU one.
 
-The trace comes from the speculative runs' counters, pooled per ``k`` (the largest ``k``
-fitted), through :func:`dspark_sim.traces.importers.import_vllm_counters`: per-position
-survival and, where a run says how many request-steps there were, how often the drafter
-proposed at all (an n-gram drafter drafts only where it finds a match).
+Each speculative setting replays its own measured per-request trace where the run folder
+has one (``acceptance/<setting>.jsonl``: :mod:`dspark_sim.validation.vllm_acceptance`),
+each bench request its own row. Without it, the trace comes from the speculative runs'
+counters, pooled per ``k`` (the largest ``k`` fitted), through
+:func:`dspark_sim.traces.importers.import_vllm_counters`: per-position survival and, where a
+run says how many request-steps there were, how often the drafter proposed at all (an
+n-gram drafter drafts only where it finds a match).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from dspark_sim.errors import InputError, is_decimal
 from dspark_sim.io import loads_bench_serve_json, not_a_file
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
 from dspark_sim.traces.schema import AcceptanceTrace
+from dspark_sim.validation.vllm_acceptance import SettingTraces, setting_traces
 from dspark_sim.validation.vllm_repeats import constant_uncertainty, group_points
 
 # Figures compared, with their weights in the fit (TTFT is one prefill per request, with
@@ -78,6 +82,8 @@ class BenchRun:
     round: int | None = None  # vllm measure's round (--metadata dspark_round), if tagged
     # what stood in for a field the file lacks (no --save-detailed): said as a warning
     substituted: tuple[str, ...] = ()
+    # each request's generated text (--save-detailed): matches it to its acceptance row
+    generated_texts: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -137,10 +143,13 @@ def read_bench_run(path: str | Path) -> BenchRun:
         substituted += ("no per-request streamed chunks (itls): the trace's rows are the "
                         "pooled counters', not each request's",)
     rnd = d.get("dspark_round")
+    texts = d.get("generated_texts")
+    texts = tuple(texts) if isinstance(texts, list) and len(texts) == completed \
+        and all(isinstance(x, str) for x in texts) else None
     return BenchRun(p, setting, k, int(conc) if conc is not None else None,
                     None if conc is not None else float(rate), prompt, output, send,
                     measured, counters, steps,
-                    int(rnd) if is_decimal(str(rnd), 6) else None, substituted)
+                    int(rnd) if is_decimal(str(rnd), 6) else None, substituted, texts)
 
 
 def _requests(d: dict, where: str, completed: int, rate: float | None):
@@ -228,13 +237,20 @@ def run_config(run: BenchRun, workload: Path, engine: EngineConfig, seed: int = 
                      workload=wl, policy="none" if k == 0 else f"fixed:{k}", seed=seed)
 
 
-def simulate_run(run: BenchRun, profile: EngineProfile, trace: AcceptanceTrace | None,
-                 engine: EngineConfig, workload: Path, seed: int = 0) -> dict[str, float]:
+def simulate_run(run: BenchRun, profile: EngineProfile,
+                 trace: AcceptanceTrace | SettingTraces | None, engine: EngineConfig,
+                 workload: Path, seed: int = 0) -> dict[str, float]:
+    """The run's figures, simulated. ``trace``: one trace for every ``k`` (rows paired
+    where its request lengths are the run's), or each setting's own
+    (:class:`~dspark_sim.validation.vllm_acceptance.SettingTraces`)."""
     from dspark_sim.sim.api import simulate
 
     cfg = run_config(run, workload, engine, seed)
-    tr = None if run.k == 0 else _trace_for(trace, run.k, run.name)
-    rows = None if tr is None else paired_rows(run, tr)
+    if isinstance(trace, SettingTraces):
+        tr, rows = trace.for_run(run)
+    else:
+        tr = None if run.k == 0 else trace_for_k(trace, run.k, run.name)
+        rows = None if tr is None else paired_rows(run, tr)
     if rows is not None:  # the workload file lists the requests in send order
         rows = rows[_send_order(run)]
     s = simulate(cfg, profile=profile, trace=tr, trace_rows=rows).summary
@@ -247,7 +263,7 @@ def simulate_run(run: BenchRun, profile: EngineProfile, trace: AcceptanceTrace |
     return out
 
 
-def _trace_for(trace: AcceptanceTrace | None, k: int, name: str) -> AcceptanceTrace:
+def trace_for_k(trace: AcceptanceTrace | None, k: int, name: str) -> AcceptanceTrace:
     if trace is None:
         raise InputError(name, "a speculative run needs an acceptance trace: fit at least "
                                "one speculative run")
@@ -300,6 +316,7 @@ class FitResult:
     # per constant: value (ms), relative standard error, flag (vllm_repeats)
     uncertainty: dict[str, dict] | None = None
     points: int = 0  # fitted points (a point's repeats count once)
+    traces: SettingTraces | None = None  # what each speculative setting replayed
 
     @property
     def worst_error(self) -> float:
@@ -396,7 +413,7 @@ class _Objective:
     """Residuals of the fitted runs for a parameter vector (log space), each run's
     workload written once."""
 
-    def __init__(self, runs: list[BenchRun], trace: AcceptanceTrace | None,
+    def __init__(self, runs: list[BenchRun], trace: AcceptanceTrace | SettingTraces | None,
                  engine: EngineConfig, folder: Path, seed: int, name: str) -> None:
         self.runs, self.trace, self.engine, self.seed, self.name = runs, trace, engine, seed, name
         self.files = [workload_file(r, folder) for r in runs]
@@ -462,19 +479,24 @@ def levenberg_marquardt(fun, x0: np.ndarray, *, max_iterations: int = 12,
 
 def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm-fitted",
                 seed: int = 0, trace: AcceptanceTrace | None = None,
-                max_iterations: int = 12) -> FitResult:
+                traces: SettingTraces | None = None, max_iterations: int = 12) -> FitResult:
     """Fit the step-cost parameters to ``runs`` (see the module docstring). Repeats of a
     point (the same setting and load) are fitted as one point at the median of each
     figure (:mod:`dspark_sim.validation.vllm_repeats`: robust to a disturbed repeat, and
-    one simulation per point); the repeats set the constants' uncertainty."""
+    one simulation per point); the repeats set the constants' uncertainty. Acceptance:
+    ``trace`` for every ``k`` when given, else ``traces`` (default: each setting's
+    measured trace, else the runs' pooled counters, :func:`setting_traces`)."""
     if not runs:
         raise InputError("FILES", "no runs to fit")
     points = group_points(runs)
-    if trace is None:
-        trace = pooled_trace(runs, seed)
+    if trace is not None:
+        traces = SettingTraces(pooled=trace)
+    elif traces is None:
+        traces = setting_traces(runs, runs, seed)
+    headline_trace = traces.headline(runs)
     runs = [p.run for p in points]
     with tempfile.TemporaryDirectory() as tmp:
-        obj = _Objective(runs, trace, engine, Path(tmp), seed, name)
+        obj = _Objective(runs, traces, engine, Path(tmp), seed, name)
         log_theta, its, res, jac = levenberg_marquardt(
             obj.residuals, np.log(_initial_theta(runs)), max_iterations=max_iterations)
         theta = np.exp(log_theta)
@@ -493,5 +515,6 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
     profile = obj.profile(theta)
     profile = replace(profile, parameters={**profile.parameters, **params},
                       source=f"<fit {name}>")
-    return FitResult(profile, trace, dict(zip(PARAMS, map(float, theta), strict=False)),
-                     residuals, its, engine, unc, len(points))
+    return FitResult(profile, headline_trace,
+                     dict(zip(PARAMS, map(float, theta), strict=False)),
+                     residuals, its, engine, unc, len(points), traces)
