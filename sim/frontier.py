@@ -921,7 +921,12 @@ def answer(df: pl.DataFrame, *, slo: Slo = Slo(), basis: str = "steady",
 
     Candidates: the lossless policies whose every seed at that load is stable with the
     ranking figure (lossy ones trade quality for speed; unstable ones cannot hold the
-    load). Noise: the 95 % confidence interval of the best minus the runner-up, from the
+    load). ``best`` is the best one the deployment can run with its measured drafter
+    (results column ``engine_can_run``; a policy it cannot run is still simulated):
+    where one it cannot run ranks higher, ``undeployable_best`` names it, with its gain
+    over ``best`` and why (``undeployable_note``); where it can run none, ``best`` is the
+    best simulated and ``deployable`` is False. The runner-up is the next one as
+    deployable as ``best``. Noise: the 95 % confidence interval of the best minus the runner-up, from the
     spread over seeds (``sweep --seeds``), or with one seed from each run's batch-means
     error; a gap inside it is a tie. Narrowing the interval below the gap takes
     (half-width / gap)^2 times the seeds, or the requests per point (the interval
@@ -955,10 +960,24 @@ def answer(df: pl.DataFrame, *, slo: Slo = Slo(), basis: str = "steady",
             est[pol] = {c: _estimate(rows, c) for c in (col, Y, X, GOODPUT, GOODPUT_Y)}
         ranked = sorted((p for p in est if est[p][col] is not None),
                         key=lambda p: -est[p][col].mean)
+        cannot = _cannot_run(g)
+        runnable = [p for p in ranked if p not in cannot]
         row = {"context": ctx, "load_kind": kind, "load": load,
                "load_text": load_text(kind, load), "rank": how, "slo": slo,
                "estimates": est, "unstable": unstable, "best": None, "runner_up": None,
-               "tie": None, "diff": None, "half_width": None, "settle_factor": None}
+               "tie": None, "diff": None, "half_width": None, "settle_factor": None,
+               "deployable": True, "undeployable_best": None, "undeployable_gain": None,
+               "undeployable_note": None,
+               "simulated_only": [p for p in ranked if p in cannot]}
+        if ranked and ranked[0] in cannot and runnable:
+            top = ranked[0]
+            row |= {"undeployable_best": top, "undeployable_note": cannot[top],
+                    "undeployable_gain": _gain(est[top][col].mean,
+                                               est[runnable[0]][col].mean)}
+        if runnable:  # rank what the deployment can run; the rest are named, not picked
+            ranked = runnable
+        elif ranked:
+            row["deployable"] = False
         if not ranked:
             row["verdict"] = ("no policy holds this load" + (
                 f" ({', '.join(unstable)} unstable)" if unstable else " (no figures)"))
@@ -977,6 +996,18 @@ def answer(df: pl.DataFrame, *, slo: Slo = Slo(), basis: str = "steady",
         row["verdict"] = _verdict(row, unstable)
         out.append(row)
     return out
+
+
+def _cannot_run(g: pl.DataFrame) -> dict[str, str]:
+    """The policies at a load the deployment cannot run with its measured drafter, each
+    with why (results without ``engine_can_run``, from before it was recorded, count as
+    runnable: nothing says otherwise)."""
+    if "engine_can_run" not in g.columns:
+        return {}
+    bad = g.filter(pl.col("engine_can_run").cast(pl.Boolean, strict=False) == False)  # noqa: E712
+    notes = bad["engine_note"].to_list() if "engine_note" in bad.columns else [None] * bad.height
+    return {p: n or "the measured drafter cannot run it"
+            for p, n in zip(bad["policy"].to_list(), notes, strict=True)}
 
 
 def _noise(est: dict, best: str, runner: str | None, col: str) -> dict:
@@ -998,8 +1029,18 @@ def _verdict(row: dict, unstable: list[str]) -> str:
     col = RANKS[row["rank"]][0]
     a = row["estimates"][best][col]
     off = f"; unstable: {', '.join(unstable)}" if unstable else ""
+    if not row.get("deployable", True):
+        off += ("; simulated only: the deployment's measured drafter can run none of these "
+                "policies")
+    elif row.get("undeployable_best"):
+        g = row["undeployable_gain"]
+        off += (f"; {row['undeployable_best']} would rank first"
+                + (f" ({g:+.1%})" if g is not None else "")
+                + " but is simulated only: the deployment's measured drafter cannot run it")
     if runner is None:
-        return f"{best} is the only policy that holds this load{off}"
+        which = "deployable policy" if row.get("simulated_only") and \
+            row.get("deployable", True) else "policy"
+        return f"{best} is the only {which} that holds this load{off}"
     base = abs(row["estimates"][runner][col].mean) or 1.0
     how = (f"{a.seeds} seeds" if a.seeds > 1 else
            "1 seed, the runs' own batch-means error")
@@ -1031,7 +1072,10 @@ def answer_rows(rows: Sequence[dict]) -> list[dict[str, str]]:
     for r in rows:
         e = r["estimates"].get(r["best"], {}) if r["best"] else {}
         t = {"context": r["context"]} if ctx else {}
-        t |= {"load": r["load_text"], "deploy": r["best"] or "-",
+        deploy = r["best"] or "-"
+        if r["best"] and not r.get("deployable", True):
+            deploy += " (simulated only: not deployable)"
+        t |= {"load": r["load_text"], "deploy": deploy,
               "ranked on": RANKS[r["rank"]][1],
               "tok/s/GPU": _est_text(e.get(Y), "{:,.0f}"),
               "interactivity (tok/s/user)": _est_text(e.get(X), "{:,.1f}")}
@@ -1045,6 +1089,10 @@ def answer_rows(rows: Sequence[dict]) -> list[dict[str, str]]:
                 parts.append(f"{_pct(r.get(f'gain_goodput_vs_{name}'))} goodput")
             t[who] = ", ".join(parts)
         t["runner-up"] = r["runner_up"] or "-"
+        if any(x.get("undeployable_best") for x in rows):
+            u = r.get("undeployable_best")
+            t["ranks higher, not deployable"] = "-" if not u else (
+                f"{u} ({_pct(r.get('undeployable_gain'))})")
         t["verdict"] = r["verdict"]
         out.append(t)
     return out

@@ -13,6 +13,13 @@ x = unstable (left off the fronts), open circle = steady window flagged short (r
 requests), diamond = a lossy policy's point, star = a measured vLLM point. The key to the
 markers sits under the front plot, not in its title: a plot title does not wrap, and a
 long one is cut at the figure's edge.
+
+Each point says where its policy's confidences came from (the drafter's own, or assumed
+through ``--conf-source``) and whether the deployment's measured drafter can run the
+policy in its engine (results columns ``confidences``, ``engine_can_run``,
+``engine_note``). A policy it cannot run is still simulated, and labelled "simulated only"
+in the legend, the hover, the per-load answer (which recommends the best policy the
+deployment can run, and names a higher-ranked one it cannot) and a table of its own.
 """
 
 from __future__ import annotations
@@ -84,7 +91,9 @@ HOVER_COLS = (("load_kind", "load", "{}"), ("spec_decode_acceptance_length", "ta
               ("steady_window_s", "steady window s", "{:.1f}"),
               ("steady_window_requests", "requests in window", "{}"),
               ("steady_window_note", "window", "{}"),
+              ("confidences", "confidences", "{}"),
               ("stable", "stable", "{}"), ("seed", "seed", "{}"), ("point_id", "point", "{}"))
+SIMULATED_ONLY = "simulated only"  # the label of a policy the measured drafter cannot run
 
 
 # -- vLLM bench serve results ------------------------------------------------------------
@@ -184,6 +193,10 @@ def _hover(row: dict) -> str:
     lines = [f"<b>{'LOSSY ' if lossy else ''}{html.escape(str(row.get('policy')))}</b>",
              f"interactivity {_fmt(row.get(X), '{:.1f}')} tok/s/user",
              f"throughput {_fmt(row.get(Y), '{:,.0f}')} tok/s/GPU"]
+    if row.get("engine_can_run") is False:
+        note = str(row.get("engine_note") or "the measured drafter cannot run it")
+        lines.append(f"<b>{SIMULATED_ONLY.upper()}</b>: "
+                     + "<br>".join(html.escape(x) for x in textwrap.wrap(note, 80)))
     for col, name, f in HOVER_COLS + (LOSSY_HOVER_COLS if lossy else ()):
         if col in row:
             lines.append(f"{name}: {_fmt(row[col], f)}")
@@ -251,6 +264,8 @@ def fronts_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
             pts = labelled.filter((pl.col("front_label") == label) & pl.col(X).is_not_null()
                                   & pl.col(y).is_not_null())
             rows = pts.to_dicts()
+            if any(r.get("engine_can_run") is False for r in rows):
+                name += f" ({SIMULATED_ONLY})"
             fig.add_trace(go.Scatter(
                 x=pts[X].to_list(), y=pts[y].to_list(), mode="markers",
                 name=f"{name} points", legendgroup=name, showlegend=False,
@@ -610,8 +625,44 @@ def _answer_parts(df: pl.DataFrame, slo: Slo, basis: str) -> tuple[str, str]:
     note += (". ± is the 95 % confidence interval: over the seeds of a point when it ran "
              "several (--seeds), else the run's own batch-means error. A runner-up inside "
              "the interval is a tie, with how many seeds or requests would settle it. "
-             "Unstable and lossy policies do not compete.</p>")
+             "Unstable and lossy policies do not compete; a policy the deployment's "
+             "measured drafter cannot run is not recommended while one it can run holds "
+             "the load, and is named where it would rank higher.</p>")
     return _table_html(answer_rows(rows)) + note, format_answer(rows)
+
+
+def engine_rows(df: pl.DataFrame) -> list[dict]:
+    """Per policy (and trace, where the sweep has several): where its confidences came
+    from and whether the deployment's measured drafter can run it, with why."""
+    if "engine_can_run" not in df.columns and "confidences" not in df.columns:
+        return []
+    keys = ["policy"] + (["trace_spec"] if "trace_spec" in df.columns
+                         and df["trace_spec"].n_unique() > 1 else [])
+    out = []
+    for _, g in df.group_by(keys, maintain_order=True):
+        r = g.row(0, named=True)
+        can = g["engine_can_run"].to_list() if "engine_can_run" in g.columns else [None]
+        runs = "-" if all(v is None for v in can) else (
+            "yes" if all(v is not False for v in can) else f"no: {SIMULATED_ONLY}")
+        conf = [v for v in dict.fromkeys(g["confidences"].to_list())
+                if v is not None] if "confidences" in g.columns else []
+        row = {"policy": r["policy"]}
+        if len(keys) > 1:
+            row["trace"] = r.get("trace_spec") or "default"
+        row |= {"confidences": "; ".join(map(str, conf)) or "none read",
+                "runs in the deployment's engine": runs,
+                "note": r.get("engine_note") or ""}
+        out.append(row)
+    return out
+
+
+ENGINE_SECTION = """<h2 id="engine">Policies and the measured drafter</h2>
+<p class="note">Where each policy's drafter confidences come from, and whether the
+deployment's measured drafter can run it in its engine. A policy marked "{label}" is
+simulated with that drafter's acceptances but cannot be deployed with it as it is (an
+n-gram drafter has no confidence head; vLLM's adaptive verification needs its own drafter
+method): its figures say what it would gain, not what the deployment can serve today.</p>
+{table}"""
 
 
 def _superseded_rows(superseded: pl.DataFrame) -> list[dict]:
@@ -712,6 +763,7 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
     head_html, head_md = _headline_parts(df, candidate, baseline, tiers, stable_only, basis)
     left = _left_out_rows(df, policies, stable_only, basis) + _superseded_rows(superseded)
     answer_html, answer_md = _answer_parts(df, slo, basis)
+    engines = engine_rows(df)
     divs = [pio.to_html(f, include_plotlyjs=(i == 0), full_html=False,
                         config={"displaylogo": False}) for i, f in enumerate(figs)]
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -723,6 +775,7 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
 entry to hide or show a policy (points and front together).</p>
 <h2 id="answer">Which policy at which load</h2>
 {answer_html}
+{ENGINE_SECTION.format(label=SIMULATED_ONLY, table=_table_html(engines)) if engines else ""}
 <h2>Headline numbers</h2>
 {head_html}
 <p class="note">Matched-throughput gain: candidate's / baseline's interactivity at equal

@@ -18,7 +18,9 @@ file makes new points. Delete ``points/`` (or the folder) after changing the sim
 
 Each row holds every scalar summary metric under its vLLM ``bench serve`` name,
 the list-valued ones (``acceptance_per_position``, ``verified_per_position``) as
-list columns, and the point's parameters: ``point_id``, ``policy_spec``,
+list columns, where the policy's confidences came from and whether the measured drafter
+can run it in the engine (``confidences``, ``engine_can_run``, ``engine_note``: the report
+labels a policy it cannot run), and the point's parameters: ``point_id``, ``policy_spec``,
 ``profile_spec``, ``trace_spec``, ``seed``, ``load_kind`` (``qps`` | ``concurrency``
 | ``base``), ``load`` (the number swept), ``qps``, ``concurrency``, ``arrival``,
 ``num_requests_cfg``; ``mean_concurrency`` (Little's law: request throughput x
@@ -86,9 +88,11 @@ ROW_DROPPED = ("goodput", "slo_ttft_ms", "slo_tpot_ms")
 MAX_VALUES_PER_OPTION = 10_000
 MAX_POINTS = 100_000
 MAX_INTEGER_VALUE = 2**63 - 1  # seeds and client counts are int64 downstream
+# confidences and engine_note are None for some policies and text for others: typed as
+# text in every point, so the points stack whatever mix of policies a sweep holds
 STRING_COLUMNS = ("policy_spec", "profile_spec", "trace_spec", "load_kind", "arrival", "trace",
                   "trace_drafter", "trace_source", "point_id", "policy", "profile",
-                  "steady_window_rule", "steady_window_note")
+                  "steady_window_rule", "steady_window_note", "confidences", "engine_note")
 INT_COLUMNS = ("seed", "concurrency", "num_requests_cfg", "trace_gamma_max", "size_doublings")
 PARAM_COLUMNS = ("point_id", "policy_spec", "profile_spec", "trace_spec", "seed", "load_kind",
                  "load", "qps", "concurrency", "arrival", "num_requests_cfg")
