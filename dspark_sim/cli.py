@@ -37,6 +37,7 @@ from dspark_sim.io import (
     os_error_line,
     path_too_long,
 )
+from dspark_sim.policies import compiled
 from dspark_sim.policies.registry import policy_rows
 from dspark_sim.sim.quality import quality_rows
 
@@ -427,6 +428,7 @@ def run(
     layers: list = []
     cfg = resolve_config(preset_name=preset_name, config_path=config, options=settings,
                          layers_out=layers)
+    compiled.choose_for_run(_requests_of(cfg.workload))
     if out is not None:  # after the config: its files are inputs too
         check_writable(out, "--out", inside={SUMMARY: "file", REQUESTS: "file"},
                        not_over=_files_read(cfg, {"--config": config,
@@ -449,6 +451,20 @@ def run(
         print_summary(result.summary, wall)
         if out is not None:
             console.print(f"wrote {out / 'summary.json'} and {out / 'requests.parquet'}", style="dim")
+
+
+def _requests_of(w) -> int | None:
+    """How many requests a run of workload ``w`` simulates (None: a workload file's, or a
+    closed loop bounded by time: known only as it runs)."""
+    if w.workload_path:
+        return None
+    n = w.num_requests
+    if w.duration_s is not None:
+        if w.arrival == "closed":
+            return None
+        window = math.ceil(w.qps * w.duration_s)
+        n = window if n is None else min(n, window)
+    return n
 
 
 def _files_read(cfg, options: dict[str, str | Path | None]) -> dict[str, str | None]:

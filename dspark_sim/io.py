@@ -533,3 +533,26 @@ def path_too_long(path: str | Path, *, sibling: bool = False) -> str | None:
 
 def _short(text: str) -> str:
     return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]}"
+
+
+class LazyModule:
+    """A module imported when one of its names is first read (``pl = LazyModule("polars")``).
+
+    polars and pyarrow cost a process ~0.3 s to import, and a run that reads its trace from
+    the array cache and writes no files never calls them; a module-level ``import`` would
+    charge every process that imports the module. Every read goes to the module itself
+    (not a copy of its names), so what patches the module patches what is read here."""
+
+    def __init__(self, name: str):
+        self._lazy_name = name
+        self._module = None
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):  # copy/pickle probes: not the module's names
+            raise AttributeError(attr)
+        module = self._module
+        if module is None:
+            import importlib
+
+            module = self._module = importlib.import_module(self._lazy_name)
+        return getattr(module, attr)

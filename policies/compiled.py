@@ -47,6 +47,25 @@ def _choose() -> bool:
 # Read on every call by the dispatching functions (tests flip it to run both paths).
 NUMBA = _choose()
 
+# The first kernel a process runs imports numba and loads the cached kernels: ~0.8 s of
+# CPU and ~100 MB, which a run of a few thousand engine steps does not win back (the
+# numpy path, the same bytes, costs 30-80 us more a step: break-even near 10,000 steps,
+# ~3,000 requests of the default deployment). A command that runs one simulation
+# (``dspark-sim run``) therefore takes the numpy path below this many requests, unless
+# DSPARK_SIM_KERNELS names a backend.
+NUMPY_BELOW_REQUESTS = 2_000
+
+
+def choose_for_run(requests: int | None) -> bool:
+    """Take the numpy path for a process's one run of ``requests`` (None: unknown, such
+    as a workload file's) when it is too short to win back numba's load; returns
+    whether the kernels run."""
+    global NUMBA
+    chosen = os.environ.get("DSPARK_SIM_KERNELS", "").strip()
+    if not chosen and requests is not None and requests < NUMPY_BELOW_REQUESTS:
+        NUMBA = False
+    return NUMBA
+
 # Every kernel of this module and of the engine's (``sim/fast.py``): (its module's
 # globals, its name, the Python function, numba's options). Numba itself is imported,
 # and the kernels bound, when a kernel is first called: importing it costs a process

@@ -13,10 +13,10 @@ from __future__ import annotations
 import gc
 import weakref
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 
 from dspark_sim.calibration.confidence_source import (
     CONF_RECORD,
@@ -28,7 +28,7 @@ from dspark_sim.calibration.confidence_source import (
 from dspark_sim.calibration.confmap import CalibrationMap, builtin_calibrations, load_calibration
 from dspark_sim.calibration.profile import EngineProfile, load_profile
 from dspark_sim.errors import InputError
-from dspark_sim.io import jsonable
+from dspark_sim.io import LazyModule, jsonable
 from dspark_sim.policies import compiled
 from dspark_sim.policies.registry import Policy, engine_support, get_policy
 from dspark_sim.sim.ahead import Handoffs, NotAhead
@@ -72,6 +72,29 @@ DEFAULT_SELFSPEC_TRACE = "selfspec-synthetic"
 DEFAULT_MTP_TRACE = "mtp1-synthetic"
 
 
+pl = LazyModule("polars")  # imported when the rows are read or written
+
+
+class _BuiltOnRead:
+    """A field holding a value, or a :class:`functools.partial` that makes it, called on the
+    first read: a run's rows become a frame only when read or written (building it imports
+    polars, which a run that prints its summary and writes nothing never needs)."""
+
+    def __set_name__(self, owner, name):
+        self.slot = "_" + name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:  # no default: the field is required
+            raise AttributeError(self.slot[1:])
+        value = obj.__dict__[self.slot]
+        if isinstance(value, partial):
+            value = obj.__dict__[self.slot] = value()
+        return value
+
+    def __set__(self, obj, value):
+        obj.__dict__[self.slot] = value
+
+
 @dataclass(frozen=True, eq=False)
 class SimResult:
     """A run's summary and per-request rows. ``requests`` is a frame, or for a run of
@@ -80,7 +103,7 @@ class SimResult:
 
     config: SimConfig
     summary: dict
-    requests: pl.DataFrame | pl.LazyFrame
+    requests: pl.DataFrame | pl.LazyFrame = _BuiltOnRead()
 
     def to_pandas(self):
         frame = self.requests
@@ -603,7 +626,7 @@ def finish_run(run: InMemoryRun, step_columns: dict) -> SimResult:
         # the scheduler's table, when given apart from the cost's: without it two runs'
         # outputs could not be told apart (absent otherwise: summaries stay as they were)
         summary["policy_profile"] = run.policy_profile.name
-    return SimResult(run.cfg, jsonable(summary), requests_frame(log))
+    return SimResult(run.cfg, jsonable(summary), partial(requests_frame, log))
 
 
 # Runs of more requests than this stream their per-request rows and step series to

@@ -91,9 +91,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
-import polars as pl
 
+from dspark_sim.io import LazyModule
 from dspark_sim.sim.engine import ITL_EDGES_S, REJECT_REASONS, STEP_FIELDS, RequestLog, StepStats
+
+pl = LazyModule("polars")  # imported when a frame is built: a run writing no files needs none
 
 # The window is "short" below either bound (see the module docstring).
 MIN_WINDOW_LIFETIMES = 10.0  # window length in p90 request lifetimes (E2E)

@@ -30,10 +30,16 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import polars as pl
-
 from dspark_sim.errors import InputError
-from dspark_sim.io import deferred_interrupts, loads_json, os_errors_name, sha256_file
+from dspark_sim.io import (
+    LazyModule,
+    deferred_interrupts,
+    loads_json,
+    os_errors_name,
+    sha256_file,
+)
+
+pl = LazyModule("polars")  # imported when a frame is built: a run writing no files needs none
 
 SUMMARY = "summary.json"
 REQUESTS = "requests.parquet"

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 
+from dspark_sim.io import LazyModule
 from dspark_sim.sim.engine import (
     OUTPUT_TOKENS,
     PROMPT_TOKENS,
@@ -40,6 +40,8 @@ from dspark_sim.sim.engine import (
 from dspark_sim.sim.metrics import StepSeries, requests_frame
 from dspark_sim.sim.prefill import PrefillPool
 from dspark_sim.sim.workload import RequestStream, StreamChunk
+
+pl = LazyModule("polars")  # imported when a frame is built: a run writing no files needs none
 
 # Step fields no summary figure reads (sim.metrics): not read back, to keep a day's
 # series (~12 M steps) from costing a quarter more memory than it needs.

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +16,13 @@ import pytest
 if shutil.which("nvidia-smi") is None:
     # Must be set before the first `import triton` anywhere in the session.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The trace array cache (traces/cache.py) of a test session is the session's own: it
+# neither reads a developer's entries nor leaves its own behind.
+if "DSPARK_SIM_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="dspark-sim-test-cache-")
+    os.environ["DSPARK_SIM_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, True)
 
 # Hypothesis: no deadline (2 shared cores make timings noisy; speed lives in benchmarks/),
 # derandomized by default so the README's test command (and CI, which gates every landing)

@@ -58,13 +58,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
-import pyarrow.parquet as pq
 
 from dspark_sim.errors import InputError
-from dspark_sim.io import atomic_path, check_unique_columns, loads_json, not_a_file
-from dspark_sim.traces import schema_v2
+from dspark_sim.io import (
+    LazyModule,
+    atomic_path,
+    check_unique_columns,
+    loads_json,
+    not_a_file,
+)
+from dspark_sim.traces import cache, schema_v2
 from dspark_sim.traces.schema_v2 import V2Fields
+
+# imported where a trace is parsed or written: a trace read from the array cache
+# (traces/cache.py) needs neither
+pl = LazyModule("polars")
+pq = LazyModule("pyarrow.parquet")
 
 SCHEMA_VERSION = 1  # written for traces without v2 columns
 SCHEMA_VERSIONS = (1, 2)  # read
@@ -568,6 +577,9 @@ def read_trace(path: str | Path) -> AcceptanceTrace:
     p = Path(path)
     if not p.is_file():
         raise InputError(source, not_a_file(p, "trace file"))
+    cached = cache.load(p)
+    if cached is not None:
+        return cached
     try:
         pf = pq.ParquetFile(p)
         kv = pf.schema_arrow.metadata or {}
@@ -586,6 +598,7 @@ def read_trace(path: str | Path) -> AcceptanceTrace:
         raise InputError(source, f"trace metadata 'domains' lists {', '.join(meta.domains)} "
                                  f"but the 'domain' column holds {', '.join(held)}: make the "
                                  "two agree")
+    cache.store(p, trace)
     return trace
 
 

@@ -60,9 +60,11 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
-import polars as pl
 
 from dspark_sim.errors import InputError
+from dspark_sim.io import LazyModule
+
+pl = LazyModule("polars")  # imported where a frame is read or built
 
 TOPK = 4  # alternatives recorded per depth (CURE branches per point / PCTree frontier k)
 RANK_CAP = 127  # int8
@@ -81,7 +83,12 @@ COLUMNS: dict[str, tuple[str, Any]] = {
     "req_correct": ("r", np.int8),
 }
 PROB_COLUMNS = ("alt_prob", "true_prob", "draft_prob")
-_PL = {np.float16: pl.Float16, np.int8: pl.Int8, np.int32: pl.Int32}
+
+
+def _pl_dtype(dt: type) -> Any:
+    """The polars dtype of a v2 column's numpy one (named here, not in a module-level
+    table: reading them would import polars with this module)."""
+    return {np.float16: pl.Float16, np.int8: pl.Int8, np.int32: pl.Int32}[dt]
 
 
 @dataclass(frozen=True, eq=False)
@@ -176,11 +183,11 @@ def to_columns(v: V2Fields | None, req_lengths: np.ndarray, gamma: int) -> dict[
         if kind == "r":
             arr = np.repeat(arr, req_lengths)
         if kind == "gk":
-            dtype: Any = pl.Array(_PL[dt], (gamma, arr.shape[2]))
+            dtype: Any = pl.Array(_pl_dtype(dt), (gamma, arr.shape[2]))
         elif kind == "g":
-            dtype = pl.Array(_PL[dt], gamma)
+            dtype = pl.Array(_pl_dtype(dt), gamma)
         else:
-            dtype = _PL[dt]
+            dtype = _pl_dtype(dt)
         out[name] = pl.Series(name, arr, dtype=dtype)
     return out
 

@@ -1,0 +1,57 @@
+"""What a process imports: a command loads the heavy libraries only where it uses them
+(the cost itself is measured by benchmarks/bench_peer.py, not asserted here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dspark_sim.policies import compiled
+from dspark_sim.traces.schema import write_trace
+from dspark_sim.traces.synth import synth_iid
+
+HEAVY = ("polars", "pyarrow", "numba", "plotly", "torch")
+
+
+def _loaded_after(code: str, env: dict | None = None) -> dict:
+    """Which of HEAVY a fresh process has imported after ``code`` (``env``: its whole
+    environment)."""
+    probe = (f"import sys, json\n{code}\n"
+             f"print(json.dumps({{m: m in sys.modules for m in {HEAVY!r}}}))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_cli_loads_none_of_them():
+    assert not any(_loaded_after("import dspark_sim.cli").values())
+
+
+def test_a_short_run_of_a_cached_trace_loads_none_of_them(tmp_path):
+    trace = write_trace(synth_iid(0.8, 3, num_requests=20, positions=300, seed=0),
+                        tmp_path / "t.parquet")
+    run = ("from dspark_sim.cli import main\n"
+           "sys.argv = ['dspark-sim', 'run', '--replicas', '1', '--qps', '20', "
+           "'--num-requests', '3', '--lengths', 'fixed:64:32', '--quiet', '--policy', "
+           f"'fixed:3', '--trace', {str(trace)!r}, '--gamma-max', '3']\n"
+           "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code")
+    env = {k: v for k, v in os.environ.items() if k != "DSPARK_SIM_KERNELS"}
+    env["DSPARK_SIM_CACHE_DIR"] = str(tmp_path / "cache")
+    first = _loaded_after(run, env)
+    assert first["polars"] and first["pyarrow"]  # the first read parses the file
+    assert not any(_loaded_after(run, env).values())
+
+
+@pytest.mark.parametrize(("requests", "env", "numba"), [
+    (1, "", False), (compiled.NUMPY_BELOW_REQUESTS - 1, "", False),
+    (compiled.NUMPY_BELOW_REQUESTS, "", True), (None, "", True),
+    (1, "numba", True), (10**6, "numpy", False)])
+def test_a_run_too_short_to_win_back_numba_takes_the_numpy_path(monkeypatch, requests, env,
+                                                                  numba):
+    monkeypatch.setenv("DSPARK_SIM_KERNELS", env)
+    monkeypatch.setattr(compiled, "NUMBA", env != "numpy")
+    assert compiled.choose_for_run(requests) is numba and compiled.NUMBA is numba
