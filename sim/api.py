@@ -32,7 +32,7 @@ from dspark_sim.io import LazyModule, jsonable
 from dspark_sim.policies import compiled
 from dspark_sim.policies.registry import Policy, engine_support, get_policy
 from dspark_sim.sim.ahead import Handoffs, NotAhead
-from dspark_sim.sim.arrivals import ClosedLoop, OpenLoop
+from dspark_sim.sim.arrivals import ClosedLoop, OpenLoop, SessionLoop
 from dspark_sim.sim.config import MAX_ENGINE_STEPS, SimConfig
 from dspark_sim.sim.engine import (
     NUM_COLUMNS,
@@ -49,6 +49,7 @@ from dspark_sim.sim.prefill import PrefillPool
 from dspark_sim.sim.prefix_cache import PrefixCache, PromptBlocks, resolve_blocks
 from dspark_sim.sim.prefix_cache import summary as prefix_summary
 from dspark_sim.sim.quality import task_score
+from dspark_sim.sim.sessions import SessionPlan
 from dspark_sim.sim.stream import (
     RequestWindow,
     SpillFolder,
@@ -581,8 +582,9 @@ def run_in_memory(cfg: SimConfig, policy: Policy, profile: EngineProfile,
     run and run nothing (the merge's frame)."""
     blocks = resolve_blocks(cfg.engine.prefix_cache, cfg.engine.prefix_block_tokens,
                             stream.reuse)
-    # the pass ahead has no prefix cache: a caching run's prefill instances are processes
-    ahead = compiled.NUMBA and cfg.workload.arrival != "closed" and blocks is None
+    # the pass ahead has no prefix cache and no sessions (their turns wait on the engine)
+    ahead = compiled.NUMBA and cfg.workload.arrival != "closed" and blocks is None \
+        and stream.sessions is None
     while True:
         log = _in_memory_log(stream, trace_row)
         ctx, finishes = _context(cfg, profile, policy, trace, calibration, log,
@@ -602,7 +604,7 @@ def run_in_memory(cfg: SimConfig, policy: Policy, profile: EngineProfile,
         try:
             closed, horizon, bounded_by = _run(cfg, ctx, finishes, prefill, stream.size,
                                                stream.arrival_s, replicas=replicas,
-                                               ahead=ahead)
+                                               ahead=ahead, sessions=stream.sessions)
         except NotAhead:
             if not ahead:
                 raise
@@ -732,7 +734,7 @@ def _context(cfg: SimConfig, profile: EngineProfile, policy: Policy,
 def _run(cfg: SimConfig, ctx: SimContext, finishes: _Finishes, prefill: PrefillPool | None,
          n: int, arrival_s: np.ndarray | None, window=None,
          replicas: tuple[int, ...] | None = None,
-         ahead: bool = False) -> tuple[bool, float, object]:
+         ahead: bool = False, sessions: SessionPlan | None = None) -> tuple[bool, float, object]:
     """Start the replicas (those in ``replicas``; None: all) and the arrival source (open
     or closed loop, over ``window``'s slots when the run streams), run until the step
     bound or the horizon, and record the progress of requests still running or waiting.
@@ -747,7 +749,11 @@ def _run(cfg: SimConfig, ctx: SimContext, finishes: _Finishes, prefill: PrefillP
     frontend_s = ctx.profile.frontend_s_per_request
     closed = cfg.workload.arrival == "closed"
     handoffs = None
-    if closed:
+    if sessions is not None:  # turns sent as earlier turns end: bounded like a closed loop
+        finishes.source = SessionLoop(env, router, ctx.log, sessions, prefill, frontend_s)
+        ctx.on_finished = finishes.source.finished
+        horizon = CLOSED_LOOP_HORIZON_S
+    elif closed:
         finishes.source = ClosedLoop(env, router, ctx.log, n, cfg.workload.max_concurrency,
                                      prefill, frontend_s, window=window)
         horizon = CLOSED_LOOP_HORIZON_S

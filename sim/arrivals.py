@@ -4,6 +4,9 @@
   replayed workload file), whatever the engine is doing.
 * ``ClosedLoop``: ``max_concurrency`` clients; each sends its next request when its
   previous one finishes (vLLM ``bench serve --max-concurrency``, InferenceX points).
+* ``SessionLoop``: multi-turn sessions (``sim/sessions.py``): a session's next turn a
+  think time after its previous one finishes; sessions start at the open loop's times,
+  or each closed-loop client runs one after another.
 
 Both submit request ``rid`` to the replica the router picks and stamp its arrival time
 and replica in the request log; the closed loop is driven by the engine's finish
@@ -24,6 +27,7 @@ import simpy
 
 from dspark_sim.sim.engine import RequestLog, Router
 from dspark_sim.sim.prefill import PrefillPool
+from dspark_sim.sim.sessions import SessionPlan
 
 
 class Window(Protocol):
@@ -66,6 +70,10 @@ class _Source:
                 return False
             rid %= self.window.size
         self.issued += 1
+        return self._submit(rid)
+
+    def _submit(self, rid: int) -> bool:
+        """Request ``rid`` arrives now: refused, or on its way to the engine."""
         self.log.arrival_s[rid] = self.env.now
         if self.log.rejected[rid]:
             return False
@@ -91,12 +99,16 @@ class _Source:
                 log.finish_s[rid] = self.env.now
                 log.generated[rid] = 1
                 self.on_finish(1)
+                self.finished((rid,))
                 return
         replica = self.router.route()
         log.replica[rid] = replica.index
         replica.submit(rid)
 
     def on_finish(self, k: int) -> None:  # noqa: B027 - open loop ignores completions
+        pass
+
+    def finished(self, rids) -> None:  # noqa: B027 - only sessions follow which finished
         pass
 
 
@@ -149,3 +161,58 @@ class ClosedLoop(_Source):
         request is answered at once, as a server's 400 is)."""
         while k and self.issued < self.n:
             k -= self.submit_next()
+
+
+class SessionLoop(_Source):
+    """Multi-turn sessions (:class:`~dspark_sim.sim.sessions.SessionPlan`): session ``s``'s
+    turn ``k`` is request ``s * turns + k``, sent ``think_s[s, k]`` after turn ``k - 1``
+    finished (the engine says which requests finished: :meth:`finished`). Sessions start
+    at ``start_s`` (open loop) or, with ``clients``, each client starts the next session
+    when its last one ends. A refused turn ends its session: every later turn, longer
+    still, is refused at once too."""
+
+    def __init__(self, env, router, log, plan: SessionPlan, prefill=None,
+                 frontend_s=0.0) -> None:
+        super().__init__(env, router, log, plan.size, prefill, frontend_s)
+        self.plan = plan
+        self.started = 0  # sessions started so far
+        if plan.start_s is None:
+            for _ in range(min(plan.clients, plan.sessions)):
+                self._start()
+        else:
+            env.process(self._run())
+
+    def _run(self):
+        t_prev = 0.0
+        for t in self.plan.start_s.tolist():
+            if t > t_prev:
+                yield self.env.timeout(t - t_prev)
+                t_prev = t
+            self._start()
+
+    def _start(self) -> None:
+        self.started += 1
+        self._send((self.started - 1) * self.plan.turns)
+
+    def _send(self, rid: int) -> None:
+        turns = self.plan.turns
+        while not self._submit(rid):
+            if (rid + 1) % turns == 0:
+                self._ended()
+                return
+            rid += 1
+
+    def finished(self, rids) -> None:
+        turns = self.plan.turns
+        think = self.plan.think_s.reshape(-1)
+        for rid in np.asarray(rids).tolist():
+            if (rid + 1) % turns == 0:
+                self._ended()
+                continue
+            wait = self.env.timeout(float(think[rid + 1]))
+            wait.callbacks.append(lambda _event, nxt=rid + 1: self._send(nxt))
+
+    def _ended(self) -> None:
+        """A session ended: a closed loop's client starts the next one."""
+        if self.plan.start_s is None and self.started < self.plan.sessions:
+            self._start()

@@ -52,6 +52,8 @@ MAX_TOKENS_PER_REQUEST = 1 << 24  # prompt or output tokens in a --lengths spec
 # lognormal lengths: sigma 4 already spans a factor ~e^16 between the 0.01 % tails
 MAX_LOGNORMAL_SIGMA = 4.0
 MAX_PREFIX_BLOCK_TOKENS = 1 << 16  # a prefix-cache block; vLLM's are 16 to a few hundred
+MAX_SESSION_TURNS = 10_000
+MAX_SESSION_REQUESTS = 1_000_000  # sessions are drawn whole: the in-memory runs' bound
 # Simulated seconds: the float64 clock keeps ~2 ns resolution below 1e7 s (116 days);
 # longer arrival windows make step durations vanish into rounding (0.0 ms latencies).
 MAX_SIM_TIME_S = 1e7
@@ -224,6 +226,21 @@ class WorkloadConfig:
     # workload file's lengths when there is one, else "azure-conv".
     lengths: str | None = setting(help=LENGTHS_HELP)
     domain: str | None = setting(help="Use only this domain of the trace.")
+    # Multi-turn sessions (sim/sessions.py): each turn's prompt is the previous prompt,
+    # its answer and a new user message (--lengths draws the messages and answers), sent
+    # a think time after the previous answer ends. Sessions start as the open loop's
+    # arrivals (--qps is then sessions/s), or each closed-loop client runs one after
+    # another. None: independent requests.
+    session_turns: int | None = setting(help="Multi-turn sessions of this many turns; "
+                                        "--qps is then sessions/s, --num-requests rounds "
+                                        "up to whole sessions.", unit="turns",
+                                        arrivals=(*OPEN_LOOP, "closed"))
+    think_time_s: str = setting("exp:5", help="Sessions: the pause between an answer and "
+                                "the next turn: exp:MEAN | fixed:S | lognormal:MEDIAN[:SIGMA] "
+                                "[exp:5].", unit="s", arrivals=(*OPEN_LOOP, "closed"))
+    system_prompt_tokens: int = setting(0, help="Sessions: a system prompt every session's "
+                                        "turns start with (shared, so cached once).",
+                                        unit="tokens", arrivals=(*OPEN_LOOP, "closed"))
 
 
 @dataclass(frozen=True)
@@ -336,6 +353,45 @@ def _validate_workload(w: WorkloadConfig) -> None:
     _pos_float("--replay-qps", w.replay_qps)
     if w.lengths is not None:
         _validate_lengths(w.lengths)
+    _validate_sessions(w)
+
+
+def _validate_sessions(w: WorkloadConfig) -> None:
+    """Sessions: a count of turns, a think-time spec, a system prompt; drawn whole in
+    memory, so bounded by a request count (the streamed runs' threshold) and not by a
+    window or a file."""
+    check_positive_int("--session-turns", w.session_turns, MAX_SESSION_TURNS)
+    if not isinstance(w.system_prompt_tokens, int) or \
+            not 0 <= w.system_prompt_tokens <= MAX_TOKENS_PER_REQUEST:
+        raise InputError("--system-prompt-tokens", f"must be a whole number in [0, "
+                         f"{MAX_TOKENS_PER_REQUEST:,}], got {w.system_prompt_tokens!r}")
+    if w.session_turns is None:
+        return
+    if w.workload_path:
+        raise InputError("--session-turns", "a workload file carries its own requests; "
+                         "sessions are drawn (leave one of the two out)")
+    if w.num_requests is None or w.num_requests > MAX_SESSION_REQUESTS:
+        raise InputError("--num-requests", f"sessions need --num-requests (at most "
+                         f"{MAX_SESSION_REQUESTS:,}: they are drawn whole, in memory)")
+    parse_think_time(w.think_time_s)
+
+
+def parse_think_time(spec: str) -> tuple[str, float, float]:
+    """``exp:MEAN`` | ``fixed:S`` | ``lognormal:MEDIAN[:SIGMA]`` (seconds) -> (kind, first
+    argument, sigma: 1 unless given)."""
+    kind, _, rest = str(spec).partition(":")
+    args = rest.split(":") if rest else []
+    try:
+        nums = [float(a) for a in args]
+    except ValueError:
+        nums = []
+    ok = (kind in ("exp", "fixed") and len(nums) == 1) or (kind == "lognormal"
+                                                          and len(nums) in (1, 2))
+    if not ok or not all(math.isfinite(v) and 0 <= v <= MAX_SIM_TIME_S for v in nums) \
+            or (kind == "lognormal" and (nums[0] <= 0 or nums[-1] > MAX_LOGNORMAL_SIGMA)):
+        raise InputError("--think-time-s", f"expected exp:MEAN, fixed:S or "
+                         f"lognormal:MEDIAN[:SIGMA] in seconds, got {spec!r}")
+    return kind, nums[0], nums[1] if len(nums) == 2 else 1.0
 
 
 def _validate_open_loop(w: WorkloadConfig) -> None:

@@ -476,18 +476,25 @@ class Replica:
         self.pending_prefill += int((new[:, PREFILL_TARGET] - hit).sum())
         self.n_prefilling += len(new)
 
-    def _leave_cache(self, batch: np.ndarray, n_dec: int, n_done: int) -> None:
+    def _leave(self, batch: np.ndarray, n_dec: int, n_done: int) -> None:
         """After a step's replay (``batch`` as it ended, before rows left): prompts it
-        completed join the cache, and finished requests free their blocks (their answer's
-        full blocks cached first: a session's next turn resends them)."""
+        completed join the prefix cache, finished requests free their blocks (their
+        answer's full blocks cached first: a session's next turn resends them), and the
+        sessions hear which requests finished."""
         cache = self.cache
-        for rid in batch[n_dec: n_dec + n_done, REQUEST_ID].tolist():
-            cache.fill(rid)
+        if cache is not None:
+            for rid in batch[n_dec: n_dec + n_done, REQUEST_ID].tolist():
+                cache.fill(rid)
         done = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
-        if done.any():
-            for rid in batch[done, REQUEST_ID].tolist():
+        if not done.any():
+            return
+        rids = batch[done, REQUEST_ID]
+        if cache is not None:
+            for rid in rids.tolist():
                 cache.fill(rid, answer=True)
                 cache.release(rid)
+        if self.ctx.on_finished is not None:
+            self.ctx.on_finished(rids)
 
     def _remove(self, keep: np.ndarray, *, finished: bool = False) -> np.ndarray:
         """Drop rows where ``keep`` is False; returns them, aggregates updated.
@@ -834,8 +841,8 @@ class Replica:
                 # the step that completes prefill samples a token (prefills complete in
                 # row order)
                 batch[plan.n_dec: plan.n_dec + n_done, GENERATED] += 1
-        if self.cache is not None:
-            self._leave_cache(batch, plan.n_dec, n_done)
+        if self.cache is not None or ctx.on_finished is not None:
+            self._leave(batch, plan.n_dec, n_done)
         n_dec = plan.n_dec
         if n_dec:
             self.kv_tokens += emitted
@@ -1135,6 +1142,8 @@ class SimContext:
         self.rows = np.empty((0, NUM_COLUMNS), np.int64)  # every request's row, set by the runner
         # every request's prompt blocks when the run has a prefix cache (set_prefix_blocks)
         self.prefix_blocks: PromptBlocks | None = None
+        # told the ids of the requests each step finishes (multi-turn sessions), or None
+        self.on_finished: Callable[[np.ndarray], None] | None = None
         self.admit_need = np.empty(0, np.int64)  # reserve mode: prompt + output per request
         self._empty: dict[int, np.ndarray] = {}
 

@@ -39,6 +39,7 @@ from dspark_sim.sim.config import (
     WorkloadConfig,
 )
 from dspark_sim.sim.prefix_cache import HashIdBlocks
+from dspark_sim.sim.sessions import SessionBlocks, SessionPlan, draw_sessions
 
 pl = LazyModule("polars")  # imported where a workload file or length table is read
 NAMED_LENGTHS = ("azure-conv", "azure-code", "mooncake")
@@ -60,7 +61,9 @@ class RequestStream:
     trace_rows: np.ndarray | None = None
     # what each request's prompt blocks hold, for the prefix cache (sim/prefix_cache.py):
     # a Mooncake file's hash_ids; None: the workload says nothing about reuse
-    reuse: HashIdBlocks | None = None
+    reuse: HashIdBlocks | SessionBlocks | None = None
+    # multi-turn sessions: their turns are sent as earlier turns end (sim/sessions.py)
+    sessions: SessionPlan | None = None
 
     @property
     def size(self) -> int:
@@ -304,6 +307,10 @@ def build_stream(w: WorkloadConfig, rng: np.random.Generator, trace=None) -> Req
     """Arrival times and lengths for an open-loop run (closed loop: lengths only).
     ``trace`` (an :class:`~dspark_sim.traces.schema.AcceptanceTrace`) supplies the lengths
     of ``--lengths trace``."""
+    if w.session_turns is not None:
+        prompt, output, plan, blocks, desc, rows = draw_sessions(
+            w, rng, lambda n: _lengths(w, n, rng, trace))
+        return RequestStream(np.zeros(plan.size), prompt, output, desc, rows, blocks, plan)
     if w.arrival == "replay":
         return _replay_stream(w, rng, trace)
     if w.arrival == "closed":
@@ -420,7 +427,8 @@ class StreamChunk(NamedTuple):
 def draws_in_chunks(w: WorkloadConfig) -> bool:
     """The stream is drawn, not read from a workload file: Poisson or gamma arrivals, or
     a closed loop's lengths (:class:`ChunkedStream` can draw it a chunk at a time)."""
-    return w.workload_path is None and w.arrival in ("poisson", "gamma", "closed")
+    return w.workload_path is None and w.arrival in ("poisson", "gamma", "closed") \
+        and w.session_turns is None
 
 
 class ChunkedStream:

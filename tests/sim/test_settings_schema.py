@@ -30,7 +30,8 @@ SAMPLES: dict[str, object] = {
     **{f"workload.{k}": v for k, v in {
         "arrival": "closed", "qps": 5.0, "burstiness": 0.5, "max_concurrency": 8,
         "num_requests": 300, "duration_s": 10.0, "workload_path": "w.csv", "replay_qps": 3.0,
-        "lengths": "fixed:100:10", "domain": "chat"}.items()},
+        "lengths": "fixed:100:10", "domain": "chat", "session_turns": 3,
+        "think_time_s": "fixed:1", "system_prompt_tokens": 256}.items()},
     **{f"deployment.{k}": v for k, v in {
         "profile": "qwen3-8b-h100", "replicas": 2, "prefill_instances": 6,
         "router": "round-robin"}.items()},
