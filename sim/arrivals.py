@@ -101,7 +101,8 @@ class _Source:
                 self.on_finish(1)
                 self.finished((rid,))
                 return
-        replica = self.router.route()
+        router = self.router
+        replica = router.route() if router.by_prefix is None else router.by_prefix(rid)
         log.replica[rid] = replica.index
         replica.submit(rid)
 

@@ -34,7 +34,7 @@ from dspark_sim.io import read_toml
 from dspark_sim.policies.registry import DEFAULT_POLICY, policy_help
 
 ARRIVALS = ("poisson", "gamma", "closed", "replay")
-ROUTERS = ("round-robin", "least-outstanding")
+ROUTERS = ("round-robin", "least-outstanding", "prefix-affinity")
 KV_MODES = ("preempt", "reserve")
 PREFILL_MODES = ("chunked", "disaggregated")
 PREFIX_CACHE_MODES = ("on", "off")
@@ -187,7 +187,10 @@ class DeploymentConfig:
     prefill_instances: int = setting(14, help="Prefill instances behind one FIFO queue, "
                                      "disaggregated prefill only (each the profile's engine "
                                      "and GPUs) [14].")
-    router: str = setting("least-outstanding", help="round-robin | least-outstanding")
+    # prefix-affinity: the replica caching the longest prefix of the prompt, the least
+    # outstanding among equals (least-outstanding where the replicas cache nothing)
+    router: str = setting("least-outstanding", help="round-robin | least-outstanding | "
+                          "prefix-affinity")
 
 
 OPEN_LOOP = ("poisson", "gamma")

@@ -1224,14 +1224,29 @@ _OUTSTANDING = attrgetter("outstanding")
 
 
 class Router:
-    """Which replica a request goes to: ``route()``, called once per request."""
+    """Which replica a request goes to: ``route()``, called once per request, or for
+    ``prefix-affinity`` over replicas that cache prefixes ``by_prefix(rid)``: the replica
+    holding the longest cached prefix of the request's prompt, the least outstanding
+    among equals (vLLM's router and SGLang's cache-aware one prefer the cache the same
+    way). Without caches in the replicas it routes as least-outstanding."""
 
     def __init__(self, replicas: list[Replica], kind: str) -> None:
         self.replicas = replicas
         self._next = 0
+        self.by_prefix: Callable[[int], Replica] | None = None
         if kind != "round-robin" and len(replicas) > 1:
             # least-outstanding, the first of the least loaded: one C call, no frame
             self.route = partial(min, replicas, key=_OUTSTANDING)
+            if kind == "prefix-affinity" and all(r.cache is not None for r in replicas):
+                self.by_prefix = self._by_prefix
+
+    def _by_prefix(self, rid: int) -> Replica:
+        best = None
+        for rep in self.replicas:
+            key = (-rep.cache.cached_prefix_blocks(rid), rep.outstanding)
+            if best is None or key < best[0]:
+                best = (key, rep)
+        return best[1]
 
     def route(self) -> Replica:
         r = self.replicas[self._next % len(self.replicas)]

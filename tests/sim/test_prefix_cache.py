@@ -248,3 +248,39 @@ def test_cache_on_never_prefills_more_than_cache_off(tmp_path_factory, reqs, pre
         off = prompts
     assert on <= off
     assert on == prompts - runs["on"][1]["prefill_tokens_saved"]
+
+
+# -- routing ------------------------------------------------------------------------------
+def _routed(path, router, replicas=2):
+    cfg = _cfg(path, replicas=replicas)
+    cfg = SimConfig(policy=cfg.policy, workload=cfg.workload, engine=cfg.engine,
+                    deployment=DeploymentConfig(replicas=replicas, profile="qwen3-8b-h100",
+                                                router=router))
+    return api.simulate(cfg)
+
+
+def test_prefix_affinity_sends_a_turn_to_the_replica_holding_its_prefix(tmp_path):
+    # a (replica 0) and b (replica 1) are cached; c, sharing a's first 3 blocks, goes to
+    # replica 0 though both are idle (least-outstanding takes the first: 0 too, so d,
+    # sharing b's, tells them apart: affinity sends it to 1, least-outstanding to 0)
+    recs = [(0, 4 * B, 5, [1, 2, 3, 4]), (0, 4 * B, 5, [5, 6, 7, 8]),
+            (60_000, 4 * B, 5, [1, 2, 3, 9]), (120_000, 4 * B, 5, [5, 6, 7, 10])]
+    path = _jsonl(tmp_path / "w.jsonl", recs)
+    aff = _routed(path, "prefix-affinity")
+    least = _routed(path, "least-outstanding")
+    assert aff.requests.sort("request_id")["replica"].to_list() == [0, 1, 0, 1]
+    assert least.requests.sort("request_id")["replica"].to_list() == [0, 1, 0, 0]
+    assert aff.summary["prefill_tokens_saved"] == 2 * 3 * B
+    assert least.summary["prefill_tokens_saved"] == 3 * B
+
+
+def test_prefix_affinity_raises_the_hit_rate_on_mooncake(shared_dir):
+    path = str(shared_dir / "data/workloads/mooncake_conversation_trace.jsonl")
+    rate = {}
+    for router in ("prefix-affinity", "least-outstanding", "round-robin"):
+        cfg = _cfg(path, n=300, replicas=4)
+        cfg = SimConfig(policy="none", workload=cfg.workload, engine=cfg.engine,
+                        deployment=DeploymentConfig(replicas=4, profile="qwen3-8b-h100",
+                                                    router=router))
+        rate[router] = api.simulate(cfg).summary["prefix_cache_hit_rate_tokens"]
+    assert rate["prefix-affinity"] > max(rate["least-outstanding"], rate["round-robin"])
