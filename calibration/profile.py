@@ -61,6 +61,11 @@ model evaluated per token:
   names no ``--trace`` replays it instead of the package default, and says so in its
   deployment line; ``--trace`` still wins. A profile fitted to published figures is
   fitted with its setup's drafter, so another trace would not give those figures.
+* ``default_replicas`` (optional, in ``[profile]``) is how many replicas a run on this
+  profile simulates when it names no replica count (``--replicas``, a config file's
+  ``[deployment] replicas``, a preset's); its deployment line says so. A profile fitted
+  to one server's runs (``calibrate vllm``) sets 1: the simulator's default of four
+  replicas would be another deployment than the one measured.
 * ``[engine]`` (optional) states the per-replica limits the deployment implies:
   ``max_num_seqs``, ``max_num_batched_tokens``, ``kv_capacity_tokens`` (HBM left after
   weights and activations, divided by the KV bytes per token) and ``max_model_len``
@@ -77,6 +82,7 @@ File format (TOML)::
     interpolation = "step"       # or "linear"
     description = "..."
     default_trace = "dspark-v4flash-synthetic"  # trace a run replays without --trace (optional)
+    default_replicas = 1         # replicas a run simulates without --replicas (optional)
     [profile.parameters]         # whatever produced the table (hardware sheet, device, date)
     ...
     [target]
@@ -130,6 +136,7 @@ from dspark_sim.errors import (
     MAX_KV_CAPACITY_TOKENS,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
+    MAX_REPLICAS,
     InputError,
     check_known_keys,
 )
@@ -244,6 +251,8 @@ class EngineProfile:
     # the acceptance trace a block-drafter run replays when it names none (a built-in
     # name or an absolute path; None: the package default)
     default_trace: str | None = None
+    # the replicas a run simulates when it names no count (None: the simulator's default)
+    default_replicas: int | None = None
 
     # -- lookups -------------------------------------------------------------
     @property
@@ -372,6 +381,8 @@ class EngineProfile:
             f"interpolation = {_q(self.interpolation)}",
             f"description = {_q(self.description)}",
             *([f"default_trace = {_q(self.default_trace)}"] if self.default_trace else []),
+            *([f"default_replicas = {int(self.default_replicas)}"]
+              if self.default_replicas is not None else []),
             "",
             "[profile.parameters]",
         ]
@@ -518,7 +529,7 @@ def _table(where: str, data: dict, key: str, *, required: bool = False) -> dict:
 
 PROFILE_TABLES = ("profile", "target", "engine", "draft")
 PROFILE_KEYS = ("name", "kind", "gpus_per_replica", "interpolation", "description",
-                "default_trace", "parameters")
+                "default_trace", "default_replicas", "parameters")
 TARGET_KEYS = ("tokens", "step_ms", "step_std_ms", "kv_us_per_token", "logits_us_per_row",
                "attn_ns_per_query_ctx", "multi_kv_us_per_token", "request_us",
                "frontend_us_per_request", "attn_window_tokens", "eager_penalty_ms")
@@ -656,6 +667,8 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
         parameters=dict(params),
         source=source,
         default_trace=default_trace,
+        default_replicas=_count(f"{source} [profile]", head, "default_replicas",
+                                maximum=MAX_REPLICAS),
     )
 
 

@@ -841,6 +841,9 @@ def sweep(
         help="Prefill instances per point (disaggregated prefill).")] = None,
     lengths: Annotated[str | None, typer.Option(
         help="Request lengths, as for run (e.g. trace: each trace request's own).")] = None,
+    conf_source: Annotated[str | None, typer.Option(
+        help="Drafter confidences, as for run (synthetic:AUC for an imported or fitted "
+             "trace, which has none).")] = None,
     executor: Annotated[str, typer.Option(help="process | serial | ray")] = "process",
     workers: Annotated[int | None, typer.Option(
         help="Parallel workers (default: cores; at most 4 per core).")] = None,
@@ -881,7 +884,8 @@ def sweep(
     base = resolve_config(config_path=config,
                           options={"num_requests": num_requests, "replicas": replicas,
                                    "prefill_instances": prefill_instances,
-                                   "lengths": lengths, "slo": slo}, layers_out=layers)
+                                   "lengths": lengths, "slo": slo,
+                                   "conf_source": conf_source}, layers_out=layers)
     tiers = parse_numbers(sla, option="--sla")
     policy_specs = parse_list(policies)
     profile_specs = parse_list(profiles, option="--profiles", what="profile")

@@ -19,6 +19,9 @@ MAX_NUM_BATCHED_TOKENS = 1 << 20  # the engine expands the step table to one flo
 MAX_NUM_SEQS = 1 << 16
 # KV capacity and max_model_len: tokens a replica holds (int64 counts, far below overflow)
 MAX_KV_CAPACITY_TOKENS = 1 << 40
+# replicas behind the router (an option, a config key or a profile's default_replicas):
+# one SimPy process and one batch matrix each
+MAX_REPLICAS = 1024
 
 
 class InputError(ValueError):

@@ -33,7 +33,7 @@ from dspark_sim.policies import compiled
 from dspark_sim.policies.registry import Policy, engine_support, get_policy
 from dspark_sim.sim.ahead import Handoffs, NotAhead
 from dspark_sim.sim.arrivals import ClosedLoop, OpenLoop, SessionLoop
-from dspark_sim.sim.config import MAX_ENGINE_STEPS, SimConfig
+from dspark_sim.sim.config import MAX_ENGINE_STEPS, SimConfig, with_replicas
 from dspark_sim.sim.engine import (
     NUM_COLUMNS,
     OUTPUT_TOKENS,
@@ -285,7 +285,8 @@ def _deployment_text(cfg: SimConfig, profile: EngineProfile,
     expert-parallel group (its ``deploy_ep_size``) says so: the run simulates those ranks,
     and the group's other ranks, assumed to carry the same load, are not counted. A run
     replaying its profile's ``default_trace`` says which and why (a run that names its
-    trace, or replays the package default, reads as before)."""
+    trace, or replays the package default, reads as before); one of as many replicas as
+    the profile's ``default_replicas`` says that too."""
     d = cfg.deployment
     g = profile.gpus_per_replica
     ep = profile.parameters.get("deploy_ep_size")
@@ -294,6 +295,8 @@ def _deployment_text(cfg: SimConfig, profile: EngineProfile,
                 f"rank ({g} GPU) of an EP{ep} group")
     else:
         text = f"{d.replicas} replica(s) x {g} GPU = {d.replicas * g} GPUs"
+    if d.replicas == profile.default_replicas:
+        text += " (the profile's default_replicas; --replicas replaces it)"
     if prefill is not None:
         pg = prefill.instances * g
         text += (f"; {prefill.instances} prefill instance(s) x {g} GPU = {pg} GPUs "
@@ -546,6 +549,7 @@ def resolve_inputs(cfg: SimConfig, profile=None, trace=None, calibration=None,
     cfg = cfg.validate()
     policy = get_policy(cfg.policy)
     profile = profile or load_profile(cfg.deployment.profile)
+    cfg = with_replicas(cfg, profile)
     trace = resolve_trace(cfg, policy, profile) if trace is None else prepare_trace(cfg, trace)
     require_trace_columns(trace, policy)
     if calibration is None:

@@ -27,6 +27,7 @@ from dspark_sim.errors import (
     MAX_KV_CAPACITY_TOKENS,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
+    MAX_REPLICAS,
     InputError,
     check_positive_int,
 )
@@ -45,9 +46,8 @@ PREFIX_CACHE_MODES = ("on", "off")
 # Above sim.api.STREAM_ABOVE (1e6) a run streams its per-request rows to disk, so memory
 # no longer caps the count; 5e7 is ~3 days at 200 req/s, over an hour of wall time.
 MAX_NUM_REQUESTS = 50_000_000
-# MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, MAX_KV_CAPACITY_TOKENS: dspark_sim.errors
-# (profiles obey them too)
-MAX_REPLICAS = 1024  # one SimPy process and one batch matrix each
+# MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, MAX_KV_CAPACITY_TOKENS, MAX_REPLICAS:
+# dspark_sim.errors (profiles obey them too)
 MAX_TOKENS_PER_REQUEST = 1 << 24  # prompt or output tokens in a --lengths spec
 # lognormal lengths: sigma 4 already spans a factor ~e^16 between the 0.01 % tails
 MAX_LOGNORMAL_SIGMA = 4.0
@@ -175,11 +175,10 @@ class EngineConfig:
 class DeploymentConfig:
     profile: str = setting("v4flash-h200", help="Engine profile: TOML path or built-in name.",
                            reads="file or name")
-    # Replicas (batches) behind the router. The default profile's replica is one
-    # data-parallel attention rank (one GPU) of an EP32 group; its peers are assumed to
-    # carry the same load (the EP group's global batch is the rank's times 32). Four
-    # ranks take 200 req/s of chat at ~70 % of their capacity.
-    replicas: int = setting(4, help="Replicas behind the router.")
+    # Replicas (batches) behind the router; None: the profile's default_replicas, else
+    # DEFAULT_REPLICAS (with_replicas), so a profile fitted to one server runs as one.
+    replicas: int | None = setting(help="Replicas behind the router (default: the "
+                                   "profile's default_replicas, else 4).")
     # Prefill instances behind one FIFO queue when prefill is disaggregated (sim/prefill.py),
     # each the profile's engine on gpus_per_replica GPUs; chunked prefill has none (a count
     # given for it is refused). Fourteen take the default 200 req/s of chat (~233k prompt
@@ -191,6 +190,23 @@ class DeploymentConfig:
     # outstanding among equals (least-outstanding where the replicas cache nothing)
     router: str = setting("least-outstanding", help="round-robin | least-outstanding | "
                           "prefix-affinity")
+
+
+# The default profile's replica is one data-parallel attention rank (one GPU) of an
+# EP32 group; its peers are assumed to carry the same load (the EP group's global batch
+# is the rank's times 32). Four ranks take 200 req/s of chat at ~70 % of their capacity.
+DEFAULT_REPLICAS = 4
+
+
+def with_replicas(cfg: SimConfig, profile) -> SimConfig:
+    """``cfg`` with its replica count filled in where it names none: the profile's
+    ``default_replicas`` (an ``EngineProfile``; a profile fitted to one server says 1),
+    else :data:`DEFAULT_REPLICAS`. A count given anywhere (option, config file, preset,
+    Python) is kept."""
+    if cfg.deployment.replicas is not None:
+        return cfg
+    n = getattr(profile, "default_replicas", None) or DEFAULT_REPLICAS
+    return replace(cfg, deployment=replace(cfg.deployment, replicas=n))
 
 
 OPEN_LOOP = ("poisson", "gamma")

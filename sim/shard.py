@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from dspark_sim.sim import api
-from dspark_sim.sim.config import SimConfig
+from dspark_sim.sim.config import SimConfig, with_replicas
 from dspark_sim.sim.engine import STEP_FIELDS, RequestLog, StepStats
 from dspark_sim.sim.prefill import PrefillPool
 
@@ -166,6 +166,11 @@ def simulate_replicas(cfg: SimConfig, *, executor: str = "ray", workers: int | N
     serially or None). The result's bytes are the serial run's either way."""
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}")
+    if cfg.deployment.replicas is None:  # the profile's default_replicas sets the groups
+        from dspark_sim.calibration.profile import EngineProfile, load_profile
+
+        profile = api._loaded(inputs.get("profile"), EngineProfile, load_profile, "profile")
+        cfg = with_replicas(cfg, profile or load_profile(cfg.deployment.profile))
     if workers is None:
         workers = cfg.deployment.replicas
     why = serial_reason(cfg, workers)

@@ -291,7 +291,8 @@ def make_profile(theta: np.ndarray, *, name: str, max_batched_tokens: int,
     draft = DraftCost(batch=batch, time_s=(d_step + d_req * batch) / 1e3, gamma_ref=1,
                       gamma_slope=0.0, block=True)
     return EngineProfile(
-        name=name, kind="measured", gpus_per_replica=1,
+        # the runs measured one server: a run on the profile simulates one unless told
+        name=name, kind="measured", gpus_per_replica=1, default_replicas=1,
         tokens=np.array([1, top], np.int64),
         step_s=np.array([fixed + token, fixed + token * top]) / 1e3,
         request_s=request / 1e3, logits_s_per_row=logit / 1e3,
@@ -366,6 +367,10 @@ def pooled_trace(runs: list[BenchRun], seed: int = 0) -> AcceptanceTrace | None:
         trace = per_request_trace(surv, run.output_tokens, np.maximum(1, np.round(steps)),
                                   seed=seed, drafter=DRAFTER, source=str(run.path),
                                   generator={"pooled_counters": trace.meta.generator})
+        # the rows are the bench's own requests: with their lengths, `--lengths trace`
+        # replays the deployment's traffic rather than a chat distribution
+        trace = replace(trace, req_prompt_tokens=np.asarray(run.prompt_tokens, np.int64),
+                        req_output_tokens=np.asarray(run.output_tokens, np.int64))
         extra |= {"request_rows_from": run.name,
                   "request_input_lens": [int(x) for x in run.prompt_tokens]}
     meta = replace(trace.meta, extra=extra)

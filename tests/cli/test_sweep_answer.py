@@ -8,6 +8,7 @@ import json
 import re
 
 import polars as pl
+from browser import rendered_dom, tables
 from typer.testing import CliRunner
 
 from dspark_sim.cli import app
@@ -114,3 +115,20 @@ def test_mtp1_replays_the_same_trace_from_trace_traces_and_a_config_file(tmp_pat
     assert all(r["trace"] == f"builtin:{TRACE}" for r in runs)
     assert len({tuple(r[k] for k in keys) for r in runs}) == 1, [
         {k: r[k] for k in keys} for r in runs]
+
+
+def test_the_report_a_browser_renders_opens_with_the_answer(tmp_path):
+    """What a user sees: the page after headless Chromium ran its scripts, whose first
+    table is the answer, a row per load naming the policy, its gains and the verdict."""
+    out = tmp_path / "sw"
+    r = invoke("sweep", "--out", str(out), "--policies", "none,fixed:3", "--seeds", "0,1",
+               "--slo", "ttft:1e6,tpot:1e6", *GRID)
+    assert r.exit_code == 0, r.output
+    heading, rows = tables(rendered_dom(out / "report.html", tmp_path / "chromium"))[0]
+    assert heading == "Which policy at which load"
+    assert [row["load"] for row in rows] == ["C = 2", "C = 6"]
+    for row in rows:
+        assert row["deploy"] in ("none", "fixed:3") and row["runner-up"] in ("none", "fixed:3")
+        assert re.match(r"^[+-]\d+\.\d% tok/s/GPU, [+-]\d+\.\d% goodput$", row["vs runner-up"])
+        assert row["verdict"].startswith(("clear: ", "tie within noise: ", "tie: ")), row
+        assert "(95 % CI, 2 seeds)" in row["verdict"] or row["verdict"].startswith("tie: ")
