@@ -11,7 +11,7 @@ inputs, scrubbed outputs and a PNG beside each figure.
 
 Each notebook reads parquet only (no network) and takes its input from an
 environment variable (``DSPARK_RESULTS``, ``DSPARK_TRACE``) or its first code cell;
-each runs as shipped: with no ``DSPARK_RESULTS`` the frontier explorer runs a 4-point
+each runs as shipped: with no ``DSPARK_RESULTS`` the frontier explorer runs a 35-point
 example sweep itself. The stored outputs come from the notebooks as shipped (the
 trace notebooks on 12 requests of the built-in trace, :func:`example_inputs`), so a
 reader sees every table and figure without running anything and each file stays small
@@ -77,10 +77,11 @@ def sources(out_dir: Path) -> list[Path]:
 def example_inputs(root: Path) -> dict[str, str]:
     """Small deterministic inputs: 4 requests per domain of the built-in
     ``dspark-synthetic`` trace, so the stored trace figures stay small. No
-    ``DSPARK_RESULTS``: the frontier explorer runs as shipped, on the 4-point sweep it
-    runs itself (tiny preset, 200 requests per point, mtp1 and the default policy at 5 and
-    20 req/s: enough for every point's steady-state figures, so the stored fronts and
-    headline are not empty). Returns the notebooks' environment."""
+    ``DSPARK_RESULTS``: the frontier explorer runs as shipped, on the sweep it runs
+    itself (five policies at seven closed-loop loads on one ``qwen3-8b-h100`` replica,
+    300 requests a point: fronts that cross, and steady-state figures at nearly every
+    point, so the stored answer, fronts and headline are not empty). Returns the
+    notebooks' environment."""
     import polars as pl
 
     from dspark_sim.traces.schema import load_trace, trace_from_frame, write_trace
