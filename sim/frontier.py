@@ -867,6 +867,9 @@ class Estimate:
 RANKS = {"goodput": (GOODPUT_Y, "goodput (tok/s/GPU meeting the SLOs)"),
          "throughput": (Y, "throughput (tok/s/GPU)"),
          "interactivity": (X, "median interactivity (tok/s/user)")}
+# each ranking figure's short name and unit, for a gap no ratio can state
+RANK_UNITS = {"goodput": ("goodput", "tok/s/GPU"), "throughput": ("throughput", "tok/s/GPU"),
+              "interactivity": ("median interactivity", "tok/s/user")}
 RSE_OF = {Y: "steady_output_throughput_rse", X: "steady_median_interactivity_rse"}
 
 
@@ -938,6 +941,7 @@ def answer(df: pl.DataFrame, *, slo: Slo = Slo(), basis: str = "steady",
         raise InputError("--rank", f"must be one of {', '.join(RANKS)}, got {rank!r}")
     view = with_goodput(df, slo, basis)
     view = select_lossy(view, False)
+    steady = basis_used(df, basis) == "steady"
     ctx_cols = _context_cols(view)
     view = with_labels(view, ctx_cols).with_columns(
         pl.concat_str([pl.col(c).cast(pl.Utf8).fill_null("default") for c in ctx_cols],
@@ -960,6 +964,10 @@ def answer(df: pl.DataFrame, *, slo: Slo = Slo(), basis: str = "steady",
             est[pol] = {c: _estimate(rows, c) for c in (col, Y, X, GOODPUT, GOODPUT_Y)}
         ranked = sorted((p for p in est if est[p][col] is not None),
                         key=lambda p: -est[p][col].mean)
+        # stable but without the ranking figure (a steady window too short for a latency
+        # sample, no request judged): it holds the load, so it is named, not dropped
+        unranked = {p: _no_figure(g.filter(pl.col("policy") == p), steady)
+                    for p in est if est[p][col] is None}
         cannot = _cannot_run(g)
         runnable = [p for p in ranked if p not in cannot]
         row = {"context": ctx, "load_kind": kind, "load": load,
@@ -967,7 +975,7 @@ def answer(df: pl.DataFrame, *, slo: Slo = Slo(), basis: str = "steady",
                "estimates": est, "unstable": unstable, "best": None, "runner_up": None,
                "tie": None, "diff": None, "half_width": None, "settle_factor": None,
                "deployable": True, "undeployable_best": None, "undeployable_gain": None,
-               "undeployable_note": None,
+               "undeployable_note": None, "unranked": unranked, "compared": {},
                "simulated_only": [p for p in ranked if p in cannot]}
         if ranked and ranked[0] in cannot and runnable:
             top = ranked[0]
@@ -978,15 +986,20 @@ def answer(df: pl.DataFrame, *, slo: Slo = Slo(), basis: str = "steady",
             ranked = runnable
         elif ranked:
             row["deployable"] = False
+        if not ranked and len(unranked) == 1:  # the one policy that holds the load
+            ranked = list(unranked)
+            row["deployable"] = ranked[0] not in cannot
         if not ranked:
-            row["verdict"] = ("no policy holds this load" + (
-                f" ({', '.join(unstable)} unstable)" if unstable else " (no figures)"))
+            row["verdict"] = _verdict_unranked(row, unstable)
             out.append(row)
             continue
         best = ranked[0]
         row["best"] = best
+        row["best_unranked"] = unranked.get(best)  # the one policy holding it, no figure
+        row["unranked"] = {p: why for p, why in unranked.items() if p != best}
         for name, other in (("none", baseline if baseline in est and baseline != best
                              else None), ("runner_up", ranked[1] if len(ranked) > 1 else None)):
+            row["compared"][name] = other
             for metric, c in (("throughput", Y), ("goodput", GOODPUT_Y)):
                 a, b = est[best][c], est[other][c] if other else None
                 row[f"gain_{metric}_vs_{name}"] = _gain(a.mean if a else None,
@@ -1010,6 +1023,33 @@ def _cannot_run(g: pl.DataFrame) -> dict[str, str]:
             for p, n in zip(bad["policy"].to_list(), notes, strict=True)}
 
 
+def _no_figure(rows: pl.DataFrame, steady: bool) -> tuple[str, str]:
+    """(why a stable policy has no ranking figure at a load, what would give it one)."""
+    r = rows.row(0, named=True)
+    why = _why_left_out(r, steady=steady, judge_stable=False)
+    if why is not None:
+        return f"{why[0]}: {why[1]}", why[2]
+    return ("no request judged under the SLOs (no request sample in the results)",
+            "rerun the sweep into a new folder: its points keep the requests goodput judges")
+
+
+def _reasons(unranked: dict[str, tuple[str, str]]) -> str:
+    """Each policy without the ranking figure with why, then each remedy once."""
+    said = "; ".join(why if len(unranked) == 1 else f"{p}: {why}"
+                     for p, (why, _) in unranked.items())
+    return said + "; " + "; ".join(dict.fromkeys(fix for _, fix in unranked.values()))
+
+
+def _verdict_unranked(row: dict, unstable: list[str]) -> str:
+    off = f"; unstable: {', '.join(unstable)}" if unstable else ""
+    un = row["unranked"]
+    if un:
+        return (f"cannot rank: {', '.join(un)} hold this load but have no "
+                f"{RANK_UNITS[row['rank']][0]} figure ({_reasons(un)}){off}")
+    return "no policy holds this load" + (f" ({', '.join(unstable)} unstable)" if unstable
+                                          else " (no figures)")
+
+
 def _noise(est: dict, best: str, runner: str | None, col: str) -> dict:
     if runner is None:
         return {}
@@ -1027,8 +1067,12 @@ def _noise(est: dict, best: str, runner: str | None, col: str) -> dict:
 def _verdict(row: dict, unstable: list[str]) -> str:
     best, runner = row["best"], row["runner_up"]
     col = RANKS[row["rank"]][0]
+    metric = RANK_UNITS[row["rank"]][0] + " figure"
     a = row["estimates"][best][col]
     off = f"; unstable: {', '.join(unstable)}" if unstable else ""
+    if row.get("unranked"):
+        off += (f"; {', '.join(row['unranked'])} also hold{'s' * (len(row['unranked']) == 1)}"
+                f" this load but without a {metric} ({_reasons(row['unranked'])})")
     if not row.get("deployable", True):
         off += ("; simulated only: the deployment's measured drafter can run none of these "
                 "policies")
@@ -1040,14 +1084,28 @@ def _verdict(row: dict, unstable: list[str]) -> str:
     if runner is None:
         which = "deployable policy" if row.get("simulated_only") and \
             row.get("deployable", True) else "policy"
+        if row.get("best_unranked"):
+            return (f"{best} is the only {which} that holds this load, without a {metric} "
+                    f"({_reasons({best: row['best_unranked']})}){off}")
+        if row.get("unranked"):
+            return f"{best} is the only {which} with a {metric} at this load{off}"
         return f"{best} is the only {which} that holds this load{off}"
-    base = abs(row["estimates"][runner][col].mean) or 1.0
+    base = abs(row["estimates"][runner][col].mean)
     how = (f"{a.seeds} seeds" if a.seeds > 1 else
            "1 seed, the runs' own batch-means error")
+    if base > 0:
+        ahead = f"{row['diff'] / base:+.1%}"
+        gap = f"{ahead} ± {row['half_width'] / base:.1%}" if row["tie"] is not None else ""
+    else:  # over nothing no ratio is finite: the gap in the figure's own units
+        name, unit = RANK_UNITS[row["rank"]]
+        zero = f" ({runner}'s {name} is 0)"
+        ahead = f"{row['diff']:,.1f} {unit}{zero}"
+        gap = (f"{row['diff']:,.1f} ± {row['half_width']:,.1f} {unit}{zero}"
+               if row["tie"] is not None else "")
     if row["tie"] is None:
-        return (f"{best} ahead of {runner} by {row['diff'] / base:+.1%}, noise not measured "
+        return (f"{best} ahead of {runner} by {ahead}, noise not measured "
                 f"(run --seeds 0,1,2 or more requests per point){off}")
-    gap = f"{row['diff'] / base:+.1%} ± {row['half_width'] / base:.1%} (95 % CI, {how})"
+    gap = f"{gap} (95 % CI, {how})"
     if not row["tie"]:
         return f"clear: {best} over {runner} by {gap}{off}"
     f = row["settle_factor"]
@@ -1086,7 +1144,7 @@ def answer_rows(rows: Sequence[dict]) -> list[dict[str, str]]:
         for name, who in (("none", "vs none"), ("runner_up", "vs runner-up")):
             parts = [f"{_pct(r.get(f'gain_throughput_vs_{name}'))} tok/s/GPU"]
             if r["slo"].given:
-                parts.append(f"{_pct(r.get(f'gain_goodput_vs_{name}'))} goodput")
+                parts.append(_goodput_gain_text(r, name))
             t[who] = ", ".join(parts)
         t["runner-up"] = r["runner_up"] or "-"
         if any(x.get("undeployable_best") for x in rows):
@@ -1096,6 +1154,22 @@ def answer_rows(rows: Sequence[dict]) -> list[dict[str, str]]:
         t["verdict"] = r["verdict"]
         out.append(t)
     return out
+
+
+def _goodput_gain_text(r: dict, name: str) -> str:
+    """The best's goodput gain over ``name`` (none, runner_up); where the other policy's
+    goodput is 0 the gain is infinite, and that is said in words."""
+    g = r.get(f"gain_goodput_vs_{name}")
+    other = r.get("compared", {}).get(name)
+    if g is not None or other is None:
+        return f"{_pct(g)} goodput"
+    theirs = r["estimates"].get(other, {}).get(GOODPUT_Y)
+    if theirs is None or theirs.mean != 0:
+        return f"{_pct(g)} goodput"
+    ours = r["estimates"][r["best"]].get(GOODPUT_Y)
+    if ours is not None and ours.mean == 0:
+        return f"{r['best']} and {other} meet the SLOs on no request"
+    return f"{other} meets no request's SLOs (goodput 0)"
 
 
 def _est_text(e: Estimate | None, f: str) -> str:

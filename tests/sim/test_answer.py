@@ -148,3 +148,54 @@ def test_the_report_opens_with_the_answer_and_draws_goodput_fronts(tmp_path):
     assert "Goodput vs interactivity" in text
     assert "7 sweep points in all and 1 superseded" in text
     assert "superseded</td>" in text
+
+
+def _open(policy: str, *, stable: bool, inter: float | None, load: float = 80.0) -> list[dict]:
+    """One open-loop point: a steady window too short for a latency sample leaves its
+    median interactivity null while its throughput and stability are measured."""
+    return [r | {"load_kind": "qps", "qps": load, "concurrency": None, "arrival": "poisson",
+                 "median_interactivity": inter, "steady_window_requests": 0}
+            for r in _rows(policy, [1000.0 if stable else 900.0], load=load, requests=200,
+                           stable=stable)]
+
+
+def test_a_stable_policy_without_the_ranking_figure_holds_the_load_and_says_why():
+    # the tiny preset at 80 req/s: none and fixed:3 unstable, confidence stable but its
+    # 0.8 s steady window held no request's latency: it holds the load, and is named
+    df = _frame(_open("none", stable=False, inter=None),
+                _open("fixed:3", stable=False, inter=None),
+                _open("confidence", stable=True, inter=None))
+    (row,) = fr.answer(df)
+    assert row["best"] == "confidence" and row["rank"] == "interactivity"
+    assert row["verdict"].startswith("confidence is the only policy that holds this load, "
+                                     "without a median interactivity figure (too few requests")
+    assert "--num-requests" in row["verdict"] and "unstable: none, fixed:3" in row["verdict"]
+    assert fr.answer_rows([row])[0]["deploy"] == "confidence"
+    # two such policies cannot be ranked: neither is picked, both are named
+    (two,) = fr.answer(_frame(_open("fixed:3", stable=True, inter=None),
+                              _open("confidence", stable=True, inter=None)))
+    assert two["best"] is None
+    assert two["verdict"].startswith("cannot rank: fixed:3, confidence hold this load but "
+                                     "have no median interactivity figure")
+    # beside a ranked winner, one without the figure is said to hold the load too
+    (mixed,) = fr.answer(_frame(_open("fixed:3", stable=True, inter=None),
+                                _open("confidence", stable=True, inter=200.0)))
+    assert mixed["best"] == "confidence" and mixed["runner_up"] is None
+    assert "confidence is the only policy with a median interactivity figure" in \
+        mixed["verdict"]
+    assert "fixed:3 also holds this load but without" in mixed["verdict"]
+
+
+def test_a_goodput_gain_over_a_policy_meeting_no_slo_is_said_in_words():
+    df = _frame(_rows("none", [200, 201, 199], **_sample(2700.0)),
+                _rows("fixed:3", [190, 191, 189], **_sample(500.0)))
+    (row,) = fr.answer(df, slo=fr.Slo(ttft_ms=1000, tpot_ms=100), basis="whole")
+    (table,) = fr.answer_rows([row])
+    assert table["vs none"] == "-5.0% tok/s/GPU, none meets no request's SLOs (goodput 0)"
+    assert table["vs runner-up"] == table["vs none"]
+    # the verdict gives the gap in tok/s/GPU, not a ratio over zero
+    assert row["verdict"].startswith("clear: fixed:3 over none by 190.0 ± ")
+    assert "tok/s/GPU (none's goodput is 0)" in row["verdict"]
+    # no policy meeting the SLOs: said so, not a gain
+    (both,) = fr.answer(df, slo=fr.Slo(ttft_ms=100), basis="whole")
+    assert "none and fixed:3 meet the SLOs on no request" in fr.answer_rows([both])[0]["vs runner-up"]
