@@ -574,8 +574,9 @@ def traces_synth(
 
 @traces_app.command("import")
 def traces_import(
-    src: Annotated[Path, PathArgument(help="Source file (JSONL, CSV, /metrics text or bench "
-                                             "serve JSON, by --format).")],
+    src: Annotated[list[Path], PathArgument(
+        help="Source files or folders (JSONL, CSV, /metrics text or bench serve JSON, by "
+             "--format); several are combined into one trace.")],
     out: OutParquet,
     fmt: Annotated[str, typer.Option("--format", help="specdecode-bench | per-position | "
                                      "vllm-counters | vllm-per-request")],
@@ -598,7 +599,8 @@ def traces_import(
     = None,
 ) -> None:
     """Import another engine's acceptance data as a schema-v1 trace (docs/traces.md)."""
-    from dspark_sim.traces.importers import FORMATS, import_trace
+    from dspark_sim.traces.import_files import import_files
+    from dspark_sim.traces.importers import FORMATS
     from dspark_sim.traces.schema import write_trace
 
     fmt = fmt.strip().lower()
@@ -615,12 +617,14 @@ def traces_import(
     for opt, val in given.items():
         if val is not None and opt not in applies:
             raise InputError(opt, f"does not apply to --format {fmt}")
-    check_writable(out, "--out", kind="file", not_over={"the source file": src})
+    check_writable(out, "--out", kind="file",
+                   not_over={f"the source file {p}": p for p in src if not p.is_dir()})
     opts = {k: v for k, v in {"column": column, "domain": domain, "gamma_max": gamma_max,
                                "drafter": drafter, "target": target, "requests": requests,
                                "positions": positions, "seed": seed,
                                "model_name": model_name}.items() if v is not None}
-    t = import_trace(fmt, src, **opts)
+    imported = import_files(fmt, src, **opts)
+    t = imported.trace
     write_trace(t, out)
     console.print(f"wrote {out}: {t.num_requests} requests, {t.num_positions:,} positions, "
                   f"gamma_max {t.gamma_max}, source {t.meta.source}"
@@ -632,6 +636,8 @@ def traces_import(
                      f"; vLLM acceptance length (per step with a proposal) "
                      f"{t.meta.extra['vllm_acceptance_length']:.3f}"),
                   highlight=False)
+    if imported.note:
+        console.print(imported.note, highlight=False)
 
 
 def _file_or_none(spec: str) -> str | None:
