@@ -841,6 +841,9 @@ def sweep(
     profiles: Annotated[str | None, typer.Option(help="Comma-separated profiles.")] = None,
     traces: Annotated[str | None, typer.Option(help="Comma-separated traces.")] = None,
     seeds: Annotated[str, typer.Option(help="Seeds to repeat each point with (error bars).")] = "0",
+    prefix_cache: Annotated[str | None, typer.Option(
+        help="Prefix caching per point: on, off, or on,off to run each point both ways "
+             "(the ranking with caching on and off; the workload must carry reuse).")] = None,
     num_requests: Annotated[int | None, typer.Option(help="Requests per point.")] = None,
     replicas: Annotated[int | None, typer.Option(help="Replicas per point.")] = None,
     prefill_instances: Annotated[int | None, typer.Option(
@@ -910,6 +913,7 @@ def sweep(
             profiles=profile_specs,
             traces=trace_specs,
             seeds=parse_numbers(seeds, integer=True, allow_zero=True, option="--seeds"),
+            prefix_cache=prefix_cache,
             out=out, executor=executor, workers=workers, progress=not quiet, sizing=sizing,
         )
     _report_sweep(df, out, candidate, baseline, tiers=tiers, vllm_results=vllm_results,

@@ -62,7 +62,10 @@ X = "median_interactivity"
 Y = "output_throughput_per_gpu"  # over the decode GPUs (docs/frontiers.md, "per GPU")
 # beside it with disaggregated prefill: over the decode and the prefill GPUs
 Y_INCL_PREFILL = "output_throughput_per_gpu_incl_prefill"
-CONTEXT = ("profile_spec", "trace_spec")
+# what a sweep varies besides policy and load: fronts, answers and headlines are per value
+CONTEXT = ("profile_spec", "trace_spec", "prefix_cache_spec")
+# a context value as a label reads it ("prefix cache on" rather than a bare "on")
+CONTEXT_PREFIX = {"prefix_cache_spec": "prefix cache "}
 DEFAULT_TIERS = (80.0, 120.0)
 # The headline's sides by default: what `dspark-sim run` runs when no policy is named
 # (DEFAULT_POLICY, policies/registry.py) against MTP-1, the production baseline DSpark
@@ -210,9 +213,14 @@ def with_labels(df: pl.DataFrame, context: Sequence[str] | None = None) -> pl.Da
     """Add ``front_label``: ``policy``, or ``policy | profile | trace`` when the sweep
     varies the profile or trace."""
     context = _context_cols(df) if context is None else list(context)
-    parts = [pl.col("policy").cast(pl.Utf8)]
-    parts += [pl.col(c).cast(pl.Utf8).fill_null("default") for c in context]
+    parts = [pl.col("policy").cast(pl.Utf8)] + [context_text(c) for c in context]
     return df.with_columns(pl.concat_str(parts, separator=" | ").alias("front_label"))
+
+
+def context_text(col: str) -> pl.Expr:
+    """A context column as labels read it (null: the run's default)."""
+    return pl.concat_str([pl.lit(CONTEXT_PREFIX.get(col, "")),
+                          pl.col(col).cast(pl.Utf8).fill_null("default")])
 
 
 def is_lossy(df: pl.DataFrame) -> pl.Expr:
@@ -797,6 +805,8 @@ def _goodput_row(r: dict, slo: Slo, steady: bool) -> dict:
 # deployment or lengths): a front or the per-load answer must weigh one run of it, or
 # its repeats would pass for seeds and narrow the noise falsely.
 POINT_KEY = ("policy", "profile_spec", "trace_spec", "load_kind", "load", "seed")
+# keys a point has only in later results: part of the key where the rows carry them
+POINT_KEY_OPTIONAL = ("prefix_cache_spec",)
 
 
 def one_run_per_point(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -806,6 +816,7 @@ def one_run_per_point(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     key = [c for c in POINT_KEY if c in df.columns]
     if df.height == 0 or "point_id" not in df.columns or len(key) < len(POINT_KEY):
         return df, df.clear().with_columns(reason=pl.lit(""), detail=pl.lit(""))
+    key += [c for c in POINT_KEY_OPTIONAL if c in df.columns]
     order = [c for c in ("num_requests", "completed") if c in df.columns]
     d = df.with_row_index("_row")
     ranked = d.sort([*order, "point_id"], descending=[True] * len(order) + [False],
@@ -944,7 +955,7 @@ def answer(df: pl.DataFrame, *, slo: Slo = Slo(), basis: str = "steady",
     steady = basis_used(df, basis) == "steady"
     ctx_cols = _context_cols(view)
     view = with_labels(view, ctx_cols).with_columns(
-        pl.concat_str([pl.col(c).cast(pl.Utf8).fill_null("default") for c in ctx_cols],
+        pl.concat_str([context_text(c) for c in ctx_cols],
                       separator=" | ").alias("_ctx") if ctx_cols else pl.lit("").alias("_ctx"))
     baseline = canonical_policy(baseline)
     out = []
@@ -964,6 +975,7 @@ def answer(df: pl.DataFrame, *, slo: Slo = Slo(), basis: str = "steady",
             est[pol] = {c: _estimate(rows, c) for c in (col, Y, X, GOODPUT, GOODPUT_Y)}
         ranked = sorted((p for p in est if est[p][col] is not None),
                         key=lambda p: -est[p][col].mean)
+        ranking = list(ranked)  # every policy with the figure, deployable or not
         # stable but without the ranking figure (a steady window too short for a latency
         # sample, no request judged): it holds the load, so it is named, not dropped
         unranked = {p: _no_figure(g.filter(pl.col("policy") == p), steady)
@@ -976,6 +988,8 @@ def answer(df: pl.DataFrame, *, slo: Slo = Slo(), basis: str = "steady",
                "tie": None, "diff": None, "half_width": None, "settle_factor": None,
                "deployable": True, "undeployable_best": None, "undeployable_gain": None,
                "undeployable_note": None, "unranked": unranked, "compared": {},
+               "ranking": ranking,
+               "context_values": {c: g[c][0] for c in ctx_cols},
                "simulated_only": [p for p in ranked if p in cannot]}
         if ranked and ranked[0] in cannot and runnable:
             top = ranked[0]
@@ -1009,6 +1023,64 @@ def answer(df: pl.DataFrame, *, slo: Slo = Slo(), basis: str = "steady",
         row["verdict"] = _verdict(row, unstable)
         out.append(row)
     return out
+
+
+def by_prefix_cache(rows: Sequence[dict], baseline: str = "none") -> list[dict]:
+    """The per-load answer (:func:`answer`'s rows) with the prefix cache on beside off:
+    one dict per load (and other context) the sweep ran both ways, with each setting's
+    ``best``, ``ranking`` (best first, by the answer's figure), the best's ``gain``
+    over ``baseline`` on that figure, and whether the ranking (``same_ranking``) and
+    the best (``same_best``) change with caching. Empty when the rows do not vary it."""
+    col = "prefix_cache_spec"
+    pairs: dict[tuple, dict] = {}
+    for r in rows:
+        ctx = r.get("context_values") or {}
+        if col not in ctx:
+            return []
+        rest = tuple((k, v) for k, v in ctx.items() if k != col)
+        pairs.setdefault((rest, r["load_kind"], r["load"]), {})[ctx[col]] = r
+    out = []
+    for (rest, kind, load), by in pairs.items():
+        if not {"on", "off"} <= set(by):
+            continue
+        entry = {"context": " | ".join(f"{CONTEXT_PREFIX.get(k, '')}{v or 'default'}"
+                                       for k, v in rest),
+                 "load_kind": kind, "load": load, "load_text": load_text(kind, load),
+                 "rank": by["on"]["rank"]}
+        for cache in ("on", "off"):
+            r = by[cache]
+            c = RANKS[r["rank"]][0]
+            best, est = r["best"], r["estimates"]
+            base = est.get(canonical_policy(baseline), {}).get(c)
+            entry[cache] = {"best": best, "ranking": r["ranking"],
+                            "figure": est[best][c].mean if best and est[best][c] else None,
+                            "gain": _gain(est[best][c].mean if best and est[best][c] else None,
+                                          base.mean if base else None),
+                            "verdict": r["verdict"]}
+        entry["same_best"] = entry["on"]["best"] == entry["off"]["best"]
+        entry["same_ranking"] = entry["on"]["ranking"] == entry["off"]["ranking"]
+        out.append(entry)
+    return out
+
+
+def by_prefix_cache_rows(rows: Sequence[dict]) -> list[dict[str, str]]:
+    """:func:`by_prefix_cache` as table rows of text."""
+    table = []
+    for e in rows:
+        t = {"context": e["context"]} if any(x["context"] for x in rows) else {}
+        t["load"] = e["load_text"]
+        for cache in ("on", "off"):
+            s = e[cache]
+            t[f"ranking, cache {cache}"] = " > ".join(s["ranking"]) or "-"
+            t[f"best vs none, cache {cache}"] = _pct(s["gain"])
+        t["ranked on"] = RANKS[e["rank"]][1]
+        held = e["on"]["best"] or e["off"]["best"]
+        t["caching changes"] = ("nothing: no policy holds this load either way" if not held
+                                else "nothing in the ranking" if e["same_ranking"] else
+                                "the ranking, not the best" if e["same_best"] else
+                                f"the best: {e['on']['best']} (on) vs {e['off']['best']} (off)")
+        table.append(t)
+    return table
 
 
 def _cannot_run(g: pl.DataFrame) -> dict[str, str]:
@@ -1215,7 +1287,8 @@ def default_tiers(df: pl.DataFrame, basis: str = "steady", count: int = 2) -> li
 
 __all__ = ["BASES", "DEFAULT_BASELINE", "DEFAULT_CANDIDATE", "DEFAULT_TIERS", "GOODPUT",
            "GOODPUT_TOKENS", "GOODPUT_Y", "Estimate", "Front", "RANKS", "Slo", "answer",
-           "answer_rows", "default_tiers", "format_answer", "one_run_per_point",
+           "answer_rows", "by_prefix_cache", "by_prefix_cache_rows", "default_tiers",
+           "format_answer", "one_run_per_point",
            "rank_metric", "with_goodput",
            "LEFT_OUT_REASONS", "TierResult", "X", "Y", "Y_INCL_PREFILL", "aggregate_seeds",
            "basis_used", "budget_table", "compute_fronts", "format_headline", "headline",

@@ -43,6 +43,7 @@ from dspark_sim.errors import InputError
 from dspark_sim.io import loads_bench_serve_json, not_a_file, write_text_atomic
 from dspark_sim.sim.frontier import (
     BASIS_TEXT,
+    CONTEXT,
     DEFAULT_TIERS,
     GOODPUT_Y,
     Y_INCL_PREFILL,
@@ -53,6 +54,8 @@ from dspark_sim.sim.frontier import (
     answer_rows,
     basis_used,
     budget_table,
+    by_prefix_cache,
+    by_prefix_cache_rows,
     canonical_policy,
     compute_fronts,
     default_tiers,
@@ -326,8 +329,7 @@ def marker_key(*, lossy: bool, vllm: bool) -> str:
 
 def with_labels_context(df: pl.DataFrame) -> list[str]:
     """The context columns the whole sweep varies (labels agree across both kinds)."""
-    return [c for c in ("profile_spec", "trace_spec") if c in df.columns
-            and df[c].n_unique() > 1]
+    return [c for c in CONTEXT if c in df.columns and df[c].n_unique() > 1]
 
 
 def lossy_figure(df: pl.DataFrame, *, policies: Sequence[str] | None = None,
@@ -628,7 +630,21 @@ def _answer_parts(df: pl.DataFrame, slo: Slo, basis: str) -> tuple[str, str]:
              "Unstable and lossy policies do not compete; a policy the deployment's "
              "measured drafter cannot run is not recommended while one it can run holds "
              "the load, and is named where it would rank higher.</p>")
-    return _table_html(answer_rows(rows)) + note, format_answer(rows)
+    html_out, md = _table_html(answer_rows(rows)) + note, format_answer(rows)
+    cache = by_prefix_cache_rows(by_prefix_cache(rows))
+    if cache:  # the sweep ran each point with the prefix cache on and off
+        html_out += ("<h3>Prefix cache on vs off</h3>" + _table_html(cache)
+                     + "<p class=\"note\">Per load, the policies that hold it, best first, "
+                     "with the prefix cache on and off (sweep --prefix-cache on,off), and the "
+                     "best's gain over none on the figure the answer ranks on.</p>")
+        md += "\n\nPrefix cache on vs off\n\n" + _markdown(cache)
+    return html_out, md
+
+
+def _markdown(table: list[dict[str, str]]) -> str:
+    cols = list(table[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    return "\n".join(lines + ["| " + " | ".join(r[c] for c in cols) + " |" for r in table])
 
 
 def engine_rows(df: pl.DataFrame) -> list[dict]:

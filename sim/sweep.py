@@ -1,4 +1,5 @@
-"""Parameter sweeps: a grid of loads x policies x profiles x traces x seeds.
+"""Parameter sweeps: a grid of loads x policies x profiles x traces x prefix-cache
+settings x seeds.
 
 Every grid point is one :func:`dspark_sim.sim.api.simulate` run, independent of the
 others and deterministic given its seed, so points run in parallel (processes by
@@ -21,7 +22,8 @@ the list-valued ones (``acceptance_per_position``, ``verified_per_position``) as
 list columns, where the policy's confidences came from and whether the measured drafter
 can run it in the engine (``confidences``, ``engine_can_run``, ``engine_note``: the report
 labels a policy it cannot run), and the point's parameters: ``point_id``, ``policy_spec``,
-``profile_spec``, ``trace_spec``, ``seed``, ``load_kind`` (``qps`` | ``concurrency``
+``profile_spec``, ``trace_spec``, ``prefix_cache_spec`` (the swept ``on`` | ``off``,
+null where the sweep left the cache to the workload's default), ``seed``, ``load_kind`` (``qps`` | ``concurrency``
 | ``base``), ``load`` (the number swept), ``qps``, ``concurrency``, ``arrival``,
 ``num_requests_cfg``; ``mean_concurrency`` (Little's law: request throughput x
 mean E2E latency), ``steady_mean_concurrency`` (the time-averaged requests in the
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import math
 import numbers
@@ -90,12 +93,14 @@ MAX_POINTS = 100_000
 MAX_INTEGER_VALUE = 2**63 - 1  # seeds and client counts are int64 downstream
 # confidences and engine_note are None for some policies and text for others: typed as
 # text in every point, so the points stack whatever mix of policies a sweep holds
-STRING_COLUMNS = ("policy_spec", "profile_spec", "trace_spec", "load_kind", "arrival", "trace",
+STRING_COLUMNS = ("policy_spec", "profile_spec", "trace_spec", "prefix_cache_spec", "load_kind",
+                  "arrival", "trace",
                   "trace_drafter", "trace_source", "point_id", "policy", "profile",
                   "steady_window_rule", "steady_window_note", "confidences", "engine_note")
 INT_COLUMNS = ("seed", "concurrency", "num_requests_cfg", "trace_gamma_max", "size_doublings")
-PARAM_COLUMNS = ("point_id", "policy_spec", "profile_spec", "trace_spec", "seed", "load_kind",
-                 "load", "qps", "concurrency", "arrival", "num_requests_cfg")
+PARAM_COLUMNS = ("point_id", "policy_spec", "profile_spec", "trace_spec", "prefix_cache_spec",
+                 "seed", "load_kind", "load", "qps", "concurrency", "arrival",
+                 "num_requests_cfg")
 
 
 # -- option parsing -------------------------------------------------------------
@@ -290,6 +295,7 @@ class SweepPoint:
     load_kind: str  # "qps" | "concurrency" | "base"
     load: float
     sizing: Sizing = Sizing()
+    prefix_cache_spec: str | None = None  # the swept setting; None: not a grid dimension
 
     @property
     def point_id(self) -> str:
@@ -302,6 +308,7 @@ class SweepPoint:
             "policy_spec": self.policy_spec,
             "profile_spec": self.profile_spec,
             "trace_spec": self.trace_spec,
+            "prefix_cache_spec": self.prefix_cache_spec,
             "seed": self.config.seed,
             "load_kind": self.load_kind,
             "load": float(self.load),
@@ -425,9 +432,12 @@ def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
                  profiles: Sequence[str] | None = None,
                  traces: Sequence[str | None] | None = None,
                  seeds: Sequence[int] | None = None,
-                 sizing: Sizing | None = None) -> list[SweepPoint]:
+                 sizing: Sizing | None = None,
+                 prefix_cache: Sequence[str] | None = None) -> list[SweepPoint]:
     """Expand the grid (validated up front, so a bad option fails before any work).
-    ``sizing.requests_per_client`` raises each closed-loop point's request count."""
+    ``sizing.requests_per_client`` raises each closed-loop point's request count.
+    ``prefix_cache`` (``["on", "off"]``): each point runs with each setting (the
+    ranking with caching on and off); None: the base's setting, not a dimension."""
     sizing = (sizing or Sizing()).validate()
     policies = _grid_names(policies, "--policies", "policy")
     if not policies:
@@ -436,6 +446,11 @@ def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
     profiles = given_profiles or [base.deployment.profile]
     traces = _grid_names(traces, "--traces", "trace", allow_none=True) or [None]
     seeds = _grid_numbers(seeds, "--seeds", integer=True, allow_zero=True) or [base.seed]
+    caches = _prefix_cache_values(prefix_cache)
+    w0 = base.workload
+    if "on" in caches and not (w0.workload_path or w0.session_turns):
+        raise InputError("--prefix-cache", "on needs a workload that carries reuse (a "
+                         "Mooncake file with hash_ids, or --session-turns)")
     try:  # unknown names fail here, before any point runs (a profile only in a worker)
         for p in policies:
             get_policy(p)
@@ -452,10 +467,11 @@ def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
     if not loads:
         w = base.workload
         loads = [("base", float(w.max_concurrency if w.arrival == "closed" else w.qps))]
-    size = len(loads) * len(profiles) * len(traces) * len(policies) * len(seeds)
+    size = len(loads) * len(profiles) * len(traces) * len(caches) * len(policies) * len(seeds)
     if size > MAX_POINTS:
-        raise InputError("--qps/--concurrency", f"the grid has {size:,} points "
-                         f"(loads x profiles x traces x policies x seeds); the limit is "
+        raise InputError("--qps/--concurrency", f"the grid has {size:,} points (loads x "
+                         f"profiles x traces x prefix-cache settings x policies x seeds); "
+                         f"the limit is "
                          f"{MAX_POINTS:,}")
     points: list[SweepPoint] = []
     for kind, load in loads:
@@ -475,18 +491,29 @@ def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
                 n = min(max(w.num_requests, sizing.requests_per_client * int(load)),
                         max(w.num_requests, sizing.max_requests))
                 w = replace(w, num_requests=n)
-        for profile in profiles:
-            for trace in traces:
-                for policy in policies:
-                    for seed in seeds:
-                        cfg = replace(base, workload=w, policy=policy, seed=int(seed),
-                                      deployment=replace(base.deployment, profile=profile),
-                                      trace=trace if trace is not None else base.trace)
-                        _validate_point(cfg)
-                        points.append(SweepPoint(cfg, policy, profile, trace, kind, load,
-                                                 sizing))
+        for profile, trace, cache, policy, seed in itertools.product(
+                profiles, traces, caches, policies, seeds):
+            engine = base.engine if cache is None else replace(base.engine, prefix_cache=cache)
+            cfg = replace(base, workload=w, policy=policy, seed=int(seed), engine=engine,
+                          deployment=replace(base.deployment, profile=profile),
+                          trace=trace if trace is not None else base.trace)
+            _validate_point(cfg)
+            points.append(SweepPoint(cfg, policy, profile, trace, kind, load, sizing,
+                                     prefix_cache_spec=cache))
     unique = {p.point_id: p for p in points}
     return list(unique.values())
+
+
+def _prefix_cache_values(values: Sequence[str] | str | None) -> list[str | None]:
+    """The swept prefix-cache settings (``"on,off"`` or a list), each once; ``[None]``
+    (the base's own setting) when not given."""
+    if values is None:
+        return [None]
+    items = values.split(",") if isinstance(values, str) else list(values)
+    out = list(dict.fromkeys(str(v).strip().lower() for v in items if str(v).strip()))
+    if not out:  # each value is checked with its point's config (on | off)
+        raise InputError("--prefix-cache", f"is empty: give on, off or on,off, got {values!r}")
+    return out
 
 
 def run_point(point: SweepPoint) -> dict:
@@ -809,6 +836,7 @@ def run_sweep(
     profiles: Sequence[str] | None = None,
     traces: Sequence[str | None] | None = None,
     seeds: Sequence[int] | None = None,
+    prefix_cache: Sequence[str] | None = None,
     out: str | Path,
     executor: str = "process",
     workers: int | None = None,
@@ -826,10 +854,12 @@ def run_sweep(
     ``out/points/`` are not rerun. Returns the rows of *this* grid (also written,
     with any other points in the folder, to ``out/results.parquet``). ``sizing``: how
     many requests each point runs (:class:`Sizing`; default: the base's count).
+    ``prefix_cache`` (``["on", "off"]``) runs every point with each setting.
     """
     check_executor(executor, workers)
     points = build_points(base, qps=qps, concurrency=concurrency, policies=policies,
-                          profiles=profiles, traces=traces, seeds=seeds, sizing=sizing)
+                          profiles=profiles, traces=traces, seeds=seeds, sizing=sizing,
+                          prefix_cache=prefix_cache)
     return run_points(points, out=out, executor=executor, workers=workers, progress=progress)
 
 
