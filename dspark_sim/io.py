@@ -282,6 +282,12 @@ def loads_toml(text: str) -> dict:
     return data
 
 
+def file_or_none(spec: str) -> str | None:
+    """A spec (a path or a built-in name) that names an existing file: a file an output
+    must not overwrite; None for a built-in name."""
+    return spec if Path(spec).is_file() else None
+
+
 def not_a_file(p: Path, what: str) -> str:
     """Why ``p`` (not ``p.is_file()``) cannot be read as a ``what``: a missing path is
     told apart from a folder or a device given by mistake ("not found" misled there)."""

@@ -31,7 +31,7 @@ from dspark_sim.errors import (
     InputError,
     check_positive_int,
 )
-from dspark_sim.io import read_toml
+from dspark_sim.io import file_or_none, read_toml
 from dspark_sim.policies.registry import DEFAULT_POLICY, policy_help
 
 ARRIVALS = ("poisson", "gamma", "closed", "replay")
@@ -953,6 +953,31 @@ def input_files(cfg: SimConfig) -> dict[str, Path]:
         if spec is not None and Path(spec).is_file():
             files[s.option or s.path] = Path(spec)
     return files
+
+
+def requests_known(w: WorkloadConfig) -> int | None:
+    """How many requests a run of workload ``w`` simulates (None: a workload file's, or a
+    closed loop bounded by time: known only as it runs)."""
+    if w.workload_path:
+        return None
+    n = w.num_requests
+    if w.duration_s is not None:
+        if w.arrival == "closed":
+            return None
+        window = math.ceil(w.qps * w.duration_s)
+        n = window if n is None else min(n, window)
+    return n
+
+
+def files_read(cfg: SimConfig, options: dict[str, str | Path | None]) -> dict[str, str | None]:
+    """The files a run of ``cfg`` reads, as :func:`dspark_sim.io.check_writable`'s
+    ``not_over``: those its config names (a built-in name is none) and ``options``'
+    (option -> path or spec; None: not given)."""
+    reads: dict[str, str | None] = {f"the {opt} file": str(p)
+                                    for opt, p in input_files(cfg).items()}
+    reads.update({f"the {opt} file": file_or_none(str(v))
+                  for opt, v in options.items() if v is not None})
+    return reads
 
 
 def load_config(path: str | Path, base: SimConfig | None = None) -> SimConfig:

@@ -509,6 +509,18 @@ def _empty_front_reason(df: pl.DataFrame, entry: dict, stable_only: bool) -> str
     return "; ".join(why) + ctx
 
 
+def headline_policy(option: str, given: str | None, policies: list[str]) -> str | None:
+    """The headline's candidate or baseline as the user names it (``option``: how): it
+    must be swept, since a typo would silently drop the headline. None: taken from the
+    sweep (:func:`headline_pair`)."""
+    if given is None:
+        return None
+    swept = {canonical_policy(p): p for p in policies}
+    if canonical_policy(given.strip()) not in swept:
+        raise InputError(option, f"{given!r} is not one of --policies ({', '.join(policies)})")
+    return swept[canonical_policy(given.strip())]
+
+
 def headline_pair(policies: Sequence[str], candidate: str | None = None,
                   baseline: str | None = None) -> tuple[str, str, str | None]:
     """The headline's candidate and baseline (canonical names) for a sweep of

@@ -100,6 +100,14 @@ SIMULATED_ONLY = "simulated only"  # the label of a policy the measured drafter 
 
 
 # -- vLLM bench serve results ------------------------------------------------------------
+def check_overlay(vllm_results: Path | None, gpus: int | None) -> None:
+    """``--gpus`` and the vLLM result files, read before any sweep point runs."""
+    if gpus is not None and gpus < 1:
+        raise InputError("--gpus", f"must be a positive integer, got {gpus}")
+    if vllm_results is not None:
+        read_vllm_results(vllm_results, gpus)
+
+
 def read_vllm_results(path: str | Path, gpus: int | None = None) -> pl.DataFrame:
     """Read vLLM ``bench serve --save-result`` JSON files (a folder, searched
     recursively, or one file) into rows ``label, file, interactivity, throughput_per_gpu,

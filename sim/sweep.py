@@ -66,9 +66,15 @@ import pyarrow.parquet as pq
 from dspark_sim import __version__
 from dspark_sim.calibration.profile import load_profile
 from dspark_sim.errors import InputError, check_positive_int
-from dspark_sim.io import atomic_path, sha256_file
+from dspark_sim.io import atomic_path, check_writable, file_or_none, sha256_file
 from dspark_sim.policies.registry import get_policy
-from dspark_sim.sim.config import SimConfig, input_files
+from dspark_sim.sim.config import (
+    SimConfig,
+    blame_config,
+    check_draft_length,
+    files_read,
+    input_files,
+)
 
 ROW_FORMAT = 3  # 2: steady-state columns, sizing; 3: the request sample goodput reads
 EXECUTORS = ("process", "ray", "serial")
@@ -376,6 +382,62 @@ def as_sweep_error(exc: InputError) -> InputError:
     """``exc`` re-addressed to the sweep option the user typed (a point's check names
     run's singular option)."""
     return exc.readdressed(SWEEP_OPTION)
+
+
+def check_sweep_out(out: Path, base: SimConfig, config: Path | None,
+                    profiles: list[str] | None, traces: list[str] | None,
+                    vllm_results: Path | None = None) -> None:
+    """``out`` can take the sweep's outputs, none of which may land on a file it reads:
+    the base config's, ``config`` (``--config``), a ``--profiles`` or ``--traces`` file,
+    or the ``--vllm-results`` file or folder (the report reads its JSON files; the
+    sweep's ``points/`` is the sweep's own, so those may not lie in it)."""
+    reads = files_read(base, {"--config": config})
+    for option, specs in (("--profiles", profiles), ("--traces", traces)):
+        reads.update({f"the {option} file {s}": file_or_none(s) for s in specs or ()})
+    if vllm_results is not None:
+        reads["the --vllm-results input"] = vllm_results
+        points = (out / "points").resolve()
+        if vllm_results.is_dir() and points == vllm_results.resolve():
+            raise InputError("--out", f"{vllm_results} is the --vllm-results folder but is "
+                             f"also {out}'s points/, which the sweep writes: move the result "
+                             "files or choose another folder")
+    check_writable(out, "--out", inside=SWEEP_OUTPUTS, not_over=reads)
+
+
+def check_grid(base: SimConfig, policies: list[str], profiles: list[str] | None,
+               traces: list[str] | None, layers: list) -> None:
+    """Every policy, profile and trace of a sweep's grid, before any point runs (a bad name
+    found by a worker would surface only after other points ran); ``fixed:K`` must fit
+    each trace's ``gamma_max``. Errors name the sweep's options, or where the config
+    file gave the value (``layers``: the base config's) when no sweep option replaced it
+    (a [run] trace with no --traces)."""
+    try:
+        _check_grid_names(base, policies, profiles, traces)
+    except InputError as exc:
+        if not {"--policy": policies, "--profile": profiles, "--trace": traces}.get(exc.where):
+            with blame_config(layers):
+                raise exc from None
+        raise as_sweep_error(exc) from None
+
+
+def _check_grid_names(base: SimConfig, policies: list[str], profiles: list[str] | None,
+                      traces: list[str] | None) -> None:
+    import numpy as np
+
+    from dspark_sim.sim.api import check_inputs_read, resolve_trace
+    from dspark_sim.sim.workload import sample_lengths, uses_trace_lengths
+
+    for spec in profiles or ():
+        load_profile(spec)
+    lengths = base.workload.lengths
+    if lengths is not None and not uses_trace_lengths(base.workload):
+        sample_lengths(lengths, 1, np.random.default_rng(0))  # names a bad spec
+    pols = [get_policy(p) for p in policies]
+    for spec in traces or [None]:
+        cfg = base if spec is None else replace(base, trace=spec)
+        check_inputs_read(cfg, pols, policy_option="--policies")
+        for pol in pols:
+            check_draft_length(pol, resolve_trace(cfg, pol))
 
 
 def _validate_point(cfg: SimConfig) -> None:

@@ -33,6 +33,8 @@ def namespace_tree(root: Path) -> Path:
     ns.mkdir()
     for f in (REPO / dirs["dspark_sim"]).glob("*.py"):
         (ns / f.name).symlink_to(f)
+    for init in (REPO / dirs["dspark_sim"]).glob("*/__init__.py"):  # the root's subpackages
+        (ns / init.parent.name).symlink_to(init.parent, target_is_directory=True)
     for pkg, folder in dirs.items():
         if pkg != "dspark_sim":
             (ns / pkg.split(".", 1)[1]).symlink_to(REPO / folder, target_is_directory=True)

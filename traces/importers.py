@@ -86,6 +86,25 @@ MAX_COUNT = INT32_MAX
 MAX_SYNTH_CELLS = 20_000_000  # requests x positions of a counters trace (~20 MB of int8)
 
 
+# The options each format reads (as the command line names them); any other given is refused
+FORMAT_OPTIONS = {"specdecode-bench": {"--column", "--domain", "--gamma-max"},
+                  "per-position": {"--domain", "--gamma-max"},
+                  "vllm-counters": {"--domain", "--requests", "--positions", "--seed",
+                                    "--model-name"},
+                  "vllm-per-request": {"--domain", "--gamma-max"}}
+
+
+def check_format_options(fmt: str, given: dict[str, Any]) -> None:
+    """``fmt`` is a known format and reads every option of ``given`` (option -> value;
+    None: not given) that was given."""
+    fmt = fmt.strip().lower()
+    if fmt not in FORMATS:
+        raise InputError("--format", f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    for opt, val in given.items():
+        if val is not None and opt not in FORMAT_OPTIONS[fmt]:
+            raise InputError(opt, f"does not apply to --format {fmt}")
+
+
 def import_trace(fmt: str, src: str | Path, **opts: Any) -> AcceptanceTrace:
     """Dispatch on ``fmt`` (one of :data:`FORMATS`); options as the format's function."""
     fmt = fmt.strip().lower()

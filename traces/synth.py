@@ -430,3 +430,44 @@ def glm47_mtp_trace(seed: int = 6) -> AcceptanceTrace:
     return synth_drafter(GLM47_MTP_CURVES, gamma=7, positions=1024, drafter="glm47-mtp",
                          target="glm-4.7-fp8-like (SGLang PR #23336)", seed=seed,
                          extra={"calibration": "glm47-mtp-synthetic-sts"})
+
+
+# synth_kind's kind-specific options: the kinds that read each, and its default there
+SYNTH_OPTIONS = {"alpha": (("iid",), 0.8), "gamma": (("iid", "dspark"), 7),
+                 "overconfidence": (("dspark", "mtp1"), 1.3), "noise": (("dspark", "mtp1"), 0.35)}
+
+
+def _synth_options(kind: str, **given) -> tuple:
+    """Each of ``given`` (in SYNTH_OPTIONS' order) for ``kind``: its default when not
+    given; given to a kind that never reads it (``--kind dspark --alpha 0.9``), refused
+    naming both options, since the trace would be written as if it were not there."""
+    out = []
+    for name, (kinds, default) in SYNTH_OPTIONS.items():
+        v = given[name]
+        if v is not None and kind in ("iid", "dspark", "mtp1") and kind not in kinds:
+            raise InputError(f"--{name}", f"is read by --kind {' and '.join(kinds)} only, not "
+                                          f"--kind {kind}: leave it out")
+        out.append(default if v is None else v)
+    return tuple(out)
+
+
+def synth_kind(kind: str, *, alpha: float | None = None, gamma: int | None = None,
+               requests: int = 64, positions: int = 512, overconfidence: float | None = None,
+               noise: float | None = None, seed: int = 0) -> AcceptanceTrace:
+    """``traces synth``'s trace: ``iid`` (``alpha``, ``gamma``), or the ``dspark`` / ``mtp1``
+    latent-model drafter (``requests`` per domain; ``gamma``: dspark's block, mtp1
+    drafts 1). An option left None takes its default; one the kind never reads is
+    refused, as is an unknown kind."""
+    alpha, gamma, overconfidence, noise = _synth_options(
+        kind, alpha=alpha, gamma=gamma, overconfidence=overconfidence, noise=noise)
+    if kind == "iid":
+        return synth_iid(alpha, gamma, num_requests=requests, positions=positions, seed=seed)
+    if kind not in ("dspark", "mtp1"):
+        raise InputError("--kind", f"must be iid, dspark or mtp1, got {kind!r}")
+    if gamma < 1:
+        raise InputError("--gamma", "must be >= 1")
+    curves = DSPARK_CURVES if kind == "dspark" else MTP1_CURVES
+    return synth_drafter(curves, gamma=gamma if kind == "dspark" else 1,
+                         requests_per_domain=requests, positions=positions,
+                         signal=SignalModel(noise=noise, overconfidence=overconfidence),
+                         drafter=f"{kind}-synthetic", seed=seed)

@@ -562,6 +562,36 @@ def prepare_model(out: Path) -> Path:
     return out
 
 
+def live_config(python: Path, model: Path, settings: str, concurrency: str, rates: str,
+                output_tokens: int, draft_model: Path | None, server_args: str = "",
+                cpu_defaults: bool = True, pin_cpus: str = "auto",
+                repeats: dict | None = None) -> LiveConfig:
+    """The live runs ``vllm measure`` / ``vllm validate`` ask for, every option checked
+    (as the command line names it) before a server starts."""
+    import shlex
+
+    from dspark_sim.sim.sweep import parse_numbers
+
+    if not python.is_file():
+        raise InputError("--python", f"{python} is not a file (the vLLM environment's "
+                                     "interpreter, e.g. VENV/bin/python)")
+    if not (model / "config.json").is_file():
+        raise InputError("--model", f"{model} is not a model folder (no config.json); "
+                                    "dspark-sim vllm prepare-model writes one")
+    if not 1 <= output_tokens <= 4096:
+        raise InputError("--output-tokens", f"must be in [1, 4096], got {output_tokens}")
+    return LiveConfig(python=python, model_dir=model, settings=parse_settings(settings),
+                      concurrencies=tuple(parse_numbers(concurrency, integer=True,
+                                                        option="--concurrency")),
+                      rates=tuple(parse_numbers(rates, option="--rates")) if rates else (),
+                      output_tokens=output_tokens, draft_model=draft_model,
+                      extra_server_args=tuple(shlex.split(server_args)),
+                      cpu_defaults=cpu_defaults,
+                      # a GPU server's compute is not on the CPUs: nothing to keep apart
+                      pins=parse_pins(pin_cpus) if cpu_defaults or pin_cpus != "auto"
+                      else None, **(repeats or {}))
+
+
 def repeat_options(rounds: int, resident: int | None, kv_cache_gib: str, per_request: bool,
                    cpu_defaults: bool) -> dict:
     """The repeat and residency options as :class:`LiveConfig` fields (one-line errors

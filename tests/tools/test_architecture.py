@@ -45,7 +45,7 @@ def test_import_linter_sees_the_mapped_rooms(tmp_path):
     lint = _load("lint_imports")
     (tmp_path / "ns").mkdir()
     ns = lint.namespace_tree(tmp_path / "ns")
-    assert (ns / "policies" / "registry.py").is_file() and (ns / "cli.py").is_file()
+    assert (ns / "policies" / "registry.py").is_file() and (ns / "cli" / "run.py").is_file()
     r = subprocess.run([sys.executable, str(REPO / "tools" / "lint_imports.py"), "--config",
                         str(cfg)], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "planted BROKEN" in r.stdout, r.stdout[-3000:]

@@ -1,0 +1,234 @@
+"""What every command shares: the consoles, the one-line error and warning forms, the exit
+on a signal, the path and name parsers, and the option types several commands take.
+
+Bad input of any kind (an :class:`~dspark_sim.errors.InputError` from the library, or an
+option typer cannot parse) is one line on stderr, ``error: <file or option>: <problem>``,
+and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from typer.core import TyperGroup
+
+from dspark_sim.errors import InputError
+from dspark_sim.io import as_os_error, os_error_line, path_too_long
+
+try:  # typer >= 0.22 parses with its own copy of click, older ones with click itself
+    from typer._click import exceptions as _click_errors
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as _click_errors
+
+# user text (paths, specs like "fixed:100:100") must print as given: no ":100:" emoji
+# markup off: what we print carries user text (file paths, profile descriptions, trace
+# metadata, error messages) in which "[...]" is data, not rich markup (a description
+# holding "[/]" would crash `profiles show`, "[draft.selfspec]" vanish); styles go in style=
+console = Console(emoji=False, markup=False)
+err_console = Console(stderr=True, emoji=False, markup=False)
+
+
+def _error_line(text: str) -> None:
+    err_console.print("error: " + " ".join(map(_shortened, text.split())), highlight=False,
+                      soft_wrap=True)
+
+
+def _shortened(word: str, longest: int = 200) -> str:
+    """An error echoes the value it refuses: a 100,000-character policy spec or path made
+    a 100,000-character line. Its head and tail stay, and how long it was."""
+    if len(word) <= longest:
+        return word
+    return f"{word[:120]}...({len(word):,} characters)...{word[-40:]}"
+
+
+@contextmanager
+def _warnings_as_lines(category: type[Warning]) -> Iterator[None]:
+    """Each ``category`` warning the block raises (a sweep part left out or recomputed)
+    as one ``warning: ...`` line on stderr, every time it is raised; Python's form is two
+    lines, the second a line of our source, and shows a message once per place."""
+    import warnings
+
+    original = warnings.showwarning
+
+    def show(message, cat, filename, lineno, file=None, line=None):
+        if not issubclass(cat, category):
+            return original(message, cat, filename, lineno, file, line)
+        err_console.print("warning: " + " ".join(map(_shortened, str(message).split())),
+                          highlight=False, soft_wrap=True)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", category)
+        warnings.showwarning = show
+        yield
+
+
+def _terminated(signum: int, _frame: Any) -> None:
+    # an exception, not the default death: every ``finally`` runs, so a file being
+    # written atomically loses its temporary sibling and a run's output pair is rolled
+    # back (killed outright, a half-written ``.NAME.*.tmp`` stayed beside the output)
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def _exit_cleanly_on_termination():
+    """SIGTERM and SIGHUP (``kill``, a closed terminal, a batch scheduler's time limit)
+    end the command as Ctrl-C does: temporary files removed, the previous output kept,
+    exit code 128 + the signal's number, no traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    sigs = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    previous = {sig: signal.signal(sig, _terminated) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class OneLineErrors(TyperGroup):
+    """Runs the app with every failure a user can cause turned into one line and exit 2
+    (typer's own usage errors included, which it would otherwise draw as a box)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            with _exit_cleanly_on_termination():
+                rv = super().main(args, prog_name, complete_var, standalone_mode=False,
+                                  **extra)
+        except InputError as exc:
+            _error_line(str(exc))
+            sys.exit(2)
+        except _click_errors.NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except _click_errors.ClickException as exc:
+            _error_line(exc.format_message())
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            _error_line("aborted")
+            sys.exit(1)
+        # (a reader of our output that leaves, ``| head``, is click's: it exits 1 quietly
+        # on EPIPE before this sees it)
+        except Exception as exc:  # the last net: a file-system error is one line too
+            if as_os_error(exc) is None:
+                raise
+            raise_os_error_line(exc)
+        # standalone_mode=False returns an Exit's code (typer.Exit, --help) and the
+        # command's return value otherwise (commands return None).
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def raise_os_error_line(exc: BaseException) -> None:
+    """A file-system error (a full disk, a name too long, a folder that refused a write)
+    as one line naming the file, exit 2 like any input the user can fix (docs/cli.md's
+    exit codes: 1 is a bug's traceback). Reached only where no check caught it first;
+    the atomic writers leave every file whole, written or as it was."""
+    _error_line(os_error_line(as_os_error(exc)))
+    sys.exit(2)
+
+
+def _path_value(value: str | Path) -> Path:
+    """Every path option's and argument's parser: an empty one is refused. typer would
+    make ``--out ''`` ``Path('.')``, so a typo'd or unset shell variable wrote (or read)
+    the current folder; ``.`` is still there for whoever means it."""
+    if isinstance(value, str) and not value.strip():
+        raise typer.BadParameter("empty path: name a file or folder ('.' for the current one)")
+    # a name past the file system's limit: here, before any use (Path.exists raises on it)
+    if (why := path_too_long(value)) is not None:
+        raise typer.BadParameter(why)
+    return Path(value)
+
+
+def PathOption(*decls: str, **kw: Any) -> Any:
+    """``typer.Option`` for a file or folder: every ``Path`` option is declared with it."""
+    return typer.Option(*decls, parser=_path_value, metavar="<path>", **kw)
+
+
+def PathArgument(**kw: Any) -> Any:
+    return typer.Argument(parser=_path_value, **kw)
+
+
+def _name_value(value: str) -> str:
+    """A positional built-in name or path (``traces inspect TRACE``, ``profiles show
+    NAME``): an empty one is refused naming the argument; the loaders' own check names
+    the option (``--trace``, ``--profile``) the user never typed here."""
+    if not value.strip():
+        raise typer.BadParameter("empty name: give a built-in name or a file path")
+    return value
+
+
+def NameArgument(**kw: Any) -> Any:
+    """``typer.Argument`` for a built-in name or a file path."""
+    return typer.Argument(parser=_name_value, **kw)
+
+
+@contextmanager
+def _as_argument(option: str, argument: str) -> Iterator[None]:
+    """The loaders name the option they serve in run/sweep (``--trace``, ``--profile``)
+    for an unknown name; a value given here as the positional ``argument`` is named so."""
+    try:
+        yield
+    except InputError as exc:
+        raise exc.readdressed({option: f"argument '{argument}'"}) from None
+
+
+# Options several commands take, declared once (the parameter's name makes the flag).
+Device = Annotated[str, typer.Option(help="cpu | cuda")]
+Seed = Annotated[int, typer.Option()]
+PromptDir = Annotated[Path | None, PathOption(help="Folder of {turns: [...]} JSONL prompts.")]
+OutParquet = Annotated[Path, PathOption(help="Output parquet path.")]
+TraceArg = Annotated[str, NameArgument(help="Trace path or built-in name.")]
+# the engine limits a vLLM deployment's runs were served with (calibrate vllm, vllm compare)
+EngineSeqs = Annotated[int | None, typer.Option(
+    help="max_num_seqs the runs were served with (default: the manifest's, else 256).")]
+EngineTokens = Annotated[int | None, typer.Option(
+    help="max_num_batched_tokens the runs were served with (default: the manifest's, "
+         "else 8192).")]
+EngineKv = Annotated[int | None, typer.Option(
+    help="KV cache tokens vLLM allocated ('KV cache size: N tokens' in its log; default: "
+         "the manifest's).")]
+
+
+def _fmt(v, nd: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{nd}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def _print_table(rows: list[dict[str, str]], title: str) -> None:
+    """Rows of text (every row the same keys) as one rich table."""
+    if not rows:
+        return
+    table = Table(title=title, show_lines=True)
+    for col in rows[0]:
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(*(str(v) for v in r.values()))
+    console.print(table)
+
+
+def _ints(option: str, spec: str, lo: int = 1) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        raise InputError(option, f"expected comma-separated integers, got {spec!r}") from None
+    if not vals:
+        raise InputError(option, "needs at least one value")
+    if min(vals) < lo:
+        raise InputError(option, f"values must be integers >= {lo}, got {spec!r}")
+    return vals
+

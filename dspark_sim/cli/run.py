@@ -1,0 +1,153 @@
+"""``dspark-sim run``: one typer option per setting of the schema, then the run."""
+
+from __future__ import annotations
+
+import inspect
+import time
+import typing
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape as _markup_escape
+
+from dspark_sim.cli.common import PathOption, console, err_console
+from dspark_sim.cli.summary import print_summary
+from dspark_sim.errors import InputError
+from dspark_sim.io import check_writable
+from dspark_sim.policies import compiled
+
+# run --help groups its options by the --config table that holds the same setting
+# (docs/cli.md); no "[table]" in a panel title: rich would read it as markup.
+RUN_LOAD = "Load (config table: workload)"
+RUN_POLICY = "Policy and trace (config table: run)"
+RUN_DEPLOY = "Deployment and engine (config tables: deployment, engine)"
+RUN_OUT = "Settings and output"
+RUN_PANELS = {"run": RUN_POLICY, "workload": RUN_LOAD, "deployment": RUN_DEPLOY,
+              "engine": RUN_DEPLOY}
+
+
+def _setting_option(flag: str, settings: tuple) -> inspect.Parameter:
+    """The typer option of one setting of the schema (sim/config.py), or of a spec option
+    setting several: its help, its panel (the setting's config table), its type (a path
+    for a file it reads), and None for its default, so an option not given is no setting."""
+    s = settings[0]
+    # help is rich markup to typer: "[@BASE]" or "[word]" would vanish unescaped
+    text = _markup_escape(s.spec.help if s.spec else s.help)
+    if s.reads == "file":
+        kind, info = Path, PathOption(help=text, rich_help_panel=RUN_PANELS[s.table])
+    else:
+        hint = str if s.spec else s.type
+        kind = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+        info = typer.Option(help=text, rich_help_panel=RUN_PANELS[s.table])
+    return inspect.Parameter(flag[2:].replace("-", "_"), inspect.Parameter.KEYWORD_ONLY,
+                             default=None, annotation=Annotated[kind | None, info])
+
+
+def _with_setting_options(after: dict[str, str]):
+    """A command taking one option per setting of the schema, in its order, then its own
+    keyword parameters (``after`` places one of those right after a setting's option);
+    the settings reach the command as ``**settings``, option name -> value or None."""
+    from dspark_sim.sim.config import OPTIONS
+
+    def wrap(command):
+        own = dict(inspect.signature(command, eval_str=True).parameters)
+        own = {k: p for k, p in own.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        params = []
+        for flag, settings in OPTIONS.items():
+            params.append(_setting_option(flag, settings))
+            if flag in after:
+                params.append(own.pop(after[flag]))
+        command.__signature__ = inspect.Signature([*params, *own.values()])
+        return command
+
+    return wrap
+
+
+@_with_setting_options(after={"--profile": "policy_profile"})
+def run(
+    *,
+    policy_profile: Annotated[str | None, typer.Option(
+        rich_help_panel=RUN_DEPLOY,
+        help="Profile the scheduler's SPS curve comes from (default: --profile); steps "
+             "still cost --profile. A what-if on a stale or mis-calibrated table (an "
+             "option only, no config key).")] = None,
+    config: Annotated[Path | None, PathOption(
+        rich_help_panel=RUN_OUT,
+        help="TOML config file; explicit options override it (docs/cli.md).")] = None,
+    preset_name: Annotated[str | None, typer.Option(
+        "--preset", rich_help_panel=RUN_OUT, help="default | single-replica | tiny")] = None,
+    out: Annotated[Path | None, PathOption(
+        rich_help_panel=RUN_OUT, help="Write summary.json and requests.parquet here.")] = None,
+    quiet: Annotated[bool, typer.Option(
+        rich_help_panel=RUN_OUT, help="Print nothing but errors.")] = False,
+    executor: Annotated[str, typer.Option(
+        rich_help_panel=RUN_OUT,
+        help="serial | ray: simulate replica groups as Ray tasks (on the cluster "
+             "RAY_ADDRESS names, else a local one) and merge them, the same bytes; an "
+             "open loop routed round-robin only, else it says why and runs serially "
+             "(docs/performance.md).")] = "serial",
+    workers: Annotated[int | None, typer.Option(
+        rich_help_panel=RUN_OUT, min=1,
+        help="Replica groups with --executor ray (default: one per replica).")] = None,
+    **settings: Any,
+) -> None:
+    """Simulate one deployment under load and print a summary."""
+    from dspark_sim.calibration.profile import load_profile
+    from dspark_sim.sim.config import files_read, requests_known, resolve_config
+    from dspark_sim.sim.outputs import REQUESTS, SUMMARY
+
+    layers: list = []
+    cfg = resolve_config(preset_name=preset_name, config_path=config, options=settings,
+                         layers_out=layers)
+    compiled.choose_for_run(requests_known(cfg.workload))
+    if out is not None:  # after the config: its files are inputs too
+        check_writable(out, "--out", inside={SUMMARY: "file", REQUESTS: "file"},
+                       not_over=files_read(cfg, {"--config": config,
+                                                 "--policy-profile": policy_profile}))
+    if policy_profile is not None and not policy_profile.strip():
+        raise InputError("--policy-profile", "is empty: give a profile or leave the option out")
+    if executor not in ("serial", "ray"):
+        raise InputError("--executor", f"must be serial or ray, got {executor!r}")
+    if workers is not None and executor != "ray":
+        raise InputError("--workers", "sizes --executor ray's replica groups: give "
+                                      "--executor ray or leave --workers out")
+    sched_profile = load_profile(policy_profile) if policy_profile is not None else None
+    t0 = time.perf_counter()
+    result = _simulate_checked(cfg, layers, sched_profile, executor=executor,
+                               workers=workers)
+    wall = time.perf_counter() - t0
+    if out is not None:
+        result.write(out)
+    if not quiet:
+        print_summary(result.summary, wall)
+        if out is not None:
+            console.print(f"wrote {out / 'summary.json'} and {out / 'requests.parquet'}", style="dim")
+
+
+def _simulate_checked(cfg, layers: list, sched_profile, executor: str = "serial",
+                      workers: int | None = None):
+    """Every named input read by the policy, the trace, the policy and its draft length
+    checked, then the run (with
+    ``executor="ray"``, replica groups as Ray tasks where the run allows it); a bad value
+    the config file gave names the file's key (``layers``: :func:`resolve_config`'s)."""
+    from dspark_sim.policies.registry import get_policy
+    from dspark_sim.sim.api import check_inputs_read, resolve_trace, simulate
+    from dspark_sim.sim.config import blame_config, check_draft_length
+
+    with blame_config(layers):
+        pol = get_policy(cfg.policy)
+        check_inputs_read(cfg, [pol])
+        trace_obj = resolve_trace(cfg, pol)
+        check_draft_length(pol, trace_obj, cfg.gamma_max if pol.drafter == "dspark" else None)
+        if executor == "serial":
+            return simulate(cfg, trace=trace_obj, policy_profile=sched_profile)
+        from dspark_sim.sim.shard import simulate_replicas
+
+        result, why = simulate_replicas(cfg, executor=executor, workers=workers,
+                                        trace=trace_obj, policy_profile=sched_profile)
+        if why is not None:
+            err_console.print(f"note: --executor {executor} ran serially: {why}",
+                              highlight=False)
+        return result
+
