@@ -43,7 +43,9 @@ def point(profile: str, load: int, lengths: str, requests_per_client: int,
                                              lengths=lengths))
     out = {}
     for pol in ("none", *policies):
-        s = simulate(replace(base, policy=pol), profile=prof).summary
+        # none replays no trace: it is given none, as a lone run of it would be
+        s = simulate(replace(base, policy=pol, trace=None if pol == "none" else base.trace),
+                     profile=prof).summary
 
         def get(key: str, s=s) -> float:
             v = s.get(f"steady_{key}")

@@ -33,7 +33,12 @@ from dspark_sim.policies import compiled
 from dspark_sim.policies.registry import Policy, engine_support, get_policy
 from dspark_sim.sim.ahead import Handoffs, NotAhead
 from dspark_sim.sim.arrivals import ClosedLoop, OpenLoop, SessionLoop
-from dspark_sim.sim.config import MAX_ENGINE_STEPS, SimConfig, with_replicas
+from dspark_sim.sim.config import (
+    MAX_ENGINE_STEPS,
+    SimConfig,
+    check_draft_length,
+    with_replicas,
+)
 from dspark_sim.sim.engine import (
     NUM_COLUMNS,
     OUTPUT_TOKENS,
@@ -487,6 +492,18 @@ def _preparation_summary(cfg: SimConfig, trace: AcceptanceTrace | None) -> dict:
     return out
 
 
+def _inputs(cfg: RunInputs | SimConfig, **given) -> RunInputs:
+    """``cfg`` when prepared already (then nothing may be given beside it), else
+    :func:`prepare`'s record of it with ``given``."""
+    if not isinstance(cfg, RunInputs):
+        return prepare(cfg, **given)
+    extra = [k for k, v in given.items() if v is not None]
+    if extra:
+        raise TypeError(f"simulate: {', '.join(extra)} given beside prepared RunInputs: "
+                        "give them to prepare()")
+    return cfg
+
+
 def _loaded(value, cls: type, load, what: str):
     """``value`` as a ``cls``: a name or path is loaded; anything else was an
     AttributeError traceback deep in the engine ('str' object has no attribute 'limits')."""
@@ -498,24 +515,24 @@ def _loaded(value, cls: type, load, what: str):
                     f"path, got {type(value).__name__}")
 
 
-def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = None,
+def simulate(cfg: RunInputs | SimConfig, *,
+             profile: EngineProfile | str | Path | None = None,
              trace: AcceptanceTrace | str | Path | None = None,
              calibration: CalibrationMap | str | Path | None = None,
              trace_rows: np.ndarray | None = None,
              policy_profile: EngineProfile | str | Path | None = None) -> SimResult:
-    """Run one simulation. ``profile``/``trace``/``calibration`` override the config's
-    (already loaded). ``trace_rows`` pins request ``i`` to trace row ``trace_rows[i]``
-    (validation replays each served request's own row); by default rows are drawn from
-    the seeded generator. ``policy_profile`` is the table the scheduler's SPS curve comes
-    from when it differs from the one the steps cost (``profile``): a real server's
-    configured table, or a what-if on a stale one. Each of the four may also be given as
-    a built-in name or a file path (loaded as ``--profile``/``--trace``/``--calibration``
-    load it)."""
-    if not isinstance(cfg, SimConfig):
-        raise TypeError(f"simulate: cfg must be a SimConfig (sim.config.preset(name) or "
-                        f"load_config(path)), got {type(cfg).__name__}")
-    cfg, policy, profile, trace, calibration, policy_profile = resolve_inputs(
-        cfg, profile, trace, calibration, policy_profile)
+    """Run one simulation of :func:`prepare`'s inputs, or of a config (prepared here with
+    ``profile``/``trace``/``calibration``/``policy_profile``, each an object, a
+    built-in name or a file path). ``trace_rows`` pins request ``i`` to trace row
+    ``trace_rows[i]`` (validation replays each served request's own row); by default
+    rows are drawn from the seeded generator. ``policy_profile`` is the table the
+    scheduler's SPS curve comes from when it differs from the one the steps cost
+    (``profile``): a real server's configured table, or a what-if on a stale one."""
+    inputs = _inputs(cfg, profile=profile, trace=trace, calibration=calibration,
+                     policy_profile=policy_profile)
+    cfg, policy, profile, trace, calibration, policy_profile = (
+        inputs.cfg, inputs.policy, inputs.profile, inputs.trace, inputs.calibration,
+        inputs.policy_profile)
     drawn = _drawn_in_chunks(cfg, trace, trace_rows, profile)
     if drawn is not None:
         return _simulate_streamed(cfg, policy, profile, trace, calibration, policy_profile,
@@ -538,23 +555,75 @@ def simulate(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = Non
     return finish_run(run, run.ctx.steps.columns())
 
 
-def resolve_inputs(cfg: SimConfig, profile=None, trace=None, calibration=None,
-                   policy_profile=None) -> tuple:
-    """The validated config, its policy and the profile, trace, calibration and policy
-    profile a run uses (given objects, names or paths loaded; missing ones resolved)."""
+@dataclass(frozen=True, eq=False)
+class RunInputs:
+    """Everything one run reads, loaded once and checked to fit together
+    (:func:`prepare`): the validated config, its policy, the profile the steps cost, the
+    trace as the run replays it (None: the policy replays none), the calibration map and
+    the scheduler's profile (None: the steps' own). :func:`simulate` and the sharded
+    runner (``sim.shard``) take it whole, so nothing downstream re-checks it."""
+
+    cfg: SimConfig
+    policy: Policy
+    profile: EngineProfile
+    trace: AcceptanceTrace | None
+    calibration: CalibrationMap
+    policy_profile: EngineProfile | None = None
+
+
+def prepare(cfg: SimConfig, *, profile: EngineProfile | str | Path | None = None,
+            trace: AcceptanceTrace | str | Path | None = None,
+            calibration: CalibrationMap | str | Path | None = None,
+            policy_profile: EngineProfile | str | Path | None = None,
+            grid_point: bool = False) -> RunInputs:
+    """The run of ``cfg`` ready to simulate: the policy built once, every input loaded
+    (given objects kept, names and paths loaded as ``--profile``/``--trace``/... load
+    them, missing ones resolved) and every check of fit between policy, trace and
+    settings made here, for every caller alike (``run``, a config file, ``sweep``,
+    :func:`simulate`): an input the policy never reads (:func:`check_inputs_read`), the
+    trace's columns and schema-v2 fields, the draft length (:func:`check_fit`).
+    ``grid_point``: ``cfg`` is a sweep's point, whose named inputs the sweep held
+    against all its policies (``sweep.check_grid``: a ``none`` point shares the grid's
+    ``--traces``)."""
+    if not isinstance(cfg, SimConfig):
+        raise TypeError(f"simulate: cfg must be a SimConfig (sim.config.preset(name) or "
+                        f"load_config(path)), got {type(cfg).__name__}")
     profile = _loaded(profile, EngineProfile, load_profile, "profile")
     policy_profile = _loaded(policy_profile, EngineProfile, load_profile, "policy_profile")
     trace = _loaded(trace, AcceptanceTrace, load_trace, "trace")
     calibration = _loaded(calibration, CalibrationMap, load_calibration, "calibration")
     cfg = cfg.validate()
     policy = get_policy(cfg.policy)
+    if not grid_point:
+        check_inputs_read(cfg, [policy])
     profile = profile or load_profile(cfg.deployment.profile)
     cfg = with_replicas(cfg, profile)
     trace = resolve_trace(cfg, policy, profile) if trace is None else prepare_trace(cfg, trace)
-    require_trace_columns(trace, policy)
+    check_fit(cfg, policy, trace)
     if calibration is None:
         calibration = resolve_calibration(cfg, trace)
-    return cfg, policy, profile, trace, calibration, policy_profile
+    return RunInputs(cfg, policy, profile, trace, calibration, policy_profile)
+
+
+def check_fit(cfg: SimConfig, policy: Policy, trace: AcceptanceTrace | None) -> None:
+    """``policy`` can replay ``trace`` under ``cfg``: the trace has the columns the policy
+    reads (confidences, schema-v2 fields), and the policy's draft length fits what the
+    drafter drafts (``--gamma-max`` for the block drafter, else the trace's)."""
+    require_trace_columns(trace, policy)
+    check_draft_length(policy, trace, cfg.gamma_max if policy.drafter == "dspark" else None)
+    check_policy_fields(policy, trace)
+
+
+def check_policy_fields(policy: Policy, trace: AcceptanceTrace | None) -> None:
+    """A policy that reads schema-v2 fields (trees, lossy) fails up front, naming them,
+    on a trace that lacks them; a run that drafts nothing reads none."""
+    if not policy.fields or trace is None or policy.drafter is None or not trace.gamma_max:
+        return
+    missing = [f for f in policy.fields
+               if trace.v2 is None or getattr(trace.v2, f, None) is None]
+    if missing:
+        raise InputError(trace.source_path, f"policy {policy.name} needs the trace's "
+                         f"{', '.join(missing)} (schema v2); this trace has none")
 
 
 @dataclass(eq=False)
@@ -826,4 +895,4 @@ def _alarm(env, stop, at_s: float):
         stop.succeed("time")
 
 
-__all__ = ["SimResult", "simulate", "replace"]
+__all__ = ["RunInputs", "SimResult", "prepare", "simulate", "replace"]

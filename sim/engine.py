@@ -45,7 +45,7 @@ from dspark_sim.policies.base import (
 )
 from dspark_sim.policies.registry import Policy
 from dspark_sim.sim import fast
-from dspark_sim.sim.config import EngineConfig, SimConfig, check_draft_length
+from dspark_sim.sim.config import EngineConfig, SimConfig
 from dspark_sim.sim.cost import CostModel
 from dspark_sim.sim.prefix_cache import PrefixCache, PromptBlocks
 from dspark_sim.traces.schema import AcceptanceTrace
@@ -1058,25 +1058,12 @@ def request_rows(prompt_tokens: np.ndarray, output_tokens: np.ndarray,
     return rows
 
 
-def _check_policy_fields(policy: Policy, trace: AcceptanceTrace | None, gamma: int) -> None:
-    """A policy that reads schema-v2 fields (trees, lossy) fails up front, naming them,
-    on a trace that lacks them."""
-    if policy.fields and gamma:
-        missing = [f for f in policy.fields
-                   if trace.v2 is None or getattr(trace.v2, f, None) is None]
-        if missing:
-            raise InputError(trace.source_path, f"policy {policy.name} needs the trace's "
-                             f"{', '.join(missing)} (schema v2); this trace has none")
-
-
 def _run_gamma(cfg: SimConfig, policy: Policy, trace: AcceptanceTrace | None) -> int:
     """Draft positions per step: the trace's, or ``--gamma-max``'s block for the block
-    drafter (DSpark-5 on a gamma-7 trace; MTP-1 keeps its one). The policy's draft
-    length is checked here, not only by the CLI, so that simulate() given fixed:9 on a
-    gamma-7 trace refuses it rather than verify 7 under the name fixed:9."""
+    drafter (DSpark-5 on a gamma-7 trace; MTP-1 keeps its one); ``api.prepare`` has
+    checked that the policy's draft length fits it."""
     gamma = 0 if (trace is None or policy.drafter is None) else trace.gamma_max
     block_gamma = cfg.gamma_max if policy.drafter == "dspark" else None
-    check_draft_length(policy, trace, block_gamma)
     if block_gamma is not None and trace is not None:
         gamma = min(gamma, block_gamma)
     return gamma
@@ -1134,7 +1121,6 @@ class SimContext:
             and not policy.stops_drafting and policy.needs_lag else None
         self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy
         self.stats = StepStats(self.gamma, hist_size=self.verify_max + 2)
-        _check_policy_fields(policy, trace, self.gamma)
         self.request_state: np.ndarray | None = None  # per request, set with the rows
         self.steps = StepRecorder()
         self.record_step = self.steps.buf.extend  # bound once: the step's only recorder call

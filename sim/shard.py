@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from dspark_sim.sim import api
-from dspark_sim.sim.config import SimConfig, with_replicas
+from dspark_sim.sim.config import SimConfig
 from dspark_sim.sim.engine import STEP_FIELDS, RequestLog, StepStats
 from dspark_sim.sim.prefill import PrefillPool
 
@@ -90,9 +90,9 @@ def groups_of(replicas: int, workers: int) -> list[tuple[int, ...]]:
     return [tuple(range(g, replicas, k)) for g in range(k)]
 
 
-def run_group(cfg: SimConfig, replicas: tuple[int, ...], inputs: dict) -> GroupRun:
-    """Simulate ``cfg`` stepping only ``replicas`` (a worker's task)."""
-    run = _in_memory(cfg, inputs, replicas)
+def run_group(inputs: api.RunInputs | SimConfig, replicas: tuple[int, ...]) -> GroupRun:
+    """Simulate ``inputs`` stepping only ``replicas`` (a worker's task)."""
+    run = _in_memory(api._inputs(inputs), replicas)
     pool = run.prefill
     prefill = None if pool is None else PrefillTotals(pool.instances, pool.busy_s, pool.steps,
                                                       pool.submitted_s, pool.start_s)
@@ -100,9 +100,10 @@ def run_group(cfg: SimConfig, replicas: tuple[int, ...], inputs: dict) -> GroupR
                     run.bounded_by, run.horizon)
 
 
-def _in_memory(cfg: SimConfig, inputs: dict, replicas: tuple[int, ...] | None):
-    cfg, policy, profile, trace, calibration, policy_profile = api.resolve_inputs(
-        cfg, **inputs)
+def _in_memory(inputs: api.RunInputs, replicas: tuple[int, ...] | None):
+    cfg, policy, profile, trace, calibration, policy_profile = (
+        inputs.cfg, inputs.policy, inputs.profile, inputs.trace, inputs.calibration,
+        inputs.policy_profile)
     if api._drawn_in_chunks(cfg, trace, None, profile) is not None:
         return None  # a run that streams: its arrivals are never drawn whole
     rng = np.random.default_rng(cfg.seed)
@@ -158,40 +159,38 @@ def merge(groups: list[GroupRun], replicas: int, max_engine_steps: int
     return log, stats, steps
 
 
-def simulate_replicas(cfg: SimConfig, *, executor: str = "ray", workers: int | None = None,
-                      **inputs) -> tuple[api.SimResult, str | None]:
-    """:func:`api.simulate`, with the replica groups on ``executor`` (``"ray"``: Ray
+def simulate_replicas(cfg: api.RunInputs | SimConfig, *, executor: str = "ray",
+                      workers: int | None = None, **given) -> tuple[api.SimResult, str | None]:
+    """:func:`api.simulate` of :func:`api.prepare`'s inputs (or of a config, prepared
+    here with ``given``), with the replica groups on ``executor`` (``"ray"``: Ray
     tasks, on the cluster ``RAY_ADDRESS`` names or a local one; ``"serial"``: one after
     another in this process) where the run allows it. Returns (the result, why it ran
     serially or None). The result's bytes are the serial run's either way."""
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}")
-    if cfg.deployment.replicas is None:  # the profile's default_replicas sets the groups
-        from dspark_sim.calibration.profile import EngineProfile, load_profile
-
-        profile = api._loaded(inputs.get("profile"), EngineProfile, load_profile, "profile")
-        cfg = with_replicas(cfg, profile or load_profile(cfg.deployment.profile))
+    inputs = api._inputs(cfg, **given)
+    cfg = inputs.cfg  # its replicas resolved: the profile's default_replicas sets the groups
     if workers is None:
         workers = cfg.deployment.replicas
     why = serial_reason(cfg, workers)
     if why is not None:
-        return api.simulate(cfg, **inputs), why
-    whole = _in_memory(cfg, inputs, replicas=())  # the frame the merge fills in
+        return api.simulate(inputs), why
+    whole = _in_memory(inputs, replicas=())  # the frame the merge fills in
     if whole is None:
-        return api.simulate(cfg, **inputs), "the run streams its rows"
+        return api.simulate(inputs), "the run streams its rows"
     parts = groups_of(cfg.deployment.replicas, workers)
     if executor == "ray":
         from dspark_sim.sim.ray_start import start_ray
 
         ray = start_ray(workers)
         task = ray.remote(run_group)
-        groups = ray.get([task.remote(cfg, part, inputs) for part in parts])
+        groups = ray.get([task.remote(inputs, part) for part in parts])
     else:
-        groups = [run_group(cfg, part, inputs) for part in parts]
+        groups = [run_group(inputs, part) for part in parts]
     try:
         log, stats, steps = merge(groups, cfg.deployment.replicas, whole.cfg.max_engine_steps)
     except SerialFallback as exc:
-        return api.simulate(cfg, **inputs), str(exc)
+        return api.simulate(inputs), str(exc)
     whole.log, whole.ctx.stats = log, stats
     whole.prefill = groups[0].prefill
     whole.bounded_by, whole.horizon = groups[0].bounded_by, groups[0].horizon

@@ -580,18 +580,18 @@ def _prefix_cache_values(values: Sequence[str] | str | None) -> list[str | None]
 
 def run_point(point: SweepPoint) -> dict:
     """Simulate one point; return its row (parameters + metrics). Runs in a worker."""
-    from dspark_sim.sim.api import simulate
+    from dspark_sim.sim.api import prepare, simulate
 
     t0 = time.perf_counter()
     cfg = point.config
-    res = simulate(cfg)
+    res = simulate(prepare(cfg, grid_point=True))
     doublings = 0
     while _needs_more(res.summary, point.sizing) and doublings < point.sizing.max_doublings:
         bigger = _doubled(cfg, point.sizing.max_requests)
         if bigger is None:
             break
         cfg = bigger
-        res = simulate(cfg)
+        res = simulate(prepare(cfg, grid_point=True))
         doublings += 1
     row = dict(point.params())
     row["size_doublings"] = doublings

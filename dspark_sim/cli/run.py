@@ -114,8 +114,7 @@ def run(
                                       "--executor ray or leave --workers out")
     sched_profile = load_profile(policy_profile) if policy_profile is not None else None
     t0 = time.perf_counter()
-    result = _simulate_checked(cfg, layers, sched_profile, executor=executor,
-                               workers=workers)
+    result = _simulate(cfg, layers, sched_profile, executor=executor, workers=workers)
     wall = time.perf_counter() - t0
     if out is not None:
         result.write(out)
@@ -125,29 +124,22 @@ def run(
             console.print(f"wrote {out / 'summary.json'} and {out / 'requests.parquet'}", style="dim")
 
 
-def _simulate_checked(cfg, layers: list, sched_profile, executor: str = "serial",
-                      workers: int | None = None):
-    """Every named input read by the policy, the trace, the policy and its draft length
-    checked, then the run (with
-    ``executor="ray"``, replica groups as Ray tasks where the run allows it); a bad value
-    the config file gave names the file's key (``layers``: :func:`resolve_config`'s)."""
-    from dspark_sim.policies.registry import get_policy
-    from dspark_sim.sim.api import check_inputs_read, resolve_trace, simulate
-    from dspark_sim.sim.config import blame_config, check_draft_length
+def _simulate(cfg, layers: list, sched_profile, executor: str = "serial",
+              workers: int | None = None):
+    """The run of :func:`~dspark_sim.sim.api.prepare`'s inputs (with ``executor="ray"``,
+    replica groups as Ray tasks where the run allows it); a bad value the config file
+    gave names the file's key (``layers``: :func:`resolve_config`'s)."""
+    from dspark_sim.sim.api import prepare, simulate
+    from dspark_sim.sim.config import blame_config
 
     with blame_config(layers):
-        pol = get_policy(cfg.policy)
-        check_inputs_read(cfg, [pol])
-        trace_obj = resolve_trace(cfg, pol)
-        check_draft_length(pol, trace_obj, cfg.gamma_max if pol.drafter == "dspark" else None)
+        inputs = prepare(cfg, policy_profile=sched_profile)
         if executor == "serial":
-            return simulate(cfg, trace=trace_obj, policy_profile=sched_profile)
+            return simulate(inputs)
         from dspark_sim.sim.shard import simulate_replicas
 
-        result, why = simulate_replicas(cfg, executor=executor, workers=workers,
-                                        trace=trace_obj, policy_profile=sched_profile)
+        result, why = simulate_replicas(inputs, executor=executor, workers=workers)
         if why is not None:
             err_console.print(f"note: --executor {executor} ran serially: {why}",
                               highlight=False)
         return result
-

@@ -687,6 +687,7 @@ def test_a_run_cut_short_keeps_each_requests_progress():
 
 def test_a_policy_needing_a_v2_field_the_trace_lacks_fails_up_front():
     from dspark_sim.errors import InputError
+    from dspark_sim.sim.api import check_policy_fields
     from dspark_sim.traces.schema_v2 import V2Fields
 
     pol = get_policy("sparsespec")
@@ -695,10 +696,10 @@ def test_a_policy_needing_a_v2_field_the_trace_lacks_fails_up_front():
     other = replace(trace, v2=V2Fields(true_prob=np.ones((16, 7), np.float32)))
     for t in (trace, other):
         with pytest.raises(InputError, match="draft_entropy"):
-            engine._check_policy_fields(pol, t, 7)
-    engine._check_policy_fields(pol, other, 0)  # nothing drafted: nothing read
+            check_policy_fields(pol, t)
+    check_policy_fields(pol, None)  # nothing drafted: nothing read
     has = replace(trace, v2=V2Fields(draft_entropy=np.ones((16, 7), np.float16)))
-    engine._check_policy_fields(pol, has, 7)
+    check_policy_fields(pol, has)
 
 
 # -- the scheduler's draft prices --------------------------------------------------------------
@@ -880,9 +881,9 @@ def test_the_policy_reads_its_snapshot_read_only():
 
 def test_gamma_max_shortens_the_block_drafters_block_only():
     """--gamma-max 3 on a gamma-7 trace: the DSpark block drafter drafts (and a policy
-    verifies) at most 3 per step; MTP-1 keeps the trace's block; a fixed:7 that the
-    shortened block cannot feed, a fixed:9 the trace cannot, or a gamma_max past the
-    trace, is refused."""
+    verifies) at most 3 per step; MTP-1 keeps the trace's block and never reads it (given
+    to mtp1 it is refused); a fixed:7 that the shortened block cannot feed, a fixed:9
+    the trace cannot, or a gamma_max past the trace, is refused."""
     from dspark_sim.errors import InputError
 
     trace = synth_iid(0.9, 7, num_requests=4, positions=64, seed=3)
@@ -895,8 +896,10 @@ def test_gamma_max_shortens_the_block_drafters_block_only():
     assert full["gamma_max"] == 7 and full["num_draft_tokens_verified"] > 3 * full["num_drafts"]
     both = _flat(drafts={"dspark": DraftCost(np.array([1.0, 2.0]), np.zeros(2), 7),
                          "mtp1": DraftCost(np.array([1.0, 2.0]), np.zeros(2), 1)})
-    assert simulate(replace(base, policy="mtp1", gamma_max=3), profile=both,
+    assert simulate(replace(base, policy="mtp1"), profile=both,
                     trace=trace).summary["gamma_max"] == 7
+    with pytest.raises(InputError, match="--gamma-max: 3 .* mtp1 .* never reads it"):
+        simulate(replace(base, policy="mtp1", gamma_max=3), profile=both, trace=trace)
     with pytest.raises(InputError, match="--policy"):
         simulate(replace(base, policy="fixed:7", gamma_max=3), profile=_flat(), trace=trace)
     with pytest.raises(InputError, match="--gamma-max"):

@@ -48,7 +48,10 @@ def _cfg(path, *, cache="on", kv=None, prefill="chunked", replicas=1, closed=Non
 
 def _run(cfg: SimConfig):
     """The finished in-memory run (its context: caches, per-step series) and summary."""
-    cfg, policy, profile, trace, calibration, pp = api.resolve_inputs(cfg)
+    inp = api.prepare(cfg)
+    cfg, policy, profile, trace, calibration, pp = (inp.cfg, inp.policy, inp.profile,
+                                                    inp.trace, inp.calibration,
+                                                    inp.policy_profile)
     rng = np.random.default_rng(cfg.seed)
     stream, rows = api._request_log(cfg, rng, trace, None, profile)
     run = api.run_in_memory(cfg, policy, profile, trace, calibration, pp, stream, rows)

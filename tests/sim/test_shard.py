@@ -73,7 +73,7 @@ def test_the_merge_refuses_what_it_cannot_order_or_bound():
     """Steps of two replicas ending at one instant (their serial order is SimPy's), and
     a merged run that reaches the step bound (the serial run stops there)."""
     cfg = _cfg(replicas=2, n=200)
-    groups = [shard.run_group(cfg, part, {}) for part in shard.groups_of(2, 2)]
+    groups = [shard.run_group(cfg, part) for part in shard.groups_of(2, 2)]
     with pytest.raises(shard.SerialFallback, match="step bound"):
         shard.merge(groups, 2, max_engine_steps=10)
     tied = groups[1].steps | {"end_s": groups[1].steps["end_s"].copy()}
