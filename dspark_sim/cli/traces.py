@@ -163,24 +163,32 @@ def traces_inspect(
                   f"{'; per-request prompt/output lengths' if tr.has_lengths else ''}")
     g = tr.gamma_max
     parts = [("all", tr)] + ([(d, tr.select_domain(d)) for d in meta.domains] if len(meta.domains) > 1 else [])
-    # One row per verify length, so any gamma_max fits the terminal's width.
+    # One row per verify length, so any gamma_max fits the terminal's width. The per
+    # proposal column only where a step can go without a proposal (a draft_tokens
+    # column): elsewhere it equals the per request-step one, and a third column a domain
+    # would push the domains past an 80-column terminal.
+    proposals = tr.draft_tokens is not None
     tab = Table(title="tau (tokens per verification step, incl. bonus) by verify length l")
     tab.add_column("l", justify="right")
     for name, _ in parts:
-        tab.add_column(f"{name}\nper proposal", justify="right", min_width=8)
+        if proposals:
+            tab.add_column(f"{name}\nper proposal", justify="right", min_width=8)
         tab.add_column(f"{name}\nper req-step", justify="right", min_width=8)
         tab.add_column(f"{name}\nper-pos", justify="right", min_width=7)
     for ell in range(g + 1):
         tab.add_row(str(ell), *[f"{v:.2f}" for name, sub in parts
-                                for v in (sub.acceptance_length(ell), sub.served_tau(ell),
-                                          sub.tau(ell))])
+                                for v in ((sub.acceptance_length(ell),) if proposals else ())
+                                + (sub.served_tau(ell), sub.tau(ell))])
     console.print(tab)
     console.print("a fixed-l chain replayed through each request, as a run serves it: per "
                   "proposal = vLLM's spec_decode_acceptance_length (tokens / steps where the "
                   "drafter proposed; a run's 'tau per proposal'), per req-step = tokens / "
                   "every request-step (a step without a proposal is one token; a run's 'tau "
                   "per request-step'; DSpark Table 1); equal when the drafter proposes at "
-                  "every step. per-pos: min(l, m_t) + 1 averaged over positions; higher when "
+                  "every step"
+                  + ("" if proposals else ", as in this trace (it has no draft_tokens "
+                     "column), so per proposal is not shown")
+                  + ". per-pos: min(l, m_t) + 1 averaged over positions; higher when "
                   "acceptance comes in easy and hard stretches.", style="dim")
     for name, sub in parts:
         pos = Table(title=f"per-position acceptance: {name}")

@@ -79,13 +79,22 @@ def test_inspect_names_both_taus(tmp_path):
     from dspark_sim.cli import app
     from dspark_sim.traces.schema import write_trace
 
-    p = write_trace(_trace([[7] * 256 + [0] * 256], 7, conf=False), tmp_path / "b.parquet")
-    r = CliRunner().invoke(app, ["traces", "inspect", str(p)])
-    assert r.exit_code == 0, r.output
-    row7 = next(ln for ln in r.output.splitlines() if ln.startswith("│ 7 "))
-    cells = [c.strip() for c in row7.strip("│ ").split("│")]
-    # served 512 tokens / 288 steps, per proposal and per request-step alike (the drafter
-    # proposes at every step); per-position 4.5
-    assert cells == ["7", "1.78", "1.78", "4.50"]
-    assert "per proposal" in r.output and "per req-step" in r.output
-    assert "no confidences" in r.output and "mean raw confidence" not in r.output
+    def row7(path):
+        r = CliRunner().invoke(app, ["traces", "inspect", str(path)])
+        assert r.exit_code == 0, r.output
+        row = next(ln for ln in r.output.splitlines() if ln.startswith("│ 7 "))
+        return r.output, [c.strip() for c in row.strip("│ ").split("│")]
+
+    tr = _trace([[7] * 256 + [0] * 256], 7, conf=False)
+    out, cells = row7(write_trace(tr, tmp_path / "b.parquet"))
+    # served 512 tokens / 288 steps, per request-step; per proposal is the same (the drafter
+    # proposes at every step) and left out; per-position 4.5
+    assert cells == ["7", "1.78", "4.50"]
+    assert "per req-step" in out and "per proposal is not shown" in out
+    assert "no confidences" in out and "mean raw confidence" not in out
+    # the same acceptance where the second half proposed nothing: per request-step as
+    # before, per proposal 256 tokens / 32 steps with a proposal = 8
+    drafts = np.r_[np.full(256, 7), np.zeros(256)].astype(np.int8)
+    out, cells = row7(write_trace(replace(tr, draft_tokens=drafts), tmp_path / "n.parquet"))
+    assert cells == ["7", "8.00", "1.78", "4.50"]
+    assert "per proposal" in out and "not shown" not in out
