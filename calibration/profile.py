@@ -125,7 +125,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -145,8 +145,6 @@ from dspark_sim.io import loads_toml, not_a_file
 # analytic: a roofline from hardware/model sheets; measured: timed on a device;
 # published: a third party's published cost fit, transcribed (sourced in the file).
 PROFILE_KINDS = ("analytic", "measured", "published")
-ENGINE_LIMITS = ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens",
-                 "max_model_len", "prefill")
 PREFILL_MODES = ("chunked", "disaggregated")
 INTERPOLATIONS = ("step", "linear")
 
@@ -212,16 +210,75 @@ class DraftCost:
 
 @dataclass(frozen=True)
 class EngineLimits:
-    """Per-replica limits a deployment implies (``None``: the profile does not say)."""
+    """A replica's scheduler limits, the one declaration of them: a profile's ``[engine]``
+    table, the run's ``EngineConfig`` fields of the same names and the engine's
+    :class:`ResolvedLimits` all hold these (``None``: this layer does not say)."""
 
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    kv_capacity_tokens: int | None = None
-    max_model_len: int | None = None
+    kv_capacity_tokens: int | None = None  # prompt + generated + verify slots
+    max_model_len: int | None = None  # None: no cap beyond the KV cache
     # "chunked": prompts are prefilled in the decode batch, sharing the token budget with
     # verification (vLLM/SGLang colocated); "disaggregated": separate prefill instances
     # send each request's KV and first token to the decode replica (DeepSeek's serving).
     prefill: str | None = None
+
+
+ENGINE_LIMITS = tuple(f.name for f in fields(EngineLimits))
+
+# The limits a run takes where neither its options nor the profile's [engine] table
+# state them: vLLM's defaults for the first two, a KV cache no chat load of the default
+# replica exhausts, and prefill in the decode batch (vLLM's).
+DEFAULT_LIMITS = EngineLimits(max_num_seqs=256, max_num_batched_tokens=8192,
+                              kv_capacity_tokens=2_000_000, max_model_len=None,
+                              prefill="chunked")
+
+
+@dataclass(frozen=True)
+class ResolvedLimits(EngineLimits):
+    """The limits a run uses, every one filled in (``max_model_len`` may stay ``None``:
+    no cap), and where each came from: limit -> "option" | "profile" | "default"."""
+
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def resolve_limits(given: object, profile: EngineProfile) -> ResolvedLimits:
+    """Each limit from ``given`` (anything with the limits' attributes: a run's
+    ``EngineConfig``), else the profile's [engine] table, else :data:`DEFAULT_LIMITS`."""
+    values: dict[str, int | str | None] = {}
+    sources: dict[str, str] = {}
+    for name in ENGINE_LIMITS:
+        mine = getattr(given, name, None)
+        from_profile = getattr(profile.limits, name)
+        if mine is not None:
+            values[name], sources[name] = mine, "option"
+        elif from_profile is not None:
+            values[name], sources[name] = from_profile, "profile"
+        else:
+            values[name], sources[name] = getattr(DEFAULT_LIMITS, name), "default"
+    if values["max_num_seqs"] > values["max_num_batched_tokens"]:
+        raise _limits_conflict(values, sources, profile.name)
+    return ResolvedLimits(**values, sources=sources)
+
+
+def _limits_conflict(values: dict, sources: dict[str, str], profile_name: str) -> InputError:
+    """More sequences than batched tokens (a step must hold one token per sequence),
+    blamed on the limit the run itself gave: an option beats the profile, which beats
+    the default, so ``--max-num-batched-tokens 8`` under the default sequences names
+    ``--max-num-batched-tokens``, not the ``--max-num-seqs`` the user never typed.
+    (``config.resolve_config`` turns the option into the config key that gave it.)"""
+    seqs, tokens = values["max_num_seqs"], values["max_num_batched_tokens"]
+    origin = {"option": "given", "default": "the simulator's default",
+              "profile": f"from profile {profile_name}'s [engine] table"}
+    if sources["max_num_batched_tokens"] == "option" and sources["max_num_seqs"] != "option":
+        return InputError("--max-num-batched-tokens", f"{tokens} is below max_num_seqs "
+                          f"({seqs}, {origin[sources['max_num_seqs']]}): a step holds one "
+                          f"token per sequence; lower max_num_seqs to {tokens} or less too")
+    given = sources["max_num_seqs"] == "option"
+    return InputError("--max-num-seqs" if given else f"profile {profile_name}",
+                      f"{'' if given else 'its max_num_seqs '}{seqs} must not exceed "
+                      f"max_num_batched_tokens ({tokens}, "
+                      f"{origin[sources['max_num_batched_tokens']]})")
 
 
 @dataclass(frozen=True, eq=False)

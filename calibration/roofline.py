@@ -70,6 +70,7 @@ import numpy as np
 
 from dspark_sim.calibration.hf_config_check import check_hf_config
 from dspark_sim.calibration.profile import (
+    DEFAULT_LIMITS,
     DraftCost,
     EngineLimits,
     EngineProfile,
@@ -160,8 +161,9 @@ class DeploymentSheet:
     tp_allreduces_per_layer: float = 2.0
     eager_penalty_ms: float = 5.0  # added to an eager step
     eager_slowdown: float = 1.0  # an eager step costs this many times the graph cost
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    # a sheet that states neither limit: the simulator's defaults (vLLM's)
+    max_num_seqs: int = DEFAULT_LIMITS.max_num_seqs
+    max_num_batched_tokens: int = DEFAULT_LIMITS.max_num_batched_tokens
     activation_reserve: float = 0.1  # fraction of HBM kept for activations / workspace
     sample_us_per_row: float = 0.0  # sampling / rejection per logit row, fixed part
     draft_layers: float = 3.0  # block drafter depth in dense-layer equivalents

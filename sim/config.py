@@ -134,9 +134,11 @@ LENGTHS_HELP = ("azure-conv | azure-code | mooncake | long-context[:IN:OUT[:SIGM
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """One replica's scheduler limits (vLLM names where they exist). ``None``: take the
-    engine profile's ``[engine]`` value (what the deployment's HBM and graphs imply),
-    else the simulator's default (256 sequences, 8192 batched tokens, 2M KV tokens)."""
+    """One replica's scheduler settings (vLLM names where they exist). The limits are
+    :class:`~dspark_sim.calibration.profile.EngineLimits`' fields as options (each
+    field of that name here; ``resolve_limits`` reads them): ``None`` takes the engine
+    profile's ``[engine]`` value (what the deployment's HBM and graphs imply), else the
+    simulator's ``DEFAULT_LIMITS``."""
 
     max_num_seqs: int | None = setting(help="Per replica.", unit="sequences")
     max_num_batched_tokens: int | None = setting(help="Per step, per replica.", unit="tokens")
@@ -910,8 +912,7 @@ def _check_engine_limits(cfg: SimConfig, layers: list[_Layer]) -> None:
     e = cfg.engine
     if (e.max_num_seqs is None) == (e.max_num_batched_tokens is None):
         return  # both given: validate() compared them; neither: the profile's own pair
-    from dspark_sim.calibration.profile import load_profile
-    from dspark_sim.sim.engine import resolve_limits
+    from dspark_sim.calibration.profile import load_profile, resolve_limits
 
     try:
         resolve_limits(e, load_profile(cfg.deployment.profile))
@@ -930,8 +931,7 @@ def _check_prefill_count(cfg: SimConfig, layers: list[_Layer]) -> None:
         return
     mode = cfg.engine.prefill
     if mode is None:
-        from dspark_sim.calibration.profile import load_profile
-        from dspark_sim.sim.engine import resolve_limits
+        from dspark_sim.calibration.profile import load_profile, resolve_limits
 
         try:
             mode = resolve_limits(cfg.engine, load_profile(cfg.deployment.profile)).prefill

@@ -34,7 +34,7 @@ import numpy as np
 import simpy
 
 from dspark_sim.calibration.confmap import CalibrationMap
-from dspark_sim.calibration.profile import ENGINE_LIMITS, EngineLimits, EngineProfile
+from dspark_sim.calibration.profile import EngineProfile, resolve_limits
 from dspark_sim.errors import InputError
 from dspark_sim.policies import compiled
 from dspark_sim.policies.base import (
@@ -45,7 +45,7 @@ from dspark_sim.policies.base import (
 )
 from dspark_sim.policies.registry import Policy
 from dspark_sim.sim import fast
-from dspark_sim.sim.config import EngineConfig, SimConfig
+from dspark_sim.sim.config import SimConfig
 from dspark_sim.sim.cost import CostModel
 from dspark_sim.sim.prefix_cache import PrefixCache, PromptBlocks
 from dspark_sim.traces.schema import AcceptanceTrace
@@ -72,12 +72,6 @@ NUM_COLUMNS = 12
 # Why a request was refused at arrival (RequestLog.rejected): it can never be served.
 REJECT_REASONS = {1: "max_model_len", 2: "kv_capacity"}
 
-# Per-replica limits when neither the run's options nor the profile's [engine] table
-# state them (vLLM's defaults for the first two).
-DEFAULT_LIMITS = EngineLimits(max_num_seqs=256, max_num_batched_tokens=8192,
-                              kv_capacity_tokens=2_000_000, max_model_len=None,
-                              prefill="chunked")
-
 
 def _lengths(ell, policy: str, n_dec: int) -> np.ndarray:
     """A policy's verify lengths as the engine's own writable int64 array (it trims them
@@ -93,56 +87,6 @@ def _lengths(ell, policy: str, n_dec: int) -> np.ndarray:
     if arr.dtype != np.int64 or not arr.flags.writeable or arr is not ell:
         return arr.astype(np.int64)  # a copy: the policy's array stays as it was
     return arr
-
-
-@dataclass(frozen=True)
-class ResolvedLimits:
-    """The per-replica limits a run uses and where each came from."""
-
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    kv_capacity_tokens: int
-    max_model_len: int | None
-    prefill: str  # "chunked" (in the decode batch) | "disaggregated" (prefill instances)
-    sources: dict[str, str]  # limit -> "option" | "profile" | "default"
-
-
-def resolve_limits(engine: EngineConfig, profile: EngineProfile) -> ResolvedLimits:
-    """Explicit engine options win, then the profile's [engine] table, then defaults."""
-    values: dict[str, int | str | None] = {}
-    sources: dict[str, str] = {}
-    for name in ENGINE_LIMITS:
-        given = getattr(engine, name, None)
-        from_profile = getattr(profile.limits, name)
-        if given is not None:
-            values[name], sources[name] = given, "option"
-        elif from_profile is not None:
-            values[name], sources[name] = from_profile, "profile"
-        else:
-            values[name], sources[name] = getattr(DEFAULT_LIMITS, name), "default"
-    if values["max_num_seqs"] > values["max_num_batched_tokens"]:
-        raise _limits_conflict(values, sources, profile.name)
-    return ResolvedLimits(**values, sources=sources)
-
-
-def _limits_conflict(values: dict, sources: dict[str, str], profile_name: str) -> InputError:
-    """More sequences than batched tokens (a step must hold one token per sequence),
-    blamed on the limit the run itself gave: an option beats the profile, which beats
-    the default, so ``--max-num-batched-tokens 8`` under the default 256 sequences names
-    ``--max-num-batched-tokens``, not the ``--max-num-seqs`` the user never typed.
-    (``config.resolve_config`` turns the option into the config key that gave it.)"""
-    seqs, tokens = values["max_num_seqs"], values["max_num_batched_tokens"]
-    origin = {"option": "given", "default": "the simulator's default",
-              "profile": f"from profile {profile_name}'s [engine] table"}
-    if sources["max_num_batched_tokens"] == "option" and sources["max_num_seqs"] != "option":
-        return InputError("--max-num-batched-tokens", f"{tokens} is below max_num_seqs "
-                          f"({seqs}, {origin[sources['max_num_seqs']]}): a step holds one "
-                          f"token per sequence; lower max_num_seqs to {tokens} or less too")
-    given = sources["max_num_seqs"] == "option"
-    return InputError("--max-num-seqs" if given else f"profile {profile_name}",
-                      f"{'' if given else 'its max_num_seqs '}{seqs} must not exceed "
-                      f"max_num_batched_tokens ({tokens}, "
-                      f"{origin[sources['max_num_batched_tokens']]})")
 
 
 _NO_CHUNK = np.zeros(0, np.int64)  # a step without prefill, to the compiled replay

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from dspark_sim.calibration.profile import DEFAULT_LIMITS
 from dspark_sim.cli.common import (
     Device,
     EngineKv,
@@ -157,7 +158,8 @@ def calibrate_vllm_cmd(
     for line in substitution_warnings(runs) + list(traces.warnings):
         err_console.print("warning: " + line, highlight=False)
     engine = load_engine(None, max_num_seqs=max_num_seqs,
-                         max_num_batched_tokens=max_num_batched_tokens or 8192,
+                         max_num_batched_tokens=(max_num_batched_tokens
+                                                 or DEFAULT_LIMITS.max_num_batched_tokens),
                          kv_capacity_tokens=kv_capacity_tokens)
     fit = fit_profile(runs, engine=engine, name=name, seed=seed, traces=traces)
     out.mkdir(parents=True, exist_ok=True)

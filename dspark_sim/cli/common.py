@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
+from dspark_sim.calibration.profile import DEFAULT_LIMITS
 from dspark_sim.errors import InputError
 from dspark_sim.io import as_os_error, os_error_line, path_too_long
 
@@ -192,10 +193,11 @@ OutParquet = Annotated[Path, PathOption(help="Output parquet path.")]
 TraceArg = Annotated[str, NameArgument(help="Trace path or built-in name.")]
 # the engine limits a vLLM deployment's runs were served with (calibrate vllm, vllm compare)
 EngineSeqs = Annotated[int | None, typer.Option(
-    help="max_num_seqs the runs were served with (default: the manifest's, else 256).")]
+    help="max_num_seqs the runs were served with (default: the manifest's, else "
+         f"{DEFAULT_LIMITS.max_num_seqs}).")]
 EngineTokens = Annotated[int | None, typer.Option(
     help="max_num_batched_tokens the runs were served with (default: the manifest's, "
-         "else 8192).")]
+         f"else {DEFAULT_LIMITS.max_num_batched_tokens}).")]
 EngineKv = Annotated[int | None, typer.Option(
     help="KV cache tokens vLLM allocated ('KV cache size: N tokens' in its log; default: "
          "the manifest's).")]

@@ -3,12 +3,22 @@ bound, and the draft-KV and attention-window cost terms (computed here by hand).
 
 from __future__ import annotations
 
-from dataclasses import replace
+import ast
+from dataclasses import fields, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dspark_sim.calibration.profile import DraftCost, EngineLimits, EngineProfile, load_profile
+from dspark_sim.calibration.profile import (
+    DEFAULT_LIMITS,
+    ENGINE_LIMITS,
+    DraftCost,
+    EngineLimits,
+    EngineProfile,
+    load_profile,
+    resolve_limits,
+)
 from dspark_sim.errors import InputError
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
@@ -28,6 +38,33 @@ def _closed(policy: str, lengths: str, n: int = 1, clients: int = 1, **engine) -
                      engine=EngineConfig(**engine),
                      workload=WorkloadConfig(arrival="closed", max_concurrency=clients,
                                              num_requests=n, lengths=lengths))
+
+
+def test_each_limit_is_declared_once_and_read_by_name_as_a_run_option():
+    """EngineLimits declares the limits; a run's EngineConfig holds an option of each
+    name, which resolve_limits reads before the profile's and DEFAULT_LIMITS' value."""
+    assert ENGINE_LIMITS == tuple(f.name for f in fields(EngineLimits))
+    assert set(ENGINE_LIMITS) <= {f.name for f in fields(EngineConfig)}
+    lim = resolve_limits(EngineConfig(max_num_seqs=3, prefill="disaggregated"),
+                         _flat(limits=EngineLimits(max_num_seqs=5, kv_capacity_tokens=5000)))
+    assert isinstance(lim, EngineLimits)
+    assert (lim.max_num_seqs, lim.prefill, lim.kv_capacity_tokens) == (3, "disaggregated", 5000)
+    assert (lim.max_num_batched_tokens, lim.max_model_len) == \
+        (DEFAULT_LIMITS.max_num_batched_tokens, DEFAULT_LIMITS.max_model_len)
+    assert lim.sources == {"max_num_seqs": "option", "prefill": "option",
+                           "kv_capacity_tokens": "profile", "max_num_batched_tokens": "default",
+                           "max_model_len": "default"}
+
+
+def test_the_config_imports_no_engine():
+    """sim/config.py sits below the engine that reads it: it resolves limits through the
+    profile's resolve_limits, never through sim/engine.py."""
+    import dspark_sim.sim.config as config
+
+    tree = ast.parse(Path(config.__file__).read_text(encoding="utf-8"))
+    named = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} \
+        | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in named if m and m.startswith("dspark_sim.sim.engine")}
 
 
 def test_limits_come_from_the_profile_unless_given():
