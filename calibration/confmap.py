@@ -194,7 +194,7 @@ def _from_table(cal, source: str) -> CalibrationMap:
     what a valid map is: :func:`temperature_map` / :func:`isotonic_map`)."""
     if not isinstance(cal, dict):
         raise InputError(source, "missing [calibration] table")
-    # a misspelt key was ignored: "methd" made an identity map, "temperaturs" was unread
+    # a misspelt key would be ignored: "methd" an identity map, "temperaturs" unread
     check_known_keys(f"{source} [calibration]", cal, MAP_KEYS)
     method = cal.get("method", "identity")
     if method not in METHODS:

@@ -1094,9 +1094,9 @@ def _available_host_bytes() -> int:
 def _check_fits(plan: _MeasurePlan, cfg, torch) -> None:
     """Refuse, before a model is built, shapes longer than the model's positions or whose
     static KV cache cannot fit in free memory beside the weights (a typo like
-    --batch-requests 100000000 was an allocator traceback after the model load), or whose
-    weights alone cannot (a 70B config.json on a CPU allocated for a minute, then died in
-    the allocator)."""
+    --batch-requests 100000000 would be an allocator traceback after the model load), or
+    whose weights alone cannot (a 70B config.json on a CPU would allocate for a minute,
+    then die in the allocator)."""
     layers, kv_heads, head_dim, max_pos = _kv_dims(cfg)
     positions = max(plan.context_lengths) + max(plan.verify_lengths) + 1
     if max_pos and positions > max_pos:

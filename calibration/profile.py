@@ -652,12 +652,12 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
     head = _table(source, data, "profile", required=True)
     target = _table(source, data, "target", required=True)
     where_t = f"{source} [target]"
-    # a misspelt key was ignored: a cost term silently zero ([target] kv_us_per_tokn), a
-    # table silently unused ([drafts.dspark]); refused as [engine] and [draft.*] keys are
+    # a misspelt key would be ignored: a cost term silently zero ([target] kv_us_per_tokn),
+    # a table silently unused ([drafts.dspark]); refused as [engine] and [draft.*] keys are
     check_known_keys(source, data, PROFILE_TABLES)
     check_known_keys(f"{source} [profile]", head, PROFILE_KEYS)
     check_known_keys(where_t, target, TARGET_KEYS)
-    for key in ("name", "description"):  # name = 5 was shown as "5"
+    for key in ("name", "description"):  # name = 5 would show as "5"
         if not isinstance(head.get(key, ""), str):
             raise InputError(f"{source} [profile]", f"'{key}' must be a string, got "
                                                     f"{head[key]!r}")

@@ -317,7 +317,7 @@ def read_toml(path: str | Path, what: str = "file") -> dict:
 def check_unique_columns(names, where: str) -> None:
     """Refuse a table with one column name twice: a parquet file may hold that (pyarrow
     writes it; polars then fails with its own traceback), and a CSV reader renames the
-    second ``x`` to ``x_duplicated_0``, so which of the two was read was chance."""
+    second ``x`` to ``x_duplicated_0``, so which of the two is read is chance."""
     from dspark_sim.errors import InputError
 
     seen: dict[str, int] = {}

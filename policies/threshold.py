@@ -25,7 +25,7 @@ def _threshold(p: float) -> Callable[[BatchSnapshot], np.ndarray]:
           summary="verify draft tokens whose survival ≥ P (P in [0, 1]; 0.5 when omitted)")
 def threshold(spec: str, arg: str | None) -> Policy:
     try:
-        # + 0.0: -0 is 0, one canonical name (threshold:-0 was a policy of its own)
+        # + 0.0: -0 is 0, one canonical name (else threshold:-0 is a policy of its own)
         p = float(arg) + 0.0 if arg is not None else 0.5
     except ValueError as exc:
         raise InputError("--policy", f"{spec!r}: threshold must be a number") from exc

@@ -302,8 +302,8 @@ TREE_SPECS: dict[str, tuple[tuple[str, ...], tuple, tuple]] = {
     "dspark-tree": (("N", "k"), (64, 4), (int, int)),
 }
 # Most nodes one request's tree may verify (N): each is a batch token and a KV slot held
-# for the whole request, so a huge N refused every request at arrival as over the KV
-# capacity (or allocated N-sized statistics: cure:10**14 was a MemoryError). The
+# for the whole request, so a huge N would refuse every request at arrival as over the
+# KV capacity (or allocate N-sized statistics: cure:10**14 runs out of memory). The
 # published trees verify 32-64 nodes.
 MAX_TREE_NODES = 1024
 

@@ -265,7 +265,7 @@ def resolve_calibration(cfg: SimConfig, trace: AcceptanceTrace | None) -> Calibr
     name = trace.meta.extra.get("calibration") if trace is not None else None
     if name:
         # a built-in name, never a file: a path here would be read relative to wherever
-        # the command runs, and a name not found was blamed on the name, not the trace
+        # the command runs; a name not found is the trace's fault, so the error names it
         if name not in ("identity", "none", *builtin_calibrations()):
             raise InputError(trace.source_path, f"trace metadata 'calibration' names {name!r}, "
                              "which is not a built-in calibration map; give the map with "
@@ -716,7 +716,7 @@ STREAM_CHUNKS = 8
 # A streamed run left at the default step bound (sized for runs of up to 1,000,000
 # requests: 5 steps a request) keeps that allowance per request, up to the limit: the
 # default deployment takes ~0.7 steps a request, so a day at 200 req/s (17.3 M requests,
-# ~12 M steps) was cut at 5 M steps, 10 simulated hours in. The summary's
+# ~12 M steps) would stop at 5 M steps, 10 simulated hours in. The summary's
 # max_engine_steps states the bound the run had.
 STREAMED_STEPS_PER_REQUEST = 5
 

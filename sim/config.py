@@ -44,7 +44,7 @@ PREFIX_CACHE_MODES = ("on", "off")
 # Beyond these a run allocates gigabytes at once or the simulated clock loses its
 # resolution; each is refused with an error naming the option (docs/cli.md lists them).
 # Above sim.api.STREAM_ABOVE (1e6) a run streams its per-request rows to disk, so memory
-# no longer caps the count; 5e7 is ~3 days at 200 req/s, over an hour of wall time.
+# does not cap the count; 5e7 is ~3 days at 200 req/s, over an hour of wall time.
 MAX_NUM_REQUESTS = 50_000_000
 # MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, MAX_KV_CAPACITY_TOKENS, MAX_REPLICAS:
 # dspark_sim.errors (profiles obey them too)
@@ -104,8 +104,8 @@ def setting(default: Any = None, *, help: str | Callable[[], str],
 
 def parse_slo(spec: str | None) -> tuple[float | None, float | None]:
     """``ttft:MS,tpot:MS`` (either part optional) -> (ttft_ms, tpot_ms); ``None``: not
-    given. An empty one is refused like any other malformed spec (it was read as "not
-    given")."""
+    given. An empty one is refused like any other malformed spec, not taken as "not
+    given": the option was typed, so a value was meant."""
     if spec is None:
         return None, None
     out: dict[str, float] = {}
@@ -891,7 +891,7 @@ def _reblame(err: InputError, layers: list[_Layer]) -> typing.NoReturn:
         found = False
         for flag in flags:
             # an option's name, or a config field no option sets ("drain_timeout_s",
-            # "workload.arrival"): that one was blamed on an option nobody can type
+            # "workload.arrival"): named as itself, not as an option nobody can type
             path = OPTION_FIELDS.get(flag.removeprefix("--").replace("-", "_"),
                                      flag if flag in CONFIG_PATHS else None)
             given = next((layer.where[path] for layer in reversed(group)

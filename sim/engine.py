@@ -723,8 +723,8 @@ class Replica:
                                    self.proposed)
         else:
             dt = cost.draft_time(n_dec, self.kv_tokens) if n_dec else 0.0
-        # two additions, in the order of the sum before the draft was priced per request:
-        # (draft + target) + KV, so a drafter without context terms gives the same bits
+        # two additions in this order, (draft + target) + KV: a float sum depends on its
+        # order, and the golden runs (tests/sim/test_golden.py) pin these bits
         tokens = plan.verify_tokens + plan.prefill_tokens
         dt += cost.target_time(tokens) if tokens else 0.0
         dt += prof.kv_s_per_token * target_kv

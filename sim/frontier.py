@@ -289,8 +289,8 @@ def matched_throughput_gain(a: Front, b: Front, *, samples: int = 401,
     production runs below compute saturation, §5.3). Keys: ``feasible``,
     ``y_lo``, ``y_hi`` (tok/s/GPU), ``gain_min``, ``gain_max``, ``gain_mean`` (fractions,
     0.6 = +60%), ``gain_at_lo``, ``gain_at_hi``, ``reason`` (when not feasible)."""
-    # checked: samples=0 was numpy's zero-size reduction error, a NaN fraction a
-    # 'feasible' result with y_hi NaN (or silently no floor)
+    # checked: samples=0 would end in numpy's zero-size reduction error, a NaN fraction
+    # in a 'feasible' result with y_hi NaN (or silently no floor)
     if isinstance(samples, bool) or not isinstance(samples, numbers.Integral) or samples < 1:
         raise ValueError(f"matched_throughput_gain: samples must be a positive integer, "
                          f"got {samples!r}")

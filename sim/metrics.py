@@ -51,7 +51,7 @@ rises 11 % from 8xC to 32xC requests). The steady-state window
     occupancy*, the median bin over the second half of ``[0, end]`` (what "the system
     has filled" / "the batch first reaches its steady occupancy" means, for both
     loops; 90 %, the usual settling band, because a noisy stationary batch crosses its
-    own median only at random: at 200 req/s the median was first reached after half
+    own median only at random: at 200 req/s the median is first reached after half
     the run);
   - *MSER*: the truncation point that minimises the marginal standard error of the
     binned output throughput, ``d* = argmin_{d <= K/2} sum_{i>=d}(z_i - mean)^2 /

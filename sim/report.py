@@ -176,7 +176,7 @@ def _result_number(f: Path, d: dict, key: str, *, low: float, integer: bool = Fa
     """Field ``key`` of result file ``f``: a finite number >= ``low`` (``integer``: a whole
     one below 2**63, the column's type), or None where ``optional`` and absent/null. Any
     other value is refused naming the file and the field (``float("abc")`` or ``int(inf)``
-    was a traceback)."""
+    would end in a traceback)."""
     v = d.get(key)
     if v is None and optional:
         return None

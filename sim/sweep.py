@@ -144,7 +144,7 @@ def parse_numbers(spec: str | Sequence[float] | None, *, integer: bool = False,
             raise InputError(option, f"values must be below 2**63, got {spec!r}")
         return list(dict.fromkeys(int(round(v)) for v in out))
     tiny = [v for v in out if v > 0 and round(v, 9) == 0]
-    if tiny:  # was read as 0 and refused as 'got [0.0]', a value the user never typed
+    if tiny:  # else read as 0 and refused as 'got [0.0]', a value the user never typed
         raise InputError(option, f"{tiny[0]:g} rounds to 0: values keep 9 decimals, got "
                                  f"{spec!r}")
     return list(dict.fromkeys(round(v, 9) for v in out))
@@ -540,7 +540,7 @@ def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
         w = base.workload
         if kind == "qps" and w.workload_path:
             # as in run: a rate over a workload file replays it, its timestamps rescaled
-            # to the rate (the file was dropped for Poisson arrivals, even a missing one)
+            # to the rate, rather than drawing Poisson arrivals that ignore the file
             w = replace(w, arrival="replay", qps=float(load), replay_qps=float(load))
         elif kind == "qps":
             arrival = w.arrival if w.arrival in ("poisson", "gamma") else "poisson"

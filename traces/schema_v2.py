@@ -204,7 +204,7 @@ def from_frame(df: pl.DataFrame, gamma: int, req_starts: np.ndarray, source: str
         while isinstance(leaf, pl.List | pl.Array):
             leaf = leaf.inner
         if dt != np.float16 and not leaf.is_integer():
-            # a float rank 0.5 was truncated to 0 (a hit), a boolean read as 0 / 1
+            # a float rank 0.5 would truncate to 0 (a hit), a boolean read as 0 / 1
             raise InputError(source, f"'{name}' must hold integers, got {s.dtype}")
         try:
             if kind in ("g", "gk") and isinstance(s.dtype, pl.List):

@@ -411,7 +411,7 @@ def load_prompts(prompt_dir: str | Path = PROMPT_DIR, datasets: list[str] | None
                 turns = loads_json(line)["turns"]
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise InputError(f"{f}:{i + 1}", f"not a {{'turns': [...]}} line ({exc})") from exc
-            # a string would be split into one-character turns, a number was a TypeError
+            # a string would be split into one-character turns, a number raise a TypeError
             if not isinstance(turns, list) or not turns or \
                     not all(isinstance(t, str) for t in turns):
                 raise InputError(f"{f}:{i + 1}", "'turns' must be a non-empty list of strings, "
