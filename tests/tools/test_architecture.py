@@ -155,3 +155,16 @@ def test_docstring_references_point_at_what_exists(rooms):
     sources = _sources_by_module(rooms)
     assert len(sources) > 40
     assert dangling_references(sources) == []
+
+
+def test_the_route_of_one_run_in_the_doc_runs():
+    """docs/architecture.md's worked example (CLI -> prepare -> engine -> outputs) is
+    executed as written: its asserts are the doc's claims."""
+    import re
+
+    doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc.split("## The route of one run\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 1, "the section holds one python block"
+    assert all(f"# {n}." in blocks[0] for n in (1, 2, 3, 4)), "one step of the route each"
+    exec(compile(blocks[0], "docs/architecture.md", "exec"), {"__name__": "route"})
