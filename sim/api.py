@@ -855,6 +855,10 @@ def _cache_prefixes(ctx: SimContext, prefill: PrefillPool | None,
     if prefill is not None:
         prefill.cache = PrefixCache(blocks)
         prefill.cache_tokens = prefill.instances * ctx.kv_capacity
+    # each request's hits, whichever cache served it (requests.parquet's column)
+    ctx.log.cached_prompt_tokens = np.zeros(ctx.log.arrival_s.size, np.int64)
+    for cache in [*ctx.caches(), *([] if prefill is None else [prefill.cache])]:
+        cache.request_hit_tokens = ctx.log.cached_prompt_tokens
 
 
 def _prefill_pool(cfg: SimConfig, ctx: SimContext, profile: EngineProfile,

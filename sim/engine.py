@@ -115,6 +115,12 @@ class StepRecord(NamedTuple):
     # decoding rows whose drafter proposed (vLLM's drafts): all of them unless the trace
     # says an n-gram / lookup drafter found no match at some positions
     drafting_requests: int
+    # prompt tokens the replica's prefix cache held, and did not hold, for the requests
+    # admitted at the step's start (zeros without a cache in the replica: with
+    # disaggregated prefill the prefill instances' cache counts in the summary and
+    # requests.parquet, their steps not being in this series)
+    prefix_hit_tokens: int
+    prefix_miss_tokens: int
 
 
 STEP_FIELDS = StepRecord._fields
@@ -150,7 +156,7 @@ class StepPlan(NamedTuple):
 
 class StepRecorder:
     """The per-step series: one C-level ``array.extend`` of a :class:`StepRecord`'s
-    fields per engine step (13 float64, 104 bytes; well under 1 us, no per-token or
+    fields per engine step (15 float64, 120 bytes; well under 1 us, no per-token or
     per-request work)."""
 
     def __init__(self) -> None:
@@ -187,6 +193,9 @@ class RequestLog:
     preemptions: np.ndarray
     rejected: np.ndarray  # 0, or a REJECT_REASONS code: refused at arrival, never served
     changed_tokens: np.ndarray  # emitted tokens that differ from the target's (lossy)
+    # prompt tokens the prefix cache held at its admissions (summed over a preempted
+    # request's); None in a run without the cache, whose requests.parquet has no column
+    cached_prompt_tokens: np.ndarray | None = None
 
     @classmethod
     def empty(cls, n: int) -> RequestLog:
@@ -198,12 +207,15 @@ class RequestLog:
 
     def view(self, sl: slice) -> RequestLog:
         """The requests in slots ``sl`` (views, not copies)."""
-        return RequestLog(*(getattr(self, f.name)[sl] for f in dataclass_fields(self)))
+        return RequestLog(*(None if (a := getattr(self, f.name)) is None else a[sl]
+                            for f in dataclass_fields(self)))
 
     def clear(self, sl: slice) -> None:
         """Slots ``sl`` back to :meth:`empty`'s values, for the next requests they hold."""
         for f in dataclass_fields(self):
             a = getattr(self, f.name)
+            if a is None:
+                continue
             a[sl] = np.nan if a.dtype.kind == "f" else (-1 if f.name == "replica" else 0)
 
 
@@ -815,10 +827,12 @@ class Replica:
                 ctx.log.first_token_s[rids] = np.where(np.isnan(first), now, first)
         verified_drafts = int(plan.ell.sum()) if plan.lossy is not None \
             else plan.verify_tokens - n_dec
+        hit, missed = (0, 0) if self.cache is None else self.cache.take_step()
         # a StepRecord's fields as a plain tuple: building the named one costs more
         ctx.record_step((now, dt, self.index, n_dec, len(batch), len(self.waiting),
                          plan.verify_tokens + plan.prefill_tokens, plan.prefill_tokens,
-                         verified_drafts, emitted, n_accepted, n_unverified, drafting))
+                         verified_drafts, emitted, n_accepted, n_unverified, drafting,
+                         hit, missed))
         if fused:
             if n_gone:
                 self.batch = kept

@@ -146,6 +146,9 @@ def requests_frame(log: RequestLog, first_id: int = 0) -> pl.DataFrame:
         "rejected_reason": pl.Series([REJECT_REASONS.get(int(c)) for c in log.rejected],
                                      dtype=pl.String),
         "changed_tokens": log.changed_tokens,
+        # with the prefix cache only: a run without it writes the table it always wrote
+        **({} if log.cached_prompt_tokens is None
+           else {"cached_prompt_tokens": log.cached_prompt_tokens}),
     }).with_columns(
         pl.col(c).fill_nan(None) for c in ("ttft_ms", "tpot_ms", "e2e_ms", "interactivity_tok_s",
                                            "first_token_s", "finish_s")
@@ -203,6 +206,8 @@ class StepSeries:
     accepted_tokens: np.ndarray
     unverified_tokens: np.ndarray
     drafting_requests: np.ndarray
+    prefix_hit_tokens: np.ndarray
+    prefix_miss_tokens: np.ndarray
 
     @classmethod
     def from_columns(cls, cols: dict[str, np.ndarray]) -> StepSeries:

@@ -131,6 +131,12 @@ class PrefixCache:
         self.query_tokens = 0
         self.hit_tokens = 0
         self.evicted_blocks = 0
+        # the same hits and lookups since the replica's last step (its per-step series
+        # takes them, :meth:`take_step`), and each request's hits over its admissions
+        # (the run's log column, shared by every cache of the run; None: not kept)
+        self.step_hit_tokens = 0
+        self.step_query_tokens = 0
+        self.request_hit_tokens: np.ndarray | None = None
 
     # -- lookup and references --------------------------------------------------------
     def _slots(self, rid: int, lo: int, hi: int) -> np.ndarray:
@@ -169,7 +175,18 @@ class PrefixCache:
         self.hit_blocks += slots.size
         self.query_tokens += prompt_tokens
         self.hit_tokens += hit
+        self.step_query_tokens += prompt_tokens
+        self.step_hit_tokens += hit
+        if self.request_hit_tokens is not None:
+            self.request_hit_tokens[rid] += hit
         return hit
+
+    def take_step(self) -> tuple[int, int]:
+        """(hit, missed) prompt tokens of the lookups since the last call, and the
+        counts back to zero: one step's admissions."""
+        hit, query = self.step_hit_tokens, self.step_query_tokens
+        self.step_hit_tokens = self.step_query_tokens = 0
+        return hit, query - hit
 
     def fill(self, rid: int, answer: bool = False) -> None:
         """``rid``'s prompt blocks are computed (``answer``: and the blocks its answer
@@ -266,7 +283,31 @@ class PrefixCache:
         assert np.array_equal(np.bincount(held, minlength=self.refs.size)[live], refs)
 
 
-def summary(caches: list[PrefixCache], gpus: int) -> dict:
+@dataclass(frozen=True)
+class CacheCounts:
+    """A cache's run totals as plain ints: what a replica group hands back to be merged
+    (it pickles, and :func:`summary` reads it as it reads a cache)."""
+
+    block_tokens: int
+    lookups: int
+    query_blocks: int
+    hit_blocks: int
+    query_tokens: int
+    hit_tokens: int
+    evicted_blocks: int
+
+    @classmethod
+    def of(cls, cache: PrefixCache | CacheCounts) -> CacheCounts:
+        return cls(*(int(getattr(cache, f)) for f in cls.__dataclass_fields__))
+
+    @classmethod
+    def total(cls, counts: list[CacheCounts]) -> CacheCounts:
+        """The sum of several caches' counts (one block size)."""
+        return cls(counts[0].block_tokens, *(sum(getattr(c, f) for c in counts)
+                                             for f in list(cls.__dataclass_fields__)[1:]))
+
+
+def summary(caches: list[PrefixCache | CacheCounts], gpus: int) -> dict:
     """The summary's prefix-cache figures over ``caches``: hit rates by tokens and by
     blocks over every admission lookup, and the prefill tokens the hits saved (per GPU
     too: ``gpus`` that prefill)."""

@@ -12,7 +12,8 @@ giving the serial run's bytes:
 * each request's row comes from the group that served it (the arrival, the prefill and
   the refusals are the same in every group);
 * the per-step series is the groups' steps merged by completion time, which is the
-  serial run's order, and the run's totals are summed from the groups. The two float
+  serial run's order, and the run's totals are summed from the groups (the prefix
+  cache's counts too: each replica's cache from the group that stepped it). The two float
   totals (busy time and the inter-token gap sum) are added again step by step in that
   order, as the serial run adds them.
 
@@ -34,6 +35,7 @@ from dspark_sim.sim import api
 from dspark_sim.sim.config import SimConfig
 from dspark_sim.sim.engine import STEP_FIELDS, RequestLog, StepStats
 from dspark_sim.sim.prefill import PrefillPool
+from dspark_sim.sim.prefix_cache import CacheCounts
 
 EXECUTORS = ("serial", "ray")
 # StepStats fields that are counts over steps: a merged run's are the groups' sums
@@ -52,6 +54,7 @@ class PrefillTotals:
     steps: int
     submitted_s: np.ndarray
     start_s: np.ndarray
+    cache: CacheCounts | None = None  # the instances' prefix cache (the same in every group)
 
     def summary(self, duration_s: float, gpus_per_instance: int) -> dict:
         return PrefillPool.summary(self, duration_s, gpus_per_instance)
@@ -68,6 +71,7 @@ class GroupRun:
     prefill: PrefillTotals | None
     bounded_by: object
     horizon: float
+    caches: dict[int, CacheCounts]  # the prefix cache of each replica the group stepped
 
 
 def serial_reason(cfg: SimConfig, workers: int) -> str | None:
@@ -94,10 +98,13 @@ def run_group(inputs: api.RunInputs | SimConfig, replicas: tuple[int, ...]) -> G
     """Simulate ``inputs`` stepping only ``replicas`` (a worker's task)."""
     run = _in_memory(api._inputs(inputs), replicas)
     pool = run.prefill
-    prefill = None if pool is None else PrefillTotals(pool.instances, pool.busy_s, pool.steps,
-                                                      pool.submitted_s, pool.start_s)
+    prefill = None if pool is None else PrefillTotals(
+        pool.instances, pool.busy_s, pool.steps, pool.submitted_s, pool.start_s,
+        None if pool.cache is None else CacheCounts.of(pool.cache))
+    caches = {r: CacheCounts.of(run.ctx.replicas[r].cache) for r in replicas
+              if run.ctx.replicas[r].cache is not None}
     return GroupRun(replicas, run.log, run.ctx.stats, run.ctx.steps.columns(), prefill,
-                    run.bounded_by, run.horizon)
+                    run.bounded_by, run.horizon, caches)
 
 
 def _in_memory(inputs: api.RunInputs, replicas: tuple[int, ...] | None):
@@ -129,7 +136,11 @@ def merge(groups: list[GroupRun], replicas: int, max_engine_steps: int
     by = np.where(served >= 0, owner[np.maximum(served, 0)], 0)
     merged = {}
     for f in fields(RequestLog):
-        col = getattr(first.log, f.name).copy()
+        col = getattr(first.log, f.name)
+        if col is None:  # a column the run does not keep (the prefix cache's, without one)
+            merged[f.name] = None
+            continue
+        col = col.copy()
         for g, run in enumerate(groups[1:], 1):
             mine = by == g
             col[mine] = getattr(run.log, f.name)[mine]
@@ -193,5 +204,8 @@ def simulate_replicas(cfg: api.RunInputs | SimConfig, *, executor: str = "ray",
         return api.simulate(inputs), str(exc)
     whole.log, whole.ctx.stats = log, stats
     whole.prefill = groups[0].prefill
+    for run in groups:  # the summary's prefix-cache counts: each replica's from its group
+        for r, counts in run.caches.items():
+            whole.ctx.replicas[r].cache = counts
     whole.bounded_by, whole.horizon = groups[0].bounded_by, groups[0].horizon
     return api.finish_run(whole, steps), None

@@ -44,8 +44,10 @@ from dspark_sim.sim.workload import RequestStream, StreamChunk
 pl = LazyModule("polars")  # imported when a frame is built: a run writing no files needs none
 
 # Step fields no summary figure reads (sim.metrics): not read back, to keep a day's
-# series (~12 M steps) from costing a quarter more memory than it needs.
-UNREAD_STEP_FIELDS = ("replica", "waiting", "prefill_tokens")
+# series (~12 M steps) from costing a quarter more memory than it needs (a streamed run
+# has no prefix cache: its hit counts are zeros).
+UNREAD_STEP_FIELDS = ("replica", "waiting", "prefill_tokens", "prefix_hit_tokens",
+                      "prefix_miss_tokens")
 
 
 class SpillFolder:

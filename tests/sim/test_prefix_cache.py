@@ -142,6 +142,29 @@ def test_a_second_request_sharing_three_blocks_prefills_only_the_rest(tmp_path):
     run.ctx.replicas[0].cache.check()
 
 
+@pytest.mark.parametrize("prefill", ["chunked", "disaggregated"])
+def test_hits_are_counted_per_step_and_per_request(tmp_path, prefill):
+    a, b = 4 * B + 100, 4 * B + 300
+    path = _jsonl(tmp_path / "w.jsonl", [(0, a, 20, [1, 2, 3, 4, 5]),
+                                         (60_000, b, 20, [1, 2, 3, 9, 10])])
+    cfg = _cfg(path, prefill=prefill)
+    run, s = _run(cfg)
+    requests = api.simulate(cfg).requests.sort("request_id")
+    # the second request found its first three blocks cached, the first nothing
+    assert requests["cached_prompt_tokens"].to_list() == [0, 3 * B]
+    assert s["prefill_tokens_saved"] == 3 * B
+    steps = run.ctx.steps.columns()
+    if prefill == "chunked":  # each admission's lookup in the step that admitted it
+        admitted = np.flatnonzero(steps["prefix_hit_tokens"] + steps["prefix_miss_tokens"])
+        assert steps["prefix_hit_tokens"][admitted].tolist() == [0, 3 * B]
+        assert steps["prefix_miss_tokens"][admitted].tolist() == [a, b - 3 * B]
+        assert steps["end_s"][admitted[1]] > 60.0
+    else:  # the prefill instances' cache: their steps are not the replicas' series
+        assert not steps["prefix_hit_tokens"].any() and not steps["prefix_miss_tokens"].any()
+    off = api.simulate(_cfg(path, cache="off", prefill=prefill)).requests
+    assert "cached_prompt_tokens" not in off.columns  # off: the table as it was
+
+
 def test_a_fully_cached_prompt_still_computes_its_last_token(tmp_path):
     path = _jsonl(tmp_path / "w.jsonl", [(0, 2 * B, 5, [1, 2]), (60_000, 2 * B, 5, [1, 2])])
     run, s = _run(_cfg(path))

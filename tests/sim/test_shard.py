@@ -138,3 +138,32 @@ def test_a_run_that_streams_its_rows_runs_serially(monkeypatch):
     serial = simulate(cfg)
     assert json.dumps(got.summary, sort_keys=True) == json.dumps(serial.summary, sort_keys=True)
     assert got.requests.collect().equals(serial.requests.collect())  # streamed: scans
+
+
+@pytest.mark.parametrize("prefill", ["chunked", "disaggregated"])
+def test_a_caching_run_merges_its_cache_counts_to_the_serial_runs_bytes(tmp_path, prefill):
+    # a Mooncake file whose prompts share leading hash blocks, round-robin over 2 replicas
+    rng = np.random.default_rng(1)
+    t_ms, lines = 0, []
+    for _ in range(300):
+        t_ms += int(rng.integers(5, 40))
+        blocks = int(rng.integers(1, 6))
+        first = int(rng.integers(0, 20)) * 100
+        lines.append(json.dumps({"timestamp": t_ms,
+                                 "input_length": blocks * 512 + int(rng.integers(0, 500)),
+                                 "output_length": int(rng.integers(5, 60)),
+                                 "hash_ids": list(range(first, first + blocks))}))
+    (tmp_path / "w.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = SimConfig(policy="none",
+                    workload=WorkloadConfig(arrival="replay",
+                                            workload_path=str(tmp_path / "w.jsonl")),
+                    engine=EngineConfig(prefix_cache="on", prefill=prefill),
+                    deployment=DeploymentConfig(replicas=2, router="round-robin",
+                                                profile="qwen3-8b-h100"))
+    serial = simulate(cfg)
+    got, why = shard.simulate_replicas(cfg, executor="serial", workers=2)
+    assert why is None
+    assert serial.summary["prefix_cache_lookups"] == 300
+    assert serial.summary["prefill_tokens_saved"] > 0
+    _same(got, serial)
+    assert got.requests["cached_prompt_tokens"].sum() == serial.summary["prefill_tokens_saved"]
