@@ -191,6 +191,24 @@ def _hash_ids(v) -> list[int]:
     return v
 
 
+def says_reuse(path: str | Path) -> bool | None:
+    """Whether a workload file carries ``hash_ids``, from its first record alone (they are
+    in every record or in none): False for a file of another kind; None when the first
+    record cannot be read (the run's own reading names the problem)."""
+    p = Path(path)
+    if p.suffix.lower() not in (".jsonl", ".json"):
+        return False  # an Azure CSV says nothing about shared prefixes
+    try:
+        with p.open(encoding="utf-8-sig") as fh:
+            for line in fh:
+                if line.strip():
+                    d = loads_json(line)
+                    return isinstance(d, dict) and "hash_ids" in d
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return None
+
+
 def file_reuse(df: pl.DataFrame, idx: np.ndarray) -> HashIdBlocks | None:
     """Rows ``idx``'s prompt blocks from a Mooncake file's ``hash_ids`` (None: it has none)."""
     if "hash_ids" not in df.columns:

@@ -34,6 +34,31 @@ def test_each_point_runs_with_the_cache_on_and_off_and_says_which():
         build_points(plain, qps=[1], policies=["none"], prefix_cache=["on", "off"])
 
 
+def test_on_for_a_workload_file_without_hash_ids_is_refused_before_any_point(tmp_path):
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"timestamp": 0, "input_length": 600, "output_length": 20}\n')
+    hashed = tmp_path / "hashed.jsonl"
+    hashed.write_text('{"timestamp": 0, "input_length": 600, "output_length": 20, '
+                      '"hash_ids": [1]}\n')
+    csv = tmp_path / "azure.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                   "2023-11-16 18:15:46.6805900,600,20\n")
+
+    def build(path, **wl):
+        base = SimConfig(deployment=DeploymentConfig(replicas=1),
+                         workload=WorkloadConfig(arrival="replay", workload_path=str(path),
+                                                 **wl))
+        return build_points(base, qps=[1], policies=["none"], prefix_cache="on,off")
+
+    for path in (plain, csv):
+        with pytest.raises(InputError, match=f"on needs a workload that carries reuse: "
+                                             f".*{path.name}: its records carry no hash_ids"):
+            build(path)
+    with pytest.raises(InputError, match="--lengths replaces its prompts"):
+        build(hashed, lengths="fixed:100:10")
+    assert len(build(hashed)) == 2  # each setting once
+
+
 def _row(policy: str, cache: str, inter: float) -> dict:
     return {"policy": policy, "policy_spec": policy, "profile_spec": "p", "trace_spec": None,
             "prefix_cache_spec": cache, "load_kind": "qps", "load": 4.0, "qps": 4.0,
