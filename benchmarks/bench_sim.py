@@ -100,12 +100,12 @@ def _step_cfg(policy: str, batch: int, rounds: int):
                              "lengths": "fixed:32:1024"})
 
 
-def work_step(repeats: int, steps: int = 3000) -> dict:
+def work_step(repeats: int, policies: list[str], steps: int = 3000) -> dict:
     """The difference of a 1-round run and a (1 + R)-round run, R sized so the difference
     holds ~``steps`` engine steps (a small batch's round is few steps: CPU-time noise of
     a few ms would swamp it)."""
     out = {}
-    for policy in POLICIES:
+    for policy in policies:
         for batch in BATCHES:
             first = _timed(_step_cfg(policy, batch, 1))  # first-use costs (profile, trace)
             rounds = 1 + max(2, -(-steps // max(1, first["steps"])))
@@ -168,7 +168,7 @@ def worker(args) -> None:
 
         simulate(_config("confidence", workload={"num_requests": 50, "duration_s": None}))
     if "step" in tasks:
-        res["step"] = work_step(args.repeats)
+        res["step"] = work_step(args.repeats, args.policies.split(","))
     if "standard" in tasks:
         res["standard"] = work_standard(args.standard_s, args.cprofile)
     if "matched" in tasks:
@@ -200,7 +200,7 @@ def run_worker(tasks: list[str], site: Path | None, cache: Path, args) -> dict:
         env["PYTHONPATH"] = str(site)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", ",".join(tasks),
            "--repeats", str(args.repeats), "--standard-s", str(args.standard_s),
-           "--pairs", str(args.pairs)] + (["--cprofile"] if args.cprofile else [])
+           "--pairs", str(args.pairs), "--policies", args.policies] + (["--cprofile"] if args.cprofile else [])
     # cwd outside the checkout: a revision's own install must win over the work tree
     p = subprocess.run(cmd, env=env, cwd=tempfile.gettempdir(), capture_output=True,
                        text=True)
@@ -282,7 +282,7 @@ def report(cols: list[tuple[str, dict]], args) -> None:
         row("warm (cache kept)", get("startup_warm", "first_run_s"))
     if "step" in args.only:
         print(f"\nus of CPU per engine step (closed loop, 1 replica){' ' * 6}{head}{ratios}")
-        for policy in POLICIES:
+        for policy in args.policies.split(","):
             for b in BATCHES:
                 row(f"{policy} @ batch {b}", get("step", f"{policy}@{b}", "us_per_step"),
                     "{:.1f}")
@@ -340,6 +340,9 @@ def main() -> None:
                     help=f"comma-separated subset of {','.join(TASKS)}")
     ap.add_argument("--standard-s", type=float, default=600.0)
     ap.add_argument("--repeats", type=int, default=2, help="per-step runs, best of")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="comma-separated policies the per-step figures run (e.g. "
+                         "none,fixed:3,confidence,vllm-adaptive); default %(default)s")
     ap.add_argument("--pairs", type=int, default=1, help="matched-workload runs, best of")
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure every revision this many times, interleaved; best of")

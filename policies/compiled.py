@@ -310,13 +310,17 @@ def stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows, g):
 
 
 @njit(cache=True)
-def confidence_lengths(survival, current, lagged, slot, trace_idx, trace_accept_len, ring,
-                       slots, ring_state, table_s, per_token, offset, kink,
-                       pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted):
-    """:func:`confidence_step` after the gather and the sorts (``current``: this step's
-    survivals sorted ascending; the lagged view's, sorted ascending, in ring ``slot`` when
-    it is one step's, else ``lagged``, empty before there is a lagged view). Writes
-    ``ell`` and ``accepted``; returns (the sum of l, trimmed)."""
+def lagged_topk_lengths(survival, current, lagged, slot, trace_idx, trace_accept_len, ring,
+                        slots, ring_state, table_s, per_token, offset, kink,
+                        pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted,
+                        stretch, displacement):
+    """:func:`confidence_step` (and :func:`vllm_adaptive_step`) after the gather and the
+    sorts (``current``: this step's survivals sorted ascending; the lagged view's, sorted
+    ascending, in ring ``slot`` when it is one step's, else ``lagged``, empty before there
+    is a lagged view). ``stretch``: the lagged curve resampled to this batch's candidates
+    (the default scheduler), else read as it is (vLLM's); ``displacement``: the prefill
+    verification pushes out of the step priced. Writes ``ell`` and ``accepted``; returns
+    (the sum of l, trimmed)."""
     n_dec, g = survival.shape
     m = n_dec * g
     h = slots.shape[0]
@@ -326,12 +330,12 @@ def confidence_lengths(survival, current, lagged, slot, trace_idx, trace_accept_
     if slot >= 0:
         lagged = ring[slots[slot, 1]: slots[slot, 1] + slots[slot, 0] * g]
     if lagged.size:
-        estimate = stretch_sorted(lagged[::-1], m)
+        estimate = stretch_sorted(lagged[::-1], m) if stretch else lagged[::-1]
         k = budget_displacement(estimate, n_dec, table_s, extra, pending_prefill,
-                                prefill_s_per_token, True)
+                                prefill_s_per_token, displacement)
     else:
         k = budget_displacement(current[::-1], n_dec, table_s, extra, pending_prefill,
-                                prefill_s_per_token, True)
+                                prefill_s_per_token, displacement)
     at = ring_state[2]
     if at + m > ring.size:  # round the buffer: this step's survivals stay in one piece
         at = 0
@@ -392,7 +396,59 @@ def confidence_step(survival, current, trace_idx, trace_accept_len, ring, slots,
                                            survival.shape[1])
         if not is_sorted:
             lagged = np.sort(lagged)
-    return confidence_lengths(survival, current, lagged, slot, trace_idx, trace_accept_len,
-                              ring, slots, ring_state, table_s, per_token, offset, kink,
-                              pending_prefill, prefill_s_per_token, budget_tokens, ell,
-                              accepted)
+    return lagged_topk_lengths(survival, current, lagged, slot, trace_idx,
+                               trace_accept_len, ring, slots, ring_state, table_s, per_token,
+                               offset, kink, pending_prefill, prefill_s_per_token,
+                               budget_tokens, ell, accepted, True, True)
+
+
+def vllm_adaptive_step(survival, current, trace_idx, trace_accept_len, ring, slots,
+                       ring_state, lag_steps, lag_rows, table_s, per_token, offset, kink,
+                       pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted):
+    """``policies.vllm_adaptive``'s whole decision, :func:`confidence_step`'s signature:
+    the budget sized on the survivals of the step before as they are (not stretched to
+    this batch) at this step's ``T + B`` costs (no displacement priced), then the top-B
+    drafts by current survival, trimmed to the token budget. Its lagged view is always
+    one step's (``lag_rows`` 0), read sorted where the ring holds it."""
+    current.sort()
+    slot = lagged_slot(slots, ring_state, lag_steps, lag_rows)
+    lagged = _NO_LAG
+    if slot == -2:  # a policy that stacks steps: as confidence_step does
+        lagged, is_sorted = stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows,
+                                           survival.shape[1])
+        if not is_sorted:
+            lagged = np.sort(lagged)
+    return lagged_topk_lengths(survival, current, lagged, slot, trace_idx,
+                               trace_accept_len, ring, slots, ring_state, table_s, per_token,
+                               offset, kink, pending_prefill, prefill_s_per_token,
+                               budget_tokens, ell, accepted, False, False)
+
+
+@njit(cache=True)
+def constant_lengths(trace_idx, verify, trace_accept_len, trace_draft_tokens,
+                     budget_tokens, ell, accepted):
+    """The decision of a policy that verifies the same ``verify`` drafts for every
+    request (``none``, ``mtp1``, ``fixed:K``: ``policies.constant``), as
+    ``Replica._verify_lengths`` runs it for the rows at trace rows ``trace_idx``: capped
+    at the drafts proposed there (``trace_draft_tokens``; empty: every row its whole
+    block), trimmed uniformly to the token budget, and the drafts each accepts. Writes
+    ``ell`` and ``accepted``; returns (the sum of l, trimmed)."""
+    n_dec = trace_idx.size
+    total = n_dec
+    for r in range(n_dec):
+        v = verify
+        if trace_draft_tokens.size:
+            v = min(v, trace_draft_tokens[trace_idx[r]])
+        ell[r] = v
+        total += v
+    trimmed = False
+    if total > budget_tokens:
+        cap = max(0, (budget_tokens - n_dec) // n_dec)
+        for r in range(n_dec):
+            ell[r] = min(ell[r], cap)
+        trimmed = True
+    drafts = 0
+    for r in range(n_dec):
+        accepted[r] = min(ell[r], trace_accept_len[trace_idx[r]])
+        drafts += ell[r]
+    return drafts, trimmed

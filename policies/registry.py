@@ -36,7 +36,9 @@ class DecisionKernel:
     """A compiled twin of one ``decide`` function of a chain policy that reads no state
     or v2 fields: ``run`` takes the engine's own arrays (the decoding rows' survivals and
     trace rows, a ring of the last steps' survivals, the step's cost terms, two output
-    buffers; the signature of ``policies.compiled.confidence_step``) and writes what
+    buffers; the signature of ``policies.compiled.confidence_step``; for a policy that
+    reads no survivals, costs or lagged view, ``compiled.constant_lengths``'s: the trace
+    rows, the engine's ``verify_max``, the drafts proposed) and writes what
     ``decide`` would into them, with the engine's budget trim and accepted drafts (l,
     accepted), returning (the sum of l, whether the budget trimmed it). ``twin_of`` is
     that ``decide``: a policy

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from dspark_sim.policies import compiled
 from dspark_sim.policies.base import BatchSnapshot
-from dspark_sim.policies.registry import Policy, register
+from dspark_sim.policies.registry import DecisionKernel, Policy, register
 from dspark_sim.policies.scheduler import (
     budget_displacement,
     candidates,
@@ -44,5 +45,6 @@ def vllm_adaptive(spec: str, arg: str | None) -> Policy:
     return Policy(name="vllm-adaptive", drafter="dspark", decide=_vllm_adaptive,
                   needs_cost=True, needs_lag=True, lag_steps=1, needs_survival=True,
                   engine_method="dspark",
+                  kernel=DecisionKernel(_vllm_adaptive, compiled.vllm_adaptive_step),
                   description="vLLM adaptive verification: 1-step-old confidences, "
                               "current T + B cost table, global search, top-B")

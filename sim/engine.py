@@ -283,6 +283,7 @@ class Replica:
             self.ring, self.ring_slots, self.ring_state = compiled.empty_ring(
                 0, ctx.trace_survival.shape[1], policy.lag_steps, policy.lag_rows,
                 policy.history)
+        if ctx.kernel is not None or ctx.constant_kernel is not None:
             # and its inputs and outputs, written in place by the kernels instead of five
             # arrays allocated and handed back per step: this step's plan holds views of
             # them until its replay, and the next step's decision comes after that
@@ -291,16 +292,18 @@ class Replica:
 
     def _widen_decision(self, rows: int) -> None:
         """Make room for ``rows`` decoding rows (at least doubling) in the compiled
-        decision's ring, which keeps the steps a decision can still read, and in its
-        buffers."""
+        decision's buffers and in its ring, which keeps the steps a decision can still
+        read (a decision over survivals)."""
         rows = max(rows, 2 * len(self.ell_buf))
+        self.trace_idx_buf = np.zeros(rows, np.int64)
+        self.ell_buf = np.zeros(rows, np.int64)
+        self.accepted_buf = np.zeros(rows, np.int64)
+        if self.ctx.kernel is None:  # a constant policy's decision keeps no survivals
+            return
         g = self.ctx.trace_survival.shape[1]
         policy = self.ctx.policy
         self.ring = compiled.widen_ring(self.ring, self.ring_slots, self.ring_state, rows, g,
                                         policy.lag_steps, policy.lag_rows)
-        self.trace_idx_buf = np.zeros(rows, np.int64)
-        self.ell_buf = np.zeros(rows, np.int64)
-        self.accepted_buf = np.zeros(rows, np.int64)
         self.survival_buf = np.zeros((rows, g))
         self.flat_buf = np.zeros(rows * g)
 
@@ -610,6 +613,8 @@ class Replica:
             return none, none, None, 0
         if ctx.kernel is not None:
             return self._compiled_decision(batch, n_dec)
+        if ctx.constant_kernel is not None:
+            return self._constant_decision(batch, n_dec)
         decoding = slice(0, n_dec)
         trace_idx = batch[decoding, TRACE_START] \
             + (batch[decoding, GENERATED] - 1) % batch[decoding, TRACE_LEN]
@@ -659,6 +664,27 @@ class Replica:
             self.ring_state, policy.lag_steps, policy.lag_rows, sched.dense_step_s,
             per_token, offset, kink, self.pending_prefill, sched.prefill_s_per_token,
             ctx.max_num_batched_tokens, ell, accepted)
+        if trimmed:
+            ctx.stats.budget_limited_steps += 1
+        return ell, accepted, None, drafts
+
+    def _constant_decision(self, batch: np.ndarray, n_dec: int
+                           ) -> tuple[np.ndarray, np.ndarray, None, int]:
+        """:meth:`_verify_lengths` of a policy that verifies ``verify_max`` drafts for
+        every request (``compiled.constant_lengths``): no snapshot; the trace positions in
+        one call, then the cap at the drafts proposed, the budget trim and the accepted
+        drafts in another."""
+        ctx = self.ctx
+        if n_dec > len(self.ell_buf):
+            self._widen_decision(n_dec)
+        trace_idx = self.trace_idx_buf[:n_dec]
+        fast.trace_positions(batch, n_dec, trace_idx)
+        ell, accepted = self.ell_buf[:n_dec], self.accepted_buf[:n_dec]
+        drafts, trimmed = ctx.constant_kernel(
+            trace_idx, ctx.verify_max, ctx.trace_accept_len, ctx.constant_draft_tokens,
+            ctx.max_num_batched_tokens, ell, accepted)
+        if ctx.trace_draft_tokens is not None:  # what the step's draft and stats read
+            self.proposed = ctx.trace_draft_tokens[trace_idx]
         if trimmed:
             ctx.stats.budget_limited_steps += 1
         return ell, accepted, None, drafts
@@ -1072,11 +1098,21 @@ class SimContext:
         self.sched_terms = fast.profile_terms(self.sched_cost.profile) \
             if compiled.NUMBA and self.sched_cost.draft_context is None \
             and not self.sched_cost.stops_drafting else None
-        # the policy's compiled decision, where the step needs nothing it does not read
-        self.kernel = compiled.kernel(policy.compiled_decision) if compiled.NUMBA \
+        # the policy's compiled decision, where the step needs nothing it does not read:
+        # one over the survivals and the ring of past steps (``compiled.confidence_step``'s
+        # signature), or one that reads nothing of the batch but its trace rows
+        # (``compiled.constant_lengths``'s), which caps at the drafts proposed itself
+        decision = policy.compiled_decision if compiled.NUMBA and policy.replay is None \
+            and not policy.fields and not policy.uses_state and not policy.stops_drafting \
+            else None
+        self.kernel = compiled.kernel(decision) if decision is not None \
             and self.trace_survival is not None and self.trace_draft_tokens is None \
-            and policy.replay is None and not policy.fields and not policy.uses_state \
-            and not policy.stops_drafting and policy.needs_lag else None
+            and policy.needs_lag else None
+        self.constant_kernel = compiled.kernel(decision) if decision is not None \
+            and not (policy.needs_survival or policy.needs_lag or policy.needs_cost
+                     or policy.needs_sps) else None
+        self.constant_draft_tokens = self.trace_draft_tokens \
+            if self.trace_draft_tokens is not None else np.empty(0, np.int8)
         self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy
         self.stats = StepStats(self.gamma, hist_size=self.verify_max + 2)
         self.request_state: np.ndarray | None = None  # per request, set with the rows

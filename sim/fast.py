@@ -250,6 +250,18 @@ def decode_step_s(batch, n_dec, ell, verify_tokens, dense_step_s, kv_tokens, dra
 
 
 @njit(cache=True)
+def trace_positions(batch, n_dec, trace_idx):
+    """The first ``n_dec`` rows' trace positions, as :func:`gather_trace_rows` writes
+    them, for a decision that reads no survivals."""
+    for r in range(n_dec):
+        pos = batch[r, GENERATED] - 1
+        length = batch[r, TRACE_LEN]
+        if pos >= length or pos < 0:  # Python's modulo, only where it changes pos
+            pos %= length
+        trace_idx[r] = batch[r, TRACE_START] + pos
+
+
+@njit(cache=True)
 def gather_trace_rows(batch, n_dec, trace_survival, trace_idx, survival, flat):
     """The first ``n_dec`` rows' trace positions (``TRACE_START + (GENERATED - 1) mod
     TRACE_LEN``, as ``Replica._verify_lengths`` computes them) and their survivals, written

@@ -71,6 +71,68 @@ def test_both_paths_agree_with_chunked_prefill_and_preemption(tmp_path, monkeypa
     assert got[True] == got[False]
 
 
+@pytest.fixture(scope="module")
+def ngram_trace(tmp_path_factory):
+    """A trace with ``draft_tokens``: an n-gram drafter that proposed nothing at about
+    two steps in three (``tests/policies/test_draft_tokens.py``'s vLLM counters)."""
+    from dspark_sim.traces.importers import import_vllm_counters
+
+    src = tmp_path_factory.mktemp("ngram") / "bench.json"
+    src.write_text(json.dumps({
+        "completed": 8, "total_output_tokens": 512, "spec_decode_num_drafts": 108,
+        "spec_decode_draft_tokens": 320, "spec_decode_accepted_tokens": 204,
+        "spec_decode_per_position_acceptance_rates": [0.7407, 0.6204, 0.5278],
+        "spec_decode_acceptance_length": 2.889}))
+    return import_vllm_counters(src, requests=64, positions=512, seed=0)
+
+
+@pytest.mark.parametrize("policy", ["vllm-adaptive", "fixed:3", "mtp1", "none"])
+@pytest.mark.parametrize("draft_tokens", [False, True])
+@pytest.mark.parametrize("prefill", ["chunked", "disaggregated"])
+def test_both_paths_agree_for_each_compiled_chain_policy(monkeypatch, ngram_trace, policy,
+                                                         draft_tokens, prefill):
+    """Each chain policy with a compiled decision, run on the compiled path and on the
+    numpy reference: the same summary and the same per-request rows, with chunked
+    prefill (vLLM's pricing of the prefill a step carries) and with a token budget that
+    trims the drafts, and on a trace whose drafter proposed nothing at some steps."""
+    from dataclasses import replace
+
+    from dspark_sim.sim import engine
+    from dspark_sim.sim.api import simulate
+    from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
+
+    cfg = SimConfig(policy=policy, seed=3, deployment=DeploymentConfig(replicas=1),
+                    engine=EngineConfig(prefill=prefill, max_num_seqs=64,
+                                        max_num_batched_tokens=160),
+                    workload=WorkloadConfig(max_concurrency=64, num_requests=160,
+                                            duration_s=None, lengths="fixed:64:120"),
+                    conf_source="position" if draft_tokens and policy == "vllm-adaptive"
+                    else None)
+    trace = ngram_trace if draft_tokens else None
+    if policy == "mtp1" and not draft_tokens:
+        trace = replace(ngram_trace, draft_tokens=None)  # an MTP-1 drafter's trace
+    calls = []
+    for name in ("_compiled_decision", "_constant_decision"):
+        real = getattr(engine.Replica, name)
+        monkeypatch.setattr(engine.Replica, name,
+                            lambda self, *a, real=real: calls.append(1) or real(self, *a))
+    got = []
+    for use in (False, True):
+        monkeypatch.setattr(compiled, "NUMBA", use)
+        calls.clear()
+        res = simulate(cfg, trace=trace)
+        got.append((res.summary, res.requests.write_ipc(None).getvalue()))
+        # the compiled path decides in the policy's kernel (none decides nothing; the
+        # numpy decide of vllm-adaptive takes the steps a drafter proposed nothing at)
+        assert bool(calls) == (use and policy != "none"
+                               and not (draft_tokens and policy == "vllm-adaptive"))
+    assert got[1][0] == got[0][0]
+    assert got[1][1] == got[0][1]
+    assert got[0][0]["engine_steps"] > 0
+    if policy == "fixed:3" and prefill == "disaggregated":  # vllm-adaptive fits it
+        assert got[0][0]["budget_limited_steps"] > 0
+
+
 def _survival(draw_values, n, g):
     # a non-increasing prefix per row, values from a small set so ties are common
     a = np.array(draw_values[: n * g], dtype=np.float64).reshape(n, g)
@@ -124,19 +186,23 @@ def test_the_switch_names_a_bad_backend(monkeypatch):
     assert compiled._choose() is True
 
 
+@pytest.mark.parametrize("name", ["confidence", "vllm-adaptive"])
 @given(steps=st.lists(st.integers(1, 30), min_size=1, max_size=90),
        gamma=st.integers(1, 7), budget=st.integers(40, 400), pending=st.integers(0, 500),
        kink=st.sampled_from([0.0, 2e-7]), seed=st.integers(0, 2**16))
-def test_the_compiled_confidence_decision_equals_the_policy_on_its_snapshots(
-        steps, gamma, budget, pending, kink, seed):
-    """``compiled.confidence_step`` against ``policies.confidence`` deciding on the
-    snapshots ``Policy.snapshot`` builds from a history deque, over a run of steps whose
-    batch sizes vary (up to 90 steps: the 66-step ring wraps), ties included; and the
-    engine's trim to the token budget and accepted drafts, bit for bit."""
+def test_the_compiled_decision_equals_the_policy_on_its_snapshots(
+        name, steps, gamma, budget, pending, kink, seed):
+    """A policy's compiled decision (``compiled.confidence_step``,
+    ``compiled.vllm_adaptive_step``) against its ``decide`` on the snapshots
+    ``Policy.snapshot`` builds from a history deque, over a run of steps whose batch sizes
+    vary (up to 90 steps: the 66-step ring wraps), ties included; and the engine's trim
+    to the token budget and accepted drafts, bit for bit."""
     from dspark_sim.policies.registry import get_policy
     from dspark_sim.sim import engine, fast
 
-    policy = get_policy("confidence")
+    policy = get_policy(name)
+    step = policy.compiled_decision
+    assert step is not None
     rng = np.random.default_rng(seed)
     n_trace = 200
     survival_table = np.minimum.accumulate(
@@ -180,7 +246,7 @@ def test_the_compiled_confidence_decision_equals_the_policy_on_its_snapshots(
         assert flat[: n * gamma].tobytes() == survival_table[idx].tobytes()
         assert (gathered_idx[n:] == -1).all() and (flat[n * gamma:] == -1).all()
         ell, accepted = np.full(n, -1), np.full(n, -1)
-        drafts, trimmed = compiled.confidence_step(
+        drafts, trimmed = step(
             gathered[:n], flat[: n * gamma], gathered_idx[:n], accept_len, ring, slots,
             state, policy.lag_steps, policy.lag_rows, table, per_token, offset, kink,
             pending, 2e-5, budget, ell, accepted)
@@ -265,6 +331,7 @@ def test_the_engine_runs_the_compiled_decision_only_where_it_applies(monkeypatch
     conf = get_policy("confidence")
     wrapped = replace(conf, decide=lambda s: conf.decide(s))
     for use, policy, engaged in ((True, conf, True), (False, conf, False),
+                                 (True, get_policy("vllm-adaptive"), True),
                                  (True, get_policy("confidence-async"), False),
                                  (True, get_policy("fixed:3"), False), (True, wrapped, False)):
         monkeypatch.setattr(compiled, "NUMBA", use)
