@@ -329,9 +329,11 @@ def lagged_topk_lengths(survival, current, lagged, slot, trace_idx, trace_accept
     extra = extra_from_terms(m + 1, per_token, offset, kink, n_dec)
     if slot >= 0:
         lagged = ring[slots[slot, 1]: slots[slot, 1] + slots[slot, 0] * g]
-    if lagged.size:
-        estimate = stretch_sorted(lagged[::-1], m) if stretch else lagged[::-1]
-        k = budget_displacement(estimate, n_dec, table_s, extra, pending_prefill,
+    if lagged.size and stretch:  # a call each: the stretched curve stays contiguous
+        k = budget_displacement(stretch_sorted(lagged[::-1], m), n_dec, table_s, extra,
+                                pending_prefill, prefill_s_per_token, displacement)
+    elif lagged.size:
+        k = budget_displacement(lagged[::-1], n_dec, table_s, extra, pending_prefill,
                                 prefill_s_per_token, displacement)
     else:
         k = budget_displacement(current[::-1], n_dec, table_s, extra, pending_prefill,
@@ -388,6 +390,30 @@ def confidence_step(survival, current, trace_idx, trace_accept_len, ring, slots,
     quicksort slows down on their many equal values). Each step's survivals are sorted
     once and kept sorted, so a lagged window of one step (any batch of ``lag_rows`` or
     more) is read where it is."""
+    return _lagged_step(survival, current, trace_idx, trace_accept_len, ring, slots,
+                        ring_state, lag_steps, lag_rows, table_s, per_token, offset, kink,
+                        pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted,
+                        True, True)
+
+
+def vllm_adaptive_step(survival, current, trace_idx, trace_accept_len, ring, slots,
+                       ring_state, lag_steps, lag_rows, table_s, per_token, offset, kink,
+                       pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted):
+    """``policies.vllm_adaptive``'s whole decision, :func:`confidence_step`'s signature:
+    the budget sized on the survivals of the step before as they are (not stretched to
+    this batch) at this step's ``T + B`` costs (no displacement priced), then the top-B
+    drafts by current survival, trimmed to the token budget."""
+    return _lagged_step(survival, current, trace_idx, trace_accept_len, ring, slots,
+                        ring_state, lag_steps, lag_rows, table_s, per_token, offset, kink,
+                        pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted,
+                        False, False)
+
+
+def _lagged_step(survival, current, trace_idx, trace_accept_len, ring, slots, ring_state,
+                 lag_steps, lag_rows, table_s, per_token, offset, kink, pending_prefill,
+                 prefill_s_per_token, budget_tokens, ell, accepted, stretch, displacement):
+    """The sorts (numpy's), the lagged view read from the ring, then
+    :func:`lagged_topk_lengths`."""
     current.sort()
     slot = lagged_slot(slots, ring_state, lag_steps, lag_rows)
     lagged = _NO_LAG
@@ -399,29 +425,7 @@ def confidence_step(survival, current, trace_idx, trace_accept_len, ring, slots,
     return lagged_topk_lengths(survival, current, lagged, slot, trace_idx,
                                trace_accept_len, ring, slots, ring_state, table_s, per_token,
                                offset, kink, pending_prefill, prefill_s_per_token,
-                               budget_tokens, ell, accepted, True, True)
-
-
-def vllm_adaptive_step(survival, current, trace_idx, trace_accept_len, ring, slots,
-                       ring_state, lag_steps, lag_rows, table_s, per_token, offset, kink,
-                       pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted):
-    """``policies.vllm_adaptive``'s whole decision, :func:`confidence_step`'s signature:
-    the budget sized on the survivals of the step before as they are (not stretched to
-    this batch) at this step's ``T + B`` costs (no displacement priced), then the top-B
-    drafts by current survival, trimmed to the token budget. Its lagged view is always
-    one step's (``lag_rows`` 0), read sorted where the ring holds it."""
-    current.sort()
-    slot = lagged_slot(slots, ring_state, lag_steps, lag_rows)
-    lagged = _NO_LAG
-    if slot == -2:  # a policy that stacks steps: as confidence_step does
-        lagged, is_sorted = stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows,
-                                           survival.shape[1])
-        if not is_sorted:
-            lagged = np.sort(lagged)
-    return lagged_topk_lengths(survival, current, lagged, slot, trace_idx,
-                               trace_accept_len, ring, slots, ring_state, table_s, per_token,
-                               offset, kink, pending_prefill, prefill_s_per_token,
-                               budget_tokens, ell, accepted, False, False)
+                               budget_tokens, ell, accepted, stretch, displacement)
 
 
 @njit(cache=True)
@@ -443,6 +447,54 @@ def constant_lengths(trace_idx, verify, trace_accept_len, trace_draft_tokens,
         total += v
     trimmed = False
     if total > budget_tokens:
+        cap = max(0, (budget_tokens - n_dec) // n_dec)
+        for r in range(n_dec):
+            ell[r] = min(ell[r], cap)
+        trimmed = True
+    drafts = 0
+    for r in range(n_dec):
+        accepted[r] = min(ell[r], trace_accept_len[trace_idx[r]])
+        drafts += ell[r]
+    return drafts, trimmed
+
+
+@njit(cache=True)
+def vllm_adaptive_proposed(survival, candidates, proposed, trace_idx, trace_accept_len, last,
+                           last_state, table_s, per_token, offset, kink, pending_prefill,
+                           prefill_s_per_token, budget_tokens, ell, accepted):
+    """:func:`vllm_adaptive_step` on a trace with ``draft_tokens``, where some requests'
+    drafters proposed fewer drafts (none): the candidates are the drafts proposed
+    (``candidates``, sorted ascending; ``survival`` holds -1 where a row proposed none,
+    as ``scheduler.schedule_topk`` masks it; ``proposed`` per row), and the budget is
+    sized on the candidates of the step before (``last``, ``last_state`` = [a step held,
+    its candidates]; this step's own when that step had none), which this step's then
+    replace. Writes ``ell`` and ``accepted``; returns (the sum of l, trimmed)."""
+    n_dec, g = survival.shape
+    m = n_dec * g
+    c = candidates.size
+    extra = extra_from_terms(m + 1, per_token, offset, kink, n_dec)
+    if last_state[0] and last_state[1]:
+        k = budget_displacement(last[: last_state[1]][::-1], n_dec, table_s, extra,
+                                pending_prefill, prefill_s_per_token, False)
+    else:
+        k = budget_displacement(candidates[::-1], n_dec, table_s, extra, pending_prefill,
+                                prefill_s_per_token, False)
+    last[:c] = candidates
+    last_state[0] = 1
+    last_state[1] = c
+    k = max(0, min(k, c, m))
+    if k == 0:
+        ell[:] = 0
+    elif k == m:
+        ell[:] = g
+    else:  # the k-th best proposed draft; the -1s never reach it
+        ell[:] = counts_at(survival, candidates[c - k], k)
+    total = n_dec
+    for r in range(n_dec):
+        ell[r] = min(ell[r], proposed[r])
+        total += ell[r]
+    trimmed = False
+    if total > budget_tokens:  # never exceed the token budget: trim uniformly
         cap = max(0, (budget_tokens - n_dec) // n_dec)
         for r in range(n_dec):
             ell[r] = min(ell[r], cap)

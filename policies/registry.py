@@ -46,6 +46,9 @@ class DecisionKernel:
 
     twin_of: Callable
     run: Callable
+    # its twin on a trace with draft_tokens (``compiled.vllm_adaptive_proposed``'s
+    # signature), or None: ``decide`` runs there
+    run_proposed: Callable | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +96,12 @@ class Policy:
         """The kernel that twins this policy's ``decide``, if it has one."""
         k = self.kernel
         return k.run if k is not None and k.twin_of is self.decide else None
+
+    @property
+    def compiled_proposed_decision(self) -> Callable | None:
+        """The kernel that twins this policy's ``decide`` on a trace with draft_tokens."""
+        k = self.kernel
+        return k.run_proposed if k is not None and k.twin_of is self.decide else None
 
     @property
     def history(self) -> int:

@@ -45,6 +45,7 @@ def vllm_adaptive(spec: str, arg: str | None) -> Policy:
     return Policy(name="vllm-adaptive", drafter="dspark", decide=_vllm_adaptive,
                   needs_cost=True, needs_lag=True, lag_steps=1, needs_survival=True,
                   engine_method="dspark",
-                  kernel=DecisionKernel(_vllm_adaptive, compiled.vllm_adaptive_step),
+                  kernel=DecisionKernel(_vllm_adaptive, compiled.vllm_adaptive_step,
+                                        compiled.vllm_adaptive_proposed),
                   description="vLLM adaptive verification: 1-step-old confidences, "
                               "current T + B cost table, global search, top-B")

@@ -283,7 +283,13 @@ class Replica:
             self.ring, self.ring_slots, self.ring_state = compiled.empty_ring(
                 0, ctx.trace_survival.shape[1], policy.lag_steps, policy.lag_rows,
                 policy.history)
-        if ctx.kernel is not None or ctx.constant_kernel is not None:
+        if ctx.proposed_kernel is not None:
+            # on a trace with draft_tokens, the step before's candidates in place of the
+            # ring ([a step held, its candidates]: a vLLM-style one-step lag)
+            self.last_buf = np.zeros(0)
+            self.last_state = np.zeros(2, np.int64)
+        if ctx.kernel is not None or ctx.constant_kernel is not None \
+                or ctx.proposed_kernel is not None:
             # and its inputs and outputs, written in place by the kernels instead of five
             # arrays allocated and handed back per step: this step's plan holds views of
             # them until its replay, and the next step's decision comes after that
@@ -298,6 +304,15 @@ class Replica:
         self.trace_idx_buf = np.zeros(rows, np.int64)
         self.ell_buf = np.zeros(rows, np.int64)
         self.accepted_buf = np.zeros(rows, np.int64)
+        if self.ctx.proposed_kernel is not None:
+            g = self.ctx.trace_survival.shape[1]
+            last = np.zeros(rows * g)
+            last[: len(self.last_buf)] = self.last_buf
+            self.last_buf = last
+            self.proposed_buf = np.zeros(rows, np.int64)
+            self.survival_buf = np.zeros((rows, g))
+            self.flat_buf = np.zeros(rows * g)
+            return
         if self.ctx.kernel is None:  # a constant policy's decision keeps no survivals
             return
         g = self.ctx.trace_survival.shape[1]
@@ -615,6 +630,8 @@ class Replica:
             return self._compiled_decision(batch, n_dec)
         if ctx.constant_kernel is not None:
             return self._constant_decision(batch, n_dec)
+        if ctx.proposed_kernel is not None:
+            return self._proposed_decision(batch, n_dec)
         decoding = slice(0, n_dec)
         trace_idx = batch[decoding, TRACE_START] \
             + (batch[decoding, GENERATED] - 1) % batch[decoding, TRACE_LEN]
@@ -664,6 +681,40 @@ class Replica:
             self.ring_state, policy.lag_steps, policy.lag_rows, sched.dense_step_s,
             per_token, offset, kink, self.pending_prefill, sched.prefill_s_per_token,
             ctx.max_num_batched_tokens, ell, accepted)
+        if trimmed:
+            ctx.stats.budget_limited_steps += 1
+        return ell, accepted, None, drafts
+
+    def _proposed_decision(self, batch: np.ndarray, n_dec: int
+                           ) -> tuple[np.ndarray, np.ndarray, None, int]:
+        """:meth:`_compiled_decision` on a trace with draft_tokens: the candidates are the
+        drafts proposed (``compiled.vllm_adaptive_proposed``)."""
+        ctx = self.ctx
+        sched = ctx.sched_cost
+        if n_dec > len(self.ell_buf):
+            self._widen_decision(n_dec)
+        trace_idx, survival = self.trace_idx_buf[:n_dec], self.survival_buf[:n_dec]
+        proposed = self.proposed_buf[:n_dec]
+        c = fast.gather_proposed(batch, n_dec, ctx.trace_survival, ctx.trace_draft_tokens,
+                                 trace_idx, survival, proposed, self.flat_buf)
+        candidates = self.flat_buf[:c]
+        candidates.sort()  # numpy's SIMD sort, as confidence_step's
+        context = self._decode_context(batch, n_dec) if sched.draft_context is not None \
+            else None
+        if ctx.sched_terms is not None:
+            per_token, offset, kink = fast.extra_terms(
+                n_dec, self.kv_tokens, len(batch), sched.draft_time(n_dec, self.kv_tokens),
+                ctx.sched_terms)
+        else:
+            per_token, offset, kink = sched.extra_terms(n_dec, self.kv_tokens, len(batch),
+                                                        context)
+        ell, accepted = self.ell_buf[:n_dec], self.accepted_buf[:n_dec]
+        drafts, trimmed = ctx.proposed_kernel(
+            survival, candidates, proposed, trace_idx, ctx.trace_accept_len, self.last_buf,
+            self.last_state, sched.dense_step_s, per_token, offset, kink,
+            self.pending_prefill, sched.prefill_s_per_token, ctx.max_num_batched_tokens,
+            ell, accepted)
+        self.proposed = ctx.trace_draft_tokens[trace_idx]  # what the step's draft reads
         if trimmed:
             ctx.stats.budget_limited_steps += 1
         return ell, accepted, None, drafts
@@ -1111,6 +1162,9 @@ class SimContext:
         self.constant_kernel = compiled.kernel(decision) if decision is not None \
             and not (policy.needs_survival or policy.needs_lag or policy.needs_cost
                      or policy.needs_sps) else None
+        self.proposed_kernel = compiled.kernel(policy.compiled_proposed_decision) \
+            if decision is not None and self.trace_survival is not None \
+            and self.trace_draft_tokens is not None and policy.needs_lag else None
         self.constant_draft_tokens = self.trace_draft_tokens \
             if self.trace_draft_tokens is not None else np.empty(0, np.int8)
         self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy

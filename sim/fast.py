@@ -262,6 +262,30 @@ def trace_positions(batch, n_dec, trace_idx):
 
 
 @njit(cache=True)
+def gather_proposed(batch, n_dec, trace_survival, trace_draft_tokens, trace_idx, survival,
+                    proposed, candidates):
+    """The first ``n_dec`` rows' trace positions, the drafts proposed there
+    (``proposed``), their survivals with -1 where none was proposed (``survival``) and
+    the proposed ones' flat in ``candidates``; returns how many those are."""
+    trace_positions(batch, n_dec, trace_idx)
+    g = trace_survival.shape[1]
+    c = 0
+    for r in range(n_dec):
+        t = trace_idx[r]
+        d = trace_draft_tokens[t]
+        proposed[r] = d
+        for j in range(g):
+            if j < d:
+                v = trace_survival[t, j]
+                survival[r, j] = v
+                candidates[c] = v
+                c += 1
+            else:
+                survival[r, j] = -1.0
+    return c
+
+
+@njit(cache=True)
 def gather_trace_rows(batch, n_dec, trace_survival, trace_idx, survival, flat):
     """The first ``n_dec`` rows' trace positions (``TRACE_START + (GENERATED - 1) mod
     TRACE_LEN``, as ``Replica._verify_lengths`` computes them) and their survivals, written

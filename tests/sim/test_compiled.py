@@ -112,7 +112,7 @@ def test_both_paths_agree_for_each_compiled_chain_policy(monkeypatch, ngram_trac
     if policy == "mtp1" and not draft_tokens:
         trace = replace(ngram_trace, draft_tokens=None)  # an MTP-1 drafter's trace
     calls = []
-    for name in ("_compiled_decision", "_constant_decision"):
+    for name in ("_compiled_decision", "_constant_decision", "_proposed_decision"):
         real = getattr(engine.Replica, name)
         monkeypatch.setattr(engine.Replica, name,
                             lambda self, *a, real=real: calls.append(1) or real(self, *a))
@@ -122,10 +122,8 @@ def test_both_paths_agree_for_each_compiled_chain_policy(monkeypatch, ngram_trac
         calls.clear()
         res = simulate(cfg, trace=trace)
         got.append((res.summary, res.requests.write_ipc(None).getvalue()))
-        # the compiled path decides in the policy's kernel (none decides nothing; the
-        # numpy decide of vllm-adaptive takes the steps a drafter proposed nothing at)
-        assert bool(calls) == (use and policy != "none"
-                               and not (draft_tokens and policy == "vllm-adaptive"))
+        # the compiled path decides in the policy's kernel (none decides nothing)
+        assert bool(calls) == (use and policy != "none")
     assert got[1][0] == got[0][0]
     assert got[1][1] == got[0][1]
     assert got[0][0]["engine_steps"] > 0
@@ -250,6 +248,68 @@ def test_the_compiled_decision_equals_the_policy_on_its_snapshots(
             gathered[:n], flat[: n * gamma], gathered_idx[:n], accept_len, ring, slots,
             state, policy.lag_steps, policy.lag_rows, table, per_token, offset, kink,
             pending, 2e-5, budget, ell, accepted)
+        assert ell.tobytes() == ref.tobytes() and drafts == int(ref.sum())
+        assert trimmed == trimmed_ref
+        assert accepted.tolist() == np.minimum(ref, accept_len[idx]).tolist()
+
+
+@given(steps=st.lists(st.integers(1, 30), min_size=1, max_size=40),
+       gamma=st.integers(1, 7), budget=st.integers(40, 400), pending=st.integers(0, 500),
+       none_p=st.sampled_from([0.0, 0.5, 1.0]), seed=st.integers(0, 2**16))
+def test_the_compiled_vllm_decision_equals_the_policy_where_drafters_propose_fewer(
+        steps, gamma, budget, pending, none_p, seed):
+    """``compiled.vllm_adaptive_proposed`` against ``policies.vllm_adaptive`` on a trace
+    whose drafters proposed from none to all of their drafts at each position (steps
+    where no row proposed included): the candidates, the lagged view of the rows that
+    proposed, the top-B among the proposed drafts, the cap, the trim and the accepted
+    drafts, bit for bit."""
+    from dspark_sim.policies.registry import get_policy
+    from dspark_sim.sim import engine, fast
+
+    policy = get_policy("vllm-adaptive")
+    step = policy.compiled_proposed_decision
+    assert step is not None
+    rng = np.random.default_rng(seed)
+    n_trace = 200
+    draft_tokens = rng.integers(0, gamma + 1, n_trace).astype(np.int8)
+    draft_tokens[rng.random(n_trace) < none_p] = 0
+    survival_table = np.minimum.accumulate(
+        rng.choice([0.0, 0.05, 0.3, 0.5, 0.5, 0.8, 1.0], (n_trace, gamma)), axis=1)
+    # the engine's survivals are 0 past the drafts proposed (SimContext)
+    survival_table = np.where(np.arange(gamma) < draft_tokens[:, None], survival_table, 0.0)
+    accept_len = rng.integers(0, gamma + 1, n_trace).astype(np.int8)
+    table = readonly(0.01 + 2e-5 * np.arange(budget + 1) + rng.random(budget + 1) * 1e-4)
+    history = deque(maxlen=max(1, policy.history))
+    rows = max(steps)
+    last, last_state = np.zeros(rows * gamma), np.zeros(2, np.int64)
+    for n in steps:
+        batch = np.zeros((n, engine.NUM_COLUMNS), np.int64)
+        batch[:, engine.TRACE_START] = rng.integers(0, n_trace - 20, n)
+        batch[:, engine.TRACE_LEN] = 20
+        batch[:, engine.GENERATED] = rng.integers(1, 60, n)
+        idx = batch[:, engine.TRACE_START] + (batch[:, engine.GENERATED] - 1) % 20
+        per_token, offset = 3e-6 * rng.random(), 1e-3 * rng.random()
+        extra = per_token * np.arange(n * gamma + 1, dtype=np.float64)
+        extra += offset
+        cost = StepCost(table, readonly(extra), pending, 2e-5)
+        proposed_ref = draft_tokens[idx]
+        ref = policy(policy.snapshot(history, survival_table[idx], gamma, budget, cost=cost,
+                                     proposed=proposed_ref.astype(np.int64)))
+        ref = np.minimum(ref.astype(np.int64), proposed_ref)
+        trimmed_ref = n + int(ref.sum()) > budget
+        if trimmed_ref:
+            np.minimum(ref, max(0, (budget - n) // n), out=ref)
+        trace_idx, survival = np.zeros(n, np.int64), np.zeros((n, gamma))
+        proposed, flat = np.zeros(n, np.int64), np.zeros(n * gamma)
+        c = fast.gather_proposed(batch, n, survival_table, draft_tokens, trace_idx, survival,
+                                 proposed, flat)
+        assert trace_idx.tolist() == idx.tolist() and c == int(proposed_ref.sum())
+        candidates = flat[:c]
+        candidates.sort()
+        ell, accepted = np.full(n, -1), np.full(n, -1)
+        drafts, trimmed = step(survival, candidates, proposed, trace_idx, accept_len, last,
+                               last_state, table, per_token, offset, 0.0, pending, 2e-5,
+                               budget, ell, accepted)
         assert ell.tobytes() == ref.tobytes() and drafts == int(ref.sum())
         assert trimmed == trimmed_ref
         assert accepted.tolist() == np.minimum(ref, accept_len[idx]).tolist()
