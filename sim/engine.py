@@ -450,15 +450,18 @@ class Replica:
         self.pending_prefill += int((new[:, PREFILL_TARGET] - hit).sum())
         self.n_prefilling += len(new)
 
-    def _leave(self, batch: np.ndarray, n_dec: int, n_done: int) -> None:
+    def _leave(self, batch: np.ndarray, n_dec: int, n_done: int, n_gone: int) -> None:
         """After a step's replay (``batch`` as it ended, before rows left): prompts it
         completed join the prefix cache, finished requests free their blocks (their
         answer's full blocks cached first: a session's next turn resends them), and the
-        sessions hear which requests finished."""
+        sessions hear which requests finished. ``n_gone``: how many finished, when the
+        compiled replay counted them (-1: not counted)."""
         cache = self.cache
-        if cache is not None:
+        if cache is not None and n_done:
             for rid in batch[n_dec: n_dec + n_done, REQUEST_ID].tolist():
                 cache.fill(rid)
+        if not n_gone:  # most steps finish nothing: no scan of the batch for them
+            return
         done = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
         if not done.any():
             return
@@ -875,7 +878,7 @@ class Replica:
                 # row order)
                 batch[plan.n_dec: plan.n_dec + n_done, GENERATED] += 1
         if self.cache is not None or ctx.on_finished is not None:
-            self._leave(batch, plan.n_dec, n_done)
+            self._leave(batch, plan.n_dec, n_done, n_gone if fused else -1)
         n_dec = plan.n_dec
         if n_dec:
             self.kv_tokens += emitted
