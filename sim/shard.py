@@ -19,7 +19,8 @@ giving the serial run's bytes:
 
 The serial run is taken instead, and :func:`simulate_replicas` says why, when the router
 is least-outstanding (it reads every replica's queue), the loop is closed (a client's
-next request waits on the last one's completion), a run streams its rows (above
+next request waits on the last one's completion) or runs sessions (a turn waits on the
+turn before), a run streams its rows (above
 ``STREAM_ABOVE`` requests), there is one replica or one worker, two replicas' steps end
 at the very same instant (their serial order is SimPy's event order, which a merge by time
 cannot recover), or the merged run reaches the step bound (the serial run stops there).
@@ -85,6 +86,8 @@ def serial_reason(cfg: SimConfig, workers: int) -> str | None:
         return f"router {d.router} reads every replica's queue"
     if w.arrival == "closed":
         return "a closed loop waits on completions"
+    if w.session_turns:  # a group that never steps a turn's replica never sends the next
+        return "a session's next turn waits on its last one's completion"
     return None
 
 

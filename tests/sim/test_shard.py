@@ -56,6 +56,8 @@ def test_a_lossy_and_a_tree_policy_merge_exactly_too():
     ({"deployment": DeploymentConfig(replicas=1, router="round-robin")}, "one replica"),
     ({"workload": WorkloadConfig(arrival="closed", max_concurrency=16, num_requests=100)},
      "closed loop"),
+    ({"workload": WorkloadConfig(qps=2.0, num_requests=60, session_turns=3,
+                                 think_time_s="exp:1")}, "next turn waits"),
 ])
 def test_a_run_whose_routing_reads_replica_state_runs_serially_and_says_why(change, reason):
     cfg = replace(_cfg(n=200), **change)
