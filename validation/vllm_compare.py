@@ -276,4 +276,10 @@ def load_engine(manifest: Path | None, **overrides) -> EngineConfig:
         vals = {k: m[k] for k in ("max_num_seqs", "max_num_batched_tokens",
                                   "kv_capacity_tokens") if m.get(k) is not None}
     vals.update({k: v for k, v in overrides.items() if v is not None})
+    if vals.get("max_num_batched_tokens") is None:
+        # the step's token budget shapes every fitted cost: a guess would bias the fit
+        where = manifest if manifest is not None else "the runs"
+        raise InputError("--max-num-batched-tokens",
+                         f"{where} gives no max_num_batched_tokens (vllm measure writes "
+                         "manifest.json when it finishes): give the server's value")
     return EngineConfig(**vals, prefill="chunked").validate()

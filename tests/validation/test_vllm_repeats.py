@@ -131,3 +131,25 @@ def test_the_repeats_bootstrap_is_seeded_and_widens_the_uncertainty(tmp_path):
     alone = constant_uncertainty(jac, res, np.array([5.0, 1.0]), ("a", "b"),
                                  [p for p in points][:0], METRICS)
     assert alone["a"]["relative_sd"] == 0.0  # n > p and a perfect fit, no repeats
+
+
+def test_compare_without_the_servers_token_budget_names_the_option(tmp_path):
+    """A measure folder whose manifest is missing (an interrupted run) gives the fit no
+    step token budget: refused in one line naming the option, not guessed."""
+    import shutil
+
+    from input_checks import one_line_error
+    from typer.testing import CliRunner
+
+    from dspark_sim.cli import app
+    from dspark_sim.validation.vllm_compare import load_engine
+
+    src = Path(__file__).parents[1] / "data" / "vllm-cpu" / "run-2" / "runs"
+    shutil.copytree(src, tmp_path / "m" / "runs")
+    r = CliRunner().invoke(app, ["vllm", "compare", str(tmp_path / "m"),
+                                 "--out", str(tmp_path / "o")])
+    one_line_error(r, "--max-num-batched-tokens", "manifest.json")
+    assert not (tmp_path / "o").exists()
+    # the option supplies it
+    assert load_engine(tmp_path / "m" / "manifest.json",
+                       max_num_batched_tokens=1024).max_num_batched_tokens == 1024
