@@ -52,6 +52,10 @@ FIGURES = (*METRICS, "acceptance_length")
 LABELS = {"output_throughput": "output tok/s", "median_tpot_ms": "median TPOT ms",
           "median_ttft_ms": "median TTFT ms", "acceptance_length": "tau"}
 PICK_TOLERANCE = 0.03  # the simulator's pick may be this much below vLLM's best
+# A held-out figure is within bounds when its relative error is at most this, or at most
+# the point's own measured spread (its repeats' relative half-range) where that is wider:
+# no model can be held closer than the measurement repeats itself.
+BOUNDS = {"output_throughput": 0.10, "median_tpot_ms": 0.10, "median_ttft_ms": 0.20}
 
 
 def default_split(runs: list[BenchRun]) -> str:
@@ -102,8 +106,19 @@ class Comparison:
     acceptance: dict[str, str] | None = None
     warnings: tuple[str, ...] = ()
 
+    def against_bounds(self) -> pl.DataFrame:
+        """The held-out figures that :data:`BOUNDS` covers, each with its bound, the
+        allowance (the bound, or the point's spread where wider) and ``within``."""
+        held = self.table.filter((pl.col("split") == "held-out")
+                                 & pl.col("figure").is_in(list(BOUNDS)))
+        bound = pl.col("figure").replace_strict(BOUNDS, return_dtype=pl.Float64)
+        return held.with_columns(bound=bound).with_columns(
+            allowed=pl.max_horizontal("bound", pl.col("spread").fill_null(0.0))).with_columns(
+            within=pl.col("error").abs() <= pl.col("allowed"))
+
     def headline(self) -> dict:
         held = self.table.filter(pl.col("split") == "held-out")
+        bounds = self.against_bounds()
         worst = {}
         for fig in FIGURES:
             t = held.filter(pl.col("figure") == fig)
@@ -113,6 +128,11 @@ class Comparison:
         return {"held_out_points": held["run"].n_unique(),
                 "fitted_points": self.table.filter(pl.col("split") == "fitted")["run"].n_unique(),
                 "worst_held_out": worst,
+                "held_out_within_bounds": int(bounds["within"].sum()),
+                "held_out_bounded": bounds.height,
+                "held_out_outside_bounds": [
+                    f"{r['run']} {r['figure']}" for r in
+                    bounds.filter(~pl.col("within")).iter_rows(named=True)],
                 "picks_within_tolerance": bool(self.regimes["pick_ok"].all()),
                 "loads_where_speculation_pays": int((self.regimes["measured_gain"] > 0).sum()),
                 "best_measured_gain": float(self.regimes["measured_gain"].max()),
@@ -212,6 +232,13 @@ def markdown(cmp: Comparison) -> str:
     worst = ", ".join(f"{LABELS[f]} {w['error']:+.1%} ({w['run']})"
                       for f, w in h["worst_held_out"].items())
     lines += [f"**Worst held-out error:** {worst}.", ""]
+    outside = cmp.against_bounds().filter(~pl.col("within"))
+    bounds = ", ".join(f"{LABELS[f]} {b:.0%}" for f, b in BOUNDS.items())
+    lines += [f"**Against the bounds** ({bounds}, or a point's own spread where wider): "
+              f"{h['held_out_within_bounds']} of {h['held_out_bounded']} held-out figures "
+              "within" + ("." if outside.height == 0 else "; outside: " + ", ".join(
+                  f"{r['run']} {LABELS[r['figure']]} {r['error']:+.1%} (allowed "
+                  f"{r['allowed']:.1%})" for r in outside.iter_rows(named=True)) + "."), ""]
     acc = acceptance_line(cmp.acceptance)
     if acc:
         lines += [acc, ""]

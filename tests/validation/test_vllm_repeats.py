@@ -153,3 +153,25 @@ def test_compare_without_the_servers_token_budget_names_the_option(tmp_path):
     # the option supplies it
     assert load_engine(tmp_path / "m" / "manifest.json",
                        max_num_batched_tokens=1024).max_num_batched_tokens == 1024
+
+
+def test_held_out_figures_are_held_to_the_bound_or_their_own_spread():
+    """10 % on throughput and TPOT, 20 % on TTFT, widened to a point's measured spread
+    where that is wider; fitted points and tau are not held to them."""
+    import polars as pl
+
+    from dspark_sim.validation.vllm_compare import Comparison
+
+    rows = [("a@c1", "held-out", "output_throughput", 0.12, 0.15),  # spread covers it
+            ("a@c1", "held-out", "median_tpot_ms", -0.12, 0.05),  # outside 10 %
+            ("a@c1", "held-out", "median_ttft_ms", 0.15, None),  # inside 20 %
+            ("a@c2", "held-out", "median_ttft_ms", -0.21, 0.02),  # outside 20 %
+            ("a@c2", "held-out", "acceptance_length", 0.5, 0.0),  # not bounded
+            ("b@c1", "fitted", "output_throughput", 0.5, 0.0)]  # fitted: not held out
+    table = pl.DataFrame(rows, schema=["run", "split", "figure", "error", "spread"],
+                         orient="row")
+    got = Comparison(table=table, regimes=pl.DataFrame(), fit=None, split="").against_bounds()
+    assert got.select("run", "figure", "within").rows() == [
+        ("a@c1", "output_throughput", True), ("a@c1", "median_tpot_ms", False),
+        ("a@c1", "median_ttft_ms", True), ("a@c2", "median_ttft_ms", False)]
+    assert got["allowed"].to_list() == pytest.approx([0.15, 0.10, 0.20, 0.20])
