@@ -238,9 +238,8 @@ def test_sweep_cli_headline_defaults_and_lists_points_left_off(tmp_path, monkeyp
     the headline gives no gain at 80 tok/s/user (both fronts stay above it: two lower
     bounds), blames too few requests with the sizing options, not the load range, and
     every point left off is listed (the headline's two, then none's)."""
-    from dspark_sim import cli
 
-    monkeypatch.setattr(cli.console, "width", 400)  # each sentence on one line
+    monkeypatch.setenv("COLUMNS", "400")  # each sentence on one line
     r = invoke("sweep", "--out", str(tmp_path / "sw"), "--policies", "mtp1,confidence,none",
                "--concurrency", "4,32", "--num-requests", "80", "--replicas", "1",
                "--executor", "serial", "--quiet", "--sla", "80,120")
@@ -381,9 +380,8 @@ def test_the_printed_workload_says_when_lengths_override_the_files(tmp_path, mon
                                                                     loop):
     """--workload F --lengths L: the requests' lengths are L's, not F's, and the printed
     workload line (and summary.json's) says so; without --lengths it names the file's."""
-    from dspark_sim import cli
 
-    monkeypatch.setattr(cli.console, "width", 250)  # the workload line unwrapped
+    monkeypatch.setenv("COLUMNS", "250")  # the workload line unwrapped
     w = tmp_path / "w.csv"
     w.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
         f"2023-11-16 18:15:{i:02d}.0,{50 + i},{10 + i}\n" for i in range(20)))
@@ -411,7 +409,6 @@ def test_inspect_prints_no_data_for_a_position_no_chain_reached(tmp_path, monkey
 
     import numpy as np
 
-    from dspark_sim import cli
     from dspark_sim.traces.schema import write_trace
     from dspark_sim.traces.synth import synth_iid
 
@@ -420,7 +417,7 @@ def test_inspect_prints_no_data_for_a_position_no_chain_reached(tmp_path, monkey
     cond = t.conditional_acceptance()
     assert cond[:3].tolist() == pytest.approx([3 / 5, 2 / 3, 0.0]) and math.isnan(cond[3])
     p = write_trace(t, tmp_path / "t.parquet")
-    monkeypatch.setattr(cli.console, "width", 200)
+    monkeypatch.setenv("COLUMNS", "200")
     r = invoke("traces", "inspect", str(p))
     assert r.exit_code == 0, r.output
     pos = r.output[r.output.index("per-position acceptance"):]
