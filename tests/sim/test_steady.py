@@ -614,7 +614,7 @@ def test_a_run_that_completed_nothing_is_not_stable(closed, limit, monkeypatch):
 
     from dspark_sim import cli
 
-    monkeypatch.setattr(cli.console, "width", 200)  # the verdict on one line of the table
+    monkeypatch.setenv("COLUMNS", "200")  # the verdict on one line of the table
     arrival = dict(arrival="closed", max_concurrency=4) if closed else dict(qps=20.0)
     for tokens, served in ((11, False), (12, True)):
         cfg = SimConfig(policy="none", deployment=DeploymentConfig(replicas=1),
