@@ -1278,12 +1278,9 @@ class Router:
                 self.by_prefix = self._by_prefix
 
     def _by_prefix(self, rid: int) -> Replica:
-        best = None
-        for rep in self.replicas:
-            key = (-rep.cache.cached_prefix_blocks(rid), rep.outstanding)
-            if best is None or key < best[0]:
-                best = (key, rep)
-        return best[1]
+        # the first of the equals, as least-outstanding's min
+        return min(self.replicas,
+                   key=lambda rep: (-rep.cache.cached_prefix_blocks(rid), rep.outstanding))
 
     def route(self) -> Replica:
         r = self.replicas[self._next % len(self.replicas)]

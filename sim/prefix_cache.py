@@ -31,6 +31,7 @@ from itertools import repeat
 import numpy as np
 
 from dspark_sim.errors import InputError
+from dspark_sim.traces.schema import ragged_take
 
 # vLLM's default KV block; a Mooncake file's hash_ids name blocks of 512 tokens
 DEFAULT_BLOCK_TOKENS = 16
@@ -89,10 +90,7 @@ class PromptBlocks:
     def take(self, idx: np.ndarray) -> PromptBlocks:
         """The blocks of requests ``idx``, in that order."""
         idx = np.asarray(idx, dtype=np.int64)
-        lengths = np.diff(self.offsets)[idx]
-        offsets = np.zeros(idx.size + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        pos = np.repeat(self.offsets[idx] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        offsets, pos = ragged_take(self.offsets, idx)
         return PromptBlocks(self.block_tokens, offsets, self.hashes[pos],
                             self.prompt_blocks[idx])
 
@@ -349,10 +347,7 @@ class HashIdBlocks:
 
     def take(self, idx: np.ndarray) -> HashIdBlocks:
         idx = np.asarray(idx, dtype=np.int64)
-        lengths = np.diff(self.offsets)[idx]
-        offsets = np.zeros(idx.size + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        pos = np.repeat(self.offsets[idx] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        offsets, pos = ragged_take(self.offsets, idx)
         return HashIdBlocks(offsets, self.ids[pos], self.prompt_tokens[idx])
 
     def at(self, block_tokens: int) -> PromptBlocks:

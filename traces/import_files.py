@@ -278,21 +278,9 @@ def _ids(files: list[Path], parts: list[AcceptanceTrace]) -> tuple[np.ndarray, s
 
 
 def _take_requests(t: AcceptanceTrace, order: np.ndarray) -> AcceptanceTrace:
-    """``t`` with its requests in ``order`` (rows moved with them)."""
-    lengths = t.req_lengths[order]
-    rows = np.concatenate([np.arange(t.req_offsets[r], t.req_offsets[r + 1]) for r in order])
-
-    def take(a: np.ndarray | None, idx: np.ndarray) -> np.ndarray | None:
-        return None if a is None else a[idx]
-
+    """``t`` with its requests in ``order`` (rows moved with them, and the per-request
+    input lengths its metadata carries)."""
     extra = dict(t.meta.extra)
     if isinstance(extra.get("request_input_lens"), list):
         extra["request_input_lens"] = [extra["request_input_lens"][i] for i in order]
-    return replace(t, meta=replace(t.meta, extra=extra),
-                   accept_len=t.accept_len[rows], conf=take(t.conf, rows),
-                   tv_accept=take(t.tv_accept, rows),
-                   req_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-                   req_domain=t.req_domain[order], req_ids=t.req_ids[order],
-                   req_prompt_tokens=take(t.req_prompt_tokens, order),
-                   req_output_tokens=take(t.req_output_tokens, order),
-                   draft_tokens=take(t.draft_tokens, rows))
+    return replace(t.take_requests(order), meta=replace(t.meta, extra=extra))

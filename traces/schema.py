@@ -240,21 +240,24 @@ class AcceptanceTrace:
             # the option is what the user can change; the trace is named beside it
             raise InputError("--domain", f"no requests of domain {domain!r} in "
                              f"{self.source_path}; it has {', '.join(sorted(map(str, set(self.req_domain))))}")
-        rows = np.concatenate([np.arange(self.req_offsets[r], self.req_offsets[r + 1]) for r in keep])
-        lengths = self.req_lengths[keep]
+        return replace(self.take_requests(keep), meta=replace(self.meta, domains=(domain,)))
+
+    def take_requests(self, idx: np.ndarray) -> AcceptanceTrace:
+        """The requests ``idx``, in that order, with their rows (metadata as it is)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        offsets, rows = ragged_take(self.req_offsets, idx)
         return replace(
             self,
             accept_len=self.accept_len[rows],
-            conf=None if self.conf is None else self.conf[rows],
-            tv_accept=None if self.tv_accept is None else self.tv_accept[rows],
-            req_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-            req_domain=self.req_domain[keep],
-            req_ids=self.req_ids[keep],
-            req_prompt_tokens=_take(self.req_prompt_tokens, keep),
-            req_output_tokens=_take(self.req_output_tokens, keep),
-            v2=None if self.v2 is None else self.v2.take(rows, keep),
+            conf=_take(self.conf, rows),
+            tv_accept=_take(self.tv_accept, rows),
+            req_offsets=offsets,
+            req_domain=self.req_domain[idx],
+            req_ids=self.req_ids[idx],
+            req_prompt_tokens=_take(self.req_prompt_tokens, idx),
+            req_output_tokens=_take(self.req_output_tokens, idx),
+            v2=None if self.v2 is None else self.v2.take(rows, idx),
             draft_tokens=_take(self.draft_tokens, rows),
-            meta=replace(self.meta, domains=(domain,)),
         )
 
     # -- frames ----------------------------------------------------------------
@@ -359,6 +362,17 @@ def _walk(nxt: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, int]:
 
 def _take(a: np.ndarray | None, idx: np.ndarray) -> np.ndarray | None:
     return None if a is None else a[idx]
+
+
+def ragged_take(offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Segments ``idx`` of a ragged array (segment ``i`` is ``offsets[i]:offsets[i+1]``),
+    in that order: their new offsets and the rows to gather, in one vectorised pass."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.diff(offsets)[idx]
+    out = np.zeros(len(idx) + 1, np.int64)
+    np.cumsum(lengths, out=out[1:])
+    rows = np.repeat(offsets[idx] - out[:-1], lengths) + np.arange(out[-1])
+    return out, rows
 
 
 def _int_column(df: pl.DataFrame, col: str, source: str) -> np.ndarray:
