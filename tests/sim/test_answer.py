@@ -77,7 +77,7 @@ def _sample(ttft_ms: float, n: int = 200) -> dict:
 
 
 def test_goodput_ranks_a_policy_that_meets_the_slo_over_one_with_more_tokens():
-    # the shape: none serves more tokens per GPU but its TTFT misses the SLO
+    # none serves more tokens per GPU but its TTFT misses the SLO
     df = _frame(_rows("none", [200, 201, 199], **_sample(2700.0)),
                 _rows("fixed:3", [190, 191, 189], **_sample(500.0)))
     (plain,) = fr.answer(df)
