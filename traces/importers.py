@@ -138,7 +138,7 @@ def _is_id(x: Any) -> bool:
     return (isinstance(x, str) and x != "") or (_is_int(x) and -(1 << 63) <= x < (1 << 63))
 
 
-def _json_lines(p: Path, where: str):
+def json_lines(p: Path, where: str):
     """(line number, object) for every non-blank line; one-line errors for the rest."""
     try:
         fh = p.open(encoding="utf-8-sig")  # -sig: a leading byte-order mark is not data
@@ -267,7 +267,7 @@ def import_specdecode_bench(src: str | Path, *, column: str = "eagle", domain: s
     seen: dict = {}
     used: dict[str, int] = {}  # the table read ('acc_<column>' or 'acc') -> first line
     skipped = mismatched = 0
-    for i, d in _json_lines(p, where):
+    for i, d in json_lines(p, where):
         rid = d.get("id")
         if not _is_id(rid):
             raise InputError(where, f"line {i}: 'id' must be a non-empty string or an int64 "
@@ -428,7 +428,7 @@ def _pp_jsonl(p: Path, where: str):
     conf: list[list[float]] = []
     width: int | None = None
     present: set[str] | None = None
-    for i, d in _json_lines(p, where):
+    for i, d in json_lines(p, where):
         keys = {c for c in cols if c in d}
         if "conf" in d:
             keys.add("conf")

@@ -75,15 +75,9 @@ def _items(p: Path, where: str):
                 raise InputError(where, f"item {i}: expected a JSON object")
             yield f"item {i}", d
         return
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            d = loads_json(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(where, f"line {i}: not JSON ({exc.msg})") from None
-        if not isinstance(d, dict):
-            raise InputError(where, f"line {i}: expected a JSON object")
+    from dspark_sim.traces.importers import json_lines
+
+    for i, d in json_lines(p, where):
         yield f"line {i}", d
 
 
