@@ -974,67 +974,73 @@ def answer(df: pl.DataFrame, *, slo: Slo = Slo(), basis: str = "steady",
     keys = ["_ctx", "load_kind", "load"]
     for (ctx, kind, load), g in sorted(view.group_by(keys, maintain_order=True),
                                        key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2])):
-        arrival = g["arrival"][0] if "arrival" in g.columns else None
-        how = rank or rank_metric(kind, arrival, slo)
-        col = RANKS[how][0]
-        est: dict[str, dict[str, Estimate | None]] = {}
-        unstable = []
-        for pol, rows in g.group_by("policy", maintain_order=True):
-            pol = pol[0]
-            if "stable" in rows.columns and not rows["stable"].fill_null(False).all():
-                unstable.append(pol)
-                continue
-            est[pol] = {c: _estimate(rows, c) for c in (col, Y, X, GOODPUT, GOODPUT_Y)}
-        ranked = sorted((p for p in est if est[p][col] is not None),
-                        key=lambda p: -est[p][col].mean)
-        ranking = list(ranked)  # every policy with the figure, deployable or not
-        # stable but without the ranking figure (a steady window too short for a latency
-        # sample, no request judged): it holds the load, so it is named, not dropped
-        unranked = {p: _no_figure(g.filter(pl.col("policy") == p), steady)
-                    for p in est if est[p][col] is None}
-        cannot = _cannot_run(g)
-        runnable = [p for p in ranked if p not in cannot]
-        row = {"context": ctx, "load_kind": kind, "load": load,
-               "load_text": load_text(kind, load), "rank": how, "slo": slo,
-               "estimates": est, "unstable": unstable, "best": None, "runner_up": None,
-               "tie": None, "diff": None, "half_width": None, "settle_factor": None,
-               "deployable": True, "undeployable_best": None, "undeployable_gain": None,
-               "undeployable_note": None, "unranked": unranked, "compared": {},
-               "ranking": ranking,
-               "context_values": {c: g[c][0] for c in ctx_cols},
-               "simulated_only": [p for p in ranked if p in cannot]}
-        if ranked and ranked[0] in cannot and runnable:
-            top = ranked[0]
-            row |= {"undeployable_best": top, "undeployable_note": cannot[top],
-                    "undeployable_gain": _gain(est[top][col].mean,
-                                               est[runnable[0]][col].mean)}
-        if runnable:  # rank what the deployment can run; the rest are named, not picked
-            ranked = runnable
-        elif ranked:
-            row["deployable"] = False
-        if not ranked and len(unranked) == 1:  # the one policy that holds the load
-            ranked = list(unranked)
-            row["deployable"] = ranked[0] not in cannot
-        if not ranked:
-            row["verdict"] = _verdict_unranked(row, unstable)
-            out.append(row)
-            continue
-        best = ranked[0]
-        row["best"] = best
-        row["best_unranked"] = unranked.get(best)  # the one policy holding it, no figure
-        row["unranked"] = {p: why for p, why in unranked.items() if p != best}
-        for name, other in (("none", baseline if baseline in est and baseline != best
-                             else None), ("runner_up", ranked[1] if len(ranked) > 1 else None)):
-            row["compared"][name] = other
-            for metric, c in (("throughput", Y), ("goodput", GOODPUT_Y)):
-                a, b = est[best][c], est[other][c] if other else None
-                row[f"gain_{metric}_vs_{name}"] = _gain(a.mean if a else None,
-                                                        b.mean if b else None)
-        row["runner_up"] = ranked[1] if len(ranked) > 1 else None
-        row |= _noise(est, best, row["runner_up"], col)
-        row["verdict"] = _verdict(row, unstable)
-        out.append(row)
+        out.append(_load_answer(g, ctx, kind, load, rank=rank, slo=slo, steady=steady,
+                                ctx_cols=ctx_cols, baseline=baseline))
     return out
+
+
+def _load_answer(g: pl.DataFrame, ctx: str, kind: str, load, *, rank: str | None, slo: Slo,
+                 steady: bool, ctx_cols: list[str], baseline: str) -> dict:
+    """:func:`answer`'s row for one context and load (``g``: its points)."""
+    arrival = g["arrival"][0] if "arrival" in g.columns else None
+    how = rank or rank_metric(kind, arrival, slo)
+    col = RANKS[how][0]
+    est: dict[str, dict[str, Estimate | None]] = {}
+    unstable = []
+    for pol, rows in g.group_by("policy", maintain_order=True):
+        pol = pol[0]
+        if "stable" in rows.columns and not rows["stable"].fill_null(False).all():
+            unstable.append(pol)
+            continue
+        est[pol] = {c: _estimate(rows, c) for c in (col, Y, X, GOODPUT, GOODPUT_Y)}
+    ranked = sorted((p for p in est if est[p][col] is not None),
+                    key=lambda p: -est[p][col].mean)
+    ranking = list(ranked)  # every policy with the figure, deployable or not
+    # stable but without the ranking figure (a steady window too short for a latency
+    # sample, no request judged): it holds the load, so it is named, not dropped
+    unranked = {p: _no_figure(g.filter(pl.col("policy") == p), steady)
+                for p in est if est[p][col] is None}
+    cannot = _cannot_run(g)
+    runnable = [p for p in ranked if p not in cannot]
+    row = {"context": ctx, "load_kind": kind, "load": load,
+           "load_text": load_text(kind, load), "rank": how, "slo": slo,
+           "estimates": est, "unstable": unstable, "best": None, "runner_up": None,
+           "tie": None, "diff": None, "half_width": None, "settle_factor": None,
+           "deployable": True, "undeployable_best": None, "undeployable_gain": None,
+           "undeployable_note": None, "unranked": unranked, "compared": {},
+           "ranking": ranking,
+           "context_values": {c: g[c][0] for c in ctx_cols},
+           "simulated_only": [p for p in ranked if p in cannot]}
+    if ranked and ranked[0] in cannot and runnable:
+        top = ranked[0]
+        row |= {"undeployable_best": top, "undeployable_note": cannot[top],
+                "undeployable_gain": _gain(est[top][col].mean,
+                                           est[runnable[0]][col].mean)}
+    if runnable:  # rank what the deployment can run; the rest are named, not picked
+        ranked = runnable
+    elif ranked:
+        row["deployable"] = False
+    if not ranked and len(unranked) == 1:  # the one policy that holds the load
+        ranked = list(unranked)
+        row["deployable"] = ranked[0] not in cannot
+    if not ranked:
+        row["verdict"] = _verdict_unranked(row, unstable)
+        return row
+    best = ranked[0]
+    row["best"] = best
+    row["best_unranked"] = unranked.get(best)  # the one policy holding it, no figure
+    row["unranked"] = {p: why for p, why in unranked.items() if p != best}
+    for name, other in (("none", baseline if baseline in est and baseline != best
+                         else None), ("runner_up", ranked[1] if len(ranked) > 1 else None)):
+        row["compared"][name] = other
+        for metric, c in (("throughput", Y), ("goodput", GOODPUT_Y)):
+            a, b = est[best][c], est[other][c] if other else None
+            row[f"gain_{metric}_vs_{name}"] = _gain(a.mean if a else None,
+                                                    b.mean if b else None)
+    row["runner_up"] = ranked[1] if len(ranked) > 1 else None
+    row |= _noise(est, best, row["runner_up"], col)
+    row["verdict"] = _verdict(row, unstable)
+    return row
 
 
 def by_prefix_cache(rows: Sequence[dict], baseline: str = "none") -> list[dict]:
