@@ -21,6 +21,32 @@ SizeRse = Annotated[float, typer.Option(
          "relative standard error (0: off).")]
 SizeMax = Annotated[int, typer.Option(help="Never size a point beyond this many requests.")]
 
+SweepPrefixCache = Annotated[str | None, typer.Option(
+    help="Prefix caching per point: on, off, or on,off to run each point both ways "
+         "(the ranking with caching on and off; the workload must carry reuse).")]
+SweepLengths = Annotated[str | None, typer.Option(
+    help="Request lengths, as for run (e.g. trace: each trace request's own).")]
+SweepConfSource = Annotated[str | None, typer.Option(
+    help="Drafter confidences, as for run (synthetic:AUC for an imported or fitted "
+         "trace, which has none).")]
+SweepWorkers = Annotated[int | None, typer.Option(
+    help="Parallel workers (default: cores; at most 4 per core).")]
+SweepSla = Annotated[str | None, typer.Option(
+    help="Interactivity tiers (tok/s/user) for the headline and the plot's SLA lines "
+         "(default: two inside the data's range).")]
+SweepSlo = Annotated[str | None, typer.Option(
+    help="Goodput SLOs, ttft:MS,tpot:MS (run's --slo; [run] slo_ttft_ms, slo_tpot_ms in "
+         "--config): the per-load answer ranks on goodput, the report adds its "
+         "fronts. A new SLO reruns no point.")]
+SweepCandidate = Annotated[str | None, typer.Option(
+    help="Policy compared in the headline (one of --policies; default: the run's default, "
+         "confidence, when swept, else the one policy besides the baseline).")]
+SweepBaseline = Annotated[str | None, typer.Option(
+    help="Baseline policy of the headline (one of --policies; default: mtp1 when "
+         "swept, else the one policy besides the candidate).")]
+SweepBasis = Annotated[str, typer.Option(
+    help="Figures of the fronts, headline and report: steady (warm-up and drain "
+         "excluded) | whole (whole-run, vLLM bench serve).")]
 
 def sweep(
     out: Annotated[Path, PathOption(help="Folder for points/, results.parquet, report.html.")],
@@ -33,41 +59,24 @@ def sweep(
     profiles: Annotated[str | None, typer.Option(help="Comma-separated profiles.")] = None,
     traces: Annotated[str | None, typer.Option(help="Comma-separated traces.")] = None,
     seeds: Annotated[str, typer.Option(help="Seeds to repeat each point with (error bars).")] = "0",
-    prefix_cache: Annotated[str | None, typer.Option(
-        help="Prefix caching per point: on, off, or on,off to run each point both ways "
-             "(the ranking with caching on and off; the workload must carry reuse).")] = None,
+    prefix_cache: SweepPrefixCache = None,
     num_requests: Annotated[int | None, typer.Option(help="Requests per point.")] = None,
     replicas: Annotated[int | None, typer.Option(help="Replicas per point.")] = None,
     prefill_instances: Annotated[int | None, typer.Option(
         help="Prefill instances per point (disaggregated prefill).")] = None,
-    lengths: Annotated[str | None, typer.Option(
-        help="Request lengths, as for run (e.g. trace: each trace request's own).")] = None,
-    conf_source: Annotated[str | None, typer.Option(
-        help="Drafter confidences, as for run (synthetic:AUC for an imported or fitted "
-             "trace, which has none).")] = None,
+    lengths: SweepLengths = None,
+    conf_source: SweepConfSource = None,
     executor: Annotated[str, typer.Option(help="process | serial | ray")] = "process",
-    workers: Annotated[int | None, typer.Option(
-        help="Parallel workers (default: cores; at most 4 per core).")] = None,
-    sla: Annotated[str | None, typer.Option(
-        help="Interactivity tiers (tok/s/user) for the headline and the plot's SLA lines "
-             "(default: two inside the data's range).")] = None,
-    slo: Annotated[str | None, typer.Option(
-        help="Goodput SLOs, ttft:MS,tpot:MS (run's --slo; [run] slo_ttft_ms, slo_tpot_ms in "
-             "--config): the per-load answer ranks on goodput, the report adds its "
-             "fronts. A new SLO reruns no point.")] = None,
-    candidate: Annotated[str | None, typer.Option(
-        help="Policy compared in the headline (one of --policies; default: the run's default, "
-             "confidence, when swept, else the one policy besides the baseline).")] = None,
-    baseline: Annotated[str | None, typer.Option(
-        help="Baseline policy of the headline (one of --policies; default: mtp1 when "
-             "swept, else the one policy besides the candidate).")] = None,
+    workers: SweepWorkers = None,
+    sla: SweepSla = None,
+    slo: SweepSlo = None,
+    candidate: SweepCandidate = None,
+    baseline: SweepBaseline = None,
     vllm_results: Annotated[Path | None, PathOption(
         help="Folder of vLLM `bench serve` result JSON files to overlay.")] = None,
     gpus: Annotated[int | None, typer.Option(help="GPUs behind the vLLM results (per-GPU).")] = None,
     config: Annotated[Path | None, PathOption(help="Base TOML config.")] = None,
-    basis: Annotated[str, typer.Option(
-        help="Figures of the fronts, headline and report: steady (warm-up and drain "
-             "excluded) | whole (whole-run, vLLM bench serve).")] = "steady",
+    basis: SweepBasis = "steady",
     requests_per_client: SizePerClient = 0, max_doublings: SizeDoublings = 0,
     target_rse: SizeRse = 0.0, max_requests: SizeMax = 1_000_000,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
