@@ -737,6 +737,28 @@ load).</p>
 {_table_html(_context_rows(df))}"""
 
 
+def _report_figures(df: pl.DataFrame, policies, tiers, stable_only: bool, basis: str,
+                    slo: Slo, vllm_results, gpus: int | None) -> tuple[list[str], bool]:
+    """The report's figures as HTML divs in page order (fronts, budget, latency, waste,
+    then lossy and goodput where they apply; plotly.js with the first), and whether the
+    lossy one is among them. ``vllm_results``: measured runs drawn on the fronts."""
+    vllm = read_vllm_results(vllm_results, gpus) if vllm_results else None
+    figs = [fronts_figure(df, policies=policies, tiers=tiers, stable_only=stable_only,
+                          vllm=vllm, basis=basis),
+            budget_figure(df, policies=policies, basis=basis),
+            latency_figure(df, policies=policies, basis=basis),
+            waste_figure(df, policies=policies, basis=basis)]
+    has_lossy = bool(df.select(is_lossy(df).any()).item())
+    if has_lossy:
+        figs.append(lossy_figure(df, policies=policies, basis=basis))
+    if slo.given:
+        figs.append(fronts_figure(df, policies=policies, tiers=tiers, stable_only=stable_only,
+                                  basis=basis, y=GOODPUT_Y, title=(
+                                      f"Goodput vs interactivity, {slo.text()}")))
+    return [pio.to_html(f, include_plotlyjs=(i == 0), full_html=False,
+                        config={"displaylogo": False}) for i, f in enumerate(figs)], has_lossy
+
+
 def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
                  policies: Sequence[str] | None = None, candidate: str | None = None,
                  baseline: str | None = None, tiers: Sequence[float] | None = None,
@@ -771,25 +793,11 @@ def build_report(results: pl.DataFrame | str | Path, out: str | Path, *,
     out = Path(out)
     if out.suffix.lower() not in (".html", ".htm"):
         out = out / "report.html"
-    vllm = read_vllm_results(vllm_results, gpus) if vllm_results else None
-    figs = [fronts_figure(df, policies=policies, tiers=tiers, stable_only=stable_only,
-                          vllm=vllm, basis=basis),
-            budget_figure(df, policies=policies, basis=basis),
-            latency_figure(df, policies=policies, basis=basis),
-            waste_figure(df, policies=policies, basis=basis)]
-    has_lossy = bool(df.select(is_lossy(df).any()).item())
-    if has_lossy:
-        figs.append(lossy_figure(df, policies=policies, basis=basis))
-    if slo.given:
-        figs.append(fronts_figure(df, policies=policies, tiers=tiers, stable_only=stable_only,
-                                  basis=basis, y=GOODPUT_Y, title=(
-                                      f"Goodput vs interactivity, {slo.text()}")))
+    divs, has_lossy = _report_figures(df, policies, tiers, stable_only, basis, slo, vllm_results, gpus)
     head_html, head_md = _headline_parts(df, candidate, baseline, tiers, stable_only, basis)
     left = _left_out_rows(df, policies, stable_only, basis) + _superseded_rows(superseded)
     answer_html, answer_md = _answer_parts(df, slo, basis)
     engines = engine_rows(df)
-    divs = [pio.to_html(f, include_plotlyjs=(i == 0), full_html=False,
-                        config={"displaylogo": False}) for i, f in enumerate(figs)]
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     doc = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
