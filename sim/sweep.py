@@ -489,6 +489,25 @@ def _grid_names(values, option: str, what: str, *, allow_none: bool = False) -> 
     return values or None
 
 
+def _check_reuse(w) -> None:
+    """Prefix caching on needs a workload that carries reuse: sessions, or a file with
+    hash_ids. Checked before the sweep, from the file's first record, not when the first
+    point runs (an hour into a sweep); --lengths replaces the file's prompts, and their
+    reuse."""
+    if w.session_turns:
+        return
+    if not w.workload_path:
+        raise InputError("--prefix-cache", "on needs a workload that carries reuse (a "
+                         "Mooncake file with hash_ids, or --session-turns)")
+    from dspark_sim.sim.workload import says_reuse
+
+    if w.lengths is not None or says_reuse(w.workload_path) is False:
+        why = "--lengths replaces its prompts" if w.lengths is not None \
+            else "its records carry no hash_ids"
+        raise InputError("--prefix-cache", f"on needs a workload that carries reuse: "
+                         f"{w.workload_path}: {why}")
+
+
 def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
                  concurrency: Sequence[int] | None = None, policies: Sequence[str],
                  profiles: Sequence[str] | None = None,
@@ -509,20 +528,8 @@ def build_points(base: SimConfig, *, qps: Sequence[float] | None = None,
     traces = _grid_names(traces, "--traces", "trace", allow_none=True) or [None]
     seeds = _grid_numbers(seeds, "--seeds", integer=True, allow_zero=True) or [base.seed]
     caches = _prefix_cache_values(prefix_cache)
-    w0 = base.workload
-    if "on" in caches and not w0.session_turns:
-        if not w0.workload_path:
-            raise InputError("--prefix-cache", "on needs a workload that carries reuse (a "
-                             "Mooncake file with hash_ids, or --session-turns)")
-        # checked here, from the file's first record, not when the first point runs (an
-        # hour into a sweep); --lengths replaces the file's prompts, and their reuse
-        from dspark_sim.sim.workload import says_reuse
-
-        if w0.lengths is not None or says_reuse(w0.workload_path) is False:
-            why = "--lengths replaces its prompts" if w0.lengths is not None \
-                else "its records carry no hash_ids"
-            raise InputError("--prefix-cache", f"on needs a workload that carries reuse: "
-                             f"{w0.workload_path}: {why}")
+    if "on" in caches:
+        _check_reuse(base.workload)
     try:  # unknown names fail here, before any point runs (a profile only in a worker)
         for p in policies:
             get_policy(p)
