@@ -34,13 +34,19 @@ def _print_head(s: dict) -> None:
     console.print(head)
 
 
-def print_summary(s: dict, wall_s: float | None = None) -> None:
-    _print_head(s)
+def _summary_table(s: dict) -> Table:
+    """The run table's frame: its title and three columns."""
     lossy = " (LOSSY policy: output differs from the target's greedy)" if s.get("lossy") else ""
     t = Table(title="dspark-sim run" + lossy, show_header=True, header_style="bold")
     t.add_column("metric")
     t.add_column("steady state", justify="right")
     t.add_column("whole run", justify="right")
+    return t
+
+
+def print_summary(s: dict, wall_s: float | None = None) -> None:
+    _print_head(s)
+    t = _summary_table(s)
 
     def both(key: str, nd: int = 1) -> tuple[str, str]:
         return _fmt(s.get(f"steady_{key}"), nd), _fmt(s.get(key), nd)
