@@ -9,7 +9,8 @@ throughput, median TPOT, median TTFT and acceptance length per (setting, load), 
 marked ``fitted`` or ``held-out``. Its headline is the worst held-out error per figure;
 below it, per load, the measured and the simulated best setting, the gain of the best
 speculative setting over none (where speculation pays), and whether the simulator's pick
-is vLLM's best or within 3 % of it (or within the best's measured spread, when wider).
+is vLLM's best or within 3 % of it (or, where the best was measured repeatedly, whether
+the pick's median lies within the range of the best's repeats).
 
 Repeats of a point (``vllm measure --rounds``) are one row: the median of each figure,
 with the repeats' count and spread (relative half-range), and the run's noise floor
@@ -144,14 +145,15 @@ class Comparison:
 
 
 def compare(runs: list[BenchRun], *, engine: EngineConfig, split: str | None = None,
-            seed: int = 0) -> Comparison:
+            seed: int = 0, step_table: str = "auto") -> Comparison:
     split = split or default_split(runs)
     fitted = parse_split(split, runs)
     fitted_runs = [r for r in runs if r.name in fitted]
     # every setting's own measured acceptance, held-out ones too: the split is of the
     # step costs; the pooled counters, where a setting has none, are the fitted runs'
     traces = setting_traces(runs, fitted_runs, seed)
-    fit = fit_profile(fitted_runs, engine=engine, seed=seed, traces=traces)
+    fit = fit_profile(fitted_runs, engine=engine, seed=seed, traces=traces,
+                      step_table=step_table)
     points = group_points(runs)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,7 +170,8 @@ def compare(runs: list[BenchRun], *, engine: EngineConfig, split: str | None = N
                                  "split": "fitted" if r.name in fitted else "held-out",
                                  "figure": fig, "measured": r.measured[fig],
                                  "simulated": sim[fig], "error": err,
-                                 "repeats": p.repeats, "spread": p.spread(fig)})
+                                 "repeats": p.repeats, "spread": p.spread(fig),
+                                 "lowest": float(p.values(fig).min())})
     table = pl.DataFrame(rows)
     return Comparison(table, _regimes(table), fit, split,
                       noise_floor(points) if any(p.repeats > 1 for p in points) else None,
@@ -211,14 +214,15 @@ def _regimes(table: pl.DataFrame) -> pl.DataFrame:
             gain_m = float(spec["measured"].max() / none["measured"][0] - 1.0)
             gain_s = float(spec["simulated"].max() / none["simulated"][0] - 1.0)
         picked = t.filter(pl.col("setting") == best_s["setting"])["measured"][0]
-        # a pick within the best's own measured spread cannot be told from it
-        slack = max(PICK_TOLERANCE, float(best_m["spread"] or 0.0))
+        # a pick whose median lies within the range of the best's own repeats cannot be
+        # told from it
+        floor = min((1.0 - PICK_TOLERANCE) * best_m["measured"], best_m["lowest"])
         order_m = t.sort("measured", descending=True)["setting"].to_list()
         order_s = t.sort("simulated", descending=True)["setting"].to_list()
         out.append({"load": load, "measured_best": best_m["setting"],
                     "simulated_best": best_s["setting"],
                     "pick_shortfall": float(1.0 - picked / best_m["measured"]),
-                    "pick_ok": bool(picked >= (1.0 - slack) * best_m["measured"]),
+                    "pick_ok": bool(picked >= floor),
                     "measured_gain": gain_m, "simulated_gain": gain_s,
                     "same_ranking": order_m == order_s})
     return pl.DataFrame(out)

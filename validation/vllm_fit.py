@@ -17,7 +17,9 @@ figures, weighted by how well a run measures each: output throughput and median 
 model-runner: a fixed cost per step (scheduler, sampler, launch), a cost per batch token
 (weights and activations), a cost per decoding request (its attention and sampling
 set-up) and a cost per logit row (the LM head on every decode and verify row, skipped for
-prefill rows that produce no token); a linear ``[target]`` table holds the first two.
+prefill rows that produce no token); a linear ``[target]`` table holds the first two,
+or, where the none runs show the step is not linear in the batch, a table with a step
+time at each batch they decode (:class:`StepModel`, ``--step-table``).
 Besides the step: the API server's time per request before the engine sees it (one
 request at a time, so requests sent together reach the engine in turn), and, when a
 speculative run is fitted, what speculation adds per step and per decoding request.
@@ -60,6 +62,13 @@ PARAMS = ("step_fixed_ms", "token_ms", "request_ms", "logit_row_ms", "frontend_m
 DRAFTER = "vllm"  # the [draft.<name>] table and trace drafter of a calibrated pair
 UNSIMULATED = 5.0  # the log-error charged for a figure a candidate could not produce
 MAX_LOG_STEP = 1.0  # at most a factor e per parameter and iteration
+STEP_TABLES = ("auto", "by-batch", "linear")
+# "auto" tables the step by batch only where the linear model misses a none point's TPOT
+# by more than this many times its repeats' spread (half the range of 3 repeats is about
+# 0.85 standard deviations, so 3x is about 2.5 of them), or MIN_SPREAD where the
+# repeats happened to agree
+NOISE_MULTIPLE = 3.0
+MIN_SPREAD = 0.02
 
 
 @dataclass(frozen=True, eq=False)
@@ -275,31 +284,83 @@ def trace_for_k(trace: AcceptanceTrace | None, k: int, name: str) -> AcceptanceT
 
 
 # -- the profile ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepModel:
+    """How a fitted profile prices a step's batch tokens ``B``: ``fixed + token x B``
+    (no knots), or a table with its own step time at each knot ``B`` (the batch sizes
+    at which the fitted none runs decode) and ``token`` per token past the last knot.
+    A measured engine's step time need not grow smoothly with the batch: CUDA graphs
+    pad to captured sizes, and vLLM's CPU matmuls take other kernels at other row
+    counts (SmolLM2 on two cores decodes 4 rows faster than 1 or 2)."""
+
+    knots: tuple[int, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        if not self.knots:
+            return PARAMS
+        return (*(f"step_ms@{b}" for b in self.knots), *PARAMS[1:])
+
+    def target_table(self, theta: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
+        """The target table (tokens, step ms) of ``theta`` up to ``top`` tokens."""
+        token = float(theta[len(self.knots) if self.knots else 1])
+        if not self.knots:
+            fixed = float(theta[0])
+            return np.array([1, top], np.int64), np.array([fixed + token, fixed + token * top])
+        knots = np.array(self.knots, np.int64)
+        values = np.asarray(theta[:len(knots)], float)
+        tokens, step = list(knots), list(values)
+        if knots[0] > 1:  # below the first knot, its slope continues down (and stays > 0)
+            tokens.insert(0, 1)
+            step.insert(0, max(values[0] - token * (knots[0] - 1), 0.5 * values[0]))
+        if top > knots[-1]:
+            tokens.append(top)
+            step.append(values[-1] + token * (top - knots[-1]))
+        return np.array(tokens, np.int64), np.array(step)
+
+    def full(self, theta: np.ndarray) -> np.ndarray:
+        """``theta`` padded with 0 for the drafter constants a none-only fit leaves out."""
+        return np.concatenate([np.asarray(theta, float),
+                               np.zeros(len(self.names) - len(theta))])
+
+
+def step_model(runs: list[BenchRun], max_batched_tokens: int) -> StepModel:
+    """A knot at each load where a fitted none run decodes a known batch (its closed-loop
+    concurrency, within the token budget), when there are two or more; else the linear
+    model."""
+    knots = tuple(sorted({r.concurrency for r in runs if r.k == 0 and r.concurrency
+                          and r.concurrency < max_batched_tokens}))
+    return StepModel(knots if len(knots) >= 2 else ())
+
+
 def make_profile(theta: np.ndarray, *, name: str, max_batched_tokens: int,
-                 limits: EngineLimits, parameters: dict | None = None) -> EngineProfile:
-    """A profile from the step-cost parameters (ms, :data:`PARAMS`): ``target(B) = fixed +
-    token * B`` (a linear table), ``request_us``, ``logits_us_per_row``, and a
-    ``[draft.vllm]`` table of ``draft_step + draft_request * n`` for ``n`` decoding
-    requests: what speculation adds to a step beyond its verify rows (the proposer's
-    search, which runs for every request whether or not it finds a match, and the
-    rejection sampler), whatever ``k`` is, hence a block-priced table (``gamma_slope``
-    0). Missing drafter parameters are 0."""
-    theta = np.concatenate([np.asarray(theta, float), np.zeros(len(PARAMS) - len(theta))])
-    fixed, token, request, logit, frontend, d_step, d_req = (float(x) for x in theta)
+                 limits: EngineLimits, parameters: dict | None = None,
+                 model: StepModel = StepModel()) -> EngineProfile:
+    """A profile from the step-cost parameters (ms, ``model.names``): the target table
+    (:class:`StepModel`), ``request_us``, ``logits_us_per_row``, and a ``[draft.vllm]``
+    table of ``draft_step + draft_request * n`` for ``n`` decoding requests: what
+    speculation adds to a step beyond its verify rows (the proposer's search, which
+    runs for every request whether or not it finds a match, and the rejection sampler),
+    whatever ``k`` is, hence a block-priced table (``gamma_slope`` 0). Missing drafter
+    parameters are 0."""
+    theta = model.full(theta)
+    request, logit, frontend, d_step, d_req = (float(x) for x in theta[-5:])
     top = max(2, max_batched_tokens)
+    tokens, step_ms = model.target_table(theta, top)
     batch = np.array([1.0, 4096.0])
     draft = DraftCost(batch=batch, time_s=(d_step + d_req * batch) / 1e3, gamma_ref=1,
                       gamma_slope=0.0, block=True)
+    table = "fixed + token x B" if not model.knots else \
+        f"a table at B = {', '.join(map(str, model.knots))}, then token x B"
     return EngineProfile(
         # the runs measured one server: a run on the profile simulates one unless told
         name=name, kind="measured", gpus_per_replica=1, default_replicas=1,
-        tokens=np.array([1, top], np.int64),
-        step_s=np.array([fixed + token, fixed + token * top]) / 1e3,
+        tokens=tokens, step_s=step_ms / 1e3,
         request_s=request / 1e3, logits_s_per_row=logit / 1e3,
         frontend_s_per_request=frontend / 1e3, interpolation="linear",
         drafts={DRAFTER: draft}, limits=limits,
         description="Fitted to vLLM bench serve runs by simulation (dspark-sim calibrate "
-                    "vllm): step = fixed + token x B + request x decoding requests + "
+                    f"vllm): step = {table} + request x decoding requests + "
                     "logit_row x logit rows (+ draft_step + draft_request x decoding "
                     "requests when speculating); frontend per request before the engine, "
                     "serially",
@@ -395,10 +456,11 @@ def paired_rows(run: BenchRun, trace: AcceptanceTrace) -> np.ndarray | None:
     return np.arange(n, dtype=np.int64)
 
 
-def _initial_theta(runs: list[BenchRun]) -> np.ndarray:
+def _initial_theta(runs: list[BenchRun], model: StepModel = StepModel()) -> np.ndarray:
     """A start from the none runs (TPOT at the smallest and largest concurrency, TTFT at
     the smallest): the fixed cost from the lightest load, the per-token slope from the
-    TPOT's growth with the batch, split between tokens, requests and logit rows."""
+    TPOT's growth with the batch, split between tokens, requests and logit rows; each
+    knot's step from the TPOT of the none run that decodes that batch."""
     base = sorted((r for r in runs if r.k == 0 and r.concurrency), key=lambda r: r.concurrency)
     pool = base or [r for r in runs if r.concurrency] or runs
     lo, hi = pool[0], pool[-1]
@@ -408,7 +470,10 @@ def _initial_theta(runs: list[BenchRun]) -> np.ndarray:
         if c_hi > c_lo else 0.1 * tpot_lo
     slope = max(slope, 0.02 * tpot_lo)
     fixed = max(tpot_lo - slope * c_lo, 0.2 * tpot_lo)
-    theta = [fixed, 0.5 * slope, 0.3 * slope, 0.2 * slope, 0.05 * fixed]
+    tpot = {r.concurrency: r.measured["median_tpot_ms"] for r in base}
+    table = [max(tpot[b] - 0.5 * slope * b, 0.2 * tpot[b]) for b in model.knots] \
+        if model.knots else [fixed]
+    theta = [*table, 0.5 * slope, 0.3 * slope, 0.2 * slope, 0.05 * fixed]
     if any(r.k for r in runs):
         theta += [0.1 * fixed, 0.1 * slope]
     return np.array(theta)
@@ -419,14 +484,16 @@ class _Objective:
     workload written once."""
 
     def __init__(self, runs: list[BenchRun], trace: AcceptanceTrace | SettingTraces | None,
-                 engine: EngineConfig, folder: Path, seed: int, name: str) -> None:
+                 engine: EngineConfig, folder: Path, seed: int, name: str,
+                 model: StepModel) -> None:
         self.runs, self.trace, self.engine, self.seed, self.name = runs, trace, engine, seed, name
+        self.model = model
         self.files = [workload_file(r, folder) for r in runs]
         self.weights = np.sqrt(np.array([METRICS[m] for _ in runs for m in METRICS]))
         self.evaluations = 0
 
     def profile(self, theta: np.ndarray) -> EngineProfile:
-        return make_profile(theta, name=self.name,
+        return make_profile(theta, name=self.name, model=self.model,
                             max_batched_tokens=int(self.engine.max_num_batched_tokens),
                             limits=EngineLimits(
                                 max_num_seqs=self.engine.max_num_seqs,
@@ -482,17 +549,62 @@ def levenberg_marquardt(fun, x0: np.ndarray, *, max_iterations: int = 12,
     return x, max_iterations, r, jac
 
 
+@dataclass(frozen=True, eq=False)
+class _Fit:
+    model: StepModel
+    theta: np.ndarray
+    sims: list[dict[str, float]]
+    res: np.ndarray
+    jac: np.ndarray
+    iterations: int
+    evaluations: int
+    profile: EngineProfile
+
+
+def _fit(runs: list[BenchRun], traces: SettingTraces, engine: EngineConfig, folder: Path,
+         seed: int, name: str, model: StepModel, max_iterations: int) -> _Fit:
+    obj = _Objective(runs, traces, engine, folder, seed, name, model)
+    log_theta, its, res, jac = levenberg_marquardt(
+        obj.residuals, np.log(_initial_theta(runs, model)), max_iterations=max_iterations)
+    theta = np.exp(log_theta)
+    sims = obj.simulated(theta)
+    return _Fit(model, theta, sims, res, jac, its, obj.evaluations, obj.profile(theta))
+
+
+def _linear_misses(fit: _Fit, points: list) -> bool:
+    """Whether the linear step model misses a repeated none closed-loop point's median
+    TPOT (its decode step) by more than :data:`NOISE_MULTIPLE` times the point's own
+    spread: a miss no noise explains, so the step time is not linear in the batch."""
+    for p, sim in zip(points, fit.sims, strict=True):
+        r = p.run
+        if r.k or not r.concurrency or p.repeats < 3 or not sim["median_tpot_ms"] > 0:
+            continue
+        miss = abs(math.log(sim["median_tpot_ms"] / r.measured["median_tpot_ms"]))
+        if miss > NOISE_MULTIPLE * max(p.spread("median_tpot_ms") or 0.0, MIN_SPREAD):
+            return True
+    return False
+
+
 def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm-fitted",
                 seed: int = 0, trace: AcceptanceTrace | None = None,
-                traces: SettingTraces | None = None, max_iterations: int = 12) -> FitResult:
+                traces: SettingTraces | None = None, max_iterations: int = 12,
+                step_table: str = "auto") -> FitResult:
     """Fit the step-cost parameters to ``runs`` (see the module docstring). Repeats of a
     point (the same setting and load) are fitted as one point at the median of each
     figure (:mod:`dspark_sim.validation.vllm_repeats`: robust to a disturbed repeat, and
     one simulation per point); the repeats set the constants' uncertainty. Acceptance:
     ``trace`` for every ``k`` when given, else ``traces`` (default: each setting's
-    measured trace, else the runs' pooled counters, :func:`setting_traces`)."""
+    measured trace, else the runs' pooled counters, :func:`setting_traces`).
+    ``step_table``: ``by-batch`` fits a step time at each batch size a none run decodes
+    (:func:`step_model`), ``linear`` one fixed cost and one per token, ``auto`` (the
+    default) the table only where the linear fit misses a none point's TPOT by more
+    than its repeats explain (:func:`_linear_misses`): with single runs the per-batch
+    steps would fit each run's noise."""
     if not runs:
         raise InputError("FILES", "no runs to fit")
+    if step_table not in STEP_TABLES:
+        raise InputError("--step-table", f"must be one of {', '.join(STEP_TABLES)}, "
+                                         f"not {step_table!r}")
     points = group_points(runs)
     if trace is not None:
         traces = SettingTraces(pooled=trace)
@@ -500,13 +612,20 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
         traces = setting_traces(runs, runs, seed)
     headline_trace = traces.headline(runs)
     runs = [p.run for p in points]
+    table = step_model(runs, engine.max_num_batched_tokens)
     with tempfile.TemporaryDirectory() as tmp:
-        obj = _Objective(runs, traces, engine, Path(tmp), seed, name)
-        log_theta, its, res, jac = levenberg_marquardt(
-            obj.residuals, np.log(_initial_theta(runs)), max_iterations=max_iterations)
-        theta = np.exp(log_theta)
-        sims = obj.simulated(theta)
-    names = PARAMS[:len(theta)]
+        def fit_with(model: StepModel) -> _Fit:
+            return _fit(runs, traces, engine, Path(tmp), seed, name, model, max_iterations)
+
+        if step_table == "by-batch":
+            fit = fit_with(table)
+        else:
+            fit = fit_with(StepModel())
+            if step_table == "auto" and table.knots and _linear_misses(fit, points):
+                fit = fit_with(table)
+    model, theta, sims, res, jac = fit.model, fit.theta, fit.sims, fit.res, fit.jac
+    its = fit.iterations
+    names = model.names[:len(theta)]
     unc = constant_uncertainty(jac, res, theta, names, points, METRICS, seed)
     residuals = [{"run": r.name, "file": r.path.name, "metric": m,
                   "measured": r.measured[m], "simulated": s[m],
@@ -514,12 +633,12 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
                   "spread": p.spread(m)}
                  for p, r, s in zip(points, runs, sims, strict=True) for m in METRICS]
     params = {"fitted_runs": [r.name for r in runs],
-              **{f"fit_{p}": round(float(v), 6) for p, v in zip(PARAMS, theta, strict=False)},
+              **{f"fit_{p}": round(float(v), 6) for p, v in zip(names, theta, strict=True)},
               "fit_worst_relative_error": round(max(abs(x["error"]) for x in residuals), 6),
-              "fit_evaluations": obj.evaluations}
-    profile = obj.profile(theta)
+              "fit_evaluations": fit.evaluations}
+    profile = fit.profile
     profile = replace(profile, parameters={**profile.parameters, **params},
                       source=f"<fit {name}>")
     return FitResult(profile, headline_trace,
-                     dict(zip(PARAMS, map(float, theta), strict=False)),
+                     dict(zip(names, map(float, theta), strict=True)),
                      residuals, its, engine, unc, len(points), traces)

@@ -17,6 +17,7 @@ from dspark_sim.cli.common import (
     PathArgument,
     PathOption,
     Seed,
+    StepTable,
     _ints,
     console,
     err_console,
@@ -131,6 +132,7 @@ def calibrate_vllm_cmd(
     kv_capacity_tokens: EngineKv = None,
     name: Annotated[str, typer.Option(help="Profile name.")] = "vllm-fitted",
     seed: Seed = 0,
+    step_table: StepTable = "auto",
     sheet: Annotated[Path | None, PathOption(
         help="A hardware+model sheet of the same deployment: print the overhead_ms the "
              "measured step gives it.")] = None,
@@ -161,7 +163,8 @@ def calibrate_vllm_cmd(
                          max_num_batched_tokens=(max_num_batched_tokens
                                                  or DEFAULT_LIMITS.max_num_batched_tokens),
                          kv_capacity_tokens=kv_capacity_tokens)
-    fit = fit_profile(runs, engine=engine, name=name, seed=seed, traces=traces)
+    fit = fit_profile(runs, engine=engine, name=name, seed=seed, traces=traces,
+                      step_table=step_table)
     out.mkdir(parents=True, exist_ok=True)
     with deferred_interrupts():
         write_text_atomic(out / "profile.toml", fit.profile.to_toml())

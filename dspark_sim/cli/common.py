@@ -201,6 +201,11 @@ EngineTokens = Annotated[int | None, typer.Option(
 EngineKv = Annotated[int | None, typer.Option(
     help="KV cache tokens vLLM allocated ('KV cache size: N tokens' in its log; default: "
          "the manifest's).")]
+StepTable = Annotated[str, typer.Option(
+    help="How the fitted step time grows with the batch: linear (fixed + per token), "
+         "by-batch (its own step time at each concurrency a none run decodes), or auto: "
+         "by-batch only where the linear fit misses a repeated none point's TPOT by more "
+         "than its repeats' spread explains.")]
 
 
 def _fmt(v, nd: int = 1) -> str:

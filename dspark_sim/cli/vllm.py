@@ -15,6 +15,7 @@ from dspark_sim.cli.common import (
     PathArgument,
     PathOption,
     Seed,
+    StepTable,
     console,
     err_console,
 )
@@ -106,7 +107,7 @@ def vllm_measure(
 
 
 def _compare_and_print(runs_dir: Path, out: Path, split: str | None, seed: int,
-                       overrides: dict) -> dict:
+                       overrides: dict, step_table: str = "auto") -> dict:
     from dspark_sim.validation.vllm_compare import compare, load_engine, write_comparison
     from dspark_sim.validation.vllm_fit import read_bench_runs, substitution_warnings
 
@@ -114,7 +115,7 @@ def _compare_and_print(runs_dir: Path, out: Path, split: str | None, seed: int,
     for line in substitution_warnings(runs):
         err_console.print("warning: " + line, highlight=False)
     engine = load_engine(runs_dir / "manifest.json", **overrides)
-    cmp = compare(runs, engine=engine, split=split, seed=seed)
+    cmp = compare(runs, engine=engine, split=split, seed=seed, step_table=step_table)
     for line in cmp.warnings:
         err_console.print("warning: " + line, highlight=False)
     with deferred_interrupts():
@@ -129,7 +130,7 @@ def vllm_compare(
     runs: Annotated[Path, PathArgument(help="A measure folder (runs/ + manifest.json), "
                                               "or a folder of bench serve JSON files.")],
     out: Annotated[Path, PathOption(help="Folder for the comparison.")],
-    split: VllmSplit = None, seed: Seed = 0,
+    split: VllmSplit = None, seed: Seed = 0, step_table: StepTable = "auto",
     max_num_seqs: EngineSeqs = None, max_num_batched_tokens: EngineTokens = None,
     kv_capacity_tokens: EngineKv = None,
 ) -> None:
@@ -139,7 +140,7 @@ def vllm_compare(
     check_writable(out, "--out", inside=VLLM_OUTPUTS)
     _compare_and_print(runs, out, split, seed, {
         "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
-        "kv_capacity_tokens": kv_capacity_tokens})
+        "kv_capacity_tokens": kv_capacity_tokens}, step_table)
 
 
 @vllm_app.command("validate")
@@ -152,7 +153,7 @@ def vllm_validate(
     server_args: VllmServerArgs = "", cpu_defaults: VllmCpu = True,
     pin_cpus: VllmPins = "auto", rounds: VllmRounds = 3, resident: VllmResident = None,
     kv_cache_gib: VllmKv = "auto", per_request: VllmPerRequest = True,
-    split: VllmSplit = None, seed: Seed = 0,
+    split: VllmSplit = None, seed: Seed = 0, step_table: StepTable = "auto",
 ) -> None:
     """measure, then compare: the live validation against a real vLLM server."""
     from dspark_sim.validation.vllm_live import live_config, measure, repeat_options
@@ -163,5 +164,5 @@ def vllm_validate(
                                      cpu_defaults))
     check_writable(out, "--out", inside={"runs": "dir", **VLLM_OUTPUTS})
     measure(cfg, out, progress=lambda m: console.print(m, highlight=False))
-    _compare_and_print(out, out, split, seed, {})
+    _compare_and_print(out, out, split, seed, {}, step_table)
 

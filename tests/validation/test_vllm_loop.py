@@ -135,6 +135,27 @@ def test_the_interleaved_run_repeats_each_point_and_picks_within_the_best_spread
     assert (h["held_out_within_bounds"], h["held_out_bounded"]) == (int(b["within"].sum()), 48)
 
 
+def test_the_interleaved_run_tables_the_step_by_batch_and_it_holds_more_figures(
+        comparisons):
+    """run-3's none TPOT is not monotonic in the batch beyond its repeats' spread, so
+    the default fit tables the step at each none batch, and that holds more held-out
+    figures within bounds than the linear step on the same split; the single-run
+    recordings, whose spreads are unknown, stay linear."""
+    cmp = comparisons[INTERLEAVED]
+    knots = [n for n in cmp.fit.theta_ms if n.startswith("step_ms@")]
+    assert knots == [f"step_ms@{c}" for c in (1, 2, 4, 8, 16)]
+    table = cmp.fit.profile.target_time_s(np.array([1, 2, 4]))
+    assert table[2] < table[0] < table[1]  # vLLM CPU decodes 4 rows faster than 1 or 2
+    runs = read_bench_runs([RECORDED / INTERLEAVED / "runs"])
+    linear = compare(runs, engine=load_engine(RECORDED / INTERLEAVED / "manifest.json"),
+                     split=SPLIT, step_table="linear")
+    assert "step_fixed_ms" in linear.fit.theta_ms
+    held = cmp.headline()["held_out_within_bounds"]
+    assert held > linear.headline()["held_out_within_bounds"] and held >= 47
+    for name in RECORDINGS:
+        assert "step_fixed_ms" in comparisons[name].fit.theta_ms
+
+
 def test_fitted_profile_and_trace_come_from_the_fitted_runs_only(comparisons):
     fit = comparisons["run-2"].fit
     runs = read_bench_runs([RECORDED / "run-2" / "runs"])

@@ -1,0 +1,146 @@
+"""The fitted step's shape: linear in the batch, or its own step time at each batch a none
+run decodes, and the rule that picks between them; and the per-load pick's tolerance.
+Fast: no fit runs (the fits on the recorded runs are in test_vllm_loop)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from dspark_sim.calibration.profile import EngineLimits
+from dspark_sim.cli import app
+from dspark_sim.errors import InputError
+from dspark_sim.validation.vllm_compare import _regimes
+from dspark_sim.validation.vllm_fit import (
+    PARAMS,
+    StepModel,
+    _Fit,
+    _linear_misses,
+    fit_profile,
+    make_profile,
+    read_bench_runs,
+    step_model,
+)
+from dspark_sim.validation.vllm_repeats import group_points
+
+RUN3 = Path(__file__).parents[1] / "data" / "vllm-cpu" / "run-3" / "runs"
+LIMITS = EngineLimits(max_num_seqs=64, max_num_batched_tokens=1024)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return read_bench_runs([RUN3])
+
+
+def test_linear_model_is_fixed_plus_token_times_batch():
+    tokens, step = StepModel().target_table(np.array([10.0, 0.5, 0, 0, 0]), 1024)
+    assert tokens.tolist() == [1, 1024]
+    assert step.tolist() == pytest.approx([10.5, 10.0 + 0.5 * 1024])
+    assert StepModel().names == PARAMS
+
+
+def test_knots_carry_their_own_step_and_the_token_slope_continues_past_the_last():
+    model = StepModel((1, 2, 4))
+    theta = np.array([64.0, 73.0, 50.0, 2.0, 0.1, 0.2, 30.0])
+    tokens, step = model.target_table(theta, 1024)
+    assert tokens.tolist() == [1, 2, 4, 1024]
+    assert step.tolist() == pytest.approx([64.0, 73.0, 50.0, 50.0 + 2.0 * 1020])
+    assert model.names[:4] == ("step_ms@1", "step_ms@2", "step_ms@4", "token_ms")
+    prof = make_profile(theta, name="t", max_batched_tokens=1024, limits=LIMITS, model=model)
+    # a step of 4 tokens is cheaper than one of 2: the table keeps what the runs measured
+    assert prof.target_time_s(4) < prof.target_time_s(2) > prof.target_time_s(1)
+    assert prof.target_time_s(3) == pytest.approx((73.0 + 50.0) / 2 / 1e3)
+    assert prof.request_s == pytest.approx(0.1e-3)
+    assert prof.logits_s_per_row == pytest.approx(0.2e-3)
+    assert prof.frontend_s_per_request == pytest.approx(30e-3)
+
+
+def test_below_the_first_knot_its_slope_continues_down_and_stays_positive():
+    tokens, step = StepModel((4, 8)).target_table(np.array([50.0, 60.0, 2.0]), 512)
+    assert tokens.tolist() == [1, 4, 8, 512] and step[0] == pytest.approx(50.0 - 2.0 * 3)
+    _, steep = StepModel((4, 8)).target_table(np.array([5.0, 60.0, 20.0]), 512)
+    assert steep[0] == pytest.approx(2.5)  # never below half the first knot's step
+
+
+def test_knots_are_the_none_runs_closed_loop_batches_within_the_budget(runs):
+    assert step_model(runs, 1024).knots == (1, 2, 4, 8, 16)
+    assert step_model(runs, 8).knots == (1, 2, 4)
+    one_load = [r for r in runs if r.concurrency in (None, 4)]
+    assert step_model(one_load, 1024) == StepModel()  # one none batch: no table to fit
+    spec_only = [r for r in runs if r.k]
+    assert step_model(spec_only, 1024) == StepModel()
+
+
+def _fit_with_tpot(points, tpot_by_name: dict[str, float]) -> _Fit:
+    sims = [{"median_tpot_ms": tpot_by_name.get(p.run.name, p.run.measured["median_tpot_ms"])}
+            for p in points]
+    return _Fit(StepModel(), np.ones(5), sims, np.zeros(1), np.zeros((1, 1)), 1, 1, None)
+
+
+def test_linear_misses_only_beyond_what_a_points_repeats_explain(runs):
+    points = group_points([r for r in runs if r.k == 0])
+    c2 = next(p for p in points if p.run.name == "none@c2")
+    spread = c2.spread("median_tpot_ms")
+    measured = c2.run.measured["median_tpot_ms"]
+    assert not _linear_misses(_fit_with_tpot(points, {}), points)
+    inside = measured * np.exp(2.5 * max(spread, 0.02))
+    outside = measured * np.exp(3.5 * max(spread, 0.02))
+    assert not _linear_misses(_fit_with_tpot(points, {"none@c2": inside}), points)
+    assert _linear_misses(_fit_with_tpot(points, {"none@c2": outside}), points)
+    # an open-loop point decodes no known batch, so its miss says nothing about the table
+    assert not _linear_misses(_fit_with_tpot(points, {"none@r0.5": 10 * measured}), points)
+    # nor does a point measured fewer than three times: its spread is not known
+    single = group_points([r for r in runs if r.k == 0 and r.round == 1])
+    assert not _linear_misses(_fit_with_tpot(single, {"none@c2": 10 * measured}), single)
+
+
+def test_an_unknown_step_table_is_refused_naming_the_option(runs, tmp_path):
+    with pytest.raises(InputError, match="--step-table"):
+        fit_profile(runs[:1], engine=None, step_table="cubic")
+    r = CliRunner().invoke(app, ["calibrate", "vllm", str(RUN3), "--out", str(tmp_path / "o"),
+                                 "--step-table", "cubic"])
+    assert r.exit_code == 2 and "--step-table" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def _load(rows: list[tuple[str, int, float, float]]) -> pl.DataFrame:
+    return pl.DataFrame([{"run": f"{s}@c8", "setting": s, "k": k, "load": "C=8",
+                          "figure": "output_throughput", "measured": m, "simulated": sim,
+                          "spread": 0.0, "lowest": m} for s, k, m, sim in rows])
+
+
+def test_a_pick_within_the_range_of_the_best_repeats_is_not_a_miss():
+    t = _load([("none", 0, 65.7, 65.4), ("ngram-k1", 1, 69.3, 64.2),
+               ("ngram-k3", 3, 63.4, 66.2)])
+    assert not _regimes(t)["pick_ok"][0]  # single measurements: 3 % is all the slack
+    lowest = t.with_columns(lowest=pl.when(pl.col("setting") == "ngram-k1")
+                            .then(59.3).otherwise(pl.col("lowest")))
+    r = _regimes(lowest).row(0, named=True)
+    assert r["pick_ok"] and r["simulated_best"] == "ngram-k3"
+    assert r["pick_shortfall"] == pytest.approx(1 - 63.4 / 69.3)
+    above = lowest.with_columns(measured=pl.when(pl.col("setting") == "ngram-k3")
+                                .then(58.0).otherwise(pl.col("measured")))
+    assert not _regimes(above)["pick_ok"][0]
+
+
+def test_a_fit_profile_of_knots_writes_and_reads_back(tmp_path):
+    from dspark_sim.calibration.profile import load_profile
+
+    model = StepModel((1, 2, 4))
+    prof = make_profile(np.array([64.0, 73.0, 50.0, 2.0, 0.1, 0.2, 30.0, 1.0, 0.5]),
+                        name="t", max_batched_tokens=1024, limits=LIMITS, model=model)
+    path = tmp_path / "p.toml"
+    path.write_text(prof.to_toml(), encoding="utf-8")
+    back = load_profile(path)
+    assert back.tokens.tolist() == prof.tokens.tolist()
+    assert np.allclose(back.step_s, prof.step_s)
+    assert back.interpolation == "linear"
+    assert back.target_time_s(3) == pytest.approx(prof.target_time_s(3))
+    assert replace(back, source="x").drafts["vllm"].time(2, 3) == pytest.approx(
+        prof.drafts["vllm"].time(2, 3))
