@@ -163,10 +163,12 @@ class EngineConfig:
     prefix_cache: str | None = setting(help="on | off: automatic prefix caching (default: "
                                        "on for a workload that carries reuse: Mooncake "
                                        "hash_ids, sessions)")
-    # None: the workload's own block (a Mooncake file's hash_ids: 512), else vLLM's 16
-    prefix_block_tokens: int | None = setting(help="Prefix-cache block (default: 512 for "
-                                              "Mooncake hash_ids, else 16; a Mooncake "
-                                              "file's must divide 512).", unit="tokens")
+    # None: the workload's own block (a Mooncake file's hash_ids: 512, or the file's
+    # hash_block_tokens), else vLLM's 16
+    prefix_block_tokens: int | None = setting(help="Prefix-cache block (default: the "
+                                              "block of a file's hash_ids, 512 unless its "
+                                              "hash_block_tokens says otherwise, else 16; "
+                                              "it must divide that block).", unit="tokens")
 
     def validate(self) -> EngineConfig:
         _validate_engine(self)

@@ -332,23 +332,24 @@ def summary(caches: list[PrefixCache | CacheCounts], gpus: int) -> dict:
 
 
 class HashIdBlocks:
-    """A Mooncake file's ``hash_ids``: request ``r``'s prompt blocks of ``native`` (512)
-    tokens are ``ids[offsets[r]:offsets[r + 1]]``, equal ids naming equal content (the
-    trace's own hashes already chain over the prefix; chaining again changes nothing).
-    :meth:`at` cuts them into cache blocks of any size that divides ``native``; only a
-    prompt's full blocks are cached (the last, partial one is not)."""
+    """A Mooncake file's ``hash_ids``: request ``r``'s prompt blocks of ``native`` tokens
+    (Mooncake's 512, or the file's ``hash_block_tokens``) are
+    ``ids[offsets[r]:offsets[r + 1]]``, equal ids naming equal content (the trace's own
+    hashes already chain over the prefix; chaining again changes nothing). :meth:`at`
+    cuts them into cache blocks of any size that divides ``native``; only a prompt's full
+    blocks are cached (the last, partial one is not)."""
 
-    native = MOONCAKE_BLOCK_TOKENS
-
-    def __init__(self, offsets: np.ndarray, ids: np.ndarray, prompt_tokens: np.ndarray) -> None:
+    def __init__(self, offsets: np.ndarray, ids: np.ndarray, prompt_tokens: np.ndarray,
+                 native: int = MOONCAKE_BLOCK_TOKENS) -> None:
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.ids = np.asarray(ids, dtype=np.int64)
         self.prompt_tokens = np.asarray(prompt_tokens, dtype=np.int64)
+        self.native = int(native)
 
     def take(self, idx: np.ndarray) -> HashIdBlocks:
         idx = np.asarray(idx, dtype=np.int64)
         offsets, pos = ragged_take(self.offsets, idx)
-        return HashIdBlocks(offsets, self.ids[pos], self.prompt_tokens[idx])
+        return HashIdBlocks(offsets, self.ids[pos], self.prompt_tokens[idx], self.native)
 
     def at(self, block_tokens: int) -> PromptBlocks:
         per = self.native // block_tokens  # cache blocks per hash id

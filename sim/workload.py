@@ -34,11 +34,12 @@ from dspark_sim.errors import InputError
 from dspark_sim.io import LazyModule, loads_json, not_a_file, read_csv_strings, tidy_csv
 from dspark_sim.sim.config import (
     MAX_LOGNORMAL_SIGMA,
+    MAX_PREFIX_BLOCK_TOKENS,
     MAX_SIM_TIME_S,
     MAX_TOKENS_PER_REQUEST,
     WorkloadConfig,
 )
-from dspark_sim.sim.prefix_cache import HashIdBlocks
+from dspark_sim.sim.prefix_cache import MOONCAKE_BLOCK_TOKENS, HashIdBlocks
 from dspark_sim.sim.sessions import SessionBlocks, SessionPlan, draw_sessions
 
 pl = LazyModule("polars")  # imported where a workload file or length table is read
@@ -157,6 +158,7 @@ def _timestamp_ms(v) -> float:
 def _read_mooncake(p: Path, source: str) -> pl.DataFrame:
     rows = []
     hashes: list[list[int]] | None = None  # set by the first record: all carry them or none
+    block = MOONCAKE_BLOCK_TOKENS  # the tokens each hash id names: the first record's
     with p.open(encoding="utf-8-sig") as fh:  # -sig: a leading byte-order mark is not data
         for i, line in enumerate(fh, 1):
             if not line.strip():
@@ -167,8 +169,12 @@ def _read_mooncake(p: Path, source: str) -> pl.DataFrame:
                              _count(d["output_length"])))
                 if len(rows) == 1 and "hash_ids" in d:
                     hashes = []
+                    block = _hash_block_tokens(d.get("hash_block_tokens", block))
                 if hashes is not None:
                     hashes.append(_hash_ids(d["hash_ids"]))
+                    if d.get("hash_block_tokens", block) != block:
+                        raise ValueError(f"hash_block_tokens {d['hash_block_tokens']!r} "
+                                         f"here, {block} in the first record")
                 elif "hash_ids" in d:
                     raise ValueError("hash_ids here but not in the first record")
             except json.JSONDecodeError as exc:
@@ -179,8 +185,18 @@ def _read_mooncake(p: Path, source: str) -> pl.DataFrame:
                 raise InputError(source, f"line {i}: not a Mooncake record ({exc})") from None
     df = pl.DataFrame(rows, schema=["arrival_s", "prompt_tokens", "output_tokens"], orient="row")
     if hashes is not None:
-        df = df.with_columns(pl.Series("hash_ids", hashes, dtype=pl.List(pl.Int64)))
+        df = df.with_columns(pl.Series("hash_ids", hashes, dtype=pl.List(pl.Int64)),
+                             hash_block_tokens=pl.lit(block, dtype=pl.Int64))
     return df
+
+
+def _hash_block_tokens(v) -> int:
+    """A record's ``hash_block_tokens``: the tokens each of its ``hash_ids`` names
+    (Mooncake's are 512; a file of another engine's blocks says so)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_PREFIX_BLOCK_TOKENS:
+        raise ValueError(f"hash_block_tokens must be an integer in [1, "
+                         f"{MAX_PREFIX_BLOCK_TOKENS}], got {v!r:.60}")
+    return v
 
 
 def _hash_ids(v) -> list[int]:
@@ -218,7 +234,8 @@ def file_reuse(df: pl.DataFrame, idx: np.ndarray) -> HashIdBlocks | None:
     offsets = np.zeros(lengths.size + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = ids.explode().drop_nulls().to_numpy().astype(np.int64)
-    return HashIdBlocks(offsets, flat, df["prompt_tokens"].to_numpy()).take(idx)
+    return HashIdBlocks(offsets, flat, df["prompt_tokens"].to_numpy(),
+                        int(df["hash_block_tokens"][0])).take(idx)
 
 
 # -- length distributions -------------------------------------------------------

@@ -142,6 +142,34 @@ def test_a_second_request_sharing_three_blocks_prefills_only_the_rest(tmp_path):
     run.ctx.replicas[0].cache.check()
 
 
+def test_hash_ids_of_another_block_size_are_cached_at_that_block(tmp_path):
+    """A file whose hash ids name 128-token blocks (``hash_block_tokens``, a vLLM CPU
+    server's block) caches at 128 by default: the second prompt shares its first three
+    ids, 384 tokens."""
+    path = tmp_path / "w.jsonl"
+    recs = [(0, 5 * 128 + 10, [1, 2, 3, 4, 5]), (60_000, 4 * 128 + 7, [1, 2, 3, 9])]
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": i, "output_length": 20,
+                                        "hash_ids": h, "hash_block_tokens": 128}) + "\n"
+                            for t, i, h in recs))
+    run, s = _run(_cfg(str(path)))
+    assert s["prefix_block_tokens"] == 128 and s["prefill_tokens_saved"] == 3 * 128
+    assert _prefilled(run) == 5 * 128 + 10 + 128 + 7
+    _, finer = _run(_cfg(str(path), block=64))  # a divisor of the ids' block cuts them
+    assert finer["prefill_tokens_saved"] == 3 * 128
+    with pytest.raises(InputError, match="does not divide"):
+        _run(_cfg(str(path), block=512))
+    lines = path.read_text().splitlines()
+    path.write_text(lines[0] + "\n" + lines[1].replace('"hash_block_tokens": 128',
+                                                       '"hash_block_tokens": 16') + "\n")
+    with pytest.raises(InputError, match="line 2: .*hash_block_tokens 16 here, 128 in the "
+                                         "first record") as exc:
+        read_workload(path)
+    assert exc.value.where == str(path)
+    path.write_text(lines[0].replace('"hash_block_tokens": 128', '"hash_block_tokens": 0'))
+    with pytest.raises(InputError, match="hash_block_tokens must be an integer"):
+        read_workload(path)
+
+
 @pytest.mark.parametrize("prefill", ["chunked", "disaggregated"])
 def test_hits_are_counted_per_step_and_per_request(tmp_path, prefill):
     a, b = 4 * B + 100, 4 * B + 300
