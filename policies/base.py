@@ -100,7 +100,7 @@ class BatchSnapshot:
     lagged_sps: np.ndarray | None = None
     cost: StepCost | None = None
     lagged_cost: StepCost | None = None
-    # Drafter-visible per-position fields the policy asked for (``Policy.fields``: e.g.
+    # Drafter-visible per-position fields the policy asked for (``Reads.fields``: e.g.
     # schema-v2 ``alt_prob``, ``draft_entropy``), gathered at the decoding rows, and the
     # per-request state its replay carries (read-only).
     fields: dict[str, np.ndarray] | None = None

@@ -9,7 +9,7 @@ import numpy as np
 
 from dspark_sim.policies import compiled
 from dspark_sim.policies.base import BatchSnapshot
-from dspark_sim.policies.registry import DecisionKernel, Policy, register
+from dspark_sim.policies.registry import DecisionKernel, Policy, Reads, register
 from dspark_sim.policies.scheduler import (
     budget_displacement,
     candidates,
@@ -59,9 +59,10 @@ def _confidence(s: BatchSnapshot) -> np.ndarray:
                   "current survival ([why](architecture.md#the-default-scheduler-and-why-it-"
                   "prices-what-verification-displaces))")
 def confidence(spec: str, arg: str | None) -> Policy:
-    return Policy(name="confidence", drafter="dspark", decide=_confidence, needs_cost=True,
-                  needs_lag=True, lag_rows=CONFIDENCE_LAG_ROWS, needs_survival=True,
-                  kernel=DecisionKernel(_confidence, compiled.confidence_step),
+    return Policy(name="confidence", drafter="dspark", decide=_confidence,
+                  reads=Reads(survival=True, cost=True, lag_steps=2,
+                              lag_rows=CONFIDENCE_LAG_ROWS),
+                  kernel=DecisionKernel(_confidence, compiled.confidence_step, "lagged"),
                   description="budget from 2-step-old survivals at this step's costs "
                               "(global search, prefill displacement priced), top-K")
 
@@ -75,7 +76,7 @@ def _confidence_sync(s: BatchSnapshot) -> np.ndarray:
                   "maximise Θ = τ·SPS(B), early stop")
 def confidence_sync(spec: str, arg: str | None) -> Policy:
     return Policy(name="confidence-sync", drafter="dspark", decide=_confidence_sync,
-                  needs_sps=True, needs_survival=True, sps_decode_only=True,
+                  reads=Reads(survival=True, sps="decode"),
                   description="Algorithm 1 as written: survival-ranked prefix "
                               "scheduling, early stop")
 
@@ -93,6 +94,6 @@ def _confidence_async(s: BatchSnapshot) -> np.ndarray:
                   "search, dynamic top-K by current survival")
 def confidence_async(spec: str, arg: str | None) -> Policy:
     return Policy(name="confidence-async", drafter="dspark", decide=_confidence_async,
-                  needs_sps=True, needs_lag=True, needs_survival=True,
+                  reads=Reads(survival=True, sps="batch", lag_steps=2),
                   description="§5.2: budget from 2-step-old survivals, global search, "
                               "dynamic top-K")

@@ -24,7 +24,8 @@ def _policy(k: int, **fields) -> Policy:
     engine's ``verify_max``, which is ``min(k, gamma)`` for a policy drafting k."""
     decide = _const(k)
     return Policy(decide=decide, draft_gamma=k,
-                  kernel=DecisionKernel(decide, compiled.constant_lengths), **fields)
+                  kernel=DecisionKernel(decide, compiled.constant_lengths, "constant"),
+                  **fields)
 
 
 @register("none", summary="no speculation")

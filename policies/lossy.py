@@ -183,7 +183,8 @@ def make_asd(arg: str | None) -> Policy:
         ("" if base.name == DEFAULT_BASE else f"@{base.name}")
     return replace(base, name=name,
                    decide=_wrap_chain(base, lambda s, ell: Verification(ell)),
-                   replay=_asd_replay(cfg), lossy=True, uses_state=True,
+                   replay=_asd_replay(cfg), lossy=True,
+                   reads=replace(base.reads, state=True),
                    description=f"ASD (lossy, greedy): accept a mismatch when regret/q <= "
                                f"{cfg.g:g}, at most {cfg.m} per block, cumulative <= "
                                f"{cfg.budget:g} per request; verify lengths of {base.name}")
@@ -194,7 +195,7 @@ def _chain_base(spec: str, who: str) -> Policy:
     # recursed once per '@' (a RecursionError traceback past ~300 of them)
     lossy_base = spec.partition("@")[0].partition(":")[0].strip().lower() in ("asd", "skip")
     base = None if lossy_base else get_policy(spec)
-    if base is None or base.replay is not None or base.drafter is None:
+    if base is None or base.plans or not base.speculates:
         raise InputError("--policy", f"{who}: base {spec!r} must be a speculative chain "
                                      "policy (e.g. confidence, fixed:7)")
     return base
@@ -254,7 +255,7 @@ def make_skip(arg: str | None) -> Policy:
 
     name = f"skip:{p:g}" + ("" if base.name == DEFAULT_BASE else f"@{base.name}")
     return replace(base, name=name, decide=_wrap_chain(base, plan), replay=skip_replay,
-                   lossy=True, uses_state=True, needs_survival=True,
+                   lossy=True, reads=replace(base.reads, survival=True, state=True),
                    description=f"verifier skipping (lossy): commit the drafts whose survival "
                                f">= {p:g} without the verifier; verify lengths of {base.name}")
 

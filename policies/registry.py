@@ -10,7 +10,8 @@ The registry finds every module of ``dspark_sim.policies`` on the first lookup, 
 file is all a new policy takes: ``get_policy``, the ``--policy`` help, ``dspark-sim
 policies`` and the table in docs/policies.md are read from what registered. What a
 policy reads (survival, the SPS curve, the step's costs, lagged views, schema-v2 fields)
-is declared on the :class:`Policy` it builds; the listing shows it from the example spec.
+is declared on the :class:`Policy` it builds (its :class:`Reads`); the listing shows it
+from the example spec.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pkgutil
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,51 +33,109 @@ from dspark_sim.policies.base import BatchSnapshot, StepCost, readonly
 DEFAULT_POLICY = "confidence"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Reads:
+    """What a policy's decision reads of the step; the snapshot carries that and nothing
+    more (each costs the engine work per step).
+
+    survival:  the calibrated survival of each draft (False: the snapshot's are zeros).
+    sps:       the SPS curve over admitted drafts, its B counting ``"batch"`` tokens (the
+               verify tokens plus the pending prefill that still fits: vLLM's ``T + B``)
+               or ``"decode"`` tokens alone (Algorithm 1's ``B = sum(1 + l)``); None: not
+               read (a table lookup per step saved).
+    cost:      the step's cost ingredients (:class:`StepCost`).
+    lag_steps: the view of this many steps ago (survival, SPS, cost): DSpark's pipeline
+               decides two steps ahead, vLLM's one; 0: none.
+    lag_rows:  at least this many lagged survival rows (older steps stacked).
+    fields:    drafter-visible schema-v2 trace columns, gathered at the decoding rows.
+    state:     the per-request state the policy's replay carries.
+    """
+
+    survival: bool = False
+    sps: str | None = None
+    cost: bool = False
+    lag_steps: int = 0
+    lag_rows: int = 0
+    fields: tuple[str, ...] = ()
+    state: bool = False
+
+    @property
+    def step_price(self) -> bool:
+        """It reads what the step costs (the SPS curve or the cost ingredients)."""
+        return self.sps is not None or self.cost
+
+    def text(self) -> str:
+        """What it reads beyond its drafts' count, in words (the policy listing's)."""
+        out = ["survival"] if self.survival else []
+        if self.sps is not None:
+            out.append("SPS curve" + (" (decode tokens)" if self.sps == "decode" else ""))
+        if self.cost:
+            out.append("step costs")
+        if self.lag_steps:
+            out.append(f"{self.lag_steps}-step-old view")
+        out += [f"v2 {f}" for f in self.fields]
+        if self.state:
+            out.append("per-request state")
+        return ", ".join(out) or "nothing"
+
+
 @dataclass(frozen=True)
 class DecisionKernel:
-    """A compiled twin of one ``decide`` function of a chain policy that reads no state
-    or v2 fields: ``run`` takes the engine's own arrays (the decoding rows' survivals and
-    trace rows, a ring of the last steps' survivals, the step's cost terms, two output
-    buffers; the signature of ``policies.compiled.confidence_step``; for a policy that
-    reads no survivals, costs or lagged view, ``compiled.constant_lengths``'s: the trace
-    rows, the engine's ``verify_max``, the drafts proposed) and writes what
-    ``decide`` would into them, with the engine's budget trim and accepted drafts (l,
-    accepted), returning (the sum of l, whether the budget trimmed it). ``twin_of`` is
-    that ``decide``: a policy
-    whose ``decide`` is replaced (wrapped to record its snapshots, say) runs its own."""
+    """A compiled twin of one ``decide`` function over the engine's own arrays, which it
+    writes what ``decide`` would into, with the engine's budget trim and accepted drafts
+    (l, accepted), returning (the sum of l, whether the budget trimmed it). ``twin_of`` is
+    that ``decide``: a policy whose ``decide`` is replaced (wrapped to record its
+    snapshots, say) runs its own.
+
+    signature: the arrays ``run`` takes, and so which call of the engine makes it:
+               ``"lagged"``: ``policies.compiled.confidence_step``'s (the decoding rows'
+               survivals and trace rows, a ring of the last steps' survivals, the step's
+               cost terms, two output buffers), for a decision over survivals and a
+               lagged view; ``"constant"``: ``compiled.constant_lengths``'s (the trace
+               rows, the engine's ``verify_max``, the drafts proposed), for a decision that
+               reads nothing of the step.
+    run_proposed: the ``"lagged"`` twin on a trace with draft_tokens
+               (``compiled.vllm_adaptive_proposed``'s signature), or None: ``decide``
+               runs there.
+    """
 
     twin_of: Callable
     run: Callable
-    # its twin on a trace with draft_tokens (``compiled.vllm_adaptive_proposed``'s
-    # signature), or None: ``decide`` runs there
+    signature: str
     run_proposed: Callable | None = None
+
+
+class CompiledDecision(NamedTuple):
+    """The kernel the engine runs in place of a policy's ``decide``, and its signature:
+    ``"lagged"``, ``"constant"`` (:class:`DecisionKernel`) or ``"proposed"`` (the lagged
+    decision on a trace with draft_tokens)."""
+
+    signature: str
+    run: Callable
+
+
+# The drafter that proposes a block of drafts per step, whose length --gamma-max sets.
+BLOCK_DRAFTER = "dspark"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Policy:
+    """A verification policy: the decision, and what it needs of the engine to make it
+    (the engine asks, the policy answers: :attr:`speculates`, :attr:`reads`,
+    :meth:`verify_max`, :meth:`compiled_decision`, :attr:`history`, ...)."""
+
     name: str  # canonical spec, e.g. "fixed:5"
-    drafter: str | None  # "dspark" | "mtp1" | None (no speculation)
+    drafter: str | None  # "dspark" | "mtp1" | "selfspec" | None (no speculation)
     decide: Callable[[BatchSnapshot], np.ndarray]
-    needs_sps: bool = False  # the snapshot carries the SPS curve (a table lookup per step)
-    needs_lag: bool = False  # the snapshot carries the survival/SPS of lag_steps ago
-    lag_steps: int = 2  # DSpark's pipeline decides two steps ahead; vLLM's one
-    lag_rows: int = 0  # at least this many lagged survival rows (older steps stacked)
-    needs_survival: bool = False  # False: the snapshot's survival is zeros (cheaper)
-    needs_cost: bool = False  # the snapshot carries the step's cost ingredients (StepCost)
-    # the SPS curve's B is the decode tokens alone (Algorithm 1's B = sum(1 + l)), not
-    # plus the pending prefill that fits (vLLM's T + B)
-    sps_decode_only: bool = False
+    reads: Reads = Reads()  # what the decision reads of the step
     draft_gamma: int | None = None  # tokens drafted per request; None = the trace's gamma_max
     description: str = ""
     # Tree and lossy policies (they return a Verification): the replay that judges a plan
     # against the trace's ground truth, the most batch tokens one request may verify (tree
-    # nodes; None: the verify length), the drafter-visible trace fields the decision reads
-    # (schema v2), whether the replay carries per-request state, and whether the emitted
-    # tokens may differ from the target's (drawn on their own axis, never as lossless).
+    # nodes; None: the verify length), and whether the emitted tokens may differ from the
+    # target's (drawn on their own axis, never as lossless).
     replay: Callable | None = None
     max_tokens: int | None = None
-    fields: tuple[str, ...] = ()
-    uses_state: bool = False
     lossy: bool = False
     # The drafter stops at each request's verify length this step (a controller deciding
     # while it drafts, SparseSpec-L): the engine charges the passes it ran, not a block.
@@ -88,25 +148,66 @@ class Policy:
     # what the policy reads.
     engine_method: str | None = None
 
+    @property
+    def speculates(self) -> bool:
+        """It verifies drafts, and so needs a drafter and the trace that replays it."""
+        return self.drafter is not None
+
+    @property
+    def drafts_block(self) -> bool:
+        """Its drafter proposes a block per step, whose length ``--gamma-max`` sets."""
+        return self.drafter == BLOCK_DRAFTER
+
+    @property
+    def plans(self) -> bool:
+        """It returns a :class:`Verification` (a tree, lossy commits) and replays it
+        itself; a chain policy returns verify lengths the engine replays as
+        ``min(l, m)``."""
+        return self.replay is not None
+
+    @property
+    def kind(self) -> str:
+        """``"chain"``, ``"tree"`` or ``"lossy"``: what it verifies and whether the output
+        stays the target's."""
+        if self.lossy:
+            return "lossy"
+        return "tree" if self.plans else "chain"
+
+    def verify_max(self, gamma: int) -> int:
+        """The most batch tokens one request verifies beyond its bonus slot when the
+        drafter drafts ``gamma`` positions: its draft length (``fixed:K``: K) cut to
+        them, or a tree's node cap; a KV slot each."""
+        if self.max_tokens is not None and gamma:  # a tree verifies nodes, not depth
+            return int(self.max_tokens)
+        return min(self.draft_gamma if self.draft_gamma is not None else gamma, gamma)
+
+    def compiled_decision(self, *, draft_tokens: bool = False) -> CompiledDecision | None:
+        """The compiled kernel that makes this policy's decision over the engine's arrays
+        (``draft_tokens``: on a trace whose drafter proposed fewer at some positions), or
+        None: ``decide`` runs. None where no kernel twins ``decide`` (none declared, or
+        ``decide`` replaced), where the policy reads what the kernel's signature does not
+        feed (the SPS curve, schema-v2 fields, per-request state; a constant one reads
+        nothing), plans trees or lossy commits, or stops drafting."""
+        k = self.kernel
+        if k is None or k.twin_of is not self.decide or self.plans or self.stops_drafting:
+            return None
+        r = self.reads
+        if k.signature == "constant":
+            return CompiledDecision("constant", k.run) if r == Reads() else None
+        if not (r.survival and r.lag_steps) or r.sps is not None or r.fields or r.state:
+            return None
+        if not draft_tokens:
+            return CompiledDecision("lagged", k.run)
+        return None if k.run_proposed is None else CompiledDecision("proposed", k.run_proposed)
+
     def __call__(self, snap: BatchSnapshot) -> np.ndarray:
         return self.decide(snap)
 
     @property
-    def compiled_decision(self) -> Callable | None:
-        """The kernel that twins this policy's ``decide``, if it has one."""
-        k = self.kernel
-        return k.run if k is not None and k.twin_of is self.decide else None
-
-    @property
-    def compiled_proposed_decision(self) -> Callable | None:
-        """The kernel that twins this policy's ``decide`` on a trace with draft_tokens."""
-        k = self.kernel
-        return k.run_proposed if k is not None and k.twin_of is self.decide else None
-
-    @property
     def history(self) -> int:
         """Snapshots the engine keeps for this policy's lagged view."""
-        return self.lag_steps + self.lag_rows if self.needs_lag else 0
+        r = self.reads
+        return r.lag_steps + r.lag_rows if r.lag_steps else 0
 
     def lagged(self, history) -> tuple:
         """(survival, sps, cost, proposed) of ``lag_steps`` steps ago from ``history``
@@ -115,17 +216,18 @@ class Policy:
         are a noisy sample of its next ones). ``history`` holds only the rows that
         proposed drafts (:meth:`snapshot`), so the rows counted are requests that drafted;
         ``proposed`` is None where every row proposed the whole block."""
-        if not self.needs_lag or len(history) < self.lag_steps:
+        lag_steps, lag_rows = self.reads.lag_steps, self.reads.lag_rows
+        if not lag_steps or len(history) < lag_steps:
             return None, None, None, None
-        newest = len(history) - self.lag_steps
+        newest = len(history) - lag_steps
         survival, sps, cost, proposed = history[newest]
-        if self.lag_rows > len(survival):
+        if lag_rows > len(survival):
             parts, props, rows = [survival], [proposed], len(survival)
             for i in range(newest - 1, -1, -1):
                 parts.append(history[i][0])
                 props.append(history[i][3])
                 rows += len(history[i][0])
-                if rows >= self.lag_rows:
+                if rows >= lag_rows:
                     break
             survival = readonly(np.concatenate(parts))
             if any(p is not None for p in props):
@@ -153,7 +255,7 @@ class Policy:
             sps.flags.writeable = False
         if proposed is not None:
             proposed = readonly(proposed)
-        if not self.needs_lag:
+        if not self.reads.lag_steps:
             return BatchSnapshot(survival, gamma_max, token_budget, sps=sps, cost=cost,
                                  fields=fields, state=state, proposed=proposed)
         lagged = self.lagged(history)
@@ -297,7 +399,7 @@ def engine_support(policy: Policy, *, drafter: str | None, confidence_head: bool
     kind = "proposes only where it finds a match (n-gram / lookup)" \
         if not proposes_everywhere else f"drafter {drafter}"
     why = []
-    if policy.needs_survival and policy.drafter == "dspark" and not confidence_head:
+    if policy.reads.survival and policy.drafts_block and not confidence_head:
         why.append("it ranks drafts by confidence and the measured drafter has no "
                    "confidence head (the run's confidences are assumed: --conf-source)")
     if policy.engine_method is not None and \
@@ -312,27 +414,6 @@ def engine_support(policy: Policy, *, drafter: str | None, confidence_head: bool
 
 
 # -- the listing: `dspark-sim policies`, the --policy help and docs/policies.md ----------
-def reads(policy: Policy) -> str:
-    """What a built policy reads beyond its drafts' count, in words."""
-    out = ["survival"] if policy.needs_survival else []
-    if policy.needs_sps:
-        out.append("SPS curve" + (" (decode tokens)" if policy.sps_decode_only else ""))
-    if policy.needs_cost:
-        out.append("step costs")
-    if policy.needs_lag:
-        out.append(f"{policy.lag_steps}-step-old view")
-    out += [f"v2 {f}" for f in policy.fields]
-    if policy.uses_state:
-        out.append("per-request state")
-    return ", ".join(out) or "nothing"
-
-
-def shape(policy: Policy) -> str:
-    if policy.lossy:
-        return "lossy"
-    return "tree" if policy.replay is not None else "chain"
-
-
 def plain(markdown: str) -> str:
     """A summary for a terminal: no emphasis or code marks, links as their doc's path."""
     text = re.sub(r"\[([^\]]+)\]\(([^)#]+)(#[^)]*)?\)", r"\1: docs/\2", markdown)
@@ -351,7 +432,7 @@ def policy_rows(markdown: bool = True) -> list[dict[str, str]]:
                      "default": "yes" if kind.name == DEFAULT_POLICY else "",
                      "what it does": kind.summary if markdown else plain(kind.summary),
                      "drafter": built.drafter or "none",
-                     "kind": shape(built), "reads": reads(built)})
+                     "kind": built.kind, "reads": built.reads.text()})
     return rows
 
 

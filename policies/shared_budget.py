@@ -45,7 +45,7 @@ import numpy as np
 
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot
-from dspark_sim.policies.registry import Policy, register
+from dspark_sim.policies.registry import Policy, Reads, register
 from dspark_sim.policies.scheduler import (
     budget_displacement,
     candidates,
@@ -128,8 +128,8 @@ def parse_ratios(spec: str, arg: str | None) -> tuple[int, ...]:
 def dfly(spec: str, arg: str | None) -> Policy:
     ratios = parse_ratios(spec, arg)
     canon = "dfly" if ratios == DFLY_RATIOS_PCT else "dfly:" + ",".join(map(str, ratios))
-    return Policy(name=canon, drafter="dspark", decide=_dfly(ratios), needs_cost=True,
-                  needs_survival=True,
+    return Policy(name=canon, drafter="dspark", decide=_dfly(ratios),
+                  reads=Reads(survival=True, cost=True),
                   description="DFly: prefix-closed top-K of (request, depth) slots by "
                               f"survival, K from ratios {'/'.join(map(str, ratios))} % "
                               "by progress / step latency")
@@ -138,7 +138,7 @@ def dfly(spec: str, arg: str | None) -> Policy:
 @register("dcut", summary="D-cut (AngelSpec): the same ranking with the cut at any slot (no "
                           "ratio grid), this step's survivals")
 def dcut(spec: str, arg: str | None) -> Policy:
-    return Policy(name="dcut", drafter="dspark", decide=_dcut, needs_cost=True,
-                  needs_survival=True,
+    return Policy(name="dcut", drafter="dspark", decide=_dcut,
+                  reads=Reads(survival=True, cost=True),
                   description="D-cut: prefix-closed top-K by survival, the cut at any "
                               "slot by progress / step latency (this step's drafts)")

@@ -47,7 +47,7 @@ import numpy as np
 
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot, StepCost
-from dspark_sim.policies.registry import Policy, register
+from dspark_sim.policies.registry import Policy, Reads, register
 
 
 def controller_k(survival: np.ndarray, c_d: float, c_v) -> int:
@@ -122,9 +122,9 @@ def sparsespec(spec: str, arg: str | None) -> Policy:
         name = "sparsespec" if arg is None else f"sparsespec:{temperature:g}"
         signal = f"entropy, p = exp(-H / {temperature:g})"
     return Policy(
-        name=name, drafter="selfspec", decide=_decide(temperature), needs_cost=True,
-        needs_survival=True, stops_drafting=True,
-        fields=("draft_entropy",) if temperature is not None else (),
+        name=name, drafter="selfspec", decide=_decide(temperature), stops_drafting=True,
+        reads=Reads(survival=True, cost=True,
+                    fields=("draft_entropy",) if temperature is not None else ()),
         description="SparseSpec-L controller: k* = argmax (n + sum prod p) / (k C_d + C_v) "
                     f"for the batch, p from the drafter's {signal}; self-speculation over a "
                     "sparse KV")

@@ -8,7 +8,7 @@ import numpy as np
 
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot
-from dspark_sim.policies.registry import Policy, register
+from dspark_sim.policies.registry import Policy, Reads, register
 
 
 def _threshold(p: float) -> Callable[[BatchSnapshot], np.ndarray]:
@@ -32,4 +32,5 @@ def threshold(spec: str, arg: str | None) -> Policy:
     if not 0.0 <= p <= 1.0:
         raise InputError("--policy", f"{spec!r}: threshold must lie in [0, 1]")
     return Policy(name=f"threshold:{p:g}", drafter="dspark", decide=_threshold(p),
-                  needs_survival=True, description=f"verify draft tokens whose survival >= {p:g}")
+                  reads=Reads(survival=True),
+                  description=f"verify draft tokens whose survival >= {p:g}")

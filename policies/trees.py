@@ -51,7 +51,7 @@ import numpy as np
 
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot, Replayed, Verification
-from dspark_sim.policies.registry import Policy, register
+from dspark_sim.policies.registry import Policy, Reads, register
 
 UNUSED = -2  # parent of an unused slot (never matches a live path)
 NEVER = np.iinfo(np.int64).max  # order of an unused slot (never verified)
@@ -335,13 +335,15 @@ def parse_tree_spec(spec: str, name: str, arg: str | None) -> tuple:
     return tuple(vals)
 
 
-def _tree_policy(name: str, vals: tuple, decide, description: str, **kw) -> Policy:
-    """A tree policy named canonically by its parsed arguments ``vals`` (``N`` first)."""
+def _tree_policy(name: str, vals: tuple, decide, description: str, *,
+                 cost: bool = False) -> Policy:
+    """A tree policy named canonically by its parsed arguments ``vals`` (``N`` first);
+    ``cost``: its decision reads the step's costs."""
     canon = f"{name}:{','.join(f'{v:g}' if isinstance(v, float) else str(v) for v in vals)}"
     # the snapshot carries fields only with survival
-    return Policy(name=canon, drafter="dspark", replay=tree_replay, fields=("alt_prob",),
-                  needs_survival=True, decide=decide, max_tokens=vals[0],
-                  description=description, **kw)
+    return Policy(name=canon, drafter="dspark", replay=tree_replay, decide=decide,
+                  reads=Reads(survival=True, cost=cost, fields=("alt_prob",)),
+                  max_tokens=vals[0], description=description)
 
 
 @register("pctree", grammar="[:N,k]", example="pctree:64,4",
@@ -374,4 +376,4 @@ def dspark_tree(spec: str, arg: str | None) -> Policy:
     return _tree_policy("dspark-tree", vals, dspark_tree_decide(n_max, width),
                         f"Algorithm 1 over trees: batch node budget by path survival at this "
                         f"step's costs, frontier {width}, <= {n_max} nodes each",
-                        needs_cost=True)
+                        cost=True)

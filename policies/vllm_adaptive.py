@@ -6,7 +6,7 @@ import numpy as np
 
 from dspark_sim.policies import compiled
 from dspark_sim.policies.base import BatchSnapshot
-from dspark_sim.policies.registry import DecisionKernel, Policy, register
+from dspark_sim.policies.registry import DecisionKernel, Policy, Reads, register
 from dspark_sim.policies.scheduler import (
     budget_displacement,
     candidates,
@@ -43,9 +43,9 @@ def _vllm_adaptive(s: BatchSnapshot) -> np.ndarray:
                   "`T + B` cost table")
 def vllm_adaptive(spec: str, arg: str | None) -> Policy:
     return Policy(name="vllm-adaptive", drafter="dspark", decide=_vllm_adaptive,
-                  needs_cost=True, needs_lag=True, lag_steps=1, needs_survival=True,
+                  reads=Reads(survival=True, cost=True, lag_steps=1),
                   engine_method="dspark",
-                  kernel=DecisionKernel(_vllm_adaptive, compiled.vllm_adaptive_step,
+                  kernel=DecisionKernel(_vllm_adaptive, compiled.vllm_adaptive_step, "lagged",
                                         compiled.vllm_adaptive_proposed),
                   description="vLLM adaptive verification: 1-step-old confidences, "
                               "current T + B cost table, global search, top-B")

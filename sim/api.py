@@ -137,7 +137,7 @@ def replayed_trace_spec(cfg: SimConfig, policy: Policy,
                         profile: EngineProfile | None = None) -> str | None:
     """The trace (a path or built-in name) ``policy`` replays; None: it replays none.
     ``profile`` as :func:`resolve_trace`'s."""
-    if policy.drafter is None:
+    if not policy.speculates:
         return None
     if policy.drafter == "mtp1":
         # --mtp-trace names the MTP head's own trace; without it the run's --trace is the
@@ -169,7 +169,7 @@ def resolve_trace(cfg: SimConfig, policy: Policy,
 # whatever trace the run reads.
 def _reads_trace(cfg: SimConfig, policy: Policy) -> bool:
     return replayed_trace_spec(cfg, policy) == cfg.trace or (
-        policy.drafter is None and uses_trace_lengths(cfg.workload))
+        not policy.speculates and uses_trace_lengths(cfg.workload))
 
 
 NAMED_INPUTS = (
@@ -177,15 +177,15 @@ NAMED_INPUTS = (
     ("mtp_trace", "--mtp-trace", "names the MTP-1 drafter's trace",
      lambda cfg, p: p.drafter == "mtp1"),
     ("workload.domain", "--domain", "selects the requests of one domain of the trace",
-     lambda cfg, p: p.drafter is not None or uses_trace_lengths(cfg.workload)),
+     lambda cfg, p: p.speculates or uses_trace_lengths(cfg.workload)),
     ("gamma_max", "--gamma-max", "sets the block drafter's draft length",
-     lambda cfg, p: p.drafter == "dspark"),
+     lambda cfg, p: p.drafts_block),
     ("extrapolate_gamma", "--extrapolate-gamma", "extends the drafter's trace",
-     lambda cfg, p: p.drafter is not None),
+     lambda cfg, p: p.speculates),
     ("conf_source", "--conf-source", "sets the drafter's confidences",
-     lambda cfg, p: p.drafter is not None),
+     lambda cfg, p: p.speculates),
     ("calibration", "--calibration", "names the map that calibrates the drafter's "
-     "confidences", lambda cfg, p: p.needs_survival),
+     "confidences", lambda cfg, p: p.reads.survival),
 )
 
 
@@ -247,7 +247,7 @@ def _carries(record: dict | None, seed: int, **want) -> bool:
 
 def require_trace_columns(trace: AcceptanceTrace | None, policy: Policy) -> None:
     """A confidence policy needs the trace's ``conf`` column; the others run without it."""
-    if trace is not None and policy.needs_survival and trace.conf is None:
+    if trace is not None and policy.reads.survival and trace.conf is None:
         raise InputError(trace.source_path, f"policy {policy.name} reads drafter confidences "
                          "but the trace has no 'conf' column; give --conf-source position "
                          "or synthetic:AUC")
@@ -459,7 +459,7 @@ def _drafter_summary(cfg: SimConfig, policy: Policy, trace: AcceptanceTrace | No
     none) and whether the measured drafter can run the policy in a serving engine
     (``engine_can_run``, ``engine_note``): a policy it cannot run is still simulated,
     and labelled so."""
-    reads = policy.needs_survival and trace is not None
+    reads = policy.reads.survival and trace is not None
     given = None if cfg.conf_source is None else parse_conf_source(cfg.conf_source)
     own = trace is not None and trace.conf is not None and (given is None
                                                               or given.kind == "trace")
@@ -610,16 +610,17 @@ def check_fit(cfg: SimConfig, policy: Policy, trace: AcceptanceTrace | None) -> 
     reads (confidences, schema-v2 fields), and the policy's draft length fits what the
     drafter drafts (``--gamma-max`` for the block drafter, else the trace's)."""
     require_trace_columns(trace, policy)
-    check_draft_length(policy, trace, cfg.gamma_max if policy.drafter == "dspark" else None)
+    check_draft_length(policy, trace, cfg.gamma_max if policy.drafts_block else None)
     check_policy_fields(policy, trace)
 
 
 def check_policy_fields(policy: Policy, trace: AcceptanceTrace | None) -> None:
     """A policy that reads schema-v2 fields (trees, lossy) fails up front, naming them,
     on a trace that lacks them; a run that drafts nothing reads none."""
-    if not policy.fields or trace is None or policy.drafter is None or not trace.gamma_max:
+    fields = policy.reads.fields
+    if not fields or trace is None or not policy.speculates or not trace.gamma_max:
         return
-    missing = [f for f in policy.fields
+    missing = [f for f in fields
                if trace.v2 is None or getattr(trace.v2, f, None) is None]
     if missing:
         raise InputError(trace.source_path, f"policy {policy.name} needs the trace's "

@@ -276,20 +276,26 @@ class Replica:
         self.n_prefilling = 0  # rows with PREFILLED < PREFILL_TARGET
         # this step's drafts proposed per decoding row (a trace with draft_tokens), else None
         self.proposed: np.ndarray | None = None
-        if ctx.kernel is not None:
+        # the call that runs the policy's compiled decision (``SimContext.decision``), or
+        # None: the policy decides on a snapshot
+        self.decision_call = None
+        signature = ctx.decision.signature if ctx.decision is not None else None
+        if signature == "lagged":
             # the compiled decision's lagged view: the last steps' survivals
             # (``compiled.empty_ring``), sized for the batch by _widen_decision
-            policy = ctx.policy
+            reads = ctx.policy.reads
             self.ring, self.ring_slots, self.ring_state = compiled.empty_ring(
-                0, ctx.trace_survival.shape[1], policy.lag_steps, policy.lag_rows,
-                policy.history)
-        if ctx.proposed_kernel is not None:
+                0, ctx.trace_survival.shape[1], reads.lag_steps, reads.lag_rows,
+                ctx.policy.history)
+        if signature == "proposed":
             # on a trace with draft_tokens, the step before's candidates in place of the
             # ring ([a step held, its candidates]: a vLLM-style one-step lag)
             self.last_buf = np.zeros(0)
             self.last_state = np.zeros(2, np.int64)
-        if ctx.kernel is not None or ctx.constant_kernel is not None \
-                or ctx.proposed_kernel is not None:
+        if signature is not None:
+            self.decision_call = {"lagged": self._compiled_decision,
+                                  "constant": self._constant_decision,
+                                  "proposed": self._proposed_decision}[signature]
             # and its inputs and outputs, written in place by the kernels instead of five
             # arrays allocated and handed back per step: this step's plan holds views of
             # them until its replay, and the next step's decision comes after that
@@ -304,7 +310,8 @@ class Replica:
         self.trace_idx_buf = np.zeros(rows, np.int64)
         self.ell_buf = np.zeros(rows, np.int64)
         self.accepted_buf = np.zeros(rows, np.int64)
-        if self.ctx.proposed_kernel is not None:
+        signature = self.ctx.decision.signature
+        if signature == "proposed":
             g = self.ctx.trace_survival.shape[1]
             last = np.zeros(rows * g)
             last[: len(self.last_buf)] = self.last_buf
@@ -313,12 +320,12 @@ class Replica:
             self.survival_buf = np.zeros((rows, g))
             self.flat_buf = np.zeros(rows * g)
             return
-        if self.ctx.kernel is None:  # a constant policy's decision keeps no survivals
+        if signature == "constant":  # a constant policy's decision keeps no survivals
             return
         g = self.ctx.trace_survival.shape[1]
-        policy = self.ctx.policy
+        reads = self.ctx.policy.reads
         self.ring = compiled.widen_ring(self.ring, self.ring_slots, self.ring_state, rows, g,
-                                        policy.lag_steps, policy.lag_rows)
+                                        reads.lag_steps, reads.lag_rows)
         self.survival_buf = np.zeros((rows, g))
         self.flat_buf = np.zeros(rows * g)
 
@@ -629,12 +636,8 @@ class Replica:
         if not (n_dec and ctx.gamma):
             none = np.zeros(n_dec, np.int64)
             return none, none, None, 0
-        if ctx.kernel is not None:
-            return self._compiled_decision(batch, n_dec)
-        if ctx.constant_kernel is not None:
-            return self._constant_decision(batch, n_dec)
-        if ctx.proposed_kernel is not None:
-            return self._proposed_decision(batch, n_dec)
+        if self.decision_call is not None:
+            return self.decision_call(batch, n_dec)
         decoding = slice(0, n_dec)
         trace_idx = batch[decoding, TRACE_START] \
             + (batch[decoding, GENERATED] - 1) % batch[decoding, TRACE_LEN]
@@ -657,14 +660,14 @@ class Replica:
 
     def _compiled_decision(self, batch: np.ndarray, n_dec: int
                            ) -> tuple[np.ndarray, np.ndarray, None, int]:
-        """:meth:`_verify_lengths` of a policy with a compiled ``kernel``: the snapshot,
-        the decision, the budget trim and the accepted drafts in one call, the same bits
-        as the reference (``tests/sim/test_compiled.py``)."""
+        """:meth:`_verify_lengths` of a policy with a compiled ``"lagged"`` decision: the
+        snapshot, the decision, the budget trim and the accepted drafts in one call, the
+        same bits as the reference (``tests/sim/test_compiled.py``)."""
         ctx = self.ctx
         sched = ctx.sched_cost
         if n_dec > len(self.ell_buf):
             self._widen_decision(n_dec)
-        policy = ctx.policy
+        reads = ctx.policy.reads
         trace_idx, survival = self.trace_idx_buf[:n_dec], self.survival_buf[:n_dec]
         current = self.flat_buf[: survival.size]
         if ctx.sched_terms is not None:  # the gather and the cost terms in one call
@@ -679,9 +682,9 @@ class Replica:
             fast.gather_trace_rows(batch, n_dec, ctx.trace_survival, trace_idx, survival,
                                    current)
         ell, accepted = self.ell_buf[:n_dec], self.accepted_buf[:n_dec]
-        drafts, trimmed = ctx.kernel(
+        drafts, trimmed = ctx.decision_kernel(
             survival, current, trace_idx, ctx.trace_accept_len, self.ring, self.ring_slots,
-            self.ring_state, policy.lag_steps, policy.lag_rows, sched.dense_step_s,
+            self.ring_state, reads.lag_steps, reads.lag_rows, sched.dense_step_s,
             per_token, offset, kink, self.pending_prefill, sched.prefill_s_per_token,
             ctx.max_num_batched_tokens, ell, accepted)
         if trimmed:
@@ -712,7 +715,7 @@ class Replica:
             per_token, offset, kink = sched.extra_terms(n_dec, self.kv_tokens, len(batch),
                                                         context)
         ell, accepted = self.ell_buf[:n_dec], self.accepted_buf[:n_dec]
-        drafts, trimmed = ctx.proposed_kernel(
+        drafts, trimmed = ctx.decision_kernel(
             survival, candidates, proposed, trace_idx, ctx.trace_accept_len, self.last_buf,
             self.last_state, sched.dense_step_s, per_token, offset, kink,
             self.pending_prefill, sched.prefill_s_per_token, ctx.max_num_batched_tokens,
@@ -734,7 +737,7 @@ class Replica:
         trace_idx = self.trace_idx_buf[:n_dec]
         fast.trace_positions(batch, n_dec, trace_idx)
         ell, accepted = self.ell_buf[:n_dec], self.accepted_buf[:n_dec]
-        drafts, trimmed = ctx.constant_kernel(
+        drafts, trimmed = ctx.decision_kernel(
             trace_idx, ctx.verify_max, ctx.trace_accept_len, ctx.constant_draft_tokens,
             ctx.max_num_batched_tokens, ell, accepted)
         if ctx.trace_draft_tokens is not None:  # what the step's draft and stats read
@@ -1013,33 +1016,34 @@ class Replica:
         """Build the policy's read-only snapshot and ask it for ``l`` per decoding row."""
         ctx = self.ctx
         policy = ctx.policy
-        if not ctx.needs_survival:
+        reads = policy.reads
+        if not reads.survival:
             ell = policy(policy.snapshot(self.lag, ctx.empty_survival(n_dec), ctx.gamma,
                                          ctx.max_num_batched_tokens))
             return ell if isinstance(ell, Verification) else _lengths(ell, policy.name, n_dec)
         survival = ctx.trace_survival[trace_idx]
         sps = cost = None
-        if policy.needs_sps or policy.needs_cost:
+        if reads.step_price:
             sched = ctx.sched_cost
             context = self._decode_context(batch, n_dec) \
                 if sched.draft_context is not None or policy.stops_drafting else None
             extra = sched.extra_s(n_dec, ctx.gamma, self.kv_tokens, len(batch), context)
-            if policy.needs_sps:
+            if reads.sps is not None:
                 sps = sps_curve(sched.dense_step_s, extra, n_dec, ctx.gamma,
                                 self.pending_prefill, ctx.max_num_batched_tokens,
-                                decode_only=policy.sps_decode_only)
-            if policy.needs_cost:
+                                decode_only=reads.sps == "decode")
+            if reads.cost:
                 extra.flags.writeable = False
                 cost = StepCost(sched.dense_step_s, extra, self.pending_prefill,
                                 sched.prefill_s_per_token,
-                                ctx.cost.draft_branch_s(n_dec) / n_dec if policy.replay else 0.0)
+                                ctx.cost.draft_branch_s(n_dec) / n_dec if policy.plans else 0.0)
                 if policy.stops_drafting:  # the draft is priced apart: per pass, per step
                     cost = replace(cost, draft_pass_s=sched.draft_pass_s(n_dec, context),
                                    draft_fixed_s=sched.draft_fixed_s(context, self.kv_tokens))
         fields = state = None
-        if policy.fields:
+        if reads.fields:
             v2 = ctx.trace.v2
-            fields = {f: readonly(getattr(v2, f)[trace_idx]) for f in policy.fields}
+            fields = {f: readonly(getattr(v2, f)[trace_idx]) for f in reads.fields}
         if ctx.request_state is not None:
             state = readonly(ctx.request_state[batch[:n_dec, REQUEST_ID]])
         # which requests' drafters proposed (and how many drafts) is known when the step
@@ -1100,8 +1104,8 @@ def _run_gamma(cfg: SimConfig, policy: Policy, trace: AcceptanceTrace | None) ->
     """Draft positions per step: the trace's, or ``--gamma-max``'s block for the block
     drafter (DSpark-5 on a gamma-7 trace; MTP-1 keeps its one); ``api.prepare`` has
     checked that the policy's draft length fits it."""
-    gamma = 0 if (trace is None or policy.drafter is None) else trace.gamma_max
-    block_gamma = cfg.gamma_max if policy.drafter == "dspark" else None
+    gamma = 0 if (trace is None or not policy.speculates) else trace.gamma_max
+    block_gamma = cfg.gamma_max if policy.drafts_block else None
     if block_gamma is not None and trace is not None:
         gamma = min(gamma, block_gamma)
     return gamma
@@ -1133,16 +1137,12 @@ class SimContext:
         self.handoffs = None
         self.gamma = _run_gamma(cfg, policy, trace)
         # Verify at most this many drafts per request (fixed:K: K); a KV slot each.
-        self.verify_max = min(policy.draft_gamma if policy.draft_gamma is not None
-                              else self.gamma, self.gamma)
-        if policy.max_tokens is not None and self.gamma:  # a tree verifies nodes, not depth
-            self.verify_max = int(policy.max_tokens)
+        self.verify_max = policy.verify_max(self.gamma)
         self.verify_slots = 1 + self.verify_max
-        self.needs_survival = policy.needs_survival
         # Survival depends only on a trace row and the calibration map: compute it once
         # for the whole trace (N x gamma float64) instead of per step.
         self.trace_survival = (calibration.survival(trace.conf)[:, : self.gamma]
-                               if self.needs_survival and trace is not None else None)
+                               if policy.reads.survival and trace is not None else None)
         self._init_draft_tokens(trace, policy)
         self._init_cost(profile, policy, trace, policy_profile)
         # the profiles' scalars for the compiled step-time and decision terms (None: the
@@ -1152,22 +1152,15 @@ class SimContext:
         self.sched_terms = fast.profile_terms(self.sched_cost.profile) \
             if compiled.NUMBA and self.sched_cost.draft_context is None \
             and not self.sched_cost.stops_drafting else None
-        # the policy's compiled decision, where the step needs nothing it does not read:
-        # one over the survivals and the ring of past steps (``compiled.confidence_step``'s
-        # signature), or one that reads nothing of the batch but its trace rows
-        # (``compiled.constant_lengths``'s), which caps at the drafts proposed itself
-        decision = policy.compiled_decision if compiled.NUMBA and policy.replay is None \
-            and not policy.fields and not policy.uses_state and not policy.stops_drafting \
-            else None
-        self.kernel = compiled.kernel(decision) if decision is not None \
-            and self.trace_survival is not None and self.trace_draft_tokens is None \
-            and policy.needs_lag else None
-        self.constant_kernel = compiled.kernel(decision) if decision is not None \
-            and not (policy.needs_survival or policy.needs_lag or policy.needs_cost
-                     or policy.needs_sps) else None
-        self.proposed_kernel = compiled.kernel(policy.compiled_proposed_decision) \
-            if decision is not None and self.trace_survival is not None \
-            and self.trace_draft_tokens is not None and policy.needs_lag else None
+        # the kernel that makes the policy's decision, which the policy names
+        # (``Policy.compiled_decision``: its signature says which call of the replica
+        # runs it), on the compiled path of a run that drafts; None: it decides on a
+        # snapshot
+        self.decision = policy.compiled_decision(
+            draft_tokens=self.trace_draft_tokens is not None) \
+            if compiled.NUMBA and self.gamma else None
+        self.decision_kernel = compiled.kernel(self.decision.run) \
+            if self.decision is not None else None
         self.constant_draft_tokens = self.trace_draft_tokens \
             if self.trace_draft_tokens is not None else np.empty(0, np.int8)
         self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy
@@ -1193,7 +1186,7 @@ class SimContext:
         # backbone) proposes its whole block whatever is verified; an autoregressive one
         # (EAGLE, MTP, lookup) stops at what the policy verifies.
         draft_key, draft_gamma = None, self.verify_max
-        if policy.drafter is not None and self.verify_max > 0:
+        if policy.speculates and self.verify_max > 0:
             draft_key = profile.draft_key(trace.meta.drafter, policy.drafter)  # fails if missing
             if profile.drafts[draft_key].block:
                 draft_gamma = self.gamma
@@ -1221,7 +1214,7 @@ class SimContext:
         d = trace.draft_tokens if trace is not None and self.gamma else None
         if d is None or not (d < self.gamma).any():
             return
-        if policy.replay is not None:
+        if policy.plans:
             # a tree's or a lossy plan's tokens are not a chain prefix: a cap on the chain's
             # proposed drafts does not say which of them exist
             raise InputError(trace.source_path, f"policy {policy.name} plans trees or lossy "
@@ -1235,7 +1228,7 @@ class SimContext:
     def set_rows(self, rows: np.ndarray) -> None:
         self.rows = rows
         self.admit_need = rows[:, PROMPT_TOKENS] + rows[:, OUTPUT_TOKENS]
-        if self.policy.uses_state:
+        if self.policy.reads.state:
             self.request_state = np.zeros(len(rows))
 
     def set_prefix_blocks(self, blocks: PromptBlocks) -> None:

@@ -46,7 +46,7 @@ def static_accept_len(trace: AcceptanceTrace, spec: str) -> np.ndarray:
     snap = BatchSnapshot(survival=readonly(np.zeros((trace.num_positions, g))), gamma_max=g,
                          token_budget=1 << 30, fields={"alt_prob": readonly(trace.v2.alt_prob)})
     plan = policy(snap)
-    if not isinstance(plan, Verification) or policy.needs_cost:
+    if not isinstance(plan, Verification) or policy.reads.cost:
         raise ValueError(f"{spec}: not a row-local tree policy")
     return tree_accepted(plan.plan, plan.tokens, trace.v2.true_rank)
 

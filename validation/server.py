@@ -464,9 +464,8 @@ class SpecServer:
             if r.prompt_len + r.output_tokens + self.drafter.gamma_max + 1 > self.max_len:
                 raise InputError("server", f"request {r.rid} does not fit max_len {self.max_len}")
         gamma_max = self.drafter.gamma_max
-        speculate = policy.drafter is not None
-        gamma = 0 if not speculate else min(
-            policy.draft_gamma if policy.draft_gamma is not None else gamma_max, gamma_max)
+        speculate = policy.speculates
+        gamma = policy.verify_max(gamma_max) if speculate else 0
         log = RequestLog.empty(n)
         log.prompt_tokens[:] = [r.prompt_len for r in reqs]
         log.output_tokens[:] = [r.output_tokens for r in reqs]
@@ -521,7 +520,8 @@ class SpecServer:
             return ell, np.zeros((n_dec, gamma), np.int64), np.zeros(n_dec, np.int64)
         budget = self.cfg.engine.max_num_batched_tokens
         toks, conf, have = self.drafter.draft(dec, run.draft_len)
-        if policy.needs_survival:
+        reads = policy.reads
+        if reads.survival:
             surv = self.calibration.survival(conf) if self.calibration is not None \
                 else np.cumprod(conf, axis=1)
             if run.draft_len < gamma_max:
@@ -529,9 +529,9 @@ class SpecServer:
         else:
             surv = np.zeros((n_dec, gamma_max))
         sps = (self._sps(n_dec, gamma_max, pending_prefill, kv_tokens, len(run.running),
-                         policy.sps_decode_only) if policy.needs_sps else None)
+                         reads.sps == "decode") if reads.sps is not None else None)
         cost = (self._cost(n_dec, gamma_max, pending_prefill, kv_tokens, len(run.running))
-                if policy.needs_cost else None)
+                if reads.cost else None)
         snap = policy.snapshot(run.lag, surv, gamma_max, budget, sps=sps, cost=cost)
         ell = np.minimum(np.array(policy(snap), dtype=np.int64), gamma)
         if n_dec + int(ell.sum()) > budget:

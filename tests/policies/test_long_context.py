@@ -83,9 +83,9 @@ def test_bad_sparsespec_specs(bad, message):
 
 def test_sparsespec_names_and_needs():
     p = get_policy("sparsespec")
-    assert (p.name, p.drafter, p.fields, p.stops_drafting) == \
+    assert (p.name, p.drafter, p.reads.fields, p.stops_drafting) == \
         ("sparsespec", "selfspec", ("draft_entropy",), True)
-    assert get_policy("sparsespec:conf").fields == ()
+    assert get_policy("sparsespec:conf").reads.fields == ()
     assert get_policy("sparsespec:2").name == "sparsespec:2"
 
 @pytest.mark.parametrize(("n", "gamma", "budget"), [

@@ -7,7 +7,7 @@ import pytest
 
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot, readonly
-from dspark_sim.policies.registry import get_policy
+from dspark_sim.policies.registry import Reads, get_policy
 from dspark_sim.policies.scheduler import (
     budget_global,
     schedule_async,
@@ -98,37 +98,82 @@ def test_bad_policy_specs(bad):
         get_policy(bad)
 
 
-@pytest.mark.parametrize("spec,name,drafter,gamma,flags", [
-    ("none", "none", None, 0, set()),
-    (" MTP1 ", "mtp1", "mtp1", 1, set()),
-    ("fixed:0", "fixed:0", None, 0, set()),
-    ("threshold:-0", "threshold:0", "dspark", None, {"needs_survival"}),  # was 'threshold:-0'
-    ("Fixed: 3", "fixed:3", "dspark", 3, set()),
-    ("confidence", "confidence", "dspark", None, {"needs_cost", "needs_lag", "needs_survival"}),
-    ("confidence-sync", "confidence-sync", "dspark", None,
-     {"needs_sps", "needs_survival", "sps_decode_only"}),
-    ("alg1", "confidence-sync", "dspark", None, {"needs_sps", "needs_survival", "sps_decode_only"}),
+SURVIVAL = Reads(survival=True)
+
+
+@pytest.mark.parametrize("spec,name,drafter,gamma,reads", [
+    ("none", "none", None, 0, Reads()),
+    (" MTP1 ", "mtp1", "mtp1", 1, Reads()),
+    ("fixed:0", "fixed:0", None, 0, Reads()),
+    ("threshold:-0", "threshold:0", "dspark", None, SURVIVAL),  # one name for -0 and 0
+    ("Fixed: 3", "fixed:3", "dspark", 3, Reads()),
+    ("confidence", "confidence", "dspark", None,
+     Reads(survival=True, cost=True, lag_steps=2, lag_rows=64)),
+    ("confidence-sync", "confidence-sync", "dspark", None, Reads(survival=True, sps="decode")),
+    ("alg1", "confidence-sync", "dspark", None, Reads(survival=True, sps="decode")),
     ("confidence-async", "confidence-async", "dspark", None,
-     {"needs_sps", "needs_lag", "needs_survival"}),
+     Reads(survival=True, sps="batch", lag_steps=2)),
     ("confidence_async", "confidence-async", "dspark", None,
-     {"needs_sps", "needs_lag", "needs_survival"}),
-    ("vllm-adaptive", "vllm-adaptive", "dspark", None, {"needs_cost", "needs_lag",
-                                                          "needs_survival"}),
-    ("vllm_adaptive", "vllm-adaptive", "dspark", None, {"needs_cost", "needs_lag",
-                                                          "needs_survival"}),
-    ("threshold", "threshold:0.5", "dspark", None, {"needs_survival"}),
-    ("threshold:0", "threshold:0", "dspark", None, {"needs_survival"}),
-    ("threshold:1", "threshold:1", "dspark", None, {"needs_survival"}),
+     Reads(survival=True, sps="batch", lag_steps=2)),
+    ("vllm-adaptive", "vllm-adaptive", "dspark", None,
+     Reads(survival=True, cost=True, lag_steps=1)),
+    ("vllm_adaptive", "vllm-adaptive", "dspark", None,
+     Reads(survival=True, cost=True, lag_steps=1)),
+    ("threshold", "threshold:0.5", "dspark", None, SURVIVAL),
+    ("threshold:0", "threshold:0", "dspark", None, SURVIVAL),
+    ("threshold:1", "threshold:1", "dspark", None, SURVIVAL),
 ])
-def test_registry_names_drafters_and_what_each_policy_asks_for(spec, name, drafter, gamma, flags):
+def test_registry_names_drafters_and_what_each_policy_asks_for(spec, name, drafter, gamma, reads):
     """What the engine computes for a policy (SPS curve, step cost, lagged snapshot,
     survival) is what the policy asks for: nothing more (it costs time), nothing less."""
     pol = get_policy(spec)
     assert (pol.name, pol.drafter, pol.draft_gamma) == (name, drafter, gamma)
-    asked = {f for f in ("needs_sps", "needs_cost", "needs_lag", "needs_survival",
-                         "sps_decode_only") if getattr(pol, f)}
-    assert asked == flags
+    assert pol.reads == reads
+    assert pol.speculates == (drafter is not None)
     assert pol.description
+
+
+@pytest.mark.parametrize("spec,gamma,want", [
+    ("none", 7, 0), ("mtp1", 7, 1), ("fixed:3", 7, 3), ("fixed:3", 2, 2),
+    ("confidence", 7, 7), ("confidence", 5, 5), ("pctree:32,4", 7, 32), ("pctree:32,4", 0, 0),
+])
+def test_each_policy_says_how_many_tokens_a_request_may_verify(spec, gamma, want):
+    """The engine gives each request this many verify slots: a chain its draft length cut
+    to what the drafter drafts (all of it where the policy names none), a tree its nodes."""
+    assert get_policy(spec).verify_max(gamma) == want
+
+
+@pytest.mark.parametrize("spec,draft_tokens,want", [
+    ("none", False, "constant"), ("mtp1", True, "constant"), ("fixed:3", False, "constant"),
+    ("confidence", False, "lagged"), ("confidence", True, None),
+    ("vllm-adaptive", False, "lagged"), ("vllm-adaptive", True, "proposed"),
+    ("confidence-async", False, None), ("threshold", False, None), ("dfly", False, None),
+    ("pctree:32,4", False, None), ("asd", False, None), ("skip", False, None),
+])
+def test_each_policy_names_the_kernel_that_makes_its_decision(spec, draft_tokens, want):
+    """Which compiled call decides for a policy is the policy's answer: its kernel's
+    signature, the proposed-drafts twin on a trace with draft_tokens; none for a policy
+    without a kernel, nor for a lossy wrapper of one (its decide is not the kernel's)."""
+    got = get_policy(spec).compiled_decision(draft_tokens=draft_tokens)
+    assert (got.signature if got is not None else None) == want
+
+
+def test_a_policy_reading_what_its_kernel_is_not_fed_decides_on_snapshots():
+    """A kernel applies only while the policy reads what its signature feeds: fixed:3 made
+    to read survivals, confidence made to read v2 fields or state, or without its lagged
+    view, or whose decide is replaced, runs decide."""
+    from dataclasses import replace
+
+    fixed, conf = get_policy("fixed:3"), get_policy("confidence")
+    assert fixed.compiled_decision() is not None and conf.compiled_decision() is not None
+    for pol in (replace(fixed, reads=SURVIVAL),
+                replace(conf, reads=replace(conf.reads, fields=("alt_prob",))),
+                replace(conf, reads=replace(conf.reads, state=True)),
+                replace(conf, reads=replace(conf.reads, lag_steps=0)),
+                replace(conf, reads=replace(conf.reads, sps="batch")),
+                replace(conf, stops_drafting=True),
+                replace(conf, decide=lambda s: conf.decide(s))):
+        assert pol.compiled_decision() is None
 
 
 def test_history_and_lagged_view_by_hand():
@@ -165,7 +210,7 @@ def test_history_and_lagged_view_by_hand():
     assert conf.lagged(hist(10, 63, 5))[0][:, 0].tolist() == [1.0] * 63 + [0.0] * 10
     assert conf.lagged(hist(1, 60, 4, 5))[0].shape == (64, 2)  # 4 + 60 = 64: stop there
     with pytest.raises(dataclasses.FrozenInstanceError):
-        conf.lag_steps = 1
+        conf.reads.lag_steps = 1
 
 
 def test_threshold_default_is_one_half():

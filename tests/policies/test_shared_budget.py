@@ -10,7 +10,7 @@ import pytest
 
 from dspark_sim.errors import InputError
 from dspark_sim.policies.base import BatchSnapshot, StepCost, readonly
-from dspark_sim.policies.registry import get_policy
+from dspark_sim.policies.registry import Reads, get_policy
 
 
 def _survival(rng, n, g):
@@ -130,8 +130,7 @@ def test_names_and_what_they_ask_for():
     assert get_policy("dfly:1").name == "dfly:1"
     for spec in ("dfly", "dcut"):
         p = get_policy(spec)
-        assert (p.drafter, p.needs_cost, p.needs_survival, p.needs_lag) == \
-            ("dspark", True, True, False)
+        assert (p.drafter, p.reads) == ("dspark", Reads(survival=True, cost=True))
 
 
 def test_dfly_budget_edges_by_hand():

@@ -250,7 +250,8 @@ def test_chain_only_dspark_tree_is_algorithm_1_on_chains(trace):
     def decide(s):
         return schedule_topk(s.survival, budget_displacement(s.survival, s.cost))
 
-    chain = replace(base, name="chain-alg1", decide=decide, needs_lag=False)
+    chain = replace(base, name="chain-alg1", decide=decide,
+                    reads=replace(base.reads, lag_steps=0, lag_rows=0))
     a = _summary(chain, _cfg("confidence"), trace)
     b = _summary(f"dspark-tree:{G},1", _cfg(f"dspark-tree:{G},1"), trace)
     for key in KEYS:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dspark_sim.policies.base import Replayed, Verification
-from dspark_sim.policies.registry import Policy, get_policy
+from dspark_sim.policies.registry import Policy, Reads, get_policy
 from dspark_sim.sim import api
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import DeploymentConfig, SimConfig, WorkloadConfig
@@ -36,7 +36,7 @@ def _plan_policy(replay, *, tokens=K, lossy=False, uses_state=False, bonus=True)
     base = get_policy("fixed:3")
     return replace(base, name="toy", decide=lambda s: Verification(
         np.full(s.num_requests, tokens, dtype=np.int64)), replay=replay, lossy=lossy,
-        uses_state=uses_state)
+        reads=Reads(state=uses_state))
 
 
 def test_a_chain_written_as_a_plan_replays_like_the_chain():

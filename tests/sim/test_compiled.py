@@ -199,8 +199,8 @@ def test_the_compiled_decision_equals_the_policy_on_its_snapshots(
     from dspark_sim.sim import engine, fast
 
     policy = get_policy(name)
-    step = policy.compiled_decision
-    assert step is not None
+    assert policy.compiled_decision().signature == "lagged"
+    step = policy.compiled_decision().run
     rng = np.random.default_rng(seed)
     n_trace = 200
     survival_table = np.minimum.accumulate(
@@ -211,13 +211,12 @@ def test_the_compiled_decision_equals_the_policy_on_its_snapshots(
     # a ring sized for the first step's batch, widened as the engine widens it, so its
     # survivals wrap round the buffer and move when it grows
     rows = steps[0]
-    ring, slots, state = compiled.empty_ring(rows, gamma, policy.lag_steps,
-                                             policy.lag_rows, policy.history)
+    lag_steps, lag_rows = policy.reads.lag_steps, policy.reads.lag_rows
+    ring, slots, state = compiled.empty_ring(rows, gamma, lag_steps, lag_rows, policy.history)
     for n in steps:
         if n > rows:
             rows = max(n, 2 * rows)
-            ring = compiled.widen_ring(ring, slots, state, rows, gamma, policy.lag_steps,
-                                       policy.lag_rows)
+            ring = compiled.widen_ring(ring, slots, state, rows, gamma, lag_steps, lag_rows)
         batch = np.zeros((n, engine.NUM_COLUMNS), np.int64)
         batch[:, engine.TRACE_START] = rng.integers(0, n_trace - 20, n)
         batch[:, engine.TRACE_LEN] = 20
@@ -246,7 +245,7 @@ def test_the_compiled_decision_equals_the_policy_on_its_snapshots(
         ell, accepted = np.full(n, -1), np.full(n, -1)
         drafts, trimmed = step(
             gathered[:n], flat[: n * gamma], gathered_idx[:n], accept_len, ring, slots,
-            state, policy.lag_steps, policy.lag_rows, table, per_token, offset, kink,
+            state, lag_steps, lag_rows, table, per_token, offset, kink,
             pending, 2e-5, budget, ell, accepted)
         assert ell.tobytes() == ref.tobytes() and drafts == int(ref.sum())
         assert trimmed == trimmed_ref
@@ -267,8 +266,8 @@ def test_the_compiled_vllm_decision_equals_the_policy_where_drafters_propose_few
     from dspark_sim.sim import engine, fast
 
     policy = get_policy("vllm-adaptive")
-    step = policy.compiled_proposed_decision
-    assert step is not None
+    assert policy.compiled_decision(draft_tokens=True).signature == "proposed"
+    step = policy.compiled_decision(draft_tokens=True).run
     rng = np.random.default_rng(seed)
     n_trace = 200
     draft_tokens = rng.integers(0, gamma + 1, n_trace).astype(np.int8)
@@ -375,7 +374,8 @@ def test_both_paths_agree_on_every_shipped_profile(monkeypatch, profile):
 def test_the_engine_runs_the_compiled_decision_only_where_it_applies(monkeypatch):
     """The default scheduler's compiled decision is the engine's on the compiled path,
     never on the numpy reference path, and not once its ``decide`` is replaced (a
-    wrapper that records snapshots must see them)."""
+    wrapper that records snapshots must see them); a constant policy's is the constant
+    kernel, and a run that drafts nothing decides nothing."""
     from dataclasses import replace
 
     from dspark_sim.calibration.confmap import CalibrationMap
@@ -390,14 +390,17 @@ def test_the_engine_runs_the_compiled_decision_only_where_it_applies(monkeypatch
     cfg = SimConfig(deployment=DeploymentConfig(replicas=1))
     conf = get_policy("confidence")
     wrapped = replace(conf, decide=lambda s: conf.decide(s))
-    for use, policy, engaged in ((True, conf, True), (False, conf, False),
-                                 (True, get_policy("vllm-adaptive"), True),
-                                 (True, get_policy("confidence-async"), False),
-                                 (True, get_policy("fixed:3"), False), (True, wrapped, False)):
+    for use, policy, engaged in ((True, conf, "lagged"), (False, conf, None),
+                                 (True, get_policy("vllm-adaptive"), "lagged"),
+                                 (True, get_policy("confidence-async"), None),
+                                 (True, get_policy("fixed:3"), "constant"),
+                                 (False, get_policy("fixed:3"), None),
+                                 (True, get_policy("none"), None), (True, wrapped, None)):
         monkeypatch.setattr(compiled, "NUMBA", use)
         ctx = SimContext(cfg, prof, policy, trace, CalibrationMap(),
                          RequestLog.empty(0), lambda k: None)
-        assert (ctx.kernel is not None) == engaged, (use, policy.name)
+        got = ctx.decision.signature if ctx.decision is not None else None
+        assert got == engaged, (use, policy.name)
 
 
 def test_numba_is_imported_only_when_a_kernel_first_runs():

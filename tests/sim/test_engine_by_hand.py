@@ -17,7 +17,7 @@ import pytest
 from dspark_sim.calibration.confmap import CalibrationMap
 from dspark_sim.calibration.profile import DraftCost, EngineLimits, EngineProfile
 from dspark_sim.policies.base import Replayed, Verification
-from dspark_sim.policies.registry import Policy, get_policy
+from dspark_sim.policies.registry import Policy, Reads, get_policy
 from dspark_sim.sim import api, engine
 from dspark_sim.sim.api import simulate
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
@@ -487,7 +487,7 @@ def test_lengths_of_any_numeric_dtype_or_read_only_are_taken():
     # both ways the engine asks: with survivals, and without (fixed:k reads none)
     for reads_survival in (True, False):
         for make in makes:
-            pol = replace(get_policy("fixed:3"), needs_survival=reads_survival,
+            pol = replace(get_policy("fixed:3"), reads=Reads(survival=reads_survival),
                           decide=lambda s, make=make: make(s.num_requests))
             got = _run_with(pol, cfg, profile=_flat(), trace=trace).summary
             assert got["num_accepted_tokens"] == want["num_accepted_tokens"] > 0
@@ -504,7 +504,7 @@ def test_lengths_that_are_not_counts_name_the_policy(reads_survival, bad):
     policy's bug: one error naming it, not a numpy casting error or a silent cast."""
     trace = synth_iid(0.6, 7, num_requests=4, positions=64, seed=1)
     cfg = _one_replica("fixed:3", n=3, concurrency=3, lengths="fixed:10:30")
-    pol = replace(get_policy("fixed:3"), needs_survival=reads_survival,
+    pol = replace(get_policy("fixed:3"), reads=Reads(survival=reads_survival),
                   decide=lambda s: bad(s.num_requests))
     with pytest.raises(RuntimeError, match=r"policy fixed:3: verify lengths must be \d+ "
                                            r"non-negative integers"):
@@ -543,7 +543,7 @@ def test_a_trees_step_cost_prices_each_branch_token_at_the_tables_share():
         seen.append(snap)
         return plan.decide(snap)
 
-    pol = replace(plan, decide=decide, needs_cost=True, needs_survival=True)
+    pol = replace(plan, decide=decide, reads=Reads(survival=True, cost=True))
     trace = synth_iid(0.0, 7, num_requests=2, positions=64)
     _run_with(pol, _one_replica(n=2, concurrency=2), profile=_flat(drafts=drafts), trace=trace)
     assert len(seen) == 10
@@ -691,7 +691,7 @@ def test_a_policy_needing_a_v2_field_the_trace_lacks_fails_up_front():
     from dspark_sim.traces.schema_v2 import V2Fields
 
     pol = get_policy("sparsespec")
-    assert pol.fields == ("draft_entropy",)
+    assert pol.reads.fields == ("draft_entropy",)
     trace = synth_iid(0.5, 7, num_requests=2, positions=8)
     other = replace(trace, v2=V2Fields(true_prob=np.ones((16, 7), np.float32)))
     for t in (trace, other):
@@ -841,7 +841,7 @@ def test_one_bad_length_among_good_ones_names_the_policy(bad):
     one-request steps pass) is refused."""
     trace = synth_iid(0.6, 7, num_requests=4, positions=64, seed=1)
     cfg = _one_replica("fixed:3", n=3, concurrency=3, lengths="fixed:10:30")
-    pol = replace(get_policy("fixed:3"), needs_survival=True,
+    pol = replace(get_policy("fixed:3"), reads=Reads(survival=True),
                   decide=lambda s: bad(s.num_requests) if s.num_requests > 1
                   else np.full(s.num_requests, 3))
     with pytest.raises(RuntimeError, match="policy fixed:3: verify lengths must be"):
@@ -854,7 +854,7 @@ def test_lengths_past_the_drafted_block_are_cut_to_it():
     trace = synth_iid(0.6, 7, num_requests=4, positions=64, seed=1)
     cfg = _one_replica("fixed:7", n=3, concurrency=3, lengths="fixed:10:30")
     want = simulate(cfg, profile=_flat(), trace=trace).summary
-    pol = replace(get_policy("fixed:7"), needs_survival=True,
+    pol = replace(get_policy("fixed:7"), reads=Reads(survival=True),
                   decide=lambda s: np.full(s.num_requests, 12))
     got = _run_with(pol, cfg, profile=_flat(), trace=trace).summary
     for key in ("num_draft_tokens_verified", "num_accepted_tokens", "engine_steps"):

@@ -16,7 +16,7 @@ from hand_oracles import mser_criteria
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from dspark_sim.policies.registry import Policy, get_policy
+from dspark_sim.policies.registry import Policy, Reads, get_policy
 from dspark_sim.policies.scheduler import schedule_topk
 from dspark_sim.sim import api
 from dspark_sim.sim.api import simulate
@@ -60,12 +60,13 @@ class Recorder:
             self.calls.append((snap.survival[:, 0].copy(), np.array(ell, dtype=np.int64)))
             return ell
 
-        return replace(self.inner, decide=decide, needs_survival=True)
+        return replace(self.inner, decide=decide,
+                       reads=replace(self.inner.reads, survival=True))
 
 
 def topk_policy(k: int) -> Policy:
     """Verify the k most likely drafts of the whole batch (dynamic top-K on its own)."""
-    return Policy(name=f"topk:{k}", drafter="dspark", needs_survival=True,
+    return Policy(name=f"topk:{k}", drafter="dspark", reads=Reads(survival=True),
                   decide=lambda s: schedule_topk(s.survival, k))
 
 
