@@ -7,9 +7,15 @@ speculation, each response carries per-step proposed and accepted drafts) on
 shaped like ``vllm bench serve --save-result --save-detailed``, its figures moved by a
 few per cent per ``dspark_round`` (round 2 is the median): like vLLM's client it sends
 the prompt file in a seeded shuffle, and its lengths, texts and acceptance counters are
-those the server gives each prompt (a prompt's length: its words); ``-c`` with anything else
-prints a version. FAKE_VLLM_LOG, if set, gets one JSON line per server start and per
-bench run."""
+those the server gives each prompt (a prompt's length: its words); ``-c`` with a
+``--dataset-path`` and no ``--result-dir`` (vLLM's sampler, run for a prefix-caching
+measurement) writes, per request count, the prompts the bench sends as token ids (a
+word's id: its checksum, so prompts sharing words share ids); ``-c`` with anything else
+prints a version. With ``--enable-prefix-caching`` the server also answers POST
+/reset_prefix_cache (under VLLM_SERVER_DEV_MODE=1, as vLLM) and a warm-up's POST
+/v1/completions, and every /metrics scrape advances its prefix-cache counters by 1000
+queried and 250 hit tokens (block 128). FAKE_VLLM_LOG, if set, gets one JSON line per
+server start, per bench run and per cache reset."""
 
 import json
 import os
@@ -19,6 +25,18 @@ import time
 import zlib
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+
+
+def stand_in(folder: Path) -> tuple[Path, Path]:
+    """An interpreter path that runs this stand-in with the current Python, and a model
+    folder (a ``config.json``), both in ``folder``: what the live runner is given."""
+    wrapper = folder / "python"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    model = folder / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    return wrapper, model
 
 
 def arg(argv: list[str], name: str, default=None):
@@ -66,6 +84,9 @@ def serve(argv: list[str]) -> None:
     spec = json.loads(arg(argv, "--speculative-config", "null") or "null")
     k = spec["num_speculative_tokens"] if spec else 0
     detailed = arg(argv, "--per-request-spec-decode-metrics") == "detailed"
+    caching = "--enable-prefix-caching" in argv
+    dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
+    scrapes = [0]
     Path(os.environ.get("FAKE_VLLM_PIDFILE", os.devnull)).write_text(str(os.getpid()))
     log({"event": "server", "k": k, "pid": os.getpid(), "detailed": detailed,
          "kv_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
@@ -73,8 +94,22 @@ def serve(argv: list[str]) -> None:
     print("CPU KV cache size: 51,712 tokens, Maximum concurrency ...", flush=True)
 
     class Handler(BaseHTTPRequestHandler):
+        def reply(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
         def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+            if self.path == "/reset_prefix_cache":
+                if not (caching and dev_mode):
+                    return self.reply(404, b'{"detail": "Not Found"}')
+                log({"event": "reset", "k": k})
+                return self.reply(200, b'{"success": true}')
+            if self.path == "/v1/completions":
+                log({"event": "completion", "k": k, "prompt": body["prompt"]})
+                return self.reply(200, json.dumps({"choices": [{"text": "hi"}]}).encode())
             text = body["messages"][0]["content"]
             n = int(body["max_tokens"])
             spec_metrics = None
@@ -100,6 +135,16 @@ def serve(argv: list[str]) -> None:
             body = b"ok" if self.path == "/health" else (
                 f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {10 * k}\n'
                 .encode())
+            if self.path == "/metrics":
+                scrapes[0] += 1 if caching else 0
+                n = scrapes[0]
+                body += (f'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} '
+                         f'{1000.0 * n}\n'
+                         f'vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} '
+                         f'{250.0 * n}\n'
+                         f'vllm:cache_config_info{{block_size="128",engine="0",'
+                         f'enable_prefix_caching="{caching}",hash_block_size="None"}} 1.0\n'
+                         ).encode()
             self.send_response(200)
             self.end_headers()
             self.wfile.write(body)
@@ -108,6 +153,24 @@ def serve(argv: list[str]) -> None:
             pass
 
     HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
+def sampled(argv: list[str], n: int) -> list[str]:
+    """The prompts the bench sends: the file in a seeded shuffle (in order with
+    --disable-shuffle), cycled up to ``n``."""
+    texts = [json.loads(x)["prompt"] for x in
+             Path(arg(argv, "--dataset-path")).read_text().splitlines() if x.strip()]
+    if "--disable-shuffle" not in argv:
+        random.Random(int(arg(argv, "--seed", 0))).shuffle(texts)
+    return [texts[i % len(texts)] for i in range(n)]
+
+
+def sample(argv: list[str]) -> None:
+    """vLLM's sampler: per request count, [prompt length, token ids] of each request."""
+    out, counts = argv[2], json.loads(argv[3])
+    res = {str(n): [[len(t.split()), [zlib.crc32(w.encode()) % 49152 for w in t.split()]]
+                    for t in sampled(argv, n)] for n in counts}
+    Path(out).write_text(json.dumps(res))
 
 
 def bench(argv: list[str]) -> None:
@@ -123,12 +186,9 @@ def bench(argv: list[str]) -> None:
     c = int(conc) if conc else 4
     shift = 0.02 * (int(meta.get("dspark_round", 2)) - 2)  # round 2 is the median
     log({"event": "bench", "setting": meta["dspark_setting"], "load": conc or rate,
-         "round": int(meta.get("dspark_round", 0))})
+         "round": int(meta.get("dspark_round", 0)), "warmups": arg(argv, "--num-warmups")})
     tpot = (50.0 + 4.0 * c * (1 + 0.5 * k)) * (1 - shift)
-    texts = [json.loads(x)["prompt"] for x in
-             Path(arg(argv, "--dataset-path")).read_text().splitlines() if x.strip()]
-    random.Random(int(arg(argv, "--seed", 0))).shuffle(texts)
-    sent = [texts[i % len(texts)] for i in range(n)]
+    sent = sampled(argv, n)
     steps = [per_step(t, out, k) if k else ([0] * (out - 1), [0] * (out - 1)) for t in sent]
     lens = [len(t.split()) for t in sent]
     d = {"completed": n, "max_concurrency": int(conc) if conc else None,
@@ -160,5 +220,7 @@ if __name__ == "__main__":
         serve(argv)
     elif argv[:1] == ["-c"] and "--result-dir" in argv:
         bench(argv)
+    elif argv[:1] == ["-c"] and "--dataset-path" in argv:
+        sample(argv)
     else:
         print("0.0-fake")

@@ -1,9 +1,12 @@
 """Live runs of a real vLLM server: start it, drive vLLM's own benchmark client, scrape it.
 
 The simulator is held against the engine its users run. :func:`measure` starts
-``python -m vllm.entrypoints.openai.api_server`` once per speculation setting (``none``,
-``ngram:K``, ``draft:K``) from the interpreter of a separate vLLM environment (vLLM pins
-its own torch and transformers, so it never shares the project's), waits for
+``python -m vllm.entrypoints.openai.api_server`` once per setting (``none``, ``ngram:K``,
+``draft:K``, each with prefix caching off, or on as ``+prefix``: each caching run then
+starts from an empty cache and records vLLM's hit counters around it,
+:mod:`dspark_sim.validation.vllm_prefix`) from the interpreter of a separate vLLM
+environment (vLLM pins its own torch and transformers, so it never shares the
+project's), waits for
 ``/health``, and runs ``vllm.benchmarks.serve`` (the code behind ``vllm bench serve``)
 with fixed output lengths, ``--ignore-eos`` and greedy sampling: closed loop at each
 concurrency and open loop at each request rate.
@@ -70,6 +73,12 @@ BENCH_CODE = ("import argparse, sys\n"
               "main(p.parse_args(sys.argv[1:]))\n")
 SETTING_KINDS = ("none", "ngram", "draft")
 MAX_K = 16
+# A setting whose server caches prefixes: ``none+prefix`` on the command line, named
+# ``none-prefix`` (its runs, files and points); a name without it is a server without.
+PREFIX_SPEC = "+prefix"
+PREFIX_SUFFIX = "-prefix"
+PROMPT_SETS = {"humaneval": "humaneval-64.jsonl", "sessions": "sessions-32.jsonl"}
+PROMPT_ORDERS = ("shuffled", "file")
 # What a speculative server is started with so that each response carries its request's
 # per-step proposed and accepted drafts (the acceptance pass reads them).
 PER_REQUEST_ARGS = ("--per-request-spec-decode-metrics", "detailed")
@@ -85,14 +94,17 @@ def foreign_env() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Setting:
-    """One speculation setting of the server: ``none``, ``ngram:K`` or ``draft:K``."""
+    """One setting of the server: ``none``, ``ngram:K`` or ``draft:K``, with vLLM's
+    automatic prefix caching off, or on (``+prefix``)."""
 
     kind: str
     k: int = 0
+    prefix_caching: bool = False
 
     @property
     def name(self) -> str:
-        return "none" if self.kind == "none" else f"{self.kind}-k{self.k}"
+        base = "none" if self.kind == "none" else f"{self.kind}-k{self.k}"
+        return base + PREFIX_SUFFIX if self.prefix_caching else base
 
     def speculative_config(self, draft_model: Path | None) -> dict | None:
         if self.kind == "none":
@@ -108,20 +120,26 @@ class Setting:
 
 
 def parse_settings(spec: str) -> tuple[Setting, ...]:
-    """``none,ngram:1,ngram:3`` -> settings (one-line errors naming ``--settings``)."""
+    """``none,ngram:1,ngram:3,none+prefix`` -> settings (one-line errors naming
+    ``--settings``); ``+prefix`` turns the server's prefix caching on."""
     out: list[Setting] = []
     for part in (p.strip() for p in spec.split(",")):
-        kind, _, k = part.partition(":")
+        body, plus, flag = part.partition("+")
+        if plus and flag != PREFIX_SPEC[1:]:
+            raise InputError("--settings", f"{part!r}: the one suffix is {PREFIX_SPEC} "
+                                           "(prefix caching on)")
+        kind, _, k = body.partition(":")
         if kind not in SETTING_KINDS:
-            raise InputError("--settings", f"{part!r}: a setting is none, ngram:K or draft:K")
+            raise InputError("--settings", f"{part!r}: a setting is none, ngram:K or draft:K, "
+                                           f"each with {PREFIX_SPEC} or without")
         if kind == "none":
             if k:
                 raise InputError("--settings", f"{part!r}: none takes no K")
-            out.append(Setting("none"))
+            out.append(Setting("none", prefix_caching=bool(plus)))
             continue
         if not is_decimal(k, 6) or not 1 <= int(k) <= MAX_K:
             raise InputError("--settings", f"{part!r}: K must be an integer in [1, {MAX_K}]")
-        out.append(Setting(kind, int(k)))
+        out.append(Setting(kind, int(k), bool(plus)))
     if len({s.name for s in out}) != len(out):
         raise InputError("--settings", f"{spec!r} names a setting twice")
     return tuple(out)
@@ -184,10 +202,30 @@ def parse_pins(spec: str, available: set[int] | None = None) -> CpuPins | None:
     return pins
 
 
-def default_prompts() -> Path:
-    """The shipped prompt set: 64 HumanEval problems (MIT licence) in vLLM's ``custom``
-    dataset format; code answers repeat their signatures, so an n-gram drafter pays."""
-    return Path(str(resources.files("dspark_sim.validation") / "data" / "humaneval-64.jsonl"))
+def caches_prefixes(setting: str) -> bool:
+    """Whether a setting's name (a run's ``dspark_setting``) is a prefix-caching server's."""
+    return setting.endswith(PREFIX_SUFFIX)
+
+
+def default_prompts(name: str = "humaneval") -> Path:
+    """A shipped prompt set in vLLM's ``custom`` dataset format: ``humaneval``, 64
+    HumanEval problems (MIT licence; code answers repeat their signatures, so an n-gram
+    drafter pays), or ``sessions``, 8 conversations of 4 turns over one long shared
+    instruction, each turn's prompt the previous one's plus a fixed assistant reply and a
+    new message, in turn order (the file order that a prefix cache sees as a
+    conversation's)."""
+    return Path(str(resources.files("dspark_sim.validation") / "data" / PROMPT_SETS[name]))
+
+
+def prompts_path(spec: str) -> Path:
+    """``--prompts``: a shipped set's name or a ``custom`` JSONL file."""
+    if spec in PROMPT_SETS:
+        return default_prompts(spec)
+    p = Path(spec)
+    if not p.is_file():
+        raise InputError("--prompts", f"{spec!r} is neither {' nor '.join(PROMPT_SETS)} nor "
+                                      "a file (a JSONL of {\"prompt\": ...} lines)")
+    return p
 
 
 @dataclass(frozen=True)
@@ -212,9 +250,9 @@ class LiveConfig:
     # simulator is configured with the same ones.
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
-    # Off: the benchmark sends the same prompts to each load, and cached prefixes would
-    # make TTFT depend on what ran before (the simulator models no prefix cache).
-    prefix_caching: bool = False
+    # "file": the bench sends the prompts in file order (--disable-shuffle), else in a
+    # seeded shuffle
+    prompt_order: str = "shuffled"
     warmups: int = 1
     seed: int = 0
     startup_timeout_s: float = 900.0
@@ -267,7 +305,10 @@ class VllmServer:
                "--max-model-len", str(self.cfg.max_model_len), "--seed", str(self.cfg.seed),
                "--max-num-seqs", str(self.cfg.max_num_seqs),
                "--max-num-batched-tokens", str(self.cfg.max_num_batched_tokens),
-               "--enable-prefix-caching" if self.cfg.prefix_caching
+               # off unless the setting asks: the bench sends the same prompts at every
+               # load, and a cache kept across runs would make TTFT depend on what ran
+               # before; a caching server's cache is emptied before each run
+               "--enable-prefix-caching" if self.setting.prefix_caching
                else "--no-enable-prefix-caching",
                *(CPU_SERVER_ARGS if self.cfg.cpu_defaults else ()),
                *self.cfg.extra_server_args]
@@ -290,6 +331,8 @@ class VllmServer:
             env["VLLM_CPU_OMP_THREADS_BIND"] = pins.omp_bind
         if self.cfg.kv_cache_gib is not None and self.cfg.cpu_defaults:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.cfg.kv_cache_gib:g}"
+        if self.setting.prefix_caching:
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # serves /reset_prefix_cache (127.0.0.1 only)
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True,
@@ -354,16 +397,27 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
+def dataset_args(cfg: LiveConfig, prompts: Path, num_prompts: int) -> list[str]:
+    """What decides which requests the client sends, in which order: the model (its
+    tokenizer and chat template), the prompt file, its order, the count and the seed."""
+    return ["--model", str(cfg.model_dir), "--dataset-name", "custom",
+            "--dataset-path", str(prompts), "--custom-output-len", str(cfg.output_tokens),
+            "--num-prompts", str(num_prompts), "--seed", str(cfg.seed),
+            *(["--disable-shuffle"] if cfg.prompt_order == "file" else [])]
+
+
 def bench_args(cfg: LiveConfig, server: VllmServer, prompts: Path, result_dir: Path,
                filename: str, concurrency: int | None, rate: float | None,
                round_no: int = 1) -> list[str]:
     """The client's arguments: closed loop at ``concurrency`` (rate inf) or open loop at
-    ``rate`` (Poisson arrivals, no concurrency cap)."""
-    args = ["--backend", "vllm", "--base-url", server.base_url, "--model", str(cfg.model_dir),
-            "--dataset-name", "custom", "--dataset-path", str(prompts),
-            "--custom-output-len", str(cfg.output_tokens), "--ignore-eos", "--temperature", "0",
-            "--num-prompts", str(cfg.num_prompts(concurrency)), "--seed", str(cfg.seed),
-            "--num-warmups", str(cfg.warmups), "--disable-tqdm",
+    ``rate`` (Poisson arrivals, no concurrency cap). A caching server gets no warm-up
+    request from the client (it would cache the first prompt before the run:
+    :func:`dspark_sim.validation.vllm_prefix.before_run` warms it up instead)."""
+    warmups = 0 if server.setting.prefix_caching else cfg.warmups
+    args = ["--backend", "vllm", "--base-url", server.base_url,
+            *dataset_args(cfg, prompts, cfg.num_prompts(concurrency)),
+            "--ignore-eos", "--temperature", "0",
+            "--num-warmups", str(warmups), "--disable-tqdm",
             "--save-result", "--save-detailed", "--result-dir", str(result_dir),
             "--result-filename", filename,
             "--request-rate", "inf" if rate is None else repr(float(rate)),
@@ -398,15 +452,32 @@ def measure(cfg: LiveConfig, out: Path,
     run already in ``out/runs`` (or an acceptance file in ``out/acceptance``) is kept,
     and a group whose work is all done starts no server: a measurement interrupted
     part-way resumes where it stopped."""
+    from dspark_sim.validation import vllm_prefix
+
     prompts = cfg.prompts or default_prompts()
     runs, scrapes, logs, accept = (out / "runs", out / "scrapes", out / "logs",
                                    out / "acceptance")
     for d in (runs, scrapes, logs, accept):
         d.mkdir(parents=True, exist_ok=True)
     loads = [(c, None) for c in cfg.concurrencies] + [(None, r) for r in cfg.rates]
+    if any(s.prefix_caching for s in cfg.settings):
+        samples = out / vllm_prefix.FOLDER / vllm_prefix.SAMPLES
+        if not samples.is_file():
+            progress("prefix caching: each run's prompts as vLLM's client samples and "
+                     "tokenises them")
+            vllm_prefix.record_samples(cfg, prompts, sorted({cfg.num_prompts(c)
+                                                             for c, _ in loads}), samples)
+
+    def done(s: Setting, c: int | None, r: float | None, n: int) -> bool:
+        """A run counts when its result is whole and, on a caching server, the hit
+        counters around it are recorded."""
+        name = run_file(s, c, r, n)
+        return (runs / name).is_file() and (
+            not s.prefix_caching or vllm_prefix.record_path(out, name).is_file())
+
     for group in cfg.groups():
         todo = {s: [(n, c, r) for n in range(1, cfg.rounds + 1) for c, r in loads
-                    if not (runs / run_file(s, c, r, n)).is_file()] for s in group}
+                    if not done(s, c, r, n)] for s in group}
         passes = [s for s in group if cfg.per_request and s.kind != "none"
                   and not (accept / f"{s.name}.jsonl").is_file()]
         active = [s for s in group if todo[s] or s in passes]
@@ -424,12 +495,16 @@ def measure(cfg: LiveConfig, out: Path,
                 for c, r in loads:
                     for s in round_order(tuple(active), n):
                         name = run_file(s, c, r, n)
-                        if (runs / name).is_file():
+                        if done(s, c, r, n):
                             continue
                         progress(f"round {n}/{cfg.rounds} {run_name(s, c, r)}: "
                                  f"{cfg.num_prompts(c)} prompts x {cfg.output_tokens} tokens")
+                        before = vllm_prefix.before_run(cfg, servers[s]) \
+                            if s.prefix_caching else None
                         _bench(cfg, servers[s], prompts, runs, name, c, r,
                                logs / f"{name[:-len('.json')]}.bench.log", n)
+                        if before is not None:
+                            vllm_prefix.after_run(servers[s], before, out, name, n)
             for s in active:
                 (scrapes / f"{s.name}.txt").write_text(servers[s].scrape(), encoding="utf-8")
     manifest = out / "manifest.json"
@@ -507,7 +582,9 @@ def _manifest(cfg: LiveConfig, prompts: Path, runs: Path) -> dict:
         "server_args": list(CPU_SERVER_ARGS if cfg.cpu_defaults else ())
         + list(cfg.extra_server_args),
         "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
-        "max_model_len": cfg.max_model_len, "prefix_caching": cfg.prefix_caching,
+        "max_model_len": cfg.max_model_len,
+        "prefix_caching": any(s.prefix_caching for s in cfg.settings),
+        "prompt_order": cfg.prompt_order,
         "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, "
                    f"{platform.processor() or platform.node()}",
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -565,7 +642,8 @@ def prepare_model(out: Path) -> Path:
 def live_config(python: Path, model: Path, settings: str, concurrency: str, rates: str,
                 output_tokens: int, draft_model: Path | None, server_args: str = "",
                 cpu_defaults: bool = True, pin_cpus: str = "auto",
-                repeats: dict | None = None) -> LiveConfig:
+                repeats: dict | None = None, prompts: str = "humaneval",
+                prompt_order: str = "shuffled") -> LiveConfig:
     """The live runs ``vllm measure`` / ``vllm validate`` ask for, every option checked
     (as the command line names it) before a server starts."""
     import shlex
@@ -580,7 +658,11 @@ def live_config(python: Path, model: Path, settings: str, concurrency: str, rate
                                     "dspark-sim vllm prepare-model writes one")
     if not 1 <= output_tokens <= 4096:
         raise InputError("--output-tokens", f"must be in [1, 4096], got {output_tokens}")
+    if prompt_order not in PROMPT_ORDERS:
+        raise InputError("--prompt-order", f"{prompt_order!r}: give "
+                                           f"{' or '.join(PROMPT_ORDERS)}")
     return LiveConfig(python=python, model_dir=model, settings=parse_settings(settings),
+                      prompts=prompts_path(prompts), prompt_order=prompt_order,
                       concurrencies=tuple(parse_numbers(concurrency, integer=True,
                                                         option="--concurrency")),
                       rates=tuple(parse_numbers(rates, option="--rates")) if rates else (),

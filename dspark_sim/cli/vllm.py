@@ -27,7 +27,7 @@ vllm_app = typer.Typer(help="vLLM in the loop: prepare its model, measure a live
                             "runs.", no_args_is_help=True)
 VLLM_OUTPUTS = {"comparison.parquet": "file", "regimes.parquet": "file",
                 "comparison.md": "file", "comparison.json": "file", "profile.toml": "file",
-                "trace.parquet": "file"}
+                "trace.parquet": "file", "prefix.parquet": "file"}
 
 
 @vllm_app.command("prepare-model")
@@ -44,7 +44,13 @@ def vllm_prepare_model(
 VllmPython = Annotated[Path, PathOption(help="The vLLM environment's python (vLLM pins its "
                                                "own torch: keep it apart).")]
 VllmModel = Annotated[Path, PathOption(help="Model folder (dspark-sim vllm prepare-model).")]
-VllmSettings = Annotated[str, typer.Option(help="Speculation settings: none, ngram:K, draft:K.")]
+VllmSettings = Annotated[str, typer.Option(
+    help="Server settings: none, ngram:K, draft:K; +prefix turns the server's prefix caching "
+         "on (none+prefix).")]
+VllmPrompts = Annotated[str, typer.Option(
+    help="Prompt set: humaneval, sessions (multi-turn, shared prefixes) or a custom JSONL.")]
+VllmOrder = Annotated[str, typer.Option(
+    help="The order the client sends the prompts in: shuffled (seeded) or file.")]
 VllmLoads = Annotated[str, typer.Option(help="Closed-loop concurrencies.")]
 VllmRates = Annotated[str, typer.Option(help="Open-loop request rates (req/s; '' for none).")]
 VllmOutput = Annotated[int, typer.Option(help="Output tokens per request (--ignore-eos).")]
@@ -86,6 +92,7 @@ def vllm_measure(
     server_args: VllmServerArgs = "", cpu_defaults: VllmCpu = True,
     pin_cpus: VllmPins = "auto", rounds: VllmRounds = 3, resident: VllmResident = None,
     kv_cache_gib: VllmKv = "auto", per_request: VllmPerRequest = True,
+    prompts: VllmPrompts = "humaneval", prompt_order: VllmOrder = "shuffled",
 ) -> None:
     """Start every setting's vLLM server once, keep them up, and run the bench client at
     every load in --rounds rounds of alternating order (resumable)."""
@@ -99,7 +106,7 @@ def vllm_measure(
     cfg = live_config(python, model, settings, concurrency, rates, output_tokens, draft_model,
                       server_args, cpu_defaults, pin_cpus,
                       repeat_options(rounds, resident, kv_cache_gib, per_request,
-                                     cpu_defaults))
+                                     cpu_defaults), prompts, prompt_order)
     check_writable(out, "--out", inside={"runs": "dir", "manifest.json": "file"})
     manifest = measure(cfg, out, progress=lambda m: console.print(m, highlight=False))
     console.print(points_table(out), highlight=False)
@@ -110,16 +117,27 @@ def _compare_and_print(runs_dir: Path, out: Path, split: str | None, seed: int,
                        overrides: dict, step_table: str = "auto") -> dict:
     from dspark_sim.validation.vllm_compare import compare, load_engine, write_comparison
     from dspark_sim.validation.vllm_fit import read_bench_runs, substitution_warnings
+    from dspark_sim.validation.vllm_prefix import (
+        compare_prefix,
+        has_caching_runs,
+        write_prefix_comparison,
+    )
 
     runs = read_bench_runs([runs_dir / "runs" if (runs_dir / "runs").is_dir() else runs_dir])
     for line in substitution_warnings(runs):
         err_console.print("warning: " + line, highlight=False)
     engine = load_engine(runs_dir / "manifest.json", **overrides)
-    cmp = compare(runs, engine=engine, split=split, seed=seed, step_table=step_table)
+    if has_caching_runs(runs):  # the caching-off runs fitted, the caching-on predicted
+        cmp = compare_prefix(runs, runs_dir, engine=engine, split=split, seed=seed,
+                             step_table=step_table)
+        writer = write_prefix_comparison
+    else:
+        cmp = compare(runs, engine=engine, split=split, seed=seed, step_table=step_table)
+        writer = write_comparison
     for line in cmp.warnings:
         err_console.print("warning: " + line, highlight=False)
     with deferred_interrupts():
-        paths = write_comparison(cmp, out)
+        paths = writer(cmp, out)
     console.print(paths["markdown"].read_text(encoding="utf-8"), highlight=False)
     console.print(f"wrote {out}", highlight=False)
     return cmp.headline()
@@ -153,6 +171,7 @@ def vllm_validate(
     server_args: VllmServerArgs = "", cpu_defaults: VllmCpu = True,
     pin_cpus: VllmPins = "auto", rounds: VllmRounds = 3, resident: VllmResident = None,
     kv_cache_gib: VllmKv = "auto", per_request: VllmPerRequest = True,
+    prompts: VllmPrompts = "humaneval", prompt_order: VllmOrder = "shuffled",
     split: VllmSplit = None, seed: Seed = 0, step_table: StepTable = "auto",
 ) -> None:
     """measure, then compare: the live validation against a real vLLM server."""
@@ -161,7 +180,7 @@ def vllm_validate(
     cfg = live_config(python, model, settings, concurrency, rates, output_tokens, draft_model,
                       server_args, cpu_defaults, pin_cpus,
                       repeat_options(rounds, resident, kv_cache_gib, per_request,
-                                     cpu_defaults))
+                                     cpu_defaults), prompts, prompt_order)
     check_writable(out, "--out", inside={"runs": "dir", **VLLM_OUTPUTS})
     measure(cfg, out, progress=lambda m: console.print(m, highlight=False))
     _compare_and_print(out, out, split, seed, {}, step_table)
