@@ -273,7 +273,8 @@ def markdown(cmp: Comparison) -> str:
         lines.append(f"| {r['load']} | {r['measured_best']} | {r['simulated_best']} | "
                      f"{r['pick_shortfall']:.1%} | {gain} | {'yes' if r['same_ranking'] else 'no'} |")
     lines += ["", "Fitted step cost (ms, ± one standard error): "
-              + constants_line(cmp.fit.uncertainty, cmp.fit.points)
+              + constants_line(cmp.fit.uncertainty, cmp.fit.points,
+                               cmp.fit.steps)
               + f"; {cmp.fit.iterations} iterations."]
     return "\n".join(lines) + "\n"
 

@@ -69,6 +69,8 @@ STEP_TABLES = ("auto", "by-batch", "linear")
 # repeats happened to agree
 NOISE_MULTIPLE = 3.0
 MIN_SPREAD = 0.02
+MIN_GAPS = 200  # token gaps that price a batch's step (about three requests' worth)
+STEP_WEIGHT = 1.0  # a tabled batch's measured decode step, weighed as a TPOT
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,6 +95,10 @@ class BenchRun:
     substituted: tuple[str, ...] = ()
     # each request's generated text (--save-detailed): matches it to its acceptance row
     generated_texts: tuple[str, ...] | None = None
+    # each request's time to first token and gaps between streamed chunks (seconds;
+    # --save-detailed): when it decoded, and how long each of its steps took
+    ttft_s: np.ndarray | None = None
+    itl_s: tuple[np.ndarray, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -148,6 +154,14 @@ def read_bench_run(path: str | Path) -> BenchRun:
     steps = np.array([len(x) for x in itls], np.int64) \
         if isinstance(itls, list) and len(itls) == completed \
         and all(isinstance(x, list) for x in itls) else None
+    ttfts = d.get("ttfts")
+    timed = steps is not None and isinstance(ttfts, list) and len(ttfts) == completed \
+        and send is not None
+    try:
+        ttft_s = np.asarray(ttfts, np.float64) if timed else None
+        itl_s = tuple(np.asarray(x, np.float64) for x in itls) if timed else None
+    except (TypeError, ValueError):
+        raise InputError(where, "ttfts / itls must be numbers (seconds)") from None
     if k and steps is None:
         substituted += ("no per-request streamed chunks (itls): the trace's rows are the "
                         "pooled counters', not each request's",)
@@ -158,7 +172,8 @@ def read_bench_run(path: str | Path) -> BenchRun:
     return BenchRun(p, setting, k, int(conc) if conc is not None else None,
                     None if conc is not None else float(rate), prompt, output, send,
                     measured, counters, steps,
-                    int(rnd) if is_decimal(str(rnd), 6) else None, substituted, texts)
+                    int(rnd) if is_decimal(str(rnd), 6) else None, substituted, texts,
+                    ttft_s, itl_s)
 
 
 def _requests(d: dict, where: str, completed: int, rate: float | None):
@@ -324,13 +339,64 @@ class StepModel:
                                np.zeros(len(self.names) - len(theta))])
 
 
+def decode_gaps(run: BenchRun) -> dict[int, np.ndarray]:
+    """A none run's gaps between one request's consecutive tokens (ms), by how many
+    requests were decoding at the gap's midpoint: each gap is one engine step (one token
+    per request per step), taken at that batch (or longer, where a prompt's chunk shared
+    the step: the median of many is the decode step's). Empty without the run's
+    per-request timings."""
+    if run.k or run.itl_s is None or run.ttft_s is None or run.send_s is None:
+        return {}
+    first = run.send_s + run.ttft_s
+    times = [f + np.concatenate([[0.0], np.cumsum(g)]) for f, g in zip(first, run.itl_s,
+                                                                        strict=True)]
+    starts = np.sort(first)
+    ends = np.sort([t[-1] for t in times])
+    gaps = np.concatenate(run.itl_s) * 1e3
+    mids = np.concatenate([(t[1:] + t[:-1]) / 2 for t in times])
+    # decoding at a moment: requests past their first token and not past their last
+    batch = np.searchsorted(starts, mids, side="right") - np.searchsorted(ends, mids,
+                                                                          side="left")
+    ok = np.isfinite(gaps) & (gaps > 0) & (batch > 0)
+    return {int(b): gaps[ok & (batch == b)] for b in np.unique(batch[ok])}
+
+
 def step_model(runs: list[BenchRun], max_batched_tokens: int) -> StepModel:
-    """A knot at each load where a fitted none run decodes a known batch (its closed-loop
-    concurrency, within the token budget), when there are two or more; else the linear
-    model."""
-    knots = tuple(sorted({r.concurrency for r in runs if r.k == 0 and r.concurrency
-                          and r.concurrency < max_batched_tokens}))
+    """A knot at each batch the none runs decode often enough to price it: from their
+    per-request timings, every batch with :data:`MIN_GAPS` token gaps or more, the
+    open-loop runs' included; without timings, each closed-loop concurrency. Two knots
+    or more, within the token budget; else the linear model."""
+    counts: dict[int, int] = {}
+    for r in runs:
+        for b, g in decode_gaps(r).items():
+            counts[b] = counts.get(b, 0) + len(g)
+    knots = {b for b, n in counts.items() if n >= MIN_GAPS}
+    knots |= {r.concurrency for r in runs if r.k == 0 and r.concurrency and
+              r.itl_s is None}
+    knots = tuple(sorted(b for b in knots if b < max_batched_tokens))
     return StepModel(knots if len(knots) >= 2 else ())
+
+
+def measured_decode_steps(runs: list[BenchRun], model: StepModel) -> dict[int, float]:
+    """Each knot's decode step as the none runs measured it (ms): the median token gap
+    at that batch over all of them (:func:`decode_gaps`); knots without timings are
+    left out."""
+    pooled: dict[int, list[np.ndarray]] = {}
+    for r in runs:
+        for b, g in decode_gaps(r).items():
+            pooled.setdefault(b, []).append(g)
+    return {b: float(np.median(np.concatenate(pooled[b]))) for b in model.knots
+            if b in pooled}
+
+
+def knot_starts(runs: list[BenchRun], model: StepModel) -> dict[int, float]:
+    """Each knot's measured step (ms): :func:`measured_decode_steps`, else the median
+    TPOT of the none run whose concurrency it is."""
+    out = measured_decode_steps(runs, model)
+    for r in runs:
+        if r.k == 0 and r.concurrency in model.knots and r.concurrency not in out:
+            out[r.concurrency] = r.measured["median_tpot_ms"]
+    return out
 
 
 def make_profile(theta: np.ndarray, *, name: str, max_batched_tokens: int,
@@ -379,6 +445,7 @@ class FitResult:
     uncertainty: dict[str, dict] | None = None
     points: int = 0  # fitted points (a point's repeats count once)
     traces: SettingTraces | None = None  # what each speculative setting replayed
+    steps: int = 0  # tabled batches whose decode step the runs measured, also fitted
 
     @property
     def worst_error(self) -> float:
@@ -456,11 +523,12 @@ def paired_rows(run: BenchRun, trace: AcceptanceTrace) -> np.ndarray | None:
     return np.arange(n, dtype=np.int64)
 
 
-def _initial_theta(runs: list[BenchRun], model: StepModel = StepModel()) -> np.ndarray:
+def _initial_theta(runs: list[BenchRun], model: StepModel = StepModel(),
+                   starts: dict[int, float] | None = None) -> np.ndarray:
     """A start from the none runs (TPOT at the smallest and largest concurrency, TTFT at
     the smallest): the fixed cost from the lightest load, the per-token slope from the
     TPOT's growth with the batch, split between tokens, requests and logit rows; each
-    knot's step from the TPOT of the none run that decodes that batch."""
+    knot's step from its measured step (:func:`knot_starts`), less that split."""
     base = sorted((r for r in runs if r.k == 0 and r.concurrency), key=lambda r: r.concurrency)
     pool = base or [r for r in runs if r.concurrency] or runs
     lo, hi = pool[0], pool[-1]
@@ -470,8 +538,9 @@ def _initial_theta(runs: list[BenchRun], model: StepModel = StepModel()) -> np.n
         if c_hi > c_lo else 0.1 * tpot_lo
     slope = max(slope, 0.02 * tpot_lo)
     fixed = max(tpot_lo - slope * c_lo, 0.2 * tpot_lo)
-    tpot = {r.concurrency: r.measured["median_tpot_ms"] for r in base}
-    table = [max(tpot[b] - 0.5 * slope * b, 0.2 * tpot[b]) for b in model.knots] \
+    starts = starts or {}
+    table = [max(starts.get(b, fixed + slope * b) - 0.5 * slope * b,
+                 0.2 * starts.get(b, fixed + slope * b)) for b in model.knots] \
         if model.knots else [fixed]
     theta = [*table, 0.5 * slope, 0.3 * slope, 0.2 * slope, 0.05 * fixed]
     if any(r.k for r in runs):
@@ -485,9 +554,10 @@ class _Objective:
 
     def __init__(self, runs: list[BenchRun], trace: AcceptanceTrace | SettingTraces | None,
                  engine: EngineConfig, folder: Path, seed: int, name: str,
-                 model: StepModel) -> None:
+                 model: StepModel, steps: dict[int, float] | None = None) -> None:
         self.runs, self.trace, self.engine, self.seed, self.name = runs, trace, engine, seed, name
         self.model = model
+        self.steps = {b: v for b, v in (steps or {}).items() if b in model.knots}
         self.files = [workload_file(r, folder) for r in runs]
         self.weights = np.sqrt(np.array([METRICS[m] for _ in runs for m in METRICS]))
         self.evaluations = 0
@@ -508,10 +578,21 @@ class _Objective:
                 for r, f in zip(self.runs, self.files, strict=True)]
 
     def residuals(self, log_theta: np.ndarray) -> np.ndarray:
-        sims = self.simulated(np.exp(log_theta))
+        theta = np.exp(log_theta)
+        sims = self.simulated(theta)
         res = np.array([math.log(s[m] / r.measured[m]) if s[m] > 0 else math.nan
                         for r, s in zip(self.runs, sims, strict=True) for m in METRICS])
-        return np.nan_to_num(res, nan=UNSIMULATED) * self.weights
+        res = np.nan_to_num(res, nan=UNSIMULATED) * self.weights
+        if not self.steps:
+            return res
+        # each tabled batch's decode step against its measured median token gap, after
+        # the points' residuals (the constants' uncertainty reads the points' first)
+        prof = self.profile(theta)
+        batch = np.array(list(self.steps), np.int64)
+        step_ms = 1e3 * (prof.target_time_s(batch) + (prof.request_s + prof.logits_s_per_row)
+                         * batch)
+        return np.concatenate([res, math.sqrt(STEP_WEIGHT) * np.log(
+            step_ms / np.array(list(self.steps.values())))])
 
 
 def levenberg_marquardt(fun, x0: np.ndarray, *, max_iterations: int = 12,
@@ -559,16 +640,21 @@ class _Fit:
     iterations: int
     evaluations: int
     profile: EngineProfile
+    steps: dict[int, float]  # the measured decode steps it was fitted to (ms by batch)
 
 
 def _fit(runs: list[BenchRun], traces: SettingTraces, engine: EngineConfig, folder: Path,
-         seed: int, name: str, model: StepModel, max_iterations: int) -> _Fit:
-    obj = _Objective(runs, traces, engine, folder, seed, name, model)
+         seed: int, name: str, model: StepModel, max_iterations: int,
+         starts: dict[int, float] | None = None, steps: dict[int, float] | None = None
+         ) -> _Fit:
+    obj = _Objective(runs, traces, engine, folder, seed, name, model, steps)
     log_theta, its, res, jac = levenberg_marquardt(
-        obj.residuals, np.log(_initial_theta(runs, model)), max_iterations=max_iterations)
+        obj.residuals, np.log(_initial_theta(runs, model, starts)),
+        max_iterations=max_iterations)
     theta = np.exp(log_theta)
     sims = obj.simulated(theta)
-    return _Fit(model, theta, sims, res, jac, its, obj.evaluations, obj.profile(theta))
+    return _Fit(model, theta, sims, res, jac, its, obj.evaluations, obj.profile(theta),
+                 obj.steps)
 
 
 def _linear_misses(fit: _Fit, points: list) -> bool:
@@ -612,10 +698,14 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
         traces = setting_traces(runs, runs, seed)
     headline_trace = traces.headline(runs)
     runs = [p.run for p in points]
-    table = step_model(runs, engine.max_num_batched_tokens)
+    repeats = [r for p in points for r in p.runs]
+    table = step_model(repeats, engine.max_num_batched_tokens)
+    starts = knot_starts(repeats, table)
+    measured_steps = measured_decode_steps(repeats, table)
     with tempfile.TemporaryDirectory() as tmp:
         def fit_with(model: StepModel) -> _Fit:
-            return _fit(runs, traces, engine, Path(tmp), seed, name, model, max_iterations)
+            return _fit(runs, traces, engine, Path(tmp), seed, name, model, max_iterations,
+                        starts, measured_steps)
 
         if step_table == "by-batch":
             fit = fit_with(table)
@@ -641,4 +731,5 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
                       source=f"<fit {name}>")
     return FitResult(profile, headline_trace,
                      dict(zip(names, map(float, theta), strict=True)),
-                     residuals, its, engine, unc, len(points), traces)
+                     residuals, its, engine, unc, len(points), traces,
+                     len(fit.steps))

@@ -216,13 +216,15 @@ def _bootstrap_cov(pinv_j: np.ndarray, points: list[Point], metrics: dict, seed:
                 # residual = w log(sim / measured): a higher resampled median lowers it
                 dr.append(wm * math.log(med / float(np.median(v[idx]))) if v.size == pt.repeats
                           else 0.0)
-        shifts[b] = -pinv_j @ np.array(dr)
+        # residuals past the points' (a fit's measured step times) hold their value
+        shifts[b] = -pinv_j @ np.pad(np.array(dr), (0, pinv_j.shape[1] - len(dr)))
     return np.cov(shifts, rowvar=False).reshape(pinv_j.shape[0], pinv_j.shape[0])
 
 
-def constants_line(unc: dict[str, dict], points: int) -> str:
+def constants_line(unc: dict[str, dict], points: int, steps: int = 0) -> str:
     """``step_fixed_ms 71.2 ±4 %, ..., draft_step_ms 0 (at its bound 0); 7 constants from
-    4 points``."""
+    4 points``; ``steps``: the batches whose decode step the runs measured directly (each
+    one more figure a constant answers to)."""
     parts = []
     for name, u in unc.items():
         v = f"{name} {u['value']:.4g}"
@@ -232,9 +234,10 @@ def constants_line(unc: dict[str, dict], points: int) -> str:
             v += f" ({u['flag']})"
         parts.append(v)
     n = len(unc)
-    tail = f"{n} constants from {points} points"
+    tail = f"{n} constants from {points} points" + (
+        f" and {steps} measured decode steps" if steps else "")
     flagged = [k for k, u in unc.items() if u["flag"]]
-    if points < n:
+    if points + steps < n:
         tail += ": fewer points than constants, some are set by their start, not by the runs"
     elif flagged:
         tail += f"; {len(flagged)} not set by these runs"

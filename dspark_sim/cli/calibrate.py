@@ -180,7 +180,7 @@ def calibrate_vllm_cmd(
         console.print(f"{r['run']:<24} {r['metric']:<18} measured {r['measured']:10.4g}  "
                       f"simulated {r['simulated']:10.4g}  ({r['error']:+.1%})", highlight=False)
     console.print("constants (ms, ± one standard error): "
-                  + constants_line(fit.uncertainty, fit.points), highlight=False)
+                  + constants_line(fit.uncertainty, fit.points, fit.steps), highlight=False)
     console.print(f"wrote {out / 'profile.toml'}" + (f", {out / 'trace.parquet'}"
                                                       if fit.trace is not None else "")
                   + f"; worst fitted error {fit.worst_error:.1%}", highlight=False)

@@ -138,12 +138,14 @@ def test_the_interleaved_run_repeats_each_point_and_picks_within_the_best_spread
 def test_the_interleaved_run_tables_the_step_by_batch_and_it_holds_more_figures(
         comparisons):
     """run-3's none TPOT is not monotonic in the batch beyond its repeats' spread, so
-    the default fit tables the step at each none batch, and that holds more held-out
-    figures within bounds than the linear step on the same split; the single-run
-    recordings, whose spreads are unknown, stay linear."""
+    the default fit tables the step at each batch the none runs decode, fitted to their
+    measured token gaps too, and that holds more held-out figures within bounds than the
+    linear step on the same split; the single-run recordings, whose spreads are unknown,
+    stay linear."""
     cmp = comparisons[INTERLEAVED]
     knots = [n for n in cmp.fit.theta_ms if n.startswith("step_ms@")]
-    assert knots == [f"step_ms@{c}" for c in (1, 2, 4, 8, 16)]
+    assert knots == [f"step_ms@{c}" for c in (1, 2, 3, 4, 5, 8, 16)]
+    assert cmp.fit.steps == 7
     table = cmp.fit.profile.target_time_s(np.array([1, 2, 4]))
     assert table[2] < table[0] < table[1]  # vLLM CPU decodes 4 rows faster than 1 or 2
     runs = read_bench_runs([RECORDED / INTERLEAVED / "runs"])

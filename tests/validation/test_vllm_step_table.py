@@ -17,12 +17,17 @@ from dspark_sim.cli import app
 from dspark_sim.errors import InputError
 from dspark_sim.validation.vllm_compare import _regimes
 from dspark_sim.validation.vllm_fit import (
+    MIN_GAPS,
     PARAMS,
+    BenchRun,
     StepModel,
     _Fit,
     _linear_misses,
+    decode_gaps,
     fit_profile,
+    knot_starts,
     make_profile,
+    measured_decode_steps,
     read_bench_runs,
     step_model,
 )
@@ -67,19 +72,58 @@ def test_below_the_first_knot_its_slope_continues_down_and_stays_positive():
     assert steep[0] == pytest.approx(2.5)  # never below half the first knot's step
 
 
-def test_knots_are_the_none_runs_closed_loop_batches_within_the_budget(runs):
-    assert step_model(runs, 1024).knots == (1, 2, 4, 8, 16)
-    assert step_model(runs, 8).knots == (1, 2, 4)
-    one_load = [r for r in runs if r.concurrency in (None, 4)]
-    assert step_model(one_load, 1024) == StepModel()  # one none batch: no table to fit
-    spec_only = [r for r in runs if r.k]
-    assert step_model(spec_only, 1024) == StepModel()
+def _run(send_s, ttft_s, itls_s, k=0, concurrency=None):
+    n = len(send_s)
+    return BenchRun(Path("x.json"), "none" if not k else f"ngram-k{k}", k, concurrency,
+                    None if concurrency else 1.0, np.full(n, 10), np.array(
+                        [len(g) + 1 for g in itls_s]), np.asarray(send_s, float),
+                    {"median_tpot_ms": 50.0}, {}, None, None, (), None,
+                    np.asarray(ttft_s, float), tuple(np.asarray(g, float) for g in itls_s))
+
+
+def test_each_token_gap_is_labelled_with_the_batch_decoding_at_its_midpoint():
+    # request 0 decodes from 1.0 s: gaps of 0.1 s to 1.3 s; request 1 decodes from 1.15 s
+    # to 1.55 s, so 0's second and third gaps and 1's first two overlap it
+    run = _run([0.0, 0.5], [1.0, 0.65], [[0.1, 0.1, 0.1], [0.1, 0.1, 0.2]])
+    gaps = decode_gaps(run)
+    assert sorted(gaps) == [1, 2]
+    assert sorted(gaps[1].tolist()) == pytest.approx([100.0, 200.0])
+    assert sorted(gaps[2].tolist()) == pytest.approx([100.0] * 4)
+    assert decode_gaps(replace(run, k=3)) == {}  # a speculative step carries several tokens
+    assert decode_gaps(replace(run, itl_s=None)) == {}
+
+
+def test_knots_are_the_batches_the_none_runs_decode_often_enough(runs):
+    knots = step_model(runs, 1024).knots
+    # every closed-loop concurrency, and the open loop's 3 and 5 in flight
+    assert knots == (1, 2, 3, 4, 5, 8, 16)
+    counts = {b: sum(len(decode_gaps(r).get(b, ())) for r in runs) for b in range(1, 17)}
+    assert all(counts[b] >= MIN_GAPS for b in knots)
+    assert all(counts[b] < MIN_GAPS for b in set(range(1, 17)) - set(knots))
+    assert step_model(runs, 8).knots == (1, 2, 3, 4, 5)
+    untimed = [replace(r, itl_s=None) for r in runs]
+    assert step_model(untimed, 1024).knots == (1, 2, 4, 8, 16)  # the concurrencies
+    assert step_model([r for r in untimed if r.concurrency in (None, 4)], 1024) == StepModel()
+    assert step_model([r for r in runs if r.k], 1024) == StepModel()
+
+
+def test_a_knots_measured_step_is_its_median_gap_and_starts_fall_back_to_tpot(runs):
+    model = step_model(runs, 1024)
+    steps = measured_decode_steps(runs, model)
+    two = np.concatenate([decode_gaps(r).get(2, np.zeros(0)) for r in runs])
+    assert steps[2] == pytest.approx(float(np.median(two)))
+    assert steps[4] < steps[1] < steps[2]  # the recorded CPU server's shape
+    untimed = [replace(r, itl_s=None) for r in runs]
+    starts = knot_starts(untimed, StepModel((1, 2)))
+    none_c2 = [r.measured["median_tpot_ms"] for r in untimed if r.name == "none@c2"]
+    assert measured_decode_steps(untimed, StepModel((1, 2))) == {}
+    assert starts[2] in none_c2
 
 
 def _fit_with_tpot(points, tpot_by_name: dict[str, float]) -> _Fit:
     sims = [{"median_tpot_ms": tpot_by_name.get(p.run.name, p.run.measured["median_tpot_ms"])}
             for p in points]
-    return _Fit(StepModel(), np.ones(5), sims, np.zeros(1), np.zeros((1, 1)), 1, 1, None)
+    return _Fit(StepModel(), np.ones(5), sims, np.zeros(1), np.zeros((1, 1)), 1, 1, None, {})
 
 
 def test_linear_misses_only_beyond_what_a_points_repeats_explain(runs):
