@@ -446,6 +446,16 @@ def round_order(group: tuple[Setting, ...], round_no: int) -> list[Setting]:
     return list(group[shift:] + group[:shift])
 
 
+def load_order(loads: list, round_no: int, rounds: int) -> list:
+    """The loads of round ``round_no`` (1-based), rotated so that across the rounds each
+    load runs early, midway and late in a round (by ``len // rounds`` places a round):
+    a host that drifts within a round then spreads over every load's repeats, where a
+    fixed order would put it on the last loads every time and the median would keep it."""
+    step = max(1, len(loads) // max(1, rounds))
+    shift = ((round_no - 1) * step) % max(1, len(loads))
+    return list(loads[shift:] + loads[:shift])
+
+
 def measure(cfg: LiveConfig, out: Path,
             progress: Callable[[str], None] = lambda _msg: None) -> Path:
     """Every (setting, load) run, ``cfg.rounds`` times; returns ``out/manifest.json``. A
@@ -492,7 +502,7 @@ def measure(cfg: LiveConfig, out: Path,
                 progress(f"{s.name}: per-request acceptance, every prompt once")
                 collect_acceptance(cfg, servers[s], prompts, accept / f"{s.name}.jsonl")
             for n in range(1, cfg.rounds + 1):
-                for c, r in loads:
+                for c, r in load_order(loads, n, cfg.rounds):
                     for s in round_order(tuple(active), n):
                         name = run_file(s, c, r, n)
                         if done(s, c, r, n):

@@ -161,6 +161,10 @@ def test_measure_repeats_in_rounds_with_resident_servers_and_resumes(tmp_path, f
     assert [e["round"] for e in benches] == sorted(e["round"] for e in benches)
     firsts = [benches[i]["setting"] for i in range(0, 18, 2)]
     assert firsts == ["none"] * 3 + ["ngram-k2"] * 3 + ["none"] * 3
+    # and the loads' order rotated by one a round: each load runs first, midway and last
+    loads = [("c" if benches[i]["load"] in ("1", "4") else "r") + benches[i]["load"]
+             for i in range(0, 18, 2)]
+    assert loads == ["c1", "c4", "r0.5", "c4", "r0.5", "c1", "r0.5", "c1", "c4"]
     # every repeat is a run of its point; the manifest holds medians, spreads, noise floor
     runs = read_bench_runs([out / "runs"])
     assert {r.round for r in runs} == {1, 2, 3}
