@@ -209,29 +209,63 @@ class DraftCost:
 
 
 @dataclass(frozen=True)
-class EngineLimits:
-    """A replica's scheduler limits, the one declaration of them: a profile's ``[engine]``
-    table, the run's ``EngineConfig`` fields of the same names and the engine's
-    :class:`ResolvedLimits` all hold these (``None``: this layer does not say)."""
+class Limit:
+    """What is said of one engine limit: the value a run takes where neither its options
+    nor its profile's ``[engine]`` table state one, what bounds it (a count's
+    ``maximum``, or the modes it ``choices``), and the help and unit of the run option
+    that sets it. The option and the profile's table are capped alike: the engine sizes
+    its step table and batch matrices by the first two limits, and the KV capacity and
+    the model length are counts of tokens a replica holds."""
 
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    kv_capacity_tokens: int | None = None  # prompt + generated + verify slots
-    max_model_len: int | None = None  # None: no cap beyond the KV cache
+    default: int | str | None
+    help: str
+    unit: str | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+
+
+def _limit(default: int | str | None, help: str, unit: str | None = None, *,
+           maximum: int | None = None, choices: tuple[str, ...] = ()) -> Any:
+    """An :class:`EngineLimits` field: unset (``None``: this layer does not say), its
+    :class:`Limit` in the field's metadata."""
+    return field(default=None, metadata={"limit": Limit(default, help, unit, maximum,
+                                                         choices)})
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """A replica's scheduler limits, each declared once, here, with its default, its bound
+    and its option's help (:class:`Limit`). A profile's ``[engine]`` table holds them, a
+    run's ``EngineConfig`` inherits them as its options (``sim/config.py``), and the
+    engine runs on the :class:`ResolvedLimits` of the two (``None``: this layer does not
+    say). The defaults: vLLM's for the first two, a KV cache no chat load of the default
+    replica exhausts, no cap on a request's length but the KV cache, prefill in the decode
+    batch (vLLM's)."""
+
+    max_num_seqs: int | None = _limit(256, "Per replica.", "sequences", maximum=MAX_NUM_SEQS)
+    max_num_batched_tokens: int | None = _limit(8192, "Per step, per replica.", "tokens",
+                                                maximum=MAX_NUM_BATCHED_TOKENS)
+    # prompt + generated + verify slots
+    kv_capacity_tokens: int | None = _limit(2_000_000, "KV cache per replica.", "tokens",
+                                            maximum=MAX_KV_CAPACITY_TOKENS)
+    # requests longer (prompt + output) than this are refused at arrival
+    max_model_len: int | None = _limit(None, "Refuse requests whose prompt + output exceed "
+                                       "this (default: the profile's).", "tokens",
+                                       maximum=MAX_KV_CAPACITY_TOKENS)
     # "chunked": prompts are prefilled in the decode batch, sharing the token budget with
     # verification (vLLM/SGLang colocated); "disaggregated": separate prefill instances
     # send each request's KV and first token to the decode replica (DeepSeek's serving).
-    prefill: str | None = None
+    prefill: str | None = _limit("chunked", "chunked (prefill shares the step's token "
+                                 "budget) | disaggregated (prefill instances; default: the "
+                                 "profile's choice)", choices=PREFILL_MODES)
 
 
-ENGINE_LIMITS = tuple(f.name for f in fields(EngineLimits))
-
+# Each limit's Limit, by name, in declaration order.
+LIMITS: dict[str, Limit] = {f.name: f.metadata["limit"] for f in fields(EngineLimits)}
+ENGINE_LIMITS = tuple(LIMITS)
 # The limits a run takes where neither its options nor the profile's [engine] table
-# state them: vLLM's defaults for the first two, a KV cache no chat load of the default
-# replica exhausts, and prefill in the decode batch (vLLM's).
-DEFAULT_LIMITS = EngineLimits(max_num_seqs=256, max_num_batched_tokens=8192,
-                              kv_capacity_tokens=2_000_000, max_model_len=None,
-                              prefill="chunked")
+# state them.
+DEFAULT_LIMITS = EngineLimits(**{name: lim.default for name, lim in LIMITS.items()})
 
 
 @dataclass(frozen=True)
@@ -559,15 +593,6 @@ def _count(where: str, table: dict, key: str, default: int | None = None,
     return int(v)
 
 
-# [engine] limits capped as the options that override them are: the engine sizes its
-# step table and batch matrices by the first two; the KV capacity and the model length
-# are counts of tokens a replica holds
-ENGINE_LIMIT_MAX = {"max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
-                    "max_num_seqs": MAX_NUM_SEQS,
-                    "kv_capacity_tokens": MAX_KV_CAPACITY_TOKENS,
-                    "max_model_len": MAX_KV_CAPACITY_TOKENS}
-
-
 def _flag(where: str, table: dict, key: str, default: bool = False) -> bool:
     v = table.get(key, default)
     if not isinstance(v, bool):
@@ -681,16 +706,7 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
         std = _array(where_t, target, "step_std_ms", positive=False) / 1e3
         if std.shape != tokens.shape:
             raise InputError(source, "[target] step_std_ms differs in length from tokens")
-    where_e = f"{source} [engine]"
-    engine = _table(source, data, "engine")
-    check_known_keys(where_e, engine, ENGINE_LIMITS)
-    prefill = engine.get("prefill")
-    if prefill is not None and prefill not in PREFILL_MODES:
-        raise InputError(where_e, f"'prefill' must be one of {', '.join(PREFILL_MODES)}, "
-                                  f"got {prefill!r}")
-    limits = EngineLimits(**{k: _count(where_e, engine, k,
-                                       maximum=ENGINE_LIMIT_MAX.get(k, MAX_PROFILE_TOKENS))
-                             for k in ENGINE_LIMITS if k != "prefill"}, prefill=prefill)
+    limits = _engine_limits(f"{source} [engine]", _table(source, data, "engine"))
     drafts_table = _table(source, data, "draft")
     drafts = {str(name): _draft_cost(f"{source} [draft.{name}]", d)
               for name, d in drafts_table.items()}
@@ -727,6 +743,22 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
         default_replicas=_count(f"{source} [profile]", head, "default_replicas",
                                 maximum=MAX_REPLICAS),
     )
+
+
+def _engine_limits(where: str, engine: dict) -> EngineLimits:
+    """The ``[engine]`` table's limits, each within its :class:`Limit`'s bound."""
+    check_known_keys(where, engine, ENGINE_LIMITS)
+    values = {}
+    for name, lim in LIMITS.items():
+        if not lim.choices:
+            values[name] = _count(where, engine, name, maximum=lim.maximum)
+            continue
+        v = engine.get(name)
+        if v is not None and v not in lim.choices:
+            raise InputError(where, f"'{name}' must be one of {', '.join(lim.choices)}, "
+                                    f"got {v!r}")
+        values[name] = v
+    return EngineLimits(**values)
 
 
 def builtin_profiles() -> list[str]:

@@ -23,21 +23,14 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from dspark_sim.errors import (
-    MAX_KV_CAPACITY_TOKENS,
-    MAX_NUM_BATCHED_TOKENS,
-    MAX_NUM_SEQS,
-    MAX_REPLICAS,
-    InputError,
-    check_positive_int,
-)
+from dspark_sim.calibration.profile import LIMITS, EngineLimits
+from dspark_sim.errors import MAX_REPLICAS, InputError, check_positive_int
 from dspark_sim.io import file_or_none, read_toml
 from dspark_sim.policies.registry import DEFAULT_POLICY, policy_help
 
 ARRIVALS = ("poisson", "gamma", "closed", "replay")
 ROUTERS = ("round-robin", "least-outstanding", "prefix-affinity")
 KV_MODES = ("preempt", "reserve")
-PREFILL_MODES = ("chunked", "disaggregated")
 PREFIX_CACHE_MODES = ("on", "off")
 
 # -- limits ------------------------------------------------------------------------------
@@ -46,8 +39,8 @@ PREFIX_CACHE_MODES = ("on", "off")
 # Above sim.api.STREAM_ABOVE (1e6) a run streams its per-request rows to disk, so memory
 # does not cap the count; 5e7 is ~3 days at 200 req/s, over an hour of wall time.
 MAX_NUM_REQUESTS = 50_000_000
-# MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, MAX_KV_CAPACITY_TOKENS, MAX_REPLICAS:
-# dspark_sim.errors (profiles obey them too)
+# MAX_REPLICAS: dspark_sim.errors (profiles obey it too); the engine limits' bounds:
+# calibration/profile.py's EngineLimits, beside each limit's default
 MAX_TOKENS_PER_REQUEST = 1 << 24  # prompt or output tokens in a --lengths spec
 # lognormal lengths: sigma 4 already spans a factor ~e^16 between the 0.01 % tails
 MAX_LOGNORMAL_SIGMA = 4.0
@@ -86,7 +79,7 @@ class SpecOption:
 def setting(default: Any = None, *, help: str | Callable[[], str],
             option: str | SpecOption | None = "", unit: str | None = None,
             arrivals: tuple[str, ...] | None = None, reads: str | None = None,
-            doc: str | None = None) -> Any:
+            doc: str | None = None, after: str | None = None) -> Any:
     """A config field with its schema entry (:class:`Setting`): ``help`` (text, or a
     function of none returning it when the text is built from a registry), ``option``
     (``""``: ``--FIELD-NAME``; ``None``: a config file's key only; a
@@ -96,10 +89,12 @@ def setting(default: Any = None, *, help: str | Callable[[], str],
     run reads, the option a path option; ``"file or name"``: such a path or a built-in's
     name, a file winning as in every loader; outputs must not overwrite these) and
     ``doc`` (docs/cli.md's text, where a help built from a registry would make the table
-    change with it: it links to the registry's own page instead)."""
+    change with it: it links to the registry's own page instead) and ``after`` (the
+    setting of its table it is listed after, in the options, the tables and the docs,
+    where it belongs among fields a base dataclass declares before it)."""
     return field(default=default, metadata={"setting": {
         "help": help, "option": option, "unit": unit, "arrivals": arrivals, "reads": reads,
-        "doc": doc}})
+        "doc": doc, "after": after}})
 
 
 def parse_slo(spec: str | None) -> tuple[float | None, float | None]:
@@ -133,29 +128,16 @@ LENGTHS_HELP = ("azure-conv | azure-code | mooncake | long-context[:IN:OUT[:SIGM
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(EngineLimits):
     """One replica's scheduler settings (vLLM names where they exist). The limits are
-    :class:`~dspark_sim.calibration.profile.EngineLimits`' fields as options (each
-    field of that name here; ``resolve_limits`` reads them): ``None`` takes the engine
-    profile's ``[engine]`` value (what the deployment's HBM and graphs imply), else the
-    simulator's ``DEFAULT_LIMITS``."""
+    :class:`~dspark_sim.calibration.profile.EngineLimits`' fields, inherited, each an
+    option with the help its ``Limit`` gives (``resolve_limits`` reads them): ``None``
+    takes the engine profile's ``[engine]`` value (what the deployment's HBM and graphs
+    imply), else the limit's default (``DEFAULT_LIMITS``)."""
 
-    max_num_seqs: int | None = setting(help="Per replica.", unit="sequences")
-    max_num_batched_tokens: int | None = setting(help="Per step, per replica.", unit="tokens")
-    # KV-cache capacity of one replica in tokens (prompt + generated + verify slots).
-    kv_capacity_tokens: int | None = setting(help="KV cache per replica.", unit="tokens")
     # "preempt": admit optimistically, recompute-preempt the newest request when KV
     # runs out (vLLM); "reserve": admit only if prompt + full output fits (never preempts).
-    kv_mode: str = setting("preempt", help="preempt | reserve")
-    # Requests longer (prompt + output) than this are refused at arrival.
-    max_model_len: int | None = setting(help="Refuse requests whose prompt + output exceed "
-                                        "this (default: the profile's).", unit="tokens")
-    # "chunked": prefill shares each step's token budget with verification;
-    # "disaggregated": prefill instances hand the decode replica the prompt's KV and the
-    # first token (None: the profile's choice, else chunked).
-    prefill: str | None = setting(help="chunked (prefill shares the step's token budget) | "
-                                  "disaggregated (prefill instances; default: the "
-                                  "profile's choice)")
+    kv_mode: str = setting("preempt", help="preempt | reserve", after="kv_capacity_tokens")
     # vLLM's automatic prefix caching (sim/prefix_cache.py): a request's leading cached
     # blocks skip prefill. None: on for a workload that carries reuse (a Mooncake file's
     # hash_ids, multi-turn sessions), as vLLM turns it on by default; a workload without
@@ -339,16 +321,16 @@ class SimConfig:
 
 
 def _validate_engine(e: EngineConfig) -> None:
-    check_positive_int("--max-num-seqs", e.max_num_seqs, MAX_NUM_SEQS)
-    check_positive_int("--max-num-batched-tokens", e.max_num_batched_tokens, MAX_NUM_BATCHED_TOKENS)
-    check_positive_int("--kv-capacity-tokens", e.kv_capacity_tokens, MAX_KV_CAPACITY_TOKENS)
+    for name, lim in LIMITS.items():  # each within its bound, as a profile's [engine] too
+        option, value = SETTINGS[f"engine.{name}"].option, getattr(e, name)
+        if not lim.choices:
+            check_positive_int(option, value, lim.maximum)
+        elif value is not None:
+            _choice(option, value, lim.choices)
     if None not in (e.max_num_seqs, e.max_num_batched_tokens) \
             and e.max_num_seqs > e.max_num_batched_tokens:
         raise InputError("--max-num-seqs", "must not exceed max_num_batched_tokens")
     _choice("--kv-mode", e.kv_mode, KV_MODES)
-    check_positive_int("--max-model-len", e.max_model_len, MAX_KV_CAPACITY_TOKENS)
-    if e.prefill is not None:
-        _choice("--prefill", e.prefill, PREFILL_MODES)
     if e.prefix_cache is not None:
         _choice("--prefix-cache", e.prefix_cache, PREFIX_CACHE_MODES)
     check_positive_int("--prefix-block-tokens", e.prefix_block_tokens, MAX_PREFIX_BLOCK_TOKENS)
@@ -540,22 +522,42 @@ class Setting:
 
 
 def _schema() -> dict[str, Setting]:
-    """Every field of :class:`SimConfig` and its parts, in declaration order."""
+    """Every field of :class:`SimConfig` and its parts, in declaration order (a field
+    declared ``after`` another right after it)."""
     out = {}
     # the tables in the order run --help shows them (docs/cli.md too)
     for table, cls in (("run", SimConfig), ("workload", WorkloadConfig),
                        ("deployment", DeploymentConfig), ("engine", EngineConfig)):
         hints = typing.get_type_hints(cls)
-        for f in fields(cls):
-            if f.name in SECTIONS:
-                continue
-            m = f.metadata["setting"]  # a field without one: declare it with setting()
+        for f in _listed([f for f in fields(cls) if f.name not in SECTIONS]):
+            m = _setting_of(f)
             opt = m["option"]
             spec = opt if isinstance(opt, SpecOption) else None
             flag = spec.flag if spec else ("--" + f.name.replace("_", "-") if opt == "" else opt)
             s = Setting(table, f.name, hints[f.name], f.default, m["help"], flag, spec,
                         m["unit"], m["arrivals"], m["reads"], m["doc"])
             out[s.path] = s
+    return out
+
+
+def _setting_of(f) -> dict:
+    """A field's schema entry: its ``setting(...)``, or, for an engine limit (declared
+    once, on ``EngineLimits``), an option of its name with its ``Limit``'s help and
+    unit. A field with neither: declare it with setting()."""
+    if "limit" in f.metadata:
+        lim = f.metadata["limit"]
+        return setting(help=lim.help, unit=lim.unit).metadata["setting"]
+    return f.metadata["setting"]
+
+
+def _listed(fs: list) -> list:
+    """``fs`` in the order the schema lists them: a field declared ``after`` another
+    right after it."""
+    out = [f for f in fs if not _setting_of(f)["after"]]
+    for f in fs:
+        after = _setting_of(f)["after"]
+        if after:
+            out.insert(next(i for i, g in enumerate(out) if g.name == after) + 1, f)
     return out
 
 

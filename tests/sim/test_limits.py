@@ -13,10 +13,12 @@ import pytest
 from dspark_sim.calibration.profile import (
     DEFAULT_LIMITS,
     ENGINE_LIMITS,
+    LIMITS,
     DraftCost,
     EngineLimits,
     EngineProfile,
     load_profile,
+    profile_from_dict,
     resolve_limits,
 )
 from dspark_sim.errors import InputError
@@ -54,6 +56,55 @@ def test_each_limit_is_declared_once_and_read_by_name_as_a_run_option():
     assert lim.sources == {"max_num_seqs": "option", "prefill": "option",
                            "kv_capacity_tokens": "profile", "max_num_batched_tokens": "default",
                            "max_model_len": "default"}
+
+
+def test_the_run_options_are_the_limits_themselves():
+    """The config declares no limit of its own: EngineConfig inherits each from
+    EngineLimits, and the option's help, unit and default (unset) are the limit's, so a
+    limit is said once; DEFAULT_LIMITS holds each limit's default."""
+    from dspark_sim.sim.config import SETTINGS
+
+    assert issubclass(EngineConfig, EngineLimits)
+    own = {f.name: f for f in fields(EngineConfig)}
+    for name, lim in LIMITS.items():
+        assert own[name].metadata["limit"] is lim
+        s = SETTINGS[f"engine.{name}"]
+        assert (s.help, s.unit, s.default, s.option) == \
+            (lim.help, lim.unit, None, "--" + name.replace("_", "-"))
+        assert getattr(DEFAULT_LIMITS, name) == lim.default
+    assert (DEFAULT_LIMITS.max_num_seqs, DEFAULT_LIMITS.prefill) == (256, "chunked")
+
+
+BOUNDED = [(name, lim.maximum) for name, lim in LIMITS.items() if lim.maximum]
+
+
+@pytest.mark.parametrize("name,maximum", BOUNDED)
+def test_an_option_and_a_profile_bound_a_limit_alike(name, maximum):
+    """Each count is capped where it is declared: the run option and a profile's
+    [engine] table take its maximum and refuse one more; a mode outside the limit's
+    choices is refused by both."""
+    option = "--" + name.replace("_", "-")
+    doc = {"profile": {"name": "x"}, "target": {"tokens": [1, 8], "step_ms": [1.0, 2.0]}}
+    assert getattr(EngineConfig(**{name: maximum}).validate(), name) == maximum
+    assert getattr(profile_from_dict({**doc, "engine": {name: maximum}}).limits, name) \
+        == maximum
+    with pytest.raises(InputError) as exc:
+        EngineConfig(**{name: maximum + 1}).validate()
+    assert exc.value.where == option
+    with pytest.raises(InputError, match=name):
+        profile_from_dict({**doc, "engine": {name: maximum + 1}})
+
+
+def test_a_prefill_mode_is_one_of_the_limits_choices():
+    doc = {"profile": {"name": "x"}, "target": {"tokens": [1, 8], "step_ms": [1.0, 2.0]}}
+    for mode in LIMITS["prefill"].choices:
+        assert EngineConfig(prefill=mode).validate().prefill == mode
+        assert profile_from_dict({**doc, "engine": {"prefill": mode}}).limits.prefill == mode
+    with pytest.raises(InputError) as exc:
+        EngineConfig(prefill="split").validate()
+    assert exc.value.where == "--prefill"
+    with pytest.raises(InputError, match="'prefill' must be one of chunked, disaggregated"):
+        profile_from_dict({**doc, "engine": {"prefill": "split"}})
 
 
 def test_the_config_imports_no_engine():
