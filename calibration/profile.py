@@ -676,36 +676,15 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
         raise InputError(source, "not an engine profile: needs [profile] and [target] tables")
     head = _table(source, data, "profile", required=True)
     target = _table(source, data, "target", required=True)
-    where_t = f"{source} [target]"
+    where_h, where_t = f"{source} [profile]", f"{source} [target]"
     # a misspelt key would be ignored: a cost term silently zero ([target] kv_us_per_tokn),
     # a table silently unused ([drafts.dspark]); refused as [engine] and [draft.*] keys are
     check_known_keys(source, data, PROFILE_TABLES)
-    check_known_keys(f"{source} [profile]", head, PROFILE_KEYS)
+    check_known_keys(where_h, head, PROFILE_KEYS)
     check_known_keys(where_t, target, TARGET_KEYS)
-    for key in ("name", "description"):  # name = 5 would show as "5"
-        if not isinstance(head.get(key, ""), str):
-            raise InputError(f"{source} [profile]", f"'{key}' must be a string, got "
-                                                    f"{head[key]!r}")
-    kind = head.get("kind", "analytic")
-    if kind not in PROFILE_KINDS:
-        raise InputError(source, f"[profile] kind must be one of {PROFILE_KINDS}, got {kind!r}")
-    interp = head.get("interpolation", "step")
-    if interp not in INTERPOLATIONS:
-        raise InputError(source, f"[profile] interpolation must be one of {INTERPOLATIONS}")
-    gpus = _count(f"{source} [profile]", head, "gpus_per_replica", 1)
-    tokens = _array(where_t, target, "tokens")
-    step_ms = _array(where_t, target, "step_ms")
-    if tokens.shape != step_ms.shape:
-        raise InputError(source, "[target] tokens and step_ms differ in length")
-    if np.any(np.diff(tokens) <= 0) or np.any(tokens != np.round(tokens)):
-        raise InputError(source, "[target] tokens must be strictly increasing integers")
-    if tokens[-1] > MAX_PROFILE_TOKENS:
-        raise InputError(source, f"[target] tokens above {MAX_PROFILE_TOKENS:,} are not supported")
-    std = None
-    if "step_std_ms" in target:
-        std = _array(where_t, target, "step_std_ms", positive=False) / 1e3
-        if std.shape != tokens.shape:
-            raise InputError(source, "[target] step_std_ms differs in length from tokens")
+    kind, interp = _profile_head(source, head)
+    gpus = _count(where_h, head, "gpus_per_replica", 1)
+    tokens, step_ms, std = _target_table(source, target)
     limits = _engine_limits(f"{source} [engine]", _table(source, data, "engine"))
     drafts_table = _table(source, data, "draft")
     drafts = {str(name): _draft_cost(f"{source} [draft.{name}]", d)
@@ -717,7 +696,7 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
     if "default_trace" in head:
         # a built-in profile's path could only be the package's own folder: names only
         base = None if source.startswith(("builtin:", "<")) else Path(source).parent
-        default_trace = check_default_trace(f"{source} [profile]", head["default_trace"], base)
+        default_trace = check_default_trace(where_h, head["default_trace"], base)
     return EngineProfile(
         name=str(head.get("name", Path(source).stem)),
         kind=kind,
@@ -740,9 +719,42 @@ def profile_from_dict(data: dict, source: str = "<memory>") -> EngineProfile:
         parameters=dict(params),
         source=source,
         default_trace=default_trace,
-        default_replicas=_count(f"{source} [profile]", head, "default_replicas",
-                                maximum=MAX_REPLICAS),
+        default_replicas=_count(where_h, head, "default_replicas", maximum=MAX_REPLICAS),
     )
+
+
+def _profile_head(source: str, head: dict) -> tuple[str, str]:
+    """The ``[profile]`` table's strings checked; its kind and interpolation."""
+    for key in ("name", "description"):  # name = 5 would show as "5"
+        if not isinstance(head.get(key, ""), str):
+            raise InputError(f"{source} [profile]", f"'{key}' must be a string, got "
+                                                    f"{head[key]!r}")
+    kind = head.get("kind", "analytic")
+    if kind not in PROFILE_KINDS:
+        raise InputError(source, f"[profile] kind must be one of {PROFILE_KINDS}, got {kind!r}")
+    interp = head.get("interpolation", "step")
+    if interp not in INTERPOLATIONS:
+        raise InputError(source, f"[profile] interpolation must be one of {INTERPOLATIONS}")
+    return kind, interp
+
+
+def _target_table(source: str, target: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The ``[target]`` table's step times: (tokens, step_ms, step_std_s or None)."""
+    where_t = f"{source} [target]"
+    tokens = _array(where_t, target, "tokens")
+    step_ms = _array(where_t, target, "step_ms")
+    if tokens.shape != step_ms.shape:
+        raise InputError(source, "[target] tokens and step_ms differ in length")
+    if np.any(np.diff(tokens) <= 0) or np.any(tokens != np.round(tokens)):
+        raise InputError(source, "[target] tokens must be strictly increasing integers")
+    if tokens[-1] > MAX_PROFILE_TOKENS:
+        raise InputError(source, f"[target] tokens above {MAX_PROFILE_TOKENS:,} are not supported")
+    std = None
+    if "step_std_ms" in target:
+        std = _array(where_t, target, "step_std_ms", positive=False) / 1e3
+        if std.shape != tokens.shape:
+            raise InputError(source, "[target] step_std_ms differs in length from tokens")
+    return tokens, step_ms, std
 
 
 def _engine_limits(where: str, engine: dict) -> EngineLimits:
