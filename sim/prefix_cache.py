@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from itertools import repeat
 
 import numpy as np
 
@@ -101,6 +100,9 @@ class PromptBlocks:
                    chain_hashes(offsets, content), np.asarray(prompt_blocks, dtype=np.int64))
 
 
+LOOKUP_RUN = 64  # blocks a lookup checks at once (see PrefixCache._leading)
+
+
 class PrefixCache:
     """One replica's cached blocks (see the module's docstring). ``blocks``: every
     request's hashes. The replica calls :meth:`lookup` and :meth:`acquire` at admission,
@@ -137,21 +139,34 @@ class PrefixCache:
         self.request_hit_tokens: np.ndarray | None = None
 
     # -- lookup and references --------------------------------------------------------
-    def _slots(self, rid: int, lo: int, hi: int) -> np.ndarray:
-        """The slots of request ``rid``'s blocks ``lo .. hi - 1`` (-1: not cached)."""
+    def _leading(self, rid: int) -> list[int]:
+        """The hashes of ``rid``'s leading prompt blocks that are cached (up to its first
+        block that is not). Checked a run of blocks at a time with set operations, which
+        run in C: a long prompt has hundreds of blocks, and a lookup per block in Python
+        cost as much as the engine steps of the request."""
         b = self.blocks
-        start = b.start[rid]
-        hashes = b.hash_list[start + lo: start + hi]
-        return np.fromiter(map(self.slot_of.get, hashes, repeat(-1)), np.int64, len(hashes))
+        start = int(b.start[rid])
+        hashes = b.hash_list[start: start + int(b.prompt_blocks[rid])]
+        cached = self.slot_of.keys()
+        n = len(hashes)
+        lo = 0
+        while lo < n:
+            run = hashes[lo: lo + LOOKUP_RUN]
+            if cached >= set(run):
+                lo += len(run)
+                continue
+            for h in run:
+                if h not in cached:
+                    return hashes[:lo]
+                lo += 1
+        return hashes
 
     def lookup(self, rid: int) -> tuple[np.ndarray, int]:
         """The slots of ``rid``'s leading cached prompt blocks, and how many of them are
         free (no request references them: admitting ``rid`` takes them out of the
         evictable pool). Changes nothing."""
-        slots = self._slots(rid, 0, int(self.blocks.prompt_blocks[rid]))
-        miss = np.flatnonzero(slots < 0)
-        if miss.size:
-            slots = slots[: miss[0]]
+        lead = self._leading(rid)
+        slots = np.fromiter(map(self.slot_of.__getitem__, lead), np.int64, len(lead))
         return slots, int(np.count_nonzero(self.refs[slots] == 0))
 
     def acquire(self, rid: int, slots: np.ndarray, prompt_tokens: int) -> int:
@@ -200,8 +215,9 @@ class PrefixCache:
         if hi <= lo:
             return
         hashes = b.hash_list[b.start[rid] + lo: b.start[rid] + hi]
-        new = [h for h, s in zip(hashes, map(self.slot_of.get, hashes, repeat(-1)),
-                                 strict=True) if s < 0]
+        cached = self.slot_of.keys()
+        # usually none of them is cached (a request's own new blocks): one check in C
+        new = hashes if cached.isdisjoint(hashes) else [h for h in hashes if h not in cached]
         if not new:
             return
         slots = self._take_slots(len(new))
@@ -260,9 +276,7 @@ class PrefixCache:
 
     def cached_prefix_blocks(self, rid: int) -> int:
         """How many of ``rid``'s leading prompt blocks this cache holds (for routing)."""
-        slots = self._slots(rid, 0, int(self.blocks.prompt_blocks[rid]))
-        miss = np.flatnonzero(slots < 0)
-        return int(miss[0]) if miss.size else slots.size
+        return len(self._leading(rid))
 
     def _take_slots(self, k: int) -> np.ndarray:
         if len(self.spare) < k:
