@@ -79,7 +79,8 @@ class SpecOption:
 def setting(default: Any = None, *, help: str | Callable[[], str],
             option: str | SpecOption | None = "", unit: str | None = None,
             arrivals: tuple[str, ...] | None = None, reads: str | None = None,
-            doc: str | None = None, after: str | None = None) -> Any:
+            doc: str | None = None, after: str | None = None,
+            swept: str | None = None) -> Any:
     """A config field with its schema entry (:class:`Setting`): ``help`` (text, or a
     function of none returning it when the text is built from a registry), ``option``
     (``""``: ``--FIELD-NAME``; ``None``: a config file's key only; a
@@ -91,10 +92,12 @@ def setting(default: Any = None, *, help: str | Callable[[], str],
     ``doc`` (docs/cli.md's text, where a help built from a registry would make the table
     change with it: it links to the registry's own page instead) and ``after`` (the
     setting of its table it is listed after, in the options, the tables and the docs,
-    where it belongs among fields a base dataclass declares before it)."""
+    where it belongs among fields a base dataclass declares before it) and ``swept`` (the
+    sweep option whose values are a sweep's grid axis over it, one point each: a sweep
+    takes every other setting as ``run`` does, one value for all its points)."""
     return field(default=default, metadata={"setting": {
         "help": help, "option": option, "unit": unit, "arrivals": arrivals, "reads": reads,
-        "doc": doc, "after": after}})
+        "doc": doc, "after": after, "swept": swept}})
 
 
 def parse_slo(spec: str | None) -> tuple[float | None, float | None]:
@@ -144,7 +147,7 @@ class EngineConfig(EngineLimits):
     # prefix information has nothing to hash, so it runs without (on is refused there).
     prefix_cache: str | None = setting(help="on | off: automatic prefix caching (default: "
                                        "on for a workload that carries reuse: Mooncake "
-                                       "hash_ids, sessions)")
+                                       "hash_ids, sessions)", swept="--prefix-cache")
     # None: the workload's own block (a Mooncake file's hash_ids: 512, or the file's
     # hash_block_tokens), else vLLM's 16
     prefix_block_tokens: int | None = setting(help="Prefix-cache block (default: the "
@@ -160,7 +163,7 @@ class EngineConfig(EngineLimits):
 @dataclass(frozen=True)
 class DeploymentConfig:
     profile: str = setting("v4flash-h200", help="Engine profile: TOML path or built-in name.",
-                           reads="file or name")
+                           reads="file or name", swept="--profiles")
     # Replicas (batches) behind the router; None: the profile's default_replicas, else
     # DEFAULT_REPLICAS (with_replicas), so a profile fitted to one server runs as one.
     replicas: int | None = setting(help="Replicas behind the router (default: the "
@@ -205,14 +208,15 @@ class WorkloadConfig:
                            "the settings that need one imply it (a concurrency: closed, a "
                            "workload file: replay, a burstiness: gamma)")
     qps: float = setting(200.0, help="Open-loop request rate (req/s); with --workload: "
-                         "rescale its timestamps.", unit="req/s", arrivals=OPEN_LOOP)
+                         "rescale its timestamps.", unit="req/s", arrivals=OPEN_LOOP,
+                         swept="--qps")
     # gamma shape; 1 = Poisson (vLLM semantics)
     burstiness: float = setting(1.0, help="Gamma arrivals with this shape (1 = Poisson, "
                                 "vLLM semantics).", arrivals=("gamma",))
     max_concurrency: int = setting(64, help="Closed loop: this many clients, each sends its "
                                    "next request on completion (with --workload: the file's "
                                    "requests, in order).", unit="clients",
-                                   arrivals=("closed",))
+                                   arrivals=("closed",), swept="--concurrency")
     # None: bounded by duration_s (closed: the file's). 10,000 at 200 req/s: a 50 s window,
     # long enough for a steady state ten request lifetimes long.
     num_requests: int | None = setting(10_000, help="Requests to simulate.", unit="requests")
@@ -255,11 +259,11 @@ class SimConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     policy: str = setting(DEFAULT_POLICY, help=policy_help, doc="The verification policy, "
                           "NAME[:ARG] ([policies.md](policies.md) lists every one; "
-                          "`dspark-sim policies` prints them).")
+                          "`dspark-sim policies` prints them).", swept="--policies")
     # the block drafter's trace; None: the profile's default_trace, else the built-in one
     trace: str | None = setting(help="Acceptance trace, schema v1 or v2 (path or built-in "
                                 "name; tree policies need v2, e.g. cure-qwen3-8b-synthetic).",
-                                reads="file or name")
+                                reads="file or name", swept="--traces")
     # trace for the MTP-1 head; None: built-in
     mtp_trace: str | None = setting(help="Trace for the mtp1 policy.", reads="file or name")
     # confidence calibration map (TOML); None: identity
@@ -285,7 +289,7 @@ class SimConfig:
                                             "draft go on with its last position's "
                                             "conditional acceptance (a what-if on drafting "
                                             "more).", unit="positions")
-    seed: int = setting(0, help="One seed for everything random [0].")
+    seed: int = setting(0, help="One seed for everything random [0].", swept="--seeds")
     slo_ttft_ms: float | None = setting(help="Goodput: a request's time to first token at "
                                         "most this (--slo ttft:MS).", option=SLO, unit="ms")
     slo_tpot_ms: float | None = setting(help="Goodput: a request's time per output token at "
@@ -507,6 +511,7 @@ class Setting:
     arrivals: tuple[str, ...] | None  # the arrival kinds that read it; None: every kind
     reads: str | None  # "file", "file or name": it names an input (a file, or a built-in)
     doc: str | None  # docs/cli.md's text in place of the help
+    swept: str | None  # the sweep option that makes it a grid axis; None: one value
 
     @property
     def help(self) -> str:
@@ -535,7 +540,7 @@ def _schema() -> dict[str, Setting]:
             spec = opt if isinstance(opt, SpecOption) else None
             flag = spec.flag if spec else ("--" + f.name.replace("_", "-") if opt == "" else opt)
             s = Setting(table, f.name, hints[f.name], f.default, m["help"], flag, spec,
-                        m["unit"], m["arrivals"], m["reads"], m["doc"])
+                        m["unit"], m["arrivals"], m["reads"], m["doc"], m["swept"])
             out[s.path] = s
     return out
 

@@ -69,6 +69,7 @@ from dspark_sim.errors import InputError, check_positive_int
 from dspark_sim.io import atomic_path, check_writable, file_or_none, sha256_file
 from dspark_sim.policies.registry import get_policy
 from dspark_sim.sim.config import (
+    SETTINGS,
     SimConfig,
     blame_config,
     check_draft_length,
@@ -373,9 +374,8 @@ def point_hash(cfg: SimConfig, sizing: Sizing | None = None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-# a point's config names run's options; the sweep's user typed these instead
-SWEEP_OPTION = {"--max-concurrency": "--concurrency", "--seed": "--seeds",
-                "--policy": "--policies", "--profile": "--profiles", "--trace": "--traces"}
+# a point's config names run's options; for a grid axis the sweep's user typed its own
+SWEEP_OPTION = {s.option: s.swept for s in SETTINGS.values() if s.swept}
 
 
 def as_sweep_error(exc: InputError) -> InputError:

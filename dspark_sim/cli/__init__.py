@@ -17,9 +17,14 @@ import sys
 import typer
 
 from dspark_sim.cli import calibrate, models, policies, profiles, run, sweep, traces, vllm
-from dspark_sim.cli.common import OneLineErrors, console, err_console, raise_os_error_line
+from dspark_sim.cli.common import (
+    RUN_PANELS,
+    OneLineErrors,
+    console,
+    err_console,
+    raise_os_error_line,
+)
 from dspark_sim.cli.profiles import profile_terms_text
-from dspark_sim.cli.run import RUN_PANELS
 from dspark_sim.cli.summary import print_summary
 
 app = typer.Typer(

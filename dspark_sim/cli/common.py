@@ -8,9 +8,11 @@ and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import inspect
 import signal
 import sys
 import threading
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape as _markup_escape
 from rich.table import Table
 from typer.core import TyperGroup
 
@@ -183,6 +186,58 @@ def _as_argument(option: str, argument: str) -> Iterator[None]:
         yield
     except InputError as exc:
         raise exc.readdressed({option: f"argument '{argument}'"}) from None
+
+
+# run --help groups its options by the --config table that holds the same setting
+# (docs/cli.md), and sweep --help the settings it shares with run; no "[table]" in a panel
+# title: rich would read it as markup.
+RUN_LOAD = "Load (config table: workload)"
+RUN_POLICY = "Policy and trace (config table: run)"
+RUN_DEPLOY = "Deployment and engine (config tables: deployment, engine)"
+RUN_PANELS = {"run": RUN_POLICY, "workload": RUN_LOAD, "deployment": RUN_DEPLOY,
+              "engine": RUN_DEPLOY}
+
+
+def _setting_option(flag: str, settings: tuple) -> inspect.Parameter:
+    """The typer option of one setting of the schema (sim/config.py), or of a spec option
+    setting several: its help, its panel (the setting's config table), its type (a path
+    for a file it reads), and None for its default, so an option not given is no setting."""
+    s = settings[0]
+    # help is rich markup to typer: "[@BASE]" or "[word]" would vanish unescaped
+    text = _markup_escape(s.spec.help if s.spec else s.help)
+    if s.reads == "file":
+        kind, info = Path, PathOption(help=text, rich_help_panel=RUN_PANELS[s.table])
+    else:
+        hint = str if s.spec else s.type
+        kind = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+        info = typer.Option(help=text, rich_help_panel=RUN_PANELS[s.table])
+    return inspect.Parameter(flag[2:].replace("-", "_"), inspect.Parameter.KEYWORD_ONLY,
+                             default=None, annotation=Annotated[kind | None, info])
+
+
+def with_setting_options(*, after: dict[str, str] | None = None, grid: bool = False):
+    """A command taking one option per setting of the schema, in its order, then its own
+    keyword parameters (``after`` places one of those right after a setting's option);
+    with ``grid`` (a sweep) its own parameters first and no option for a setting its grid
+    gives a value per point (``Setting.swept``: its own option lists them). The settings
+    reach the command as ``**settings``, option name -> value or None."""
+    from dspark_sim.sim.config import OPTIONS
+
+    def wrap(command):
+        own = dict(inspect.signature(command, eval_str=True).parameters)
+        own = {k: p for k, p in own.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        params = []
+        for flag, settings in OPTIONS.items():
+            if grid and any(s.swept for s in settings):
+                continue
+            params.append(_setting_option(flag, settings))
+            if after and flag in after:
+                params.append(own.pop(after[flag]))
+        ordered = [*own.values(), *params] if grid else [*params, *own.values()]
+        command.__signature__ = inspect.Signature(ordered)
+        return command
+
+    return wrap
 
 
 # Options several commands take, declared once (the parameter's name makes the flag).

@@ -2,69 +2,28 @@
 
 from __future__ import annotations
 
-import inspect
 import time
-import typing
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape as _markup_escape
 
-from dspark_sim.cli.common import PathOption, console, err_console
+from dspark_sim.cli.common import (
+    RUN_DEPLOY,
+    PathOption,
+    console,
+    err_console,
+    with_setting_options,
+)
 from dspark_sim.cli.summary import print_summary
 from dspark_sim.errors import InputError
 from dspark_sim.io import check_writable
 from dspark_sim.policies import compiled
 
-# run --help groups its options by the --config table that holds the same setting
-# (docs/cli.md); no "[table]" in a panel title: rich would read it as markup.
-RUN_LOAD = "Load (config table: workload)"
-RUN_POLICY = "Policy and trace (config table: run)"
-RUN_DEPLOY = "Deployment and engine (config tables: deployment, engine)"
 RUN_OUT = "Settings and output"
-RUN_PANELS = {"run": RUN_POLICY, "workload": RUN_LOAD, "deployment": RUN_DEPLOY,
-              "engine": RUN_DEPLOY}
 
 
-def _setting_option(flag: str, settings: tuple) -> inspect.Parameter:
-    """The typer option of one setting of the schema (sim/config.py), or of a spec option
-    setting several: its help, its panel (the setting's config table), its type (a path
-    for a file it reads), and None for its default, so an option not given is no setting."""
-    s = settings[0]
-    # help is rich markup to typer: "[@BASE]" or "[word]" would vanish unescaped
-    text = _markup_escape(s.spec.help if s.spec else s.help)
-    if s.reads == "file":
-        kind, info = Path, PathOption(help=text, rich_help_panel=RUN_PANELS[s.table])
-    else:
-        hint = str if s.spec else s.type
-        kind = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
-        info = typer.Option(help=text, rich_help_panel=RUN_PANELS[s.table])
-    return inspect.Parameter(flag[2:].replace("-", "_"), inspect.Parameter.KEYWORD_ONLY,
-                             default=None, annotation=Annotated[kind | None, info])
-
-
-def _with_setting_options(after: dict[str, str]):
-    """A command taking one option per setting of the schema, in its order, then its own
-    keyword parameters (``after`` places one of those right after a setting's option);
-    the settings reach the command as ``**settings``, option name -> value or None."""
-    from dspark_sim.sim.config import OPTIONS
-
-    def wrap(command):
-        own = dict(inspect.signature(command, eval_str=True).parameters)
-        own = {k: p for k, p in own.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
-        params = []
-        for flag, settings in OPTIONS.items():
-            params.append(_setting_option(flag, settings))
-            if flag in after:
-                params.append(own.pop(after[flag]))
-        command.__signature__ = inspect.Signature([*params, *own.values()])
-        return command
-
-    return wrap
-
-
-@_with_setting_options(after={"--profile": "policy_profile"})
+@with_setting_options(after={"--profile": "policy_profile"})
 def run(
     *,
     policy_profile: Annotated[str | None, typer.Option(

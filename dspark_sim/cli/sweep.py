@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from dspark_sim.cli.common import PathOption, _print_table, _warnings_as_lines, console
+from dspark_sim.cli.common import (
+    PathOption,
+    _print_table,
+    _warnings_as_lines,
+    console,
+    with_setting_options,
+)
 from dspark_sim.errors import InputError
 
 # How a sweep sizes its points (sim.sweep.Sizing).
@@ -24,20 +30,11 @@ SizeMax = Annotated[int, typer.Option(help="Never size a point beyond this many 
 SweepPrefixCache = Annotated[str | None, typer.Option(
     help="Prefix caching per point: on, off, or on,off to run each point both ways "
          "(the ranking with caching on and off; the workload must carry reuse).")]
-SweepLengths = Annotated[str | None, typer.Option(
-    help="Request lengths, as for run (e.g. trace: each trace request's own).")]
-SweepConfSource = Annotated[str | None, typer.Option(
-    help="Drafter confidences, as for run (synthetic:AUC for an imported or fitted "
-         "trace, which has none).")]
 SweepWorkers = Annotated[int | None, typer.Option(
     help="Parallel workers (default: cores; at most 4 per core).")]
 SweepSla = Annotated[str | None, typer.Option(
     help="Interactivity tiers (tok/s/user) for the headline and the plot's SLA lines "
          "(default: two inside the data's range).")]
-SweepSlo = Annotated[str | None, typer.Option(
-    help="Goodput SLOs, ttft:MS,tpot:MS (run's --slo; [run] slo_ttft_ms, slo_tpot_ms in "
-         "--config): the per-load answer ranks on goodput, the report adds its "
-         "fronts. A new SLO reruns no point.")]
 SweepCandidate = Annotated[str | None, typer.Option(
     help="Policy compared in the headline (one of --policies; default: the run's default, "
          "confidence, when swept, else the one policy besides the baseline).")]
@@ -48,6 +45,7 @@ SweepBasis = Annotated[str, typer.Option(
     help="Figures of the fronts, headline and report: steady (warm-up and drain "
          "excluded) | whole (whole-run, vLLM bench serve).")]
 
+@with_setting_options(grid=True)
 def sweep(
     out: Annotated[Path, PathOption(help="Folder for points/, results.parquet, report.html.")],
     policies: Annotated[str, typer.Option(help="Comma-separated policy specs.")] =
@@ -60,16 +58,9 @@ def sweep(
     traces: Annotated[str | None, typer.Option(help="Comma-separated traces.")] = None,
     seeds: Annotated[str, typer.Option(help="Seeds to repeat each point with (error bars).")] = "0",
     prefix_cache: SweepPrefixCache = None,
-    num_requests: Annotated[int | None, typer.Option(help="Requests per point.")] = None,
-    replicas: Annotated[int | None, typer.Option(help="Replicas per point.")] = None,
-    prefill_instances: Annotated[int | None, typer.Option(
-        help="Prefill instances per point (disaggregated prefill).")] = None,
-    lengths: SweepLengths = None,
-    conf_source: SweepConfSource = None,
     executor: Annotated[str, typer.Option(help="process | serial | ray")] = "process",
     workers: SweepWorkers = None,
     sla: SweepSla = None,
-    slo: SweepSlo = None,
     candidate: SweepCandidate = None,
     baseline: SweepBaseline = None,
     vllm_results: Annotated[Path | None, PathOption(
@@ -80,8 +71,14 @@ def sweep(
     requests_per_client: SizePerClient = 0, max_doublings: SizeDoublings = 0,
     target_rse: SizeRse = 0.0, max_requests: SizeMax = 1_000_000,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    **settings: Any,
 ) -> None:
-    """Sweep loads x policies (x profiles x traces x seeds); write results and a report."""
+    """Sweep loads x policies (x profiles x traces x seeds); write results and a report.
+
+    Every other setting is run's option, one value for every point (over --config's);
+    with a goodput --slo the per-load answer ranks on goodput and the report adds its
+    fronts, and a new SLO reruns no point.
+    """
     from dspark_sim.sim.config import blame_config, resolve_config
     from dspark_sim.sim.frontier import BASES, Slo, headline_policy
     from dspark_sim.sim.report import check_overlay
@@ -100,11 +97,7 @@ def sweep(
     sizing = Sizing(requests_per_client=requests_per_client, max_doublings=max_doublings,
                     target_rse=target_rse, max_requests=max_requests).validate()
     layers: list = []
-    base = resolve_config(config_path=config,
-                          options={"num_requests": num_requests, "replicas": replicas,
-                                   "prefill_instances": prefill_instances,
-                                   "lengths": lengths, "slo": slo,
-                                   "conf_source": conf_source}, layers_out=layers)
+    base = resolve_config(config_path=config, options=settings, layers_out=layers)
     tiers = parse_numbers(sla, option="--sla")
     policy_specs = parse_list(policies)
     profile_specs = parse_list(profiles, option="--profiles", what="profile")

@@ -199,6 +199,23 @@ def test_sweep_grid_and_headline_options_are_refused_before_any_point_runs(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("args,needles", [
+    (["--gamma-max", "4"], ["--gamma-max", "mtp1", "never reads it"]),
+    (["--max-num-seqs", "0"], ["--max-num-seqs", "positive integer", "got 0"]),
+    (["--kv-mode", "bogus"], ["--kv-mode", "preempt", "reserve", "'bogus'"]),
+    (["--burstiness", "-1"], ["--burstiness", "positive number", "-1.0"]),
+])
+def test_sweep_and_run_refuse_a_shared_setting_alike(no_simulation, tmp_path, args, needles):
+    """A setting the sweep shares with run is run's option, refused by the same rule in
+    the same words: one a policy never reads (--gamma-max for mtp1), one out of range."""
+    out = tmp_path / "sw"
+    swept = one_line_error(["sweep", "--out", str(out), "--policies", "mtp1", "--qps", "1",
+                            "--executor", "serial", *args], *needles)
+    ran = one_line_error(["run", "--policy", "mtp1", "--qps", "1", *args], *needles)
+    assert swept.replace("--policies", "--policy") == ran
+    assert not out.exists()
+
+
 def test_sweep_headline_names_match_by_alias(tmp_path):
     """--candidate is matched to the swept spec by the policy it names (an alias is the
     same policy), and the headline is printed for it."""

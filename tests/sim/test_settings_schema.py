@@ -144,6 +144,32 @@ def test_run_takes_one_option_per_setting_with_its_help_and_panel():
     assert [s.key for s in OPTIONS["--slo"]] == ["slo_ttft_ms", "slo_tpot_ms"]
 
 
+def test_sweep_takes_every_setting_but_its_grid_axes_as_run_does():
+    """A sweep gives each setting its grid does not sweep one value for every point, by
+    run's option with run's help and panel; a grid axis (a setting's ``swept``) is the
+    sweep's own option, which lists its values."""
+    import typer.main
+    from rich.markup import escape
+
+    from dspark_sim.cli import RUN_PANELS, app
+
+    sweep = typer.main.get_command(app).commands["sweep"]
+    params = {p.opts[0]: p for p in sweep.params}
+    swept = {s.option: s.swept for s in SETTINGS.values() if s.swept}
+    assert swept == {"--policy": "--policies", "--trace": "--traces", "--seed": "--seeds",
+                     "--qps": "--qps", "--max-concurrency": "--concurrency",
+                     "--profile": "--profiles", "--prefix-cache": "--prefix-cache"}
+    for flag, settings in OPTIONS.items():
+        s = settings[0]
+        if flag in swept:
+            assert params[swept[flag]].rich_help_panel is None  # the sweep's own
+            assert flag in swept.values() or flag not in params
+            continue
+        assert params[flag].help == escape(s.spec.help if s.spec else s.help), flag
+        assert params[flag].rich_help_panel == RUN_PANELS[s.table]
+        assert params[flag].default is None
+
+
 def test_the_cli_docs_settings_tables_are_current():
     from cogapp import Cog
 
