@@ -12,10 +12,13 @@ run and on random batches.
 ``DSPARK_SIM_KERNELS=numpy`` selects the readable numpy path (the reference, in
 ``policies/scheduler.py`` and ``sim/engine.py``); ``numba`` (the default when numba is
 installed, as the package requires) the kernels. Without numba (a platform without its
-wheels) the numpy path runs and nothing here is compiled. Numba is imported when a kernel
-first runs (:func:`njit`), and compiled functions are cached on disk (``cache=True``, in
-``__pycache__`` or ``NUMBA_CACHE_DIR``), so only the first run on a machine pays the
-compile (``benchmarks/bench_sim.py`` prints the cold and warm start-up).
+wheels) the numpy path runs and nothing here is compiled. The kernels are bound when one
+first runs (:func:`njit`): to the module compiled ahead of time for this machine
+(``policies/aot.py``: no numba or LLVM in the process; built the first time, ~30 s), or,
+where it cannot be built or ``DSPARK_SIM_KERNELS=jit`` asks, to numba's dispatchers,
+whose compiled functions are cached on disk (``cache=True``, in ``__pycache__`` or
+``NUMBA_CACHE_DIR``), so only the first run on a machine pays the compile
+(``benchmarks/bench_sim.py`` prints the cold and warm start-up).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-BACKENDS = ("numba", "numpy")
+BACKENDS = ("numba", "numpy", "jit")
 
 
 def _choose() -> bool:
@@ -37,8 +40,8 @@ def _choose() -> bool:
     if want == "numpy":
         return False
     if importlib.util.find_spec("numba") is None:
-        if want == "numba":
-            raise SystemExit("DSPARK_SIM_KERNELS=numba: numba is not installed "
+        if want in ("numba", "jit"):
+            raise SystemExit(f"DSPARK_SIM_KERNELS={want}: numba is not installed "
                              "(pip install numba)")
         return False
     return True
@@ -47,32 +50,41 @@ def _choose() -> bool:
 # Read on every call by the dispatching functions (tests flip it to run both paths).
 NUMBA = _choose()
 
-# The first kernel a process runs imports numba and loads the cached kernels: ~0.8 s of
-# CPU and ~100 MB, which a run of a few thousand engine steps does not win back (the
-# numpy path, the same bytes, costs 30-80 us more a step: break-even near 10,000 steps,
-# ~3,000 requests of the default deployment). A command that runs one simulation
-# (``dspark-sim run``) therefore takes the numpy path below this many requests, unless
-# DSPARK_SIM_KERNELS names a backend.
+# Without the module compiled ahead of time, the first kernel a process runs imports numba
+# and loads the cached kernels: ~0.8 s of CPU and ~100 MB, which a run of a few thousand
+# engine steps does not win back (the numpy path, the same bytes, costs 30-80 us more a
+# step: break-even near 10,000 steps, ~3,000 requests of the default deployment). A
+# command that runs one simulation (``dspark-sim run``) then takes the numpy path below
+# this many requests, unless DSPARK_SIM_KERNELS names a backend.
 NUMPY_BELOW_REQUESTS = 2_000
 
 
 def choose_for_run(requests: int | None) -> bool:
     """Take the numpy path for a process's one run of ``requests`` (None: unknown, such
-    as a workload file's) when it is too short to win back numba's load; returns
-    whether the kernels run."""
+    as a workload file's) when it is too short to win back numba's load (the module
+    compiled ahead of time costs nothing to load: with it built, the kernels run at any
+    size); returns whether the kernels run."""
     global NUMBA
     chosen = os.environ.get("DSPARK_SIM_KERNELS", "").strip()
-    if not chosen and requests is not None and requests < NUMPY_BELOW_REQUESTS:
+    if not chosen and requests is not None and requests < NUMPY_BELOW_REQUESTS \
+            and not _aot_built():
         NUMBA = False
     return NUMBA
 
+
+def _aot_built() -> bool:
+    from dspark_sim.policies import aot
+
+    return aot.available()
+
 # Every kernel of this module and of the engine's (``sim/fast.py``): (its module's
-# globals, its name, the Python function, numba's options). Numba itself is imported,
-# and the kernels bound, when a kernel is first called: importing it costs a process
-# a few hundred ms, which a command that never steps an engine (``--help``, a refused
-# option, a listing) need not pay.
+# globals, its name, the Python function, numba's options). The kernels are bound when
+# one is first called: loading them costs a process time and memory, which a command
+# that never steps an engine (``--help``, a refused option, a listing) need not pay.
 _KERNELS: list[tuple[dict, str, Callable, dict]] = []
-_bound = False
+_bound = False  # the names rebound: to the compiled module's functions, or to numba's
+_jit = False  # the names rebound to numba's dispatchers
+_exports: dict[str, Callable] = {}  # qualified name -> the compiled module's function
 
 
 def njit(**options) -> Callable[[Callable], Callable]:
@@ -81,39 +93,78 @@ def njit(**options) -> Callable[[Callable], Callable]:
     kernel, then calls the compiled one. Kernels calling kernels see compiled ones
     (the names are rebound before numba types the caller)."""
     def decorate(func: Callable) -> Callable:
-        if _bound:  # a module imported after the first kernel ran: numba is loaded
+        _KERNELS.append((func.__globals__, func.__name__, func, options))
+        if _bound:  # a module imported after the first kernel ran
+            exported = _exports.get(f"{func.__module__}.{func.__name__}")
+            if exported is not None and not _jit:
+                return exported
             from numba import njit as numba_njit
 
             return numba_njit(**options)(func)
-        _KERNELS.append((func.__globals__, func.__name__, func, options))
 
         @functools.wraps(func)
         def first_call(*args):
             bind()
-            return func.__globals__[func.__name__](*args)
+            bound = func.__globals__[func.__name__]
+            if bound is first_call:  # not in the compiled module: numba's, every kernel
+                bind_jit()
+                bound = func.__globals__[func.__name__]
+            return bound(*args)
         return first_call
     return decorate
 
 
 def bind() -> None:
-    """Import numba and rebind every kernel's name to its compiled dispatcher (once)."""
+    """Rebind every kernel's name to its function in the module compiled ahead of time
+    for this machine (built first if it is missing), or where there is none to numba's
+    dispatcher (once)."""
     global _bound
     if _bound:
+        return
+    if os.environ.get("DSPARK_SIM_KERNELS", "").strip().lower() != "jit":
+        from dspark_sim.policies import aot
+
+        _exports.update(aot.load() or {})
+    if not _exports:
+        bind_jit()
+        return
+    for namespace, name, func, _options in _KERNELS:
+        exported = _exports.get(f"{func.__module__}.{name}")
+        if exported is not None:
+            namespace[name] = exported
+    _bound = True
+
+
+def bind_jit() -> None:
+    """Import numba and rebind every kernel's name to its dispatcher (once): where there
+    is no compiled module, or for a call it was not compiled for (``aot.fallback``)."""
+    global _bound, _jit
+    if _jit:
         return
     from numba import njit as numba_njit
 
     for namespace, name, func, options in _KERNELS:
         namespace[name] = numba_njit(**options)(func)
-    _bound = True
+    _bound = _jit = True
+
+
+def jit_dispatcher(qualified: str) -> Callable:
+    """Numba's dispatcher of the kernel ``module.name`` (every kernel rebound to its
+    dispatcher first)."""
+    bind_jit()
+    module, name = qualified.rsplit(".", 1)
+    return next(ns[n] for ns, n, func, _ in _KERNELS if func.__module__ == module and n == name)
 
 
 def kernel(func: Callable | None) -> Callable | None:
-    """The compiled dispatcher behind a kernel's name (binding them first), so a caller
+    """The compiled function behind a kernel's name (binding them first), so a caller
     that holds a kernel, such as ``Policy.kernel``, skips the stand-in's extra call."""
     if func is None or hasattr(func, "py_func"):  # none, or a dispatcher already
         return func
     bind()
     target = getattr(func, "__wrapped__", func)
+    if not hasattr(target, "__globals__"):  # the compiled module's function already
+        return target
     return target.__globals__[target.__name__]
 
 

@@ -46,12 +46,16 @@ def test_a_short_run_of_a_cached_trace_loads_none_of_them(tmp_path):
     assert not any(_loaded_after(run, env).values())
 
 
-@pytest.mark.parametrize(("requests", "env", "numba"), [
-    (1, "", False), (compiled.NUMPY_BELOW_REQUESTS - 1, "", False),
-    (compiled.NUMPY_BELOW_REQUESTS, "", True), (None, "", True),
-    (1, "numba", True), (10**6, "numpy", False)])
+@pytest.mark.parametrize(("requests", "env", "built", "numba"), [
+    (1, "", False, False), (compiled.NUMPY_BELOW_REQUESTS - 1, "", False, False),
+    (compiled.NUMPY_BELOW_REQUESTS, "", False, True), (None, "", False, True),
+    (1, "numba", False, True), (10**6, "numpy", False, False), (1, "jit", False, True),
+    (1, "", True, True), (10**6, "numpy", True, False)])
 def test_a_run_too_short_to_win_back_numba_takes_the_numpy_path(monkeypatch, requests, env,
-                                                                  numba):
+                                                                  built, numba):
+    """Short runs take the numpy path while loading the kernels costs numba's import;
+    with the module compiled ahead of time built (``built``) they cost nothing to load."""
     monkeypatch.setenv("DSPARK_SIM_KERNELS", env)
     monkeypatch.setattr(compiled, "NUMBA", env != "numpy")
+    monkeypatch.setattr(compiled, "_aot_built", lambda: built)
     assert compiled.choose_for_run(requests) is numba and compiled.NUMBA is numba

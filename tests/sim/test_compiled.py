@@ -405,7 +405,8 @@ def test_the_engine_runs_the_compiled_decision_only_where_it_applies(monkeypatch
 
 def test_numba_is_imported_only_when_a_kernel_first_runs():
     """A command that never steps an engine (``--help``, a refused option) does not pay
-    numba's import; the first kernel call binds every kernel, callers' too."""
+    numba's import; the first kernel call binds every kernel, callers' too, to numba's
+    dispatchers where the module compiled ahead of time is not asked for."""
     code = ("import sys\nimport dspark_sim.cli\nfrom dspark_sim.policies import compiled\n"
             "from dspark_sim.sim import fast\n"
             "assert 'numba' not in sys.modules, 'imported with the CLI'\n"
@@ -416,7 +417,7 @@ def test_numba_is_imported_only_when_a_kernel_first_runs():
             "assert hasattr(fast.replay_chain, 'py_func') and "
             "hasattr(compiled.budget_displacement, 'py_func')\n"
             "assert compiled.kernel(compiled.counts_at) is compiled.counts_at\n")
-    _in_a_fresh_process(code)
+    _in_a_fresh_process(code, "jit")
 
 
 def test_a_kernel_defined_after_the_first_kernel_ran_is_compiled():
@@ -429,11 +430,11 @@ def test_a_kernel_defined_after_the_first_kernel_ran_is_compiled():
                         "assert hasattr(late, 'py_func') and late(1) == 2\n")
 
 
-def _in_a_fresh_process(code: str) -> None:
+def _in_a_fresh_process(code: str, kernels: str = "numba") -> None:
     import os
     import subprocess
     import sys
 
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "DSPARK_SIM_KERNELS": "numba"})
+                         env={**os.environ, "DSPARK_SIM_KERNELS": kernels})
     assert res.returncode == 0, res.stderr

@@ -1,0 +1,121 @@
+"""The kernels compiled ahead of time (``policies/aot.py``): a process that runs them
+imports no numba, every call the golden runs make stays in the compiled module, and a
+call with other argument types runs numba's dispatcher instead, as it always did."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dspark_sim.policies import aot, compiled
+
+pytest.importorskip("numba")
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
+
+
+@pytest.fixture(scope="module")
+def exports():
+    """The compiled module's functions (built here the first time, as a run builds it)."""
+    got = aot.load()
+    if got is None:
+        pytest.skip("the compiled module cannot be built here: "
+                    + next(aot.cache_dir().glob("*.failed"), Path("no reason kept")).name)
+    return got
+
+
+def _fresh(code: str, **env: str) -> dict:
+    """``code`` run in a fresh process; its last printed line, as JSON."""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, **env})
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_a_run_with_the_compiled_module_imports_no_numba(exports):
+    got = _fresh(
+        "import sys, json\nfrom dspark_sim.sim.api import simulate\n"
+        "from dspark_sim.sim.config import preset\nfrom dspark_sim.sim import fast\n"
+        "res = simulate(preset('tiny'))\n"
+        "print(json.dumps({'completed': res.summary['completed'], "
+        "'numba': 'numba' in sys.modules, 'llvmlite': 'llvmlite' in sys.modules, "
+        "'bound': type(fast.replay_chain).__name__}))", DSPARK_SIM_KERNELS="numba")
+    assert got == {"completed": 200, "numba": False, "llvmlite": False,
+                   "bound": type(exports["dspark_sim.sim.fast.replay_chain"]).__name__}
+
+
+def _golden_runs():
+    spec = importlib.util.spec_from_file_location("make_golden", GOLDEN / "make_golden.py")
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    return maker
+
+
+def test_the_golden_runs_never_leave_the_compiled_module(exports, tmp_path, monkeypatch):
+    """Every kernel call of every golden run has the exported argument types: none goes
+    to numba's dispatcher (``EXPORTS`` is the engine's own calls, spelled out)."""
+    maker = _golden_runs()
+    compiled.bind()
+    for namespace, name, func, _ in compiled._KERNELS:  # as bound in a fresh process
+        if f"{func.__module__}.{name}" in exports:
+            monkeypatch.setitem(namespace, name, exports[f"{func.__module__}.{name}"])
+    fell_back = []
+    module = sys.modules[aot.PREFIX + aot.key()]
+    monkeypatch.setattr(module, "_fallback",
+                        lambda name, args, kws: fell_back.append(name) or
+                        aot.fallback(name, args, kws))
+    monkeypatch.setattr(compiled, "NUMBA", True)
+    for name in sorted(maker.RUNS):
+        maker.run(name, tmp_path / name)
+    assert fell_back == []
+
+
+def test_a_call_of_other_types_runs_numbas_dispatcher(exports):
+    """float32 survivals, a strided array where a C-ordered one is exported, a read-only
+    array the kernel writes: each as numba's dispatcher takes it (compiled for it, or
+    refused as it refuses it), never read as the exported types. (A fresh process: the
+    fallback binds every kernel to numba's dispatchers.)"""
+    got = _fresh(
+        "import json\nimport numpy as np\nfrom dspark_sim.policies import aot\n"
+        "import dspark_sim.sim.api\n"
+        "k = aot.load()\n"
+        "counts_at = k['dspark_sim.policies.compiled.counts_at']\n"
+        "positions = k['dspark_sim.sim.fast.trace_positions']\n"
+        "surv = np.array([[0.9, 0.5], [0.7, 0.2]])\n"
+        "wide = np.array([[0.9, 0.0, 0.5, 0.0], [0.7, 0.0, 0.2, 0.0]])[:, ::2]\n"
+        "got = [counts_at(surv, 0.5, 3).tolist(),\n"
+        "       counts_at(surv.astype(np.float32), np.float32(0.5), 3).tolist(),\n"
+        "       counts_at(wide, 0.5, 3).tolist()]\n"
+        "batch = np.zeros((1, 12), np.int64)\n"
+        "batch[0, 4], batch[0, 8] = 3, 10\n"  # GENERATED, TRACE_LEN
+        "out = np.zeros(1, np.int64)\n"
+        "positions(batch, 1, out)\n"
+        "got.append(out.tolist())\n"
+        "out.flags.writeable = False\n"
+        "try:\n    positions(batch, 1, out)\n"
+        "except Exception as e:\n    got.append(type(e).__name__)\n"
+        "print(json.dumps(got))", DSPARK_SIM_KERNELS="numba")
+    assert got == [[2, 1], [2, 1], [2, 1], [2], "TypingError"]
+
+
+def test_a_build_that_failed_is_not_retried_and_the_dispatchers_run(tmp_path):
+    """Where the module cannot be built (here: a failure kept for this key), the kernels
+    are numba's dispatchers, and no process tries the build again."""
+    cache = tmp_path / "numba-cache"
+    env = {"NUMBA_CACHE_DIR": str(cache), "DSPARK_SIM_KERNELS": "numba"}
+    path = Path(_fresh("import json\nfrom dspark_sim.policies import aot\n"
+                       "print(json.dumps(str(aot.module_path())))", **env))
+    path.parent.mkdir(parents=True)
+    path.with_suffix(".failed").write_text("no compiler")
+    got = _fresh("import sys, json\nimport numpy as np\n"
+                 "from dspark_sim.policies import compiled\n"
+                 "out = compiled.stretch_sorted(np.array([3.0, 1.0]), 4).tolist()\n"
+                 "print(json.dumps([out, 'numba' in sys.modules]))", **env)
+    assert got == [[3.0, 3.0, 1.0, 1.0], True]
+    assert not path.exists()
