@@ -871,15 +871,7 @@ class Replica:
                 log.generated)
             n_unverified = 0
         else:
-            emitted, n_accepted, n_unverified = self._replay_decoding(batch, plan)
-            n_done = 0
-            if plan.prefill_tokens:
-                batch[plan.n_dec:, PREFILLED] += plan.chunk
-                n_done = int(np.count_nonzero(batch[plan.n_dec:, PREFILLED]
-                                              >= batch[plan.n_dec:, PREFILL_TARGET]))
-                # the step that completes prefill samples a token (prefills complete in
-                # row order)
-                batch[plan.n_dec: plan.n_dec + n_done, GENERATED] += 1
+            emitted, n_accepted, n_unverified, n_done = self._replay_rows(batch, plan, dt)
         if self.cache is not None or ctx.on_finished is not None:
             self._leave(batch, plan.n_dec, n_done, n_gone if fused else -1)
         n_dec = plan.n_dec
@@ -887,9 +879,7 @@ class Replica:
             self.kv_tokens += emitted
             # Every decoding request gets a token every step, and its previous token
             # came at the end of the previous step: its inter-token gap is this dt
-            # (counted by the kernel on the fused path).
-            if not fused:
-                stats.itl_hist[bisect.bisect_left(ctx.itl_edges, dt)] += n_dec
+            # (in the histogram from the kernel, or _replay_rows).
             stats.itl_sum_s += dt * n_dec
             stats.request_steps += n_dec
             stats.verify_tokens += plan.verify_tokens
@@ -916,15 +906,39 @@ class Replica:
                          plan.verify_tokens + plan.prefill_tokens, plan.prefill_tokens,
                          verified_drafts, emitted, n_accepted, n_unverified, drafting,
                          hit, missed))
-        if fused:
-            if n_gone:
-                self.batch = kept
-                self.kv_tokens -= kv_gone
-                self.outstanding -= n_gone
-                ctx.on_finish(n_gone)
-            return
+        if not fused:
+            self._finish(batch, now)
+        elif n_gone:  # the kernel kept the rest
+            self.batch = kept
+            self.kv_tokens -= kv_gone
+            self.outstanding -= n_gone
+            ctx.on_finish(n_gone)
+
+    def _replay_rows(self, batch: np.ndarray, plan: StepPlan, dt: float
+                     ) -> tuple[int, int, int, int]:
+        """:meth:`_replay`'s numpy path (every tree or lossy step, and chain steps without
+        the compiled kernel): the decoding rows, their inter-token gap, the prefill chunks.
+        Returns (emitted, accepted, committed unverified, prefills completed)."""
+        emitted, n_accepted, n_unverified = self._replay_decoding(batch, plan)
+        n_dec = plan.n_dec
+        if n_dec:
+            self.ctx.stats.itl_hist[bisect.bisect_left(self.ctx.itl_edges, dt)] += n_dec
+        n_done = 0
+        if plan.prefill_tokens:
+            batch[n_dec:, PREFILLED] += plan.chunk
+            n_done = int(np.count_nonzero(batch[n_dec:, PREFILLED]
+                                          >= batch[n_dec:, PREFILL_TARGET]))
+            # the step that completes prefill samples a token (prefills complete in row
+            # order)
+            batch[n_dec: n_dec + n_done, GENERATED] += 1
+        return emitted, n_accepted, n_unverified, n_done
+
+    def _finish(self, batch: np.ndarray, now: float) -> None:
+        """The requests that reached their output length leave the batch, their finish
+        written to the log (the numpy path; the fused replay removes them itself)."""
         done = batch[:, GENERATED] >= batch[:, OUTPUT_TOKENS]
         if done.any():
+            ctx = self.ctx
             gone = self._remove(~done, finished=True)
             rids = gone[:, REQUEST_ID]
             ctx.log.finish_s[rids] = now
