@@ -39,6 +39,13 @@ def stand_in(folder: Path) -> tuple[Path, Path]:
     return wrapper, model
 
 
+def events(log: Path, kind: str) -> list[dict]:
+    """The ``kind`` events (``server``, ``bench``, ``reset``, ``completion``) the stand-in
+    logged to ``log`` (FAKE_VLLM_LOG), in order; none where it logged nothing."""
+    return [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == kind] \
+        if log.is_file() else []
+
+
 def arg(argv: list[str], name: str, default=None):
     return argv[argv.index(name) + 1] if name in argv else default
 

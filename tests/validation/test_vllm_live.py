@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fake_vllm import events
 
 from dspark_sim.errors import InputError
 from dspark_sim.validation.vllm_fit import read_bench_runs
@@ -128,11 +129,6 @@ def test_bench_args_closed_and_open_loop(tmp_path, fake_python):
         "dspark_setting=ngram-k1", "dspark_k=1", "dspark_round=3"]
 
 
-def _events(log: Path, kind: str) -> list[dict]:
-    return [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == kind] \
-        if log.is_file() else []
-
-
 def test_measure_repeats_in_rounds_with_resident_servers_and_resumes(tmp_path, fake_python,
                                                                     monkeypatch):
     python, model = fake_python
@@ -151,11 +147,11 @@ def test_measure_repeats_in_rounds_with_resident_servers_and_resumes(tmp_path, f
     assert manifest["rounds"] == 3 and manifest["resident_groups"] == [["none", "ngram-k2"]]
     assert (out / "scrapes" / "ngram-k2.txt").read_text().startswith("vllm:spec_decode")
     # each server started once and both were up together through every round
-    servers = _events(log, "server")
+    servers = events(log, "server")
     assert sorted(e["k"] for e in servers) == [0, 2]
     assert all(e["kv_gib"] is None for e in servers)  # no bound asked for
     assert [e["detailed"] for e in sorted(servers, key=lambda e: e["k"])] == [False, True]
-    benches = _events(log, "bench")
+    benches = events(log, "bench")
     assert len(benches) == 18 and max(e["t"] for e in servers) < min(e["t"] for e in benches)
     # rounds in order; within a round each load runs every setting, the order rotated
     assert [e["round"] for e in benches] == sorted(e["round"] for e in benches)
@@ -180,10 +176,10 @@ def test_measure_repeats_in_rounds_with_resident_servers_and_resumes(tmp_path, f
     stamp = {p: p.stat().st_mtime_ns for p in (out / "runs").iterdir()}
     measure(cfg, out)
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").iterdir()} == stamp
-    assert len(_events(log, "server")) == 2
+    assert len(events(log, "server")) == 2
     # one more round resumes: only its runs are measured
     measure(replace(cfg, rounds=4), out)
-    assert len(_events(log, "bench")) == 18 + 6
+    assert len(events(log, "bench")) == 18 + 6
     assert len(list((out / "runs").glob("*.round4.json"))) == 6
 
 
@@ -199,7 +195,7 @@ def test_resident_groups_start_one_group_at_a_time(tmp_path, fake_python, monkey
     assert [[s.name for s in g] for g in cfg.groups()] == [["none"], ["ngram-k1"]]
     manifest = json.loads(measure(cfg, tmp_path / "live").read_text())
     assert manifest["resident_groups"] == [["none"], ["ngram-k1"]]
-    servers, benches = _events(log, "server"), _events(log, "bench")
+    servers, benches = events(log, "server"), events(log, "bench")
     assert [e["k"] for e in servers] == [0, 1]
     assert all(e["kv_bytes"] == str(2 * 2**30) and e["kv_gib"] is None for e in servers)
     # the second server starts after every round of the first
@@ -222,7 +218,7 @@ def test_measure_collects_per_request_acceptance_for_speculative_settings(tmp_pa
     out = tmp_path / "live"
     manifest = json.loads(measure(cfg, out).read_text())
     assert manifest["acceptance"] == ["ngram-k3.jsonl"]  # none speculates nothing
-    assert all(e["kv_gib"] == "1" for e in _events(log, "server"))  # CPU: the env bound
+    assert all(e["kv_gib"] == "1" for e in events(log, "server"))  # CPU: the env bound
     lines = (out / "acceptance" / "ngram-k3.jsonl").read_text().splitlines()
     prompts = (Path(default_prompts())).read_text().splitlines()
     assert len(lines) == len(prompts)
@@ -235,9 +231,9 @@ def test_measure_collects_per_request_acceptance_for_speculative_settings(tmp_pa
              for x in lines]
     assert trace.served_tau_per_request(3)[1].tolist() == steps
     # resumed: the acceptance file is kept, no server starts
-    n = len(_events(log, "server"))
+    n = len(events(log, "server"))
     measure(cfg, out)
-    assert len(_events(log, "server")) == n
+    assert len(events(log, "server")) == n
 
 
 def test_repeat_options_refuse_in_one_line():

