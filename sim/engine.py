@@ -154,24 +154,63 @@ class StepPlan(NamedTuple):
     prefill_tokens: int
 
 
+# The step record's times; its other fields are counts, kept as int32 where they fit.
+_STEP_TIMES = ("end_s", "dt_s")
+
+
 class StepRecorder:
     """The per-step series: one C-level ``array.extend`` of a :class:`StepRecord`'s
     fields per engine step (15 float64, 120 bytes; well under 1 us, no per-token or
-    per-request work)."""
+    per-request work) into a buffer that every ``CHUNK_STEPS`` steps moves into columns
+    of their own: the times as float64, the counts as int32 (68 bytes a step; float64
+    where a chunk's counts do not fit). Read as float64 (``metrics.StepSeries``), the
+    same values."""
+
+    CHUNK_STEPS = 4096
 
     def __init__(self) -> None:
         self.buf = array("d")
+        self._extend = self.buf.extend
+        self._full = self.CHUNK_STEPS * len(STEP_FIELDS)
+        self._chunks: list[dict[str, np.ndarray]] = []
+
+    def record(self, fields: tuple) -> None:
+        """One step's fields, in :class:`StepRecord`'s order."""
+        self._extend(fields)
+        if len(self.buf) >= self._full:
+            self._compact()
+
+    def _compact(self) -> None:
+        """The buffer's steps moved into a chunk of columns; the buffer emptied in place."""
+        a = np.frombuffer(self.buf, dtype=np.float64).reshape(-1, len(STEP_FIELDS))
+        chunk = {}
+        for i, name in enumerate(STEP_FIELDS):
+            col = a[:, i]
+            with np.errstate(invalid="ignore"):  # a count past int32: kept as float64
+                counts = col.astype(np.int32)
+            chunk[name] = counts if name not in _STEP_TIMES \
+                and np.array_equal(counts, col) else col.copy()
+        del a, col
+        del self.buf[:]
+        self._chunks.append(chunk)
 
     def columns(self) -> dict[str, np.ndarray]:
-        a = np.frombuffer(self.buf, dtype=np.float64).reshape(-1, len(STEP_FIELDS))
-        return {name: a[:, i].copy() for i, name in enumerate(STEP_FIELDS)}
+        """Every step recorded so far (since the last :meth:`take`), a column a field."""
+        if self.buf:
+            self._compact()
+        if len(self._chunks) > 1:  # a field at a time: the chunks go as they are joined
+            self._chunks = [{name: np.concatenate([c.pop(name) for c in self._chunks])
+                             for name in STEP_FIELDS}]
+        if not self._chunks:
+            return {name: np.zeros(0) for name in STEP_FIELDS}
+        return dict(self._chunks[0])
 
     def take(self) -> dict[str, np.ndarray]:
-        """The steps recorded since the last call, as :meth:`columns`, and the buffer
-        emptied in place (``record_step`` stays bound to it): a streamed run spills the
-        series in chunks instead of holding a day's 96 bytes a step."""
+        """The steps recorded since the last call, as :meth:`columns`, and the recorder
+        emptied: a streamed run spills the series in chunks instead of holding a day's
+        steps."""
         cols = self.columns()
-        del self.buf[:]
+        self._chunks = []
         return cols
 
 
@@ -1181,7 +1220,7 @@ class SimContext:
         self.stats = StepStats(self.gamma, hist_size=self.verify_max + 2)
         self.request_state: np.ndarray | None = None  # per request, set with the rows
         self.steps = StepRecorder()
-        self.record_step = self.steps.buf.extend  # bound once: the step's only recorder call
+        self.record_step = self.steps.record  # bound once: the step's only recorder call
         self.replicas = [Replica(i, self) for i in range(cfg.deployment.replicas)]
         self.rows = np.empty((0, NUM_COLUMNS), np.int64)  # every request's row, set by the runner
         # every request's prompt blocks when the run has a prefix cache (set_prefix_blocks)

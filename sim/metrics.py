@@ -88,7 +88,7 @@ rises 11 % from 8xC to 32xC requests). The steady-state window
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import FrozenInstanceError, dataclass
 
 import numpy as np
 
@@ -186,32 +186,34 @@ def _stats(names: tuple[str, str, str, str], v: np.ndarray) -> dict[str, float |
 
 
 # -- steady state -------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
 class StepSeries:
     """The engine's per-step series (``sim.engine.STEP_FIELDS``), one entry per step of
     any replica, in completion order. Build from the recorder with :meth:`from_columns`
     or by hand with :meth:`of` (missing fields are zeros; ``drafting_requests`` the
-    ``decode_batch``)."""
+    ``decode_batch``). Each field reads as float64; the columns are kept as given (the
+    recorder's counts as int32) and converted on each read, so a field no figure reads
+    never costs its float64 copy."""
 
-    end_s: np.ndarray
-    dt_s: np.ndarray
-    replica: np.ndarray
-    decode_batch: np.ndarray
-    running: np.ndarray
-    waiting: np.ndarray
-    batch_tokens: np.ndarray
-    prefill_tokens: np.ndarray
-    verified_drafts: np.ndarray
-    emitted_tokens: np.ndarray
-    accepted_tokens: np.ndarray
-    unverified_tokens: np.ndarray
-    drafting_requests: np.ndarray
-    prefix_hit_tokens: np.ndarray
-    prefix_miss_tokens: np.ndarray
+    __slots__ = ("_cols",)
+
+    def __init__(self, **cols: np.ndarray) -> None:
+        if set(cols) != set(STEP_FIELDS):
+            raise TypeError(f"step fields: {', '.join(sorted(set(cols) ^ set(STEP_FIELDS)))}")
+        object.__setattr__(self, "_cols", cols)
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        try:
+            col = object.__getattribute__(self, "_cols")[name]
+        except KeyError:
+            raise AttributeError(name) from None
+        return np.asarray(col, dtype=np.float64)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
 
     @classmethod
     def from_columns(cls, cols: dict[str, np.ndarray]) -> StepSeries:
-        return cls(**{f: np.asarray(cols[f], dtype=np.float64) for f in STEP_FIELDS})
+        return cls(**{f: cols[f] for f in STEP_FIELDS})
 
     @classmethod
     def of(cls, end_s, dt_s, **cols) -> StepSeries:
@@ -228,10 +230,14 @@ class StepSeries:
         return cls(**out)
 
     def __len__(self) -> int:
-        return len(self.end_s)
+        return len(self._cols["end_s"])
+
+    def __reduce__(self):
+        return _step_series, (self._cols,)
 
 
-assert tuple(f.name for f in fields(StepSeries)) == STEP_FIELDS
+def _step_series(cols: dict[str, np.ndarray]) -> StepSeries:
+    return StepSeries(**cols)
 
 
 @dataclass(frozen=True)

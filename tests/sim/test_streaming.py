@@ -234,6 +234,31 @@ def test_step_recorder_take_empties_in_place():
     assert len(rec.take()["end_s"]) == 0
 
 
+def test_step_recorder_keeps_counts_as_int32_and_every_value(monkeypatch):
+    """Chunks of the series move out of the buffer as columns: the times float64, the
+    counts int32 unless a chunk's do not fit (then float64); read back as float64 by
+    ``StepSeries``, every value as recorded."""
+    from dspark_sim.sim.engine import STEP_FIELDS, StepRecorder
+    from dspark_sim.sim.metrics import StepSeries
+
+    monkeypatch.setattr(StepRecorder, "CHUNK_STEPS", 3)
+    rec = StepRecorder()
+    rows = [[s * 100.0 + i + (0.25 if i < 2 else 0.0) for i in range(len(STEP_FIELDS))]
+            for s in range(7)]
+    rows[4][STEP_FIELDS.index("waiting")] = 2.0 ** 40  # past int32, in the second chunk
+    for row in rows:
+        rec.record(tuple(row))
+    cols = rec.columns()
+    want = np.array(rows)
+    assert cols["end_s"].dtype == np.float64 and cols["decode_batch"].dtype == np.int32
+    assert cols["waiting"].dtype == np.float64
+    series = StepSeries.from_columns(cols)
+    for i, name in enumerate(STEP_FIELDS):
+        got = getattr(series, name)
+        assert got.dtype == np.float64 and got.tolist() == want[:, i].tolist(), name
+    assert len(rec.take()["end_s"]) == 7 and len(rec.columns()["end_s"]) == 0
+
+
 def test_request_log_clear_resets_only_its_slots():
     from dspark_sim.sim.engine import RequestLog
 
