@@ -79,8 +79,16 @@ class CalibrationMap:
         return out
 
     def survival(self, conf: np.ndarray) -> np.ndarray:
-        """Prefix survival a_{r,j} = prod_{i<=j} c'_{r,i}."""
-        return np.cumprod(self.apply(conf), axis=-1)
+        """Prefix survival a_{r,j} = prod_{i<=j} c'_{r,i}. Rows of a 2-D ``conf`` are
+        done ``SURVIVAL_ROWS`` at a time: a large trace's float64 intermediates (its
+        confidences widened, calibrated) then stay a block's, not the trace's."""
+        if np.ndim(conf) < 2:
+            return np.cumprod(self.apply(conf), axis=-1)
+        out = np.empty(np.shape(conf), np.float64)
+        for lo in range(0, len(conf), SURVIVAL_ROWS):
+            rows = slice(lo, lo + SURVIVAL_ROWS)
+            np.cumprod(self.apply(conf[rows]), axis=-1, out=out[rows])
+        return out
 
     @staticmethod
     def _per_position(t: np.ndarray, g: int) -> np.ndarray:
@@ -105,6 +113,7 @@ class CalibrationMap:
 
 
 IDENTITY = CalibrationMap()
+SURVIVAL_ROWS = 1 << 15
 
 # Public names for the transforms the maps use (fitting code shares them).
 logit = _logit

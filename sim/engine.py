@@ -1193,8 +1193,9 @@ class SimContext:
         self.verify_max = policy.verify_max(self.gamma)
         self.verify_slots = 1 + self.verify_max
         # Survival depends only on a trace row and the calibration map: compute it once
-        # for the whole trace (N x gamma float64) instead of per step.
-        self.trace_survival = (calibration.survival(trace.conf)[:, : self.gamma]
+        # for the whole trace (N x gamma float64, in C order, as the kernels take it)
+        # instead of per step; a position's survival reads only the positions before it.
+        self.trace_survival = (calibration.survival(trace.conf[:, : self.gamma])
                                if policy.reads.survival and trace is not None else None)
         self._init_draft_tokens(trace, policy)
         self._init_cost(profile, policy, trace, policy_profile)

@@ -381,6 +381,23 @@ def test_survival_is_monotone_for_any_map(data, conf):
     np.testing.assert_allclose(s[:, 0], cal[:, 0])
 
 
+@given(st.data(), arrays(np.float32, st.tuples(st.integers(1, 9), st.integers(1, 5)),
+                         elements=st.floats(0.0, 1.0, width=32)))
+def test_survival_in_blocks_of_rows_is_the_whole_array_at_once(data, conf):
+    """A trace's survivals are made a block of rows at a time (float32 confidences, as
+    a trace stores them): the bits of the products over the whole array at once, for
+    any map and any block size."""
+    import dspark_sim.calibration.confmap as confmap
+
+    cmap = data.draw(maps(conf.shape[1]))
+    whole = np.cumprod(cmap.apply(conf), axis=-1)
+    rows = data.draw(st.integers(1, 4))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(confmap, "SURVIVAL_ROWS", rows)
+        got = cmap.survival(conf)
+    assert got.dtype == np.float64 and got.tobytes() == whole.tobytes()
+
+
 @given(arrays(np.int8, st.integers(1, 60), elements=st.integers(0, 4)), st.integers(1, 4))
 def test_trace_survival_curves_are_monotone(m, k):
     """P(m >= j) per position and per served step: non-increasing in j, and the served
