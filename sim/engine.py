@@ -48,6 +48,7 @@ from dspark_sim.sim import fast
 from dspark_sim.sim.config import SimConfig
 from dspark_sim.sim.cost import CostModel
 from dspark_sim.sim.prefix_cache import PrefixCache, PromptBlocks
+from dspark_sim.traces.cache import release_pages
 from dspark_sim.traces.schema import AcceptanceTrace
 
 # Columns of the running-batch matrix, one row per request. A request's row is built
@@ -1197,6 +1198,8 @@ class SimContext:
         # instead of per step; a position's survival reads only the positions before it.
         self.trace_survival = (calibration.survival(trace.conf[:, : self.gamma])
                                if policy.reads.survival and trace is not None else None)
+        if self.trace_survival is not None:  # read once: the file's pages need not stay
+            release_pages(trace.conf)
         self._init_draft_tokens(trace, policy)
         self._init_cost(profile, policy, trace, policy_profile)
         # the profiles' scalars for the compiled step-time and decision terms (None: the

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import tempfile
@@ -78,6 +79,16 @@ def load(path: Path):
     meta = TraceMeta(**{**m, "domains": tuple(m["domains"])})
     return AcceptanceTrace(meta=meta, source_path=str(path),
                            **{name: arrays.get(name) for name in _ARRAYS})
+
+
+def release_pages(array: np.ndarray | None) -> None:
+    """Drop the pages of a memory-mapped array (an entry's, or a view of one) from this
+    process's resident memory; a later read maps them again from the file. A run that
+    has read a large trace's confidences once into what it replays (their survivals)
+    need not keep them resident too. Any other array is left as it is."""
+    mapped = getattr(array, "_mmap", None)  # numpy.memmap's map, shared by its views
+    if isinstance(mapped, mmap.mmap) and hasattr(mapped, "madvise"):
+        mapped.madvise(mmap.MADV_DONTNEED)
 
 
 def store(path: Path, trace) -> None:
