@@ -162,18 +162,22 @@ _STEP_TIMES = ("end_s", "dt_s")
 class StepRecorder:
     """The per-step series: one C-level ``array.extend`` of a :class:`StepRecord`'s
     fields per engine step (15 float64, 120 bytes; well under 1 us, no per-token or
-    per-request work) into a buffer that every ``CHUNK_STEPS`` steps moves into columns
-    of their own: the times as float64, the counts as int32 (68 bytes a step; float64
-    where a chunk's counts do not fit). Read as float64 (``metrics.StepSeries``), the
-    same values."""
+    per-request work) into a buffer that every ``CHUNK_STEPS`` steps moves into a column
+    a field: the times as float64, the counts as int32 (68 bytes a step; float64 from a
+    chunk whose counts do not fit). Read as float64 (``metrics.StepSeries``), the same
+    values. A column grows by doubling into a fresh array, whose pages are memory only
+    once written, and the one it replaces is returned to the system whole: chunks joined
+    at the end, freed into the heap, would have held the series' size again."""
 
     CHUNK_STEPS = 4096
+    FIRST_CAPACITY = 1 << 16
 
     def __init__(self) -> None:
         self.buf = array("d")
         self._extend = self.buf.extend
         self._full = self.CHUNK_STEPS * len(STEP_FIELDS)
-        self._chunks: list[dict[str, np.ndarray]] = []
+        self._cols: dict[str, np.ndarray] = {}
+        self._n = 0  # steps in the columns
 
     def record(self, fields: tuple) -> None:
         """One step's fields, in :class:`StepRecord`'s order."""
@@ -182,36 +186,42 @@ class StepRecorder:
             self._compact()
 
     def _compact(self) -> None:
-        """The buffer's steps moved into a chunk of columns; the buffer emptied in place."""
+        """The buffer's steps moved onto the columns; the buffer emptied in place."""
         a = np.frombuffer(self.buf, dtype=np.float64).reshape(-1, len(STEP_FIELDS))
-        chunk = {}
+        n, k = self._n, len(a)
         for i, name in enumerate(STEP_FIELDS):
             col = a[:, i]
-            with np.errstate(invalid="ignore"):  # a count past int32: kept as float64
-                counts = col.astype(np.int32)
-            chunk[name] = counts if name not in _STEP_TIMES \
-                and np.array_equal(counts, col) else col.copy()
+            store = self._cols.get(name)
+            if name in _STEP_TIMES or (store is not None and store.dtype == np.float64):
+                dtype = np.float64
+            else:
+                with np.errstate(invalid="ignore"):  # a count past int32: float64 then
+                    fits = np.array_equal(col.astype(np.int32), col)
+                dtype = np.int32 if fits else np.float64
+            if store is None or n + k > len(store) or store.dtype != dtype:
+                grown = np.empty(max(self.FIRST_CAPACITY, 2 * (n + k)), dtype)
+                if store is not None:
+                    grown[:n] = store[:n]
+                self._cols[name] = store = grown
+            store[n: n + k] = col
         del a, col
         del self.buf[:]
-        self._chunks.append(chunk)
+        self._n = n + k
 
     def columns(self) -> dict[str, np.ndarray]:
         """Every step recorded so far (since the last :meth:`take`), a column a field."""
         if self.buf:
             self._compact()
-        if len(self._chunks) > 1:  # a field at a time: the chunks go as they are joined
-            self._chunks = [{name: np.concatenate([c.pop(name) for c in self._chunks])
-                             for name in STEP_FIELDS}]
-        if not self._chunks:
+        if not self._n:
             return {name: np.zeros(0) for name in STEP_FIELDS}
-        return dict(self._chunks[0])
+        return {name: self._cols[name][: self._n] for name in STEP_FIELDS}
 
     def take(self) -> dict[str, np.ndarray]:
         """The steps recorded since the last call, as :meth:`columns`, and the recorder
         emptied: a streamed run spills the series in chunks instead of holding a day's
         steps."""
         cols = self.columns()
-        self._chunks = []
+        self._cols, self._n = {}, 0
         return cols
 
 
