@@ -52,7 +52,11 @@ from dspark_sim.io import loads_bench_serve_json, not_a_file
 from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig, WorkloadConfig
 from dspark_sim.traces.schema import AcceptanceTrace
 from dspark_sim.validation.vllm_acceptance import SettingTraces, setting_traces
-from dspark_sim.validation.vllm_repeats import constant_uncertainty, group_points
+from dspark_sim.validation.vllm_repeats import (
+    BOOTSTRAP_SAMPLES,
+    constant_uncertainty,
+    group_points,
+)
 
 # Figures compared, with their weights in the fit (TTFT is one prefill per request, with
 # the client's and the HTTP path's noise on top: it informs the per-token cost, weakly).
@@ -71,6 +75,16 @@ NOISE_MULTIPLE = 3.0
 MIN_SPREAD = 0.02
 MIN_GAPS = 200  # token gaps that price a batch's step (about three requests' worth)
 STEP_WEIGHT = 1.0  # a tabled batch's measured decode step, weighed as a TPOT
+# The lone requests' TTFT line (:func:`ttft_line`) is fitted where at least this many
+# none requests ran alone (Theil-Sen's breakdown point is 29 %: two outliers among eight
+# are outvoted) and their prompt lengths spread by at least this much (the 10th to 90th
+# percentile range over the median): with less, the slope is the noise's, and the
+# intercept, extrapolated to an empty prompt, more so.
+MIN_LONE = 8
+MIN_PROMPT_SPREAD = 0.25
+LINE_QUANTILES = (0.1, 0.9)  # the line is held at these quantiles of its prompts
+LINE_WEIGHT = METRICS["median_ttft_ms"]  # each end of the line, weighed as a median TTFT
+MAX_PAIRS = 200_000  # Theil-Sen slopes drawn at random past this many pairs
 
 
 @dataclass(frozen=True, eq=False)
@@ -397,6 +411,159 @@ def knot_starts(runs: list[BenchRun], model: StepModel) -> dict[int, float]:
         if r.k == 0 and r.concurrency in model.knots and r.concurrency not in out:
             out[r.concurrency] = r.measured["median_tpot_ms"]
     return out
+
+
+# -- the lone requests' TTFT line -------------------------------------------------------
+def lone_requests(run: BenchRun) -> np.ndarray:
+    """Which of a none run's requests were alone from their send to their first token:
+    no other request of the run sent before that token and not finished by its send
+    (closed loop at C = 1, every one; open loop, one sent to an idle server). Such a
+    request's TTFT is the fixed per-request overhead and its own prompt's prefill, with
+    nothing queued before it or batched beside it. All False without the run's
+    per-request timings (``--save-detailed``)."""
+    n = len(run.prompt_tokens)
+    if run.k or run.ttft_s is None or run.itl_s is None or run.send_s is None:
+        return np.zeros(n, bool)
+    first = run.send_s + run.ttft_s
+    end = first + np.array([float(np.sum(g)) for g in run.itl_s])
+    # requests sent before i's first token, less those finished by i's send (each of
+    # them was sent before it too): 1 where i is the only one in flight
+    in_flight = np.searchsorted(np.sort(run.send_s), first, side="left") \
+        - np.searchsorted(np.sort(end), run.send_s, side="right")
+    return (in_flight == 1) & np.isfinite(run.ttft_s) & (run.ttft_s > 0)
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """``(slope, intercept)`` of the Theil-Sen line: the median of the slopes between
+    pairs of points of distinct ``x``, and the median of ``y - slope x``; robust to
+    outliers in ``y`` (up to 29 % of the points). Past :data:`MAX_PAIRS` pairs, a seeded
+    sample of them. NaN without two distinct ``x``."""
+    x = np.asarray(x, float)
+    y = np.asarray(y, float)
+    n = x.size
+    if n * (n - 1) // 2 <= MAX_PAIRS:
+        i, j = np.triu_indices(n, 1)
+    else:
+        rng = np.random.default_rng(seed)
+        i, j = rng.integers(0, n, MAX_PAIRS), rng.integers(0, n, MAX_PAIRS)
+    dx = x[j] - x[i]
+    ok = dx != 0
+    if not ok.any():
+        return math.nan, math.nan
+    slope = float(np.median((y[j] - y[i])[ok] / dx[ok]))
+    return slope, float(np.median(y - slope * x))
+
+
+@dataclass(frozen=True, eq=False)
+class TtftLine:
+    """The lone requests' TTFT against their prompt length (:func:`ttft_line`):
+    ``intercept_ms + slope_ms x prompt``, the fixed per-request overhead and the
+    per-token prefill cost, apart."""
+
+    prompt: np.ndarray  # the lone requests' prompt tokens
+    ttft_ms: np.ndarray
+    slope_ms: float
+    intercept_ms: float
+
+    @property
+    def requests(self) -> int:
+        return int(self.prompt.size)
+
+    @property
+    def ends(self) -> np.ndarray:
+        """The prompt lengths the line is held at (:data:`LINE_QUANTILES` of its
+        prompts): inside the data, where it is measured, not extrapolated."""
+        if not self.prompt.size:
+            return np.zeros(2, np.int64)
+        return np.round(np.quantile(self.prompt, LINE_QUANTILES)).astype(np.int64)
+
+    @property
+    def spread(self) -> float:
+        """The prompts' 10th to 90th percentile range over their median."""
+        if not self.prompt.size:
+            return 0.0
+        lo, hi = np.quantile(self.prompt, LINE_QUANTILES)
+        return float((hi - lo) / np.median(self.prompt))
+
+    def at(self, prompt) -> np.ndarray:
+        return self.intercept_ms + self.slope_ms * np.asarray(prompt, float)
+
+    @property
+    def unused(self) -> str:
+        """Why the fit leaves the line out ("" where it fits it)."""
+        if self.requests < MIN_LONE:
+            return (f"{self.requests} request{'' if self.requests == 1 else 's'} alone in "
+                    f"the engine, fewer than {MIN_LONE} (a closed loop at C = 1, or an "
+                    "open loop's requests sent to an idle server, with --save-detailed)")
+        if self.spread < MIN_PROMPT_SPREAD:
+            return (f"their prompt lengths spread by {self.spread:.0%} of the median, under "
+                    f"{MIN_PROMPT_SPREAD:.0%}: the slope cannot be told from the noise")
+        if not self.slope_ms > 0 or not (self.at(self.ends) > 0).all():
+            return "its slope is not positive: the noise outweighs the prefill"
+        return ""
+
+    def resampled(self, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> np.ndarray:
+        """``samples`` x 2: the line's ``(slope, intercept)`` over a seeded bootstrap of
+        its lone requests."""
+        rng = np.random.default_rng(seed)
+        out = np.empty((samples, 2))
+        for b in range(samples):
+            idx = rng.integers(0, self.requests, self.requests)
+            out[b] = theil_sen(self.prompt[idx], self.ttft_ms[idx], seed)
+        return out
+
+    def standard_errors(self, seed: int = 0) -> tuple[float, float]:
+        """The bootstrap standard errors (ms) of the slope and the intercept."""
+        sl, ic = self.resampled(seed=seed).T
+        ok = np.isfinite(sl)
+        return float(np.std(sl[ok], ddof=1)), float(np.std(ic[ok], ddof=1))
+
+    def shifts(self, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> np.ndarray:
+        """``samples`` x 2: over a seeded bootstrap of the lone requests, how each end's
+        log residual (simulated over measured) moves: ``log(end / resampled end)``."""
+        ends = self.ends
+        base = self.at(ends)
+        out = np.zeros((samples, 2))
+        for b, (slope, intercept) in enumerate(self.resampled(samples, seed)):
+            v = intercept + slope * ends
+            if np.isfinite(v).all() and (v > 0).all():
+                out[b] = np.log(base / v)
+        return out
+
+
+def ttft_line(runs: list[BenchRun], seed: int = 0) -> TtftLine:
+    """The Theil-Sen line (:func:`theil_sen`) of TTFT against prompt length over every
+    none run's lone requests (:func:`lone_requests`), repeats pooled: each such TTFT is
+    the overhead plus its own prompt's prefill, so the slope is the per-token prefill
+    cost and the intercept the fixed overhead (API server, HTTP, the step's fixed part),
+    which a run's median TTFT alone cannot tell apart. :attr:`TtftLine.unused` says
+    where the runs do not support it."""
+    x, y = [], []
+    for r in runs:
+        lone = lone_requests(r)
+        x.append(r.prompt_tokens[lone])
+        y.append(1e3 * r.ttft_s[lone] if lone.any() else np.zeros(0))
+    prompt = np.concatenate(x) if x else np.zeros(0, np.int64)
+    ttft = np.concatenate(y) if y else np.zeros(0)
+    slope, intercept = theil_sen(prompt, ttft, seed) if prompt.size > 1 \
+        else (math.nan, math.nan)
+    return TtftLine(prompt.astype(np.int64), ttft, slope, intercept)
+
+
+def lone_ttft_ms(profile: EngineProfile, prompt, max_batched_tokens: int) -> np.ndarray:
+    """A lone request's TTFT (ms) as the simulator prices it with a fitted profile: the
+    API server's time, then its prompt's prefill a chunk of at most the step's token
+    budget a step; the last chunk's step computes its first token (a logit row), and
+    each chunk after the first continues a request with a context (a request's cost).
+    A fitted profile has no KV or attention terms."""
+    budget = max(1, int(max_batched_tokens))
+    out = []
+    for p in np.atleast_1d(np.asarray(prompt, np.int64)):
+        full, rest = divmod(int(p), budget)
+        chunks = np.array([budget] * full + ([rest] if rest else []), np.int64)
+        out.append(profile.frontend_s_per_request + float(profile.target_time_s(chunks).sum())
+                   + profile.logits_s_per_row + profile.request_s * (len(chunks) - 1))
+    return 1e3 * np.array(out)
 
 
 def make_profile(theta: np.ndarray, *, name: str, max_batched_tokens: int,
