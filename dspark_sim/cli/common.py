@@ -1,5 +1,6 @@
-"""What every command shares: the consoles, the one-line error and warning forms, the exit
-on a signal, the path and name parsers, and the option types several commands take.
+"""What every command shares: the consoles, the one-line error and warning forms and the
+exit on a signal (``cli/terminal.py``'s, which a run parsed without typer uses too), the
+path and name parsers, and the option types several commands take.
 
 Bad input of any kind (an :class:`~dspark_sim.errors.InputError` from the library, or an
 option typer cannot parse) is one line on stderr, ``error: <file or option>: <problem>``,
@@ -9,50 +10,34 @@ and exit code 2, never a traceback.
 from __future__ import annotations
 
 import inspect
-import signal
 import sys
-import threading
-import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape as _markup_escape
 from rich.table import Table
 from typer.core import TyperGroup
 
 from dspark_sim.calibration.profile import DEFAULT_LIMITS
+from dspark_sim.cli.terminal import (  # noqa: F401 - the commands import these from here
+    _error_line,
+    _exit_cleanly_on_termination,
+    _fmt,
+    _shortened,
+    console,
+    err_console,
+    raise_os_error_line,
+)
 from dspark_sim.errors import InputError
-from dspark_sim.io import as_os_error, os_error_line, path_too_long
+from dspark_sim.io import as_os_error, path_too_long
 
 try:  # typer >= 0.22 parses with its own copy of click, older ones with click itself
     from typer._click import exceptions as _click_errors
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as _click_errors
-
-# user text (paths, specs like "fixed:100:100") must print as given: no ":100:" emoji
-# markup off: what we print carries user text (file paths, profile descriptions, trace
-# metadata, error messages) in which "[...]" is data, not rich markup (a description
-# holding "[/]" would crash `profiles show`, "[draft.selfspec]" vanish); styles go in style=
-console = Console(emoji=False, markup=False)
-err_console = Console(stderr=True, emoji=False, markup=False)
-
-
-def _error_line(text: str) -> None:
-    err_console.print("error: " + " ".join(map(_shortened, text.split())), highlight=False,
-                      soft_wrap=True)
-
-
-def _shortened(word: str, longest: int = 200) -> str:
-    """An error echoes the value it refuses: a 100,000-character policy spec or path made
-    a 100,000-character line. Its head and tail stay, and how long it was."""
-    if len(word) <= longest:
-        return word
-    return f"{word[:120]}...({len(word):,} characters)...{word[-40:]}"
-
 
 @contextmanager
 def _warnings_as_lines(category: type[Warning]) -> Iterator[None]:
@@ -73,30 +58,6 @@ def _warnings_as_lines(category: type[Warning]) -> Iterator[None]:
         warnings.simplefilter("always", category)
         warnings.showwarning = show
         yield
-
-
-def _terminated(signum: int, _frame: Any) -> None:
-    # an exception, not the default death: every ``finally`` runs, so a file being
-    # written atomically loses its temporary sibling and a run's output pair is rolled
-    # back (killed outright, a half-written ``.NAME.*.tmp`` stayed beside the output)
-    raise SystemExit(128 + signum)
-
-
-@contextmanager
-def _exit_cleanly_on_termination():
-    """SIGTERM and SIGHUP (``kill``, a closed terminal, a batch scheduler's time limit)
-    end the command as Ctrl-C does: temporary files removed, the previous output kept,
-    exit code 128 + the signal's number, no traceback."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread
-        return
-    sigs = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
-    previous = {sig: signal.signal(sig, _terminated) for sig in sigs}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 class OneLineErrors(TyperGroup):
@@ -132,15 +93,6 @@ class OneLineErrors(TyperGroup):
         # standalone_mode=False returns an Exit's code (typer.Exit, --help) and the
         # command's return value otherwise (commands return None).
         sys.exit(rv if isinstance(rv, int) else 0)
-
-
-def raise_os_error_line(exc: BaseException) -> None:
-    """A file-system error (a full disk, a name too long, a folder that refused a write)
-    as one line naming the file, exit 2 like any input the user can fix (docs/cli.md's
-    exit codes: 1 is a bug's traceback). Reached only where no check caught it first;
-    the atomic writers leave every file whole, written or as it was."""
-    _error_line(os_error_line(as_os_error(exc)))
-    sys.exit(2)
 
 
 def _path_value(value: str | Path) -> Path:
@@ -202,14 +154,15 @@ def _setting_option(flag: str, settings: tuple) -> inspect.Parameter:
     """The typer option of one setting of the schema (sim/config.py), or of a spec option
     setting several: its help, its panel (the setting's config table), its type (a path
     for a file it reads), and None for its default, so an option not given is no setting."""
+    from dspark_sim.cli.runner import setting_type
+
     s = settings[0]
     # help is rich markup to typer: "[@BASE]" or "[word]" would vanish unescaped
     text = _markup_escape(s.spec.help if s.spec else s.help)
+    kind = setting_type(settings)
     if s.reads == "file":
-        kind, info = Path, PathOption(help=text, rich_help_panel=RUN_PANELS[s.table])
+        info = PathOption(help=text, rich_help_panel=RUN_PANELS[s.table])
     else:
-        hint = str if s.spec else s.type
-        kind = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
         info = typer.Option(help=text, rich_help_panel=RUN_PANELS[s.table])
     return inspect.Parameter(flag[2:].replace("-", "_"), inspect.Parameter.KEYWORD_ONLY,
                              default=None, annotation=Annotated[kind | None, info])
@@ -261,14 +214,6 @@ StepTable = Annotated[str, typer.Option(
          "by-batch (its own step time at each concurrency a none run decodes), or auto: "
          "by-batch only where the linear fit misses a repeated none point's TPOT by more "
          "than its repeats' spread explains.")]
-
-
-def _fmt(v, nd: int = 1) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.{nd}f}"
-    return f"{v:,}" if isinstance(v, int) else str(v)
 
 
 def _print_table(rows: list[dict[str, str]], title: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from dspark_sim.cli.common import _fmt, console
+from dspark_sim.cli.terminal import _fmt, console
 from dspark_sim.sim.quality import quality_rows
 
 
