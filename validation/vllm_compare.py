@@ -140,6 +140,7 @@ class Comparison:
                 "max_repeats": int(self.table["repeats"].max()),
                 "noise_floor": self.noise,
                 "constants": self.fit.uncertainty,
+                "ttft_line": self.fit.line_record(),
                 "acceptance": self.acceptance,
                 "split": self.split}
 
@@ -272,9 +273,9 @@ def markdown(cmp: Comparison) -> str:
             f"{r['measured_gain']:+.0%} / {r['simulated_gain']:+.0%}"
         lines.append(f"| {r['load']} | {r['measured_best']} | {r['simulated_best']} | "
                      f"{r['pick_shortfall']:.1%} | {gain} | {'yes' if r['same_ranking'] else 'no'} |")
-    lines += ["", "Fitted step cost (ms, ± one standard error): "
-              + constants_line(cmp.fit.uncertainty, cmp.fit.points,
-                               cmp.fit.steps)
+    lines += ["", cmp.fit.line_sentence(), "", "Fitted step cost (ms, ± one standard error): "
+              + constants_line(cmp.fit.uncertainty, cmp.fit.points, cmp.fit.steps,
+                               cmp.fit.lone)
               + f"; {cmp.fit.iterations} iterations."]
     return "\n".join(lines) + "\n"
 

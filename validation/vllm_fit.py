@@ -13,7 +13,10 @@ requests' prompt and output lengths; closed loop at its ``max_concurrency``, or 
 times replayed when it ran open loop) with a candidate profile, and the profile's
 parameters minimise the squared log-errors of the simulated against the measured
 figures, weighted by how well a run measures each: output throughput and median TPOT
-(1), median TTFT (0.5). The parameters are what a CPU or GPU step costs in vLLM's
+(1), median TTFT (0.5); and, where the none runs' timings show requests that ran alone,
+a lone request's TTFT at both ends of their TTFT-against-prompt-length line (0.5 each,
+:func:`ttft_line`), which tells the fixed per-request overhead from the per-token
+prefill cost where every run's median TTFT is at about one prompt length. The parameters are what a CPU or GPU step costs in vLLM's
 model-runner: a fixed cost per step (scheduler, sampler, launch), a cost per batch token
 (weights and activations), a cost per decoding request (its attention and sampling
 set-up) and a cost per logit row (the LM head on every decode and verify row, skipped for
@@ -56,6 +59,7 @@ from dspark_sim.validation.vllm_repeats import (
     BOOTSTRAP_SAMPLES,
     constant_uncertainty,
     group_points,
+    log_covariance,
 )
 
 # Figures compared, with their weights in the fit (TTFT is one prefill per request, with
@@ -613,10 +617,60 @@ class FitResult:
     points: int = 0  # fitted points (a point's repeats count once)
     traces: SettingTraces | None = None  # what each speculative setting replayed
     steps: int = 0  # tabled batches whose decode step the runs measured, also fitted
+    # the none runs' lone requests' TTFT line, fitted too unless its ``unused`` says why
+    line: TtftLine | None = None
+    # the fitted profile's own line (:func:`profile_line`), with standard errors (ms)
+    line_fit: dict | None = None
 
     @property
     def worst_error(self) -> float:
         return max((abs(r["error"]) for r in self.residuals), default=0.0)
+
+    @property
+    def lone(self) -> int:
+        """The lone requests behind a fitted TTFT line; 0 where none was fitted."""
+        return 0 if self.line is None or self.line.unused else self.line.requests
+
+    def line_record(self) -> dict | None:
+        """The lone requests' TTFT line for a manifest: its requests, slope and intercept
+        (ms, with bootstrap standard errors), ends (tokens), whether it was fitted (else
+        why not), and the fitted profile's own; None without lone requests."""
+        line = self.line
+        if line is None or line.requests == 0:
+            return None
+        usable = math.isfinite(line.slope_ms)
+        slope_sd, intercept_sd = line.standard_errors() if usable else (None, None)
+        rec = {"requests": line.requests, "slope_ms": line.slope_ms if usable else None,
+               "slope_sd_ms": slope_sd, "intercept_ms": line.intercept_ms if usable else None,
+               "intercept_sd_ms": intercept_sd, "prompt_ends": [int(x) for x in line.ends],
+               "spread": line.spread, "fitted": not line.unused, "unused": line.unused}
+        if self.line_fit is not None:
+            rec["profile"] = self.line_fit
+        return rec
+
+    def line_sentence(self) -> str:
+        """The lone requests' TTFT line, measured and as the fitted profile has it, or
+        why the fit leaves it out."""
+        line = self.line
+        head = "**Lone requests' TTFT** (none runs, each request alone in the engine from " \
+               "its send to its first token)"
+        if line is None or line.requests == 0:
+            return f"{head}: no such request; the fixed overhead and the per-token " \
+                   "prefill cost are told apart by the points' figures alone."
+        if line.unused:
+            return f"{head}: not fitted: {line.unused}."
+        lo, hi = (int(x) for x in line.ends)
+        slope_sd, intercept_sd = line.standard_errors()
+        text = (f"{head}: {line.requests} requests, prompts of {lo}-{hi} tokens (10th-90th "
+                f"percentile); their Theil-Sen line is {line.intercept_ms:.3g} ±"
+                f"{intercept_sd:.2g} ms a request + {line.slope_ms:.3g} ±{slope_sd:.2g} ms "
+                "a prompt token (± a bootstrap standard error), fitted at both ends")
+        f = self.line_fit
+        if f is None:
+            return text + "."
+        return (text + f"; the fitted profile gives {f['intercept_ms']:.3g} ±"
+                f"{f['intercept_sd_ms']:.2g} ms + {f['slope_ms']:.3g} ±{f['slope_sd_ms']:.2g}"
+                " ms.")
 
 
 def pooled_trace(runs: list[BenchRun], seed: int = 0) -> AcceptanceTrace | None:
@@ -715,28 +769,62 @@ def _initial_theta(runs: list[BenchRun], model: StepModel = StepModel(),
     return np.array(theta)
 
 
+def _candidate(theta: np.ndarray, name: str, model: StepModel, engine: EngineConfig
+               ) -> EngineProfile:
+    """The profile of a parameter vector, at the runs' scheduler limits."""
+    return make_profile(theta, name=name, model=model,
+                        max_batched_tokens=int(engine.max_num_batched_tokens),
+                        limits=EngineLimits(max_num_seqs=engine.max_num_seqs,
+                                            max_num_batched_tokens=engine.max_num_batched_tokens,
+                                            kv_capacity_tokens=engine.kv_capacity_tokens,
+                                            prefill="chunked"))
+
+
+def profile_line(theta: np.ndarray, name: str, model: StepModel, engine: EngineConfig,
+                 ends) -> np.ndarray:
+    """``(slope, intercept)`` (ms) of the lone TTFT the profile of ``theta`` gives at the
+    line's two ``ends`` (:func:`lone_ttft_ms`): what it charges a prompt token and a
+    request, to hold against the measured line."""
+    lo, hi = (int(x) for x in ends)
+    v = lone_ttft_ms(_candidate(theta, name, model, engine), [lo, hi],
+                     engine.max_num_batched_tokens)
+    slope = (v[1] - v[0]) / (hi - lo)
+    return np.array([slope, v[0] - slope * lo])
+
+
+def _line_fit(fit: _Fit, cov: np.ndarray, name: str, engine: EngineConfig) -> dict:
+    """The fitted profile's lone TTFT line (:func:`profile_line`) with the standard
+    errors its constants' covariance (in ``log theta``) gives it, by the delta method."""
+    theta = np.asarray(fit.theta, float)
+    ends = fit.line.ends
+    base = profile_line(theta, name, fit.model, engine, ends)
+    h = 1e-4
+    step = np.exp(h * np.eye(theta.size))  # row j: constant j a factor e^h up
+    grad = np.column_stack([(profile_line(theta * step[j], name, fit.model, engine, ends)
+                             - base) / h for j in range(theta.size)])
+    sd = np.sqrt(np.maximum(np.diag(grad @ cov @ grad.T), 0.0))
+    return {"slope_ms": float(base[0]), "slope_sd_ms": float(sd[0]),
+            "intercept_ms": float(base[1]), "intercept_sd_ms": float(sd[1])}
+
+
 class _Objective:
     """Residuals of the fitted runs for a parameter vector (log space), each run's
     workload written once."""
 
     def __init__(self, runs: list[BenchRun], trace: AcceptanceTrace | SettingTraces | None,
                  engine: EngineConfig, folder: Path, seed: int, name: str,
-                 model: StepModel, steps: dict[int, float] | None = None) -> None:
+                 model: StepModel, steps: dict[int, float] | None = None,
+                 line: TtftLine | None = None) -> None:
         self.runs, self.trace, self.engine, self.seed, self.name = runs, trace, engine, seed, name
         self.model = model
         self.steps = {b: v for b, v in (steps or {}).items() if b in model.knots}
+        self.line = line
         self.files = [workload_file(r, folder) for r in runs]
         self.weights = np.sqrt(np.array([METRICS[m] for _ in runs for m in METRICS]))
         self.evaluations = 0
 
     def profile(self, theta: np.ndarray) -> EngineProfile:
-        return make_profile(theta, name=self.name, model=self.model,
-                            max_batched_tokens=int(self.engine.max_num_batched_tokens),
-                            limits=EngineLimits(
-                                max_num_seqs=self.engine.max_num_seqs,
-                                max_num_batched_tokens=self.engine.max_num_batched_tokens,
-                                kv_capacity_tokens=self.engine.kv_capacity_tokens,
-                                prefill="chunked"))
+        return _candidate(theta, self.name, self.model, self.engine)
 
     def simulated(self, theta: np.ndarray) -> list[dict[str, float]]:
         prof = self.profile(theta)
@@ -750,16 +838,24 @@ class _Objective:
         res = np.array([math.log(s[m] / r.measured[m]) if s[m] > 0 else math.nan
                         for r, s in zip(self.runs, sims, strict=True) for m in METRICS])
         res = np.nan_to_num(res, nan=UNSIMULATED) * self.weights
-        if not self.steps:
-            return res
-        # each tabled batch's decode step against its measured median token gap, after
-        # the points' residuals (the constants' uncertainty reads the points' first)
         prof = self.profile(theta)
-        batch = np.array(list(self.steps), np.int64)
-        step_ms = 1e3 * (prof.target_time_s(batch) + (prof.request_s + prof.logits_s_per_row)
-                         * batch)
-        return np.concatenate([res, math.sqrt(STEP_WEIGHT) * np.log(
-            step_ms / np.array(list(self.steps.values())))])
+        parts = [res]
+        if self.steps:
+            # each tabled batch's decode step against its measured median token gap,
+            # after the points' residuals (the constants' uncertainty reads the points'
+            # first)
+            batch = np.array(list(self.steps), np.int64)
+            step_ms = 1e3 * (prof.target_time_s(batch)
+                             + (prof.request_s + prof.logits_s_per_row) * batch)
+            parts.append(math.sqrt(STEP_WEIGHT) * np.log(
+                step_ms / np.array(list(self.steps.values()))))
+        if self.line is not None:
+            # a lone request's TTFT at the line's two ends, last (the constants'
+            # uncertainty bootstraps the lone requests for these)
+            ends = self.line.ends
+            sim = lone_ttft_ms(prof, ends, self.engine.max_num_batched_tokens)
+            parts.append(math.sqrt(LINE_WEIGHT) * np.log(sim / self.line.at(ends)))
+        return np.concatenate(parts)
 
 
 def levenberg_marquardt(fun, x0: np.ndarray, *, max_iterations: int = 12,
@@ -808,20 +904,21 @@ class _Fit:
     evaluations: int
     profile: EngineProfile
     steps: dict[int, float]  # the measured decode steps it was fitted to (ms by batch)
+    line: TtftLine | None = None  # the lone requests' TTFT line it was fitted to
 
 
 def _fit(runs: list[BenchRun], traces: SettingTraces, engine: EngineConfig, folder: Path,
          seed: int, name: str, model: StepModel, max_iterations: int,
-         starts: dict[int, float] | None = None, steps: dict[int, float] | None = None
-         ) -> _Fit:
-    obj = _Objective(runs, traces, engine, folder, seed, name, model, steps)
+         starts: dict[int, float] | None = None, steps: dict[int, float] | None = None,
+         line: TtftLine | None = None) -> _Fit:
+    obj = _Objective(runs, traces, engine, folder, seed, name, model, steps, line)
     log_theta, its, res, jac = levenberg_marquardt(
         obj.residuals, np.log(_initial_theta(runs, model, starts)),
         max_iterations=max_iterations)
     theta = np.exp(log_theta)
     sims = obj.simulated(theta)
     return _Fit(model, theta, sims, res, jac, its, obj.evaluations, obj.profile(theta),
-                 obj.steps)
+                 obj.steps, obj.line)
 
 
 def _linear_misses(fit: _Fit, points: list) -> bool:
@@ -852,7 +949,9 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
     (:func:`step_model`), ``linear`` one fixed cost and one per token, ``auto`` (the
     default) the table only where the linear fit misses a none point's TPOT by more
     than its repeats explain (:func:`_linear_misses`): with single runs the per-batch
-    steps would fit each run's noise."""
+    steps would fit each run's noise. The none runs' lone requests' TTFT line
+    (:func:`ttft_line`) is fitted too where they support it, and its bootstrap widens
+    the constants' uncertainty."""
     if not runs:
         raise InputError("FILES", "no runs to fit")
     if step_table not in STEP_TABLES:
@@ -869,10 +968,12 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
     table = step_model(repeats, engine.max_num_batched_tokens)
     starts = knot_starts(repeats, table)
     measured_steps = measured_decode_steps(repeats, table)
+    line = ttft_line(repeats, seed)
+    fitted_line = None if line.unused else line
     with tempfile.TemporaryDirectory() as tmp:
         def fit_with(model: StepModel) -> _Fit:
             return _fit(runs, traces, engine, Path(tmp), seed, name, model, max_iterations,
-                        starts, measured_steps)
+                        starts, measured_steps, fitted_line)
 
         if step_table == "by-batch":
             fit = fit_with(table)
@@ -883,7 +984,11 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
     model, theta, sims, res, jac = fit.model, fit.theta, fit.sims, fit.res, fit.jac
     its = fit.iterations
     names = model.names[:len(theta)]
-    unc = constant_uncertainty(jac, res, theta, names, points, METRICS, seed)
+    tail = None if fitted_line is None else math.sqrt(LINE_WEIGHT) * fitted_line.shifts(
+        BOOTSTRAP_SAMPLES, seed)
+    unc = constant_uncertainty(jac, res, theta, names, points, METRICS, seed, tail)
+    line_fit = None if fitted_line is None else _line_fit(
+        fit, log_covariance(jac, res, points, METRICS, seed, tail)[0], name, engine)
     residuals = [{"run": r.name, "file": r.path.name, "metric": m,
                   "measured": r.measured[m], "simulated": s[m],
                   "error": s[m] / r.measured[m] - 1.0, "repeats": p.repeats,
@@ -893,10 +998,14 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
               **{f"fit_{p}": round(float(v), 6) for p, v in zip(names, theta, strict=True)},
               "fit_worst_relative_error": round(max(abs(x["error"]) for x in residuals), 6),
               "fit_evaluations": fit.evaluations}
+    if fitted_line is not None:
+        params |= {"fit_lone_requests": fitted_line.requests,
+                   "fit_lone_ttft_slope_ms": round(fitted_line.slope_ms, 6),
+                   "fit_lone_ttft_intercept_ms": round(fitted_line.intercept_ms, 6)}
     profile = fit.profile
     profile = replace(profile, parameters={**profile.parameters, **params},
                       source=f"<fit {name}>")
     return FitResult(profile, headline_trace,
                      dict(zip(names, map(float, theta), strict=True)),
                      residuals, its, engine, unc, len(points), traces,
-                     len(fit.steps))
+                     len(fit.steps), line, line_fit)

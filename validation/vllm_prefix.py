@@ -375,7 +375,8 @@ class PrefixComparison:
                 "worst_ttft_error": {"run": worst_t["run"], "error": worst_t["ttft_error"]},
                 "worst_hit_rate_diff": {"run": worst_h["run"],
                                         "diff": worst_h["hit_rate_diff"]},
-                "constants": self.fit.uncertainty}
+                "constants": self.fit.uncertainty,
+                "ttft_line": self.fit.line_record()}
 
 
 def _fit_for_prefix(runs: list[BenchRun], plain: list[BenchRun], cached: list[BenchRun],
@@ -487,8 +488,8 @@ def prefix_markdown(pc: PrefixComparison) -> str:
                + (f" ±{r['hit_rate_spread']:.3f}" if rep else "")
                + f" / {r['simulated_hit_rate']:.3f} ({r['hit_rate_diff'] * 100:+.1f})")
         lines.append(f"| {r['run']} | {r['repeats']} | {off} | {ttft} | {hit} |")
-    lines += ["", "Fitted step cost (ms, ± one standard error): "
-              + constants_line(pc.fit.uncertainty, pc.fit.points)
+    lines += ["", pc.fit.line_sentence(), "", "Fitted step cost (ms, ± one standard error): "
+              + constants_line(pc.fit.uncertainty, pc.fit.points, pc.fit.steps, pc.fit.lone)
               + f"; {pc.fit.iterations} iterations."]
     return "\n".join(lines) + "\n"
 

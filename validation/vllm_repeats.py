@@ -159,13 +159,12 @@ def points_markdown(points: list[Point]) -> str:
 
 
 # -- the constants' uncertainty ---------------------------------------------------------
-def constant_uncertainty(jac: np.ndarray, residuals: np.ndarray, theta: np.ndarray,
-                         names: tuple[str, ...], points: list[Point], metrics: dict,
-                         seed: int = 0) -> dict[str, dict]:
-    """Per constant: its value, its relative standard error (of ``log theta``; None where
-    nothing measures it) and a flag (``""``, ``"at its bound 0"``, ``"not identified"``).
-    ``jac``/``residuals``: the fit's weighted log residuals and their Jacobian in
-    ``log theta``, rows in ``points`` order, ``metrics`` (name: weight) within each."""
+def log_covariance(jac: np.ndarray, residuals: np.ndarray, points: list[Point],
+                   metrics: dict, seed: int = 0, tail: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """``Cov(log theta)`` of a fit's constants (the misfit they leave and the bootstrap,
+    as :func:`constant_uncertainty` says), and which constants lie in a direction no
+    residual moves."""
     J = np.asarray(jac, float)
     r = np.asarray(residuals, float)
     n, p = J.shape
@@ -178,12 +177,28 @@ def constant_uncertainty(jac: np.ndarray, residuals: np.ndarray, theta: np.ndarr
     cov = np.zeros((p, p))
     if n > p:
         cov += float(r @ r) / (n - p) * pinv_jtj
-    if any(pt.repeats > 1 for pt in points):
-        cov += _bootstrap_cov(pinv_j, points, metrics, seed)
-    sd = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    if any(pt.repeats > 1 for pt in points) or tail is not None:
+        cov += _bootstrap_cov(pinv_j, points, metrics, seed, tail)
     null = vt[~keep]  # directions no residual moves along
     unseen = np.abs(null).max(axis=0) > NULL_WEIGHT if null.size else np.zeros(p, bool)
+    return cov, unseen
+
+
+def constant_uncertainty(jac: np.ndarray, residuals: np.ndarray, theta: np.ndarray,
+                         names: tuple[str, ...], points: list[Point], metrics: dict,
+                         seed: int = 0, tail: np.ndarray | None = None) -> dict[str, dict]:
+    """Per constant: its value, its relative standard error (of ``log theta``; None where
+    nothing measures it) and a flag (``""``, ``"at its bound 0"``, ``"not identified"``).
+    ``jac``/``residuals``: the fit's weighted log residuals and their Jacobian in
+    ``log theta``, rows in ``points`` order, ``metrics`` (name: weight) within each.
+    ``tail``: :data:`BOOTSTRAP_SAMPLES` rows of how the last residuals move over a
+    bootstrap of what they measure (a fit's lone requests' TTFT line), added to the
+    points' bootstrap."""
+    n, p = np.shape(jac)
+    cov, unseen = log_covariance(jac, residuals, points, metrics, seed, tail)
+    sd = np.sqrt(np.maximum(np.diag(cov), 0.0))
     theta = np.asarray(theta, float)
+    measured = n > p or any(pt.repeats > 1 for pt in points) or tail is not None
     out = {}
     for j, name in enumerate(names):
         flag = ""
@@ -191,18 +206,18 @@ def constant_uncertainty(jac: np.ndarray, residuals: np.ndarray, theta: np.ndarr
             flag = "at its bound 0"
         elif unseen[j] or sd[j] > NOT_IDENTIFIED_LOG_SD:
             flag = "not identified"
-        measured = n > p or any(pt.repeats > 1 for pt in points)
         out[name] = {"value": float(theta[j]),
                      "relative_sd": float(sd[j]) if measured and not unseen[j] else None,
                      "flag": flag}
     return out
 
 
-def _bootstrap_cov(pinv_j: np.ndarray, points: list[Point], metrics: dict, seed: int
-                   ) -> np.ndarray:
+def _bootstrap_cov(pinv_j: np.ndarray, points: list[Point], metrics: dict, seed: int,
+                   tail: np.ndarray | None = None) -> np.ndarray:
     """Covariance of ``log theta`` over a seeded bootstrap of each point's repeats: a
     resample moves each point's medians, so its weighted log residuals, and the
-    linearised fit moves the constants by ``-J^+ dr``."""
+    linearised fit moves the constants by ``-J^+ dr``; ``tail``'s rows move the last
+    residuals in the same samples."""
     rng = np.random.default_rng(seed)
     w = np.sqrt(np.array(list(metrics.values()), float))
     shifts = np.empty((BOOTSTRAP_SAMPLES, pinv_j.shape[0]))
@@ -216,15 +231,21 @@ def _bootstrap_cov(pinv_j: np.ndarray, points: list[Point], metrics: dict, seed:
                 # residual = w log(sim / measured): a higher resampled median lowers it
                 dr.append(wm * math.log(med / float(np.median(v[idx]))) if v.size == pt.repeats
                           else 0.0)
-        # residuals past the points' (a fit's measured step times) hold their value
-        shifts[b] = -pinv_j @ np.pad(np.array(dr), (0, pinv_j.shape[1] - len(dr)))
+        # residuals past the points' (a fit's measured step times) hold their value,
+        # but for the tail's
+        dr = np.pad(np.array(dr), (0, pinv_j.shape[1] - len(dr)))
+        if tail is not None:
+            dr[len(dr) - tail.shape[1]:] = tail[b]
+        shifts[b] = -pinv_j @ dr
     return np.cov(shifts, rowvar=False).reshape(pinv_j.shape[0], pinv_j.shape[0])
 
 
-def constants_line(unc: dict[str, dict], points: int, steps: int = 0) -> str:
+def constants_line(unc: dict[str, dict], points: int, steps: int = 0, lone: int = 0
+                   ) -> str:
     """``step_fixed_ms 71.2 ±4 %, ..., draft_step_ms 0 (at its bound 0); 7 constants from
     4 points``; ``steps``: the batches whose decode step the runs measured directly (each
-    one more figure a constant answers to)."""
+    one more figure a constant answers to); ``lone``: the requests behind a fitted TTFT
+    line (two more figures: its ends), 0 without one."""
     parts = []
     for name, u in unc.items():
         v = f"{name} {u['value']:.4g}"
@@ -234,10 +255,12 @@ def constants_line(unc: dict[str, dict], points: int, steps: int = 0) -> str:
             v += f" ({u['flag']})"
         parts.append(v)
     n = len(unc)
-    tail = f"{n} constants from {points} points" + (
-        f" and {steps} measured decode steps" if steps else "")
+    sources = [f"{points} points"] + ([f"{steps} measured decode steps"] if steps else []) \
+        + ([f"the TTFT line of {lone} lone requests"] if lone else [])
+    tail = f"{n} constants from " + (", ".join(sources[:-1]) + " and " + sources[-1]
+                                     if len(sources) > 1 else sources[0])
     flagged = [k for k, u in unc.items() if u["flag"]]
-    if points + steps < n:
+    if points + steps + (2 if lone else 0) < n:
         tail += ": fewer points than constants, some are set by their start, not by the runs"
     elif flagged:
         tail += f"; {len(flagged)} not set by these runs"

@@ -173,14 +173,17 @@ def calibrate_vllm_cmd(
         write_json_atomic(out / "fit.json", {"parameters_ms": fit.theta_ms,
                                              "constants": fit.uncertainty,
                                              "points": fit.points,
+                                             "ttft_line": fit.line_record(),
                                              "acceptance": traces.sources,
                                              "iterations": fit.iterations,
                                              "residuals": fit.residuals})
     for r in fit.residuals:
         console.print(f"{r['run']:<24} {r['metric']:<18} measured {r['measured']:10.4g}  "
                       f"simulated {r['simulated']:10.4g}  ({r['error']:+.1%})", highlight=False)
+    console.print(fit.line_sentence().replace("**", ""), highlight=False)
     console.print("constants (ms, ± one standard error): "
-                  + constants_line(fit.uncertainty, fit.points, fit.steps), highlight=False)
+                  + constants_line(fit.uncertainty, fit.points, fit.steps, fit.lone),
+                  highlight=False)
     console.print(f"wrote {out / 'profile.toml'}" + (f", {out / 'trace.parquet'}"
                                                       if fit.trace is not None else "")
                   + f"; worst fitted error {fit.worst_error:.1%}", highlight=False)

@@ -30,7 +30,12 @@ from dspark_sim.validation.vllm_compare import (
     markdown,
     parse_split,
 )
-from dspark_sim.validation.vllm_fit import read_bench_run, read_bench_runs
+from dspark_sim.validation.vllm_fit import (
+    lone_requests,
+    lone_ttft_ms,
+    read_bench_run,
+    read_bench_runs,
+)
 
 # Slow (refits and re-simulates the recorded vLLM runs): out of the default run, in .ci/run's slow leg.
 pytestmark = pytest.mark.slow
@@ -147,6 +152,27 @@ def test_the_interleaved_run_tables_the_step_by_batch_and_it_holds_more_figures(
     assert held > linear.headline()["held_out_within_bounds"] and held >= 47
     for name in RECORDINGS:
         assert "step_fixed_ms" in comparisons[name].fit.theta_ms
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_each_fit_holds_its_lone_requests_ttft_line(comparisons, name):
+    """Every recording's none runs at C = 1 ran each request alone (and a few of the
+    open loop's found the server idle): the fit holds their TTFT line, overhead and
+    per-token cost apart, within 10 % at both ends, and the fitted runs' lone requests
+    are exactly those."""
+    fit = comparisons[name].fit
+    runs = [r for r in read_bench_runs([RECORDED / name / "runs"])
+            if r.name in fit.profile.parameters["fitted_runs"]]
+    c1 = sum(len(r.prompt_tokens) for r in runs if r.name == "none@c1")
+    line = fit.line
+    assert line.unused == "" and fit.lone == line.requests
+    assert line.requests == sum(int(lone_requests(r).sum()) for r in runs) > c1
+    assert all(lone_requests(r).all() for r in runs if r.name == "none@c1")
+    assert not any(lone_requests(r).any() for r in runs if r.k)
+    simulated = lone_ttft_ms(fit.profile, line.ends, fit.engine.max_num_batched_tokens)
+    assert simulated == pytest.approx(line.at(line.ends), rel=0.10)
+    assert fit.profile.parameters["fit_lone_requests"] == line.requests
+    assert "the TTFT line of" in markdown(comparisons[name])
 
 
 def test_fitted_profile_and_trace_come_from_the_fitted_runs_only(comparisons):

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from doc_blocks import check_block
 
+from dspark_sim.validation import vllm_fit
 from dspark_sim.validation.vllm_compare import load_engine
-from dspark_sim.validation.vllm_fit import read_bench_runs
+from dspark_sim.validation.vllm_fit import lone_ttft_ms, read_bench_runs
 from dspark_sim.validation.vllm_prefix import (
     HIT_RATE_BOUND,
     compare_prefix,
@@ -86,6 +87,37 @@ def test_one_client_at_a_time_the_simulator_finds_vllms_hits(comparison):
     assert c1["hit_rate_spread"] == 0.0  # the same requests hit the same blocks each round
     assert abs(c1["hit_rate_diff"]) < 0.005
     assert c1["hit_rate_within"]
+
+
+def test_the_lone_requests_ttft_line_sets_what_a_short_prefill_pays(comparison, runs,
+                                                                     monkeypatch):
+    """A caching run at C = 1 prefills ~100 new tokens a request, where the caching-off
+    runs' median TTFTs each price ~340: by themselves they do not tell the per-request
+    overhead from the per-token cost, and the fit without the lone requests' TTFT line
+    puts the overhead in the API server's time and predicts C = 1 far outside its bound.
+    The line of the caching-off runs' 36 C = 1 requests and the open loop's lone ones,
+    fitted at both ends, brings it within; the overhead the profile charges lies within
+    two standard errors of the line's intercept, and its prompts (326 to 674 tokens) are
+    too long for that intercept to be known to better than about its own size."""
+    fit = comparison.fit
+    line = fit.line
+    assert line.unused == "" and line.requests >= 36 and fit.lone == line.requests
+    assert tuple(line.ends) == (326, 674)
+    simulated = lone_ttft_ms(fit.profile, line.ends, fit.engine.max_num_batched_tokens)
+    assert simulated == pytest.approx(line.at(line.ends), rel=0.10)
+    _, intercept_sd = line.standard_errors()
+    own = fit.line_fit
+    assert abs(own["intercept_ms"] - line.intercept_ms) < 2 * intercept_sd
+    assert own["intercept_sd_ms"] > 0.5 * own["intercept_ms"]  # the long prompts' limit
+    assert comparison.table["ttft_within"].all()
+    # without the line (too few lone requests to fit it), the same runs and split
+    monkeypatch.setattr(vllm_fit, "MIN_LONE", 10**6)
+    without = compare_prefix(runs, RECORDED, engine=load_engine(RECORDED / "manifest.json"))
+    assert without.fit.lone == 0 and "not fitted" in without.fit.line_sentence()
+    c1, c1_without = comparison.table.row(0, named=True), without.table.row(0, named=True)
+    assert not c1_without["ttft_within"] and c1_without["ttft_error"] > 0.4
+    assert c1["ttft_within"] and c1["ttft_error"] < c1_without["ttft_error"] / 2
+    assert without.fit.theta_ms["frontend_ms"] > 2 * fit.theta_ms["frontend_ms"]
 
 
 def test_the_headline_counts_what_the_table_finds(comparison):

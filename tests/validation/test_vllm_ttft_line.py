@@ -1,6 +1,7 @@
 """The lone requests' TTFT line: which requests ran alone, the robust line through their
-TTFTs against their prompt lengths, when the runs support it, and what a profile makes
-a lone request wait. Fast: synthetic requests, no fit runs."""
+TTFTs against their prompt lengths, when the fit uses it, and how it enters the fit's
+residuals and the constants' uncertainty. Fast: synthetic requests, no fit runs (the
+fits on the recorded runs are in test_vllm_loop and test_vllm_prefix_recorded)."""
 
 from __future__ import annotations
 
@@ -14,20 +15,28 @@ import pytest
 from dspark_sim.calibration.profile import EngineLimits
 from dspark_sim.sim.config import EngineConfig
 from dspark_sim.validation.vllm_fit import (
+    LINE_WEIGHT,
     MAX_PAIRS,
     MIN_LONE,
     MIN_PROMPT_SPREAD,
     BenchRun,
+    FitResult,
     StepModel,
+    _Objective,
     lone_requests,
     lone_ttft_ms,
     make_profile,
+    profile_line,
     run_config,
     theil_sen,
     ttft_line,
     workload_file,
 )
-from dspark_sim.validation.vllm_repeats import BOOTSTRAP_SAMPLES
+from dspark_sim.validation.vllm_repeats import (
+    BOOTSTRAP_SAMPLES,
+    constant_uncertainty,
+    constants_line,
+)
 
 BUDGET = 256
 LIMITS = EngineLimits(max_num_seqs=64, max_num_batched_tokens=BUDGET)
@@ -151,3 +160,77 @@ def test_a_lone_requests_ttft_is_what_the_simulator_gives_it(model, theta, tmp_p
     res = simulate(run_config(run, workload_file(run, tmp_path), ENGINE), profile=prof)
     simulated = res.requests.sort("request_id")["ttft_ms"].to_numpy()
     assert lone_ttft_ms(prof, prompt, BUDGET) == pytest.approx(simulated, rel=1e-9)
+
+
+def test_the_fit_holds_a_lone_requests_ttft_at_the_lines_ends_after_the_points(tmp_path):
+    prompt = np.tile([60, 120, 180, 240], 3)  # one chunk each
+    run = _closed_loop(prompt, 70 + 2.0 * prompt)
+    line = ttft_line([run])
+    theta = np.array([40.0, 2.0, 0.5, 3.0, 25.0])
+    with_line = _Objective([run], None, ENGINE, tmp_path, 0, "t", StepModel(), None, line)
+    without = _Objective([run], None, ENGINE, tmp_path, 0, "t", StepModel())
+    res = with_line.residuals(np.log(theta))
+    base = without.residuals(np.log(theta))
+    assert res.size == base.size + 2 and np.allclose(res[:-2], base)
+    sim = lone_ttft_ms(with_line.profile(theta), line.ends, BUDGET)
+    assert res[-2:] == pytest.approx(math.sqrt(LINE_WEIGHT) * np.log(sim / line.at(line.ends)))
+    # a profile whose overhead is the line's has no misfit there
+    fit = np.array([40.0, 2.0, 0.5, 3.0, 70.0 - 40.0 - 3.0])
+    assert with_line.residuals(np.log(fit))[-2:] == pytest.approx([0, 0], abs=1e-9)
+
+
+def test_the_lines_bootstrap_widens_the_constants_it_moves():
+    jac = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, -1.0]])
+    res = np.array([0.01, -0.01, 0.02, 0.0])
+    names = ("a", "b")
+    quiet = constant_uncertainty(jac, res, np.ones(2), names, [], {}, 0)
+    rng = np.random.default_rng(6)
+    tail = np.column_stack([rng.normal(0, 0.3, BOOTSTRAP_SAMPLES),
+                            np.zeros(BOOTSTRAP_SAMPLES)])
+    loud = constant_uncertainty(jac, res, np.ones(2), names, [], {}, 0, tail)
+    assert loud["a"]["relative_sd"] > quiet["a"]["relative_sd"] + 0.05
+    # the tail's shifts reach each constant through the fit's pseudo-inverse
+    expected = np.cov(-(np.linalg.pinv(jac) @ np.pad(tail, ((0, 0), (2, 0))).T), ddof=1)
+    assert loud["a"]["relative_sd"] ** 2 == pytest.approx(
+        quiet["a"]["relative_sd"] ** 2 + expected[0, 0], rel=1e-6)
+
+
+def test_the_constants_line_counts_the_ttft_line_as_two_figures():
+    unc = {n: {"value": 1.0, "relative_sd": 0.1, "flag": ""} for n in "abcde"}
+    assert constants_line(unc, 4).endswith(
+        "5 constants from 4 points: fewer points than constants, some are set by their "
+        "start, not by the runs")
+    assert constants_line(unc, 4, lone=52).endswith(
+        "5 constants from 4 points and the TTFT line of 52 lone requests")
+    assert constants_line(unc, 8, 7, 44).endswith(
+        "from 8 points, 7 measured decode steps and the TTFT line of 44 lone requests")
+
+
+def test_a_profiles_own_line_is_its_per_token_cost_and_its_per_request_overhead():
+    theta = np.array([40.0, 2.0, 0.5, 3.0, 25.0])  # fixed, token, request, logit, frontend
+    slope, intercept = profile_line(theta, "t", StepModel(), ENGINE, (60, 240))
+    assert slope == pytest.approx(2.0) and intercept == pytest.approx(25.0 + 40.0 + 3.0)
+
+
+def test_the_fit_says_what_line_it_held_or_why_it_held_none():
+    prof = make_profile(np.array([40.0, 2.0, 0.5, 3.0, 25.0]), name="t",
+                        max_batched_tokens=BUDGET, limits=LIMITS)
+    wide = np.tile([60, 120, 180, 240], 3)
+    line = ttft_line([_closed_loop(wide, 70 + 2.0 * wide)])
+    fitted = FitResult(prof, None, {}, [], 1, ENGINE, line=line, line_fit={
+        "slope_ms": 2.0, "slope_sd_ms": 0.1, "intercept_ms": 68.0, "intercept_sd_ms": 9.0})
+    assert fitted.lone == 12
+    assert "12 requests, prompts of 60-240 tokens" in fitted.line_sentence()
+    assert "70 ±0 ms a request + 2 ±0 ms a prompt token" in fitted.line_sentence()
+    assert "the fitted profile gives 68 ±9 ms + 2 ±0.1 ms" in fitted.line_sentence()
+    rec = fitted.line_record()
+    assert rec["fitted"] and rec["requests"] == 12 and rec["prompt_ends"] == [60, 240]
+    assert rec["intercept_ms"] == pytest.approx(70.0) and rec["profile"]["intercept_ms"] == 68
+    narrow = np.tile([300, 305, 310, 312], 5)
+    unused = FitResult(prof, None, {}, [], 1, ENGINE, line=ttft_line(
+        [_closed_loop(narrow, 50 + 2.0 * narrow)]))
+    assert unused.lone == 0 and "not fitted: their prompt lengths spread by" in \
+        unused.line_sentence()
+    assert unused.line_record()["fitted"] is False
+    none = FitResult(prof, None, {}, [], 1, ENGINE, line=ttft_line([]))
+    assert none.line_record() is None and "no such request" in none.line_sentence()
