@@ -67,6 +67,9 @@ EXPORTS: dict[str, str] = {
         "ro:i8[:,C] i8 ro:f8[:,C] i8[C] f8[:,C] f8[C] i8 f8 ro:f8[C]",
     "dspark_sim.sim.fast.decode_step_s":
         "ro:i8[:,C] i8 ro:i8[C] i8 ro:f8[C] i8 f8 ro:f8[C] b1",
+    "dspark_sim.sim.fast.prefill_chunks": "ro:i8[:,C] i8 i8",
+    "dspark_sim.sim.fast.chunked_step_s":
+        "ro:i8[:,C] i8 ro:i8[C] i8 ro:i8[C] ro:i8[C] ro:f8[C] i8 f8 ro:f8[C] b1",
     "dspark_sim.sim.fast.trace_positions": "ro:i8[:,C] i8 i8[C]",
     "dspark_sim.sim.fast.gather_proposed":
         "ro:i8[:,C] i8 ro:f8[:,C] ro:i1[C] i8[C] f8[:,C] i8[C] f8[C]",

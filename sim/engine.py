@@ -663,7 +663,10 @@ class Replica:
                 self.ctx.stats.skipped_request_steps += skipped
             if lossy.fill_tokens is not None:  # KV writes of earlier unverified commits
                 verify_tokens += int(lossy.fill_tokens.sum())
-        if self.n_prefilling:
+        if self.n_prefilling and compiled.NUMBA:
+            chunk, remaining, prefill_tokens = fast.prefill_chunks(
+                batch, n_dec, max(0, self.ctx.max_num_batched_tokens - verify_tokens))
+        elif self.n_prefilling:
             chunk, remaining = self._prefill_chunks(batch, n_dec, verify_tokens)
             prefill_tokens = int(chunk.sum())
         else:
@@ -851,6 +854,15 @@ class Replica:
             return fast.decode_step_s(batch, n_dec, ell, plan.verify_tokens, cost.dense_step_s,
                                       self.kv_tokens, cost.draft_time(n_dec, self.kv_tokens),
                                       ctx.step_terms, cost.has_context_terms)
+        if ctx.step_terms is not None and lossy is None and plan.prefill_tokens:
+            # a chain step with prefill chunks: one kernel too, unless its units leave
+            # exact float range (NaN: priced below)
+            dt = fast.chunked_step_s(batch, n_dec, ell, plan.verify_tokens, plan.chunk,
+                                     plan.remaining, cost.dense_step_s, self.kv_tokens,
+                                     cost.draft_time(n_dec, self.kv_tokens) if n_dec else 0.0,
+                                     ctx.step_terms, cost.has_context_terms)
+            if dt == dt:
+                return dt
         prof = cost.profile
         decoding = slice(0, n_dec)
         target_kv = self.kv_tokens

@@ -250,6 +250,83 @@ def decode_step_s(batch, n_dec, ell, verify_tokens, dense_step_s, kv_tokens, dra
 
 
 @njit(cache=True)
+def prefill_chunks(batch, n_dec, left):
+    """``Replica._prefill_chunks``: the prefilling rows' (after ``n_dec``) chunks, FCFS
+    from the ``left`` tokens of the budget, and the tokens each had left. Returns
+    (chunks, remaining, their sum)."""
+    n = batch.shape[0] - n_dec
+    chunk = np.empty(n, dtype=np.int64)
+    remaining = np.empty(n, dtype=np.int64)
+    before = 0
+    total = 0
+    for i in range(n):
+        r = batch[n_dec + i, PREFILL_TARGET] - batch[n_dec + i, PREFILLED]
+        remaining[i] = r
+        c = max(min(r, left - before), 0)
+        chunk[i] = c
+        total += c
+        before += r
+    return chunk, remaining, total
+
+
+# The chunks' attention units are sums of multiples of 0.5 (a chunk of c tokens after f
+# filled attends f + c / 2 each), exact in float64 below 2**52 in any order: numpy's
+# pairwise sum and a loop give the same bits there, and a step past it (none seen) is
+# left to numpy.
+EXACT_HALVES = 1 << 53
+
+
+@njit(cache=True)
+def chunked_step_s(batch, n_dec, ell, verify_tokens, chunk, remaining, dense_step_s,
+                   kv_tokens, draft_s, profile_terms, context_terms):
+    """``Replica._step_time_s`` of a chain step with prefill chunks (``chunk``, the
+    tokens each prefilling row had ``remaining``) whose draft is priced per step
+    (``draft_s``, 0 without decoding rows): draft + target at the step's tokens + KV
+    reads + the LM head of each verify token and finishing prefill + the context terms
+    (``Replica._attention_units``), summed in the reference's order; NaN where the
+    chunks' units leave exact float range."""
+    logits, kv_s, attn, request_s, multi, window = profile_terms
+    prefill_tokens = 0
+    finishing = 0
+    for i in range(chunk.size):
+        prefill_tokens += chunk[i]
+        if chunk[i] == remaining[i]:
+            finishing += 1
+    if prefill_tokens == 0:  # no chunk this step: none finishes
+        finishing = 0
+    dt = draft_s
+    tokens = verify_tokens + prefill_tokens
+    dt += dense_step_s[tokens] if tokens else 0.0
+    dt += kv_s * kv_tokens
+    if logits != 0.0:
+        dt += logits * (verify_tokens + finishing)
+    if context_terms:
+        query_ctx = multi_kv = 0.0
+        ctx_requests = n_dec
+        if n_dec:
+            q, m = decode_attention_units(batch, n_dec, ell, -1 if window < 0 else int(window))
+            query_ctx += float(q)
+            multi_kv += float(m)
+        halves = 0  # the chunks' query x attended context, in half tokens
+        filled_kv = 0
+        for i in range(chunk.size):
+            c = chunk[i]
+            f = batch[n_dec + i, PREFILLED]
+            twice = 2 * f + c
+            if window >= 0:
+                twice = min(twice, 2 * int(window))
+            halves += c * twice
+            if abs(halves) >= EXACT_HALVES:
+                return np.nan
+            if c > 0 and f > 0:
+                filled_kv += f
+                ctx_requests += 1
+        query_ctx += float(halves) / 2.0
+        multi_kv += float(filled_kv)
+        dt += attn * query_ctx + multi * multi_kv + request_s * ctx_requests
+    return dt
+
+@njit(cache=True)
 def trace_positions(batch, n_dec, trace_idx):
     """The first ``n_dec`` rows' trace positions, as :func:`gather_trace_rows` writes
     them, for a decision that reads no survivals."""

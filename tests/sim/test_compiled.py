@@ -336,6 +336,82 @@ def test_the_compiled_cost_terms_equal_the_profiles(n_dec, kv, rows, draft_s, wi
     assert np.array(got).tobytes() == np.array(ref, dtype=np.float64).tobytes()
 
 
+@given(rows=st.lists(st.tuples(st.integers(0, 3000), st.integers(1, 3000)), min_size=1,
+                    max_size=20),
+       n_dec=st.integers(0, 6), budget=st.integers(16, 9000), kv=st.integers(0, 10**6),
+       window=st.sampled_from([None, 1, 512, 4096]),
+       scalars=st.lists(st.sampled_from([0.0, 1e-9, 3.7e-7, 2.5e-5]), min_size=5,
+                        max_size=5))
+def test_a_compiled_step_with_prefill_chunks_is_priced_as_the_reference(
+        rows, n_dec, budget, kv, window, scalars):
+    """A chain step with prefill chunks, planned and priced by the kernels
+    (``fast.prefill_chunks``, ``fast.chunked_step_s``) and by the numpy reference in the
+    engine: the same chunks and the same step time, bit for bit, with and without an
+    attention window and each cost term."""
+    from dataclasses import replace
+
+    from dspark_sim.calibration.confmap import CalibrationMap
+    from dspark_sim.calibration.profile import load_profile
+    from dspark_sim.policies.registry import get_policy
+    from dspark_sim.sim.config import DeploymentConfig, EngineConfig, SimConfig
+    from dspark_sim.sim.engine import (
+        GENERATED,
+        NUM_COLUMNS,
+        OUTPUT_TOKENS,
+        PREFILL_TARGET,
+        PREFILLED,
+        PROMPT_TOKENS,
+        RequestLog,
+        SimContext,
+    )
+
+    logits, kv_s, attn, request_s, multi = scalars
+    prof = replace(load_profile("qwen3-8b-h100"), logits_s_per_row=logits,
+                   kv_s_per_token=kv_s, attn_s_per_query_ctx=attn, request_s=request_s,
+                   multi_kv_s_per_token=multi, attn_window_tokens=window)
+    cfg = SimConfig(deployment=DeploymentConfig(replicas=1),
+                    engine=EngineConfig(max_num_seqs=8, max_num_batched_tokens=budget,
+                                        prefill="chunked"))
+    batch = np.zeros((n_dec + len(rows), NUM_COLUMNS), np.int64)
+    batch[:n_dec, PROMPT_TOKENS] = batch[:n_dec, PREFILLED] = 100
+    batch[:n_dec, PREFILL_TARGET] = 100
+    batch[:n_dec, GENERATED] = 5
+    for i, (filled, left) in enumerate(rows):
+        batch[n_dec + i, [PROMPT_TOKENS, PREFILL_TARGET]] = filled + left
+        batch[n_dec + i, PREFILLED] = filled
+    batch[:, OUTPUT_TOKENS] = 50
+    got = {}
+    for use in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(compiled, "NUMBA", use)
+            ctx = SimContext(cfg, prof, get_policy("none"), None, CalibrationMap(),
+                             RequestLog.empty(len(batch)), lambda k: None)
+            rep = ctx.replicas[0]
+            rep.n_prefilling, rep.kv_tokens = len(rows), kv
+            plan = rep._plan(batch.copy())
+            got[use] = (plan.chunk.tolist(), plan.remaining.tolist(), plan.prefill_tokens,
+                        np.float64(rep._step_time_s(batch, plan)).tobytes())
+    assert got[True] == got[False]
+
+
+def test_a_step_past_exact_float_units_is_left_to_the_reference():
+    """Chunk units at or past 2**52 tokens would no longer sum exactly in any order: the
+    kernel says NaN and the engine prices the step with numpy."""
+    from dspark_sim.sim import fast
+    from dspark_sim.sim.engine import NUM_COLUMNS, PREFILLED
+
+    batch = np.zeros((2, NUM_COLUMNS), np.int64)
+    batch[:, PREFILLED] = 1 << 45
+    chunk = np.array([1 << 7, 1 << 7], np.int64)
+    terms = np.array([0.0, 0.0, 1e-9, 0.0, 0.0, -1.0])
+    dt = fast.chunked_step_s(batch, 0, np.zeros(0, np.int64), 0, chunk, chunk + 1,
+                             np.zeros(300), 0, 0.0, terms, True)
+    assert np.isnan(dt)
+    batch[:, PREFILLED] = 1 << 20
+    assert not np.isnan(fast.chunked_step_s(batch, 0, np.zeros(0, np.int64), 0, chunk,
+                                            chunk + 1, np.zeros(300), 0, 0.0, terms, True))
+
+
 def test_a_window_of_a_fraction_of_a_token_takes_the_python_path():
     from dataclasses import replace
 
