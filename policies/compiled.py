@@ -337,7 +337,9 @@ def lagged_slot(slots, ring_state, lag_steps, lag_rows):
 def stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows, g):
     """The lagged view where :func:`lagged_slot` says -2: the survivals of ``lag_steps``
     steps ago with the steps before it until they hold ``lag_rows`` rows (or all the ring
-    holds), and whether they are sorted (one step's are: each is held sorted ascending)."""
+    holds), and whether they are sorted. Each step's are held sorted ascending, so the
+    steps' runs are merged (the sorted values: a sort's values do not depend on how it
+    ran), unless one is NaN (then the caller sorts them as numpy orders NaN)."""
     h = slots.shape[0]
     head = ring_state[0]
     count = ring_state[1]
@@ -350,14 +352,60 @@ def stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows, g):
         if total >= lag_rows:
             break
     values = np.empty(total * g)
+    bounds = np.empty(newest - first + 2, dtype=np.int64)  # where each step's run starts
     at = 0
+    nan = False
     for j in range(first, newest + 1):
         s = (head - count + j) % h
         m = slots[s, 0] * g
         start = slots[s, 1]
-        values[at: at + m] = ring[start: start + m]
+        bounds[j - first] = at
+        for i in range(m):
+            v = ring[start + i]
+            nan |= v != v
+            values[at + i] = v
         at += m
-    return values, first == newest
+    bounds[newest - first + 1] = at
+    if nan or first == newest:
+        return values, not nan
+    return merged_runs(values, bounds), True
+
+
+@njit(cache=True)
+def merged_runs(values, bounds):
+    """``values`` sorted, from the ascending runs that start at ``bounds`` (the last
+    bound its end): pairs of neighbouring runs merged until one is left."""
+    src = values
+    dst = np.empty_like(values)
+    runs = bounds.copy()
+    k = runs.size - 1
+    while k > 1:
+        out = 0
+        for p in range(0, k - 1, 2):
+            lo, mid, hi = runs[p], runs[p + 1], runs[p + 2]
+            i, j, o = lo, mid, lo
+            while i < mid and j < hi:
+                if src[j] < src[i]:
+                    dst[o] = src[j]
+                    j += 1
+                else:
+                    dst[o] = src[i]
+                    i += 1
+                o += 1
+            dst[o: o + mid - i] = src[i: mid]
+            o += mid - i
+            dst[o: o + hi - j] = src[j: hi]
+            runs[out] = lo
+            out += 1
+        if k % 2:  # an odd run out: carried over as it is
+            lo, hi = runs[k - 1], runs[k]
+            dst[lo: hi] = src[lo: hi]
+            runs[out] = lo
+            out += 1
+        runs[out] = runs[k]
+        k = out
+        src, dst = dst, src
+    return src
 
 
 @njit(cache=True)

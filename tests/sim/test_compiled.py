@@ -412,6 +412,17 @@ def test_a_step_past_exact_float_units_is_left_to_the_reference():
                                             chunk + 1, np.zeros(300), 0, 0.0, terms, True))
 
 
+@given(st.lists(st.lists(st.sampled_from([0.0, 0.125, 0.5, 0.7, 0.7, 1.0]), max_size=30),
+                min_size=1, max_size=9))
+def test_merging_the_lagged_steps_runs_is_sorting_them(runs):
+    """The lagged view stacked from several steps, each held sorted: merged, the values
+    numpy's sort gives, ties and empty steps included."""
+    values = np.concatenate([np.sort(np.array(r, dtype=np.float64)) for r in runs])
+    bounds = np.cumsum([0] + [len(r) for r in runs]).astype(np.int64)
+    got = compiled.merged_runs(values.copy(), bounds)
+    assert got.tobytes() == np.sort(values).tobytes()
+
+
 def test_a_window_of_a_fraction_of_a_token_takes_the_python_path():
     from dataclasses import replace
 
