@@ -45,7 +45,9 @@ RECORDINGS = ("run-1", "run-2")
 # run-3: every point in three interleaved rounds (resident servers, the settings' order
 # rotated each round) and each n-gram k's own per-request acceptance pass
 INTERLEAVED = "run-3"
-ALL = (*RECORDINGS, INTERLEAVED)
+# run-4: as run-3, and the loads' order rotated across the rounds as well
+ROTATED = "run-4"
+ALL = (*RECORDINGS, INTERLEAVED, ROTATED)
 SPLIT = "none,ngram-k3@c1,ngram-k3@c16"
 DOC = Path(__file__).parents[2] / "docs" / "validation.md"
 
@@ -295,3 +297,23 @@ def test_calibrate_vllm_fits_repeats_at_their_medians_with_each_constants_uncert
     for c in fit["constants"].values():
         assert c["flag"] in ("", "at its bound 0", "not identified")
         assert c["relative_sd"] is None or c["relative_sd"] > 0  # the repeats scatter
+
+
+def test_the_rotated_run_measures_each_load_early_midway_and_late():
+    """run-4's rounds rotate the loads too: within a round each load's runs come
+    together, and across the three rounds each load takes three different places in
+    its round (the bench client stamps each result with the second it ran)."""
+    runs = read_bench_runs([RECORDED / ROTATED / "runs"])
+    places: dict[str, set[int]] = {}
+    for n in (1, 2, 3):
+        stamps: dict[str, str] = {}
+        for r in runs:
+            if r.round == n:
+                load = r.name.split("@")[1]
+                date = json.loads(r.path.read_text())["date"]
+                stamps[load] = min(stamps.get(load, date), date)
+        order = sorted(stamps, key=stamps.get)
+        assert len(order) == 6
+        for i, load in enumerate(order):
+            places.setdefault(load, set()).add(i)
+    assert all(len(v) == 3 for v in places.values()), places
