@@ -6,11 +6,12 @@ and the load of its cached machine code (~0.4 s of CPU and ~105 MB of memory, mo
 the simulation itself at 10,000 requests). The same kernels, compiled by numba's
 ahead-of-time compiler (``numba.pycc``) for the argument types the engine passes
 (:data:`EXPORTS`), are a plain extension module: imported in milliseconds, a few MB.
-It is built once per machine, the first time a kernel runs (in a child process, ~30 s:
-numba compiles every kernel, a C compiler links them), and kept beside numba's own cache
-(``NUMBA_CACHE_DIR``, else the ``__pycache__`` folder of this package), named by a hash of
-the kernels' sources, this table and the numba, numpy and Python versions it was built
-with: a change to any of them builds a new one.
+It is built once per machine, in a detached background process that the first run
+starts (~20-30 s: numba compiles every kernel, a C compiler links them; that run and the
+runs started meanwhile take the numpy path or numba's dispatchers, the same bits), and
+kept beside numba's own cache (``NUMBA_CACHE_DIR``, else the ``__pycache__`` folder of
+this package), named by a hash of the kernels' sources, this table and the numba, numpy
+and Python versions it was built with: a change to any of them builds a new one.
 
 Numba's dispatchers check each call's argument types and compile a version for new ones;
 an exported function takes the one it was built for. So every exported function is
@@ -25,10 +26,12 @@ cannot be built (no C compiler, numba without ``pycc``) the dispatchers run as b
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -84,6 +87,7 @@ EXPORTS: dict[str, str] = {
 _KINDS = {"f8": ("f", 8, "float64"), "i8": ("i", 8, "int64"), "i1": ("i", 1, "int8"),
           "b1": ("b", 1, "boolean")}
 PREFIX = "_dspark_kernels_"
+_SELF = "dspark_sim.policies.aot"  # ``-m`` for the build (run as ``__main__``, too)
 FORMAT = 1  # the layout of the module and of this file's C; a change rebuilds
 
 
@@ -123,6 +127,7 @@ def _version_text(package: str) -> bytes:
     return path.read_bytes() if path.is_file() else package.encode()
 
 
+@functools.cache
 def key() -> str:
     """What the module is built from: this file, the kernels' modules' sources, and the
     numba, llvmlite, numpy and Python it is built with and for."""
@@ -160,25 +165,39 @@ def module_path(k: str | None = None) -> Path:
 _loaded: dict[str, object] | None = None
 
 
-def load(build: bool = True) -> dict[str, object] | None:
+def load(wait: bool = False) -> dict[str, object] | None:
     """Qualified kernel name -> the compiled function, from the module built for this
-    machine (built first when ``build`` and it is missing); None where there is none
-    and cannot be one (the dispatchers run then). Once per process."""
+    machine; None where there is none yet (the caller runs numba's dispatchers or the
+    numpy path). A missing module is built in a detached process (:func:`start_build`)
+    that later processes pick up, so no run waits for the build's ~30 s; ``wait`` builds it
+    here, or waits for the build under way (the tests of the module itself). Loaded once
+    per process; a miss is looked for again on the next call."""
     global _loaded
-    if _loaded is not None:
-        return _loaded or None
+    if _loaded:
+        return _loaded
     k = key()
     path = module_path(k)
-    if not path.is_file() and build:
-        _build_once(path, k)
+    if not path.is_file():
+        if wait:
+            _build_once(path, k)
+        else:
+            start_build(path, k)
     module = _import(path, PREFIX + k) if path.is_file() else None
-    _loaded = {} if module is None else {q: getattr(module, _export_name(q)) for q in EXPORTS}
-    return _loaded or None
+    if module is None:
+        return None
+    _loaded = {q: getattr(module, _export_name(q)) for q in EXPORTS}
+    return _loaded
 
 
 def available() -> bool:
     """The module is built for this machine (nothing imported, nothing built)."""
-    return _loaded is not None and bool(_loaded) or module_path().is_file()
+    return bool(_loaded) or module_path().is_file()
+
+
+def failed() -> bool:
+    """A build of the module for these sources failed on this machine (it is not tried
+    again: the numba dispatchers' cache is what runs here)."""
+    return module_path().with_suffix(".failed").is_file()
 
 
 def _import(path: Path, name: str):
@@ -195,33 +214,80 @@ def _import(path: Path, name: str):
     return module
 
 
-def _build_once(path: Path, k: str) -> None:
-    """Build the module into ``path`` in a child process, unless a build for this key
-    failed before on this machine (its error is kept beside it) or the folder cannot be
-    written; one process builds at a time, the others wait for it."""
-    failed = path.with_suffix(".failed")
+def _open_lock(path: Path):
+    """The build's lock file (one per key), or None where the folder cannot be written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.with_suffix(".lock"), "a")
+        return open(path.with_suffix(".lock"), "a")
     except OSError:
+        return None
+
+
+def start_build(path: Path | None = None, k: str | None = None) -> bool:
+    """Build the module in a detached, niced process unless it is built, a build for
+    this key failed before, or another process is building it (it holds the key's lock:
+    one build at a time, whatever runs concurrently, pytest-xdist's workers included).
+    The child inherits the lock, so it stays taken until the build ends or the child
+    dies. Returns whether a build was started."""
+    import fcntl
+
+    k = k or key()
+    path = path or module_path(k)
+    lock = _open_lock(path)
+    if lock is None:
+        return False
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a build under way
+            return False
+        if path.is_file() or path.with_suffix(".failed").is_file():
+            return False
+        try:
+            subprocess.Popen([sys.executable, "-m", _SELF, "--install", str(path), k,
+                              str(lock.fileno())], pass_fds=(lock.fileno(),),
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True,
+                             env={**os.environ, "DSPARK_SIM_KERNELS": "jit"})
+        except OSError:
+            return False
+    return True  # this process's copy of the lock closed; the child's holds it
+
+
+def _build_once(path: Path, k: str) -> None:
+    """Build the module into ``path`` here, or wait for the build under way (the lock's
+    holder) and take what it left."""
+    lock = _open_lock(path)
+    if lock is None:
         return
     with lock:
         import fcntl
 
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.is_file() or failed.is_file():
-            return
-        with tempfile.TemporaryDirectory(prefix="build-", dir=path.parent) as tmp:
-            env = {**os.environ, "DSPARK_SIM_KERNELS": "jit"}
-            res = subprocess.run([sys.executable, "-m", __name__, tmp, PREFIX + k],
-                                 capture_output=True, text=True, env=env)
-            built = Path(tmp) / path.name
-            if res.returncode == 0 and built.is_file():
-                os.replace(built, path)
-                _prune(path.parent, PREFIX + k)
-            else:
-                with contextlib.suppress(OSError):
-                    failed.write_text(_tail(res.stderr) or f"exit {res.returncode}")
+        _build_locked(path, k)
+
+
+def _build_locked(path: Path, k: str) -> None:
+    """The build, by the holder of the key's lock: compiled in a child process into a
+    temporary folder beside ``path``, then renamed into place in one step, so a build
+    that fails or is killed never leaves a module to import; a failure's error is kept
+    beside it (``.failed``) and the build is not tried again for this key."""
+    failed_file = path.with_suffix(".failed")
+    if path.is_file() or failed_file.is_file():
+        return
+    for stale in path.parent.glob(f"build-{k}-*"):  # a killed build's (the lock is ours)
+        shutil.rmtree(stale, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=f"build-{k}-", dir=path.parent) as tmp:
+        env = {**os.environ, "DSPARK_SIM_KERNELS": "jit"}
+        res = subprocess.run([sys.executable, "-m", _SELF, tmp, PREFIX + k],
+                             capture_output=True, text=True, env=env)
+        built = Path(tmp) / path.name
+        if res.returncode == 0 and built.is_file():
+            os.replace(built, path)
+            _prune(path.parent, PREFIX + k)
+        else:
+            with contextlib.suppress(OSError):
+                failed_file.write_text(_tail(res.stderr) or f"exit {res.returncode}")
 
 
 def _prune(folder: Path, keep: str) -> None:
@@ -460,8 +526,20 @@ def build(out_dir: Path, name: str) -> Path:
     return out_dir / cc.output_file
 
 
+def _install(path: Path, k: str, lock_fd: int) -> None:
+    """The detached build (:func:`start_build`): niced, holding the inherited lock until
+    it exits."""
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    with open(lock_fd, "a"):
+        _build_locked(path, k)
+
+
 if __name__ == "__main__":
     import warnings
 
     warnings.simplefilter("ignore")  # pycc's pending deprecation
-    build(Path(sys.argv[1]), sys.argv[2])
+    if sys.argv[1] == "--install":
+        _install(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+    else:
+        build(Path(sys.argv[1]), sys.argv[2])

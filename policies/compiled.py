@@ -14,11 +14,13 @@ run and on random batches.
 installed, as the package requires) the kernels. Without numba (a platform without its
 wheels) the numpy path runs and nothing here is compiled. The kernels are bound when one
 first runs (:func:`njit`): to the module compiled ahead of time for this machine
-(``policies/aot.py``: no numba or LLVM in the process; built the first time, ~30 s), or,
-where it cannot be built or ``DSPARK_SIM_KERNELS=jit`` asks, to numba's dispatchers,
-whose compiled functions are cached on disk (``cache=True``, in ``__pycache__`` or
-``NUMBA_CACHE_DIR``), so only the first run on a machine pays the compile
-(``benchmarks/bench_sim.py`` prints the cold and warm start-up).
+(``policies/aot.py``: no numba or LLVM in the process), or, until it is built (in the
+background, ~30 s, started by the first run), where it cannot be built or
+``DSPARK_SIM_KERNELS=jit`` asks, to numba's dispatchers, whose compiled functions are
+cached on disk (``cache=True``, in ``__pycache__`` or ``NUMBA_CACHE_DIR``), so only the
+first run on a machine pays their compile (``benchmarks/bench_sim.py`` prints the cold
+and warm start-up). ``DSPARK_SIM_KERNELS=aot`` waits for the module (building it if no
+process is) rather than run the dispatchers.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-BACKENDS = ("numba", "numpy", "jit")
+BACKENDS = ("numba", "numpy", "jit", "aot")
 
 
 def _choose() -> bool:
@@ -40,7 +42,7 @@ def _choose() -> bool:
     if want == "numpy":
         return False
     if importlib.util.find_spec("numba") is None:
-        if want in ("numba", "jit"):
+        if want in ("numba", "jit", "aot"):
             raise SystemExit(f"DSPARK_SIM_KERNELS={want}: numba is not installed "
                              "(pip install numba)")
         return False
@@ -57,25 +59,43 @@ NUMBA = _choose()
 # command that runs one simulation (``dspark-sim run``) then takes the numpy path below
 # this many requests, unless DSPARK_SIM_KERNELS names a backend.
 NUMPY_BELOW_REQUESTS = 2_000
+# While the module is being built (a machine's first minute: the build runs in the
+# background, ``aot.start_build``) numba's cache is as cold: its dispatchers would compile
+# the kernels a run uses first, ~13 s of CPU, which the numpy path's extra ~95 us a
+# request (confidence, 200 req/s) costs only past ~140,000 requests.
+NUMPY_WHILE_BUILDING = 150_000
 
 
 def choose_for_run(requests: int | None) -> bool:
     """Take the numpy path for a process's one run of ``requests`` (None: unknown, such
-    as a workload file's) when it is too short to win back numba's load (the module
-    compiled ahead of time costs nothing to load: with it built, the kernels run at any
-    size); returns whether the kernels run."""
+    as a workload file's) when it is too short to win back loading the kernels: with the
+    module compiled ahead of time built they cost nothing to load and run at any size;
+    without it (its build started in the background here if it is not under way) below
+    :data:`NUMPY_WHILE_BUILDING` requests, or :data:`NUMPY_BELOW_REQUESTS` where its build
+    failed (numba's cache is what runs, warm after a first run). Returns whether the
+    kernels run."""
     global NUMBA
     chosen = os.environ.get("DSPARK_SIM_KERNELS", "").strip()
-    if not chosen and requests is not None and requests < NUMPY_BELOW_REQUESTS \
-            and not _aot_built():
+    if chosen or not NUMBA:
+        return NUMBA
+    state = _aot_state()
+    below = {"built": 0, "failed": NUMPY_BELOW_REQUESTS}.get(state, NUMPY_WHILE_BUILDING)
+    if requests is not None and requests < below:
         NUMBA = False
     return NUMBA
 
 
-def _aot_built() -> bool:
+def _aot_state() -> str:
+    """``built``, ``failed``, or ``building`` (started now if no process is building)."""
     from dspark_sim.policies import aot
 
-    return aot.available()
+    if aot.available():
+        return "built"
+    if aot.failed():
+        return "failed"
+    aot.start_build()
+    return "building"
+
 
 # Every kernel of this module and of the engine's (``sim/fast.py``): (its module's
 # globals, its name, the Python function, numba's options). The kernels are bound when
@@ -116,15 +136,16 @@ def njit(**options) -> Callable[[Callable], Callable]:
 
 def bind() -> None:
     """Rebind every kernel's name to its function in the module compiled ahead of time
-    for this machine (built first if it is missing), or where there is none to numba's
-    dispatcher (once)."""
+    for this machine, or where there is none yet (its build started in the background)
+    or can be none to numba's dispatcher (once)."""
     global _bound
     if _bound:
         return
-    if os.environ.get("DSPARK_SIM_KERNELS", "").strip().lower() != "jit":
+    want = os.environ.get("DSPARK_SIM_KERNELS", "").strip().lower()
+    if want != "jit":
         from dspark_sim.policies import aot
 
-        _exports.update(aot.load() or {})
+        _exports.update(aot.load(wait=want == "aot") or {})
     if not _exports:
         bind_jit()
         return

@@ -46,16 +46,21 @@ def test_a_short_run_of_a_cached_trace_loads_none_of_them(tmp_path):
     assert not any(_loaded_after(run, env).values())
 
 
-@pytest.mark.parametrize(("requests", "env", "built", "numba"), [
-    (1, "", False, False), (compiled.NUMPY_BELOW_REQUESTS - 1, "", False, False),
-    (compiled.NUMPY_BELOW_REQUESTS, "", False, True), (None, "", False, True),
-    (1, "numba", False, True), (10**6, "numpy", False, False), (1, "jit", False, True),
-    (1, "", True, True), (10**6, "numpy", True, False)])
+@pytest.mark.parametrize(("requests", "env", "aot", "numba"), [
+    (1, "", "building", False),
+    (compiled.NUMPY_WHILE_BUILDING - 1, "", "building", False),
+    (compiled.NUMPY_WHILE_BUILDING, "", "building", True), (None, "", "building", True),
+    (1, "", "failed", False), (compiled.NUMPY_BELOW_REQUESTS - 1, "", "failed", False),
+    (compiled.NUMPY_BELOW_REQUESTS, "", "failed", True), (None, "", "failed", True),
+    (1, "numba", "building", True), (10**6, "numpy", "building", False),
+    (1, "jit", "building", True), (1, "aot", "building", True),
+    (1, "", "built", True), (10**6, "numpy", "built", False)])
 def test_a_run_too_short_to_win_back_numba_takes_the_numpy_path(monkeypatch, requests, env,
-                                                                  built, numba):
-    """Short runs take the numpy path while loading the kernels costs numba's import;
-    with the module compiled ahead of time built (``built``) they cost nothing to load."""
+                                                                  aot, numba):
+    """Short runs take the numpy path while loading the kernels costs numba's import
+    (and, while the module compiled ahead of time is being built, its compile too); with
+    the module built they cost nothing to load."""
     monkeypatch.setenv("DSPARK_SIM_KERNELS", env)
     monkeypatch.setattr(compiled, "NUMBA", env != "numpy")
-    monkeypatch.setattr(compiled, "_aot_built", lambda: built)
+    monkeypatch.setattr(compiled, "_aot_state", lambda: aot)
     assert compiled.choose_for_run(requests) is numba and compiled.NUMBA is numba

@@ -1,9 +1,11 @@
 """The kernels compiled ahead of time (``policies/aot.py``): a process that runs them
-imports no numba, every call the golden runs make stays in the compiled module, and a
-call with other argument types runs numba's dispatcher instead, as it always did."""
+imports no numba, every call the golden runs make stays in the compiled module, a call
+with other argument types runs numba's dispatcher instead, as it always did, and the
+module is built in the background, one build at a time, never imported half-written."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -22,8 +24,9 @@ GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 
 @pytest.fixture(scope="module")
 def exports():
-    """The compiled module's functions (built here the first time, as a run builds it)."""
-    got = aot.load()
+    """The compiled module's functions (built here, or by the background build a run
+    started, waited for)."""
+    got = aot.load(wait=True)
     if got is None:
         pytest.skip("the compiled module cannot be built here: "
                     + next(aot.cache_dir().glob("*.failed"), Path("no reason kept")).name)
@@ -119,3 +122,59 @@ def test_a_build_that_failed_is_not_retried_and_the_dispatchers_run(tmp_path):
                  "print(json.dumps([out, 'numba' in sys.modules]))", **env)
     assert got == [[3.0, 3.0, 1.0, 1.0], True]
     assert not path.exists()
+
+
+def _module_path(env: dict) -> tuple[Path, str]:
+    """Where a process with ``env`` looks for the module, and its temporary build
+    folders' prefix."""
+    path, k = _fresh("import json\nfrom dspark_sim.policies import aot\n"
+                     "print(json.dumps([str(aot.module_path()), aot.key()]))", **env)
+    return Path(path), f"build-{k}-"
+
+
+def test_a_run_while_another_process_builds_waits_for_nothing(tmp_path):
+    """A build under way elsewhere (its lock held) and a half-written module in its
+    folder: a run starts no second build, imports nothing, and takes the numpy path."""
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba-cache"), "DSPARK_SIM_KERNELS": ""}
+    path, building = _module_path(env)
+    partial = path.parent / f"{building}x"
+    partial.mkdir(parents=True)
+    (partial / path.name).write_bytes(b"\x7fELF half")
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        got = _fresh("import sys, json\nfrom dspark_sim.policies import aot, compiled\n"
+                     "print(json.dumps([aot.start_build(), aot.load(), "
+                     "compiled.choose_for_run(1), compiled.choose_for_run(None), "
+                     "'numba' in sys.modules]))", **env)
+    assert got == [False, None, False, False, False]
+    assert {p.name for p in path.parent.iterdir()} == {partial.name,
+                                                        path.with_suffix(".lock").name}
+
+
+@pytest.mark.slow
+def test_the_first_run_builds_the_module_in_the_background(tmp_path):
+    """A fresh cache: ``run --num-requests 1`` returns before the module exists, with its
+    build under way (the lock taken, a second start refused); the build, waited for,
+    leaves the module in place, a killed build's folder gone, and later processes load
+    it without numba."""
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba-cache"), "DSPARK_SIM_KERNELS": ""}
+    path, building = _module_path(env)
+    stale = path.parent / f"{building}old"
+    stale.mkdir(parents=True)
+    (stale / path.name).write_bytes(b"\x7fELF half")
+    code = ("import sys\nfrom dspark_sim.cli import main\n"
+            "sys.argv = ['dspark-sim', 'run', '--num-requests', '1', '--quiet']\nmain()")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, **env}, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert not path.exists()
+    with open(path.with_suffix(".lock"), "a") as lock, pytest.raises(BlockingIOError):
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert _fresh("import json\nfrom dspark_sim.policies import aot\n"
+                  "print(json.dumps(aot.start_build()))", **env) is False
+    got = _fresh("import sys, json\nfrom dspark_sim.policies import aot\n"
+                 "print(json.dumps([aot.load(wait=True) is not None, "
+                 "'numba' in sys.modules]))", **env)
+    assert got == [True, False]
+    assert path.is_file() and not stale.exists()
+    assert not path.with_suffix(".failed").exists()
