@@ -21,7 +21,10 @@ noisier; both are printed where they matter):
   requests, one replica, azure-conv lengths, qwen3-8b-h100, 128 seqs, 512 batched tokens,
   seed 0; ``none`` at 5.75 req/s and ``confidence`` at 14 req/s).
 * **start-up**: a fresh process's import + first small run, with an empty compiled-kernel
-  cache (cold: the JIT compiles) and with the cache the cold run left (warm).
+  cache (cold: the JIT compiles, or the module compiled ahead of time is built) and with
+  the cache the cold run left (warm: after any build it started in the background has
+  ended); and the same for ``dspark-sim run --num-requests 1`` (CPU s of the process),
+  which takes the numpy path while the module is missing.
 * **day** (``--day``, long): ``run --duration-s 86400 --qps 200`` through the CLI, wall
   time and peak RSS (``--day-s`` to measure a shorter span and extrapolate).
 
@@ -156,6 +159,20 @@ def work_startup() -> dict:
     return {"first_run_s": time.perf_counter() - t0}
 
 
+def _wait_for_kernels() -> None:
+    """At a revision that builds the kernels' module in the background, build it (or wait
+    for the build under way) before measuring: the figures are then the module's, as a
+    machine's later runs see them, and no build shares the CPU with them."""
+    import inspect
+
+    try:
+        from dspark_sim.policies import aot
+    except ImportError:  # a revision without the module
+        return
+    if "wait" in inspect.signature(aot.load).parameters:
+        aot.load(wait=True)
+
+
 def worker(args) -> None:
     import dspark_sim
 
@@ -166,6 +183,7 @@ def worker(args) -> None:
     else:  # the other tasks measure steady speed: compile / warm imports first
         from dspark_sim.sim.api import simulate
 
+        _wait_for_kernels()
         simulate(_config("confidence", workload={"num_requests": 50, "duration_s": None}))
     if "step" in tasks:
         res["step"] = work_step(args.repeats, args.policies.split(","))
@@ -234,6 +252,38 @@ def run_day(site: Path | None, cache: Path, day_s: float) -> dict:
             + after.ru_stime - before.ru_stime, "peak_rss_mib": after.ru_maxrss / 1024}
 
 
+def run_cli_startup(site: Path | None, cache: Path) -> dict:
+    """``dspark-sim run --num-requests 1`` in a fresh process: wall and CPU s."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+    env.pop("DSPARK_SIM_KERNELS", None)
+    if site is not None:
+        env["PYTHONPATH"] = str(site)
+    code = ("import sys; from dspark_sim.cli import main; sys.argv = ['dspark-sim'] + "
+            "sys.argv[1:]; main()")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", code, "run", "--num-requests", "1", "--quiet"],
+                       env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode:
+        raise SystemExit(f"run --num-requests 1 ({site or 'work tree'}) failed:\n"
+                         f"{p.stderr[-3000:]}")
+    return {"wall_s": wall, "cpu_s": after.ru_utime - before.ru_utime
+            + after.ru_stime - before.ru_stime}
+
+
+def wait_for_builds(cache: Path) -> None:
+    """Wait for the kernels' module a run left building in the background (its build
+    holds the key's lock, ``policies/aot.py``): the next figure is then the module's,
+    not the build's, and the build does not share the CPU with it."""
+    import fcntl
+
+    for lock in sorted(cache.glob("**/*.lock")):
+        with open(lock, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+
+
 def keep_best(col: dict, res: dict) -> None:
     """Merge a worker's figures into ``col``, keeping each figure's fastest run: the
     standard run and each matched policy by CPU s, each per-step cell by its us."""
@@ -280,6 +330,9 @@ def report(cols: list[tuple[str, dict]], args) -> None:
         print(f"\nstart-up: import + a 50-request run in a fresh process (wall s){head}{ratios}")
         row("cold (empty kernel cache)", get("startup_cold", "first_run_s"))
         row("warm (cache kept)", get("startup_warm", "first_run_s"))
+        row("run --num-requests 1, cold: CPU s", get("cli_cold", "cpu_s"))
+        row("run --num-requests 1, cold: wall s", get("cli_cold", "wall_s"))
+        row("run --num-requests 1, warm: CPU s", get("cli_warm", "cpu_s"))
     if "step" in args.only:
         print(f"\nus of CPU per engine step (closed loop, 1 replica){' ' * 6}{head}{ratios}")
         for policy in args.policies.split(","):
@@ -378,8 +431,14 @@ def main() -> None:
                 col = cols[name]
                 if rnd == 0 and "startup" in args.only:
                     col["startup_cold"] = run_worker(["startup"], site, cache, args)["startup"]
+                    wait_for_builds(cache)
                     col["startup_warm"] = run_worker(["startup"], site, cache, args)["startup"]
+                    cli_cache = root / f"numba-{name}-cli"
+                    col["cli_cold"] = run_cli_startup(site, cli_cache)
+                    wait_for_builds(cli_cache)
+                    col["cli_warm"] = run_cli_startup(site, cli_cache)
                 if rest:
+                    wait_for_builds(cache)
                     keep_best(col, run_worker(rest, site, cache, args))
                 if rnd == 0 and args.day:
                     col["day"] = run_day(site, cache, args.day_s)
