@@ -79,8 +79,9 @@ EXPORTS: dict[str, str] = {
         "ro:i8[:,C] i8 ro:f8[:,C] ro:i1[C] i8[C] f8[:,C] i8[C] f8[C]",
     "dspark_sim.sim.fast.gather_trace_rows":
         "ro:i8[:,C] i8 ro:f8[:,C] i8[C] f8[:,C] f8[C]",
-    "dspark_sim.sim.ahead.front_end":
-        "ro:f8[C] ro:i1[C] ro:i8[C] f8 i8 i8 ro:f8[C] f8 f8 f8 i8",
+    "dspark_sim.sim.ahead.front_end_run":
+        "f8[:,C] ro:i8[:,C] i8[C] f8[C] i8[:,C] i8[C] f8[C] i8[C] i8[:,C] i8[:,C] i8[C] "
+        "f8[C] f8[C] f8[C] f8 i8 ro:f8[C] f8 f8 f8",
 }
 
 # element kinds: (numpy's kind character, item size, numba's type name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -31,7 +32,7 @@ from dspark_sim.errors import InputError
 from dspark_sim.io import LazyModule, jsonable
 from dspark_sim.policies import compiled
 from dspark_sim.policies.registry import Policy, engine_support, get_policy
-from dspark_sim.sim.ahead import Handoffs, NotAhead
+from dspark_sim.sim.ahead import Handoffs, NotAhead, StreamedHandoffs
 from dspark_sim.sim.arrivals import ClosedLoop, OpenLoop, SessionLoop
 from dspark_sim.sim.config import (
     MAX_ENGINE_STEPS,
@@ -56,6 +57,7 @@ from dspark_sim.sim.prefix_cache import summary as prefix_summary
 from dspark_sim.sim.quality import task_score
 from dspark_sim.sim.sessions import SessionPlan
 from dspark_sim.sim.stream import (
+    ChunkTee,
     RequestWindow,
     SpillFolder,
     read_log,
@@ -66,6 +68,7 @@ from dspark_sim.sim.stream import (
 from dspark_sim.sim.workload import (
     ChunkedStream,
     RequestStream,
+    StreamChunk,
     build_stream,
     draws_in_chunks,
     uses_trace_lengths,
@@ -536,7 +539,7 @@ def simulate(cfg: RunInputs | SimConfig, *,
     drawn = _drawn_in_chunks(cfg, trace, trace_rows, profile)
     if drawn is not None:
         return _simulate_streamed(cfg, policy, profile, trace, calibration, policy_profile,
-                                  drawn.chunks(), drawn.size, drawn.last_arrival_s,
+                                  drawn.chunks, drawn.size, drawn.last_arrival_s,
                                   drawn.description)
     rng = np.random.default_rng(cfg.seed)
     stream, trace_row = _request_log(cfg, rng, trace, trace_rows, profile)
@@ -548,7 +551,8 @@ def simulate(cfg: RunInputs | SimConfig, *,
                              "cache: give --prefix-cache off or fewer requests")
         last = float(stream.arrival_s[-1]) if stream.size else 0.0
         return _simulate_streamed(cfg, policy, profile, trace, calibration, policy_profile,
-                                  sliced(stream, trace_row, STREAM_CHUNK), stream.size, last,
+                                  partial(sliced, stream, trace_row, STREAM_CHUNK), stream.size,
+                                  last,
                                   stream.description)
     run = run_in_memory(cfg, policy, profile, trace, calibration, policy_profile, stream,
                         trace_row)
@@ -732,59 +736,77 @@ def _streamed_step_bound(cfg: SimConfig, n: int) -> SimConfig:
 
 def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
                        trace: AcceptanceTrace | None, calibration: CalibrationMap,
-                       policy_profile: EngineProfile | None, requests, n: int,
+                       policy_profile: EngineProfile | None,
+                       chunks: Callable[[], Iterator[StreamChunk]], n: int,
                        last_arrival_s: float, description: str) -> SimResult:
     """:func:`simulate` for a run above ``STREAM_ABOVE`` requests: the same engine and
-    sources over a window of request slots fed ``requests`` (the stream's ``n``
-    requests in ``STREAM_CHUNK`` chunks), the outputs spilled in chunks."""
+    sources over a window of request slots fed ``chunks()`` (the stream's ``n``
+    requests in ``STREAM_CHUNK`` chunks, the same each call), the outputs spilled in
+    chunks."""
     cfg = _streamed_step_bound(cfg, n)
-    spill = SpillFolder()
-    try:
-        log = RequestLog.empty(RequestWindow.slots(n, STREAM_CHUNK, STREAM_CHUNKS))
-        ctx, finishes = _context(cfg, profile, policy, trace, calibration, log,
-                                 policy_profile)
-        disaggregated = ctx.limits.prefill == "disaggregated"
-        ctx.set_rows(np.zeros((len(log.arrival_s), NUM_COLUMNS), np.int64))
-        window = RequestWindow(ctx, requests, n, last_arrival_s, spill, rejections,
-                               chunk=STREAM_CHUNK, chunks=STREAM_CHUNKS,
-                               disaggregated=disaggregated)
-        del requests  # the window holds the stream's chunks, and lets each go
-        # over the slots' prompts (the window refills them with each chunk)
-        prefill = _prefill_pool(cfg, ctx, profile, log.prompt_tokens)
-        if prefill is not None:
-            window.attach(prefill)
-        closed, horizon, bounded_by = _run(cfg, ctx, finishes, prefill, n, None, window)
-        window.finish()
-        # the window's memory goes before the parts are read back for the summary: the
-        # event loop's processes (the sources, the replicas) hold the log and the slots
-        del window, log
-        finishes.source = None
-        ctx.log = ctx.rows = ctx.admit_need = ctx.request_state = None
-        ctx.env = ctx.stop = None
-        ctx.replicas = []
-        if prefill is not None:
-            prefill.env = None
-        gc.collect()
-        stream = RequestStream(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64),
-                               description)  # what the summary reads of it
-        full = read_log(spill.request_parts, lossy=policy.lossy)
-        if not int((np.isnan(full.finish_s) & (full.rejected == 0)).sum()) \
-                and bounded_by != "window":
-            bounded_by = None  # the bound was reached, but nothing was cut short
-        if prefill is not None:
-            prefill = read_prefill(prefill, spill.prefill_parts)
-        summary = _summary(cfg, policy, profile, stream, trace, calibration, full, ctx,
-                           closed=closed, bounded_by=bounded_by, horizon=horizon,
-                           prefill=prefill, steps=read_steps(spill.step_parts))
-        del full
-        if policy_profile is not None and policy_profile is not profile:
-            summary["policy_profile"] = policy_profile.name
-        result = SimResult(cfg, jsonable(summary), spill.requests())
-    except BaseException:
-        spill.close()
-        raise
-    weakref.finalize(result, spill.close)  # the parts live as long as the result
-    return result
+    # an open loop's prefill instances are computed ahead, a chunk at a time
+    # (``sim.ahead.StreamedHandoffs``); where that cannot be exact, the run is simulated
+    # again with them as SimPy processes
+    ahead = compiled.NUMBA and cfg.workload.arrival != "closed"
+    while True:
+        spill = SpillFolder()
+        try:
+            log = RequestLog.empty(RequestWindow.slots(n, STREAM_CHUNK, STREAM_CHUNKS))
+            ctx, finishes = _context(cfg, profile, policy, trace, calibration, log,
+                                     policy_profile)
+            disaggregated = ctx.limits.prefill == "disaggregated"
+            ctx.set_rows(np.zeros((len(log.arrival_s), NUM_COLUMNS), np.int64))
+            requests = chunks()
+            if ahead and disaggregated:  # the front end reads the chunks ahead of the window
+                requests = ChunkTee(requests)
+            window = RequestWindow(ctx, requests, n, last_arrival_s, spill, rejections,
+                                   chunk=STREAM_CHUNK, chunks=STREAM_CHUNKS,
+                                   disaggregated=disaggregated)
+            del requests  # the window holds the stream's chunks, and lets each go
+            # over the slots' prompts (the window refills them with each chunk)
+            prefill = _prefill_pool(cfg, ctx, profile, log.prompt_tokens, serve=not ahead)
+            if prefill is not None:
+                window.attach(prefill)
+            try:
+                closed, horizon, bounded_by = _run(cfg, ctx, finishes, prefill, n, None,
+                                                   window, ahead=ahead)
+            except NotAhead:
+                if not ahead:
+                    raise
+                spill.close()
+                ahead = False  # two events at one instant: run it again as SimPy processes
+                continue
+            window.finish()
+            # the window's memory goes before the parts are read back for the summary: the
+            # event loop's processes (the sources, the replicas) hold the log and the slots
+            del window, log
+            finishes.source = None
+            ctx.log = ctx.rows = ctx.admit_need = ctx.request_state = None
+            ctx.env = ctx.stop = ctx.handoffs = None
+            ctx.replicas = []
+            if prefill is not None:
+                prefill.env = None
+            gc.collect()
+            stream = RequestStream(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                                   description)  # what the summary reads of it
+            full = read_log(spill.request_parts, lossy=policy.lossy)
+            if not int((np.isnan(full.finish_s) & (full.rejected == 0)).sum()) \
+                    and bounded_by != "window":
+                bounded_by = None  # the bound was reached, but nothing was cut short
+            if prefill is not None:
+                prefill = read_prefill(prefill, spill.prefill_parts)
+            summary = _summary(cfg, policy, profile, stream, trace, calibration, full, ctx,
+                               closed=closed, bounded_by=bounded_by, horizon=horizon,
+                               prefill=prefill, steps=read_steps(spill.step_parts))
+            del full
+            if policy_profile is not None and policy_profile is not profile:
+                summary["policy_profile"] = policy_profile.name
+            result = SimResult(cfg, jsonable(summary), spill.requests())
+        except BaseException:
+            spill.close()
+            raise
+        weakref.finalize(result, spill.close)  # the parts live as long as the result
+        return result
 
 
 class _Finishes:
@@ -831,9 +853,11 @@ def _run(cfg: SimConfig, ctx: SimContext, finishes: _Finishes, prefill: PrefillP
         finishes.source = ClosedLoop(env, router, ctx.log, n, cfg.workload.max_concurrency,
                                      prefill, frontend_s, window=window)
         horizon = CLOSED_LOOP_HORIZON_S
-    elif ahead and prefill is not None and window is None:
+    elif ahead and prefill is not None:
         finishes.source = ctx.handoffs = handoffs = Handoffs(
-            env, router, ctx.log, arrival_s, prefill, frontend_s, stepping)
+            env, router, ctx.log, arrival_s, prefill, frontend_s, stepping) \
+            if window is None else StreamedHandoffs(
+            env, router, ctx.log, window, prefill, frontend_s, stepping)
         horizon = finishes.source.last_arrival_s + cfg.drain_timeout_s
     else:
         finishes.source = OpenLoop(env, router, ctx.log, arrival_s, prefill, frontend_s,

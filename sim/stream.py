@@ -188,6 +188,45 @@ class RequestWindow:
         self.flushed += 1
 
 
+class ChunkTee:
+    """A stream's chunks read twice: in order by the window (an iterator), and by index,
+    ahead of it, by the front end of a streamed run computed ahead
+    (``sim.ahead.StreamedHandoffs``). Each chunk is held until both have read it."""
+
+    def __init__(self, chunks: Iterator[StreamChunk]) -> None:
+        self.source = iter(chunks)
+        self.held: dict[int, StreamChunk] = {}
+        self.pulled = 0  # chunks taken from the source
+        self.window_next = 0  # the next chunk the window reads
+        self.ahead_next = 0  # the chunks the front end has read
+
+    def __iter__(self) -> ChunkTee:
+        return self
+
+    def __next__(self) -> StreamChunk:
+        c = self._chunk(self.window_next)
+        self.window_next += 1
+        self._drop()
+        return c
+
+    def get(self, q: int) -> StreamChunk:
+        c = self._chunk(q)
+        self.ahead_next = max(self.ahead_next, q + 1)
+        self._drop()
+        return c
+
+    def _chunk(self, q: int) -> StreamChunk:
+        while self.pulled <= q:
+            self.held[self.pulled] = next(self.source)
+            self.pulled += 1
+        return self.held[q]
+
+    def _drop(self) -> None:
+        read = min(self.window_next, self.ahead_next)
+        for q in [q for q in self.held if q < read]:
+            del self.held[q]
+
+
 def sliced(stream: RequestStream, trace_row: np.ndarray, chunk: int) -> Iterator[StreamChunk]:
     """A stream held whole (read from a workload file, or rows given by the caller) in
     :class:`RequestWindow`'s chunks."""
@@ -255,4 +294,4 @@ def read_steps(parts: list[Path]) -> StepSeries:
     return StepSeries.from_columns(cols)
 
 
-__all__ = ["RequestWindow", "SpillFolder", "read_log", "read_prefill", "read_steps", "sliced"]
+__all__ = ["ChunkTee", "RequestWindow", "SpillFolder", "read_log", "read_prefill", "read_steps", "sliced"]

@@ -248,3 +248,157 @@ def test_the_pass_ahead_matches_a_pool_by_hand():
     assert hand_rid.tolist() == [0, 1, 2, 3]
     assert hand_s.tolist() == [0.010, 0.010, 0.010, 0.020]
     assert step_start.tolist() == [0.0, 0.0, 0.010] and step_dt.tolist() == [0.010] * 3
+
+
+# -- streamed runs: the front end run a chunk of arrivals at a time --------------------
+
+
+class _StreamSpy:
+    """Stands for ``api.StreamedHandoffs``: the runs computed ahead, and where one gave up
+    (``NotAhead``), and which of the window's chunks it took in."""
+
+    def __init__(self) -> None:
+        self.made: list[ahead.StreamedHandoffs] = []
+        self.gave_up: list[str] = []
+        spy = self
+
+        class Spied(ahead.StreamedHandoffs):
+            def _admits(self):
+                try:
+                    yield from super()._admits()
+                except ahead.NotAhead as e:
+                    spy.gave_up.append(str(e))
+                    raise
+
+            def finish(self):
+                try:
+                    super().finish()
+                except ahead.NotAhead as e:
+                    spy.gave_up.append(str(e))
+                    raise
+
+            def _feed(self):
+                try:
+                    super()._feed()
+                except ahead.NotAhead as e:
+                    spy.gave_up.append(str(e))
+                    raise
+
+        self.cls = Spied
+
+    def __call__(self, *args, **kwargs):
+        obj = self.cls(*args, **kwargs)
+        self.made.append(obj)
+        return obj
+
+
+def _stream_small(monkeypatch, chunk: int, chunks: int) -> None:
+    monkeypatch.setattr(compiled, "NUMBA", True)
+    monkeypatch.setattr(api, "STREAM_ABOVE", 10)
+    monkeypatch.setattr(api, "STREAM_CHUNK", chunk)
+    monkeypatch.setattr(api, "STREAM_CHUNKS", chunks)
+
+
+def _streamed_both(monkeypatch, cfg: SimConfig, chunk: int, chunks: int, profile=None):
+    """(the streamed run computed ahead, the streamed run with the SimPy processes, the
+    spy of the first)."""
+    _stream_small(monkeypatch, chunk, chunks)
+    spy = _StreamSpy()
+    with monkeypatch.context() as m:
+        m.setattr(api, "StreamedHandoffs", spy)
+        fast = simulate(cfg, profile=profile)
+    with monkeypatch.context() as m:
+        m.setattr(api, "StreamedHandoffs", _refuse)
+        ref = simulate(cfg, profile=profile)
+    return fast, ref, spy
+
+
+def _same_streamed(fast, ref) -> None:
+    assert json.dumps(fast.summary, sort_keys=True, default=str) == \
+        json.dumps(ref.summary, sort_keys=True, default=str)
+    assert _frames_equal(fast.requests.collect(), ref.requests.collect())
+
+
+STREAMED_CASES = {
+    # ~10 s of arrivals in the window: its oldest chunks are let go as the run goes on
+    "default deployment, the slots reused": ({"n": 6000}, 512, 8),
+    "prefill queueing, prompts chunked over steps":
+        ({"instances": 2, "lengths": "lognormal:9000:40:0.9", "qps": 8.0, "n": 300}, 32, 8),
+    "the horizon cuts the prefill backlog":
+        ({"instances": 1, "lengths": "fixed:6000:20", "qps": 100.0, "drain_s": 0.5,
+          "n": 300}, 64, 8),
+    "the step bound stops the run": ({"max_steps": 2000, "n": 6000}, 512, 8),
+    "light load: replicas idle between requests": ({"qps": 0.5, "n": 120}, 16, 4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STREAMED_CASES))
+def test_a_streamed_run_computed_ahead_gives_the_processes_bytes(monkeypatch, case):
+    kw, chunk, chunks = STREAMED_CASES[case]
+    fast, ref, spy = _streamed_both(monkeypatch, _cfg(**kw), chunk, chunks)
+    assert len(spy.made) == 1 and not spy.gave_up  # it did run ahead
+    _same_streamed(fast, ref)
+    assert fast.summary["prefill_steps"] > 0
+
+
+def test_a_streamed_run_takes_chunks_into_the_window_as_it_goes(monkeypatch):
+    kw, chunk, chunks = STREAMED_CASES["default deployment, the slots reused"]
+    _, _, spy = _streamed_both(monkeypatch, _cfg(**kw), chunk, chunks)
+    window = spy.made[0].window
+    assert window.flushed * chunk >= kw["n"] > chunk * chunks
+
+
+def _replayed(path, n: int, qps: float, seed: int = 0, huge=slice(0, 0)) -> str:
+    """A Mooncake JSONL of ``n`` Poisson arrivals (the requests ``huge`` with prompts no
+    replica takes): a stream read whole, the same requests streamed or in memory."""
+    rng = np.random.default_rng(seed)
+    t_ms = np.cumsum(rng.exponential(1e3 / qps, n))
+    prompt = rng.integers(16, 2048, n)
+    prompt[huge] = 10_000_000
+    lines = [json.dumps({"timestamp": float(t), "input_length": int(a), "output_length": int(b)})
+             for t, a, b in zip(t_ms, prompt, rng.integers(1, 400, n), strict=True)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _replay_cfg(path) -> SimConfig:
+    return _cfg(n=None, arrival="replay", workload_path=path)
+
+
+def test_a_streamed_run_computed_ahead_gives_the_in_memory_bytes(monkeypatch, tmp_path):
+    """The same requests (a workload file read whole): streamed with the pass ahead, in
+    memory with it, and in memory with the SimPy processes give the same bytes, with a
+    front end and an attention window."""
+    prof = dataclasses.replace(load_profile("v4flash-h100"), frontend_s_per_request=2e-4)
+    cfg = _replay_cfg(_replayed(tmp_path / "w.jsonl", 1500, 100.0))
+    fast, ref, _ = _both(monkeypatch, cfg, profile=prof)
+    _same(fast, ref)
+    _stream_small(monkeypatch, 128, 8)
+    spy = _StreamSpy()
+    monkeypatch.setattr(api, "StreamedHandoffs", spy)
+    streamed = simulate(cfg, profile=prof)
+    assert len(spy.made) == 1 and not spy.gave_up
+    assert spy.made[0].window.flushed > 0
+    assert json.dumps(streamed.summary, sort_keys=True, default=str) == \
+        json.dumps(fast.summary, sort_keys=True, default=str)
+    assert _frames_equal(streamed.requests.collect(), fast.requests)
+
+
+def test_a_streamed_run_falls_back_where_the_window_fills(monkeypatch, tmp_path):
+    """A window too small for the requests in the system stops the run; which event at
+    that instant comes first is left to the processes, as are their bytes."""
+    cfg = _cfg(n=3000)
+    fast, ref, spy = _streamed_both(monkeypatch, cfg, 256, 4)
+    assert spy.gave_up and "window is full" in spy.gave_up[0]
+    assert fast.summary["bounded_by"] == "window"
+    _same_streamed(fast, ref)
+
+
+def test_a_streamed_run_falls_back_past_a_stretch_of_refusals(monkeypatch, tmp_path):
+    """Refused requests hand nothing off: over a stretch of them the front end would
+    have to read further ahead than its ring holds, and the processes run instead."""
+    path = _replayed(tmp_path / "refused.jsonl", 400, 10.0, huge=slice(100, 250))
+    fast, ref, spy = _streamed_both(monkeypatch, _replay_cfg(path), 16, 4)
+    assert spy.gave_up and "ahead of the window" in spy.gave_up[0]
+    _same_streamed(fast, ref)
+    assert fast.summary["rejected"] == 150
