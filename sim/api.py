@@ -777,6 +777,7 @@ def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
                 ahead = False  # two events at one instant: run it again as SimPy processes
                 continue
             window.finish()
+            spill.wait()
             # the window's memory goes before the parts are read back for the summary: the
             # event loop's processes (the sources, the replicas) hold the log and the slots
             del window, log

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -52,36 +55,60 @@ UNREAD_STEP_FIELDS = ("replica", "waiting", "prefill_tokens", "prefix_hit_tokens
 
 class SpillFolder:
     """A temporary folder of parquet parts: the requests' chunks and the step series'
-    chunks, in order. :meth:`close` removes it (a run's result holds it until then)."""
+    chunks, in order. :meth:`close` removes it (a run's result holds it until then).
+
+    The parts are written by one background thread, on the machine's second core while
+    the run goes on (polars builds and writes a frame without the GIL); each gets data
+    the run no longer writes to, and a part's path is known when it is asked for.
+    :meth:`wait` before reading them back; at most ``BACKLOG`` writes wait at once."""
+
+    BACKLOG = 4
 
     def __init__(self) -> None:
         self.path = Path(tempfile.mkdtemp(prefix="dspark-sim-spill-"))
         self.request_parts: list[Path] = []
         self.step_parts: list[Path] = []
         self.prefill_parts: list[Path] = []
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dspark-spill")
+        self._writes: deque[Future] = deque()
 
-    def write_requests(self, frame: pl.DataFrame) -> None:
+    def _write(self, fn: Callable, *args) -> None:
+        while self._writes and (self._writes[0].done() or len(self._writes) >= self.BACKLOG):
+            self._writes.popleft().result()  # a failed write fails the run here
+        self._writes.append(self._writer.submit(fn, *args))
+
+    def write_requests(self, log: RequestLog, first_id: int) -> None:
+        """``log`` (the run's no longer) as requests.parquet's rows from ``first_id``."""
         path = self.path / f"requests-{len(self.request_parts):06d}.parquet"
-        frame.write_parquet(path)
+        self._write(lambda: requests_frame(log, first_id=first_id).write_parquet(path))
         self.request_parts.append(path)
 
     def write_steps(self, cols: dict[str, np.ndarray]) -> None:
         if not len(cols[STEP_FIELDS[0]]):
             return
         path = self.path / f"steps-{len(self.step_parts):06d}.parquet"
-        pl.DataFrame(cols).write_parquet(path)
+        self._write(lambda: pl.DataFrame(cols).write_parquet(path))
         self.step_parts.append(path)
 
     def write_prefill(self, submitted_s: np.ndarray, start_s: np.ndarray) -> None:
         path = self.path / f"prefill-{len(self.prefill_parts):06d}.parquet"
-        pl.DataFrame({"submitted_s": submitted_s, "start_s": start_s}).write_parquet(path)
+        self._write(lambda: pl.DataFrame({"submitted_s": submitted_s, "start_s": start_s})
+                    .write_parquet(path))
         self.prefill_parts.append(path)
+
+    def wait(self) -> None:
+        """Every part asked for written (a failed write raises here)."""
+        while self._writes:
+            self._writes.popleft().result()
 
     def requests(self) -> pl.LazyFrame:
         """All request parts as one frame, in request order (scanned, not loaded)."""
+        self.wait()
         return pl.scan_parquet(self.request_parts)
 
     def close(self) -> None:
+        self._writer.shutdown(wait=True, cancel_futures=True)
+        self._writes.clear()
         shutil.rmtree(self.path, ignore_errors=True)
 
 
@@ -181,9 +208,13 @@ class RequestWindow:
 
     def _flush(self) -> None:
         lo, _hi, sl = self._span(self.flushed)
-        self.spill.write_requests(requests_frame(self.ctx.log.view(sl), first_id=lo))
+        # copies: the slots take the next chunk while the parts are written
+        log = self.ctx.log.view(sl)
+        self.spill.write_requests(RequestLog(*(None if (a := getattr(log, f.name)) is None
+                                               else a.copy() for f in fields(log))), lo)
         if self.pool is not None:
-            self.spill.write_prefill(self.pool.submitted_s[sl], self.pool.start_s[sl])
+            self.spill.write_prefill(self.pool.submitted_s[sl].copy(),
+                                     self.pool.start_s[sl].copy())
         self.spill.write_steps(self.ctx.steps.take())
         self.flushed += 1
 
