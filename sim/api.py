@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -60,9 +60,6 @@ from dspark_sim.sim.stream import (
     ChunkTee,
     RequestWindow,
     SpillFolder,
-    read_log,
-    read_prefill,
-    read_steps,
     sliced,
 )
 from dspark_sim.sim.workload import (
@@ -113,6 +110,9 @@ class SimResult:
     config: SimConfig
     summary: dict
     requests: pl.DataFrame | pl.LazyFrame = _BuiltOnRead()
+    # a streamed run's requests.parquet, sunk from its parts while the summary was
+    # computed: ``requests_file(path)`` places it (``SpillFolder.write_requests_file``)
+    requests_file: Callable[[Path], object] | None = field(default=None, repr=False)
 
     def to_pandas(self):
         frame = self.requests
@@ -122,7 +122,8 @@ class SimResult:
         """``summary.json`` and ``requests.parquet`` as one unit (``sim.outputs``: a
         manifest with the parquet's hash, ordered renames, rollback on failure); read
         them back with :func:`dspark_sim.sim.outputs.read_run`."""
-        return write_run(out_dir, self.summary, self.requests)
+        return write_run(out_dir, self.summary, self.requests if self.requests_file is None
+                         else self.requests_file)
 
 
 def block_trace_spec(cfg: SimConfig, profile: EngineProfile | None = None) -> str:
@@ -749,7 +750,7 @@ def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
     # again with them as SimPy processes
     ahead = compiled.NUMBA and cfg.workload.arrival != "closed"
     while True:
-        spill = SpillFolder()
+        spill = SpillFolder(lossy=policy.lossy)
         try:
             log = RequestLog.empty(RequestWindow.slots(n, STREAM_CHUNK, STREAM_CHUNKS))
             ctx, finishes = _context(cfg, profile, policy, trace, calibration, log,
@@ -777,9 +778,11 @@ def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
                 ahead = False  # two events at one instant: run it again as SimPy processes
                 continue
             window.finish()
-            spill.wait()
-            # the window's memory goes before the parts are read back for the summary: the
-            # event loop's processes (the sources, the replicas) hold the log and the slots
+            # requests.parquet is sunk from the parts on the other core while the summary
+            # is computed (``SimResult.write`` places the file)
+            spill.sink_requests()
+            # the window's memory goes before the kept columns are joined for the summary:
+            # the event loop's processes (the sources, the replicas) hold the log and slots
             del window, log
             finishes.source = None
             ctx.log = ctx.rows = ctx.admit_need = ctx.request_state = None
@@ -790,19 +793,20 @@ def _simulate_streamed(cfg: SimConfig, policy: Policy, profile: EngineProfile,
             gc.collect()
             stream = RequestStream(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64),
                                    description)  # what the summary reads of it
-            full = read_log(spill.request_parts, lossy=policy.lossy)
+            full = spill.kept_log()
             if not int((np.isnan(full.finish_s) & (full.rejected == 0)).sum()) \
                     and bounded_by != "window":
                 bounded_by = None  # the bound was reached, but nothing was cut short
             if prefill is not None:
-                prefill = read_prefill(prefill, spill.prefill_parts)
+                prefill = spill.kept_prefill(prefill)
             summary = _summary(cfg, policy, profile, stream, trace, calibration, full, ctx,
                                closed=closed, bounded_by=bounded_by, horizon=horizon,
-                               prefill=prefill, steps=read_steps(spill.step_parts))
+                               prefill=prefill, steps=spill.kept_steps())
             del full
             if policy_profile is not None and policy_profile is not profile:
                 summary["policy_profile"] = policy_profile.name
-            result = SimResult(cfg, jsonable(summary), spill.requests())
+            result = SimResult(cfg, jsonable(summary), spill.requests(),
+                               requests_file=spill.write_requests_file)
         except BaseException:
             spill.close()
             raise

@@ -46,20 +46,24 @@ REQUESTS = "requests.parquet"
 MANIFEST_KEY = "outputs"
 
 
-def write_run(out: str | Path, summary: dict, requests: pl.DataFrame | pl.LazyFrame, *,
+def write_run(out: str | Path, summary: dict,
+              requests: pl.DataFrame | pl.LazyFrame | Callable[[Path], object], *,
               extra: dict[str, pl.DataFrame] | None = None) -> Path:
     """Write ``summary.json`` (with the manifest) and ``requests.parquet`` into ``out``
     as one unit (module docstring); ``extra`` adds more tables to the same unit (file
     name -> frame, e.g. a real server's ``steps.parquet``), each in the manifest and
     committed, or rolled back, with the pair. A lazy frame (a streamed run's parts) is
-    sunk to its file in batches, never loaded whole. Returns ``out``."""
+    sunk to its file in batches, never loaded whole; a function writes the table to the
+    path it is given (a streamed run's, sunk ahead). Returns ``out``."""
     tables = {REQUESTS: requests, **(extra or {})}
     return write_unit(out, SUMMARY, summary,
                       {name: _writer(frame) for name, frame in tables.items()})
 
 
-def _writer(frame: pl.DataFrame | pl.LazyFrame) -> Callable[[Path], object]:
-    return frame.sink_parquet if isinstance(frame, pl.LazyFrame) else frame.write_parquet
+def _writer(frame) -> Callable[[Path], object]:
+    if isinstance(frame, pl.LazyFrame):
+        return frame.sink_parquet
+    return frame.write_parquet if isinstance(frame, pl.DataFrame) else frame
 
 
 def write_unit(out: str | Path, index: str, obj: dict,

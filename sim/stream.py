@@ -6,11 +6,12 @@ request ``rid`` in slot ``rid % size``, ``size`` a whole number of chunks); when
 arrivals reach a chunk whose slots are still taken, the oldest chunk, all of whose
 requests have finished (or were refused), is written to a parquet part file and its
 slots are refilled with the next chunk's requests. The per-step series is spilled at
-the same moments. After the run the parts are read back one column at a time for the
-summary (:func:`read_log`, :func:`read_steps`: the same figures, from the same
-functions, as an in-memory run of the same requests), and ``requests.parquet`` is their
-concatenation, written without loading them (``sim.outputs.write_run`` sinks a lazy
-scan).
+the same moments. The columns the summary reads are kept in memory as the parts are
+written (:meth:`SpillFolder.kept_log`, :meth:`SpillFolder.kept_steps`: the same figures,
+from the same functions, as an in-memory run of the same requests), so the summary reads
+no part back; ``requests.parquet`` is the parts' concatenation, sunk from a lazy scan of
+them in the background while the summary is computed (:meth:`SpillFolder.sink_requests`)
+and placed with ``summary.json`` by ``sim.outputs.write_run``.
 
 A request still in the system after ``size`` later requests have arrived (only a run
 whose queue grows without bound gets there: the default window holds about 87 minutes
@@ -20,6 +21,7 @@ of arrivals at 200 req/s) stops the run, as the step bound does: ``bounded_by`` 
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections import deque
@@ -34,7 +36,6 @@ from dspark_sim.io import LazyModule
 from dspark_sim.sim.engine import (
     OUTPUT_TOKENS,
     PROMPT_TOKENS,
-    REJECT_REASONS,
     STEP_FIELDS,
     RequestLog,
     SimContext,
@@ -46,9 +47,9 @@ from dspark_sim.sim.workload import RequestStream, StreamChunk
 
 pl = LazyModule("polars")  # imported when a frame is built: a run writing no files needs none
 
-# Step fields no summary figure reads (sim.metrics): not read back, to keep a day's
-# series (~12 M steps) from costing a quarter more memory than it needs (a streamed run
-# has no prefix cache: its hit counts are zeros).
+# Step fields no summary figure reads (sim.metrics): not kept, to keep a day's series
+# (~12 M steps) from costing a quarter more memory than it needs (a streamed run has no
+# prefix cache: its hit counts are zeros).
 UNREAD_STEP_FIELDS = ("replica", "waiting", "prefill_tokens", "prefix_hit_tokens",
                       "prefix_miss_tokens")
 
@@ -60,17 +61,30 @@ class SpillFolder:
     The parts are written by one background thread, on the machine's second core while
     the run goes on (polars builds and writes a frame without the GIL); each gets data
     the run no longer writes to, and a part's path is known when it is asked for.
-    :meth:`wait` before reading them back; at most ``BACKLOG`` writes wait at once."""
+    :meth:`wait` before reading the kept columns; at most ``BACKLOG`` writes wait at once.
+
+    The columns the summary reads (``KEPT_REQUEST_FIELDS``, ~49 bytes a request; the
+    step fields but ``UNREAD_STEP_FIELDS``, 72 bytes a step; the prefill times) are kept
+    as each part is written, chunk by chunk: reading them back from the parts after the
+    run cost a day half a minute of parquet decoding, for the same arrays. ``lossy``:
+    the trace rows and changed tokens (only a lossy policy's quality cost reads them)
+    are kept too."""
 
     BACKLOG = 4
 
-    def __init__(self) -> None:
+    def __init__(self, *, lossy: bool = False) -> None:
         self.path = Path(tempfile.mkdtemp(prefix="dspark-sim-spill-"))
         self.request_parts: list[Path] = []
         self.step_parts: list[Path] = []
         self.prefill_parts: list[Path] = []
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dspark-spill")
         self._writes: deque[Future] = deque()
+        kept = KEPT_REQUEST_FIELDS + (LOSSY_REQUEST_FIELDS if lossy else ())
+        self._requests: dict[str, list[np.ndarray]] = {f: [] for f in kept}
+        self._steps: dict[str, list[np.ndarray]] = {
+            f: [] for f in STEP_FIELDS if f not in UNREAD_STEP_FIELDS}
+        self._prefill: dict[str, list[np.ndarray]] = {"submitted_s": [], "start_s": []}
+        self._sunk: Future | None = None
 
     def _write(self, fn: Callable, *args) -> None:
         while self._writes and (self._writes[0].done() or len(self._writes) >= self.BACKLOG):
@@ -82,12 +96,19 @@ class SpillFolder:
         path = self.path / f"requests-{len(self.request_parts):06d}.parquet"
         self._write(lambda: requests_frame(log, first_id=first_id).write_parquet(path))
         self.request_parts.append(path)
+        for f, chunks in self._requests.items():  # the log's own copies: nothing to copy
+            chunks.append(getattr(log, f))
 
     def write_steps(self, cols: dict[str, np.ndarray]) -> None:
         if not len(cols[STEP_FIELDS[0]]):
             return
         path = self.path / f"steps-{len(self.step_parts):06d}.parquet"
-        self._write(lambda: pl.DataFrame(cols).write_parquet(path))
+
+        def write() -> None:
+            pl.DataFrame(cols).write_parquet(path)
+            for f, chunks in self._steps.items():  # copies: the recorder's columns are
+                chunks.append(cols[f].copy())     # views of buffers up to twice as long
+        self._write(write)
         self.step_parts.append(path)
 
     def write_prefill(self, submitted_s: np.ndarray, start_s: np.ndarray) -> None:
@@ -95,6 +116,8 @@ class SpillFolder:
         self._write(lambda: pl.DataFrame({"submitted_s": submitted_s, "start_s": start_s})
                     .write_parquet(path))
         self.prefill_parts.append(path)
+        self._prefill["submitted_s"].append(submitted_s)
+        self._prefill["start_s"].append(start_s)
 
     def wait(self) -> None:
         """Every part asked for written (a failed write raises here)."""
@@ -106,9 +129,74 @@ class SpillFolder:
         self.wait()
         return pl.scan_parquet(self.request_parts)
 
+    def kept_log(self) -> RequestLog:
+        """The request log the summary reads (``requests_frame``'s rows as
+        ``requests.parquet`` holds them; the per-request counters no summary figure reads
+        are left empty, and the trace rows and changed tokens only a lossy policy's
+        quality cost reads are zeros for the others). Each column is joined and its
+        chunks let go before the next, so the kept columns are held about once."""
+        self.wait()
+        cols = {f: _joined(chunks) for f, chunks in self._requests.items()}
+        empty = np.zeros(0, np.int64)
+        zeros = np.broadcast_to(np.int64(0), cols["arrival_s"].shape)
+        return RequestLog(
+            arrival_s=cols["arrival_s"], prompt_tokens=cols["prompt_tokens"],
+            output_tokens=empty, trace_row=cols.get("trace_row", zeros), replica=empty,
+            first_token_s=cols["first_token_s"], finish_s=cols["finish_s"], steps=empty,
+            draft_tokens_verified=empty, accepted_tokens=empty, generated=cols["generated"],
+            preemptions=cols["preemptions"], rejected=cols["rejected"],
+            changed_tokens=cols.get("changed_tokens", zeros))
+
+    def kept_prefill(self, pool: PrefillPool) -> PrefillPool:
+        """``pool`` with every request's prefill submission and start times, for its
+        summary."""
+        self.wait()
+        pool.submitted_s = _joined(self._prefill["submitted_s"])
+        pool.start_s = _joined(self._prefill["start_s"])
+        return pool
+
+    def kept_steps(self) -> StepSeries:
+        """The per-step series (the fields no figure reads as zeros)."""
+        self.wait()
+        if not self.step_parts:
+            return StepSeries.from_columns({f: np.zeros(0) for f in STEP_FIELDS})
+        cols = {f: _joined(chunks) for f, chunks in self._steps.items()}
+        n = len(cols["end_s"])
+        cols |= {f: np.broadcast_to(0.0, (n,)) for f in UNREAD_STEP_FIELDS}
+        return StepSeries.from_columns(cols)
+
+    def sink_requests(self) -> None:
+        """Start writing ``requests.parquet`` (the parts' concatenation, sunk from their
+        scan as ``sim.outputs.write_run`` sinks a lazy frame: the same bytes) into this
+        folder, in the background: polars sinks without the GIL, on the core the
+        summary leaves free. Started before a run's outputs are asked for, since the
+        run ends before its caller says whether it writes them; a run that never
+        writes them has spent the idle core on it."""
+        self.wait()
+        path = self.path / "requests.parquet"
+        self._sunk = self._writer.submit(
+            lambda: pl.scan_parquet(self.request_parts).sink_parquet(path))
+
+    def write_requests_file(self, path: Path) -> None:
+        """``requests.parquet`` at ``path`` (a writer for ``sim.outputs.write_run``): the
+        sunk file linked there, or copied where ``path`` is on another file system;
+        sunk now if :meth:`sink_requests` was not called. A failed sink raises here."""
+        if self._sunk is None:
+            self.sink_requests()
+        self._sunk.result()
+        src = self.path / "requests.parquet"
+        try:
+            os.link(src, path)
+        except OSError:  # another file system, or one without hard links
+            shutil.copyfile(src, path)
+
     def close(self) -> None:
         self._writer.shutdown(wait=True, cancel_futures=True)
         self._writes.clear()
+        self._sunk = None
+        for kept in (self._requests, self._steps, self._prefill):
+            for chunks in kept.values():
+                chunks.clear()
         shutil.rmtree(self.path, ignore_errors=True)
 
 
@@ -267,62 +355,25 @@ def sliced(stream: RequestStream, trace_row: np.ndarray, chunk: int) -> Iterator
                           stream.output_tokens[lo:hi], trace_row[lo:hi])
 
 
-def _column(parts: list[Path], expr: pl.Expr) -> np.ndarray:
-    """One column of all ``parts`` as one array, filled a part at a time: the whole
-    column once, never a second copy of it (as concatenating the parts' frames makes)."""
-    sizes = [pl.scan_parquet(p).select(pl.len()).collect().item() for p in parts]
-    out = None
+# The request log's fields the summary reads, and those only a lossy policy's reads.
+KEPT_REQUEST_FIELDS = ("arrival_s", "prompt_tokens", "first_token_s", "finish_s",
+                       "generated", "preemptions", "rejected")
+LOSSY_REQUEST_FIELDS = ("trace_row", "changed_tokens")
+
+
+def _joined(chunks: list[np.ndarray]) -> np.ndarray:
+    """The chunks as one array of the first's dtype (as a column read back from the
+    parts reads: a step count past int32 in a later chunk is cast as it would be),
+    each chunk let go once copied: the whole column once, never a second copy of it."""
+    if not chunks:
+        return np.zeros(0)
+    out = np.empty(sum(len(c) for c in chunks), chunks[0].dtype)
     at = 0
-    for p, k in zip(parts, sizes, strict=True):
-        a = pl.scan_parquet(p).select(expr).collect().to_series().to_numpy()
-        if out is None:
-            out = np.empty(sum(sizes), a.dtype)
-        out[at: at + k] = a
-        at += k
-    return out if out is not None else np.zeros(0)
+    while chunks:
+        c = chunks.pop(0)
+        out[at: at + len(c)] = c
+        at += len(c)
+    return out
 
 
-def read_log(parts: list[Path], *, lossy: bool) -> RequestLog:
-    """The request log the summary reads, back from the parts (``requests_frame``'s
-    columns; the per-request counters no summary figure reads are left empty, and the
-    trace rows and changed tokens only a lossy policy's quality cost reads are zeros
-    for the others)."""
-    nan = float("nan")
-    codes = {name: code for code, name in REJECT_REASONS.items()}
-    col = lambda name: _column(parts, pl.col(name))  # noqa: E731
-    empty = np.zeros(0, np.int64)
-    arrival_s = col("arrival_s")
-    zeros = np.broadcast_to(np.int64(0), arrival_s.shape)
-    return RequestLog(
-        arrival_s=arrival_s,
-        prompt_tokens=col("prompt_tokens"),
-        output_tokens=empty, trace_row=col("trace_row") if lossy else zeros, replica=empty,
-        first_token_s=_column(parts, pl.col("first_token_s").fill_null(nan)),
-        finish_s=_column(parts, pl.col("finish_s").fill_null(nan)),
-        steps=empty, draft_tokens_verified=empty, accepted_tokens=empty,
-        generated=col("generated_tokens"),
-        preemptions=col("preemptions"),
-        rejected=_column(parts, pl.col("rejected_reason").replace_strict(
-            codes, default=0, return_dtype=pl.Int8).fill_null(0)),
-        changed_tokens=col("changed_tokens") if lossy else zeros)
-
-
-def read_prefill(pool: PrefillPool, parts: list[Path]) -> PrefillPool:
-    """``pool`` with every request's prefill submission and start times back from the
-    parts, for its summary."""
-    pool.submitted_s = _column(parts, pl.col("submitted_s"))
-    pool.start_s = _column(parts, pl.col("start_s"))
-    return pool
-
-
-def read_steps(parts: list[Path]) -> StepSeries:
-    """The per-step series back from its parts (the fields no figure reads as zeros)."""
-    if not parts:
-        return StepSeries.from_columns({f: np.zeros(0) for f in STEP_FIELDS})
-    cols = {f: _column(parts, pl.col(f)) for f in STEP_FIELDS if f not in UNREAD_STEP_FIELDS}
-    n = len(cols["end_s"])
-    cols |= {f: np.broadcast_to(0.0, (n,)) for f in UNREAD_STEP_FIELDS}
-    return StepSeries.from_columns(cols)
-
-
-__all__ = ["ChunkTee", "RequestWindow", "SpillFolder", "read_log", "read_prefill", "read_steps", "sliced"]
+__all__ = ["ChunkTee", "RequestWindow", "SpillFolder", "sliced"]

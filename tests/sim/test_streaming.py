@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from dspark_sim.sim import api
+from dspark_sim.sim import api, stream
 from dspark_sim.sim.config import preset
 from dspark_sim.sim.outputs import read_run
 
@@ -123,16 +123,50 @@ def test_spill_folder_goes_with_the_result(monkeypatch, workload, tmp_path):
     assert not spills[0].exists()
 
 
-def test_failed_streamed_run_leaves_no_spill(monkeypatch, workload, tmp_path):
+def _disk_full(*args, **kwargs):
+    raise OSError("disk full")
+
+
+@pytest.mark.parametrize("where", ["summary", "part"])
+def test_failed_streamed_run_leaves_no_spill(monkeypatch, workload, tmp_path, where):
+    # a part the background thread fails to write fails the run as the summary does
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-
-    def broken(parts):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(api, "read_steps", broken)
+    if where == "summary":
+        monkeypatch.setattr(stream.SpillFolder, "kept_steps", _disk_full)
+    else:
+        monkeypatch.setattr(stream, "requests_frame", _disk_full)
     with pytest.raises(OSError, match="disk full"):
         _streamed(monkeypatch, _cfg(workload), 32, 5)
     assert not list(tmp_path.glob("dspark-sim-spill-*"))
+
+
+def test_failed_background_sink_fails_the_write_and_leaves_nothing(monkeypatch, workload,
+                                                                    tmp_path):
+    # requests.parquet is sunk while the summary is computed: its failure is the write's
+    sink = pl.LazyFrame.sink_parquet  # the parts are written by it too
+
+    def sink_fails(frame, path, **kw):
+        if str(path).endswith("requests.parquet"):
+            raise OSError("disk full")
+        return sink(frame, path, **kw)
+
+    monkeypatch.setattr(pl.LazyFrame, "sink_parquet", sink_fails)
+    res = _streamed(monkeypatch, _cfg(workload), 32, 5)
+    with pytest.raises(OSError, match="disk full"):
+        res.write(tmp_path / "run")
+    assert not [p for p in (tmp_path / "run").iterdir()]
+
+
+def test_streamed_run_writes_its_sunk_file_where_it_cannot_link(monkeypatch, workload,
+                                                                in_memory, tmp_path):
+    res = _streamed(monkeypatch, _cfg(workload), 32, 5)
+    res.write(tmp_path / "linked")
+    monkeypatch.setattr(stream.os, "link", _disk_full)  # another file system
+    res.write(tmp_path / "copied")
+    for out in ("linked", "copied"):
+        assert read_run(tmp_path / out)[1].equals(in_memory.requests)
+    assert ((tmp_path / "linked" / "requests.parquet").read_bytes()
+            == (tmp_path / "copied" / "requests.parquet").read_bytes())
 
 
 def test_window_full_of_live_requests_stops_the_run(monkeypatch, tmp_path):
