@@ -250,14 +250,14 @@ def counts_at(survival, t, k):
     out = np.zeros(n, dtype=np.int64)
     at_least = 0
     above = 0
-    for r in range(n):
+    for r in range(n):  # counted without a branch on the values (a new draw each step)
+        c = 0
         for j in range(g):
             v = survival[r, j]
-            if v >= t:
-                at_least += 1
-                out[r] += 1
-                if v > t:
-                    above += 1
+            c += v >= t
+            above += v > t
+        out[r] = c
+        at_least += c
     if at_least == k:
         return out
     need = k - above
