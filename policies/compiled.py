@@ -120,6 +120,7 @@ def njit(**options) -> Callable[[Callable], Callable]:
                 return exported
             from numba import njit as numba_njit
 
+            _use_intrinsics(func.__globals__)
             return numba_njit(**options)(func)
 
         @functools.wraps(func)
@@ -165,8 +166,49 @@ def bind_jit() -> None:
     from numba import njit as numba_njit
 
     for namespace, name, func, options in _KERNELS:
+        _use_intrinsics(namespace)
         namespace[name] = numba_njit(**options)(func)
     _bound = _jit = True
+
+
+def prefetch(array, row, col) -> None:
+    """Ask the CPU to bring ``array[row, col]``'s cache line in, without waiting for it
+    (LLVM's ``llvm.prefetch``; an address outside the array is never read). A kernel
+    that names it compiles numba's intrinsic in its place (:func:`_use_intrinsics`); this
+    stand-in, which does nothing, is never what a kernel runs."""
+
+
+@functools.cache
+def _prefetch_intrinsic() -> Callable:
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def prefetch_line(typingctx, array, row, col):
+        def codegen(context, builder, signature, args):
+            aryty = signature.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]],
+                                           wraparound=False)
+            i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                "llvm.prefetch.p0")
+            # a read, kept in every cache level, of data (not instructions)
+            builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+            return context.get_dummy_value()
+        return types.void(array, row, col), codegen
+    return prefetch_line
+
+
+def _use_intrinsics(namespace: dict) -> None:
+    """A kernel module's stand-ins for numba's intrinsics (:func:`prefetch`) replaced by
+    them, before numba compiles its kernels (this module keeps its own, what the others
+    import)."""
+    if namespace is not globals() and namespace.get("prefetch") is prefetch:
+        namespace["prefetch"] = _prefetch_intrinsic()
 
 
 def jit_dispatcher(qualified: str) -> Callable:

@@ -930,7 +930,7 @@ class Replica:
                 plan.chunk if plan.prefill_tokens else _NO_CHUNK,
                 stats.accept_hist, stats.ell_hist, dt, ITL_EDGES_S, stats.itl_hist, now,
                 log.steps, log.draft_tokens_verified, log.accepted_tokens, log.finish_s,
-                log.generated)
+                log.generated, ctx.next_rows)
             n_unverified = 0
         else:
             emitted, n_accepted, n_unverified, n_done = self._replay_rows(batch, plan, dt)
@@ -1224,6 +1224,10 @@ class SimContext:
             release_pages(trace.conf)
         self._init_draft_tokens(trace, policy)
         self._init_cost(profile, policy, trace, policy_profile)
+        # what the fused replay prefetches of the next step's survivals (zero rows: the
+        # policy's decision reads none)
+        self.next_rows = self.trace_survival if self.trace_survival is not None \
+            else np.empty((0, 1))
         # the profiles' scalars for the compiled step-time and decision terms (None: the
         # Python path prices them: no kernels, or a draft priced per request)
         self.step_terms = fast.profile_terms(self.cost.profile) \

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dspark_sim.policies.compiled import njit
+from dspark_sim.policies.compiled import njit, prefetch
 
 # the batch matrix's columns (``sim.engine``; repeated here because a compiled function
 # reads module globals as constants and the engine imports this module)
@@ -21,13 +21,16 @@ OUTPUT_TOKENS, TRACE_START, TRACE_LEN, STEPS, VERIFIED, ACCEPTED = range(6, 12)
 @njit(cache=True)
 def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist, dt, itl_edges,
                  itl_hist, now, log_steps, log_verified, log_accepted, log_finish,
-                 log_generated):
+                 log_generated, trace_survival):
     """A chain step's replay (``Replica._replay`` with no tree or lossy plan): each
     decoding row emits ``min(accepted + 1, what is left of its output)`` and counts its
     step, verified and accepted drafts; the histograms count ``accepted`` and ``ell``, and
     the inter-token gap ``dt`` of every decoding row (``bisect_left`` on ``itl_edges``);
     prefilling rows (after ``n_dec``) take their ``chunk`` (empty: none), and those it
-    completes emit their first token. Rows that have finished then leave, as
+    completes emit their first token. The decoding rows' next rows of ``trace_survival``
+    (none: zero rows) are prefetched, for the next step's gather: a request's position
+    moves a cache line or so a step, in a table that does not stay cached, and the
+    gather otherwise waits on a miss a row. Rows that have finished then leave, as
     ``Replica._remove`` takes them (their counters, ``now`` and their output into the
     log). Returns (the batch: ``batch`` itself when no row finished, emitted, accepted,
     completed prefills, rows that left, the KV tokens they held)."""
@@ -44,6 +47,16 @@ def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist, dt, 
         n_accepted += accepted[r]
         accept_hist[accepted[r]] += 1
         ell_hist[ell[r]] += 1
+    if trace_survival.shape[0]:
+        last = trace_survival.shape[1] - 1  # a row may straddle two lines
+        for r in range(n_dec):
+            pos = batch[r, GENERATED] - 1
+            length = batch[r, TRACE_LEN]
+            if pos >= length or pos < 0:  # as gather_trace_rows: a modulo only here
+                pos %= length
+            row = batch[r, TRACE_START] + pos
+            prefetch(trace_survival, row, 0)
+            prefetch(trace_survival, row, last)
     if n_dec:
         lo, hi = 0, itl_edges.size  # bisect.bisect_left, NaN included
         while lo < hi:
