@@ -607,9 +607,9 @@ def confidence_step(survival, current, trace_idx, trace_accept_len, ring, slots,
     trimmed to the budget).
 
     Kernels around numpy's sorts: numpy's SIMD sort is ~10x numba's on the survivals (a
-    quicksort slows down on their many equal values). Each step's survivals are sorted
-    once and kept sorted, so a lagged window of one step (any batch of ``lag_rows`` or
-    more) is read where it is."""
+    quicksort slows down on their many equal values), and fastest on runs of up to 256
+    (:func:`lagged_runs`). Each step's survivals are sorted once and kept sorted, so a
+    lagged window of one step (any batch of ``lag_rows`` or more) is read where it is."""
     return _lagged_step(survival, current, trace_idx, trace_accept_len, ring, slots,
                         ring_state, lag_steps, lag_rows, table_s, per_token, offset, kink,
                         pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted,
