@@ -21,6 +21,7 @@ of arrivals at 200 req/s) stops the run, as the step bound does: ``bounded_by`` 
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import tempfile
@@ -94,10 +95,13 @@ class SpillFolder:
     def write_requests(self, log: RequestLog, first_id: int) -> None:
         """``log`` (the run's no longer) as requests.parquet's rows from ``first_id``."""
         path = self.path / f"requests-{len(self.request_parts):06d}.parquet"
-        self._write(lambda: requests_frame(log, first_id=first_id).write_parquet(path))
+
+        def write() -> None:
+            requests_frame(log, first_id=first_id).write_parquet(path)
+            for f, chunks in self._requests.items():
+                chunks.append(_mapped(getattr(log, f)))
+        self._write(write)
         self.request_parts.append(path)
-        for f, chunks in self._requests.items():  # the log's own copies: nothing to copy
-            chunks.append(getattr(log, f))
 
     def write_steps(self, cols: dict[str, np.ndarray]) -> None:
         if not len(cols[STEP_FIELDS[0]]):
@@ -107,17 +111,19 @@ class SpillFolder:
         def write() -> None:
             pl.DataFrame(cols).write_parquet(path)
             for f, chunks in self._steps.items():  # copies: the recorder's columns are
-                chunks.append(cols[f].copy())     # views of buffers up to twice as long
+                chunks.append(_mapped(cols[f]))   # views of buffers up to twice as long
         self._write(write)
         self.step_parts.append(path)
 
     def write_prefill(self, submitted_s: np.ndarray, start_s: np.ndarray) -> None:
         path = self.path / f"prefill-{len(self.prefill_parts):06d}.parquet"
-        self._write(lambda: pl.DataFrame({"submitted_s": submitted_s, "start_s": start_s})
-                    .write_parquet(path))
+
+        def write() -> None:
+            pl.DataFrame({"submitted_s": submitted_s, "start_s": start_s}).write_parquet(path)
+            self._prefill["submitted_s"].append(_mapped(submitted_s))
+            self._prefill["start_s"].append(_mapped(start_s))
+        self._write(write)
         self.prefill_parts.append(path)
-        self._prefill["submitted_s"].append(submitted_s)
-        self._prefill["start_s"].append(start_s)
 
     def wait(self) -> None:
         """Every part asked for written (a failed write raises here)."""
@@ -359,6 +365,16 @@ def sliced(stream: RequestStream, trace_row: np.ndarray, chunk: int) -> Iterator
 KEPT_REQUEST_FIELDS = ("arrival_s", "prompt_tokens", "first_token_s", "finish_s",
                        "generated", "preemptions", "rejected")
 LOSSY_REQUEST_FIELDS = ("trace_row", "changed_tokens")
+
+
+def _mapped(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` in its own anonymous memory map, unmapped when the copy is let
+    go. The kept chunks are joined after the run, each let go once copied; copies from
+    the heap (chunks of a few hundred kB, between the run's own allocations and frees)
+    would stay resident once freed, holding every kept column twice at the summary."""
+    out = np.frombuffer(mmap.mmap(-1, max(a.nbytes, 1)), a.dtype, len(a))
+    out[:] = a
+    return out
 
 
 def _joined(chunks: list[np.ndarray]) -> np.ndarray:
