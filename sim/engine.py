@@ -626,6 +626,10 @@ class Replica:
         ctx = self.ctx
         env = ctx.env
         handoffs = ctx.handoffs
+        # bound once: the loop runs once per engine step
+        timeout, admit, preempt_if_full = env.timeout, self._admit, self._preempt_if_full
+        plan_step, step_time_s, replay = self._plan, self._step_time_s, self._replay
+        deliver_before = handoffs.deliver_before if handoffs is not None else None
         while True:
             if not len(self.batch) and not self.waiting:
                 self.wake = env.event()
@@ -633,27 +637,34 @@ class Replica:
                     handoffs.replica_idle()
                 yield self.wake
                 self.wake = None
-            self._admit()
-            self._preempt_if_full()
-            plan = self._plan(self.batch)
-            dt = self._step_time_s(self.batch, plan)
+            if self.waiting:  # _admit admits nothing from an empty queue
+                admit()
+            preempt_if_full()
+            batch = self.batch
+            plan = plan_step(batch)
+            dt = step_time_s(batch, plan)
             # when this step ends (and the one before did): a hand-off computed ahead of
             # the run must not come at the same instant
             self.last_step_end_s = self.step_end_s
             self.step_end_s = env.now + dt
-            yield env.timeout(dt)
-            if handoffs is not None:  # the requests prefilled while this step ran
-                handoffs.deliver_before(env.now)
-            self._replay(self.batch, plan, dt)
+            yield timeout(dt)
+            if deliver_before is not None:  # the requests prefilled while this step ran
+                deliver_before(env.now)
+            replay(batch, plan, dt)
 
     def _plan(self, batch: np.ndarray) -> StepPlan:
         """Steps 3 and 4: what this step verifies and prefills."""
         # Rows are ordered [decoding | prefilling]: admission appends, prefill chunks
         # are handed out FCFS so prefills complete in row order, and removal keeps
         # order. Both groups are therefore slices (views), never fancy indexes.
-        n_dec = len(batch) - self.n_prefilling
+        n_prefilling = self.n_prefilling
+        n_dec = len(batch) - n_prefilling
         ell, accepted, lossy, drafts = self._verify_lengths(batch, n_dec)
         verify_tokens = n_dec + drafts
+        if lossy is None and not n_prefilling:  # a chain's decode-only step
+            if not verify_tokens:
+                raise RuntimeError("engine step with no work")
+            return StepPlan(n_dec, ell, accepted, None, verify_tokens, None, None, 0)
         skipped = 0
         if lossy is not None:
             if lossy.bonus is not None:
@@ -723,10 +734,12 @@ class Replica:
         reads = ctx.policy.reads
         trace_idx, survival = self.trace_idx_buf[:n_dec], self.survival_buf[:n_dec]
         current = self.flat_buf[: survival.size]
-        if ctx.sched_terms is not None:  # the gather and the cost terms in one call
+        sched_terms = ctx.sched_terms
+        if sched_terms is not None:  # the gather and the cost terms in one call
+            kv_tokens = self.kv_tokens
             per_token, offset, kink = fast.decision_inputs(
                 batch, n_dec, ctx.trace_survival, trace_idx, survival, current,
-                self.kv_tokens, sched.draft_time(n_dec, self.kv_tokens), ctx.sched_terms)
+                kv_tokens, sched.draft_time(n_dec, kv_tokens), sched_terms)
         else:
             context = self._decode_context(batch, n_dec) if sched.draft_context is not None \
                 else None
@@ -848,12 +861,14 @@ class Replica:
         context-dependent terms."""
         ctx = self.ctx
         cost = ctx.cost
-        n_dec, ell, lossy = plan.n_dec, plan.ell, plan.lossy
-        if ctx.step_terms is not None and n_dec and lossy is None and not plan.prefill_tokens:
+        n_dec, ell, lossy, verify_tokens = plan.n_dec, plan.ell, plan.lossy, plan.verify_tokens
+        step_terms = ctx.step_terms
+        if step_terms is not None and n_dec and lossy is None and not plan.prefill_tokens:
             # a decode-only chain step with its draft priced per step: one kernel
-            return fast.decode_step_s(batch, n_dec, ell, plan.verify_tokens, cost.dense_step_s,
-                                      self.kv_tokens, cost.draft_time(n_dec, self.kv_tokens),
-                                      ctx.step_terms, cost.has_context_terms)
+            kv_tokens = self.kv_tokens
+            return fast.decode_step_s(batch, n_dec, ell, verify_tokens, cost.dense_step_s,
+                                      kv_tokens, cost.draft_time(n_dec, kv_tokens),
+                                      step_terms, cost.has_context_terms)
         if ctx.step_terms is not None and lossy is None and plan.prefill_tokens:
             # a chain step with prefill chunks: one kernel too, unless its units leave
             # exact float range (NaN: priced below)
@@ -914,29 +929,33 @@ class Replica:
         chain: ``min(l, m)``; a tree or lossy policy: what its replay said, the bonus only
         when the verifier ran for it); a request completing prefill emits its first token;
         finished requests leave."""
+        # the plan's fields unpacked once, and the context's read into locals: this runs
+        # every engine step, and each attribute lookup is a dict probe
+        n_dec, ell, accepted, lossy, verify_tokens, chunk, _remaining, prefill_tokens = plan
         ctx = self.ctx
         stats = ctx.stats
         now = ctx.env.now
-        stats.steps += 1
-        if stats.steps >= ctx.max_engine_steps and not ctx.stop.triggered:
+        steps = stats.steps = stats.steps + 1
+        if steps >= ctx.max_engine_steps and not ctx.stop.triggered:
             ctx.stop.succeed("steps")  # the run's step bound: stated in the summary
         stats.busy_s += dt
-        stats.batch_tokens += plan.verify_tokens + plan.prefill_tokens
-        fused = plan.lossy is None and compiled.NUMBA
+        batch_tokens = verify_tokens + prefill_tokens
+        stats.batch_tokens += batch_tokens
+        fused = lossy is None and compiled.NUMBA
         if fused:  # the finished rows leave in the same call (their log rows written)
             log = ctx.log
             kept, emitted, n_accepted, n_done, n_gone, kv_gone = fast.replay_chain(
-                batch, plan.n_dec, plan.ell, plan.accepted,
-                plan.chunk if plan.prefill_tokens else _NO_CHUNK,
+                batch, n_dec, ell, accepted, chunk if prefill_tokens else _NO_CHUNK,
                 stats.accept_hist, stats.ell_hist, dt, ITL_EDGES_S, stats.itl_hist, now,
                 log.steps, log.draft_tokens_verified, log.accepted_tokens, log.finish_s,
                 log.generated, ctx.next_rows)
             n_unverified = 0
         else:
             emitted, n_accepted, n_unverified, n_done = self._replay_rows(batch, plan, dt)
-        if self.cache is not None or ctx.on_finished is not None:
-            self._leave(batch, plan.n_dec, n_done, n_gone if fused else -1)
-        n_dec = plan.n_dec
+        cache = self.cache
+        if cache is not None or ctx.on_finished is not None:
+            self._leave(batch, n_dec, n_done, n_gone if fused else -1)
+        drafting = n_dec
         if n_dec:
             self.kv_tokens += emitted
             # Every decoding request gets a token every step, and its previous token
@@ -944,15 +963,15 @@ class Replica:
             # (in the histogram from the kernel, or _replay_rows).
             stats.itl_sum_s += dt * n_dec
             stats.request_steps += n_dec
-            stats.verify_tokens += plan.verify_tokens
-        drafting = n_dec
-        if n_dec and self.proposed is not None:
-            unproposed = int(np.count_nonzero(self.proposed == 0))
-            stats.unproposed_request_steps += unproposed
-            drafting -= unproposed
-        if plan.prefill_tokens:
-            self.kv_tokens += plan.prefill_tokens
-            self.pending_prefill -= plan.prefill_tokens
+            stats.verify_tokens += verify_tokens
+            proposed = self.proposed
+            if proposed is not None:
+                unproposed = int(np.count_nonzero(proposed == 0))
+                stats.unproposed_request_steps += unproposed
+                drafting -= unproposed
+        if prefill_tokens:
+            self.kv_tokens += prefill_tokens
+            self.pending_prefill -= prefill_tokens
             if n_done:
                 self.kv_tokens += n_done
                 emitted += n_done
@@ -960,14 +979,12 @@ class Replica:
                 rids = batch[n_dec: n_dec + n_done, REQUEST_ID]
                 first = ctx.log.first_token_s[rids]
                 ctx.log.first_token_s[rids] = np.where(np.isnan(first), now, first)
-        verified_drafts = int(plan.ell.sum()) if plan.lossy is not None \
-            else plan.verify_tokens - n_dec
-        hit, missed = (0, 0) if self.cache is None else self.cache.take_step()
+        verified_drafts = int(ell.sum()) if lossy is not None else verify_tokens - n_dec
+        hit, missed = (0, 0) if cache is None else cache.take_step()
         # a StepRecord's fields as a plain tuple: building the named one costs more
         ctx.record_step((now, dt, self.index, n_dec, len(batch), len(self.waiting),
-                         plan.verify_tokens + plan.prefill_tokens, plan.prefill_tokens,
-                         verified_drafts, emitted, n_accepted, n_unverified, drafting,
-                         hit, missed))
+                         batch_tokens, prefill_tokens, verified_drafts, emitted, n_accepted,
+                         n_unverified, drafting, hit, missed))
         if not fused:
             self._finish(batch, now)
         elif n_gone:  # the kernel kept the rest
