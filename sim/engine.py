@@ -417,12 +417,20 @@ class Replica:
             used = self._committed_kv()
         rows = ctx.rows
         if compiled.NUMBA:  # the queue's head decided and admitted in one call
-            head = np.fromiter(islice(self.waiting, room), np.int64)
+            waiting = self.waiting
+            n_waiting = len(waiting)
+            # most steps find a request or two waiting, all of which fit: the whole
+            # queue, no slice of it, and emptied at once
+            head = np.fromiter(waiting, np.int64, n_waiting) if n_waiting <= room \
+                else np.fromiter(islice(waiting, room), np.int64, room)
             self.batch, kv, pending, n_new, taken, blocked = fast.admit_fcfs(
                 self.batch, self.n_prefilling, rows, head, used, ctx.reserve,
                 ctx.admit_need, ctx.verify_slots, ctx.kv_capacity)
-            for _ in range(taken):
-                self.waiting.popleft()
+            if taken == n_waiting:
+                waiting.clear()
+            else:
+                for _ in range(taken):
+                    waiting.popleft()
             ctx.stats.kv_blocked_steps += blocked
             self.kv_tokens += kv
             self.pending_prefill += pending
@@ -577,7 +585,10 @@ class Replica:
         if self.cache is not None:
             self._preempt_cached()
             return
-        if ctx.reserve or len(self.batch) <= 1 or self._committed_kv() <= ctx.kv_capacity:
+        n = len(self.batch)
+        # _committed_kv, inlined: this runs every step
+        if ctx.reserve or n <= 1 or self.kv_tokens + self.pending_prefill \
+                + n * ctx.verify_slots <= ctx.kv_capacity:
             return
         self._preempt_newest(self._committed_kv() - ctx.kv_capacity)
 
@@ -659,7 +670,12 @@ class Replica:
         # order. Both groups are therefore slices (views), never fancy indexes.
         n_prefilling = self.n_prefilling
         n_dec = len(batch) - n_prefilling
-        ell, accepted, lossy, drafts = self._verify_lengths(batch, n_dec)
+        decision_call = self.decision_call
+        if decision_call is not None and n_dec:  # _verify_lengths' compiled path, one frame
+            self.proposed = None
+            ell, accepted, lossy, drafts = decision_call(batch, n_dec)
+        else:
+            ell, accepted, lossy, drafts = self._verify_lengths(batch, n_dec)
         verify_tokens = n_dec + drafts
         if lossy is None and not n_prefilling:  # a chain's decode-only step
             if not verify_tokens:
