@@ -465,19 +465,22 @@ class Handoffs:
         """Route the requests of the next hand-off instant, in the order they were
         prefilled."""
         log = self.log
+        # the log's columns and the router's call read once: most instants hand over a
+        # request or two, so the lookups would cost as much as the writes
+        first_token_s, replica_of, route = log.first_token_s, log.replica, self.router.route
         at, rid_at, one = self._at, self._rid, self._one_token
         i = self._i
         now = at[i]
         while at[i] == now:
             rid = rid_at[i]
-            log.first_token_s[rid] = now
+            first_token_s[rid] = now
             if one[i]:  # the first token was the whole answer
                 log.finish_s[rid] = now
                 log.generated[rid] = 1
                 self.on_finish(1)
             else:
-                replica = self.router.route()
-                log.replica[rid] = replica.index
+                replica = route()
+                replica_of[rid] = replica.index
                 replica.submit(rid)
             i += 1
         self._i = i
