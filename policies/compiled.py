@@ -591,6 +591,9 @@ def lagged_topk_lengths(survival, current, lagged, slot, trace_idx, trace_accept
 
 
 _NO_LAG = np.empty(0)
+# where lagged_runs writes a step's sort runs: every entry it reads is written first in
+# the same call, so one buffer serves every step (one allocation less per step)
+_RUN_BOUNDS = np.empty(SORT_RUNS_MAX + 1, np.int64)
 
 
 def confidence_step(survival, current, trace_idx, trace_accept_len, ring, slots,
@@ -634,7 +637,7 @@ def _lagged_step(survival, current, trace_idx, trace_accept_len, ring, slots, ri
                  prefill_s_per_token, budget_tokens, ell, accepted, stretch, displacement):
     """The sorts (numpy's, in runs: :func:`lagged_runs`), the lagged view read from the
     ring, then :func:`lagged_topk_lengths`."""
-    bounds = np.empty(SORT_RUNS_MAX + 1, np.int64)
+    bounds = _RUN_BOUNDS
     slot, runs = lagged_runs(survival, current, ring, slots, ring_state, lag_steps, lag_rows,
                              bounds)
     if runs == 1:
