@@ -64,9 +64,9 @@ class SpillFolder:
     the run no longer writes to, and a part's path is known when it is asked for.
     :meth:`wait` before reading the kept columns; at most ``BACKLOG`` writes wait at once.
 
-    The columns the summary reads (``KEPT_REQUEST_FIELDS``, ~49 bytes a request; the
-    step fields but ``UNREAD_STEP_FIELDS``, 72 bytes a step; the prefill times) are kept
-    as each part is written, chunk by chunk: reading them back from the parts after the
+    The columns the summary reads (``KEPT_REQUEST_FIELDS``, ~37 bytes a request, the
+    counts as int32; the step fields but ``UNREAD_STEP_FIELDS``, 72 bytes a step; the
+    prefill times) are kept as each part is written, chunk by chunk: reading them back from the parts after the
     run cost a day half a minute of parquet decoding, for the same arrays. ``lossy``:
     the trace rows and changed tokens (only a lossy policy's quality cost reads them)
     are kept too."""
@@ -99,7 +99,7 @@ class SpillFolder:
         def write() -> None:
             requests_frame(log, first_id=first_id).write_parquet(path)
             for f, chunks in self._requests.items():
-                chunks.append(_mapped(getattr(log, f)))
+                chunks.append(_mapped(getattr(log, f), narrow=f in NARROW_REQUEST_FIELDS))
         self._write(write)
         self.request_parts.append(path)
 
@@ -142,7 +142,7 @@ class SpillFolder:
         quality cost reads are zeros for the others). Each column is joined and its
         chunks let go before the next, so the kept columns are held about once."""
         self.wait()
-        cols = {f: _joined(chunks) for f, chunks in self._requests.items()}
+        cols = {f: _joined(chunks, widest=True) for f, chunks in self._requests.items()}
         empty = np.zeros(0, np.int64)
         zeros = np.broadcast_to(np.int64(0), cols["arrival_s"].shape)
         return RequestLog(
@@ -365,25 +365,36 @@ def sliced(stream: RequestStream, trace_row: np.ndarray, chunk: int) -> Iterator
 KEPT_REQUEST_FIELDS = ("arrival_s", "prompt_tokens", "first_token_s", "finish_s",
                        "generated", "preemptions", "rejected")
 LOSSY_REQUEST_FIELDS = ("trace_row", "changed_tokens")
+# Counts kept as int32 where a chunk's values fit (a day's 17 M requests: 12 bytes a
+# request less at the summary's peak): the summary only sums them (numpy sums int32 in
+# int64), compares them and divides floats by them, the same figures as from int64.
+NARROW_REQUEST_FIELDS = ("prompt_tokens", "generated", "preemptions")
 
 
-def _mapped(a: np.ndarray) -> np.ndarray:
+def _mapped(a: np.ndarray, *, narrow: bool = False) -> np.ndarray:
     """A copy of ``a`` in its own anonymous memory map, unmapped when the copy is let
     go. The kept chunks are joined after the run, each let go once copied; copies from
     the heap (chunks of a few hundred kB, between the run's own allocations and frees)
-    would stay resident once freed, holding every kept column twice at the summary."""
-    out = np.frombuffer(mmap.mmap(-1, max(a.nbytes, 1)), a.dtype, len(a))
+    would stay resident once freed, holding every kept column twice at the summary.
+    ``narrow``: int64 values as int32 where they all fit."""
+    dtype = a.dtype
+    if narrow and dtype == np.int64 and (not a.size or (
+            a.min() >= np.iinfo(np.int32).min and a.max() <= np.iinfo(np.int32).max)):
+        dtype = np.dtype(np.int32)
+    out = np.frombuffer(mmap.mmap(-1, max(a.size * dtype.itemsize, 1)), dtype, len(a))
     out[:] = a
     return out
 
 
-def _joined(chunks: list[np.ndarray]) -> np.ndarray:
+def _joined(chunks: list[np.ndarray], *, widest: bool = False) -> np.ndarray:
     """The chunks as one array of the first's dtype (as a column read back from the
-    parts reads: a step count past int32 in a later chunk is cast as it would be),
+    parts reads: a step count past int32 in a later chunk is cast as it would be), or
+    ``widest`` of the widest chunk's (a request count kept narrow in some chunks only),
     each chunk let go once copied: the whole column once, never a second copy of it."""
     if not chunks:
         return np.zeros(0)
-    out = np.empty(sum(len(c) for c in chunks), chunks[0].dtype)
+    dtype = np.result_type(*{c.dtype for c in chunks}) if widest else chunks[0].dtype
+    out = np.empty(sum(len(c) for c in chunks), dtype)
     at = 0
     while chunks:
         c = chunks.pop(0)

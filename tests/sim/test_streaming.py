@@ -293,6 +293,15 @@ def test_step_recorder_keeps_counts_as_int32_and_every_value(monkeypatch):
     assert len(rec.take()["end_s"]) == 7 and len(rec.columns()["end_s"]) == 0
 
 
+def test_kept_counts_are_narrow_only_where_they_fit():
+    chunks = [stream._mapped(np.array([1, 2], np.int64), narrow=True),
+              stream._mapped(np.array([2 ** 40], np.int64), narrow=True)]
+    assert [c.dtype for c in chunks] == [np.int32, np.int64]
+    joined = stream._joined(chunks, widest=True)
+    assert joined.dtype == np.int64 and joined.tolist() == [1, 2, 2 ** 40]
+    assert not chunks  # each let go once copied
+
+
 def test_request_log_clear_resets_only_its_slots():
     from dspark_sim.sim.engine import RequestLog
 
