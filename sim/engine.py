@@ -586,9 +586,9 @@ class Replica:
             self._preempt_cached()
             return
         n = len(self.batch)
-        # _committed_kv, inlined: this runs every step
-        if ctx.reserve or n <= 1 or self.kv_tokens + self.pending_prefill \
-                + n * ctx.verify_slots <= ctx.kv_capacity:
+        # _committed_kv without the call: this is checked every step
+        committed = self.kv_tokens + self.pending_prefill + n * ctx.verify_slots
+        if ctx.reserve or n <= 1 or committed <= ctx.kv_capacity:
             return
         self._preempt_newest(self._committed_kv() - ctx.kv_capacity)
 
