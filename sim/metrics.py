@@ -178,10 +178,19 @@ STEADY_INTERACTIVITY_FIELDS = ("steady_median_interactivity", "steady_p90_intera
 
 def _stats(names: tuple[str, str, str, str], v: np.ndarray) -> dict[str, float | None]:
     """The finite values of ``v``: ``names`` = (mean, median, p90, p99) fields."""
-    v = v[np.isfinite(v)]
+    finite = np.isfinite(v)
+    # the order statistics partition the finite values in place where they are a copy
+    # already (not ``v``, which the caller reads on), sparing a streamed day's summary a
+    # copy of its largest samples; the mean, which summation order changes, comes first
+    own = not finite.all()
+    if own:
+        v = v[finite]
+    del finite
     if v.size == 0:
         return dict.fromkeys(names)
-    values = (v.mean(), np.median(v), np.percentile(v, 90), np.percentile(v, 99))
+    values = (v.mean(), np.median(v, overwrite_input=own),
+              np.percentile(v, 90, overwrite_input=own),
+              np.percentile(v, 99, overwrite_input=own))
     return {name: float(x) for name, x in zip(names, values, strict=True)}
 
 
@@ -335,12 +344,22 @@ def queue_growth(arrival_s: np.ndarray, finish_s: np.ndarray, t0: float, t1: flo
 
 
 def _latencies(log: RequestLog, mask: np.ndarray) -> dict[str, np.ndarray]:
-    ttft = (log.first_token_s - log.arrival_s)[mask] * 1e3
-    e2e = (log.finish_s - log.arrival_s)[mask] * 1e3
+    # in place where the operation allows it (the same operations on the same values):
+    # a streamed day's summary has its peak here, with every request's samples
+    ttft = log.first_token_s[mask]
+    ttft -= log.arrival_s[mask]
+    ttft *= 1e3
+    e2e = log.finish_s[mask]
+    e2e -= log.arrival_s[mask]
+    e2e *= 1e3
     n = log.generated[mask]
     tpot = np.full(n.size, np.nan)
     multi = n > 1
-    tpot[multi] = (e2e[multi] - ttft[multi]) / (n[multi] - 1)
+    per = e2e[multi]
+    per -= ttft[multi]
+    per /= n[multi] - 1
+    tpot[multi] = per
+    del per, n, multi
     with np.errstate(divide="ignore"):
         inter = np.where(tpot > 0, 1000.0 / tpot, np.nan)
     return {"ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2e, "interactivity": inter}
@@ -348,10 +367,11 @@ def _latencies(log: RequestLog, mask: np.ndarray) -> dict[str, np.ndarray]:
 
 def _interactivity(names: tuple[str, str, str], inter: np.ndarray) -> dict[str, float | None]:
     """The finite interactivities: ``names`` = (median, p90, p10) fields."""
-    fi = inter[np.isfinite(inter)]
+    fi = inter[np.isfinite(inter)]  # a copy: partitioned in place by each statistic
     if fi.size == 0:
         return dict.fromkeys(names)
-    values = (np.median(fi), np.percentile(fi, 90), np.percentile(fi, 10))
+    values = (np.median(fi, overwrite_input=True), np.percentile(fi, 90, overwrite_input=True),
+              np.percentile(fi, 10, overwrite_input=True))
     return {name: float(x) for name, x in zip(names, values, strict=True)}
 
 
@@ -377,6 +397,7 @@ def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
     life_s = (log.finish_s - log.arrival_s)[came]
     p90_life_s = float(np.percentile(life_s, 90)) if life_s.size else None
     cutoff = t1 - float(np.percentile(life_s, 99)) if life_s.size else None
+    del life_s
     if cutoff is not None and cutoff < t0:
         cutoff = None  # the window is shorter than a p99 lifetime: no latency sample
     # None, not a time before the window (it came out negative on short closed loops)
@@ -397,7 +418,9 @@ def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
             tokens / w / (gpus + prefill_gpus) if ok else None
     for sample, names in STEADY_LATENCY_FIELDS.items():
         s |= _stats(names, lat[sample])
-    s |= _interactivity(STEADY_INTERACTIVITY_FIELDS, lat["interactivity"])
+    inter = lat["interactivity"]
+    del lat  # only the interactivities are read on (a streamed day's summary's peak)
+    s |= _interactivity(STEADY_INTERACTIVITY_FIELDS, inter)
     rs = float(steps.decode_batch[in_win].sum())
     ver = float(steps.verified_drafts[in_win].sum())
     acc = float(steps.accepted_tokens[in_win].sum())
@@ -429,8 +452,7 @@ def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
                          f"(< {MIN_WINDOW_REQUESTS})")
     s["steady_output_throughput_rse"] = (
         _rse_throughput(steps, t0, t1) if ok else None)
-    s["steady_median_interactivity_rse"] = _rse_median(
-        lat["interactivity"], log.arrival_s[lived])
+    s["steady_median_interactivity_rse"] = _rse_median(inter, log.arrival_s[lived])
     s["steady_window_short"] = bool(notes)
     s["steady_window_note"] = "; ".join(notes) + ": run more requests" if notes else None
     return s
@@ -454,11 +476,17 @@ def _rse_median(values: np.ndarray, order_by: np.ndarray,
     """Batch-medians relative standard error of the median of ``values`` (groups of
     consecutive requests in ``order_by`` order; non-finite values dropped)."""
     ok = np.isfinite(values)
-    v = values[ok][np.argsort(order_by[ok], kind="stable")]
+    v, keys = values[ok], order_by[ok]
+    del ok
+    # requests already in arrival order (an open loop's): the stable sort would leave
+    # them as they are, and costs a streamed day's summary two sample-sized arrays
+    if not (keys[1:] >= keys[:-1]).all():
+        v = v[np.argsort(keys, kind="stable")]
+    del keys
     if v.size < 5 * batches:
         return None
-    med = float(np.median(v))
     groups = np.array([np.median(g) for g in np.array_split(v, batches)])
+    med = float(np.median(v, overwrite_input=True))  # v is a copy, its groups taken
     return float(groups.std(ddof=1) / np.sqrt(batches) / med) if med > 0 else None
 
 
