@@ -375,6 +375,28 @@ def _interactivity(names: tuple[str, str, str], inter: np.ndarray) -> dict[str, 
     return {name: float(x) for name, x in zip(names, values, strict=True)}
 
 
+def _steady_step_figures(steps: StepSeries, in_win: np.ndarray) -> dict:
+    """The ``steady_*`` figures of the steps ending in the window: acceptance, verify
+    and draft tokens per request-step, waste, mean batch and step time."""
+    rs = float(steps.decode_batch[in_win].sum())
+    ver = float(steps.verified_drafts[in_win].sum())
+    acc = float(steps.accepted_tokens[in_win].sum())
+    committed = acc + float(steps.unverified_tokens[in_win].sum())
+    drafts = float(steps.drafting_requests[in_win].sum())
+    n_steps = int(in_win.sum())
+    return {
+        "steady_spec_decode_acceptance_length": 1.0 + committed / drafts if drafts else None,
+        "steady_tokens_per_request_step": 1.0 + committed / rs if rs else None,
+        "steady_mean_verify_tokens_per_request_step": (rs + ver) / rs if rs else None,
+        "steady_mean_draft_tokens_per_request_step": ver / rs if rs else None,
+        "steady_verification_waste": (ver - acc) / ver if ver else (0.0 if rs else None),
+        "steady_mean_decode_batch": rs / n_steps if n_steps else None,
+        "steady_mean_step_ms": float(steps.dt_s[in_win].mean()) * 1e3 if n_steps else None,
+        "steady_mean_batch_tokens": (float(steps.batch_tokens[in_win].mean())
+                                     if n_steps else None),
+    }
+
+
 def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
                  gpus: int, prefill_gpus: int | None = None) -> dict:
     """The ``steady_*`` fields over ``window`` (definitions in the module docstring)."""
@@ -421,21 +443,7 @@ def steady_state(log: RequestLog, steps: StepSeries, window: SteadyWindow, *,
     inter = lat["interactivity"]
     del lat  # only the interactivities are read on (a streamed day's summary's peak)
     s |= _interactivity(STEADY_INTERACTIVITY_FIELDS, inter)
-    rs = float(steps.decode_batch[in_win].sum())
-    ver = float(steps.verified_drafts[in_win].sum())
-    acc = float(steps.accepted_tokens[in_win].sum())
-    committed = acc + float(steps.unverified_tokens[in_win].sum())
-    drafts = float(steps.drafting_requests[in_win].sum())
-    s["steady_spec_decode_acceptance_length"] = 1.0 + committed / drafts if drafts else None
-    s["steady_tokens_per_request_step"] = 1.0 + committed / rs if rs else None
-    s["steady_mean_verify_tokens_per_request_step"] = (rs + ver) / rs if rs else None
-    s["steady_mean_draft_tokens_per_request_step"] = ver / rs if rs else None
-    s["steady_verification_waste"] = (ver - acc) / ver if ver else (0.0 if rs else None)
-    n_steps = int(in_win.sum())
-    s["steady_mean_decode_batch"] = rs / n_steps if n_steps else None
-    s["steady_mean_step_ms"] = float(steps.dt_s[in_win].mean()) * 1e3 if n_steps else None
-    s["steady_mean_batch_tokens"] = (float(steps.batch_tokens[in_win].mean())
-                                     if n_steps else None)
+    s |= _steady_step_figures(steps, in_win)
     s["steady_mean_running"] = (float((steps.running * steps.dt_s)[in_win].sum()) / w
                                 if ok else None)
     s["steady_mean_in_system"] = mean_in_system(log.arrival_s, log.finish_s, t0, t1) if ok \
