@@ -61,23 +61,30 @@ def _frames_equal(a, b) -> bool:
     return True
 
 
-def _both(monkeypatch, cfg: SimConfig, profile=None):
-    """(the run computed ahead, the reference run, the spy of the first)."""
-    monkeypatch.setattr(compiled, "NUMBA", True)
-    spy = _Spy()
+def _ahead_and_reference(monkeypatch, cfg: SimConfig, name: str, spy, profile=None):
+    """(the run with ``api.<name>`` computed ahead through ``spy``, the run with the
+    SimPy processes instead, the spy)."""
     with monkeypatch.context() as m:
-        m.setattr(api, "Handoffs", spy)
+        m.setattr(api, name, spy)
         fast = simulate(cfg, profile=profile)
     with monkeypatch.context() as m:
-        m.setattr(api, "Handoffs", _refuse)
+        m.setattr(api, name, _refuse)
         ref = simulate(cfg, profile=profile)
     return fast, ref, spy
 
 
+def _both(monkeypatch, cfg: SimConfig, profile=None):
+    """(the run computed ahead, the reference run, the spy of the first)."""
+    monkeypatch.setattr(compiled, "NUMBA", True)
+    return _ahead_and_reference(monkeypatch, cfg, "Handoffs", _Spy(), profile)
+
+
 def _same(fast, ref) -> None:
+    """The same summary and rows (a streamed run's rows are a lazy scan)."""
     assert json.dumps(fast.summary, sort_keys=True, default=str) == \
         json.dumps(ref.summary, sort_keys=True, default=str)
-    assert _frames_equal(fast.requests, ref.requests)
+    rows = [r.requests for r in (fast, ref)]
+    assert _frames_equal(*(r.collect() if hasattr(r, "collect") else r for r in rows))
 
 
 def _cfg(*, n=300, qps=200.0, lengths=None, replicas=None, router=None, instances=None,
@@ -303,20 +310,7 @@ def _streamed_both(monkeypatch, cfg: SimConfig, chunk: int, chunks: int, profile
     """(the streamed run computed ahead, the streamed run with the SimPy processes, the
     spy of the first)."""
     _stream_small(monkeypatch, chunk, chunks)
-    spy = _StreamSpy()
-    with monkeypatch.context() as m:
-        m.setattr(api, "StreamedHandoffs", spy)
-        fast = simulate(cfg, profile=profile)
-    with monkeypatch.context() as m:
-        m.setattr(api, "StreamedHandoffs", _refuse)
-        ref = simulate(cfg, profile=profile)
-    return fast, ref, spy
-
-
-def _same_streamed(fast, ref) -> None:
-    assert json.dumps(fast.summary, sort_keys=True, default=str) == \
-        json.dumps(ref.summary, sort_keys=True, default=str)
-    assert _frames_equal(fast.requests.collect(), ref.requests.collect())
+    return _ahead_and_reference(monkeypatch, cfg, "StreamedHandoffs", _StreamSpy(), profile)
 
 
 STREAMED_CASES = {
@@ -337,7 +331,7 @@ def test_a_streamed_run_computed_ahead_gives_the_processes_bytes(monkeypatch, ca
     kw, chunk, chunks = STREAMED_CASES[case]
     fast, ref, spy = _streamed_both(monkeypatch, _cfg(**kw), chunk, chunks)
     assert len(spy.made) == 1 and not spy.gave_up  # it did run ahead
-    _same_streamed(fast, ref)
+    _same(fast, ref)
     assert fast.summary["prefill_steps"] > 0
 
 
@@ -391,7 +385,7 @@ def test_a_streamed_run_falls_back_where_the_window_fills(monkeypatch, tmp_path)
     fast, ref, spy = _streamed_both(monkeypatch, cfg, 256, 4)
     assert spy.gave_up and "window is full" in spy.gave_up[0]
     assert fast.summary["bounded_by"] == "window"
-    _same_streamed(fast, ref)
+    _same(fast, ref)
 
 
 def test_a_streamed_run_falls_back_past_a_stretch_of_refusals(monkeypatch, tmp_path):
@@ -400,5 +394,5 @@ def test_a_streamed_run_falls_back_past_a_stretch_of_refusals(monkeypatch, tmp_p
     path = _replayed(tmp_path / "refused.jsonl", 400, 10.0, huge=slice(100, 250))
     fast, ref, spy = _streamed_both(monkeypatch, _replay_cfg(path), 16, 4)
     assert spy.gave_up and "ahead of the window" in spy.gave_up[0]
-    _same_streamed(fast, ref)
+    _same(fast, ref)
     assert fast.summary["rejected"] == 150
