@@ -242,7 +242,10 @@ class LiveConfig:
     prompts: Path | None = None  # None: the shipped set
     draft_model: Path | None = None
     output_tokens: int = 64
-    prompts_per_client: int = 4  # closed loop: each client sends this many
+    # closed loop: each client sends this many, and a point at least ``min_prompts``; 6 a
+    # client gives the points at 4 and 8 clients 24 and 48 requests, so their median TPOT
+    # is not one slow request's
+    prompts_per_client: int = 6
     min_prompts: int = 12
     open_loop_prompts: int = 24
     max_model_len: int = 2048
@@ -603,6 +606,8 @@ def _manifest(cfg: LiveConfig, prompts: Path, runs: Path) -> dict:
         "kv_capacity_tokens": _kv_capacity(runs.parent / "logs"),
         "kv_cache_gib": cfg.kv_cache_gib,
         "rounds": cfg.rounds,
+        "requests_per_client": cfg.prompts_per_client, "min_requests": cfg.min_prompts,
+        "open_loop_requests": cfg.open_loop_prompts,
         "resident_groups": [[s.name for s in g] for g in cfg.groups()],
         "acceptance": sorted(p.name for p in (runs.parent / "acceptance").glob("*.jsonl")),
         "runs": sorted(p.name for p in runs.glob("*.json")),
@@ -653,7 +658,7 @@ def live_config(python: Path, model: Path, settings: str, concurrency: str, rate
                 output_tokens: int, draft_model: Path | None, server_args: str = "",
                 cpu_defaults: bool = True, pin_cpus: str = "auto",
                 repeats: dict | None = None, prompts: str = "humaneval",
-                prompt_order: str = "shuffled") -> LiveConfig:
+                prompt_order: str = "shuffled", prompts_per_client: int = 6) -> LiveConfig:
     """The live runs ``vllm measure`` / ``vllm validate`` ask for, every option checked
     (as the command line names it) before a server starts."""
     import shlex
@@ -668,6 +673,9 @@ def live_config(python: Path, model: Path, settings: str, concurrency: str, rate
                                     "dspark-sim vllm prepare-model writes one")
     if not 1 <= output_tokens <= 4096:
         raise InputError("--output-tokens", f"must be in [1, 4096], got {output_tokens}")
+    if not 1 <= prompts_per_client <= 1000:
+        raise InputError("--requests-per-client", f"must be in [1, 1000], got "
+                                                  f"{prompts_per_client}")
     if prompt_order not in PROMPT_ORDERS:
         raise InputError("--prompt-order", f"{prompt_order!r}: give "
                                            f"{' or '.join(PROMPT_ORDERS)}")
@@ -678,7 +686,7 @@ def live_config(python: Path, model: Path, settings: str, concurrency: str, rate
                       rates=tuple(parse_numbers(rates, option="--rates")) if rates else (),
                       output_tokens=output_tokens, draft_model=draft_model,
                       extra_server_args=tuple(shlex.split(server_args)),
-                      cpu_defaults=cpu_defaults,
+                      cpu_defaults=cpu_defaults, prompts_per_client=prompts_per_client,
                       # a GPU server's compute is not on the CPUs: nothing to keep apart
                       pins=parse_pins(pin_cpus) if cpu_defaults or pin_cpus != "auto"
                       else None, **(repeats or {}))

@@ -52,6 +52,8 @@ VllmPrompts = Annotated[str, typer.Option(
 VllmOrder = Annotated[str, typer.Option(
     help="The order the client sends the prompts in: shuffled (seeded) or file.")]
 VllmLoads = Annotated[str, typer.Option(help="Closed-loop concurrencies.")]
+VllmPerClient = Annotated[int, typer.Option(
+    help="Closed loop: requests each client sends (a point sends at least 12).")]
 VllmRates = Annotated[str, typer.Option(help="Open-loop request rates (req/s; '' for none).")]
 VllmOutput = Annotated[int, typer.Option(help="Output tokens per request (--ignore-eos).")]
 VllmDraft = Annotated[Path | None, PathOption(help="Draft model folder for draft:K.")]
@@ -93,6 +95,7 @@ def vllm_measure(
     pin_cpus: VllmPins = "auto", rounds: VllmRounds = 3, resident: VllmResident = None,
     kv_cache_gib: VllmKv = "auto", per_request: VllmPerRequest = True,
     prompts: VllmPrompts = "humaneval", prompt_order: VllmOrder = "shuffled",
+    requests_per_client: VllmPerClient = 6,
 ) -> None:
     """Start every setting's vLLM server once, keep them up, and run the bench client at
     every load in --rounds rounds of alternating order (resumable)."""
@@ -106,7 +109,8 @@ def vllm_measure(
     cfg = live_config(python, model, settings, concurrency, rates, output_tokens, draft_model,
                       server_args, cpu_defaults, pin_cpus,
                       repeat_options(rounds, resident, kv_cache_gib, per_request,
-                                     cpu_defaults), prompts, prompt_order)
+                                     cpu_defaults), prompts, prompt_order,
+                      requests_per_client)
     check_writable(out, "--out", inside={"runs": "dir", "manifest.json": "file"})
     manifest = measure(cfg, out, progress=lambda m: console.print(m, highlight=False))
     console.print(points_table(out), highlight=False)
@@ -172,6 +176,7 @@ def vllm_validate(
     pin_cpus: VllmPins = "auto", rounds: VllmRounds = 3, resident: VllmResident = None,
     kv_cache_gib: VllmKv = "auto", per_request: VllmPerRequest = True,
     prompts: VllmPrompts = "humaneval", prompt_order: VllmOrder = "shuffled",
+    requests_per_client: VllmPerClient = 6,
     split: VllmSplit = None, seed: Seed = 0, step_table: StepTable = "auto",
 ) -> None:
     """measure, then compare: the live validation against a real vLLM server."""
@@ -180,7 +185,8 @@ def vllm_validate(
     cfg = live_config(python, model, settings, concurrency, rates, output_tokens, draft_model,
                       server_args, cpu_defaults, pin_cpus,
                       repeat_options(rounds, resident, kv_cache_gib, per_request,
-                                     cpu_defaults), prompts, prompt_order)
+                                     cpu_defaults), prompts, prompt_order,
+                      requests_per_client)
     check_writable(out, "--out", inside={"runs": "dir", **VLLM_OUTPUTS})
     measure(cfg, out, progress=lambda m: console.print(m, highlight=False))
     _compare_and_print(out, out, split, seed, {}, step_table)

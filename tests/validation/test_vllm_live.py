@@ -23,6 +23,7 @@ from dspark_sim.validation.vllm_live import (
     VllmServer,
     bench_args,
     default_prompts,
+    live_config,
     measure,
     parse_pins,
     parse_settings,
@@ -118,7 +119,9 @@ def test_bench_args_closed_and_open_loop(tmp_path, fake_python):
     closed = bench_args(cfg, server, Path("p.jsonl"), tmp_path, "x.json", 8, None)
     assert closed[closed.index("--max-concurrency") + 1] == "8"
     assert closed[closed.index("--request-rate") + 1] == "inf"
-    assert closed[closed.index("--num-prompts") + 1] == "32"  # 4 per client
+    assert closed[closed.index("--num-prompts") + 1] == "48"  # 6 per client
+    light = bench_args(cfg, server, Path("p.jsonl"), tmp_path, "x.json", 1, None)
+    assert light[light.index("--num-prompts") + 1] == "12"  # a point's least
     assert "--ignore-eos" in closed and closed[closed.index("--temperature") + 1] == "0"
     assert closed[closed.index("--custom-output-len") + 1] == "32"
     opened = bench_args(cfg, server, Path("p.jsonl"), tmp_path, "x.json", None, 0.5)
@@ -145,6 +148,7 @@ def test_measure_repeats_in_rounds_with_resident_servers_and_resumes(tmp_path, f
     assert manifest["runs"] == names and manifest["kv_capacity_tokens"] == 51712
     assert manifest["prefix_caching"] is False and manifest["vllm_version"] == "0.0-fake"
     assert manifest["rounds"] == 3 and manifest["resident_groups"] == [["none", "ngram-k2"]]
+    assert (manifest["requests_per_client"], manifest["min_requests"]) == (6, 12)
     assert (out / "scrapes" / "ngram-k2.txt").read_text().startswith("vllm:spec_decode")
     # each server started once and both were up together through every round
     servers = events(log, "server")
@@ -246,6 +250,16 @@ def test_repeat_options_refuse_in_one_line():
         with pytest.raises(InputError) as exc:
             repeat_options(*args, True, True)
         assert exc.value.where == opt
+
+
+def test_requests_per_client_is_checked_and_recorded(tmp_path, fake_python):
+    python, model = fake_python
+    cfg = live_config(python, model, "none", "1,2,8", "", 64, None, prompts_per_client=3)
+    assert [cfg.num_prompts(c) for c in (1, 2, 8)] == [12, 12, 24]
+    for bad in (0, 1001):
+        with pytest.raises(InputError) as exc:
+            live_config(python, model, "none", "1", "", 64, None, prompts_per_client=bad)
+        assert exc.value.where == "--requests-per-client"
 
 
 def test_gpu_servers_drop_the_cpu_flags_and_take_their_own(tmp_path, fake_python):

@@ -241,7 +241,8 @@ def test_measure_records_each_caching_runs_counters_from_an_empty_cache(tmp_path
     monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
     cfg = LiveConfig(python=python, model_dir=model, settings=parse_settings("none,none+prefix"),
                      concurrencies=(1, 4), rates=(0.5,), rounds=2, startup_timeout_s=60,
-                     prompts=prompts_path("sessions"), prompt_order="file")
+                     prompts=prompts_path("sessions"), prompt_order="file",
+                     prompts_per_client=4)
     out = tmp_path / "live"
     manifest = json.loads(measure(cfg, out).read_text())
     assert manifest["prefix_caching"] is True and manifest["prompt_order"] == "file"
