@@ -593,7 +593,7 @@ def lagged_topk_lengths(survival, current, lagged, slot, trace_idx, trace_accept
 _NO_LAG = np.empty(0)
 # where lagged_runs writes a step's sort runs: every entry it reads is written first in
 # the same call, so one buffer serves every step (one allocation less per step)
-_RUN_BOUNDS = np.empty(SORT_RUNS_MAX + 1, np.int64)
+RUN_BOUNDS = np.empty(SORT_RUNS_MAX + 1, np.int64)
 
 
 def confidence_step(survival, current, trace_idx, trace_accept_len, ring, slots,
@@ -635,27 +635,38 @@ def vllm_adaptive_step(survival, current, trace_idx, trace_accept_len, ring, slo
 def _lagged_step(survival, current, trace_idx, trace_accept_len, ring, slots, ring_state,
                  lag_steps, lag_rows, table_s, per_token, offset, kink, pending_prefill,
                  prefill_s_per_token, budget_tokens, ell, accepted, stretch, displacement):
-    """The sorts (numpy's, in runs: :func:`lagged_runs`), the lagged view read from the
-    ring, then :func:`lagged_topk_lengths`."""
-    bounds = _RUN_BOUNDS
+    """:func:`lagged_runs`, :func:`sorted_lagged`, then :func:`lagged_topk_lengths`."""
     slot, runs = lagged_runs(survival, current, ring, slots, ring_state, lag_steps, lag_rows,
-                             bounds)
-    if runs == 1:
-        current.sort()
-    else:
-        at = bounds[: runs + 1].tolist()
-        for i in range(runs):
-            current[at[i]: at[i + 1]].sort()
-    lagged = _NO_LAG
-    if slot == -2:
-        lagged, is_sorted = stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows,
-                                           survival.shape[1])
-        if not is_sorted:
-            lagged = np.sort(lagged)
+                             RUN_BOUNDS)
+    lagged = sorted_lagged(current, slot, runs, ring, slots, ring_state, lag_steps, lag_rows,
+                           survival.shape[1])
     return lagged_topk_lengths(survival, current, lagged, slot, trace_idx,
                                trace_accept_len, ring, slots, ring_state, table_s, per_token,
                                offset, kink, pending_prefill, prefill_s_per_token,
                                budget_tokens, ell, accepted, stretch, displacement)
+
+
+def sorted_lagged(current, slot, runs, ring, slots, ring_state, lag_steps, lag_rows, g):
+    """The sorts of a lagged step between its kernels: ``current`` sorted in place, in
+    the ``runs`` that :func:`lagged_runs` wrote into :data:`RUN_BOUNDS` (numpy's sort,
+    ~10x numba's here), and the lagged view where ``slot`` says the ring's steps are
+    stacked (:func:`stacked_lagged`; else empty: the kernel reads the ring's slot)."""
+    if runs == 1:
+        current.sort()
+    else:
+        at = RUN_BOUNDS[: runs + 1].tolist()
+        for i in range(runs):
+            current[at[i]: at[i + 1]].sort()
+    if slot != -2:
+        return _NO_LAG
+    lagged, is_sorted = stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows, g)
+    return lagged if is_sorted else np.sort(lagged)
+
+
+# The lagged decisions whose steps the engine runs itself, around fused kernels of its
+# own (``sim/fast.py``: fewer calls a step), and their (stretch, displacement) flags of
+# :func:`lagged_topk_lengths`; another ``"lagged"`` kernel is called as it is.
+LAGGED_STEPS = {confidence_step: (True, True), vllm_adaptive_step: (False, False)}
 
 
 @njit(cache=True)

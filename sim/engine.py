@@ -153,6 +153,9 @@ class StepPlan(NamedTuple):
     chunk: np.ndarray | None
     remaining: np.ndarray | None
     prefill_tokens: int
+    # the step's seconds where its decision's kernel priced it too (a decode-only chain
+    # step: ``Replica._compiled_decision``), else None: ``Replica._step_time_s`` prices it
+    step_s: float | None = None
 
 
 # The step record's times; its other fields are counts, kept as int32 where they fit.
@@ -343,7 +346,9 @@ class Replica:
             self.last_buf = np.zeros(0)
             self.last_state = np.zeros(2, np.int64)
         if signature is not None:
-            self.decision_call = {"lagged": self._compiled_decision,
+            lagged = self._compiled_decision if ctx.lagged_flags is not None \
+                else self._lagged_kernel_decision
+            self.decision_call = {"lagged": lagged,
                                   "constant": self._constant_decision,
                                   "proposed": self._proposed_decision}[signature]
             # and its inputs and outputs, written in place by the kernels instead of five
@@ -653,7 +658,9 @@ class Replica:
             preempt_if_full()
             batch = self.batch
             plan = plan_step(batch)
-            dt = step_time_s(batch, plan)
+            dt = plan.step_s
+            if dt is None:
+                dt = step_time_s(batch, plan)
             # when this step ends (and the one before did): a hand-off computed ahead of
             # the run must not come at the same instant
             self.last_step_end_s = self.step_end_s
@@ -673,14 +680,15 @@ class Replica:
         decision_call = self.decision_call
         if decision_call is not None and n_dec:  # _verify_lengths' compiled path, one frame
             self.proposed = None
-            ell, accepted, lossy, drafts = decision_call(batch, n_dec)
+            ell, accepted, lossy, drafts, step_s = decision_call(batch, n_dec)
         else:
             ell, accepted, lossy, drafts = self._verify_lengths(batch, n_dec)
+            step_s = None
         verify_tokens = n_dec + drafts
         if lossy is None and not n_prefilling:  # a chain's decode-only step
             if not verify_tokens:
                 raise RuntimeError("engine step with no work")
-            return StepPlan(n_dec, ell, accepted, None, verify_tokens, None, None, 0)
+            return StepPlan(n_dec, ell, accepted, None, verify_tokens, None, None, 0, step_s)
         skipped = 0
         if lossy is not None:
             if lossy.bonus is not None:
@@ -717,7 +725,7 @@ class Replica:
             none = np.zeros(n_dec, np.int64)
             return none, none, None, 0
         if self.decision_call is not None:
-            return self.decision_call(batch, n_dec)
+            return self.decision_call(batch, n_dec)[:4]
         decoding = slice(0, n_dec)
         trace_idx = batch[decoding, TRACE_START] \
             + (batch[decoding, GENERATED] - 1) % batch[decoding, TRACE_LEN]
@@ -739,10 +747,72 @@ class Replica:
         return ell, np.minimum(ell, accept_len), None, int(ell.sum())
 
     def _compiled_decision(self, batch: np.ndarray, n_dec: int
-                           ) -> tuple[np.ndarray, np.ndarray, None, int]:
-        """:meth:`_verify_lengths` of a policy with a compiled ``"lagged"`` decision: the
-        snapshot, the decision, the budget trim and the accepted drafts in one call, the
-        same bits as the reference (``tests/sim/test_compiled.py``)."""
+                           ) -> tuple[np.ndarray, np.ndarray, None, int, float | None]:
+        """:meth:`_verify_lengths` of a policy whose compiled ``"lagged"`` decision the
+        engine runs itself (``compiled.LAGGED_STEPS``: the default scheduler's), in two
+        kernel calls around numpy's sorts instead of the policy's four: the gather, the
+        cost terms and the sort runs (``fast.decision_runs``), then the decision, the
+        budget trim and the accepted drafts, which on a decode-only step whose draft is
+        priced per step also price the step (``fast.priced_topk_lengths``: the step's
+        seconds returned last; else None). The same bits as the policy's kernel and the
+        reference (``tests/sim/test_compiled.py``)."""
+        ctx = self.ctx
+        sched = ctx.sched_cost
+        if n_dec > len(self.ell_buf):
+            self._widen_decision(n_dec)
+        reads = ctx.policy.reads
+        lag_steps, lag_rows = reads.lag_steps, reads.lag_rows
+        trace_idx, survival = self.trace_idx_buf[:n_dec], self.survival_buf[:n_dec]
+        current = self.flat_buf[: survival.size]
+        ring, slots, ring_state = self.ring, self.ring_slots, self.ring_state
+        kv_tokens = self.kv_tokens
+        sched_terms = ctx.sched_terms
+        if sched_terms is not None:
+            sched_draft_s = sched.draft_time(n_dec, kv_tokens)
+            per_token, offset, kink, slot, runs = fast.decision_runs(
+                batch, n_dec, ctx.trace_survival, trace_idx, survival, current, kv_tokens,
+                sched_draft_s, sched_terms, ring, slots, ring_state, lag_steps, lag_rows,
+                compiled.RUN_BOUNDS)
+        else:
+            context = self._decode_context(batch, n_dec) if sched.draft_context is not None \
+                else None
+            per_token, offset, kink = sched.extra_terms(n_dec, kv_tokens, len(batch), context)
+            fast.gather_trace_rows(batch, n_dec, ctx.trace_survival, trace_idx, survival,
+                                   current)
+            slot, runs = compiled.lagged_runs(survival, current, ring, slots, ring_state,
+                                              lag_steps, lag_rows, compiled.RUN_BOUNDS)
+        lagged = compiled.sorted_lagged(current, slot, runs, ring, slots, ring_state,
+                                        lag_steps, lag_rows, survival.shape[1])
+        stretch, displacement = ctx.lagged_flags
+        ell, accepted = self.ell_buf[:n_dec], self.accepted_buf[:n_dec]
+        step_terms = ctx.step_terms
+        step_s = None
+        if step_terms is not None and not self.n_prefilling:  # _step_time_s' first case
+            cost = ctx.cost
+            # the same draft time when the scheduler prices with the engine's own model
+            draft_s = sched_draft_s if cost is sched and sched_terms is not None \
+                else cost.draft_time(n_dec, kv_tokens)
+            drafts, trimmed, step_s = fast.priced_topk_lengths(
+                survival, current, lagged, slot, trace_idx, ctx.trace_accept_len, ring,
+                slots, ring_state, sched.dense_step_s, per_token, offset, kink,
+                self.pending_prefill, sched.prefill_s_per_token, ctx.max_num_batched_tokens,
+                ell, accepted, stretch, displacement, batch, cost.dense_step_s, kv_tokens,
+                draft_s, step_terms, cost.has_context_terms)
+        else:
+            drafts, trimmed = compiled.lagged_topk_lengths(
+                survival, current, lagged, slot, trace_idx, ctx.trace_accept_len, ring,
+                slots, ring_state, sched.dense_step_s, per_token, offset, kink,
+                self.pending_prefill, sched.prefill_s_per_token, ctx.max_num_batched_tokens,
+                ell, accepted, stretch, displacement)
+        if trimmed:
+            ctx.stats.budget_limited_steps += 1
+        return ell, accepted, None, drafts, step_s
+
+    def _lagged_kernel_decision(self, batch: np.ndarray, n_dec: int
+                                ) -> tuple[np.ndarray, np.ndarray, None, int, None]:
+        """:meth:`_verify_lengths` of a policy with another compiled ``"lagged"``
+        decision: the snapshot, then the policy's kernel (the decision, the budget trim
+        and the accepted drafts) in one call, the same bits as the reference."""
         ctx = self.ctx
         sched = ctx.sched_cost
         if n_dec > len(self.ell_buf):
@@ -771,10 +841,10 @@ class Replica:
             ctx.max_num_batched_tokens, ell, accepted)
         if trimmed:
             ctx.stats.budget_limited_steps += 1
-        return ell, accepted, None, drafts
+        return ell, accepted, None, drafts, None
 
     def _proposed_decision(self, batch: np.ndarray, n_dec: int
-                           ) -> tuple[np.ndarray, np.ndarray, None, int]:
+                           ) -> tuple[np.ndarray, np.ndarray, None, int, float | None]:
         """:meth:`_compiled_decision` on a trace with draft_tokens: the candidates are the
         drafts proposed (``compiled.vllm_adaptive_proposed``)."""
         ctx = self.ctx
@@ -805,10 +875,10 @@ class Replica:
         self.proposed = ctx.trace_draft_tokens[trace_idx]  # what the step's draft reads
         if trimmed:
             ctx.stats.budget_limited_steps += 1
-        return ell, accepted, None, drafts
+        return ell, accepted, None, drafts, None
 
     def _constant_decision(self, batch: np.ndarray, n_dec: int
-                           ) -> tuple[np.ndarray, np.ndarray, None, int]:
+                           ) -> tuple[np.ndarray, np.ndarray, None, int, float | None]:
         """:meth:`_verify_lengths` of a policy that verifies ``verify_max`` drafts for
         every request (``compiled.constant_lengths``): no snapshot; the trace positions in
         one call, then the cap at the drafts proposed, the budget trim and the accepted
@@ -826,7 +896,7 @@ class Replica:
             self.proposed = ctx.trace_draft_tokens[trace_idx]
         if trimmed:
             ctx.stats.budget_limited_steps += 1
-        return ell, accepted, None, drafts
+        return ell, accepted, None, drafts, None
 
     def _replay_plan(self, plan: Verification, batch, n_dec, trace_idx, accept_len
                      ) -> tuple[np.ndarray, np.ndarray, LossyStep, int]:
@@ -947,7 +1017,7 @@ class Replica:
         finished requests leave."""
         # the plan's fields unpacked once, and the context's read into locals: this runs
         # every engine step, and each attribute lookup is a dict probe
-        n_dec, ell, accepted, lossy, verify_tokens, chunk, _remaining, prefill_tokens = plan
+        n_dec, ell, accepted, lossy, verify_tokens, chunk, _remaining, prefill_tokens, _ = plan
         ctx = self.ctx
         stats = ctx.stats
         now = ctx.env.now
@@ -1277,6 +1347,10 @@ class SimContext:
             if compiled.NUMBA and self.gamma else None
         self.decision_kernel = compiled.kernel(self.decision.run) \
             if self.decision is not None else None
+        # (stretch, displacement) where the engine runs the lagged decision's step itself
+        # (``Replica._compiled_decision``), else None
+        self.lagged_flags = compiled.LAGGED_STEPS.get(self.decision_kernel) \
+            if self.decision is not None and self.decision.signature == "lagged" else None
         self.constant_draft_tokens = self.trace_draft_tokens \
             if self.trace_draft_tokens is not None else np.empty(0, np.int8)
         self.itl_edges = ITL_EDGES_S.tolist()  # bisect on a list: ~10x faster than numpy

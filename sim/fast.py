@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dspark_sim.policies import compiled
 from dspark_sim.policies.compiled import njit, prefetch
 
 # the batch matrix's columns (``sim.engine``; repeated here because a compiled function
@@ -240,6 +241,42 @@ def decision_inputs(batch, n_dec, trace_survival, trace_idx, survival, flat, kv_
     are its ``batch_rows``): what the compiled decision reads, in one call."""
     gather_trace_rows(batch, n_dec, trace_survival, trace_idx, survival, flat)
     return extra_terms(n_dec, kv_tokens, batch.shape[0], draft_s, profile_terms)
+
+
+@njit(cache=True)
+def decision_runs(batch, n_dec, trace_survival, trace_idx, survival, flat, kv_tokens,
+                  draft_s, profile_terms, ring, slots, ring_state, lag_steps, lag_rows,
+                  bounds):
+    """:func:`decision_inputs`, then ``compiled.lagged_runs`` on the survivals gathered:
+    a lagged decision's kernels before numpy's sorts, in one call (a call's dispatch and
+    its arguments' unboxing cost more than a small batch's arithmetic). Returns (per
+    token, offset, kink, the lagged slot, the runs)."""
+    per_token, offset, kink = decision_inputs(batch, n_dec, trace_survival, trace_idx,
+                                              survival, flat, kv_tokens, draft_s,
+                                              profile_terms)
+    slot, runs = compiled.lagged_runs(survival, flat, ring, slots, ring_state, lag_steps,
+                                      lag_rows, bounds)
+    return per_token, offset, kink, slot, runs
+
+
+@njit(cache=True)
+def priced_topk_lengths(survival, current, lagged, slot, trace_idx, trace_accept_len, ring,
+                        slots, ring_state, table_s, per_token, offset, kink,
+                        pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted,
+                        stretch, displacement, batch, dense_step_s, kv_tokens, draft_s,
+                        profile_terms, context_terms):
+    """``compiled.lagged_topk_lengths`` of a decode-only chain step (no prefilling rows),
+    then its price, :func:`decode_step_s` at the verify tokens decided (the decoding rows
+    and their drafts), in one call: the engine then has no step to price. Returns (the
+    sum of l, trimmed, the step's seconds)."""
+    drafts, trimmed = compiled.lagged_topk_lengths(
+        survival, current, lagged, slot, trace_idx, trace_accept_len, ring, slots,
+        ring_state, table_s, per_token, offset, kink, pending_prefill, prefill_s_per_token,
+        budget_tokens, ell, accepted, stretch, displacement)
+    n_dec = survival.shape[0]
+    dt = decode_step_s(batch, n_dec, ell, n_dec + drafts, dense_step_s, kv_tokens, draft_s,
+                       profile_terms, context_terms)
+    return drafts, trimmed, dt
 
 
 @njit(cache=True)
