@@ -11,7 +11,8 @@ starts (~20-30 s: numba compiles every kernel, a C compiler links them; that run
 runs started meanwhile take the numpy path or numba's dispatchers, the same bits), and
 kept beside numba's own cache (``NUMBA_CACHE_DIR``, else the ``__pycache__`` folder of
 this package), named by a hash of the kernels' sources, this table and the numba, numpy
-and Python versions it was built with: a change to any of them builds a new one.
+and Python versions it was built with, and of the CPU it is compiled for (this
+machine's, as numba's dispatchers are): a change to any of them builds a new one.
 
 Numba's dispatchers check each call's argument types and compile a version for new ones;
 an exported function takes the one it was built for. So every exported function is
@@ -133,10 +134,30 @@ def _version_text(package: str) -> bytes:
     return path.read_bytes() if path.is_file() else package.encode()
 
 
+def _cpu_text() -> str:
+    """The CPU the module is compiled for, as the key names it: on Linux its vendor,
+    model and feature flags (``/proc/cpuinfo``'s first processor); elsewhere empty, and
+    the module is compiled for the architecture's generic CPU."""
+    names = ("vendor_id", "cpu family", "model", "flags", "Features", "CPU implementer",
+             "CPU architecture", "CPU variant", "CPU part")
+    keep = []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:  # the first processor's lines: a many-core file is long
+                if not line.strip():
+                    break
+                if line.split(":", 1)[0].strip() in names:
+                    keep.append(line.rstrip())
+    except OSError:
+        return ""
+    return "\n".join(keep)
+
+
 @functools.cache
 def key() -> str:
     """What the module is built from: this file, the kernels' modules' sources, and the
-    numba, llvmlite, numpy and Python it is built with and for."""
+    numba, llvmlite, numpy and Python it is built with and for; then, after ``_``, the
+    CPU it is compiled for (:func:`_cpu_text`)."""
     import numpy as np
 
     h = hashlib.sha256()
@@ -147,7 +168,8 @@ def key() -> str:
         h.update(_file_text(importlib.util.find_spec(module)))
     for package in ("numba", "llvmlite"):
         h.update(_version_text(package))
-    return h.hexdigest()[:20]
+    cpu = hashlib.sha256(_cpu_text().encode()).hexdigest()[:8]
+    return f"{h.hexdigest()[:20]}_{cpu}"
 
 
 def cache_dir() -> Path:
@@ -297,9 +319,12 @@ def _build_locked(path: Path, k: str) -> None:
 
 
 def _prune(folder: Path, keep: str) -> None:
-    """The modules (and failures) of other keys: sources since changed."""
+    """The modules (and failures) of other keys for this CPU or for none named: sources
+    since changed. A machine with another CPU that shares the folder keeps its own."""
+    cpu = keep.rsplit("_", 1)[1]
     for old in folder.glob(PREFIX + "*"):
-        if not old.name.startswith(keep + ".") and old.is_file():
+        built_for = old.name.split(".", 1)[0][len(PREFIX):].partition("_")[2]
+        if not old.name.startswith(keep + ".") and built_for in ("", cpu) and old.is_file():
             with contextlib.suppress(OSError):
                 old.unlink()
 
@@ -522,6 +547,11 @@ def build(out_dir: Path, name: str) -> Path:
 
     cc = Module(name, source_module=compiled.__name__)
     cc.output_dir = str(out_dir)
+    # this machine's CPU (the build runs where the module is loaded, and the key names the
+    # CPU), as numba's dispatchers compile: the gather, the sort runs' partition and the
+    # budget search vectorize with its wider registers, without fast math (no reordered
+    # sums, no fused multiply-adds: the same bits)
+    cc.target_cpu = "host" if _cpu_text() else ""
     for q, spec in EXPORTS.items():
         module, fn = q.rsplit(".", 1)
         kernel = vars(sys.modules[module])[fn]

@@ -6,6 +6,7 @@ module is built in the background, one build at a time, never imported half-writ
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib.util
 import json
 import os
@@ -177,3 +178,17 @@ def test_the_first_run_builds_the_module_in_the_background(tmp_path):
     assert got == [True, False]
     assert path.is_file() and not stale.exists()
     assert not path.with_suffix(".failed").exists()
+
+
+def test_a_build_removes_only_its_own_cpus_older_modules(tmp_path):
+    """The module is compiled for this machine's CPU (named after ``_`` in its key): a
+    build removes the older modules built for this CPU or for none named, never those a
+    machine with another CPU keeps in a folder they share."""
+    names = ["aaaa_cpu1", "bbbb_cpu1", "cccc_cpu2", "dddd"]
+    for name in names:
+        (tmp_path / f"{aot.PREFIX}{name}.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    aot._prune(tmp_path, aot.PREFIX + "aaaa_cpu1")
+    left = sorted(p.name.split(".")[0][len(aot.PREFIX):] for p in tmp_path.iterdir())
+    assert left == ["aaaa_cpu1", "cccc_cpu2"]
+    cpu = hashlib.sha256(aot._cpu_text().encode()).hexdigest()[:8]
+    assert aot.key().rsplit("_", 1)[1] == cpu
