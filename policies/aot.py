@@ -62,7 +62,7 @@ EXPORTS: dict[str, str] = {
         "ro:f8[:,C] ro:f8[C] ro:i8[C] ro:i8[C] ro:i1[C] f8[C] i8[C] ro:f8[C] "
         "f8 f8 f8 i8 f8 i8 i8[C] i8[C]",
     "dspark_sim.sim.fast.replay_chain":
-        "i8[:,C] i8 ro:i8[C] ro:i8[C] ro:i8[C] i8[C] i8[C] f8 ro:f8[C] i8[C] f8 "
+        "i8[:,C] i8 ro:i8[C] ro:i8[C] ro:i8[C] i8[C] i8 f8 ro:f8[C] f8 "
         "i8[C] i8[C] i8[C] f8[C] i8[C] ro:f8[:,C]",
     "dspark_sim.sim.fast.remove_rows": "ro:i8[:,C] ro:b1[C] i8[C] i8[C] i8[C]",
     "dspark_sim.sim.fast.admit_fcfs":
@@ -70,11 +70,11 @@ EXPORTS: dict[str, str] = {
     "dspark_sim.sim.fast.decode_attention_units": "ro:i8[:,C] i8 ro:i8[C] i8",
     "dspark_sim.sim.fast.extra_terms": "i8 i8 i8 f8 ro:f8[C]",
     "dspark_sim.sim.fast.decision_runs":
-        "ro:i8[:,C] i8 ro:f8[:,C] i8[C] f8[:,C] f8[C] i8 f8 ro:f8[C] ro:f8[C] ro:i8[:,C] "
-        "ro:i8[C] i8 i8 i8[C]",
+        "ro:i8[:,C] i8 ro:f8[:,C] i8[:,C] f8[:,C] f8[C] i8 f8 ro:f8[C] ro:f8[C] "
+        "ro:i8[:,C] ro:i8[C] i8 i8 i8[C]",
     "dspark_sim.sim.fast.priced_topk_lengths":
-        "ro:f8[:,C] ro:f8[C] f8[C] i8 ro:i8[C] ro:i1[C] f8[C] i8[:,C] i8[C] ro:f8[C] "
-        "f8 f8 f8 i8 f8 i8 i8[C] i8[C] b1 b1 ro:i8[:,C] ro:f8[C] i8 f8 ro:f8[C] b1",
+        "i8 ro:f8[:,C] ro:f8[C] f8[C] i8 i8[:,C] ro:i1[C] f8[C] i8[:,C] i8[C] ro:f8[C] "
+        "f8 f8 f8 i8 f8 i8 b1 b1 ro:i8[:,C] ro:f8[C] i8 f8 ro:f8[C] b1",
     "dspark_sim.sim.fast.decode_step_s":
         "ro:i8[:,C] i8 ro:i8[C] i8 ro:f8[C] i8 f8 ro:f8[C] b1",
     "dspark_sim.sim.fast.prefill_chunks": "ro:i8[:,C] i8 i8",

@@ -293,10 +293,14 @@ class StepStats:
     hist_size: int = 0  # bins of the per-step accepted / verified histograms (0: gamma + 2)
 
     def __post_init__(self) -> None:
-        size = max(self.gamma + 2, self.hist_size)
-        self.accept_hist = np.zeros(size, np.int64)  # index = accepted count
-        self.ell_hist = np.zeros(size, np.int64)
-        self.itl_hist = np.zeros(len(ITL_EDGES_S) + 1, np.int64)
+        size = self.hist_bins = max(self.gamma + 2, self.hist_size)
+        # the three histograms are views of one array, which the chain replay's kernel
+        # takes whole (one array to unbox a step, not three): ``hist_bins`` bins of
+        # accepted drafts, as many of verified drafts, then the inter-token gaps'
+        self.hists = np.zeros(2 * size + len(ITL_EDGES_S) + 1, np.int64)
+        self.accept_hist = self.hists[:size]  # index = accepted count
+        self.ell_hist = self.hists[size: 2 * size]
+        self.itl_hist = self.hists[2 * size:]
         self.itl_sum_s = 0.0
 
 
@@ -362,9 +366,12 @@ class Replica:
         decision's buffers and in its ring, which keeps the steps a decision can still
         read (a decision over survivals)."""
         rows = max(rows, 2 * len(self.ell_buf))
-        self.trace_idx_buf = np.zeros(rows, np.int64)
-        self.ell_buf = np.zeros(rows, np.int64)
-        self.accepted_buf = np.zeros(rows, np.int64)
+        # the trace positions, l and the accepted drafts per decoding row, as one array
+        # (``fast.DECISION_ROWS``' layout) for the fused kernels, and each row as its own
+        self.decision_rows = np.zeros((fast.DECISION_ROWS, rows), np.int64)
+        self.trace_idx_buf = self.decision_rows[fast.TRACE_IDX_ROW]
+        self.ell_buf = self.decision_rows[fast.ELL_ROW]
+        self.accepted_buf = self.decision_rows[fast.ACCEPTED_ROW]
         signature = self.ctx.decision.signature
         if signature == "proposed":
             g = self.ctx.trace_survival.shape[1]
@@ -762,29 +769,32 @@ class Replica:
             self._widen_decision(n_dec)
         reads = ctx.policy.reads
         lag_steps, lag_rows = reads.lag_steps, reads.lag_rows
-        trace_idx, survival = self.trace_idx_buf[:n_dec], self.survival_buf[:n_dec]
-        current = self.flat_buf[: survival.size]
+        # the fused kernels take the whole buffers and n_dec, and slice them themselves:
+        # the views are made here only for the calls that need them
+        rows, survival_buf, flat_buf = self.decision_rows, self.survival_buf, self.flat_buf
+        g = survival_buf.shape[1]
+        current = flat_buf[: n_dec * g]
         ring, slots, ring_state = self.ring, self.ring_slots, self.ring_state
         kv_tokens = self.kv_tokens
         sched_terms = ctx.sched_terms
         if sched_terms is not None:
             sched_draft_s = sched.draft_time(n_dec, kv_tokens)
             per_token, offset, kink, slot, runs = fast.decision_runs(
-                batch, n_dec, ctx.trace_survival, trace_idx, survival, current, kv_tokens,
+                batch, n_dec, ctx.trace_survival, rows, survival_buf, flat_buf, kv_tokens,
                 sched_draft_s, sched_terms, ring, slots, ring_state, lag_steps, lag_rows,
                 compiled.RUN_BOUNDS)
         else:
             context = self._decode_context(batch, n_dec) if sched.draft_context is not None \
                 else None
             per_token, offset, kink = sched.extra_terms(n_dec, kv_tokens, len(batch), context)
-            fast.gather_trace_rows(batch, n_dec, ctx.trace_survival, trace_idx, survival,
-                                   current)
-            slot, runs = compiled.lagged_runs(survival, current, ring, slots, ring_state,
-                                              lag_steps, lag_rows, compiled.RUN_BOUNDS)
+            fast.gather_trace_rows(batch, n_dec, ctx.trace_survival, self.trace_idx_buf,
+                                   survival_buf[:n_dec], current)
+            slot, runs = compiled.lagged_runs(survival_buf[:n_dec], current, ring, slots,
+                                              ring_state, lag_steps, lag_rows,
+                                              compiled.RUN_BOUNDS)
         lagged = compiled.sorted_lagged(current, slot, runs, ring, slots, ring_state,
-                                        lag_steps, lag_rows, survival.shape[1])
+                                        lag_steps, lag_rows, g)
         stretch, displacement = ctx.lagged_flags
-        ell, accepted = self.ell_buf[:n_dec], self.accepted_buf[:n_dec]
         step_terms = ctx.step_terms
         step_s = None
         if step_terms is not None and not self.n_prefilling:  # _step_time_s' first case
@@ -793,20 +803,21 @@ class Replica:
             draft_s = sched_draft_s if cost is sched and sched_terms is not None \
                 else cost.draft_time(n_dec, kv_tokens)
             drafts, trimmed, step_s = fast.priced_topk_lengths(
-                survival, current, lagged, slot, trace_idx, ctx.trace_accept_len, ring,
-                slots, ring_state, sched.dense_step_s, per_token, offset, kink,
+                n_dec, survival_buf, flat_buf, lagged, slot, rows, ctx.trace_accept_len,
+                ring, slots, ring_state, sched.dense_step_s, per_token, offset, kink,
                 self.pending_prefill, sched.prefill_s_per_token, ctx.max_num_batched_tokens,
-                ell, accepted, stretch, displacement, batch, cost.dense_step_s, kv_tokens,
-                draft_s, step_terms, cost.has_context_terms)
+                stretch, displacement, batch, cost.dense_step_s, kv_tokens, draft_s,
+                step_terms, cost.has_context_terms)
         else:
             drafts, trimmed = compiled.lagged_topk_lengths(
-                survival, current, lagged, slot, trace_idx, ctx.trace_accept_len, ring,
-                slots, ring_state, sched.dense_step_s, per_token, offset, kink,
-                self.pending_prefill, sched.prefill_s_per_token, ctx.max_num_batched_tokens,
-                ell, accepted, stretch, displacement)
+                survival_buf[:n_dec], current, lagged, slot, self.trace_idx_buf[:n_dec],
+                ctx.trace_accept_len, ring, slots, ring_state, sched.dense_step_s,
+                per_token, offset, kink, self.pending_prefill, sched.prefill_s_per_token,
+                ctx.max_num_batched_tokens, self.ell_buf[:n_dec],
+                self.accepted_buf[:n_dec], stretch, displacement)
         if trimmed:
             ctx.stats.budget_limited_steps += 1
-        return ell, accepted, None, drafts, step_s
+        return self.ell_buf[:n_dec], self.accepted_buf[:n_dec], None, drafts, step_s
 
     def _lagged_kernel_decision(self, batch: np.ndarray, n_dec: int
                                 ) -> tuple[np.ndarray, np.ndarray, None, int, None]:
@@ -1032,9 +1043,9 @@ class Replica:
             log = ctx.log
             kept, emitted, n_accepted, n_done, n_gone, kv_gone = fast.replay_chain(
                 batch, n_dec, ell, accepted, chunk if prefill_tokens else _NO_CHUNK,
-                stats.accept_hist, stats.ell_hist, dt, ITL_EDGES_S, stats.itl_hist, now,
-                log.steps, log.draft_tokens_verified, log.accepted_tokens, log.finish_s,
-                log.generated, ctx.next_rows)
+                stats.hists, stats.hist_bins, dt, ITL_EDGES_S, now, log.steps,
+                log.draft_tokens_verified, log.accepted_tokens, log.finish_s, log.generated,
+                ctx.next_rows)
             n_unverified = 0
         else:
             emitted, n_accepted, n_unverified, n_done = self._replay_rows(batch, plan, dt)

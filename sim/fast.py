@@ -17,16 +17,23 @@ from dspark_sim.policies.compiled import njit, prefetch
 # reads module globals as constants and the engine imports this module)
 REQUEST_ID, PROMPT_TOKENS, PREFILL_TARGET, PREFILLED, GENERATED, GENERATED_AT_ADMIT = range(6)
 OUTPUT_TOKENS, TRACE_START, TRACE_LEN, STEPS, VERIFIED, ACCEPTED = range(6, 12)
+# the rows of a replica's decision buffer (``Replica.decision_rows``), one array for the
+# three that a compiled decision reads or writes per decoding row: each array a compiled
+# call takes costs its unboxing
+DECISION_ROWS = 3
+TRACE_IDX_ROW, ELL_ROW, ACCEPTED_ROW = range(DECISION_ROWS)
 
 
 @njit(cache=True)
-def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist, dt, itl_edges,
-                 itl_hist, now, log_steps, log_verified, log_accepted, log_finish,
-                 log_generated, trace_survival):
+def replay_chain(batch, n_dec, ell, accepted, chunk, hists, hist_bins, dt, itl_edges, now,
+                 log_steps, log_verified, log_accepted, log_finish, log_generated,
+                 trace_survival):
     """A chain step's replay (``Replica._replay`` with no tree or lossy plan): each
     decoding row emits ``min(accepted + 1, what is left of its output)`` and counts its
-    step, verified and accepted drafts; the histograms count ``accepted`` and ``ell``, and
-    the inter-token gap ``dt`` of every decoding row (``bisect_left`` on ``itl_edges``);
+    step, verified and accepted drafts; the histograms (``hists``, ``StepStats.hists``'
+    layout: ``hist_bins`` bins each of ``accepted`` and ``ell``, then the gaps') count
+    ``accepted`` and ``ell``, and the inter-token gap ``dt`` of every decoding row
+    (``bisect_left`` on ``itl_edges``);
     prefilling rows (after ``n_dec``) take their ``chunk`` (empty: none), and those it
     completes emit their first token. The decoding rows' next rows of ``trace_survival``
     (none: zero rows) are prefetched, for the next step's gather: a request's position
@@ -46,8 +53,8 @@ def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist, dt, 
         batch[r, ACCEPTED] += accepted[r]
         emitted += adv
         n_accepted += accepted[r]
-        accept_hist[accepted[r]] += 1
-        ell_hist[ell[r]] += 1
+        hists[accepted[r]] += 1
+        hists[hist_bins + ell[r]] += 1
     if trace_survival.shape[0]:
         last = trace_survival.shape[1] - 1  # a row may straddle two lines
         for r in range(n_dec):
@@ -66,7 +73,7 @@ def replay_chain(batch, n_dec, ell, accepted, chunk, accept_hist, ell_hist, dt, 
                 lo = mid + 1
             else:
                 hi = mid
-        itl_hist[lo] += n_dec
+        hists[2 * hist_bins + lo] += n_dec
     n_done = 0
     if chunk.size:
         for i in range(chunk.size):
@@ -244,36 +251,45 @@ def decision_inputs(batch, n_dec, trace_survival, trace_idx, survival, flat, kv_
 
 
 @njit(cache=True)
-def decision_runs(batch, n_dec, trace_survival, trace_idx, survival, flat, kv_tokens,
+def decision_runs(batch, n_dec, trace_survival, rows, survival_buf, flat_buf, kv_tokens,
                   draft_s, profile_terms, ring, slots, ring_state, lag_steps, lag_rows,
                   bounds):
     """:func:`decision_inputs`, then ``compiled.lagged_runs`` on the survivals gathered:
     a lagged decision's kernels before numpy's sorts, in one call (a call's dispatch and
-    its arguments' unboxing cost more than a small batch's arithmetic). Returns (per
-    token, offset, kink, the lagged slot, the runs)."""
-    per_token, offset, kink = decision_inputs(batch, n_dec, trace_survival, trace_idx,
-                                              survival, flat, kv_tokens, draft_s,
-                                              profile_terms)
+    its arguments' unboxing cost more than a small batch's arithmetic). Takes the
+    replica's whole buffers and slices its ``n_dec`` rows here (``rows``: the
+    :data:`DECISION_ROWS` layout, of which it writes the trace positions; the survivals
+    as ``survival_buf`` rows and, flattened, at the start of ``flat_buf``): a view made
+    in Python, and each array a compiled call unboxes, cost more. Returns (per token,
+    offset, kink, the lagged slot, the runs)."""
+    survival = survival_buf[:n_dec]
+    flat = flat_buf[: n_dec * survival_buf.shape[1]]
+    per_token, offset, kink = decision_inputs(batch, n_dec, trace_survival,
+                                              rows[TRACE_IDX_ROW, :n_dec], survival, flat,
+                                              kv_tokens, draft_s, profile_terms)
     slot, runs = compiled.lagged_runs(survival, flat, ring, slots, ring_state, lag_steps,
                                       lag_rows, bounds)
     return per_token, offset, kink, slot, runs
 
 
 @njit(cache=True)
-def priced_topk_lengths(survival, current, lagged, slot, trace_idx, trace_accept_len, ring,
-                        slots, ring_state, table_s, per_token, offset, kink,
-                        pending_prefill, prefill_s_per_token, budget_tokens, ell, accepted,
-                        stretch, displacement, batch, dense_step_s, kv_tokens, draft_s,
+def priced_topk_lengths(n_dec, survival_buf, flat_buf, lagged, slot, rows, trace_accept_len,
+                        ring, slots, ring_state, table_s, per_token, offset, kink,
+                        pending_prefill, prefill_s_per_token, budget_tokens, stretch,
+                        displacement, batch, dense_step_s, kv_tokens, draft_s,
                         profile_terms, context_terms):
     """``compiled.lagged_topk_lengths`` of a decode-only chain step (no prefilling rows),
     then its price, :func:`decode_step_s` at the verify tokens decided (the decoding rows
-    and their drafts), in one call: the engine then has no step to price. Returns (the
-    sum of l, trimmed, the step's seconds)."""
+    and their drafts), in one call: the engine then has no step to price. The buffers
+    are whole, as :func:`decision_runs` takes them (``current``: ``flat_buf``'s first
+    ``n_dec`` x gamma values, sorted; ``rows``' trace positions read, its l and accepted drafts
+    written). Returns (the sum of l, trimmed, the step's seconds)."""
+    ell = rows[ELL_ROW, :n_dec]
     drafts, trimmed = compiled.lagged_topk_lengths(
-        survival, current, lagged, slot, trace_idx, trace_accept_len, ring, slots,
-        ring_state, table_s, per_token, offset, kink, pending_prefill, prefill_s_per_token,
-        budget_tokens, ell, accepted, stretch, displacement)
-    n_dec = survival.shape[0]
+        survival_buf[:n_dec], flat_buf[: n_dec * survival_buf.shape[1]], lagged, slot,
+        rows[TRACE_IDX_ROW, :n_dec], trace_accept_len, ring, slots, ring_state, table_s,
+        per_token, offset, kink, pending_prefill, prefill_s_per_token, budget_tokens, ell,
+        rows[ACCEPTED_ROW, :n_dec], stretch, displacement)
     dt = decode_step_s(batch, n_dec, ell, n_dec + drafts, dense_step_s, kv_tokens, draft_s,
                        profile_terms, context_terms)
     return drafts, trimmed, dt

@@ -162,8 +162,8 @@ def merge(groups: list[GroupRun], replicas: int, max_engine_steps: int
     stats = StepStats(first.stats.gamma, hist_size=first.stats.hist_size)
     for name in _COUNTS:
         setattr(stats, name, sum(getattr(run.stats, name) for run in groups))
-    for name in _HISTOGRAMS:
-        setattr(stats, name, sum(getattr(run.stats, name) for run in groups))
+    for name in _HISTOGRAMS:  # in place: they are views of one array (StepStats.hists)
+        getattr(stats, name)[:] = sum(getattr(run.stats, name) for run in groups)
     # np.cumsum adds one after another, as the serial run's `+=` does (a step without
     # decoding rows adds 0.0 to the gap sum, which leaves it as it was)
     dt = steps["dt_s"]
