@@ -47,7 +47,9 @@ RECORDINGS = ("run-1", "run-2")
 INTERLEAVED = "run-3"
 # run-4: as run-3, and the loads' order rotated across the rounds as well
 ROTATED = "run-4"
-ALL = (*RECORDINGS, INTERLEAVED, ROTATED)
+# run-5: as run-4 with six requests per client (24 at C = 4, 48 at C = 8)
+LONGER = "run-5"
+ALL = (*RECORDINGS, INTERLEAVED, ROTATED, LONGER)
 SPLIT = "none,ngram-k3@c1,ngram-k3@c16"
 DOC = Path(__file__).parents[2] / "docs" / "validation.md"
 
@@ -297,6 +299,26 @@ def test_calibrate_vllm_fits_repeats_at_their_medians_with_each_constants_uncert
     for c in fit["constants"].values():
         assert c["flag"] in ("", "at its bound 0", "not identified")
         assert c["relative_sd"] is None or c["relative_sd"] > 0  # the repeats scatter
+
+
+def test_the_longer_run_holds_its_held_out_figures_and_picks_at_every_load(comparisons):
+    """run-5, the documented split: 24 and 48 requests at C = 4 and 8. Its none TPOT
+    misses the linear step by less than three times its repeats' spread, so the default
+    fit stays linear; the held-out figures meet the bounds (or their spread) at 47 of 48,
+    the pick is vLLM's best or within the best's spread at every load, and the
+    per-batch table, asked for, holds all 48."""
+    cmp = comparisons[LONGER]
+    runs = read_bench_runs([RECORDED / LONGER / "runs"])
+    counts = {r.concurrency: len(r.prompt_tokens) for r in runs if r.concurrency}
+    assert counts == {1: 12, 2: 12, 4: 24, 8: 48, 16: 96}
+    assert "step_fixed_ms" in cmp.fit.theta_ms
+    h = cmp.headline()
+    assert (h["held_out_within_bounds"], h["held_out_bounded"]) == (47, 48)
+    assert h["held_out_outside_bounds"] == ["ngram-k3@c2 median_tpot_ms"]
+    assert cmp.regimes["pick_ok"].all() and h["picks_within_tolerance"]
+    table = compare(runs, engine=load_engine(RECORDED / LONGER / "manifest.json"),
+                    split=SPLIT, step_table="by-batch")
+    assert table.headline()["held_out_within_bounds"] == 48
 
 
 def test_the_rotated_run_measures_each_load_early_midway_and_late():
