@@ -71,10 +71,10 @@ DRAFTER = "vllm"  # the [draft.<name>] table and trace drafter of a calibrated p
 UNSIMULATED = 5.0  # the log-error charged for a figure a candidate could not produce
 MAX_LOG_STEP = 1.0  # at most a factor e per parameter and iteration
 STEP_TABLES = ("auto", "by-batch", "linear")
-# "auto" tables the step by batch only where the linear model misses a none point's TPOT
-# by more than this many times its repeats' spread (half the range of 3 repeats is about
-# 0.85 standard deviations, so 3x is about 2.5 of them), or MIN_SPREAD where the
-# repeats happened to agree
+# "auto" tables the step by batch only where the none runs' token gaps miss a line, or
+# the linear model misses a none point's TPOT, by more than this many times the repeats'
+# spread (half the range of 3 repeats is about 0.85 standard deviations, so 3x is about
+# 2.5 of them), or MIN_SPREAD where the repeats happened to agree
 NOISE_MULTIPLE = 3.0
 MIN_SPREAD = 0.02
 MIN_GAPS = 200  # token gaps that price a batch's step (about three requests' worth)
@@ -935,6 +935,40 @@ def _linear_misses(fit: _Fit, points: list) -> bool:
     return False
 
 
+def _gap_misses(repeats: list[BenchRun], model: StepModel) -> bool:
+    """Whether the none runs' decode steps, measured directly, are not linear in the
+    batch: at each knot, each round's median token gap (:func:`decode_gaps`, thousands
+    a round, so what scatters them across rounds is the host's drift), their median over
+    the rounds against the least-squares line through those medians (the decode step a
+    linear step can price), a miss beyond :data:`NOISE_MULTIPLE` times the rounds'
+    spread at that knot (or :data:`MIN_SPREAD`). Needs three rounds at three knots or
+    more; False without them (single runs, runs without timings)."""
+    per: dict[int, dict[int, list[np.ndarray]]] = {}
+    for r in repeats:
+        if r.round is None:
+            continue
+        for b, g in decode_gaps(r).items():
+            if b in model.knots:
+                per.setdefault(b, {}).setdefault(r.round, []).append(g)
+    knots, medians, spreads = [], [], []
+    for b in model.knots:
+        rounds = per.get(b, {})
+        if len(rounds) < 3:
+            continue
+        m = np.array([np.median(np.concatenate(g)) for g in rounds.values()])
+        mid = float(np.median(m))
+        knots.append(b)
+        medians.append(mid)
+        spreads.append((m.max() - m.min()) / 2 / mid)
+    if len(knots) < 3:
+        return False
+    x, y = np.array(knots, float), np.array(medians)
+    slope, intercept = np.polyfit(x, y, 1)
+    line = np.maximum(intercept + slope * x, 1e-9 * y)
+    miss = np.abs(np.log(line / y))
+    return bool((miss > NOISE_MULTIPLE * np.maximum(spreads, MIN_SPREAD)).any())
+
+
 def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm-fitted",
                 seed: int = 0, trace: AcceptanceTrace | None = None,
                 traces: SettingTraces | None = None, max_iterations: int = 12,
@@ -947,9 +981,10 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
     measured trace, else the runs' pooled counters, :func:`setting_traces`).
     ``step_table``: ``by-batch`` fits a step time at each batch size a none run decodes
     (:func:`step_model`), ``linear`` one fixed cost and one per token, ``auto`` (the
-    default) the table only where the linear fit misses a none point's TPOT by more
-    than its repeats explain (:func:`_linear_misses`): with single runs the per-batch
-    steps would fit each run's noise. The none runs' lone requests' TTFT line
+    default) the table only where the repeats show the step is not linear in the batch:
+    the none runs' token gaps, round by round, miss a line (:func:`_gap_misses`), or
+    the linear fit misses a none point's TPOT (:func:`_linear_misses`), by more than
+    the rounds explain; with single runs the per-batch steps would fit each run's noise. The none runs' lone requests' TTFT line
     (:func:`ttft_line`) is fitted too where they support it, and its bootstrap widens
     the constants' uncertainty."""
     if not runs:
@@ -975,7 +1010,8 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
             return _fit(runs, traces, engine, Path(tmp), seed, name, model, max_iterations,
                         starts, measured_steps, fitted_line)
 
-        if step_table == "by-batch":
+        if step_table == "by-batch" or (step_table == "auto" and table.knots
+                                        and _gap_misses(repeats, table)):
             fit = fit_with(table)
         else:
             fit = fit_with(StepModel())

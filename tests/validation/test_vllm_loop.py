@@ -302,23 +302,23 @@ def test_calibrate_vllm_fits_repeats_at_their_medians_with_each_constants_uncert
 
 
 def test_the_longer_run_holds_its_held_out_figures_and_picks_at_every_load(comparisons):
-    """run-5, the documented split: 24 and 48 requests at C = 4 and 8. Its none TPOT
-    misses the linear step by less than three times its repeats' spread, so the default
-    fit stays linear; the held-out figures meet the bounds (or their spread) at 47 of 48,
-    the pick is vLLM's best or within the best's spread at every load, and the
-    per-batch table, asked for, holds all 48."""
+    """run-5, the documented split: 24 and 48 requests at C = 4 and 8. Its none points'
+    TPOT misses the linear step by less than three times their spread, but each round's
+    token gaps show the step with two requests decoding slower than with three, beyond
+    the rounds' scatter, so the default fit tables the step; then every held-out figure
+    meets the bounds (or its spread), where the linear step holds 47, and the pick is
+    vLLM's best or within the best's spread at every load."""
     cmp = comparisons[LONGER]
     runs = read_bench_runs([RECORDED / LONGER / "runs"])
     counts = {r.concurrency: len(r.prompt_tokens) for r in runs if r.concurrency}
     assert counts == {1: 12, 2: 12, 4: 24, 8: 48, 16: 96}
-    assert "step_fixed_ms" in cmp.fit.theta_ms
+    assert "step_ms@2" in cmp.fit.theta_ms
     h = cmp.headline()
-    assert (h["held_out_within_bounds"], h["held_out_bounded"]) == (47, 48)
-    assert h["held_out_outside_bounds"] == ["ngram-k3@c2 median_tpot_ms"]
+    assert (h["held_out_within_bounds"], h["held_out_bounded"]) == (48, 48)
     assert cmp.regimes["pick_ok"].all() and h["picks_within_tolerance"]
-    table = compare(runs, engine=load_engine(RECORDED / LONGER / "manifest.json"),
-                    split=SPLIT, step_table="by-batch")
-    assert table.headline()["held_out_within_bounds"] == 48
+    linear = compare(runs, engine=load_engine(RECORDED / LONGER / "manifest.json"),
+                     split=SPLIT, step_table="linear")
+    assert linear.headline()["held_out_within_bounds"] == 47
 
 
 def test_the_rotated_run_measures_each_load_early_midway_and_late():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
@@ -22,6 +23,7 @@ from dspark_sim.validation.vllm_fit import (
     BenchRun,
     StepModel,
     _Fit,
+    _gap_misses,
     _linear_misses,
     decode_gaps,
     fit_profile,
@@ -141,6 +143,40 @@ def test_linear_misses_only_beyond_what_a_points_repeats_explain(runs):
     # nor does a point measured fewer than three times: its spread is not known
     single = group_points([r for r in runs if r.k == 0 and r.round == 1])
     assert not _linear_misses(_fit_with_tpot(single, {"none@c2": 10 * measured}), single)
+
+
+def _gapped(step_ms, scales: tuple[float, ...]) -> tuple[list, dict]:
+    """Fake none runs, one a round at each scale (the host's speed that round), whose
+    token gaps at batch ``b`` scatter by +-1 % around ``step_ms(b) x scale``."""
+    rng = np.random.default_rng(0)
+    runs, gaps = [], {}
+    for n, scale in enumerate(scales, 1):
+        run = SimpleNamespace(round=n)
+        gaps[id(run)] = {b: step_ms(b) * scale * rng.uniform(0.99, 1.01, 500)
+                         for b in (1, 2, 3, 4, 8, 16)}
+        runs.append(run)
+    return runs, gaps
+
+
+@pytest.mark.parametrize(("step_ms", "scales", "tabled"), [
+    (lambda b: 50.0 + 2.5 * b, (1.0, 1.03, 0.98), False),  # linear, rounds drifting
+    (lambda b: (50.0 + 2.5 * b) * (1.25 if b == 2 else 1.0), (1.0, 1.03, 0.98), True),
+    # the same bump, in rounds scattered by +-30 %: the drift could explain it
+    (lambda b: (50.0 + 2.5 * b) * (1.25 if b == 2 else 1.0), (1.0, 1.3, 0.7), False),
+    # two rounds: their scatter is not known
+    (lambda b: (50.0 + 2.5 * b) * (1.25 if b == 2 else 1.0), (1.0, 1.06), False),
+])
+def test_gap_misses_reads_the_step_from_each_rounds_token_gaps(monkeypatch, step_ms, scales,
+                                                              tabled):
+    from dspark_sim.validation import vllm_fit
+
+    runs, gaps = _gapped(step_ms, scales)
+    monkeypatch.setattr(vllm_fit, "decode_gaps", lambda r: gaps[id(r)])
+    assert _gap_misses(runs, StepModel((1, 2, 3, 4, 8, 16))) is tabled
+    # runs without rounds (single measurements) never table
+    for r in runs:
+        r.round = None
+    assert not _gap_misses(runs, StepModel((1, 2, 3, 4, 8, 16)))
 
 
 def test_an_unknown_step_table_is_refused_naming_the_option(runs, tmp_path):
