@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from dspark_sim import BLAS_DEFAULTED_ENV
 from dspark_sim.errors import InputError, is_decimal
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -88,8 +89,12 @@ def foreign_env() -> dict[str, str]:
     """The environment of the vLLM install's interpreter. It runs from wherever dspark-sim
     was started, often the checkout's root: without PYTHONSAFEPATH its ``-m`` / ``-c``
     would put that folder first on ``sys.path``, where this project's folders would stand
-    in for packages of the same name (transformers probes for ``kernels``)."""
-    return {**os.environ, "PYTHONSAFEPATH": "1"}
+    in for packages of the same name (transformers probes for ``kernels``). OpenBLAS's
+    thread count is the user's, not the one the command set for itself."""
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    if env.pop(BLAS_DEFAULTED_ENV, None):
+        env.pop("OPENBLAS_NUM_THREADS", None)
+    return env
 
 
 @dataclass(frozen=True)

@@ -64,3 +64,26 @@ def test_a_run_too_short_to_win_back_numba_takes_the_numpy_path(monkeypatch, req
     monkeypatch.setattr(compiled, "NUMBA", env != "numpy")
     monkeypatch.setattr(compiled, "_aot_state", lambda: aot)
     assert compiled.choose_for_run(requests) is numba and compiled.NUMBA is numba
+
+
+def _blas_threads(env: dict) -> dict:
+    """What a fresh process's environment holds for OpenBLAS after the console entry's
+    first step, and what a vLLM process it starts would get."""
+    probe = ("import os, json\n"
+             "from dspark_sim.cli import single_threaded_blas\n"
+             "single_threaded_blas()\n"
+             "from dspark_sim.validation.vllm_live import foreign_env\n"
+             "print(json.dumps([os.environ.get('OPENBLAS_NUM_THREADS'), "
+             "foreign_env().get('OPENBLAS_NUM_THREADS')]))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_command_runs_one_blas_thread_unless_told_and_its_children_get_theirs():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "DSPARK_SIM_BLAS_DEFAULTED")}
+    # chosen by the command: one thread; a vLLM process it starts has no setting
+    assert _blas_threads(env) == ["1", None]
+    # the user's own choice stands, for the command and for what it starts
+    assert _blas_threads({**env, "OPENBLAS_NUM_THREADS": "4"}) == ["4", "4"]
