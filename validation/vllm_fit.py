@@ -60,6 +60,7 @@ from dspark_sim.validation.vllm_repeats import (
     constant_uncertainty,
     group_points,
     log_covariance,
+    relative_half_range,
 )
 
 # Figures compared, with their weights in the fit (TTFT is one prefill per request, with
@@ -956,10 +957,9 @@ def _gap_misses(repeats: list[BenchRun], model: StepModel) -> bool:
         if len(rounds) < 3:
             continue
         m = np.array([np.median(np.concatenate(g)) for g in rounds.values()])
-        mid = float(np.median(m))
         knots.append(b)
-        medians.append(mid)
-        spreads.append((m.max() - m.min()) / 2 / mid)
+        medians.append(float(np.median(m)))
+        spreads.append(relative_half_range(m))
     if len(knots) < 3:
         return False
     x, y = np.array(knots, float), np.array(medians)
@@ -984,9 +984,9 @@ def fit_profile(runs: list[BenchRun], *, engine: EngineConfig, name: str = "vllm
     default) the table only where the repeats show the step is not linear in the batch:
     the none runs' token gaps, round by round, miss a line (:func:`_gap_misses`), or
     the linear fit misses a none point's TPOT (:func:`_linear_misses`), by more than
-    the rounds explain; with single runs the per-batch steps would fit each run's noise. The none runs' lone requests' TTFT line
-    (:func:`ttft_line`) is fitted too where they support it, and its bootstrap widens
-    the constants' uncertainty."""
+    the rounds explain; with single runs the per-batch steps would fit each run's noise.
+    The none runs' lone requests' TTFT line (:func:`ttft_line`) is fitted too where they
+    support it, and its bootstrap widens the constants' uncertainty."""
     if not runs:
         raise InputError("FILES", "no runs to fit")
     if step_table not in STEP_TABLES:

@@ -43,6 +43,13 @@ AT_BOUND = 1e-3  # a constant below this share of the largest one
 NULL_WEIGHT = 0.3  # a constant this much in a direction the runs do not see
 
 
+def relative_half_range(values: np.ndarray) -> float:
+    """``(max - min) / 2 / median`` of a non-empty array: the spread of repeats (0 where
+    the median is 0, so that an all-zero figure is not noise)."""
+    med = float(np.median(values))
+    return float((values.max() - values.min()) / 2.0 / med) if med else 0.0
+
+
 @dataclass(frozen=True, eq=False)
 class Point:
     """One (setting, load) and its repeats."""
@@ -64,10 +71,7 @@ class Point:
     def spread(self, fig: str) -> float | None:
         """Relative half-range of the repeats (0 with one); None where not measured."""
         v = self.values(fig)
-        if not v.size:
-            return None
-        med = float(np.median(v))
-        return float((v.max() - v.min()) / 2.0 / med) if med else 0.0
+        return relative_half_range(v) if v.size else None
 
     @property
     def run(self) -> BenchRun:
