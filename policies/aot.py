@@ -63,10 +63,11 @@ EXPORTS: dict[str, str] = {
         "f8 f8 f8 i8 f8 i8 i8[C] i8[C]",
     "dspark_sim.sim.fast.replay_chain":
         "i8[:,C] i8 ro:i8[C] ro:i8[C] ro:i8[C] i8[C] i8 f8 ro:f8[C] f8 "
-        "i8[C] i8[C] i8[C] f8[C] i8[C] ro:f8[:,C]",
+        "i8[C] i8[C] i8[C] f8[C] i8[C] f8[C] ro:f8[:,C] b1",
+    "dspark_sim.sim.fast.drop_finished": "i8[:,C] f8 i8[C] i8[C] i8[C] f8[C] i8[C]",
     "dspark_sim.sim.fast.remove_rows": "ro:i8[:,C] ro:b1[C] i8[C] i8[C] i8[C]",
     "dspark_sim.sim.fast.admit_fcfs":
-        "i8[:,C] i8 ro:i8[:,C] ro:i8[C] i8 b1 ro:i8[C] i8 i8",
+        "i8[:,C] i8 ro:i8[:,C] ro:i8[C] i8 b1 ro:i8[C] i8 i8 i8[:,C]",
     "dspark_sim.sim.fast.decode_attention_units": "ro:i8[:,C] i8 ro:i8[C] i8",
     "dspark_sim.sim.fast.extra_terms": "i8 i8 i8 f8 ro:f8[C]",
     "dspark_sim.sim.fast.decision_runs":
@@ -77,7 +78,7 @@ EXPORTS: dict[str, str] = {
         "f8 f8 f8 i8 f8 i8 b1 b1 ro:i8[:,C] ro:f8[C] i8 f8 ro:f8[C] b1",
     "dspark_sim.sim.fast.decode_step_s":
         "ro:i8[:,C] i8 ro:i8[C] i8 ro:f8[C] i8 f8 ro:f8[C] b1",
-    "dspark_sim.sim.fast.prefill_chunks": "ro:i8[:,C] i8 i8",
+    "dspark_sim.sim.fast.prefill_chunks": "ro:i8[:,C] i8 i8 i8[:,C]",
     "dspark_sim.sim.fast.chunked_step_s":
         "ro:i8[:,C] i8 ro:i8[C] i8 ro:i8[C] ro:i8[C] ro:f8[C] i8 f8 ro:f8[C] b1",
     "dspark_sim.sim.fast.trace_positions": "ro:i8[:,C] i8 i8[C]",

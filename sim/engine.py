@@ -91,6 +91,7 @@ def _lengths(ell, policy: str, n_dec: int) -> np.ndarray:
 
 
 _NO_CHUNK = np.zeros(0, np.int64)  # a step without prefill, to the compiled replay
+BATCH_BUF_ROWS = 64  # a replica's first batch buffer (Replica.batch_buf)
 
 # Inter-token-latency histogram: log-spaced bins from 10 us to 1000 s.
 ITL_EDGES_S = np.logspace(-5, 3, 801)
@@ -319,6 +320,13 @@ class Replica:
         # back there), so admission is one fancy index, not a stack of small arrays.
         self.waiting: deque[int] = deque()
         self.batch = np.empty((0, NUM_COLUMNS), np.int64)
+        # where the compiled admission writes the batch (``self.batch`` is then its first
+        # rows), grown by doubling: a new array a step would cost more to hand back than
+        # the admission itself
+        self.batch_buf = np.empty((BATCH_BUF_ROWS, NUM_COLUMNS), np.int64)
+        # the compiled prefill chunks and the tokens each row had left, as two rows (the
+        # step's plan holds views of them until its replay)
+        self.prefill_buf = np.empty((2, BATCH_BUF_ROWS), np.int64)
         self.wake: simpy.Event | None = None
         self.step_end_s = self.last_step_end_s = -1.0
         # requests waiting or in the batch (what least-outstanding routing reads for every
@@ -435,9 +443,16 @@ class Replica:
             # queue, no slice of it, and emptied at once
             head = np.fromiter(waiting, np.int64, n_waiting) if n_waiting <= room \
                 else np.fromiter(islice(waiting, room), np.int64, room)
-            self.batch, kv, pending, n_new, taken, blocked = fast.admit_fcfs(
-                self.batch, self.n_prefilling, rows, head, used, ctx.reserve,
-                ctx.admit_need, ctx.verify_slots, ctx.kv_capacity)
+            batch = self.batch
+            buf = self.batch_buf
+            if len(batch) + len(head) > len(buf):  # at least doubled: rarely
+                buf = self.batch_buf = np.empty((max(len(batch) + len(head), 2 * len(buf)),
+                                                 NUM_COLUMNS), np.int64)
+            n, kv, pending, n_new, taken, blocked = fast.admit_fcfs(
+                batch, self.n_prefilling, rows, head, used, ctx.reserve,
+                ctx.admit_need, ctx.verify_slots, ctx.kv_capacity, buf)
+            if taken:
+                self.batch = buf[:n]
             if taken == n_waiting:
                 waiting.clear()
             else:
@@ -706,8 +721,14 @@ class Replica:
             if lossy.fill_tokens is not None:  # KV writes of earlier unverified commits
                 verify_tokens += int(lossy.fill_tokens.sum())
         if self.n_prefilling and compiled.NUMBA:
-            chunk, remaining, prefill_tokens = fast.prefill_chunks(
-                batch, n_dec, max(0, self.ctx.max_num_batched_tokens - verify_tokens))
+            n_pre = len(batch) - n_dec
+            bufs = self.prefill_buf
+            if n_pre > bufs.shape[1]:
+                bufs = self.prefill_buf = np.empty((2, max(n_pre, 2 * bufs.shape[1])),
+                                                   np.int64)
+            prefill_tokens = fast.prefill_chunks(
+                batch, n_dec, max(0, self.ctx.max_num_batched_tokens - verify_tokens), bufs)
+            chunk, remaining = bufs[0, :n_pre], bufs[1, :n_pre]
         elif self.n_prefilling:
             chunk, remaining = self._prefill_chunks(batch, n_dec, verify_tokens)
             prefill_tokens = int(chunk.sum())
@@ -1039,19 +1060,26 @@ class Replica:
         batch_tokens = verify_tokens + prefill_tokens
         stats.batch_tokens += batch_tokens
         fused = lossy is None and compiled.NUMBA
-        if fused:  # the finished rows leave in the same call (their log rows written)
+        cache = self.cache
+        leave = cache is not None or ctx.on_finished is not None
+        if fused:  # the finished rows leave in the same call (their log rows written),
+            # unless _leave reads them first
             log = ctx.log
-            kept, emitted, n_accepted, n_done, n_gone, kv_gone = fast.replay_chain(
+            n_kept, emitted, n_accepted, n_done, n_gone, kv_gone = fast.replay_chain(
                 batch, n_dec, ell, accepted, chunk if prefill_tokens else _NO_CHUNK,
                 stats.hists, stats.hist_bins, dt, ITL_EDGES_S, now, log.steps,
                 log.draft_tokens_verified, log.accepted_tokens, log.finish_s, log.generated,
-                ctx.next_rows)
+                log.first_token_s, ctx.next_rows, not leave)
             n_unverified = 0
         else:
             emitted, n_accepted, n_unverified, n_done = self._replay_rows(batch, plan, dt)
-        cache = self.cache
-        if cache is not None or ctx.on_finished is not None:
+        if leave:
             self._leave(batch, n_dec, n_done, n_gone if fused else -1)
+            if fused and n_gone:
+                log = ctx.log
+                n_kept, _, kv_gone = fast.drop_finished(
+                    batch, now, log.steps, log.draft_tokens_verified, log.accepted_tokens,
+                    log.finish_s, log.generated)
         drafting = n_dec
         if n_dec:
             self.kv_tokens += emitted
@@ -1073,9 +1101,10 @@ class Replica:
                 self.kv_tokens += n_done
                 emitted += n_done
                 self.n_prefilling -= n_done
-                rids = batch[n_dec: n_dec + n_done, REQUEST_ID]
-                first = ctx.log.first_token_s[rids]
-                ctx.log.first_token_s[rids] = np.where(np.isnan(first), now, first)
+                if not fused:  # the kernel wrote the first tokens' times
+                    rids = batch[n_dec: n_dec + n_done, REQUEST_ID]
+                    first = ctx.log.first_token_s[rids]
+                    ctx.log.first_token_s[rids] = np.where(np.isnan(first), now, first)
         verified_drafts = int(ell.sum()) if lossy is not None else verify_tokens - n_dec
         hit, missed = (0, 0) if cache is None else cache.take_step()
         # a StepRecord's fields as a plain tuple: building the named one costs more
@@ -1084,8 +1113,8 @@ class Replica:
                          n_unverified, drafting, hit, missed))
         if not fused:
             self._finish(batch, now)
-        elif n_gone:  # the kernel kept the rest
-            self.batch = kept
+        elif n_gone:  # the kernel moved the rest up
+            self.batch = batch[:n_kept]
             self.kv_tokens -= kv_gone
             self.outstanding -= n_gone
             ctx.on_finish(n_gone)

@@ -27,7 +27,7 @@ TRACE_IDX_ROW, ELL_ROW, ACCEPTED_ROW = range(DECISION_ROWS)
 @njit(cache=True)
 def replay_chain(batch, n_dec, ell, accepted, chunk, hists, hist_bins, dt, itl_edges, now,
                  log_steps, log_verified, log_accepted, log_finish, log_generated,
-                 trace_survival):
+                 log_first_token, trace_survival, compact):
     """A chain step's replay (``Replica._replay`` with no tree or lossy plan): each
     decoding row emits ``min(accepted + 1, what is left of its output)`` and counts its
     step, verified and accepted drafts; the histograms (``hists``, ``StepStats.hists``'
@@ -35,13 +35,14 @@ def replay_chain(batch, n_dec, ell, accepted, chunk, hists, hist_bins, dt, itl_e
     ``accepted`` and ``ell``, and the inter-token gap ``dt`` of every decoding row
     (``bisect_left`` on ``itl_edges``);
     prefilling rows (after ``n_dec``) take their ``chunk`` (empty: none), and those it
-    completes emit their first token. The decoding rows' next rows of ``trace_survival``
+    completes emit their first token (``log_first_token``, where not set before: a
+    preempted request's stays). The decoding rows' next rows of ``trace_survival``
     (none: zero rows) are prefetched, for the next step's gather: a request's position
     moves a cache line or so a step, in a table that does not stay cached, and the
-    gather otherwise waits on a miss a row. Rows that have finished then leave, as
-    ``Replica._remove`` takes them (their counters, ``now`` and their output into the
-    log). Returns (the batch: ``batch`` itself when no row finished, emitted, accepted,
-    completed prefills, rows that left, the KV tokens they held)."""
+    gather otherwise waits on a miss a row. Where ``compact``, rows that have finished
+    then leave (:func:`drop_finished`); else they stay, counted, for the caller to read
+    first. Returns (the rows now in ``batch``, emitted, accepted, completed prefills, rows
+    that finished, the KV tokens those held: 0 where they stay)."""
     emitted = 0
     n_accepted = 0
     for r in range(n_dec):
@@ -83,21 +84,44 @@ def replay_chain(batch, n_dec, ell, accepted, chunk, hists, hist_bins, dt, itl_e
                 n_done += 1
         for r in range(n_dec, n_dec + n_done):  # prefills complete in row order
             batch[r, GENERATED] += 1
+            rid = batch[r, REQUEST_ID]
+            if log_first_token[rid] != log_first_token[rid]:
+                log_first_token[rid] = now
     n = batch.shape[0]
-    keep = np.empty(n, dtype=np.bool_)
+    if compact:
+        n_keep, n_gone, kv = drop_finished(batch, now, log_steps, log_verified,
+                                           log_accepted, log_finish, log_generated)
+        return n_keep, emitted, n_accepted, n_done, n_gone, kv
     n_gone = 0
     for r in range(n):
-        keep[r] = batch[r, GENERATED] < batch[r, OUTPUT_TOKENS]
-        if not keep[r]:
-            n_gone += 1
-    if n_gone == 0:
-        return batch, emitted, n_accepted, n_done, 0, 0
-    kept, gone, kv, _, _ = remove_rows(batch, keep, log_steps, log_verified, log_accepted)
-    for j in range(n_gone):
-        rid = gone[j, REQUEST_ID]
+        n_gone += batch[r, GENERATED] >= batch[r, OUTPUT_TOKENS]
+    return n, emitted, n_accepted, n_done, n_gone, 0
+
+
+@njit(cache=True)
+def drop_finished(batch, now, log_steps, log_verified, log_accepted, log_finish,
+                  log_generated):
+    """The rows that reached their output length leave ``batch``, as ``Replica._finish``
+    takes them: their counters, ``now`` and their output into the log; the rows that
+    stay move up in place, in order (the caller keeps ``batch[:n_keep]``): numba's boxing
+    of an array handed back (~1 us) would cost more than the step's replay. Returns (the
+    rows kept, the rows gone, the KV tokens those held)."""
+    n_keep = n_gone = kv = 0
+    for r in range(batch.shape[0]):
+        if batch[r, GENERATED] < batch[r, OUTPUT_TOKENS]:
+            if n_gone:
+                batch[n_keep] = batch[r]
+            n_keep += 1
+            continue
+        n_gone += 1
+        kv += batch[r, PREFILLED] + batch[r, GENERATED] - batch[r, GENERATED_AT_ADMIT]
+        rid = batch[r, REQUEST_ID]
+        log_steps[rid] += batch[r, STEPS]
+        log_verified[rid] += batch[r, VERIFIED]
+        log_accepted[rid] += batch[r, ACCEPTED]
         log_finish[rid] = now
-        log_generated[rid] = gone[j, GENERATED]
-    return kept, emitted, n_accepted, n_done, n_gone, kv
+        log_generated[rid] = batch[r, GENERATED]
+    return n_keep, n_gone, kv
 
 
 @njit(cache=True)
@@ -134,12 +158,14 @@ def remove_rows(batch, keep, log_steps, log_verified, log_accepted):
 
 @njit(cache=True)
 def admit_fcfs(batch, n_prefilling, rows, head, used, reserve, admit_need, verify_slots,
-               kv_capacity):
+               kv_capacity, out):
     """``Replica._admit``: the waiting requests ``head`` (the queue's first, as many as
     the batch has room for) join in order while their KV fits (``used`` so far; a request
     needs its prompt + output when ``reserve``, else its prefill target and verify slots),
-    the first that does not blocking the rest, unless the batch would be empty. Returns
-    :func:`admit_rows`'s four results, how many joined and whether KV held one back."""
+    the first that does not blocking the rest, unless the batch would be empty. The new
+    batch is written into ``out`` (:func:`admit_rows`). Returns (its rows: ``batch``'s
+    where none joined, and then ``out`` is untouched), :func:`admit_rows`' other three
+    results, how many joined and whether KV held one back."""
     taken = 0
     blocked = False
     for i in range(head.size):
@@ -151,20 +177,25 @@ def admit_fcfs(batch, n_prefilling, rows, head, used, reserve, admit_need, verif
         taken += 1
         used += need
     if taken == 0:
-        return batch, 0, 0, 0, 0, blocked
-    out, kv, pending, n_new = admit_rows(batch, n_prefilling, rows, head[:taken])
-    return out, kv, pending, n_new, taken, blocked
+        return batch.shape[0], 0, 0, 0, 0, blocked
+    n, kv, pending, n_new = admit_rows(batch, n_prefilling, rows, head[:taken], out)
+    return n, kv, pending, n_new, taken, blocked
 
 
 @njit(cache=True)
-def admit_rows(batch, n_prefilling, rows, taken):
+def admit_rows(batch, n_prefilling, rows, taken, out):
     """``Replica._admit``'s batch update: the ``taken`` requests' rows join the batch,
     those already prefilled (disaggregated prefill) after its decoding rows and the rest
-    at its end, so the batch stays [decoding | prefilling]. Returns (the new batch, the
-    KV tokens the prefilled rows bring, the prefill tokens the others bring, how many
+    at its end, so the batch stays [decoding | prefilling]. Written into ``out`` (room
+    for them all), whose first rows may be ``batch`` itself (the replica's buffer: its
+    decoding rows then stay where they are); numba's boxing of an array handed back
+    (~1 us) would cost more than the admission. Returns (the new batch's rows, the KV
+    tokens the prefilled rows bring, the prefill tokens the others bring, how many
     others)."""
-    n_old, c = batch.shape
+    n_old = batch.shape[0]
     k = taken.size
+    if out.shape[0] < n_old + k:  # unchecked writes past it would corrupt memory
+        raise ValueError("admit_rows: out has fewer rows than the new batch")
     ready = np.zeros(k, dtype=np.bool_)
     n_ready = 0
     for i in range(k):
@@ -172,12 +203,19 @@ def admit_rows(batch, n_prefilling, rows, taken):
         if rows[r, PREFILLED] >= rows[r, PREFILL_TARGET]:
             ready[i] = True
             n_ready += 1
-    out = np.empty((n_old + k, c), dtype=batch.dtype)
     n_dec = n_old - n_prefilling
-    at = 0
-    for r in range(n_dec):
-        out[at] = batch[r]
-        at += 1
+    # the prefilling rows move down past the prefilled newcomers, the last first: where
+    # ``out`` is ``batch``, a row is read before its place is written
+    if n_ready:
+        for r in range(n_old - 1, n_dec - 1, -1):
+            out[r + n_ready] = batch[r]
+    if n_old and batch.ctypes.data != out.ctypes.data:
+        for r in range(n_dec):
+            out[r] = batch[r]
+        if not n_ready:
+            for r in range(n_dec, n_old):
+                out[r] = batch[r]
+    at = n_dec
     kv = 0
     for i in range(k):
         if ready[i]:
@@ -185,9 +223,7 @@ def admit_rows(batch, n_prefilling, rows, taken):
             out[at] = rows[r]
             at += 1
             kv += rows[r, PREFILLED] + rows[r, GENERATED] - rows[r, GENERATED_AT_ADMIT]
-    for r in range(n_dec, n_old):
-        out[at] = batch[r]
-        at += 1
+    at = n_old + n_ready
     pending = 0
     for i in range(k):
         if not ready[i]:
@@ -195,7 +231,7 @@ def admit_rows(batch, n_prefilling, rows, taken):
             out[at] = rows[r]
             at += 1
             pending += rows[r, PREFILL_TARGET]
-    return out, kv, pending, k - n_ready
+    return n_old + k, kv, pending, k - n_ready
 
 
 @njit(cache=True)
@@ -316,13 +352,16 @@ def decode_step_s(batch, n_dec, ell, verify_tokens, dense_step_s, kv_tokens, dra
 
 
 @njit(cache=True)
-def prefill_chunks(batch, n_dec, left):
+def prefill_chunks(batch, n_dec, left, out):
     """``Replica._prefill_chunks``: the prefilling rows' (after ``n_dec``) chunks, FCFS
-    from the ``left`` tokens of the budget, and the tokens each had left. Returns
-    (chunks, remaining, their sum)."""
+    from the ``left`` tokens of the budget, and the tokens each had left, written into
+    the first columns of ``out``'s two rows (arrays handed back would cost their boxing).
+    Returns the chunks' sum."""
     n = batch.shape[0] - n_dec
-    chunk = np.empty(n, dtype=np.int64)
-    remaining = np.empty(n, dtype=np.int64)
+    if out.shape[1] < n:  # unchecked writes past it would corrupt memory
+        raise ValueError("prefill_chunks: out has fewer columns than prefilling rows")
+    chunk = out[0]
+    remaining = out[1]
     before = 0
     total = 0
     for i in range(n):
@@ -332,7 +371,7 @@ def prefill_chunks(batch, n_dec, left):
         chunk[i] = c
         total += c
         before += r
-    return chunk, remaining, total
+    return total
 
 
 # The chunks' attention units are sums of multiples of 0.5 (a chunk of c tokens after f

@@ -14,6 +14,7 @@ from collections import deque
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -68,6 +69,39 @@ def test_both_paths_agree_with_chunked_prefill_and_preemption(tmp_path, monkeypa
         got[use] = json.loads((out / "summary.json").read_text())
     # the run reaches the paths it is here for
     assert got[False]["preemptions" if kv_mode == "preempt" else "kv_blocked_steps"] > 0
+    assert got[True] == got[False]
+
+
+def test_both_paths_agree_when_a_step_admits_more_rows_than_the_buffers_hold(
+        tmp_path, monkeypatch):
+    """A closed loop of 300 clients sends 300 requests at once, all admitted in the first
+    step and prefilled in chunks: the compiled admission's batch buffer and the prefill
+    chunks' buffer (``engine.BATCH_BUF_ROWS`` rows at first) grow past doubling in one
+    step; the summary and the per-request rows as the numpy path's."""
+    from typer.testing import CliRunner
+
+    from dspark_sim.cli import app
+    from dspark_sim.sim.engine import BATCH_BUF_ROWS
+
+    clients = 300
+    args = ["run", "--policy", "confidence", "--max-concurrency", str(clients),
+            "--num-requests", str(clients), "--seed", "3", "--replicas", "1",
+            "--profile", "qwen3-8b-h100", "--prefill", "chunked", "--max-num-seqs", "512",
+            "--max-num-batched-tokens", "8192", "--kv-capacity-tokens", "2000000"]
+    got = {}
+    for use in (False, True):
+        monkeypatch.setattr(compiled, "NUMBA", use)
+        out = tmp_path / str(use)
+        res = CliRunner().invoke(app, [*args, "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        got[use] = (json.loads((out / "summary.json").read_text()),
+                    (out / "requests.parquet").read_bytes())
+    # every request sent at t = 0, room for all of them and nothing held back for KV:
+    # the first step admitted them all
+    summary = got[False][0]
+    assert clients > 2 * BATCH_BUF_ROWS and summary["completed"] == clients
+    assert summary["kv_blocked_steps"] == 0 and summary["preemptions"] == 0
+    assert (pl.read_parquet(tmp_path / "False" / "requests.parquet")["arrival_s"] == 0).all()
     assert got[True] == got[False]
 
 
@@ -421,6 +455,85 @@ def test_merging_the_lagged_steps_runs_is_sorting_them(runs):
     bounds = np.cumsum([0] + [len(r) for r in runs]).astype(np.int64)
     got = compiled.merged_runs(values.copy(), bounds)
     assert got.tobytes() == np.sort(values).tobytes()
+
+
+def _batch(rng, n, rows_total):
+    from dspark_sim.sim.engine import NUM_COLUMNS, REQUEST_ID
+
+    batch = rng.integers(0, 50, (n, NUM_COLUMNS)).astype(np.int64)
+    batch[:, REQUEST_ID] = rng.permutation(rows_total)[:n]
+    return batch
+
+
+@given(st.integers(0, 6), st.integers(0, 6), st.lists(st.booleans(), max_size=6),
+       st.booleans(), st.integers(0, 2**32 - 1))
+def test_admission_into_the_replicas_buffer_is_the_references_concatenation(
+        n_dec, n_pre, ready, in_place, seed):
+    """``fast.admit_rows`` writes [decoding | prefilled newcomers | prefilling | the other
+    newcomers], as ``Replica._admit``'s numpy path concatenates them, into a separate
+    buffer or into the buffer whose first rows the batch already is."""
+    from dspark_sim.sim import fast
+    from dspark_sim.sim.engine import PREFILL_TARGET, PREFILLED
+
+    rng = np.random.default_rng(seed)
+    rows = _batch(rng, 40, 40)
+    batch = _batch(rng, n_dec + n_pre, 40)
+    taken = rng.permutation(40)[: len(ready)].astype(np.int64)
+    for r, is_ready in zip(taken, ready, strict=True):
+        rows[r, PREFILLED] = rows[r, PREFILL_TARGET] + (0 if is_ready else -1)
+    new = rows[taken]
+    done = new[:, PREFILLED] >= new[:, PREFILL_TARGET]
+    want = np.concatenate([batch[:n_dec], new[done], batch[n_dec:], new[~done]])
+    out = np.full((len(want) + 3, batch.shape[1]), -7, np.int64)
+    if in_place:
+        out[: len(batch)] = batch
+        batch = out[: len(batch)]
+    n, kv, pending, others = fast.admit_rows(batch, n_pre, rows, taken, out)
+    assert n == len(want) and (out[:n] == want).all() and (out[n:] == -7).all()
+    assert others == int((~done).sum())
+    assert pending == int(new[~done, PREFILL_TARGET].sum())
+
+
+@given(st.lists(st.booleans(), max_size=12), st.booleans(), st.integers(0, 2**32 - 1))
+def test_the_finished_rows_leave_in_place_as_the_reference_removes_them(finished, compact,
+                                                                        seed):
+    """``fast.replay_chain`` with no decoding rows: the finished rows leave the batch in
+    place (the rest moved up in order) with their counters, finish time and output in
+    the log, as ``Replica._remove`` takes them; or, not ``compact``, stay and are
+    counted."""
+    from dspark_sim.sim import fast
+    from dspark_sim.sim.engine import (
+        ACCEPTED,
+        GENERATED,
+        ITL_EDGES_S,
+        OUTPUT_TOKENS,
+        REQUEST_ID,
+        STEPS,
+        VERIFIED,
+    )
+
+    rng = np.random.default_rng(seed)
+    batch = _batch(rng, len(finished), 20)
+    for r, f in enumerate(finished):
+        batch[r, OUTPUT_TOKENS] = batch[r, GENERATED] + (0 if f else 1)
+    before = batch.copy()
+    logs = [np.zeros(20, np.int64) for _ in range(3)]
+    finish, generated, first = np.full(20, np.nan), np.zeros(20, np.int64), np.zeros(20)
+    none = np.zeros(0, np.int64)
+    n, *_, n_gone, _ = fast.replay_chain(
+        batch, 0, none, none, none, np.zeros(8, np.int64), 2, 0.5, ITL_EDGES_S, 3.0, *logs,
+        finish, generated, first, np.empty((0, 1)), compact)
+    gone = np.array(finished, bool)
+    assert n_gone == gone.sum()
+    if not compact:
+        assert n == len(batch) and (batch == before).all() and np.isnan(finish).all()
+        return
+    assert n == (~gone).sum() and (batch[:n] == before[~gone]).all()
+    rids = before[gone, REQUEST_ID]
+    assert (finish[rids] == 3.0).all() and np.isnan(np.delete(finish, rids)).all()
+    assert (generated[rids] == before[gone, GENERATED]).all()
+    for log, col in zip(logs, (STEPS, VERIFIED, ACCEPTED), strict=True):
+        assert (log[rids] == before[gone, col]).all() and log.sum() == before[gone, col].sum()
 
 
 def test_a_window_of_a_fraction_of_a_token_takes_the_python_path():
