@@ -63,7 +63,8 @@ EXPORTS: dict[str, str] = {
         "f8 f8 f8 i8 f8 i8 i8[C] i8[C]",
     "dspark_sim.sim.fast.replay_chain":
         "i8[:,C] i8 ro:i8[C] ro:i8[C] ro:i8[C] i8[C] i8 f8 ro:f8[C] f8 "
-        "i8[C] i8[C] i8[C] f8[C] i8[C] f8[C] ro:f8[:,C] b1",
+        "i8[C] i8[C] i8[C] f8[C] i8[C] f8[C] ro:f8[:,C] b1 f8[:,C] i8 i8 i8 i8 i8 i8 "
+        "i8 i8",
     "dspark_sim.sim.fast.drop_finished": "i8[:,C] f8 i8[C] i8[C] i8[C] f8[C] i8[C]",
     "dspark_sim.sim.fast.remove_rows": "ro:i8[:,C] ro:b1[C] i8[C] i8[C] i8[C]",
     "dspark_sim.sim.fast.admit_fcfs":

@@ -20,7 +20,6 @@ A step, in order:
 from __future__ import annotations
 
 import bisect
-from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -164,34 +163,40 @@ _STEP_TIMES = ("end_s", "dt_s")
 
 
 class StepRecorder:
-    """The per-step series: one C-level ``array.extend`` of a :class:`StepRecord`'s
-    fields per engine step (15 float64, 120 bytes; well under 1 us, no per-token or
-    per-request work) into a buffer that every ``CHUNK_STEPS`` steps moves into a column
-    a field: the times as float64, the counts as int32 (68 bytes a step; float64 from a
-    chunk whose counts do not fit). Read as float64 (``metrics.StepSeries``), the same
-    values. A column grows by doubling into a fresh array, whose pages are memory only
-    once written, and the one it replaces is returned to the system whole: chunks joined
-    at the end, freed into the heap, would have held the series' size again."""
+    """The per-step series: one row of a :class:`StepRecord`'s fields per engine step (15
+    float64, 120 bytes; no per-token or per-request work) in a buffer of
+    ``CHUNK_STEPS`` rows that, full, moves into a column a field: the times as float64,
+    the counts as int32 (68 bytes a step; float64 from a chunk whose counts do not fit).
+    Read as float64 (``metrics.StepSeries``), the same values. A chain step's replay
+    kernel writes its row itself (``fast.replay_chain``, at :attr:`n_rows`; the engine
+    then calls :meth:`advance`): a tuple of the fields converted a step costs more. A
+    column grows by doubling into a fresh array, whose pages are memory only once
+    written, and the one it replaces is returned to the system whole: chunks joined at
+    the end, freed into the heap, would have held the series' size again."""
 
     CHUNK_STEPS = 4096
     FIRST_CAPACITY = 1 << 16
 
     def __init__(self) -> None:
-        self.buf = array("d")
-        self._extend = self.buf.extend
-        self._full = self.CHUNK_STEPS * len(STEP_FIELDS)
+        self.rows = np.empty((self.CHUNK_STEPS, len(STEP_FIELDS)))
+        self.n_rows = 0  # steps in the buffer
         self._cols: dict[str, np.ndarray] = {}
         self._n = 0  # steps in the columns
 
     def record(self, fields: tuple) -> None:
         """One step's fields, in :class:`StepRecord`'s order."""
-        self._extend(fields)
-        if len(self.buf) >= self._full:
+        self.rows[self.n_rows] = fields
+        self.advance()
+
+    def advance(self) -> None:
+        """The buffer's next row has been written."""
+        self.n_rows += 1
+        if self.n_rows == self.CHUNK_STEPS:
             self._compact()
 
     def _compact(self) -> None:
-        """The buffer's steps moved onto the columns; the buffer emptied in place."""
-        a = np.frombuffer(self.buf, dtype=np.float64).reshape(-1, len(STEP_FIELDS))
+        """The buffer's steps moved onto the columns; the buffer emptied."""
+        a = self.rows[: self.n_rows]
         n, k = self._n, len(a)
         for i, name in enumerate(STEP_FIELDS):
             col = a[:, i]
@@ -208,13 +213,12 @@ class StepRecorder:
                     grown[:n] = store[:n]
                 self._cols[name] = store = grown
             store[n: n + k] = col
-        del a, col
-        del self.buf[:]
+        self.n_rows = 0
         self._n = n + k
 
     def columns(self) -> dict[str, np.ndarray]:
         """Every step recorded so far (since the last :meth:`take`), a column a field."""
-        if self.buf:
+        if self.n_rows:
             self._compact()
         if not self._n:
             return {name: np.zeros(0) for name in STEP_FIELDS}
@@ -1062,14 +1066,25 @@ class Replica:
         fused = lossy is None and compiled.NUMBA
         cache = self.cache
         leave = cache is not None or ctx.on_finished is not None
+        drafting = n_dec
+        proposed = self.proposed
+        if n_dec and proposed is not None:
+            unproposed = int(np.count_nonzero(proposed == 0))
+            stats.unproposed_request_steps += unproposed
+            drafting -= unproposed
+        hit, missed = (0, 0) if cache is None else cache.take_step()
         if fused:  # the finished rows leave in the same call (their log rows written),
-            # unless _leave reads them first
+            # unless _leave reads them first, and the call writes the step's record
             log = ctx.log
+            recorder = ctx.steps
             n_kept, emitted, n_accepted, n_done, n_gone, kv_gone = fast.replay_chain(
                 batch, n_dec, ell, accepted, chunk if prefill_tokens else _NO_CHUNK,
                 stats.hists, stats.hist_bins, dt, ITL_EDGES_S, now, log.steps,
                 log.draft_tokens_verified, log.accepted_tokens, log.finish_s, log.generated,
-                log.first_token_s, ctx.next_rows, not leave)
+                log.first_token_s, ctx.next_rows, not leave, recorder.rows,
+                recorder.n_rows, self.index, len(self.waiting), verify_tokens,
+                prefill_tokens, drafting, hit, missed)
+            recorder.advance()
             n_unverified = 0
         else:
             emitted, n_accepted, n_unverified, n_done = self._replay_rows(batch, plan, dt)
@@ -1080,7 +1095,6 @@ class Replica:
                 n_kept, _, kv_gone = fast.drop_finished(
                     batch, now, log.steps, log.draft_tokens_verified, log.accepted_tokens,
                     log.finish_s, log.generated)
-        drafting = n_dec
         if n_dec:
             self.kv_tokens += emitted
             # Every decoding request gets a token every step, and its previous token
@@ -1089,11 +1103,6 @@ class Replica:
             stats.itl_sum_s += dt * n_dec
             stats.request_steps += n_dec
             stats.verify_tokens += verify_tokens
-            proposed = self.proposed
-            if proposed is not None:
-                unproposed = int(np.count_nonzero(proposed == 0))
-                stats.unproposed_request_steps += unproposed
-                drafting -= unproposed
         if prefill_tokens:
             self.kv_tokens += prefill_tokens
             self.pending_prefill -= prefill_tokens
@@ -1105,12 +1114,12 @@ class Replica:
                     rids = batch[n_dec: n_dec + n_done, REQUEST_ID]
                     first = ctx.log.first_token_s[rids]
                     ctx.log.first_token_s[rids] = np.where(np.isnan(first), now, first)
-        verified_drafts = int(ell.sum()) if lossy is not None else verify_tokens - n_dec
-        hit, missed = (0, 0) if cache is None else cache.take_step()
-        # a StepRecord's fields as a plain tuple: building the named one costs more
-        ctx.record_step((now, dt, self.index, n_dec, len(batch), len(self.waiting),
-                         batch_tokens, prefill_tokens, verified_drafts, emitted, n_accepted,
-                         n_unverified, drafting, hit, missed))
+        if not fused:
+            verified_drafts = int(ell.sum()) if lossy is not None else verify_tokens - n_dec
+            # a StepRecord's fields as a plain tuple: building the named one costs more
+            ctx.record_step((now, dt, self.index, n_dec, len(batch), len(self.waiting),
+                             batch_tokens, prefill_tokens, verified_drafts, emitted,
+                             n_accepted, n_unverified, drafting, hit, missed))
         if not fused:
             self._finish(batch, now)
         elif n_gone:  # the kernel moved the rest up

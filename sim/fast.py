@@ -27,7 +27,8 @@ TRACE_IDX_ROW, ELL_ROW, ACCEPTED_ROW = range(DECISION_ROWS)
 @njit(cache=True)
 def replay_chain(batch, n_dec, ell, accepted, chunk, hists, hist_bins, dt, itl_edges, now,
                  log_steps, log_verified, log_accepted, log_finish, log_generated,
-                 log_first_token, trace_survival, compact):
+                 log_first_token, trace_survival, compact, records, record, replica,
+                 waiting, verify_tokens, prefill_tokens, drafting, hit, missed):
     """A chain step's replay (``Replica._replay`` with no tree or lossy plan): each
     decoding row emits ``min(accepted + 1, what is left of its output)`` and counts its
     step, verified and accepted drafts; the histograms (``hists``, ``StepStats.hists``'
@@ -39,10 +40,14 @@ def replay_chain(batch, n_dec, ell, accepted, chunk, hists, hist_bins, dt, itl_e
     preempted request's stays). The decoding rows' next rows of ``trace_survival``
     (none: zero rows) are prefetched, for the next step's gather: a request's position
     moves a cache line or so a step, in a table that does not stay cached, and the
-    gather otherwise waits on a miss a row. Where ``compact``, rows that have finished
-    then leave (:func:`drop_finished`); else they stay, counted, for the caller to read
-    first. Returns (the rows now in ``batch``, emitted, accepted, completed prefills, rows
-    that finished, the KV tokens those held: 0 where they stay)."""
+    gather otherwise waits on a miss a row. The step's ``engine.StepRecord`` goes into
+    row ``record`` of ``records`` (``StepRecorder.rows``), from this step's counts and
+    the caller's (``replica``, the ``waiting`` queue, ``verify_tokens`` and
+    ``prefill_tokens``, the ``drafting`` rows, the prefix cache's ``hit`` and ``missed``
+    tokens). Where ``compact``, rows that have finished then leave
+    (:func:`drop_finished`); else they stay, counted, for the caller to read first.
+    Returns (the rows now in ``batch``, emitted, accepted, completed prefills, rows that
+    finished, the KV tokens those held: 0 where they stay)."""
     emitted = 0
     n_accepted = 0
     for r in range(n_dec):
@@ -88,6 +93,22 @@ def replay_chain(batch, n_dec, ell, accepted, chunk, hists, hist_bins, dt, itl_e
             if log_first_token[rid] != log_first_token[rid]:
                 log_first_token[rid] = now
     n = batch.shape[0]
+    rec = records[record]
+    rec[0] = now
+    rec[1] = dt
+    rec[2] = replica
+    rec[3] = n_dec
+    rec[4] = n
+    rec[5] = waiting
+    rec[6] = verify_tokens + prefill_tokens
+    rec[7] = prefill_tokens
+    rec[8] = verify_tokens - n_dec
+    rec[9] = emitted + n_done
+    rec[10] = n_accepted
+    rec[11] = 0
+    rec[12] = drafting
+    rec[13] = hit
+    rec[14] = missed
     if compact:
         n_keep, n_gone, kv = drop_finished(batch, now, log_steps, log_verified,
                                            log_accepted, log_finish, log_generated)

@@ -500,7 +500,7 @@ def test_the_finished_rows_leave_in_place_as_the_reference_removes_them(finished
     """``fast.replay_chain`` with no decoding rows: the finished rows leave the batch in
     place (the rest moved up in order) with their counters, finish time and output in
     the log, as ``Replica._remove`` takes them; or, not ``compact``, stay and are
-    counted."""
+    counted. The step's record goes into the row it is given."""
     from dspark_sim.sim import fast
     from dspark_sim.sim.engine import (
         ACCEPTED,
@@ -508,8 +508,10 @@ def test_the_finished_rows_leave_in_place_as_the_reference_removes_them(finished
         ITL_EDGES_S,
         OUTPUT_TOKENS,
         REQUEST_ID,
+        STEP_FIELDS,
         STEPS,
         VERIFIED,
+        StepRecord,
     )
 
     rng = np.random.default_rng(seed)
@@ -520,11 +522,16 @@ def test_the_finished_rows_leave_in_place_as_the_reference_removes_them(finished
     logs = [np.zeros(20, np.int64) for _ in range(3)]
     finish, generated, first = np.full(20, np.nan), np.zeros(20, np.int64), np.zeros(20)
     none = np.zeros(0, np.int64)
+    records = np.full((3, len(STEP_FIELDS)), -1.0)
     n, *_, n_gone, _ = fast.replay_chain(
         batch, 0, none, none, none, np.zeros(8, np.int64), 2, 0.5, ITL_EDGES_S, 3.0, *logs,
-        finish, generated, first, np.empty((0, 1)), compact)
+        finish, generated, first, np.empty((0, 1)), compact, records, 1, 7, 4, 0, 0, 0, 5, 6)
     gone = np.array(finished, bool)
     assert n_gone == gone.sum()
+    # the step's record, in StepRecord's order, in the row asked for and only there
+    want = StepRecord(3.0, 0.5, 7, 0, len(finished), 4, 0, 0, 0, 0, 0, 0, 0, 5, 6)
+    assert records[1].tolist() == list(want)
+    assert (records[[0, 2]] == -1).all()
     if not compact:
         assert n == len(batch) and (batch == before).all() and np.isnan(finish).all()
         return

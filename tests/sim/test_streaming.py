@@ -259,10 +259,10 @@ def test_step_recorder_take_empties_in_place():
     from dspark_sim.sim.engine import STEP_FIELDS, StepRecorder
 
     rec = StepRecorder()
-    record = rec.buf.extend  # bound once, as the engine binds it
-    record(range(len(STEP_FIELDS)))
+    record = rec.record  # bound once, as the engine binds it
+    record(tuple(range(len(STEP_FIELDS))))
     first = rec.take()
-    record([10.0 + i for i in range(len(STEP_FIELDS))])
+    record(tuple(10.0 + i for i in range(len(STEP_FIELDS))))
     assert first["end_s"].tolist() == [0.0] and first["unverified_tokens"].tolist() == [11.0]
     assert rec.take()["end_s"].tolist() == [10.0]
     assert len(rec.take()["end_s"]) == 0
