@@ -51,7 +51,8 @@ EXPORTS: dict[str, str] = {
     "dspark_sim.policies.compiled.counts_at": "ro:f8[:,C] f8 i8",
     "dspark_sim.policies.compiled.lagged_runs":
         "ro:f8[:,C] f8[C] ro:f8[C] ro:i8[:,C] ro:i8[C] i8 i8 i8[C]",
-    "dspark_sim.policies.compiled.stacked_lagged": "ro:f8[C] ro:i8[:,C] ro:i8[C] i8 i8 i8",
+    "dspark_sim.policies.compiled.stacked_lagged":
+        "ro:f8[C] ro:i8[:,C] ro:i8[C] i8 i8 i8 f8[C]",
     "dspark_sim.policies.compiled.merged_runs": "f8[C] ro:i8[C]",
     "dspark_sim.policies.compiled.lagged_topk_lengths":
         "ro:f8[:,C] ro:f8[C] f8[C] i8 ro:i8[C] ro:i1[C] f8[C] i8[:,C] i8[C] ro:f8[C] "

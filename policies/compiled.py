@@ -455,12 +455,14 @@ def lagged_runs(survival, current, ring, slots, ring_state, lag_steps, lag_rows,
 
 
 @njit(cache=True)
-def stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows, g):
+def stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows, g, out):
     """The lagged view where :func:`lagged_slot` says -2: the survivals of ``lag_steps``
     steps ago with the steps before it until they hold ``lag_rows`` rows (or all the ring
-    holds), and whether they are sorted. Each step's are held sorted ascending, so the
-    steps' runs are merged (the sorted values: a sort's values do not depend on how it
-    ran), unless one is NaN (then the caller sorts them as numpy orders NaN)."""
+    holds), written into the first places of ``out`` (at least the ring's size: an array
+    handed back would cost its boxing, ~1 us), and whether they are sorted. Each step's
+    are held sorted ascending, so the steps' runs are merged (the sorted values: a sort's
+    values do not depend on how it ran), unless one is NaN (then the caller sorts them as
+    numpy orders NaN). Returns (how many, whether sorted)."""
     h = slots.shape[0]
     head = ring_state[0]
     count = ring_state[1]
@@ -472,7 +474,9 @@ def stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows, g):
         first = j
         if total >= lag_rows:
             break
-    values = np.empty(total * g)
+    if out.size < total * g:  # unchecked writes past it would corrupt memory
+        raise ValueError("stacked_lagged: out is smaller than the lagged view")
+    values = out[: total * g]
     bounds = np.empty(newest - first + 2, dtype=np.int64)  # where each step's run starts
     at = 0
     nan = False
@@ -488,8 +492,11 @@ def stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows, g):
         at += m
     bounds[newest - first + 1] = at
     if nan or first == newest:
-        return values, not nan
-    return merged_runs(values, bounds), True
+        return at, not nan
+    merged = merged_runs(values, bounds)
+    if merged.ctypes.data != values.ctypes.data:
+        values[:] = merged
+    return at, True
 
 
 @njit(cache=True)
@@ -591,6 +598,9 @@ def lagged_topk_lengths(survival, current, lagged, slot, trace_idx, trace_accept
 
 
 _NO_LAG = np.empty(0)
+# where stacked_lagged writes a lagged view stacked from several steps: the view is read
+# by the decision that asked for it, before any other replica's, so one buffer serves all
+_LAG_BUF = np.empty(0)
 # where lagged_runs writes a step's sort runs: every entry it reads is written first in
 # the same call, so one buffer serves every step (one allocation less per step)
 RUN_BOUNDS = np.empty(SORT_RUNS_MAX + 1, np.int64)
@@ -650,7 +660,9 @@ def sorted_lagged(current, slot, runs, ring, slots, ring_state, lag_steps, lag_r
     """The sorts of a lagged step between its kernels: ``current`` sorted in place, in
     the ``runs`` that :func:`lagged_runs` wrote into :data:`RUN_BOUNDS` (numpy's sort,
     ~10x numba's here), and the lagged view where ``slot`` says the ring's steps are
-    stacked (:func:`stacked_lagged`; else empty: the kernel reads the ring's slot)."""
+    stacked (:func:`stacked_lagged`, in :data:`_LAG_BUF`; else empty: the kernel reads the
+    ring's slot)."""
+    global _LAG_BUF
     if runs == 1:
         current.sort()
     else:
@@ -659,8 +671,10 @@ def sorted_lagged(current, slot, runs, ring, slots, ring_state, lag_steps, lag_r
             current[at[i]: at[i + 1]].sort()
     if slot != -2:
         return _NO_LAG
-    lagged, is_sorted = stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows, g)
-    return lagged if is_sorted else np.sort(lagged)
+    if _LAG_BUF.size < ring.size:
+        _LAG_BUF = np.empty(max(ring.size, 2 * _LAG_BUF.size))
+    n, is_sorted = stacked_lagged(ring, slots, ring_state, lag_steps, lag_rows, g, _LAG_BUF)
+    return _LAG_BUF[:n] if is_sorted else np.sort(_LAG_BUF[:n])
 
 
 # The lagged decisions whose steps the engine runs itself, around fused kernels of its

@@ -543,6 +543,28 @@ def test_the_finished_rows_leave_in_place_as_the_reference_removes_them(finished
         assert (log[rids] == before[gone, col]).all() and log.sum() == before[gone, col].sum()
 
 
+@pytest.mark.parametrize("lag_steps", [1, 2])
+def test_a_stacked_lagged_view_fills_a_buffer_of_exactly_its_size(lag_steps):
+    """``compiled.stacked_lagged`` writes the steps it stacks, merged, into the first
+    places of the buffer it is given, one of exactly their size included, and refuses a
+    smaller one rather than write past it."""
+    g = 2
+    # three steps held, each sorted: one row, two rows, one row (slot, rows, values)
+    steps = [[0.1, 0.5], [0.2, 0.3, 0.6, 0.9], [0.05, 0.7]]
+    ring = np.concatenate([np.array(v) for v in steps])
+    slots = np.zeros((4, 2), np.int64)
+    slots[:3, 0] = [len(v) // g for v in steps]
+    slots[:3, 1] = np.cumsum([0] + [len(v) for v in steps])[:3]
+    state = np.array([3, 3], np.int64)  # the next slot written, the steps held
+    newest = 3 - lag_steps
+    want = np.sort(np.concatenate(steps[newest - 1: newest + 1]))  # 3 rows from 2 steps
+    out = np.full(want.size, -1.0)
+    n, is_sorted = compiled.stacked_lagged(ring, slots, state, lag_steps, 3, g, out)
+    assert (n, is_sorted) == (want.size, True) and out.tolist() == want.tolist()
+    with pytest.raises(ValueError, match="smaller"):
+        compiled.stacked_lagged(ring, slots, state, lag_steps, 3, g, out[:-1].copy())
+
+
 def test_a_window_of_a_fraction_of_a_token_takes_the_python_path():
     from dataclasses import replace
 
