@@ -1066,12 +1066,7 @@ class Replica:
         fused = lossy is None and compiled.NUMBA
         cache = self.cache
         leave = cache is not None or ctx.on_finished is not None
-        drafting = n_dec
-        proposed = self.proposed
-        if n_dec and proposed is not None:
-            unproposed = int(np.count_nonzero(proposed == 0))
-            stats.unproposed_request_steps += unproposed
-            drafting -= unproposed
+        drafting = self._drafting(n_dec) if self.proposed is not None else n_dec
         hit, missed = (0, 0) if cache is None else cache.take_step()
         if fused:  # the finished rows leave in the same call (their log rows written),
             # unless _leave reads them first, and the call writes the step's record
@@ -1127,6 +1122,15 @@ class Replica:
             self.kv_tokens -= kv_gone
             self.outstanding -= n_gone
             ctx.on_finish(n_gone)
+
+    def _drafting(self, n_dec: int) -> int:
+        """The decoding rows whose drafter proposed this step (``self.proposed``); those
+        it did not are counted in the stats."""
+        if not n_dec:
+            return 0
+        unproposed = int(np.count_nonzero(self.proposed == 0))
+        self.ctx.stats.unproposed_request_steps += unproposed
+        return n_dec - unproposed
 
     def _replay_rows(self, batch: np.ndarray, plan: StepPlan, dt: float
                      ) -> tuple[int, int, int, int]:

@@ -80,35 +80,11 @@ def replay_chain(batch, n_dec, ell, accepted, chunk, hists, hist_bins, dt, itl_e
             else:
                 hi = mid
         hists[2 * hist_bins + lo] += n_dec
-    n_done = 0
-    if chunk.size:
-        for i in range(chunk.size):
-            r = n_dec + i
-            batch[r, PREFILLED] += chunk[i]
-            if batch[r, PREFILLED] >= batch[r, PREFILL_TARGET]:
-                n_done += 1
-        for r in range(n_dec, n_dec + n_done):  # prefills complete in row order
-            batch[r, GENERATED] += 1
-            rid = batch[r, REQUEST_ID]
-            if log_first_token[rid] != log_first_token[rid]:
-                log_first_token[rid] = now
+    n_done = take_chunks(batch, n_dec, chunk, log_first_token, now)
     n = batch.shape[0]
-    rec = records[record]
-    rec[0] = now
-    rec[1] = dt
-    rec[2] = replica
-    rec[3] = n_dec
-    rec[4] = n
-    rec[5] = waiting
-    rec[6] = verify_tokens + prefill_tokens
-    rec[7] = prefill_tokens
-    rec[8] = verify_tokens - n_dec
-    rec[9] = emitted + n_done
-    rec[10] = n_accepted
-    rec[11] = 0
-    rec[12] = drafting
-    rec[13] = hit
-    rec[14] = missed
+    write_record(records[record], now, dt, replica, n_dec, n, waiting,
+                 verify_tokens + prefill_tokens, prefill_tokens, verify_tokens - n_dec,
+                 emitted + n_done, n_accepted, 0, drafting, hit, missed)
     if compact:
         n_keep, n_gone, kv = drop_finished(batch, now, log_steps, log_verified,
                                            log_accepted, log_finish, log_generated)
@@ -117,6 +93,49 @@ def replay_chain(batch, n_dec, ell, accepted, chunk, hists, hist_bins, dt, itl_e
     for r in range(n):
         n_gone += batch[r, GENERATED] >= batch[r, OUTPUT_TOKENS]
     return n, emitted, n_accepted, n_done, n_gone, 0
+
+
+@njit(cache=True)
+def take_chunks(batch, n_dec, chunk, log_first_token, now):
+    """The prefilling rows (after ``n_dec``) take their ``chunk``; those it completes
+    emit their first token, at ``now`` in ``log_first_token`` where none was written
+    before (a preempted request's stays). Returns how many completed (in row order)."""
+    n_done = 0
+    for i in range(chunk.size):
+        r = n_dec + i
+        batch[r, PREFILLED] += chunk[i]
+        if batch[r, PREFILLED] >= batch[r, PREFILL_TARGET]:
+            n_done += 1
+    for r in range(n_dec, n_dec + n_done):
+        batch[r, GENERATED] += 1
+        rid = batch[r, REQUEST_ID]
+        if log_first_token[rid] != log_first_token[rid]:
+            log_first_token[rid] = now
+    return n_done
+
+
+@njit(cache=True)
+def write_record(rec, end_s, dt_s, replica, decode_batch, running, waiting, batch_tokens,
+                 prefill_tokens, verified_drafts, emitted_tokens, accepted_tokens,
+                 unverified_tokens, drafting_requests, prefix_hit_tokens,
+                 prefix_miss_tokens):
+    """One ``engine.StepRecord``, its fields in its order, into the recorder's row
+    ``rec``."""
+    rec[0] = end_s
+    rec[1] = dt_s
+    rec[2] = replica
+    rec[3] = decode_batch
+    rec[4] = running
+    rec[5] = waiting
+    rec[6] = batch_tokens
+    rec[7] = prefill_tokens
+    rec[8] = verified_drafts
+    rec[9] = emitted_tokens
+    rec[10] = accepted_tokens
+    rec[11] = unverified_tokens
+    rec[12] = drafting_requests
+    rec[13] = prefix_hit_tokens
+    rec[14] = prefix_miss_tokens
 
 
 @njit(cache=True)

@@ -565,6 +565,16 @@ def test_a_stacked_lagged_view_fills_a_buffer_of_exactly_its_size(lag_steps):
         compiled.stacked_lagged(ring, slots, state, lag_steps, 3, g, out[:-1].copy())
 
 
+def test_the_replay_kernel_writes_the_step_record_in_its_fields_order():
+    import inspect
+
+    from dspark_sim.sim import fast
+    from dspark_sim.sim.engine import STEP_FIELDS
+
+    write = getattr(fast.write_record, "py_func", fast.write_record)
+    assert tuple(inspect.signature(write).parameters)[1:] == STEP_FIELDS
+
+
 def test_a_window_of_a_fraction_of_a_token_takes_the_python_path():
     from dataclasses import replace
 
