@@ -812,11 +812,11 @@ class Replica:
             context = self._decode_context(batch, n_dec) if sched.draft_context is not None \
                 else None
             per_token, offset, kink = sched.extra_terms(n_dec, kv_tokens, len(batch), context)
+            survival = survival_buf[:n_dec]
             fast.gather_trace_rows(batch, n_dec, ctx.trace_survival, self.trace_idx_buf,
-                                   survival_buf[:n_dec], current)
-            slot, runs = compiled.lagged_runs(survival_buf[:n_dec], current, ring, slots,
-                                              ring_state, lag_steps, lag_rows,
-                                              compiled.RUN_BOUNDS)
+                                   survival, current)
+            slot, runs = compiled.lagged_runs(survival, current, ring, slots, ring_state,
+                                              lag_steps, lag_rows, compiled.RUN_BOUNDS)
         lagged = compiled.sorted_lagged(current, slot, runs, ring, slots, ring_state,
                                         lag_steps, lag_rows, g)
         stretch, displacement = ctx.lagged_flags
@@ -1115,7 +1115,6 @@ class Replica:
             ctx.record_step((now, dt, self.index, n_dec, len(batch), len(self.waiting),
                              batch_tokens, prefill_tokens, verified_drafts, emitted,
                              n_accepted, n_unverified, drafting, hit, missed))
-        if not fused:
             self._finish(batch, now)
         elif n_gone:  # the kernel moved the rest up
             self.batch = batch[:n_kept]

@@ -155,10 +155,7 @@ def drop_finished(batch, now, log_steps, log_verified, log_accepted, log_finish,
             continue
         n_gone += 1
         kv += batch[r, PREFILLED] + batch[r, GENERATED] - batch[r, GENERATED_AT_ADMIT]
-        rid = batch[r, REQUEST_ID]
-        log_steps[rid] += batch[r, STEPS]
-        log_verified[rid] += batch[r, VERIFIED]
-        log_accepted[rid] += batch[r, ACCEPTED]
+        rid = count_into_log(batch[r], log_steps, log_verified, log_accepted)
         log_finish[rid] = now
         log_generated[rid] = batch[r, GENERATED]
     return n_keep, n_gone, kv
@@ -189,11 +186,19 @@ def remove_rows(batch, keep, log_steps, log_verified, log_accepted):
         pending += batch[r, PREFILL_TARGET] - batch[r, PREFILLED]
         if batch[r, PREFILLED] < batch[r, PREFILL_TARGET]:
             prefilling += 1
-        rid = batch[r, REQUEST_ID]
-        log_steps[rid] += batch[r, STEPS]
-        log_verified[rid] += batch[r, VERIFIED]
-        log_accepted[rid] += batch[r, ACCEPTED]
+        count_into_log(batch[r], log_steps, log_verified, log_accepted)
     return kept, gone, kv, pending, prefilling
+
+
+@njit(cache=True)
+def count_into_log(row, log_steps, log_verified, log_accepted):
+    """A leaving batch ``row``'s step, verified and accepted counters added to its
+    request's log entries. Returns the request's id."""
+    rid = row[REQUEST_ID]
+    log_steps[rid] += row[STEPS]
+    log_verified[rid] += row[VERIFIED]
+    log_accepted[rid] += row[ACCEPTED]
+    return rid
 
 
 @njit(cache=True)
@@ -244,17 +249,15 @@ def admit_rows(batch, n_prefilling, rows, taken, out):
             ready[i] = True
             n_ready += 1
     n_dec = n_old - n_prefilling
-    # the prefilling rows move down past the prefilled newcomers, the last first: where
-    # ``out`` is ``batch``, a row is read before its place is written
-    if n_ready:
-        for r in range(n_old - 1, n_dec - 1, -1):
-            out[r + n_ready] = batch[r]
-    if n_old and batch.ctypes.data != out.ctypes.data:
+    apart = n_old > 0 and batch.ctypes.data != out.ctypes.data
+    if apart:
         for r in range(n_dec):
             out[r] = batch[r]
-        if not n_ready:
-            for r in range(n_dec, n_old):
-                out[r] = batch[r]
+    # the prefilling rows move down past the prefilled newcomers, the last first: where
+    # ``out`` is ``batch``, a row is read before its place is written
+    if apart or n_ready:
+        for r in range(n_old - 1, n_dec - 1, -1):
+            out[r + n_ready] = batch[r]
     at = n_dec
     kv = 0
     for i in range(k):
