@@ -46,27 +46,34 @@ def test_both_paths_give_the_same_bytes_on_the_golden_runs(tmp_path, monkeypatch
     assert fast == ref
 
 
+def _run_both_paths(tmp_path, monkeypatch, args) -> dict[bool, Path]:
+    """``dspark-sim`` with ``args`` on the numpy path and the compiled one, each writing
+    into its own folder under ``tmp_path`` (``False``, ``True``): the folders by path."""
+    from typer.testing import CliRunner
+
+    from dspark_sim.cli import app
+
+    outs = {}
+    for use in (False, True):
+        monkeypatch.setattr(compiled, "NUMBA", use)
+        outs[use] = out = tmp_path / str(use)
+        res = CliRunner().invoke(app, [*args, "--out", str(out)])
+        assert res.exit_code == 0, res.output
+    return outs
+
+
 @pytest.mark.parametrize("kv_mode", ["preempt", "reserve"])
 def test_both_paths_agree_with_chunked_prefill_and_preemption(tmp_path, monkeypatch,
                                                               kv_mode):
     """The confidence scheduler over chunked prefill, a finite token budget and a KV
     capacity that preempts or (reserving each request's prompt + output) holds requests
     back (the golden confidence run is disaggregated): every summary field equal."""
-    from typer.testing import CliRunner
-
-    from dspark_sim.cli import app
-
     args = ["run", "--policy", "confidence", "--qps", "30", "--num-requests", "250",
             "--seed", "5", "--replicas", "1", "--profile", "qwen3-8b-h100",
             "--max-num-seqs", "64", "--max-num-batched-tokens", "512",
             "--kv-capacity-tokens", "60000", "--kv-mode", kv_mode]
-    got = {}
-    for use in (False, True):
-        monkeypatch.setattr(compiled, "NUMBA", use)
-        out = tmp_path / str(use)
-        res = CliRunner().invoke(app, [*args, "--out", str(out)])
-        assert res.exit_code == 0, res.output
-        got[use] = json.loads((out / "summary.json").read_text())
+    got = {use: json.loads((out / "summary.json").read_text())
+           for use, out in _run_both_paths(tmp_path, monkeypatch, args).items()}
     # the run reaches the paths it is here for
     assert got[False]["preemptions" if kv_mode == "preempt" else "kv_blocked_steps"] > 0
     assert got[True] == got[False]
@@ -78,9 +85,6 @@ def test_both_paths_agree_when_a_step_admits_more_rows_than_the_buffers_hold(
     step and prefilled in chunks: the compiled admission's batch buffer and the prefill
     chunks' buffer (``engine.BATCH_BUF_ROWS`` rows at first) grow past doubling in one
     step; the summary and the per-request rows as the numpy path's."""
-    from typer.testing import CliRunner
-
-    from dspark_sim.cli import app
     from dspark_sim.sim.engine import BATCH_BUF_ROWS
 
     clients = 300
@@ -88,14 +92,9 @@ def test_both_paths_agree_when_a_step_admits_more_rows_than_the_buffers_hold(
             "--num-requests", str(clients), "--seed", "3", "--replicas", "1",
             "--profile", "qwen3-8b-h100", "--prefill", "chunked", "--max-num-seqs", "512",
             "--max-num-batched-tokens", "8192", "--kv-capacity-tokens", "2000000"]
-    got = {}
-    for use in (False, True):
-        monkeypatch.setattr(compiled, "NUMBA", use)
-        out = tmp_path / str(use)
-        res = CliRunner().invoke(app, [*args, "--out", str(out)])
-        assert res.exit_code == 0, res.output
-        got[use] = (json.loads((out / "summary.json").read_text()),
-                    (out / "requests.parquet").read_bytes())
+    got = {use: (json.loads((out / "summary.json").read_text()),
+                 (out / "requests.parquet").read_bytes())
+           for use, out in _run_both_paths(tmp_path, monkeypatch, args).items()}
     # every request sent at t = 0, room for all of them and nothing held back for KV:
     # the first step admitted them all
     summary = got[False][0]
