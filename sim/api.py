@@ -105,7 +105,9 @@ class _BuiltOnRead:
 class SimResult:
     """A run's summary and per-request rows. ``requests`` is a frame, or for a run of
     more than ``STREAM_ABOVE`` requests a lazy scan of the parts it streamed (they are
-    removed with the result: ``collect()`` what you keep)."""
+    removed with the result: ``collect()`` what you keep). ``steps``: the engine's
+    per-step series, kept only when :func:`simulate` is asked to (``keep_steps``) and the
+    run was in memory (a streamed run's steps are summarised chunk by chunk)."""
 
     config: SimConfig
     summary: dict
@@ -113,6 +115,7 @@ class SimResult:
     # a streamed run's requests.parquet, sunk from its parts while the summary was
     # computed: ``requests_file(path)`` places it (``SpillFolder.write_requests_file``)
     requests_file: Callable[[Path], object] | None = field(default=None, repr=False)
+    steps: StepSeries | None = field(default=None, repr=False)
 
     def to_pandas(self):
         frame = self.requests
@@ -524,14 +527,17 @@ def simulate(cfg: RunInputs | SimConfig, *,
              trace: AcceptanceTrace | str | Path | None = None,
              calibration: CalibrationMap | str | Path | None = None,
              trace_rows: np.ndarray | None = None,
-             policy_profile: EngineProfile | str | Path | None = None) -> SimResult:
+             policy_profile: EngineProfile | str | Path | None = None,
+             keep_steps: bool = False) -> SimResult:
     """Run one simulation of :func:`prepare`'s inputs, or of a config (prepared here with
     ``profile``/``trace``/``calibration``/``policy_profile``, each an object, a
     built-in name or a file path). ``trace_rows`` pins request ``i`` to trace row
     ``trace_rows[i]`` (validation replays each served request's own row); by default
     rows are drawn from the seeded generator. ``policy_profile`` is the table the
     scheduler's SPS curve comes from when it differs from the one the steps cost
-    (``profile``): a real server's configured table, or a what-if on a stale one."""
+    (``profile``): a real server's configured table, or a what-if on a stale one.
+    ``keep_steps`` keeps the per-step series on the result (``SimResult.steps``) for a
+    run held in memory."""
     inputs = _inputs(cfg, profile=profile, trace=trace, calibration=calibration,
                      policy_profile=policy_profile)
     cfg, policy, profile, trace, calibration, policy_profile = (
@@ -557,7 +563,7 @@ def simulate(cfg: RunInputs | SimConfig, *,
                                   stream.description)
     run = run_in_memory(cfg, policy, profile, trace, calibration, policy_profile, stream,
                         trace_row)
-    return finish_run(run, run.ctx.steps.columns())
+    return finish_run(run, run.ctx.steps.columns(), keep_steps=keep_steps)
 
 
 @dataclass(frozen=True, eq=False)
@@ -693,21 +699,25 @@ def run_in_memory(cfg: SimConfig, policy: Policy, profile: EngineProfile,
                            log, ctx, prefill, closed, horizon, bounded_by)
 
 
-def finish_run(run: InMemoryRun, step_columns: dict) -> SimResult:
-    """The run's result: the summary over its log, stats and per-step series."""
+def finish_run(run: InMemoryRun, step_columns: dict, *, keep_steps: bool = False
+               ) -> SimResult:
+    """The run's result: the summary over its log, stats and per-step series (kept on
+    the result with ``keep_steps``)."""
     log = run.log
     bounded_by = run.bounded_by
     if not int((np.isnan(log.finish_s) & (log.rejected == 0)).sum()):
         bounded_by = None  # the bound was reached, but nothing was cut short
+    steps = StepSeries.from_columns(step_columns)
     summary = _summary(run.cfg, run.policy, run.profile, run.stream, run.trace,
                        run.calibration, log, run.ctx, closed=run.closed,
                        bounded_by=bounded_by, horizon=run.horizon, prefill=run.prefill,
-                       steps=StepSeries.from_columns(step_columns))
+                       steps=steps)
     if run.policy_profile is not None and run.policy_profile is not run.profile:
         # the scheduler's table, when given apart from the cost's: without it two runs'
         # outputs could not be told apart (absent otherwise: summaries stay as they were)
         summary["policy_profile"] = run.policy_profile.name
-    return SimResult(run.cfg, jsonable(summary), partial(requests_frame, log))
+    return SimResult(run.cfg, jsonable(summary), partial(requests_frame, log),
+                     steps=steps if keep_steps else None)
 
 
 # Runs of more requests than this stream their per-request rows and step series to

@@ -39,7 +39,7 @@ from dspark_sim.validation.vllm_fit import (
     BenchRun,
     FitResult,
     fit_profile,
-    simulate_run,
+    simulate_with_steps,
     workload_file,
 )
 from dspark_sim.validation.vllm_repeats import (
@@ -48,6 +48,7 @@ from dspark_sim.validation.vllm_repeats import (
     group_points,
     noise_floor,
 )
+from dspark_sim.validation.vllm_steps import step_frame, step_markdown, step_rows
 
 FIGURES = (*METRICS, "acceptance_length")
 LABELS = {"output_throughput": "output tok/s", "median_tpot_ms": "median TPOT ms",
@@ -106,6 +107,9 @@ class Comparison:
     # per speculative setting, where its acceptance came from; what stood in, as warnings
     acceptance: dict[str, str] | None = None
     warnings: tuple[str, ...] = ()
+    # per point and decoding batch, the mean step measured and simulated
+    # (:mod:`dspark_sim.validation.vllm_steps`)
+    steps: pl.DataFrame | None = None
 
     def against_bounds(self) -> pl.DataFrame:
         """The held-out figures that :data:`BOUNDS` covers, each with its bound, the
@@ -156,12 +160,13 @@ def compare(runs: list[BenchRun], *, engine: EngineConfig, split: str | None = N
     fit = fit_profile(fitted_runs, engine=engine, seed=seed, traces=traces,
                       step_table=step_table)
     points = group_points(runs)
-    rows = []
+    rows, step_table = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for p in points:
             r = p.run  # every figure at its median over the repeats
-            sim = simulate_run(r, fit.profile, traces, engine, workload_file(r, Path(tmp)),
-                               seed)
+            sim, steps = simulate_with_steps(r, fit.profile, traces, engine,
+                                             workload_file(r, Path(tmp)), seed)
+            step_table += step_rows(p, "fitted" if r.name in fitted else "held-out", steps)
             for fig in FIGURES:
                 if fig in r.measured:
                     err = sim[fig] / r.measured[fig] - 1.0
@@ -176,7 +181,7 @@ def compare(runs: list[BenchRun], *, engine: EngineConfig, split: str | None = N
     table = pl.DataFrame(rows)
     return Comparison(table, _regimes(table), fit, split,
                       noise_floor(points) if any(p.repeats > 1 for p in points) else None,
-                      dict(traces.sources), traces.warnings)
+                      dict(traces.sources), traces.warnings, step_frame(step_table))
 
 
 def acceptance_line(sources: dict[str, str] | None) -> str | None:
@@ -273,7 +278,9 @@ def markdown(cmp: Comparison) -> str:
             f"{r['measured_gain']:+.0%} / {r['simulated_gain']:+.0%}"
         lines.append(f"| {r['load']} | {r['measured_best']} | {r['simulated_best']} | "
                      f"{r['pick_shortfall']:.1%} | {gain} | {'yes' if r['same_ranking'] else 'no'} |")
-    lines += ["", cmp.fit.line_sentence(), "", "Fitted step cost (ms, ± one standard error): "
+    steps = [] if cmp.steps is None else step_markdown(cmp.steps)
+    lines += ["", *steps, *([""] if steps else []), cmp.fit.line_sentence(), "",
+              "Fitted step cost (ms, ± one standard error): "
               + constants_line(cmp.fit.uncertainty, cmp.fit.points, cmp.fit.steps,
                                cmp.fit.lone)
               + f"; {cmp.fit.iterations} iterations."]
@@ -281,8 +288,9 @@ def markdown(cmp: Comparison) -> str:
 
 
 def write_comparison(cmp: Comparison, out: Path) -> dict[str, Path]:
-    """``comparison.parquet``, ``regimes.parquet``, ``comparison.md``, ``comparison.json``,
-    the fitted ``profile.toml`` and ``trace.parquet`` (each written whole or not at all)."""
+    """``comparison.parquet``, ``regimes.parquet``, ``steps.parquet``, ``comparison.md``,
+    ``comparison.json``, the fitted ``profile.toml`` and ``trace.parquet`` (each written
+    whole or not at all)."""
     from dspark_sim.io import write_atomic, write_json_atomic, write_text_atomic
     from dspark_sim.traces.schema import write_trace
 
@@ -292,6 +300,9 @@ def write_comparison(cmp: Comparison, out: Path) -> dict[str, Path]:
              "profile": out / "profile.toml"}
     write_atomic(paths["table"], lambda p: cmp.table.write_parquet(p))
     write_atomic(paths["regimes"], lambda p: cmp.regimes.write_parquet(p))
+    if cmp.steps is not None:
+        paths["steps"] = out / "steps.parquet"
+        write_atomic(paths["steps"], lambda p: cmp.steps.write_parquet(p))
     write_text_atomic(paths["markdown"], markdown(cmp))
     write_json_atomic(paths["json"], cmp.headline())
     write_text_atomic(paths["profile"], cmp.fit.profile.to_toml())

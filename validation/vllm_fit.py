@@ -46,6 +46,7 @@ import math
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -62,6 +63,10 @@ from dspark_sim.validation.vllm_repeats import (
     log_covariance,
     relative_half_range,
 )
+
+if TYPE_CHECKING:
+    from dspark_sim.sim.api import SimResult
+    from dspark_sim.sim.metrics import StepSeries
 
 # Figures compared, with their weights in the fit (TTFT is one prefill per request, with
 # the client's and the HTTP path's noise on top: it informs the per-token cost, weakly).
@@ -286,6 +291,20 @@ def simulate_run(run: BenchRun, profile: EngineProfile,
     """The run's figures, simulated. ``trace``: one trace for every ``k`` (rows paired
     where its request lengths are the run's), or each setting's own
     (:class:`~dspark_sim.validation.vllm_acceptance.SettingTraces`)."""
+    return _figures(run, _simulate(run, profile, trace, engine, workload, seed).summary)
+
+
+def simulate_with_steps(run: BenchRun, profile: EngineProfile,
+                        trace: AcceptanceTrace | SettingTraces | None, engine: EngineConfig,
+                        workload: Path, seed: int = 0) -> tuple[dict[str, float], StepSeries]:
+    """:func:`simulate_run`'s figures and the simulation's per-step series."""
+    res = _simulate(run, profile, trace, engine, workload, seed, keep_steps=True)
+    return _figures(run, res.summary), res.steps
+
+
+def _simulate(run: BenchRun, profile: EngineProfile,
+              trace: AcceptanceTrace | SettingTraces | None, engine: EngineConfig,
+              workload: Path, seed: int, *, keep_steps: bool = False) -> SimResult:
     from dspark_sim.sim.api import simulate
 
     cfg = run_config(run, workload, engine, seed)
@@ -296,7 +315,10 @@ def simulate_run(run: BenchRun, profile: EngineProfile,
         rows = None if tr is None else paired_rows(run, tr)
     if rows is not None:  # the workload file lists the requests in send order
         rows = rows[_send_order(run)]
-    s = simulate(cfg, profile=profile, trace=tr, trace_rows=rows).summary
+    return simulate(cfg, profile=profile, trace=tr, trace_rows=rows, keep_steps=keep_steps)
+
+
+def _figures(run: BenchRun, s: dict) -> dict[str, float]:
     # a figure the run could not produce (a candidate so slow that nothing finished in
     # the time bound) is NaN, never a crash of the fit that tried it
     out = {m: float("nan") if s.get(m) is None else float(s[m]) for m in METRICS}
@@ -364,7 +386,23 @@ def decode_gaps(run: BenchRun) -> dict[int, np.ndarray]:
     per request per step), taken at that batch (or longer, where a prompt's chunk shared
     the step: the median of many is the decode step's). Empty without the run's
     per-request timings."""
-    if run.k or run.itl_s is None or run.ttft_s is None or run.send_s is None:
+    if run.k:
+        return {}
+    return _gaps_by_batch(run, prompt_steps=True)
+
+
+def step_gaps(run: BenchRun) -> dict[int, np.ndarray]:
+    """Any run's engine steps as its requests saw them (ms), by how many requests were
+    decoding at the gap's midpoint (:func:`decode_gaps`), speculative runs' too: vLLM
+    streams a request one chunk per step, whatever it accepted. A gap in which another
+    request's first token arrived is left out: that step ran a prompt's chunk as well,
+    so it prices a prefill, not the decode or verify step of that batch. Empty without
+    the run's per-request timings."""
+    return _gaps_by_batch(run, prompt_steps=False)
+
+
+def _gaps_by_batch(run: BenchRun, *, prompt_steps: bool) -> dict[int, np.ndarray]:
+    if run.itl_s is None or run.ttft_s is None or run.send_s is None:
         return {}
     first = run.send_s + run.ttft_s
     times = [f + np.concatenate([[0.0], np.cumsum(g)]) for f, g in zip(first, run.itl_s,
@@ -372,11 +410,19 @@ def decode_gaps(run: BenchRun) -> dict[int, np.ndarray]:
     starts = np.sort(first)
     ends = np.sort([t[-1] for t in times])
     gaps = np.concatenate(run.itl_s) * 1e3
-    mids = np.concatenate([(t[1:] + t[:-1]) / 2 for t in times])
+    lo = np.concatenate([t[:-1] for t in times])
+    hi = np.concatenate([t[1:] for t in times])
+    mids = (hi + lo) / 2
     # decoding at a moment: requests past their first token and not past their last
     batch = np.searchsorted(starts, mids, side="right") - np.searchsorted(ends, mids,
                                                                           side="left")
     ok = np.isfinite(gaps) & (gaps > 0) & (batch > 0)
+    if not prompt_steps:
+        # another request's first token within the gap, a quarter of it later at both
+        # ends: the client reads the tokens one step emits in any order
+        late = (hi - lo) / 4
+        ok &= np.searchsorted(starts, hi + late, side="right") \
+            == np.searchsorted(starts, lo + late, side="right")
     return {int(b): gaps[ok & (batch == b)] for b in np.unique(batch[ok])}
 
 

@@ -27,7 +27,7 @@ vllm_app = typer.Typer(help="vLLM in the loop: prepare its model, measure a live
                             "runs.", no_args_is_help=True)
 VLLM_OUTPUTS = {"comparison.parquet": "file", "regimes.parquet": "file",
                 "comparison.md": "file", "comparison.json": "file", "profile.toml": "file",
-                "trace.parquet": "file", "prefix.parquet": "file"}
+                "trace.parquet": "file", "prefix.parquet": "file", "steps.parquet": "file"}
 
 
 @vllm_app.command("prepare-model")

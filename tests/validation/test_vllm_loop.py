@@ -343,6 +343,21 @@ def test_the_blind_run_holds_all_but_one_held_out_figure_and_picks_at_every_load
     assert tau.height == 16 and tau["error"].abs().max() <= 0.02
 
 
+def test_the_steps_table_holds_every_closed_loop_point_at_its_own_batch(comparisons):
+    """The blind run's steps by batch: every closed-loop point has its full batch, and
+    the none points' steps, which the tabled fit prices batch by batch, match within 3 %
+    (means of thousands of gaps against hundreds of simulated steps)."""
+    steps = comparisons[BLIND].steps
+    table = comparisons[BLIND].table.unique("run")
+    for row in table.filter(pl.col("concurrency").is_not_null()).iter_rows(named=True):
+        mine = steps.filter(pl.col("run") == row["run"])
+        assert row["concurrency"] in mine["batch"].to_list(), row["run"]
+        assert (mine["split"] == row["split"]).all()
+    none = steps.filter(pl.col("run").str.starts_with("none@"))
+    assert none.height >= 6 and none["error"].abs().max() <= 0.03
+    assert (steps["gaps"] >= 100).all() and (steps["steps"] >= 20).all()
+
+
 def test_the_rotated_run_measures_each_load_early_midway_and_late():
     """run-4's rounds rotate the loads too: within a round each load's runs come
     together, and across the three rounds each load takes three different places in

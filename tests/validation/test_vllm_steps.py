@@ -1,0 +1,95 @@
+"""Each point's steps by batch, measured from its token gaps and simulated: the gaps that
+ran another request's prompt are left out on both sides, and the comparison is of
+means where both sides have enough. Fast: synthetic runs (the recorded runs' tables are
+checked in test_vllm_loop)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dspark_sim.sim.metrics import StepSeries
+from dspark_sim.validation.vllm_fit import BenchRun, decode_gaps, step_gaps
+from dspark_sim.validation.vllm_repeats import Point
+from dspark_sim.validation.vllm_steps import (
+    MIN_GAPS,
+    MIN_STEPS,
+    simulated_steps,
+    step_frame,
+    step_markdown,
+    step_rows,
+)
+
+
+def _run(send_s, ttft_s, itls_s, k=0, concurrency=2):
+    n = len(send_s)
+    return BenchRun(Path("x.json"), "none" if not k else f"ngram-k{k}", k, concurrency,
+                    None, np.full(n, 10), np.array([len(g) + 1 for g in itls_s]),
+                    np.asarray(send_s, float), {"output_throughput": 20.0}, {}, None, None,
+                    (), None, np.asarray(ttft_s, float),
+                    tuple(np.asarray(g, float) for g in itls_s))
+
+
+@pytest.mark.parametrize("jitter_s", [0.004, -0.002])
+def test_the_gap_in_which_another_request_got_its_first_token_is_left_out(jitter_s):
+    # request 0's tokens at 1.0, 1.1, 1.4, 1.5 s: its 300 ms gap is the step that also
+    # ran request 1's prompt, whose first token reaches the client a few ms off 1.4 s
+    first_1 = 1.4 + jitter_s
+    run = _run([0.0, 0.5], [1.0, first_1 - 0.5], [[0.1, 0.3, 0.1], [0.1, 0.1]])
+    with_prompt = decode_gaps(run)
+    assert sorted(with_prompt[1].tolist()) == pytest.approx([100.0, 100.0, 300.0])
+    gaps = step_gaps(run)
+    assert sorted(gaps) == [1, 2]
+    assert gaps[1].tolist() == pytest.approx([100.0, 100.0])  # 0's first, 1's last
+    assert gaps[2].tolist() == pytest.approx([100.0, 100.0])
+    # a speculative run's gaps are steps too (one chunk a step, whatever it accepted)
+    spec = replace(run, k=3)
+    assert decode_gaps(spec) == {}
+    assert {b: g.tolist() for b, g in step_gaps(spec).items()} \
+        == {b: g.tolist() for b, g in gaps.items()}
+    assert step_gaps(replace(run, itl_s=None)) == {}
+
+
+def test_a_gap_before_or_after_the_prompt_step_is_kept():
+    # request 1's first token at 1.2 s ends request 0's second gap, not its first or third
+    run = _run([0.0, 0.5], [1.0, 0.7], [[0.1, 0.1, 0.1], []])
+    assert sorted(step_gaps(run)[1].tolist()) == pytest.approx([100.0, 100.0])
+
+
+def test_simulated_steps_leave_out_the_steps_with_a_prompt_chunk():
+    steps = StepSeries.of(np.arange(5.0), decode_batch=np.array([1, 1, 2, 2, 0]),
+                          prefill_tokens=np.array([0, 150, 0, 0, 200]),
+                          dt_s=np.array([0.05, 0.4, 0.06, 0.07, 0.3]))
+    got = simulated_steps(steps)
+    assert sorted(got) == [1, 2]
+    assert got[1].tolist() == pytest.approx([50.0])
+    assert got[2].tolist() == pytest.approx([60.0, 70.0])
+
+
+def test_rows_compare_means_where_both_sides_have_enough():
+    # one request decoding alone for MIN_GAPS gaps of 50 ms, then with a second for fewer
+    n = MIN_GAPS
+    run = _run([0.0, 0.0], [0.1, 0.1 + 0.05 * n],
+               [[0.05] * (n + 10), [0.05] * 5], concurrency=2)
+    point = Point("none@c2", (run,))
+    one = np.full(MIN_STEPS, 0.055)
+    steps = StepSeries.of(np.arange(2.0 * MIN_STEPS),
+                          decode_batch=np.concatenate([np.ones(MIN_STEPS), [2] * MIN_STEPS]),
+                          prefill_tokens=np.zeros(2 * MIN_STEPS),
+                          dt_s=np.concatenate([one, one]))
+    rows = step_rows(point, "fitted", steps)
+    assert [r["batch"] for r in rows] == [1]  # batch 2 has too few measured gaps
+    r = rows[0]
+    assert r["gaps"] >= MIN_GAPS and r["steps"] == MIN_STEPS
+    assert (r["measured_ms"], r["simulated_ms"]) == pytest.approx((50.0, 55.0))
+    assert r["error"] == pytest.approx(0.1)
+    few = StepSeries.of(np.arange(MIN_STEPS - 1.0), decode_batch=np.ones(MIN_STEPS - 1),
+                        prefill_tokens=np.zeros(MIN_STEPS - 1),
+                        dt_s=np.full(MIN_STEPS - 1, 0.055))
+    assert step_rows(point, "fitted", few) == []
+    lines = step_markdown(step_frame(rows))
+    assert lines[-1] == "| none@c2 | fitted | 1: 50 / 55 (+10%) |"
+    assert step_markdown(step_frame([])) == []

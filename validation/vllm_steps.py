@@ -1,0 +1,86 @@
+"""Each point's engine steps by batch, measured against simulated: where a comparison's
+errors come from.
+
+A figure such as output throughput mixes the acceptance, the step cost, the prefills and
+the client's closed loop. The step cost can be held apart. vLLM streams each request one
+chunk per engine step, so the gaps between a request's chunks are the steps it took part
+in (:func:`dspark_sim.validation.vllm_fit.step_gaps`), grouped by how many requests were
+decoding, with the steps that also ran a prompt's chunk left out. The simulator's steps
+of the same point, without a prompt chunk, are grouped the same way. A held-out point
+whose figures miss while its steps match misses elsewhere (its acceptance, its prefills);
+one whose steps miss at some batches shows which.
+
+Means, not medians: a batch's steps differ by what each verifies (an n-gram drafter
+proposes at some steps only), and a run's time is their sum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from dspark_sim.sim.metrics import StepSeries
+from dspark_sim.validation.vllm_fit import step_gaps
+from dspark_sim.validation.vllm_repeats import Point
+
+# a batch is compared where the point's repeats measured at least this many token gaps at
+# it and the simulation ran at least this many steps at it: a mean of fewer moves with a
+# few steps a host hiccup lengthened
+MIN_GAPS = 100
+MIN_STEPS = 20
+COLUMNS = {"run": pl.String, "split": pl.String, "batch": pl.Int64,
+           "measured_ms": pl.Float64, "gaps": pl.Int64, "simulated_ms": pl.Float64,
+           "steps": pl.Int64, "error": pl.Float64}
+
+
+def measured_steps(point: Point) -> dict[int, np.ndarray]:
+    """The point's step gaps (ms) by decoding batch, pooled over its repeats."""
+    pooled: dict[int, list[np.ndarray]] = {}
+    for r in point.runs:
+        for b, g in step_gaps(r).items():
+            pooled.setdefault(b, []).append(g)
+    return {b: np.concatenate(g) for b, g in pooled.items()}
+
+
+def simulated_steps(steps: StepSeries) -> dict[int, np.ndarray]:
+    """A simulation's step times (ms) by decoding batch, the steps without a prompt
+    chunk."""
+    batch = steps.decode_batch.astype(np.int64)
+    keep = (steps.prefill_tokens == 0) & (batch > 0)
+    dt_ms = steps.dt_s * 1e3
+    return {int(b): dt_ms[keep & (batch == b)] for b in np.unique(batch[keep])}
+
+
+def step_rows(point: Point, split: str, steps: StepSeries) -> list[dict]:
+    """One row per batch both sides cover: measured and simulated mean step (ms), their
+    counts and the relative error."""
+    meas, sim = measured_steps(point), simulated_steps(steps)
+    rows = []
+    for b in sorted(set(meas) & set(sim)):
+        m, s = meas[b], sim[b]
+        if m.size < MIN_GAPS or s.size < MIN_STEPS:
+            continue
+        rows.append({"run": point.run.name, "split": split, "batch": b,
+                     "measured_ms": float(m.mean()), "gaps": int(m.size),
+                     "simulated_ms": float(s.mean()), "steps": int(s.size),
+                     "error": float(s.mean() / m.mean() - 1.0)})
+    return rows
+
+
+def step_frame(rows: list[dict]) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema=COLUMNS)
+
+
+def step_markdown(frame: pl.DataFrame) -> list[str]:
+    """The section of the comparison's Markdown: a row per point, its batches in turn."""
+    if frame.is_empty():
+        return []
+    lines = ["**Steps by batch** (mean ms of the steps without a prompt chunk; measured: "
+             "each request's gaps between streamed chunks, by how many requests were "
+             "decoding; simulated: the engine's steps):", "",
+             "| run | split | batch: measured / simulated (error) |", "|---|---|---|"]
+    for (run, split), g in frame.group_by(["run", "split"], maintain_order=True):
+        cells = "; ".join(f"{r['batch']}: {r['measured_ms']:.3g} / {r['simulated_ms']:.3g} "
+                          f"({r['error']:+.0%})" for r in g.sort("batch").iter_rows(named=True))
+        lines.append(f"| {run} | {split} | {cells} |")
+    return lines
