@@ -388,22 +388,38 @@ def decode_gaps(run: BenchRun) -> dict[int, np.ndarray]:
     per-request timings."""
     if run.k:
         return {}
-    return _gaps_by_batch(run, prompt_steps=True)
+    gaps = _labelled_gaps(run)
+    return {} if gaps is None else _by_batch(gaps.ms, gaps.batch)
 
 
 def step_gaps(run: BenchRun) -> dict[int, np.ndarray]:
     """Any run's engine steps as its requests saw them (ms), by how many requests were
     decoding at the gap's midpoint (:func:`decode_gaps`), speculative runs' too: vLLM
     streams a request one chunk per step, whatever it accepted. A gap in which another
-    request's first token arrived is left out: that step ran a prompt's chunk as well,
-    so it prices a prefill, not the decode or verify step of that batch. Empty without
-    the run's per-request timings."""
-    return _gaps_by_batch(run, prompt_steps=False)
+    request's first token arrived is left out (:func:`prompt_step_gaps`): that step ran
+    a prompt's chunk as well, so it prices a prefill, not the decode or verify step of
+    that batch. Empty without the run's per-request timings."""
+    gaps = _labelled_gaps(run)
+    return {} if gaps is None else _by_batch(gaps.ms, np.where(gaps.prompt, 0, gaps.batch))
 
 
-def _gaps_by_batch(run: BenchRun, *, prompt_steps: bool) -> dict[int, np.ndarray]:
+def prompt_step_gaps(run: BenchRun) -> np.ndarray:
+    """The gaps (ms) in which another request's first token arrived: the steps that ran
+    the end of a prompt beside the requests decoding, as those requests saw them."""
+    gaps = _labelled_gaps(run)
+    return np.zeros(0) if gaps is None else gaps.ms[gaps.prompt & (gaps.batch > 0)]
+
+
+@dataclass(frozen=True)
+class _Gaps:
+    ms: np.ndarray  # every request's gaps between consecutive chunks, in turn
+    batch: np.ndarray  # requests decoding at each gap's midpoint (0: a gap to leave out)
+    prompt: np.ndarray  # whether another request's first token arrived within it
+
+
+def _labelled_gaps(run: BenchRun) -> _Gaps | None:
     if run.itl_s is None or run.ttft_s is None or run.send_s is None:
-        return {}
+        return None
     first = run.send_s + run.ttft_s
     times = [f + np.concatenate([[0.0], np.cumsum(g)]) for f, g in zip(first, run.itl_s,
                                                                         strict=True)]
@@ -416,13 +432,17 @@ def _gaps_by_batch(run: BenchRun, *, prompt_steps: bool) -> dict[int, np.ndarray
     # decoding at a moment: requests past their first token and not past their last
     batch = np.searchsorted(starts, mids, side="right") - np.searchsorted(ends, mids,
                                                                           side="left")
-    ok = np.isfinite(gaps) & (gaps > 0) & (batch > 0)
-    if not prompt_steps:
-        # another request's first token within the gap, a quarter of it later at both
-        # ends: the client reads the tokens one step emits in any order
-        late = (hi - lo) / 4
-        ok &= np.searchsorted(starts, hi + late, side="right") \
-            == np.searchsorted(starts, lo + late, side="right")
+    batch[~(np.isfinite(gaps) & (gaps > 0))] = 0
+    # another request's first token within the gap, a quarter of it later at both ends:
+    # the client reads the tokens one step emits in any order
+    late = (hi - lo) / 4
+    prompt = np.searchsorted(starts, hi + late, side="right") \
+        > np.searchsorted(starts, lo + late, side="right")
+    return _Gaps(gaps, batch, prompt)
+
+
+def _by_batch(gaps: np.ndarray, batch: np.ndarray) -> dict[int, np.ndarray]:
+    ok = batch > 0
     return {int(b): gaps[ok & (batch == b)] for b in np.unique(batch[ok])}
 
 

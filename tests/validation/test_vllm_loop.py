@@ -346,16 +346,29 @@ def test_the_blind_run_holds_all_but_one_held_out_figure_and_picks_at_every_load
 def test_the_steps_table_holds_every_closed_loop_point_at_its_own_batch(comparisons):
     """The blind run's steps by batch: every closed-loop point has its full batch, and
     the none points' steps, which the tabled fit prices batch by batch, match within 3 %
-    (means of thousands of gaps against hundreds of simulated steps)."""
+    (means of thousands of gaps against hundreds of simulated steps). Every speculative
+    point with two requests or more in flight has its prompt steps, each seen as one long
+    gap (the none runs' clients finish together, so their prompts share steps and are
+    too few at C = 2); a point at C = 1 never has one."""
     steps = comparisons[BLIND].steps
     table = comparisons[BLIND].table.unique("run")
+    decode = steps.filter(pl.col("kind") == "decode")
     for row in table.filter(pl.col("concurrency").is_not_null()).iter_rows(named=True):
         mine = steps.filter(pl.col("run") == row["run"])
-        assert row["concurrency"] in mine["batch"].to_list(), row["run"]
+        assert row["concurrency"] in mine.filter(pl.col("kind") == "decode")["batch"], \
+            row["run"]
         assert (mine["split"] == row["split"]).all()
-    none = steps.filter(pl.col("run").str.starts_with("none@"))
+        prompt = mine.filter(pl.col("kind") == "prompt")
+        if row["concurrency"] == 1 or row["k"]:
+            assert prompt.height == (row["concurrency"] > 1), row["run"]
+    none = decode.filter(pl.col("run").str.starts_with("none@"))
     assert none.height >= 6 and none["error"].abs().max() <= 0.03
-    assert (steps["gaps"] >= 100).all() and (steps["steps"] >= 20).all()
+    assert (decode["gaps"] >= 100).all() and (decode["steps"] >= 20).all()
+    prompts = steps.filter(pl.col("kind") == "prompt")
+    assert prompts["batch"].is_null().all()
+    longest = decode.group_by("run").agg(pl.col("measured_ms").max().alias("longest"))
+    both = prompts.join(longest, on="run")
+    assert both.height == prompts.height and (both["measured_ms"] > both["longest"]).all()
 
 
 def test_the_rotated_run_measures_each_load_early_midway_and_late():

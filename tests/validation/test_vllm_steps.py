@@ -12,11 +12,14 @@ import numpy as np
 import pytest
 
 from dspark_sim.sim.metrics import StepSeries
-from dspark_sim.validation.vllm_fit import BenchRun, decode_gaps, step_gaps
+from dspark_sim.validation.vllm_fit import BenchRun, decode_gaps, prompt_step_gaps, step_gaps
 from dspark_sim.validation.vllm_repeats import Point
 from dspark_sim.validation.vllm_steps import (
     MIN_GAPS,
+    MIN_PROMPT_GAPS,
+    MIN_PROMPT_STEPS,
     MIN_STEPS,
+    simulated_prompt_steps,
     simulated_steps,
     step_frame,
     step_markdown,
@@ -51,6 +54,8 @@ def test_the_gap_in_which_another_request_got_its_first_token_is_left_out(jitter
     assert {b: g.tolist() for b, g in step_gaps(spec).items()} \
         == {b: g.tolist() for b, g in gaps.items()}
     assert step_gaps(replace(run, itl_s=None)) == {}
+    assert prompt_step_gaps(run).tolist() == pytest.approx([300.0])
+    assert prompt_step_gaps(replace(run, itl_s=None)).size == 0
 
 
 def test_a_gap_before_or_after_the_prompt_step_is_kept():
@@ -93,3 +98,34 @@ def test_rows_compare_means_where_both_sides_have_enough():
     lines = step_markdown(step_frame(rows))
     assert lines[-1] == "| none@c2 | fitted | 1: 50 / 55 (+10%) |"
     assert step_markdown(step_frame([])) == []
+
+
+def test_prompt_steps_are_compared_apart_from_the_decode_steps():
+    # request 0 decodes 200 gaps of 50 ms, every tenth 300 ms: the step in which one of
+    # requests 1..20 (a single token each) got its first token
+    gaps = np.where(np.arange(200) % 10 == 9, 0.3, 0.05)
+    ends = 1.0 + np.cumsum(gaps)
+    firsts = ends[gaps == 0.3] + 0.002
+    n = len(firsts)
+    assert n == MIN_PROMPT_GAPS
+    run = _run(np.zeros(n + 1), np.concatenate([[1.0], firsts]),
+               [gaps, *([[]] * n)], concurrency=2)
+    assert prompt_step_gaps(run).tolist() == pytest.approx([300.0] * n)
+    assert step_gaps(run)[1].tolist() == pytest.approx([50.0] * 180)
+    k = MIN_PROMPT_STEPS
+    steps = StepSeries.of(np.arange(MIN_STEPS + k + 1.0),
+                          decode_batch=np.r_[np.ones(MIN_STEPS + k), 0],
+                          prefill_tokens=np.r_[np.zeros(MIN_STEPS), np.full(k, 100), 100],
+                          dt_s=np.r_[np.full(MIN_STEPS, 0.05), np.full(k, 0.33), 9.0])
+    assert simulated_prompt_steps(steps).tolist() == pytest.approx([330.0] * k)
+    rows = step_rows(Point("none@c2", (run,)), "held-out", steps)
+    assert [(r["kind"], r["batch"]) for r in rows] == [("decode", 1), ("prompt", None)]
+    assert rows[1]["gaps"] == n and rows[1]["steps"] == k
+    assert rows[1]["error"] == pytest.approx(0.1) and rows[0]["error"] == pytest.approx(0.0)
+    assert step_markdown(step_frame(rows))[-1] \
+        == "| none@c2 | held-out | 1: 50 / 50 (+0%); prompt: 300 / 330 (+10%) |"
+    fewer = StepSeries.of(np.arange(MIN_STEPS + k - 1.0),
+                          decode_batch=np.ones(MIN_STEPS + k - 1),
+                          prefill_tokens=np.r_[np.zeros(MIN_STEPS), np.full(k - 1, 100)],
+                          dt_s=np.r_[np.full(MIN_STEPS, 0.05), np.full(k - 1, 0.33)])
+    assert [r["kind"] for r in step_rows(Point("none@c2", (run,)), "x", fewer)] == ["decode"]
