@@ -107,8 +107,8 @@ class Comparison:
     # per speculative setting, where its acceptance came from; what stood in, as warnings
     acceptance: dict[str, str] | None = None
     warnings: tuple[str, ...] = ()
-    # per point and decoding batch, the mean step measured and simulated
-    # (:mod:`dspark_sim.validation.vllm_steps`)
+    # per point, its mean step at each decoding batch and with a prompt chunk, measured
+    # and simulated (:mod:`dspark_sim.validation.vllm_steps`)
     steps: pl.DataFrame | None = None
 
     def against_bounds(self) -> pl.DataFrame:
@@ -160,13 +160,13 @@ def compare(runs: list[BenchRun], *, engine: EngineConfig, split: str | None = N
     fit = fit_profile(fitted_runs, engine=engine, seed=seed, traces=traces,
                       step_table=step_table)
     points = group_points(runs)
-    rows, step_table = [], []
+    rows, by_batch = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for p in points:
             r = p.run  # every figure at its median over the repeats
             sim, steps = simulate_with_steps(r, fit.profile, traces, engine,
                                              workload_file(r, Path(tmp)), seed)
-            step_table += step_rows(p, "fitted" if r.name in fitted else "held-out", steps)
+            by_batch += step_rows(p, "fitted" if r.name in fitted else "held-out", steps)
             for fig in FIGURES:
                 if fig in r.measured:
                     err = sim[fig] / r.measured[fig] - 1.0
@@ -181,7 +181,7 @@ def compare(runs: list[BenchRun], *, engine: EngineConfig, split: str | None = N
     table = pl.DataFrame(rows)
     return Comparison(table, _regimes(table), fit, split,
                       noise_floor(points) if any(p.repeats > 1 for p in points) else None,
-                      dict(traces.sources), traces.warnings, step_frame(step_table))
+                      dict(traces.sources), traces.warnings, step_frame(by_batch))
 
 
 def acceptance_line(sources: dict[str, str] | None) -> str | None:

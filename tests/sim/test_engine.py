@@ -68,6 +68,20 @@ def test_conservation(tiny_cfg, policy):
     assert (fin["ttft_ms"] > 0).all() and (fin["e2e_ms"] >= fin["ttft_ms"]).all()
 
 
+def test_the_step_series_is_kept_only_when_asked(tiny_cfg):
+    """keep_steps puts the engine's per-step series on the result: its steps add up to
+    the summary's decode steps and tokens, and a run without it keeps none."""
+    cfg = replace(tiny_cfg, policy="fixed:3", engine=EngineConfig(prefill="chunked"))
+    assert simulate(cfg).steps is None
+    res = simulate(cfg, keep_steps=True)
+    steps, s = res.steps, res.summary
+    assert len(steps) > 0 and (steps.dt_s > 0).all()
+    assert np.all(np.diff(steps.end_s) >= 0)
+    assert int(steps.verified_drafts.sum()) == s["num_draft_tokens_verified"]
+    assert int(steps.decode_batch.sum()) == s["num_drafts"]
+    assert int(steps.prefill_tokens.sum()) == int(res.requests["prompt_tokens"].sum())
+
+
 def test_unfinished_reported_when_overloaded():
     cfg = SimConfig(
         policy="none",
