@@ -51,7 +51,9 @@ ROTATED = "run-4"
 LONGER = "run-5"
 # run-6: as run-5, measured after the fit's rules were last changed and scored blind
 BLIND = "run-6"
-ALL = (*RECORDINGS, INTERLEAVED, ROTATED, LONGER, BLIND)
+# run-7: as run-6, measured and scored blind again, the fit's rules still unchanged
+BLIND_AGAIN = "run-7"
+ALL = (*RECORDINGS, INTERLEAVED, ROTATED, LONGER, BLIND, BLIND_AGAIN)
 SPLIT = "none,ngram-k3@c1,ngram-k3@c16"
 DOC = Path(__file__).parents[2] / "docs" / "validation.md"
 
@@ -338,6 +340,28 @@ def test_the_blind_run_holds_all_but_one_held_out_figure_and_picks_at_every_load
     assert (h["held_out_within_bounds"], h["held_out_bounded"]) == (47, 48)
     assert h["held_out_outside_bounds"] == ["ngram-k5@c2 output_throughput"]
     assert cmp.regimes["pick_ok"].all() and h["picks_within_tolerance"]
+    tau = cmp.table.filter((pl.col("split") == "held-out")
+                           & (pl.col("figure") == "acceptance_length"))
+    assert tau.height == 16 and tau["error"].abs().max() <= 0.02
+
+
+def test_the_second_blind_run_holds_every_held_out_figure_and_picks_vllms_best(
+        comparisons):
+    """run-7, measured like run-6 with the fit's rules unchanged since before run-6 and
+    scored without touching them: all 48 held-out figures within the bounds, none by a
+    point's spread alone, and the pick vLLM's own best at every load."""
+    cmp = comparisons[BLIND_AGAIN]
+    runs = read_bench_runs([RECORDED / BLIND_AGAIN / "runs"])
+    counts = {r.concurrency: len(r.prompt_tokens) for r in runs if r.concurrency}
+    assert counts == {1: 12, 2: 12, 4: 24, 8: 48, 16: 96}
+    assert {r.round for r in runs} == {1, 2, 3}
+    assert "step_ms@2" in cmp.fit.theta_ms  # the token gaps table the step again
+    h = cmp.headline()
+    assert (h["held_out_points"], h["fitted_points"]) == (16, 8)
+    assert (h["held_out_within_bounds"], h["held_out_bounded"]) == (48, 48)
+    assert (cmp.against_bounds()["error"].abs() <= cmp.against_bounds()["bound"]).all()
+    assert (cmp.regimes["measured_best"] == cmp.regimes["simulated_best"]).all()
+    assert h["best_measured_gain"] >= 0.15
     tau = cmp.table.filter((pl.col("split") == "held-out")
                            & (pl.col("figure") == "acceptance_length"))
     assert tau.height == 16 and tau["error"].abs().max() <= 0.02
