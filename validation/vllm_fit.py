@@ -46,7 +46,7 @@ import math
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -407,11 +407,10 @@ def prompt_step_gaps(run: BenchRun) -> np.ndarray:
     """The gaps (ms) in which another request's first token arrived: the steps that ran
     the end of a prompt beside the requests decoding, as those requests saw them."""
     gaps = _labelled_gaps(run)
-    return np.zeros(0) if gaps is None else gaps.ms[gaps.prompt & (gaps.batch > 0)]
+    return np.zeros(0) if gaps is None else gaps.ms[gaps.prompt]
 
 
-@dataclass(frozen=True)
-class _Gaps:
+class _Gaps(NamedTuple):
     ms: np.ndarray  # every request's gaps between consecutive chunks, in turn
     batch: np.ndarray  # requests decoding at each gap's midpoint (0: a gap to leave out)
     prompt: np.ndarray  # whether another request's first token arrived within it
@@ -432,13 +431,26 @@ def _labelled_gaps(run: BenchRun) -> _Gaps | None:
     # decoding at a moment: requests past their first token and not past their last
     batch = np.searchsorted(starts, mids, side="right") - np.searchsorted(ends, mids,
                                                                           side="left")
-    batch[~(np.isfinite(gaps) & (gaps > 0))] = 0
-    # another request's first token within the gap, a quarter of it later at both ends:
-    # the client reads the tokens one step emits in any order
-    late = (hi - lo) / 4
-    prompt = np.searchsorted(starts, hi + late, side="right") \
-        > np.searchsorted(starts, lo + late, side="right")
-    return _Gaps(gaps, batch, prompt)
+    # a gap that is no positive time, or whose place is unknown (after a NaN), is no step
+    batch[~(np.isfinite(gaps) & (gaps > 0) & np.isfinite(mids))] = 0
+    prompt = np.concatenate([_holds_first(t, starts) for t in times])
+    return _Gaps(gaps, batch, prompt & (batch > 0))
+
+
+def _holds_first(t: np.ndarray, firsts: np.ndarray) -> np.ndarray:
+    """Which of one request's gaps (between its token times ``t``) ended the step that
+    gave another request its first token: the gap ending at the token nearest that first
+    token (one step emits both, and the client reads them in either order). A first
+    token nearest this request's own first token, or past its last token by over half
+    its last gap, marks none."""
+    out = np.zeros(max(len(t) - 1, 0), bool)
+    if len(t) < 2:
+        return out
+    j = np.clip(np.searchsorted(t, firsts), 1, len(t) - 1)
+    nearest = np.where(firsts - t[j - 1] < t[j] - firsts, j - 1, j)
+    inside = (firsts <= t[-1] + (t[-1] - t[-2]) / 2) & (nearest > 0)
+    out[nearest[inside] - 1] = True
+    return out
 
 
 def _by_batch(gaps: np.ndarray, batch: np.ndarray) -> dict[int, np.ndarray]:

@@ -64,14 +64,63 @@ def test_a_gap_before_or_after_the_prompt_step_is_kept():
     assert sorted(step_gaps(run)[1].tolist()) == pytest.approx([100.0, 100.0])
 
 
+@pytest.mark.parametrize("after_s,marked", [(0.04, True), (0.06, False)])
+def test_a_first_token_after_the_last_gap_marks_it_only_within_half_a_gap(after_s,
+                                                                          marked):
+    # request 0's tokens at 1.0, 1.1, 1.2; request 1's first token after 1.2
+    run = _run([0.0, 0.5], [1.0, 0.7 + after_s], [[0.1, 0.1], []])
+    assert prompt_step_gaps(run).tolist() == ([100.0] if marked else [])
+    assert sorted(step_gaps(run)[1].tolist()) == [100.0] * (1 if marked else 2)
+
+
+def test_a_first_token_marks_the_gap_ending_at_the_nearer_token():
+    # request 0's tokens at 1.0, 1.3, 1.4: a first token at 1.33 is nearer 1.3 (the
+    # 300 ms gap's end) than 1.4, one at 1.37 nearer 1.4
+    for first_s, marked in ((1.33, 300.0), (1.37, 100.0)):
+        run = _run([0.0, 0.5], [1.0, first_s - 0.5], [[0.3, 0.1], []])
+        assert prompt_step_gaps(run).tolist() == pytest.approx([marked])
+
+
+def test_a_gap_that_is_not_a_positive_time_is_no_step():
+    # a 0.5 ms gap is a step (two chunks read together); nothing after a NaN has a place
+    run = _run([0.0], [1.0], [[0.1, 0.0005, 0.0, float("nan"), 0.1]], concurrency=1)
+    assert {b: g.tolist() for b, g in step_gaps(run).items()} \
+        == {1: pytest.approx([100.0, 0.5])}
+    assert {b: g.tolist() for b, g in decode_gaps(run).items()} \
+        == {1: pytest.approx([100.0, 0.5])}
+    assert prompt_step_gaps(run).size == 0
+    # another request's first token at the end of a zero gap marks no prompt step
+    run = _run([0.0, 0.5], [1.0, 0.601], [[0.1, 0.0, 0.1], []])
+    assert prompt_step_gaps(run).size == 0
+
+
+def test_a_request_of_one_gap_has_its_prompt_step_marked():
+    run = _run([0.0, 0.5], [1.0, 0.9], [[0.4], []])
+    assert prompt_step_gaps(run).tolist() == pytest.approx([400.0])
+    assert step_gaps(run) == {}
+
+
+def test_first_tokens_read_together_mark_no_gap():
+    # both prompts ran in one step: the second first token, 2 ms after the first, is
+    # nearest request 0's own first token, not the end of its first gap
+    run = _run([0.0, 0.0], [1.0, 1.002], [[0.1, 0.1], [0.1]])
+    assert prompt_step_gaps(run).size == 0
+    gaps = step_gaps(run)
+    assert (gaps[2].tolist(), gaps[1].tolist()) == (pytest.approx([100.0] * 2),
+                                                    pytest.approx([100.0]))
+
+
 def test_simulated_steps_leave_out_the_steps_with_a_prompt_chunk():
-    steps = StepSeries.of(np.arange(5.0), decode_batch=np.array([1, 1, 2, 2, 0]),
-                          prefill_tokens=np.array([0, 150, 0, 0, 200]),
-                          dt_s=np.array([0.05, 0.4, 0.06, 0.07, 0.3]))
+    # the last two steps decode nothing: a lone prompt's chunk, and an empty step
+    steps = StepSeries.of(np.arange(7.0), decode_batch=np.array([1, 1, 2, 2, 1, 0, 0]),
+                          prefill_tokens=np.array([0, 150, 0, 0, 1, 200, 0]),
+                          dt_s=np.array([0.05, 0.4, 0.06, 0.07, 0.08, 0.3, 0.01]))
     got = simulated_steps(steps)
     assert sorted(got) == [1, 2]
     assert got[1].tolist() == pytest.approx([50.0])
     assert got[2].tolist() == pytest.approx([60.0, 70.0])
+    # a prompt's last chunk of one token makes a prompt step too
+    assert simulated_prompt_steps(steps).tolist() == pytest.approx([400.0, 80.0])
 
 
 def test_rows_compare_means_where_both_sides_have_enough():
@@ -98,6 +147,16 @@ def test_rows_compare_means_where_both_sides_have_enough():
     lines = step_markdown(step_frame(rows))
     assert lines[-1] == "| none@c2 | fitted | 1: 50 / 55 (+10%) |"
     assert step_markdown(step_frame([])) == []
+    # points keep the comparison's order, each its batches in turn
+    two = [{**r, "run": name} for name in ("b@c2", "a@c2") for r in rows]
+    assert [line.split(" | ")[0] for line in step_markdown(step_frame(two))[-2:]] \
+        == ["| b@c2", "| a@c2"]
+
+
+def test_the_docs_state_the_thresholds_the_code_uses():
+    text = (Path(__file__).parents[2] / "docs" / "validation.md").read_text(encoding="utf-8")
+    assert (f"({MIN_GAPS} gaps, {MIN_STEPS} simulated steps; {MIN_PROMPT_GAPS} and "
+            f"{MIN_PROMPT_STEPS} for the prompt steps)") in " ".join(text.split())
 
 
 def test_prompt_steps_are_compared_apart_from_the_decode_steps():
