@@ -413,7 +413,7 @@ def prompt_step_gaps(run: BenchRun) -> np.ndarray:
 class _Gaps(NamedTuple):
     ms: np.ndarray  # every request's gaps between consecutive chunks, in turn
     batch: np.ndarray  # requests decoding at each gap's midpoint (0: a gap to leave out)
-    prompt: np.ndarray  # whether another request's first token arrived within it
+    prompt: np.ndarray  # whether it ended the step of another request's first token
 
 
 def _labelled_gaps(run: BenchRun) -> _Gaps | None:
