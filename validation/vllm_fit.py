@@ -389,7 +389,7 @@ def decode_gaps(run: BenchRun) -> dict[int, np.ndarray]:
     if run.k:
         return {}
     gaps = _labelled_gaps(run)
-    return {} if gaps is None else _by_batch(gaps.ms, gaps.batch)
+    return {} if gaps is None else by_batch(gaps.ms, gaps.batch)
 
 
 def step_gaps(run: BenchRun) -> dict[int, np.ndarray]:
@@ -400,7 +400,7 @@ def step_gaps(run: BenchRun) -> dict[int, np.ndarray]:
     a prompt's chunk as well, so it prices a prefill, not the decode or verify step of
     that batch. Empty without the run's per-request timings."""
     gaps = _labelled_gaps(run)
-    return {} if gaps is None else _by_batch(gaps.ms, np.where(gaps.prompt, 0, gaps.batch))
+    return {} if gaps is None else by_batch(gaps.ms, np.where(gaps.prompt, 0, gaps.batch))
 
 
 def prompt_step_gaps(run: BenchRun) -> np.ndarray:
@@ -443,7 +443,7 @@ def _holds_first(t: np.ndarray, firsts: np.ndarray) -> np.ndarray:
     token (one step emits both, and the client reads them in either order). A first
     token nearest this request's own first token, or past its last token by over half
     its last gap, marks none."""
-    out = np.zeros(max(len(t) - 1, 0), bool)
+    out = np.zeros(len(t) - 1, bool)
     if len(t) < 2:
         return out
     j = np.clip(np.searchsorted(t, firsts), 1, len(t) - 1)
@@ -453,9 +453,20 @@ def _holds_first(t: np.ndarray, firsts: np.ndarray) -> np.ndarray:
     return out
 
 
-def _by_batch(gaps: np.ndarray, batch: np.ndarray) -> dict[int, np.ndarray]:
+def by_batch(gaps: np.ndarray, batch: np.ndarray) -> dict[int, np.ndarray]:
+    """``gaps`` grouped by their ``batch`` (0: left out)."""
     ok = batch > 0
     return {int(b): gaps[ok & (batch == b)] for b in np.unique(batch[ok])}
+
+
+def pooled_gaps(runs: list[BenchRun], gaps=decode_gaps) -> dict[int, np.ndarray]:
+    """The runs' gaps (``gaps``: :func:`decode_gaps` or :func:`step_gaps`) by batch,
+    pooled."""
+    pooled: dict[int, list[np.ndarray]] = {}
+    for r in runs:
+        for b, g in gaps(r).items():
+            pooled.setdefault(b, []).append(g)
+    return {b: np.concatenate(g) for b, g in pooled.items()}
 
 
 def step_model(runs: list[BenchRun], max_batched_tokens: int) -> StepModel:
@@ -463,11 +474,7 @@ def step_model(runs: list[BenchRun], max_batched_tokens: int) -> StepModel:
     per-request timings, every batch with :data:`MIN_GAPS` token gaps or more, the
     open-loop runs' included; without timings, each closed-loop concurrency. Two knots
     or more, within the token budget; else the linear model."""
-    counts: dict[int, int] = {}
-    for r in runs:
-        for b, g in decode_gaps(r).items():
-            counts[b] = counts.get(b, 0) + len(g)
-    knots = {b for b, n in counts.items() if n >= MIN_GAPS}
+    knots = {b for b, g in pooled_gaps(runs).items() if len(g) >= MIN_GAPS}
     knots |= {r.concurrency for r in runs if r.k == 0 and r.concurrency and
               r.itl_s is None}
     knots = tuple(sorted(b for b in knots if b < max_batched_tokens))
@@ -478,12 +485,8 @@ def measured_decode_steps(runs: list[BenchRun], model: StepModel) -> dict[int, f
     """Each knot's decode step as the none runs measured it (ms): the median token gap
     at that batch over all of them (:func:`decode_gaps`); knots without timings are
     left out."""
-    pooled: dict[int, list[np.ndarray]] = {}
-    for r in runs:
-        for b, g in decode_gaps(r).items():
-            pooled.setdefault(b, []).append(g)
-    return {b: float(np.median(np.concatenate(pooled[b]))) for b in model.knots
-            if b in pooled}
+    pooled = pooled_gaps(runs)
+    return {b: float(np.median(pooled[b])) for b in model.knots if b in pooled}
 
 
 def knot_starts(runs: list[BenchRun], model: StepModel) -> dict[int, float]:

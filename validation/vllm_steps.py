@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from dspark_sim.sim.metrics import StepSeries
-from dspark_sim.validation.vllm_fit import prompt_step_gaps, step_gaps
+from dspark_sim.validation.vllm_fit import by_batch, pooled_gaps, prompt_step_gaps, step_gaps
 from dspark_sim.validation.vllm_repeats import Point
 
 # a batch is compared where the point's repeats measured at least this many token gaps at
@@ -38,22 +38,11 @@ COLUMNS = {"run": pl.String, "split": pl.String, "kind": pl.String, "batch": pl.
            "steps": pl.Int64, "error": pl.Float64}
 
 
-def measured_steps(point: Point) -> dict[int, np.ndarray]:
-    """The point's step gaps (ms) by decoding batch, pooled over its repeats."""
-    pooled: dict[int, list[np.ndarray]] = {}
-    for r in point.runs:
-        for b, g in step_gaps(r).items():
-            pooled.setdefault(b, []).append(g)
-    return {b: np.concatenate(g) for b, g in pooled.items()}
-
-
 def simulated_steps(steps: StepSeries) -> dict[int, np.ndarray]:
     """A simulation's step times (ms) by decoding batch, the steps without a prompt
     chunk."""
     batch = steps.decode_batch.astype(np.int64)
-    keep = (steps.prefill_tokens == 0) & (batch > 0)
-    dt_ms = steps.dt_s * 1e3
-    return {int(b): dt_ms[keep & (batch == b)] for b in np.unique(batch[keep])}
+    return by_batch(steps.dt_s * 1e3, np.where(steps.prefill_tokens == 0, batch, 0))
 
 
 def simulated_prompt_steps(steps: StepSeries) -> np.ndarray:
@@ -65,7 +54,7 @@ def simulated_prompt_steps(steps: StepSeries) -> np.ndarray:
 def step_rows(point: Point, split: str, steps: StepSeries) -> list[dict]:
     """One row per batch both sides cover, and one for the steps with a prompt chunk:
     measured and simulated mean step (ms), their counts and the relative error."""
-    meas, sim = measured_steps(point), simulated_steps(steps)
+    meas, sim = pooled_gaps(point.runs, step_gaps), simulated_steps(steps)
     pairs = [("decode", b, meas[b], sim[b], MIN_GAPS, MIN_STEPS)
              for b in sorted(set(meas) & set(sim))]
     prompt = np.concatenate([prompt_step_gaps(r) for r in point.runs])

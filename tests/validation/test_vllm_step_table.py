@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import polars as pl
 import pytest
+from timed_runs import timed_run
 from typer.testing import CliRunner
 
 from dspark_sim.calibration.profile import EngineLimits
@@ -20,7 +21,6 @@ from dspark_sim.validation.vllm_compare import _regimes
 from dspark_sim.validation.vllm_fit import (
     MIN_GAPS,
     PARAMS,
-    BenchRun,
     StepModel,
     _Fit,
     _gap_misses,
@@ -74,19 +74,10 @@ def test_below_the_first_knot_its_slope_continues_down_and_stays_positive():
     assert steep[0] == pytest.approx(2.5)  # never below half the first knot's step
 
 
-def _run(send_s, ttft_s, itls_s, k=0, concurrency=None):
-    n = len(send_s)
-    return BenchRun(Path("x.json"), "none" if not k else f"ngram-k{k}", k, concurrency,
-                    None if concurrency else 1.0, np.full(n, 10), np.array(
-                        [len(g) + 1 for g in itls_s]), np.asarray(send_s, float),
-                    {"median_tpot_ms": 50.0}, {}, None, None, (), None,
-                    np.asarray(ttft_s, float), tuple(np.asarray(g, float) for g in itls_s))
-
-
 def test_each_token_gap_is_labelled_with_the_batch_decoding_at_its_midpoint():
     # request 0 decodes from 1.0 s: gaps of 0.1 s to 1.3 s; request 1 decodes from 1.15 s
     # to 1.55 s, so 0's second and third gaps and 1's first two overlap it
-    run = _run([0.0, 0.5], [1.0, 0.65], [[0.1, 0.1, 0.1], [0.1, 0.1, 0.2]])
+    run = timed_run([0.0, 0.5], [1.0, 0.65], [[0.1, 0.1, 0.1], [0.1, 0.1, 0.2]])
     gaps = decode_gaps(run)
     assert sorted(gaps) == [1, 2]
     assert sorted(gaps[1].tolist()) == pytest.approx([100.0, 200.0])

@@ -6,13 +6,15 @@ checked in test_vllm_loop)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
+from timed_runs import timed_run
 
 from dspark_sim.sim.metrics import StepSeries
-from dspark_sim.validation.vllm_fit import BenchRun, decode_gaps, prompt_step_gaps, step_gaps
+from dspark_sim.validation.vllm_fit import decode_gaps, prompt_step_gaps, step_gaps
 from dspark_sim.validation.vllm_repeats import Point
 from dspark_sim.validation.vllm_steps import (
     MIN_GAPS,
@@ -26,14 +28,7 @@ from dspark_sim.validation.vllm_steps import (
     step_rows,
 )
 
-
-def _run(send_s, ttft_s, itls_s, k=0, concurrency=2):
-    n = len(send_s)
-    return BenchRun(Path("x.json"), "none" if not k else f"ngram-k{k}", k, concurrency,
-                    None, np.full(n, 10), np.array([len(g) + 1 for g in itls_s]),
-                    np.asarray(send_s, float), {"output_throughput": 20.0}, {}, None, None,
-                    (), None, np.asarray(ttft_s, float),
-                    tuple(np.asarray(g, float) for g in itls_s))
+_run = partial(timed_run, concurrency=2)
 
 
 @pytest.mark.parametrize("jitter_s", [0.004, -0.002])
